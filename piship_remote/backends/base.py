@@ -1,0 +1,103 @@
+"""What every backend provides: the request it runs, the result it gives, and its protocols.
+
+The activation layer (:mod:`piship_remote.activation`) drives a backend through
+these protocols only, so a test double or a third-party backend needs nothing more.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:
+    from piship_remote.policy import SandboxProfile
+    from piship_remote.redact import Redactor
+    from piship_remote.report import Capabilities
+
+__all__ = ["Availability", "Backend", "BackendResult", "ExecRequest", "Instance", "OutputCallback"]
+
+OutputCallback = Callable[[bytes], None]
+
+
+def _frozen_env(value: Mapping[str, str]) -> Mapping[str, str]:
+    return dict(value)
+
+
+@attrs.frozen
+class ExecRequest:
+    """One command for a backend instance.
+
+    ``cwd`` is the host path the caller asked for (already checked to lie in the
+    workspace); ``workspace_path`` is the same place relative to the workspace root
+    (``"."`` for the root, ``/``-separated), which the backend maps onto its remote
+    working directory. ``env`` is already filtered: send it as is.
+    """
+
+    command: str
+    cwd: str
+    workspace_path: str = "."
+    env: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_env)
+
+
+@attrs.frozen
+class BackendResult:
+    """How a command ended: an exit code, or ``None`` with the signal that stopped it."""
+
+    exit_code: int | None
+    signal: str | None = None
+
+
+@attrs.frozen
+class Availability:
+    """Whether a service can be used now; ``reason`` says why not."""
+
+    available: bool
+    reason: str | None = None
+
+
+@runtime_checkable
+class Instance(Protocol):
+    """A prepared sandbox (E2B) or claim manager (Kubernetes)."""
+
+    def exec(
+        self,
+        request: ExecRequest,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> BackendResult:
+        """Run one command; raise ``CommandCancelled`` when ``cancel`` is set."""
+        ...
+
+    def epoch(self) -> str | None:
+        """An identifier that changes when the remote sandbox is replaced."""
+        ...
+
+    def dispose(self) -> None:
+        """Delete the remote sandbox or claim; idempotent and thread-safe."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A kind of remote sandbox service."""
+
+    id: str
+    provider: str
+    redactor: Redactor
+
+    def available(self) -> Availability:
+        """Whether the service answers; never raises for an unreachable service."""
+        ...
+
+    def capabilities(self) -> Capabilities:
+        """What this backend enforces."""
+        ...
+
+    def prepare(self, profile: SandboxProfile) -> Instance:
+        """Create a sandbox (or a claim manager) for ``profile``."""
+        ...

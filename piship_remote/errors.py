@@ -1,0 +1,103 @@
+"""The exceptions of piship_remote.
+
+Every failure of an activation or a command is a :class:`PiShipError` carrying a
+stable ``code`` (``SANDBOX_UNAVAILABLE``, ``CONFIG_INVALID``, ...), a one-line
+message that never contains a secret, and optionally the action a user can take::
+
+    try:
+        sandbox = activate_sandbox(policy, backend=backend, workspace=".")
+    except PiShipError as e:
+        print(f"{e.code}: {e}")
+
+Two outcomes are not failures of the sandbox and so are not ``PiShipError``:
+:class:`CommandTimeout` (the caller's deadline passed) and :class:`CommandCancelled`
+(the caller cancelled).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from piship_remote.redact import redact
+
+if TYPE_CHECKING:
+    from piship_remote.redact import Redactor
+
+__all__ = ["CommandCancelled", "CommandTimeout", "PiShipError", "format_seconds"]
+
+
+class PiShipError(Exception):
+    """A failure with a stable code and a redacted, user-facing message.
+
+    ``redactor`` (optional) also removes the secrets registered with it; the
+    pattern rules (bearer tokens, API-key shapes, ...) always apply.
+    """
+
+    code: str
+    retryable: bool
+    retry_after: float | None
+    user_action: str | None
+    component: str | None
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        user_action: str | None = None,
+        component: str | None = None,
+        redactor: Redactor | None = None,
+    ) -> None:
+        clean = redactor.redact if redactor is not None else redact
+        self.code = code
+        self.message = clean(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.user_action = clean(user_action) if user_action is not None else None
+        self.component = component
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"PiShipError({self.code!r}, {self.message!r})"
+
+    def render(self) -> str:
+        """The command-line rendering: ``<CODE>: <message>`` plus retry and action lines."""
+        lines = [f"{self.code}: {self.message}"]
+        if self.retry_after is not None and self.retry_after > 0:
+            lines.append(f"Retry after: {-int(-self.retry_after // 1)} s")
+        if self.user_action:
+            lines.append(f"Action: {self.user_action}")
+        return "\n".join(lines)
+
+
+def format_seconds(seconds: float) -> str:
+    """Print a duration the way JavaScript prints a number: ``5`` not ``5.0``, ``0.3`` as is."""
+    if float(seconds).is_integer():
+        return str(int(seconds))
+    return repr(float(seconds))
+
+
+class CommandTimeout(TimeoutError):
+    """The command outlived its ``timeout``; the remote process was killed.
+
+    ``str(e)`` is ``timeout:<seconds>`` (``timeout:0.3``, ``timeout:5``).
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = float(timeout)
+        super().__init__(f"timeout:{format_seconds(timeout)}")
+
+    def __str__(self) -> str:
+        return f"timeout:{format_seconds(self.timeout)}"
+
+
+class CommandCancelled(Exception):
+    """The caller cancelled the command (its ``cancel`` event was set); ``str(e) == "aborted"``."""
+
+    def __init__(self, message: str = "aborted") -> None:
+        super().__init__(message)
