@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 from piship_remote.redact import redact
 
 if TYPE_CHECKING:
+    from piship_remote.output import CommandResult
     from piship_remote.redact import Redactor
 
-__all__ = ["CommandCancelled", "CommandTimeout", "PiShipError", "format_seconds"]
+__all__ = ["CommandCancelled", "CommandFailed", "CommandTimeout", "PiShipError", "format_seconds"]
 
 
 class PiShipError(Exception):
@@ -101,3 +102,22 @@ class CommandCancelled(Exception):
 
     def __init__(self, message: str = "aborted") -> None:
         super().__init__(message)
+
+
+class CommandFailed(PiShipError):
+    """``Sandbox.run(..., check=True)`` saw a non-zero exit; carries the exit code and output."""
+
+    def __init__(self, result: CommandResult, *, redactor: Redactor | None = None) -> None:
+        self.result = result
+        self.exit_code = result.exit_code
+        tail = (result.stderr or result.stdout).strip()[-OUTPUT_TAIL:]
+        message = f"the command exited with status {result.exit_code}"
+        super().__init__(
+            "COMMAND_FAILED",
+            f"{message}: {' '.join(tail.split())}" if tail else message,
+            component="sandbox",
+            redactor=redactor,
+        )
+
+
+OUTPUT_TAIL = 300
