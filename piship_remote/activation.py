@@ -475,8 +475,8 @@ class _Activation:
             lambda: self.backend.prepare(self.profile), self.backend.redactor
         )
         if isinstance(instance, _Failure):
-            backend = self.backend.id
-            raise _Failure(f"the {backend} sandbox backend could not prepare a sandbox: {instance.reason}")
+            what = f"the {self.backend.id} sandbox backend could not prepare a sandbox"
+            raise _Failure(f"{what}: {instance.reason}")
         return instance
 
     def _report(self, capabilities: Capabilities) -> ContainmentReport:

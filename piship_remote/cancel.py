@@ -61,7 +61,7 @@ class CancelToken(threading.Event):
 def _call_quietly(callback: Callback) -> None:
     try:
         callback()
-    except Exception:  # noqa: BLE001 - a failing canceller must not stop the others
+    except Exception:
         pass
 
 
