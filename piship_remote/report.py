@@ -1,0 +1,530 @@
+"""What a sandbox backend declares, and the containment report an activation produces.
+
+A backend declares its :class:`Capabilities`; the activation compares them with
+the policy (:func:`capability_mismatch`) and, when they suffice, reports only
+what the backend enforces in a :class:`ContainmentReport`. Every report has a
+one-line human description::
+
+    >>> report = ContainmentReport(
+    ...     level="enforced", adapter="kubernetes-agent-sandbox",
+    ...     provider="kubernetes-agent-sandbox", required=True,
+    ...     planes=("environment-filter", "host-filesystem-isolation"), network="allow",
+    ...     verification="backend-attested", isolation="remote",
+    ...     workspace=snapshot_workspace_report(),
+    ... )
+    >>> describe_containment(report)[:68]
+    'enforced by kubernetes-agent-sandbox (required, attested by the back'
+
+``to_dict()`` on each class gives the camelCase JSON shape of the original
+(``networkDenial``, ``localProcesses``, ...), keys holding ``None`` left out.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, get_origin
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
+from piship_remote.redact import redact
+
+__all__ = [
+    "GIT_CONTROL_PROTECTION",
+    "GUARANTEES",
+    "HOST_FILESYSTEM_ISOLATION",
+    "PATH_POLICY_PLANES",
+    "WORKSPACE_CONFINEMENT",
+    "WORKSPACE_MODES",
+    "Capabilities",
+    "ContainmentReport",
+    "NetworkDenial",
+    "NetworkProbe",
+    "WorkspaceReport",
+    "capability_mismatch",
+    "claimed_guarantees",
+    "declared_network_probe",
+    "describe_containment",
+    "describe_workspace",
+    "initial_workspace_report",
+    "network_probe_problem",
+    "required_planes",
+    "snapshot_workspace_report",
+]
+
+HOST_FILESYSTEM_ISOLATION = "host-filesystem-isolation"
+WORKSPACE_CONFINEMENT = "workspace-confinement"
+GIT_CONTROL_PROTECTION = "git-control-protection"
+
+GUARANTEES: tuple[str, ...] = (
+    "filesystem-read-deny",
+    "filesystem-write-allowlist",
+    "network-deny",
+    "environment-filter",
+    GIT_CONTROL_PROTECTION,
+    HOST_FILESYSTEM_ISOLATION,
+    WORKSPACE_CONFINEMENT,
+)
+"""Every guarantee a backend can claim, in the canonical (report) order."""
+
+PATH_POLICY_PLANES: tuple[str, ...] = ("filesystem-read-deny", "filesystem-write-allowlist")
+"""The planes that together enforce ``sandbox.filesystem`` path rules."""
+
+WORKSPACE_MODES: tuple[str, ...] = ("snapshot", "synchronized", "shared")
+
+DEFAULT_PROPAGATION_MS = 10_000
+
+NetworkMode = Literal["deny", "allow"]
+Level = Literal["enforced", "unavailable", "not-required"]
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    # A bare string is one name, not a sequence of characters.
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@attrs.frozen
+class NetworkProbe:
+    """A TCP endpoint for the network-denial check (``host`` without brackets or port)."""
+
+    host: str
+    port: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"host": ..., "port": ...}``."""
+        return _dict(self)
+
+
+def _network_probe(value: NetworkProbe | Mapping[str, Any] | None) -> Any:
+    if isinstance(value, Mapping):
+        return NetworkProbe(host=value.get("host"), port=value.get("port"))  # type: ignore[arg-type]
+    # Anything else is kept as declared; capability_mismatch reports it.
+    return value
+
+
+@attrs.frozen
+class Capabilities:
+    """What a backend declares it can enforce; checked before anything is prepared.
+
+    >>> Capabilities("remote", ["host-filesystem-isolation", "environment-filter"], ["allow"],
+    ...              False).to_dict()["workspace"]
+    {'mode': 'snapshot'}
+
+    ``isolation`` is ``"local"`` or ``"remote"``; ``planes`` are guarantees from
+    :data:`GUARANTEES`; ``network`` lists the modes it can enforce;
+    ``network_probe`` (remote only, optional) is the target of the denial check.
+    """
+
+    isolation: str
+    planes: tuple[str, ...] = attrs.field(converter=_strings)
+    network: tuple[str, ...] = attrs.field(converter=_strings)
+    local_processes: bool
+    workspace_mode: str = "snapshot"
+    network_probe: NetworkProbe | None = attrs.field(default=None, converter=_network_probe)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The camelCase JSON shape (``localProcesses``, ``workspace: {"mode"}``, ...)."""
+        return _dict(self)
+
+
+@attrs.frozen
+class NetworkDenial:
+    """The evidence for network denial: ``verified`` by a probe, or ``attested`` by the backend."""
+
+    evidence: Literal["verified", "attested"]
+    probe: bool
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"evidence", "probe", "reason"?}``."""
+        return _dict(self)
+
+
+@attrs.frozen(kw_only=True)
+class WorkspaceReport:
+    """How the sandbox sees the workspace; for a snapshot always
+    :func:`snapshot_workspace_report`."""
+
+    declared: str
+    effective: str
+    verification: str
+    host_to_sandbox: str | None = None
+    sandbox_to_host: str | None = None
+    window_ms: int | None = None
+    git_control_protection: str
+    verified_at: str | None = None
+    reason: str | None = None
+    complete: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The camelCase JSON shape (``gitControlProtection``, ``windowMs``, ...)."""
+        return _dict(self)
+
+
+@attrs.frozen(kw_only=True)
+class ContainmentReport:
+    """What an activation enforces, fixed at activation; fields in the original's order.
+
+    ``level`` is ``enforced``, ``unavailable`` or ``not-required``; ``planes``
+    are the claimed guarantees in canonical order. Show it with
+    :func:`describe_containment`; in a notebook it renders as a small table.
+    """
+
+    level: Level
+    adapter: str
+    provider: str
+    required: bool
+    planes: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    network: NetworkMode
+    verification: str | None = None
+    network_denial: NetworkDenial | None = None
+    local_processes: bool = False
+    reason: str | None = None
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    isolation: str | None = None
+    workspace: WorkspaceReport | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The camelCase JSON shape (``networkDenial``, ``localProcesses``, ...)."""
+        return _dict(self)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(key)}</th>"
+            f"<td style='text-align:left'>{html.escape(_cell(value))}</td></tr>"
+            for key, value in self.to_dict().items()
+        )
+        caption = html.escape(describe_containment(self))
+        return f"<table><caption>{caption}</caption>{rows}</table>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        if cycle:
+            printer.text("ContainmentReport(...)")
+            return
+        lines = [f"ContainmentReport: {describe_containment(self)}"]
+        lines += [f"  {key}: {_cell(value)}" for key, value in self.to_dict().items()]
+        printer.text("\n".join(lines))
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "(none)"
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={_cell(item)}" for key, item in value.items())
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# ---------------------------------------------------------------- JSON shape
+
+
+def _is_tuple(type_: Any) -> bool:
+    return type_ is tuple or get_origin(type_) is tuple
+
+
+def _probe_dict(value: object) -> object:
+    return {"host": value.host, "port": value.port} if isinstance(value, NetworkProbe) else value
+
+
+def _unstructure_factory(converter: cattrs.Converter) -> Callable[[type[Any]], Any]:
+    def factory(cls: type[Any]) -> Any:
+        overrides: dict[str, Any] = {
+            field.name: override(rename=_camel(field.name)) for field in attrs.fields(cls)
+        }
+        if cls is Capabilities:
+            overrides["workspace_mode"] = override(
+                rename="workspace", unstruct_hook=lambda mode: {"mode": mode}
+            )
+            overrides["network_probe"] = override(rename="networkProbe", unstruct_hook=_probe_dict)
+        unstructure = make_dict_unstructure_fn(cls, converter, **overrides)
+
+        # Optional fields are left out rather than null; filtering afterwards
+        # keeps the declared key order (cattrs' omit_if_default moves them last).
+        def hook(value: object) -> dict[str, Any]:
+            return {key: item for key, item in unstructure(value).items() if item is not None}
+
+        return hook
+
+    return factory
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter()
+    converter.register_unstructure_hook_func(
+        _is_tuple, lambda value: [converter.unstructure(item) for item in value]
+    )
+    converter.register_unstructure_hook_factory(attrs.has, _unstructure_factory(converter))
+    return converter
+
+
+_CONVERTER = _make_converter()
+
+
+def _dict(value: object) -> dict[str, Any]:
+    result: dict[str, Any] = _CONVERTER.unstructure(value)
+    return result
+
+
+# ---------------------------------------------------------------- workspace
+
+
+def snapshot_workspace_report() -> WorkspaceReport:
+    """The workspace report of a snapshot backend; it never changes."""
+    return WorkspaceReport(
+        declared="snapshot",
+        effective="snapshot",
+        verification="not-required",
+        git_control_protection="not-applicable",
+        complete=False,
+    )
+
+
+def initial_workspace_report(mode: str) -> WorkspaceReport:
+    """The workspace report at activation: snapshot needs nothing, the others are pending."""
+    if mode == "snapshot":
+        return snapshot_workspace_report()
+    return WorkspaceReport(
+        declared=mode,
+        effective="snapshot",
+        verification="pending",
+        git_control_protection="pending",
+        complete=False,
+    )
+
+
+def describe_workspace(report: WorkspaceReport) -> str:
+    """The workspace sentence of the containment line."""
+    declared = report.declared
+    if report.verification == "not-required":
+        if declared == "snapshot":
+            return (
+                "Workspace: snapshot. Remote commands see a copy, not the files the agent edits;"
+                " this is not a complete coding-agent workspace."
+            )
+        return "Workspace: shared (commands run on this host's files)."
+    if report.verification == "pending":
+        return f"Workspace: {declared} declared, verified before the first sandboxed command."
+    if report.verification == "verified":
+        at = report.verified_at if report.verified_at is not None else "an unknown time"
+        if report.effective == "shared":
+            return f"Workspace: shared (verified {at}, both directions immediate)."
+        was = f"declared {declared}; " if declared != "synchronized" else ""
+        window = report.window_ms if report.window_ms is not None else DEFAULT_PROPAGATION_MS
+        return f"Workspace: synchronized ({was}verified {at}, within {window} ms)."
+    if report.verification == "unverifiable":
+        reason = report.reason if report.reason is not None else "unknown reason"
+        return (
+            f"Workspace: snapshot (declared {declared}; no PiShip-owned location to verify it:"
+            f" {reason})."
+        )
+    reason = report.reason if report.reason is not None else "the check failed"
+    return (
+        f"Workspace: snapshot (declared {declared}; {reason})."
+        " Not a complete coding-agent workspace."
+    )
+
+
+# ---------------------------------------------------------------- policy vs capabilities
+
+
+def required_planes(
+    network: str, isolation: str = "remote", workspace_mode: str = "snapshot"
+) -> tuple[str, ...]:
+    """The guarantees a required sandbox must enforce.
+
+    >>> required_planes("deny", "remote", "snapshot")
+    ('host-filesystem-isolation', 'network-deny', 'environment-filter')
+    """
+    if isolation == "local":
+        filesystem: tuple[str, ...] = PATH_POLICY_PLANES
+    elif workspace_mode == "snapshot":
+        filesystem = (HOST_FILESYSTEM_ISOLATION,)
+    else:
+        filesystem = (WORKSPACE_CONFINEMENT, GIT_CONTROL_PROTECTION)
+    return (*filesystem, *(("network-deny",) if network == "deny" else ()), "environment-filter")
+
+
+def _declared_mode(capabilities: Capabilities) -> str:
+    """The workspace mode; a local backend is shared, a malformed one counts as snapshot."""
+    if capabilities.isolation == "local":
+        return "shared"
+    mode = capabilities.workspace_mode
+    return mode if mode in WORKSPACE_MODES else "snapshot"
+
+
+def _declared_planes(capabilities: Capabilities) -> tuple[str, ...]:
+    planes = capabilities.planes
+    return tuple(planes) if isinstance(planes, Sequence) else ()
+
+
+def claimed_guarantees(capabilities: Capabilities, network: str) -> tuple[str, ...]:
+    """The guarantees a report may show, in canonical order.
+
+    Declared planes, keeping ``host-filesystem-isolation`` only for a remote
+    snapshot workspace, ``workspace-confinement`` only for a remote backend, and
+    ``network-deny`` only when the policy denies the network.
+    """
+    declared = _declared_planes(capabilities)
+    remote = capabilities.isolation == "remote"
+    snapshot = remote and _declared_mode(capabilities) == "snapshot"
+    return tuple(
+        plane
+        for plane in GUARANTEES
+        if plane in declared
+        and (plane != HOST_FILESYSTEM_ISOLATION or snapshot)
+        and (plane != WORKSPACE_CONFINEMENT or remote)
+        and (plane != "network-deny" or network == "deny")
+    )
+
+
+# The host is placed in a shell command, so only these characters may reach it.
+_PROBE_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")
+
+
+def network_probe_problem(probe: object) -> str | None:
+    """Why a declared network probe is malformed, or ``None`` when it is usable."""
+    if not isinstance(probe, NetworkProbe):
+        return "the network probe is not an object"
+    if not isinstance(probe.host, str) or not _PROBE_HOST.fullmatch(probe.host):
+        return (
+            "the network probe host must be a hostname or an IP address without brackets or a port"
+        )
+    port = probe.port
+    integral = isinstance(port, int) or (isinstance(port, float) and port.is_integer())
+    if isinstance(port, bool) or not integral or not 1 <= port <= 65535:
+        return "the network probe port must be an integer from 1 to 65535"
+    return None
+
+
+def declared_network_probe(capabilities: Capabilities) -> NetworkProbe | None:
+    """The usable network probe of a remote backend, else ``None`` (local, absent, malformed)."""
+    probe = capabilities.network_probe
+    if capabilities.isolation != "remote" or probe is None or network_probe_problem(probe):
+        return None
+    return NetworkProbe(host=probe.host, port=int(probe.port))
+
+
+def capability_mismatch(capabilities: Capabilities, network: str) -> str | None:
+    """Why ``capabilities`` cannot enforce a policy with this network mode, or ``None``.
+
+    >>> k8s = Capabilities("remote", ["host-filesystem-isolation", "environment-filter"],
+    ...                    ["allow"], False)
+    >>> capability_mismatch(k8s, "deny")
+    'it does not provide network-deny'
+    """
+    isolation = capabilities.isolation
+    if isolation not in ("local", "remote"):
+        return "it declares no isolation kind"
+    mode = capabilities.workspace_mode
+    if isolation == "remote" and mode not in WORKSPACE_MODES:
+        return (
+            "it declares a malformed workspace:"
+            " the workspace mode is not snapshot, synchronized, or shared"
+        )
+    if isolation == "remote" and capabilities.network_probe is not None:
+        problem = network_probe_problem(capabilities.network_probe)
+        if problem:
+            return f"it declares a malformed network probe: {problem}"
+    mode = _declared_mode(capabilities)
+    remote_files = isolation == "remote" and mode != "snapshot"
+    if remote_files and HOST_FILESYSTEM_ISOLATION in _declared_planes(capabilities):
+        return (
+            f"it claims {HOST_FILESYSTEM_ISOLATION} although its workspace is {mode},"
+            " which reaches this host's files"
+        )
+    claimed = claimed_guarantees(capabilities, network)
+    missing = [plane for plane in required_planes(network, isolation, mode) if plane not in claimed]
+    modes = capabilities.network if isinstance(capabilities.network, Sequence) else ()
+    if network == "deny" and "deny" not in modes and "network-deny" not in missing:
+        missing.append("network-deny")
+    if missing:
+        return f"it does not provide {', '.join(missing)}"
+    return None
+
+
+# ---------------------------------------------------------------- the doctor line
+
+_HOST_ISOLATION_SENTENCE = (
+    " The sandbox cannot reach this host's files, but it does not enforce sandbox.filesystem"
+    " path rules; they govern only the local file tools."
+)
+_CONFINEMENT_SENTENCE = (
+    " The sandbox reaches this host's files only through the workspace, where it does not"
+    " enforce sandbox.filesystem path rules: a read-denied path inside the workspace is"
+    " readable by sandboxed commands."
+)
+
+
+def _path_rules_sentence(planes: Sequence[str]) -> str:
+    partial = [plane for plane in PATH_POLICY_PLANES if plane in planes]
+    if len(partial) == len(PATH_POLICY_PLANES):
+        return ""
+    if partial:
+        return (
+            " sandbox.filesystem path rules are only partly enforced by the backend"
+            f" ({', '.join(partial)} only); PiShip's local file tools still apply them in full."
+        )
+    if HOST_FILESYSTEM_ISOLATION in planes:
+        return _HOST_ISOLATION_SENTENCE
+    if WORKSPACE_CONFINEMENT in planes:
+        return _CONFINEMENT_SENTENCE
+    return " sandbox.filesystem path rules are not enforced by the backend."
+
+
+def _enforced_line(report: ContainmentReport, workspace: WorkspaceReport | None) -> str:
+    requirement = "required" if report.required else "optional"
+    how = (
+        f"{requirement}, attested by the backend"
+        if report.verification == "backend-attested"
+        else requirement
+    )
+    denial = report.network_denial
+    if denial is None:
+        evidence = ""
+    elif denial.evidence == "verified":
+        evidence = " (verified)"
+    else:
+        evidence = " (attested by the backend, not verified)"
+    scope = (
+        "Contains tool subprocesses and MCP stdio servers"
+        if report.local_processes
+        else "Contains shell commands; MCP stdio servers cannot be contained by this backend"
+        " and do not start"
+    )
+    paths = _path_rules_sentence(report.planes)
+    line = (
+        f"enforced by {report.adapter} ({how}): {', '.join(report.planes)};"
+        f" network {report.network}{evidence}. {scope},"
+        f" not the agent process or in-process extensions{'.' + paths if paths else ''}"
+    )
+    if report.isolation != "remote" or workspace is None:
+        return line
+    return f"{line}{'' if line.endswith('.') else '.'} {describe_workspace(workspace)}"
+
+
+def describe_containment(
+    report: ContainmentReport, workspace: WorkspaceReport | None = None
+) -> str:
+    """The one-line description of a report (the doctor line).
+
+    ``workspace`` is the live workspace report; ``None`` uses ``report.workspace``.
+    """
+    requirement = "required" if report.required else "optional"
+    if report.level == "enforced":
+        return _enforced_line(report, workspace if workspace is not None else report.workspace)
+    if report.level == "unavailable":
+        reason = redact(report.reason if report.reason is not None else "unknown reason")
+        return (
+            f"unavailable on {report.adapter} ({requirement}): {reason}."
+            " Tool subprocesses run with the user's privileges"
+        )
+    return "not required: no sandbox is active; tool subprocesses run with the user's privileges"
