@@ -1,0 +1,36 @@
+"""Test doubles for piship_remote: fake E2B and Kubernetes agent-sandbox services.
+
+Usable from plain scripts and notebooks::
+
+    from piship_remote.testing import E2bServer
+    with E2bServer(command=lambda start: {"stdout": "hi\\n"}) as mock:
+        ...  # point a backend at mock.url; inspect mock.requests afterwards
+
+and from pytest through the fixtures ``e2b_server`` and ``kubernetes_server``
+(:mod:`piship_remote.testing.plugin`). Every server listens on 127.0.0.1, records
+each request on arrival, and on exit releases every held request and stops.
+"""
+
+from piship_remote.testing.e2b_server import E2bServer
+from piship_remote.testing.kubernetes_server import CLAIMS, Cluster, KubernetesServer
+from piship_remote.testing.leaks import leaks
+from piship_remote.testing.recorder import (
+    THREAD_PREFIX,
+    DropConnection,
+    Recorded,
+    RecordingServer,
+    json_response,
+)
+
+__all__ = [
+    "CLAIMS",
+    "THREAD_PREFIX",
+    "Cluster",
+    "DropConnection",
+    "E2bServer",
+    "KubernetesServer",
+    "Recorded",
+    "RecordingServer",
+    "json_response",
+    "leaks",
+]

@@ -1,0 +1,328 @@
+"""A fake E2B-compatible service: control plane and envd on one loopback server.
+
+    with E2bServer(command=lambda start: {"stdout": "hi\\n", "exit_code": 3}) as mock:
+        backend = E2bCompatibleBackend(endpoint=mock.url, envd_url=mock.url, template="t")
+        ...
+        assert mock.requests[-1].path == "/sandboxes/sbx1"      # the DELETE
+        assert mock.live_sandboxes == []
+
+Routes (the seed's mock, reference e2b-backend.md §13.4):
+
+- ``/health`` (any method): status ``health``, empty body.
+- ``/sandboxes…`` and ``/v2/sandboxes…`` are control paths. With ``api_key`` set, a
+  request whose ``X-API-Key`` differs is answered 401
+  ``{"code":401,"message":"invalid key <the key presented>"}`` (the echo is deliberate:
+  redaction must remove it). Each path listed in ``reject_once`` is answered that way
+  once more, even with the right key (the query is ignored; list a path twice to
+  reject it twice).
+- ``POST /sandboxes`` (or ``/v2/sandboxes``, the official SDK's): status ``create``
+  with sandbox ``sbx1``, envd token ``envd-token-1`` and ``"domain": null``, or, when
+  ``create >= 400``, ``{"code":<create>,"message":"no capacity"}``.
+- ``/sandboxes/sbx1/timeout`` and ``/sandboxes/sbx1`` (any method): 204. A DELETE of
+  ``/sandboxes/sbx1`` ends one live sandbox.
+- ``/process.Process/Start``: ``Authorization`` must be ``Basic base64("<user>:")``
+  (absent is accepted as the service's default user, as the official SDK sends
+  none); else 401 ``{"code":"unauthenticated","message":"invalid user"}``. The
+  first envelope is the StartRequest. A script containing ``piship-sandbox-ready``
+  is answered ``piship-sandbox-ready <envs.PISHIP_PROBE_UNLISTED or unset>\\n``;
+  any other goes to ``command(start)`` (default: empty output, exit 0).
+- ``/process.Process/SendSignal``: ends the hung streams with the request's
+  ``process.tag`` (every hung stream when it names no tag) with an end-of-stream
+  frame ``{}``, and remembers the tag, so a Start with that tag that arrives later
+  does not hang. Answers 200 ``{}``.
+- anything else: 404.
+
+``command(start)`` gets the parsed StartRequest and returns a mapping with any of:
+
+=================  ==================================================================
+``stdout``         text or bytes, one data frame (standard base64)
+``stderr``         text or bytes, one data frame after stdout
+``chunks``         a list of text/bytes pieces, each its own stdout frame (after stdout)
+``exit_code``      int, default 0; sent as ``exitCode`` only when non-zero, like envd
+``omit_zero_exit`` default True; False sends ``"exitCode": 0`` explicitly
+``keepalive``      True: a keepalive event after start and after every data frame
+``after``          a ``threading.Event``: the stream waits for it before ending
+``hang``           True: no end; the stream stays open until SendSignal (then ``{}``
+                   end-of-stream) or until the server closes (then a drop)
+``stream_error``   message: end-of-stream ``{"error":{"code":"internal","message":…}}``
+                   and no end event
+``no_end_stream``  True: the end event, then the body ends without end-of-stream
+``drop``           True: cut the connection after the output (a mid-stream reset)
+``status``         answer Start with this HTTP status and ``body`` instead of a stream
+``body``           the body for ``status`` (text, bytes or JSON value)
+``content_type``   the Start response's content type (default ``application/connect+json``)
+=================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from werkzeug import Request, Response
+
+from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
+from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
+
+__all__ = [
+    "CLIENT_ID",
+    "ENVD_ACCESS_TOKEN",
+    "PID",
+    "SANDBOX_ID",
+    "CommandAnswer",
+    "E2bServer",
+]
+
+SANDBOX_ID = "sbx1"
+ENVD_ACCESS_TOKEN = "envd-token-1"
+CLIENT_ID = "client1"
+TEMPLATE_ID = "piship-workspace"
+ENVD_VERSION = "0.4.0"
+PID = 42
+CHECK_MARKER = "piship-sandbox-ready"
+CONNECT_JSON = "application/connect+json"
+
+CommandAnswer = Mapping[str, Any]
+Command = Callable[[dict[str, Any]], CommandAnswer]
+
+_ANSWER_KEYS = frozenset(
+    {
+        "stdout",
+        "stderr",
+        "chunks",
+        "exit_code",
+        "omit_zero_exit",
+        "keepalive",
+        "after",
+        "hang",
+        "stream_error",
+        "no_end_stream",
+        "drop",
+        "status",
+        "body",
+        "content_type",
+    }
+)
+_CONTROL_PREFIXES = ("/sandboxes", "/v2/sandboxes")
+_CREATE_PATHS = ("/sandboxes", "/v2/sandboxes")
+_SANDBOX_PATHS = (f"/sandboxes/{SANDBOX_ID}", f"/sandboxes/{SANDBOX_ID}/timeout")
+
+
+class E2bServer(RecordingServer):
+    """The started fake service; see the module docstring for its routes and answers."""
+
+    def __init__(
+        self,
+        *,
+        command: Command | None = None,
+        api_key: str | None = None,
+        reject_once: Iterable[str] = (),
+        create: int = 201,
+        health: int = 204,
+        user: str = "user",
+    ) -> None:
+        self._command = command
+        self._api_key = api_key
+        self._reject_once = list(reject_once)
+        self._create = create
+        self._health = health
+        self._basic = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+        self._state = threading.Lock()
+        self._live: list[str] = []
+        self._hung: list[tuple[str | None, threading.Event]] = []
+        self._killed: set[str] = set()
+        super().__init__(self._handle)
+
+    @property
+    def live_sandboxes(self) -> list[str]:
+        """Sandboxes created and not yet deleted (one ``"sbx1"`` per live creation)."""
+        with self._state:
+            return list(self._live)
+
+    # ---- routing ---------------------------------------------------------------------
+
+    def _handle(self, request: Request) -> Response:
+        path = request.path
+        if path == "/health":
+            return Response(b"", status=self._health)
+        if path.startswith(_CONTROL_PREFIXES):
+            return self._rejection(request, path) or self._control(request, path)
+        if path == "/process.Process/SendSignal":
+            return self._send_signal(request)
+        if path == "/process.Process/Start":
+            return self._start(request)
+        return Response(b"", status=404)
+
+    def _rejection(self, request: Request, path: str) -> Response | None:
+        presented = request.headers.get("X-API-Key", "")
+        wrong_key = self._api_key is not None and presented != self._api_key
+        if wrong_key or self._consume_reject(path):
+            return json_response(401, {"code": 401, "message": f"invalid key {presented}"})
+        return None
+
+    def _consume_reject(self, path: str) -> bool:
+        with self._state:
+            if path in self._reject_once:
+                self._reject_once.remove(path)
+                return True
+            return False
+
+    def _control(self, request: Request, path: str) -> Response:
+        if request.method == "POST" and path in _CREATE_PATHS:
+            return self._create_sandbox()
+        if path in _SANDBOX_PATHS:
+            if request.method == "DELETE" and path == _SANDBOX_PATHS[0]:
+                with self._state:
+                    if SANDBOX_ID in self._live:
+                        self._live.remove(SANDBOX_ID)
+            return Response(b"", status=204)
+        return Response(b"", status=404)
+
+    def _create_sandbox(self) -> Response:
+        if self._create >= 400:
+            return json_response(self._create, {"code": self._create, "message": "no capacity"})
+        with self._state:
+            self._live.append(SANDBOX_ID)
+        return json_response(
+            self._create,
+            {
+                "sandboxID": SANDBOX_ID,
+                "templateID": TEMPLATE_ID,
+                "clientID": CLIENT_ID,
+                "envdVersion": ENVD_VERSION,
+                "envdAccessToken": ENVD_ACCESS_TOKEN,
+                "domain": None,
+            },
+        )
+
+    # ---- envd ------------------------------------------------------------------------
+
+    def _send_signal(self, request: Request) -> Response:
+        tag = _signal_tag(request.get_json(force=True, silent=True))
+        with self._state:
+            if tag is not None:
+                self._killed.add(tag)
+            gates = [gate for hung, gate in self._hung if tag is None or hung == tag]
+        for gate in gates:
+            gate.set()
+        return json_response(200, {})
+
+    def _start(self, request: Request) -> Response:
+        authorization = request.headers.get("Authorization")
+        if authorization is not None and authorization != self._basic:
+            return json_response(401, {"code": "unauthenticated", "message": "invalid user"})
+        start = _start_request(request.get_data())
+        if start is None:
+            return json_response(
+                400, {"code": "invalid_argument", "message": "the body is not a Connect envelope"}
+            )
+        answer = self._answer(start)
+        if (status := answer.get("status")) is not None:
+            return json_response(int(status), answer.get("body", b""))
+        tag = start.get("tag") if isinstance(start.get("tag"), str) else None
+        return self.stream(
+            request,
+            self._events(answer, tag),
+            content_type=str(answer.get("content_type", CONNECT_JSON)),
+        )
+
+    def _answer(self, start: dict[str, Any]) -> CommandAnswer:
+        process = _object(start.get("process"))
+        args = process.get("args")
+        script = args[2] if isinstance(args, list) and len(args) > 2 else ""
+        if isinstance(script, str) and CHECK_MARKER in script:
+            unlisted = _object(process.get("envs")).get("PISHIP_PROBE_UNLISTED") or "unset"
+            return {"stdout": f"{CHECK_MARKER} {unlisted}\n"}
+        answer = dict(self._command(start)) if self._command else {}
+        unknown = set(answer) - _ANSWER_KEYS
+        if unknown:
+            raise ValueError(f"E2bServer: unknown command answer keys {sorted(unknown)}")
+        return answer
+
+    def _events(self, answer: CommandAnswer, tag: str | None) -> Iterator[bytes]:
+        keepalive = bool(answer.get("keepalive"))
+        yield _event({"start": {"pid": PID}})
+        if keepalive:
+            yield _event({"keepalive": {}})
+        for stream, piece in _output(answer):
+            yield _event({"data": {stream: base64.b64encode(piece).decode()}})
+            if keepalive:
+                yield _event({"keepalive": {}})
+        after = answer.get("after")
+        if after is not None and not self.wait(after):
+            raise DropConnection
+        if answer.get("drop"):
+            raise DropConnection
+        if answer.get("hang"):
+            if not self._hang(tag):
+                raise DropConnection
+            yield connect_envelope({}, END_STREAM)
+            return
+        if (error := answer.get("stream_error")) is not None:
+            yield connect_envelope(
+                {"error": {"code": "internal", "message": str(error)}}, END_STREAM
+            )
+            return
+        yield _event({"end": _end(answer)})
+        if not answer.get("no_end_stream"):
+            yield connect_envelope({}, END_STREAM)
+
+    def _hang(self, tag: str | None) -> bool:
+        """Wait for a SendSignal; True when one came, False when the server closed."""
+        gate = threading.Event()
+        entry = (tag, gate)
+        with self._state:
+            if tag is not None and tag in self._killed:
+                return True
+            self._hung.append(entry)
+        try:
+            return self.wait(gate)
+        finally:
+            with self._state:
+                self._hung.remove(entry)
+
+
+def _start_request(body: bytes) -> dict[str, Any] | None:
+    try:
+        frames = EnvelopeReader().push(body)
+    except ValueError:
+        return None
+    return frames[0].message if frames else None
+
+
+def _signal_tag(body: Any) -> str | None:
+    tag = _object(_object(body).get("process")).get("tag")
+    return tag if isinstance(tag, str) else None
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _event(event: dict[str, Any]) -> bytes:
+    return connect_envelope({"event": event})
+
+
+def _bytes(piece: str | bytes) -> bytes:
+    return piece.encode() if isinstance(piece, str) else piece
+
+
+def _output(answer: CommandAnswer) -> Iterator[tuple[str, bytes]]:
+    if answer.get("stdout"):
+        yield "stdout", _bytes(answer["stdout"])
+    for piece in answer.get("chunks", ()):
+        yield "stdout", _bytes(piece)
+    if answer.get("stderr"):
+        yield "stderr", _bytes(answer["stderr"])
+
+
+def _end(answer: CommandAnswer) -> dict[str, Any]:
+    code = int(answer.get("exit_code", 0))
+    end: dict[str, Any] = {}
+    if code != 0 or not answer.get("omit_zero_exit", True):
+        end["exitCode"] = code
+    end["exited"] = True
+    end["status"] = f"exit status {code}"
+    return end
