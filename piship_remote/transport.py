@@ -1,0 +1,777 @@
+"""HTTP for the remote backends: one pooled session, endpoint rules, cancellable calls.
+
+A :class:`Transport` is shared by every thread of one backend::
+
+    transport = Transport(redactor=Redactor(), component="sandbox")
+    api = transport.endpoint("https://api.example.com/")          # validated, no trailing "/"
+    with transport.request("GET", f"{api}/health", timeout=10, cancel=token) as response:
+        if response.status != 200:
+            raise RuntimeError(response.failure())                # "HTTP 503: <redacted body>"
+
+What it guarantees:
+
+- endpoint rules: no credentials in URLs, plain HTTP only to loopback, redirects never
+  followed, TLS verification always on, proxies from the environment honoured;
+- connections are pooled and kept alive (a short request costs one round trip), and a
+  request is never re-sent automatically (a POST may have created something);
+- ``cancel`` (a :class:`~piship_remote.cancel.CancelToken` or a plain ``threading.Event``)
+  shuts down the socket of *that* call only, so a connect, a wait for headers or a body
+  read ends within milliseconds with :class:`~piship_remote.errors.CommandCancelled`;
+- a transport failure is a :class:`TransportError` whose message never carries the
+  underlying exception's text (it can contain header values).
+
+How cancellation reaches the socket: while a call runs, the calling thread's current
+:class:`_CallScope` lives in a context variable. The pool's connection class registers
+its socket with that scope when it connects and again just before it waits for the
+response headers; cancelling the scope shuts those sockets down. A connection that
+goes back to the pool is first detached from its scope, under the scope's lock, so a
+late cancel can never hit a connection another call has since taken from the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import errno
+import http.client
+import ipaddress
+import json as jsonlib
+import re
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any
+
+import requests
+import requests.adapters
+import urllib3
+import urllib3.connection
+import urllib3.connectionpool
+import urllib3.exceptions
+import urllib3.response
+from urllib3.util.connection import allowed_gai_family
+from urllib3.util.timeout import Timeout
+
+from piship_remote.cancel import CancelToken, EventWatcher, bridge
+from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.redact import Redactor
+
+__all__ = ["Credential", "HttpResponse", "Transport", "TransportError"]
+
+# The largest single read of a body: big enough that streaming hundreds of MiB costs
+# few Python-level iterations, while read1() still returns whatever has arrived.
+_CHUNK = 256 * 1024
+# What a non-streamed request reads before returning; a small body (the usual control-
+# plane answer) is then complete and its connection already back in the pool.
+_EAGER_BYTES = 64 * 1024
+# How much of an error body failure() looks at before cutting it to 300 characters.
+_FAILURE_WINDOW = 4096
+_FAILURE_CHARS = 300
+_WHITESPACE = re.compile(r"\s+")
+_SYSTEM_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+_GAI_NAMES = {
+    value: name
+    for name, value in vars(socket).items()
+    if name.startswith("EAI_") and isinstance(value, int)
+}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_IPV6_LOOPBACK = ipaddress.IPv6Address("::1")
+
+# Transport-level failures a call can end with; anything else (a bug, a bad argument)
+# propagates unchanged. requests' exceptions all derive from OSError.
+_NETWORK_ERRORS = (OSError, urllib3.exceptions.HTTPError, http.client.HTTPException)
+_TIMEOUT_ERRORS = (
+    requests.Timeout,
+    urllib3.exceptions.ReadTimeoutError,
+    urllib3.exceptions.ConnectTimeoutError,
+)
+
+
+class TransportError(PiShipError):
+    """A request that failed below HTTP: refused, reset, dropped, or past its deadline.
+
+    Code ``GATEWAY_UNREACHABLE``, retryable. ``request_sent`` is ``False`` only when the
+    request certainly never reached the server (name resolution or connect failed), so
+    a caller may safely resend even a POST::
+
+        except TransportError as e:
+            if not e.request_sent:
+                ...  # nothing was created remotely
+    """
+
+    request_sent: bool
+
+    def __init__(self, message: str, *, request_sent: bool, component: str) -> None:
+        super().__init__("GATEWAY_UNREACHABLE", message, retryable=True, component=component)
+        self.request_sent = request_sent
+
+
+class Credential:
+    """A credential read fresh for every request attempt, plus its rejection callback.
+
+    ``read`` returns the current value (``None``/empty: send none); ``rejected`` is
+    called on HTTP 401 and returns ``True`` when a renewed value is ready::
+
+        credential = Credential(lambda: os.environ.get("E2B_API_KEY"), None, redactor)
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], str | None] | None,
+        rejected: Callable[[], bool] | None,
+        redactor: Redactor,
+    ) -> None:
+        self._read = read
+        self._rejected = rejected
+        self._redactor = redactor
+
+    def current(self) -> str | None:
+        """The value to send now (registered with the redactor), or ``None``."""
+        value = self._read() if self._read is not None else None
+        if not value:
+            return None
+        self._redactor.register(value)
+        return value
+
+    def reject(self) -> bool:
+        """Report a 401; ``True`` means a renewed credential can be read now."""
+        if self._rejected is None:
+            return False
+        try:
+            return bool(self._rejected())
+        except Exception:  # a failing callback counts as "not renewed"
+            return False
+
+
+class _CallScope:
+    """The sockets one call uses; :meth:`cancel` shuts them all down at once."""
+
+    __slots__ = ("_lock", "_owned", "_sockets", "cancelled", "deadline", "sent", "socket")
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.cancelled = False
+        self.sent = False  # the request may have reached the server
+        self.socket: socket.socket | None = None  # the one the response arrives on
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._owned: list[socket.socket] = []
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def attach(self, sock: socket.socket, *, owned: bool = False) -> None:
+        """Track ``sock``; shut it down at once if the call is already cancelled."""
+        with self._lock:
+            if owned:
+                self._owned.append(sock)
+            if not any(s is sock for s in self._sockets):
+                self._sockets.append(sock)
+            if self.cancelled:
+                _shut(sock)
+
+    def detach(self, sock: socket.socket | None) -> bool:
+        """Stop tracking ``sock``; ``False`` when the call was cancelled (do not reuse it)."""
+        with self._lock:
+            self._sockets = [s for s in self._sockets if s is not sock]
+            return not self.cancelled
+
+    def drop_owned(self) -> None:
+        """Close the duplicates made to cover a TLS handshake (the handshake is over)."""
+        with self._lock:
+            owned, self._owned = self._owned, []
+            self._sockets = [s for s in self._sockets if not any(s is o for o in owned)]
+        for sock in owned:
+            sock.close()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            for sock in self._sockets:
+                _shut(sock)
+
+    def release(self) -> None:
+        """Forget every socket: a later cancel touches nothing."""
+        self.drop_owned()
+        with self._lock:
+            self._sockets = []
+
+
+def _shut(sock: socket.socket) -> None:
+    # socket.socket.shutdown, not SSLSocket.shutdown: the latter also drops the TLS
+    # object under a reader that may still be using it. OSError: already closed.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+# The scope of the call the current thread is making (set only while it makes it).
+_CURRENT: contextvars.ContextVar[_CallScope | None] = contextvars.ContextVar(
+    "piship_transport_call", default=None
+)
+
+
+class _Connection(urllib3.connection.HTTPConnection):
+    """An HTTP connection that registers its socket with the calling thread's scope."""
+
+    _piship_scope: _CallScope | None = None
+    _piship_socket: socket.socket | None = None
+
+    def _new_conn(self) -> socket.socket:
+        scope = _CURRENT.get()
+        if scope is None:
+            return super()._new_conn()
+        sock = _open_socket(self, scope)
+        if isinstance(self, urllib3.connection.HTTPSConnection):
+            # The TLS wrapper detaches `sock`; a duplicate descriptor keeps the
+            # handshake interruptible until getresponse() registers the TLS socket.
+            scope.attach(sock.dup(), owned=True)
+        self._piship_scope, self._piship_socket = scope, sock
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        scope = _CURRENT.get()
+        if scope is not None:
+            if self.sock is None:
+                self.connect()  # connect first, so `sent` means "past the connect"
+            scope.sent = True
+        super().request(*args, **kwargs)
+
+    def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
+        scope = _CURRENT.get()
+        sock = self.sock
+        if scope is not None and sock is not None:
+            remaining = scope.remaining()
+            if remaining is not None:
+                if remaining <= 0:
+                    raise TimeoutError("the deadline passed before the response")
+                self.timeout = remaining  # getresponse() applies it to the socket
+            scope.attach(sock)
+            scope.drop_owned()
+            scope.socket = sock
+            self._piship_scope, self._piship_socket = scope, sock
+        return super().getresponse()
+
+    def disown(self) -> None:
+        """Detach from the call's scope before going back to the pool (closed if cancelled)."""
+        scope, self._piship_scope = self._piship_scope, None
+        sock, self._piship_socket = self._piship_socket, None
+        if scope is not None and not scope.detach(sock):
+            self.close()
+
+
+class _TlsConnection(_Connection, urllib3.connection.HTTPSConnection):
+    """The HTTPS variant of :class:`_Connection`."""
+
+
+def _open_socket(conn: _Connection, scope: _CallScope) -> socket.socket:
+    """Connect like urllib3 does, but with the socket registered before ``connect()``."""
+    host = conn.host.strip("[]")
+    try:
+        addresses = socket.getaddrinfo(host, conn.port, allowed_gai_family(), socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise urllib3.exceptions.NameResolutionError(conn.host, conn, e) from e
+    failure: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        if scope.cancelled:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            for option in conn.socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(Timeout.resolve_default_timeout(conn.timeout))
+            if conn.source_address:
+                sock.bind(conn.source_address)
+            scope.attach(sock)
+            sock.connect(address)
+        except OSError as e:
+            scope.detach(sock)
+            sock.close()
+            failure = e
+            continue
+        sys.audit("http.client.connect", conn, conn.host, conn.port)
+        return sock
+    if isinstance(failure, TimeoutError) and failure.errno is None:
+        raise urllib3.exceptions.ConnectTimeoutError(conn, "connect timed out") from failure
+    raise urllib3.exceptions.NewConnectionError(conn, "connect failed") from failure
+
+
+class _Pool(urllib3.connectionpool.HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+    def _put_conn(self, conn: Any) -> None:
+        if isinstance(conn, _Connection):
+            conn.disown()
+        super()._put_conn(conn)
+
+
+class _TlsPool(urllib3.connectionpool.HTTPSConnectionPool):
+    ConnectionCls = _TlsConnection
+
+    def _put_conn(self, conn: Any) -> None:
+        if isinstance(conn, _Connection):
+            conn.disown()
+        super()._put_conn(conn)
+
+
+_POOL_CLASSES: dict[str, type[urllib3.connectionpool.HTTPConnectionPool]] = {
+    "http": _Pool,
+    "https": _TlsPool,
+}
+
+
+class _CancellableAdapter(requests.adapters.HTTPAdapter):
+    """An adapter whose pools use the scope-aware connection classes."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> urllib3.PoolManager:
+        manager: urllib3.PoolManager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):
+            manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        return manager
+
+
+def _no_auth(request: requests.PreparedRequest) -> requests.PreparedRequest:
+    # Passed as `auth` so that requests neither reads ~/.netrc nor applies a session's
+    # auth: the only credential sent is the one the caller put in the headers.
+    return request
+
+
+class _Call:
+    """One request's cancellation scope, deadline and the cleanup that ends it."""
+
+    __slots__ = ("_cleanup", "idle_timeout", "label", "scope", "stream", "transport")
+
+    def __init__(
+        self,
+        transport: Transport,
+        label: str,
+        deadline: float | None,
+        stream: bool,
+        idle_timeout: float | None,
+    ) -> None:
+        self.transport = transport
+        self.label = label
+        self.scope = _CallScope(deadline)
+        self.stream = stream
+        self.idle_timeout = idle_timeout
+        self._cleanup: ExitStack | None = None
+
+    def watch(self, cancel: threading.Event, watcher: EventWatcher) -> None:
+        stack = self._cleanup = ExitStack()
+        token = cancel if isinstance(cancel, CancelToken) else stack.enter_context(
+            bridge(cancel, watcher)
+        )
+        stack.callback(token.on_cancel(self.scope.cancel))
+
+    def finish(self) -> None:
+        """Stop listening for cancellation and forget the sockets (idempotent)."""
+        self.scope.release()
+        stack, self._cleanup = self._cleanup, None
+        if stack is not None:
+            stack.close()
+
+    def error(self, exc: BaseException) -> BaseException:
+        """The exception to raise for ``exc``: cancelled, timed out, failed, or ``exc``."""
+        if self.scope.cancelled and isinstance(exc, _NETWORK_ERRORS):
+            return CommandCancelled()
+        if isinstance(exc, ValueError) or not isinstance(exc, _NETWORK_ERRORS):
+            return exc  # a bad argument or a bug, not a network failure
+        return self.failed("timed out" if _timed_out(exc) else f"failed: {_failure_code(exc)}")
+
+    def failed(self, outcome: str) -> TransportError:
+        component = self.transport.component
+        return TransportError(
+            f"{component} request to {self.label} {outcome}",
+            request_sent=self.scope.sent,
+            component=component,
+        )
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it wraps (causes, contexts, urllib3 reasons, args)."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        linked = (current.__cause__, current.__context__, getattr(current, "reason", None))
+        pending.extend(e for e in (*linked, *current.args) if isinstance(e, BaseException))
+
+
+def _timed_out(exc: BaseException) -> bool:
+    for e in _chain(exc):
+        if isinstance(e, urllib3.exceptions.NewConnectionError):
+            continue  # derives from ConnectTimeoutError, but is a refusal
+        if isinstance(e, TimeoutError) and e.errno is None:
+            return True  # a socket timeout, i.e. our deadline or idle limit
+        if isinstance(e, _TIMEOUT_ERRORS):
+            return True
+    return False
+
+
+def _failure_code(exc: BaseException) -> str:
+    """The first system error name in the chain (``ECONNREFUSED``), else ``network error``."""
+    for e in _chain(exc):
+        if isinstance(e, socket.gaierror):
+            name = _GAI_NAMES.get(e.errno) if isinstance(e.errno, int) else None
+        elif isinstance(e, OSError) and isinstance(e.errno, int):
+            name = errno.errorcode.get(e.errno)
+        else:
+            continue
+        if name is not None and _SYSTEM_CODE.fullmatch(name):
+            return name
+    return "network error"
+
+
+class HttpResponse:
+    """A response whose body is read on demand, under the call's cancel and limits.
+
+    Use it as a context manager, or call :meth:`close`; :meth:`json_object`,
+    :meth:`failure` and a finished :meth:`iter_raw` close it themselves::
+
+        response = transport.request("POST", url, json=body, stream=True, cancel=token)
+        if response.status != 200:
+            raise RuntimeError(response.failure())
+        for chunk in response.iter_raw():
+            reader.push(chunk)
+    """
+
+    status: int
+    headers: Mapping[str, str]
+
+    def __init__(self, response: requests.Response, call: _Call) -> None:
+        self.status = response.status_code
+        self.headers = response.headers
+        raw: urllib3.response.HTTPResponse = response.raw
+        self._raw = raw
+        self._call = call
+        self._buffer = bytearray()
+        self._done = False
+        encoding = self.headers.get("content-encoding", "").strip().lower()
+        self._decode = encoding not in ("", "identity")
+        if call.stream:
+            self._set_socket_timeout(call.idle_timeout)
+
+    def __enter__(self) -> HttpResponse:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def json_object(self, max_bytes: int = 1 << 20) -> dict[str, Any]:
+        """Read and parse the body as a JSON object of at most ``max_bytes`` bytes.
+
+        Raises ``ValueError`` (``the response is too large``, ``... is not JSON``,
+        ``... is not a JSON object``), :class:`TransportError` or ``CommandCancelled``.
+        """
+        try:
+            body = self._read_upto(max_bytes + 1)
+        finally:
+            self.close()
+        if len(body) > max_bytes:
+            raise ValueError("the response is too large")
+        try:
+            value = jsonlib.loads(body)
+        except ValueError:
+            raise ValueError("the response is not JSON") from None
+        if not isinstance(value, dict):
+            raise ValueError("the response is not a JSON object")
+        return value
+
+    def failure(self) -> str:
+        """``HTTP <status>``, plus ``: <start of the body>`` (one line, redacted) if any."""
+        try:
+            body = self._read_upto(_FAILURE_WINDOW)
+        except TransportError:
+            body = bytes(self._buffer)
+        finally:
+            self.close()
+        text = _WHITESPACE.sub(" ", body.decode("utf-8", "replace")).strip()
+        # Redacted before cutting, so a secret across the cut cannot leak its start.
+        detail = self._call_redactor().redact(text)[:_FAILURE_CHARS].strip()
+        return f"HTTP {self.status}: {detail}" if detail else f"HTTP {self.status}"
+
+    def iter_raw(self) -> Iterator[bytes]:
+        """The body's bytes as they arrive (each chunk at most 256 KiB).
+
+        Raises ``CommandCancelled`` when the call's cancel fires and
+        :class:`TransportError` on a drop, a passed deadline or ``idle_timeout``.
+        """
+        if self._buffer:
+            chunk = bytes(self._buffer)
+            self._buffer.clear()
+            yield chunk
+        while not self._done:
+            chunk = self._read(_CHUNK)
+            if chunk:
+                yield chunk
+
+    def close(self) -> None:
+        """Release the connection (back to the pool only if the body was fully read)."""
+        if not self._done:
+            self._done = True
+            self._raw.close()  # the body was not read to the end: the connection is spent
+            self._raw.release_conn()
+        self._call.finish()
+
+    def _call_redactor(self) -> Redactor:
+        return self._call.transport.redactor
+
+    def _read_upto(self, size: int) -> bytes:
+        while len(self._buffer) < size and not self._done:
+            self._buffer += self._read(min(_CHUNK, size - len(self._buffer)))
+        return bytes(self._buffer[:size])
+
+    def _read(self, size: int) -> bytes:
+        """One read of up to ``size`` bytes: whatever has arrived, ``b""`` at the end."""
+        call = self._call
+        if call.scope.cancelled:
+            self.close()
+            raise CommandCancelled()
+        if not call.stream and call.scope.deadline is not None:
+            remaining = call.scope.remaining()
+            if remaining is None or remaining <= 0:
+                self.close()
+                raise call.failed("timed out")
+            self._set_socket_timeout(remaining)
+        try:
+            data = self._raw.read1(size, decode_content=self._decode)
+        except BaseException as exc:
+            self.close()
+            mapped = call.error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from None
+        if call.scope.cancelled:  # a shut-down socket can look like a clean end
+            self.close()
+            raise CommandCancelled()
+        if not data:
+            self._done = True
+            self._raw.release_conn()
+            call.finish()
+        return data
+
+    def _set_socket_timeout(self, timeout: float | None) -> None:
+        sock = self._call.scope.socket
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed: the next read reports it
+                sock.settimeout(timeout)
+
+
+class Transport:
+    """The HTTP client of one backend: a pooled session shared by all its threads."""
+
+    def __init__(
+        self,
+        *,
+        redactor: Redactor,
+        component: str = "sandbox",
+        session: requests.Session | None = None,
+        pool_size: int = 64,
+    ) -> None:
+        self.redactor = redactor
+        self.component = component
+        self._owns_session = session is None
+        self._session = session if session is not None else requests.Session()
+        verify = self._session.verify
+        if verify is False:
+            raise PiShipError(
+                "TLS_POLICY_VIOLATION",
+                "Refusing a requests.Session with TLS verification disabled",
+                component=component,
+            )
+        # A CA bundle path configured on the given session is kept; never False.
+        self._verify: bool | str = verify if isinstance(verify, str) else True
+        self._adapter = _CancellableAdapter(
+            pool_maxsize=pool_size, pool_block=False, max_retries=0
+        )
+        self._session.mount("http://", self._adapter)
+        self._session.mount("https://", self._adapter)
+        self._watcher = EventWatcher()
+
+    def endpoint(self, url: str) -> str:
+        """``url`` checked against the endpoint rules, without trailing slashes.
+
+        Raises ``PiShipError`` ``CONFIG_INVALID`` (credentials in the URL, no host) or
+        ``NETWORK_DENIED`` (plain HTTP to a non-loopback host, another scheme).
+        """
+        _check_url(url)
+        return url.rstrip("/")
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        data: bytes | None = None,
+        timeout: float | None = 30.0,
+        cancel: threading.Event | None = None,
+        stream: bool = False,
+        idle_timeout: float | None = None,
+    ) -> HttpResponse:
+        """Send one request; never retried, never redirected.
+
+        ``timeout`` bounds the whole call (headers, and the body unless ``stream``);
+        ``None`` means no deadline. ``idle_timeout`` bounds the silence between body
+        bytes of a stream. ``cancel`` set before or during the call raises
+        ``CommandCancelled``. ``json`` is sent compact (``{"a":1}``).
+        """
+        label = _check_url(url)
+        if cancel is not None and cancel.is_set():
+            raise CommandCancelled()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        call = _Call(self, label, deadline, stream, idle_timeout)
+        try:
+            if cancel is not None:
+                call.watch(cancel, self._watcher)
+            response = self._send(method, url, headers, json, data, call)
+        except BaseException as exc:
+            call.finish()
+            mapped = call.error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from None
+        result = HttpResponse(response, call)
+        if call.scope.cancelled:
+            result.close()
+            raise CommandCancelled()
+        if not stream:
+            try:
+                result._read_upto(_EAGER_BYTES)
+            except BaseException:
+                result.close()
+                raise
+        return result
+
+    def credentialed(
+        self,
+        method: str,
+        url: str,
+        *,
+        credential: Credential,
+        auth_header: Callable[[str], Mapping[str, str]],
+        repeatable: bool,
+        **request_kwargs: Any,
+    ) -> HttpResponse:
+        """:meth:`request` with a credential and the 401 protocol.
+
+        The credential is read for each attempt and sent as ``auth_header(value)``
+        (nothing when it is empty). A 401 to a request that carried it calls
+        ``credential.reject()``; if that returns ``True`` and the request is
+        ``repeatable``, it is sent once more with the re-read credential (a second 401
+        is reported with ``reject()`` again). A 403 is returned as is.
+        """
+        headers = dict(request_kwargs.pop("headers", None) or {})
+
+        def attempt() -> tuple[HttpResponse, bool]:
+            value = credential.current()
+            sent_headers = {**headers, **auth_header(value)} if value else headers
+            return self.request(method, url, headers=sent_headers, **request_kwargs), bool(value)
+
+        response, sent = attempt()
+        if not sent or response.status != 401:
+            return response
+        if not credential.reject() or not repeatable:
+            return response
+        response.close()
+        response, sent = attempt()
+        if sent and response.status == 401:
+            credential.reject()
+        return response
+
+    def close(self) -> None:
+        """Close the pooled connections (and the session if this transport made it)."""
+        self._watcher.close()
+        if self._owns_session:
+            self._session.close()
+        else:
+            self._adapter.close()
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None,
+        json: Any,
+        data: bytes | None,
+        call: _Call,
+    ) -> requests.Response:
+        all_headers = dict(headers) if headers else {}
+        if json is not None:
+            data = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
+            if not any(name.lower() == "content-type" for name in all_headers):
+                all_headers["Content-Type"] = "application/json"
+        remaining = call.scope.remaining()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError("the deadline passed before the request")
+        token = _CURRENT.set(call.scope)
+        try:
+            return self._session.request(
+                method,
+                url,
+                headers=all_headers,
+                data=data,
+                timeout=(remaining, remaining),
+                stream=True,
+                allow_redirects=False,
+                verify=self._verify,
+                auth=_no_auth,
+            )
+        finally:
+            _CURRENT.reset(token)
+
+
+def _check_url(url: str) -> str:
+    """Apply the endpoint rules to ``url``; returns ``host[:port]`` for messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise PiShipError("CONFIG_INVALID", "Endpoint URL is not a valid URL") from None
+    if parts.username is not None or parts.password is not None:
+        raise PiShipError("CONFIG_INVALID", "Endpoint URLs must not embed credentials")
+    scheme = parts.scheme.lower()
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
+        shown = f"{shown}:{port}"
+    if scheme != "https" and not (scheme == "http" and _is_loopback(host)):
+        raise PiShipError(
+            "NETWORK_DENIED",
+            f"Refusing non-HTTPS endpoint {scheme}://{shown}; "
+            "plain HTTP is only allowed for loopback test fixtures",
+        )
+    if not host:
+        raise PiShipError("CONFIG_INVALID", "Endpoint URL has no host")
+    return shown
+
+
+def _is_loopback(host: str) -> bool:
+    """``localhost``, ``127.0.0.0/8`` or ``::1``."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv4Address):
+        return address.is_loopback
+    return address == _IPV6_LOOPBACK

@@ -1,0 +1,1258 @@
+"""E2bCompatibleBackend on its own: every request it sends and every way a service can fail it.
+
+The fake E2B service (``e2b_server``) covers the well-behaved and the configurable
+answers; ``raw_server`` below answers with hand-built bytes for hostile cases
+(garbage frames, HTML pages, plain-JSON edge errors, 429 with Retry-After).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werkzeug import Request, Response
+
+from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
+from piship_remote.backends.e2b import E2bCompatibleBackend, E2bInstance, remote_directory
+from piship_remote.cancel import CancelToken
+from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
+from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.policy import SandboxProfile
+from piship_remote.testing import THREAD_PREFIX, E2bServer, RecordingServer, json_response
+
+pytestmark = pytest.mark.timeout(10)
+
+E2bFactory = Callable[..., E2bServer]
+Route = Callable[[RecordingServer, Request], Response]
+
+CREATED = {
+    "sandboxID": "sbx1",
+    "templateID": "piship-workspace",
+    "envdVersion": "0.4.0",
+    "envdAccessToken": "envd-token-1",
+    "domain": None,
+}
+
+
+# -- fixtures and helpers ------------------------------------------------------------------
+
+
+def backend_for(url: str, **options: Any) -> E2bCompatibleBackend:
+    return E2bCompatibleBackend(
+        endpoint=url, **{"envd_url": url, "template": "piship-workspace", **options}
+    )
+
+
+@pytest.fixture
+def profile(workspace: Path) -> SandboxProfile:
+    return SandboxProfile(workspace=str(workspace))
+
+
+@pytest.fixture
+def prepared(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> Iterator[Callable[..., tuple[E2bServer, E2bInstance]]]:
+    """``prepared(**E2bServer options)`` → (mock, instance); the instance is disposed at the end."""
+    instances: list[E2bInstance] = []
+
+    def make(**options: Any) -> tuple[E2bServer, E2bInstance]:
+        mock = e2b_server(**options)
+        instance = backend_for(mock.url).prepare(profile)
+        instances.append(instance)
+        return mock, instance
+
+    yield make
+    for instance in instances:
+        instance.dispose()
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[..., RecordingServer]]:
+    """``raw_server(start=..., create=..., ...)``: the seed mock's routes, any of them replaced.
+
+    Route names: ``health``, ``create`` (POST /sandboxes), ``renew``
+    (/sandboxes/sbx1/timeout), ``delete`` (DELETE /sandboxes/…), ``start``, ``signal``.
+    """
+    servers: list[RecordingServer] = []
+
+    def make(**routes: Route) -> RecordingServer:
+        table: dict[str, Route] = {**DEFAULT_ROUTES, **routes}
+        holder: list[RecordingServer] = []
+
+        def handle(request: Request) -> Response:
+            route = _route(request)
+            return _404() if route is None else table[route](holder[0], request)
+
+        server = RecordingServer(handle)
+        holder.append(server)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def _route(request: Request) -> str | None:
+    path, method = request.path, request.method
+    if path == "/health":
+        return "health"
+    if path == "/sandboxes" and method == "POST":
+        return "create"
+    if path == "/sandboxes/sbx1/timeout":
+        return "renew"
+    if path.startswith("/sandboxes/") and method == "DELETE":
+        return "delete"
+    if path == "/process.Process/Start":
+        return "start"
+    if path == "/process.Process/SendSignal":
+        return "signal"
+    return None
+
+
+def _404() -> Response:
+    return Response(b"", status=404)
+
+
+def _empty(status: int) -> Route:
+    return lambda server, request: Response(b"", status=status)
+
+
+def answer(status: int, body: Any, **headers: str) -> Route:
+    """A route answering ``body`` (JSON value, or text/bytes as is) with ``status``.
+
+    ``headers`` are added with ``_`` in their names turned into ``-`` (``Retry_After``).
+    """
+
+    def route(server: RecordingServer, request: Request) -> Response:
+        response = json_response(status, body)
+        for name, value in headers.items():
+            response.headers[name.replace("_", "-")] = value
+        return response
+
+    return route
+
+
+def frames(*pieces: bytes, content_type: str = "application/connect+json") -> Route:
+    """A Start route streaming ``pieces`` as they are, one HTTP chunk each."""
+    return lambda server, request: server.stream(request, list(pieces), content_type=content_type)
+
+
+def event(body: dict[str, Any]) -> bytes:
+    return connect_envelope({"event": body})
+
+
+def data(stream: str, raw: bytes) -> bytes:
+    return event({"data": {stream: base64.b64encode(raw).decode()}})
+
+
+START = event({"start": {"pid": 42}})
+END_OK = event({"end": {"exited": True, "status": "exit status 0"}})
+EOS = connect_envelope({}, END_STREAM)
+
+DEFAULT_ROUTES: dict[str, Route] = {
+    "health": _empty(204),
+    "create": answer(201, CREATED),
+    "renew": _empty(204),
+    "delete": _empty(204),
+    "start": frames(START, END_OK, EOS),
+    "signal": answer(200, {}),
+}
+
+
+class Output:
+    """Collects stdout and stderr chunks as delivered."""
+
+    def __init__(self) -> None:
+        self.stdout: list[bytes] = []
+        self.stderr: list[bytes] = []
+        self.first = threading.Event()
+
+    def on_stdout(self, chunk: bytes) -> None:
+        self.stdout.append(chunk)
+        self.first.set()
+
+    def on_stderr(self, chunk: bytes) -> None:
+        self.stderr.append(chunk)
+
+
+class Rejections:
+    """A ``credential_rejected`` callback that counts its calls."""
+
+    def __init__(self, answer: bool) -> None:
+        self.count = 0
+        self._answer = answer
+
+    def __call__(self) -> bool:
+        self.count += 1
+        return self._answer
+
+
+def cancel_when(happened: threading.Event, cancel: threading.Event) -> None:
+    """Set ``cancel`` from another thread once ``happened`` is set."""
+
+    def wait_then_cancel() -> None:
+        if happened.wait(5):
+            cancel.set()
+
+    threading.Thread(target=wait_then_cancel, name="test-canceller", daemon=True).start()
+
+
+def run(
+    instance: E2bInstance,
+    command: str = "true",
+    *,
+    output: Output | None = None,
+    workspace_path: str = ".",
+    env: dict[str, str] | None = None,
+    cancel: threading.Event | None = None,
+) -> BackendResult:
+    output = output or Output()
+    return instance.exec(
+        ExecRequest(command, cwd="/unused", workspace_path=workspace_path, env=env or {}),
+        on_stdout=output.on_stdout,
+        on_stderr=output.on_stderr,
+        cancel=cancel,
+    )
+
+
+def prepare_raw(server: RecordingServer, profile: SandboxProfile, **options: Any) -> E2bInstance:
+    return backend_for(server.url, **options).prepare(profile)
+
+
+def library_threads() -> set[threading.Thread]:
+    """Live threads the library started (the doubles' own threads excluded)."""
+    return {
+        thread
+        for thread in threading.enumerate()
+        if thread.name.startswith("piship-") and not thread.name.startswith(THREAD_PREFIX)
+    }
+
+
+def start_bodies(server: RecordingServer) -> list[dict[str, Any]]:
+    return [
+        EnvelopeReader().push(r.body)[0].message
+        for r in server.find("POST", "/process.Process/Start")
+    ]
+
+
+# -- identity, options, availability ----------------------------------------------------------
+
+
+def test_identity_and_capabilities() -> None:
+    backend = backend_for("http://127.0.0.1:1")
+    assert isinstance(backend, Backend)
+    assert (backend.id, backend.provider) == ("e2b-compatible", "e2b-compatible")
+    capabilities = backend.capabilities()
+    assert capabilities.network_probe is None
+    assert list(capabilities.network) == ["deny", "allow"]
+    assert capabilities.to_dict() == {
+        "isolation": "remote",
+        "planes": ["host-filesystem-isolation", "network-deny", "environment-filter"],
+        "network": ["deny", "allow"],
+        "localProcesses": False,
+        "workspace": {"mode": "snapshot"},
+    }
+
+
+def test_refuses_an_endpoint_with_embedded_credentials() -> None:
+    with pytest.raises(PiShipError) as caught:
+        E2bCompatibleBackend(endpoint="https://user:pw@api.example.com")
+    assert caught.value.code == "CONFIG_INVALID"
+    assert "pw" not in str(caught.value)
+
+
+def test_refuses_plain_http_to_a_non_loopback_endpoint() -> None:
+    with pytest.raises(PiShipError) as caught:
+        E2bCompatibleBackend(endpoint="http://api.example.com")
+    assert caught.value.code == "NETWORK_DENIED"
+
+
+def test_health_check_sends_no_credential(e2b_server: E2bFactory) -> None:
+    mock = e2b_server()
+    backend = backend_for(mock.url, credential=lambda: "health-key-000001")
+    availability = backend.available()
+    assert availability.available is True
+    (health,) = mock.requests
+    assert (health.method, health.path) == ("GET", "/health")
+    assert "x-api-key" not in health.headers
+
+
+def test_unhealthy_service_is_unavailable_with_its_status(e2b_server: E2bFactory) -> None:
+    availability = backend_for(e2b_server(health=503).url).available()
+    assert availability.available is False
+    assert availability.reason == "the e2b-compatible endpoint health check returned HTTP 503"
+
+
+def test_unreachable_service_is_unavailable_without_raising() -> None:
+    availability = backend_for("http://127.0.0.1:1").available()
+    assert availability.available is False
+    assert availability.reason is not None
+    assert availability.reason.startswith("the e2b-compatible endpoint is unreachable: ")
+
+
+def test_keeps_an_endpoint_path_prefix(raw_server: Callable[..., RecordingServer]) -> None:
+    server = raw_server()
+    backend = E2bCompatibleBackend(endpoint=server.url + "/api/", envd_url=server.url)
+    backend.available()
+    assert server.requests[0].path == "/api/health"
+
+
+# -- create ---------------------------------------------------------------------------------------
+
+
+def test_create_body_is_compact_json_in_the_originals_key_order(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    mock = e2b_server()
+    backend_for(mock.url).prepare(profile).dispose()
+    (create,) = mock.find("POST", "/sandboxes")
+    assert create.body == (
+        b'{"templateID":"piship-workspace","timeout":3600,'
+        b'"metadata":{"created-by":"piship"},"allow_internet_access":false}'
+    )
+    assert create.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(("given", "sent"), [(120, 120), (0, 3600), (-5, 3600), (True, 3600)])
+def test_lifetime_is_sent_on_create_and_renewal_with_a_fallback(
+    e2b_server: E2bFactory, profile: SandboxProfile, given: Any, sent: int
+) -> None:
+    mock = e2b_server()
+    instance = backend_for(mock.url, lifetime_seconds=given).prepare(profile)
+    run(instance)
+    instance.dispose()
+    assert mock.find("POST", "/sandboxes")[0].json()["timeout"] == sent
+    assert mock.find("POST", "/sandboxes/sbx1/timeout")[0].json() == {"timeout": sent}
+
+
+def test_create_failure_names_status_and_detail(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    with pytest.raises(PiShipError) as caught:
+        backend_for(e2b_server(create=500).url).prepare(profile)
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    assert str(caught.value) == (
+        'creating the sandbox failed: HTTP 500: {"code":500,"message":"no capacity"}'
+    )
+
+
+def test_create_failure_redacts_the_echoed_key(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    key = "e2b_0123456789abcdef-key"
+    server = raw_server(create=answer(400, {"code": 400, "message": f"bad key {key}"}))
+    with pytest.raises(PiShipError) as caught:
+        prepare_raw(server, profile, credential=lambda: key)
+    assert key not in str(caught.value)
+    assert "HTTP 400" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b"<html>not json</html>", "the response is not JSON"),
+        (b'["sbx1"]', "the response is not a JSON object"),
+        (b'{"pad":"' + b"x" * (1 << 20) + b'"}', "the response is too large"),
+    ],
+    ids=["not-json", "not-object", "too-large"],
+)
+def test_invalid_create_answer_is_reported_and_nothing_is_deleted(
+    raw_server: Callable[..., RecordingServer],
+    profile: SandboxProfile,
+    body: bytes,
+    expected: str,
+) -> None:
+    server = raw_server(create=answer(201, body))
+    with pytest.raises(PiShipError) as caught:
+        prepare_raw(server, profile)
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    assert expected in str(caught.value)
+    assert server.count("DELETE") == 0
+
+
+@pytest.mark.parametrize("sandbox_id", [None, 123, "", "-leading-dash", "../sbx1", "a" * 129])
+def test_create_answer_without_a_valid_sandbox_id_is_refused(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, sandbox_id: Any
+) -> None:
+    server = raw_server(create=answer(201, {**CREATED, "sandboxID": sandbox_id}))
+    with pytest.raises(PiShipError, match=r"^the sandbox service returned no valid sandbox ID$"):
+        prepare_raw(server, profile)
+    assert server.count("DELETE") == 0
+
+
+@pytest.mark.parametrize("token", [123, ["t"], "token with spaces", "line\nbreak"])
+def test_invalid_envd_token_deletes_the_created_sandbox(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, token: Any
+) -> None:
+    server = raw_server(create=answer(201, {**CREATED, "envdAccessToken": token}))
+    with pytest.raises(PiShipError) as caught:
+        prepare_raw(server, profile)
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    assert str(caught.value) == "the sandbox service returned an invalid envd access token"
+    assert [r.path for r in server.find("DELETE")] == ["/sandboxes/sbx1"]
+
+
+def test_absent_envd_token_sends_no_access_token_header(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(create=answer(201, {**CREATED, "envdAccessToken": None}))
+    instance = prepare_raw(server, profile)
+    assert run(instance).exit_code == 0
+    instance.dispose()
+    (start,) = server.find("POST", "/process.Process/Start")
+    assert "x-access-token" not in start.headers
+
+
+def test_envd_url_callable_gets_the_sandbox_id_and_a_valid_domain(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(create=answer(201, {**CREATED, "domain": "sandboxes.example.com"}))
+    seen: list[tuple[str, str | None]] = []
+
+    def envd_url(sandbox_id: str, domain: str | None) -> str:
+        seen.append((sandbox_id, domain))
+        return server.url + "/"
+
+    instance = E2bCompatibleBackend(endpoint=server.url, envd_url=envd_url).prepare(profile)
+    assert run(instance).exit_code == 0
+    instance.dispose()
+    assert seen == [("sbx1", "sandboxes.example.com")]
+
+
+@pytest.mark.parametrize(
+    ("domain", "host"),
+    [("sandboxes.example.com", "49983-sbx1.sandboxes.example.com"), (None, "49983-sbx1.127.0.0.1")],
+)
+def test_envd_url_is_built_from_the_domain_and_refused_when_unusable(
+    raw_server: Callable[..., RecordingServer],
+    profile: SandboxProfile,
+    domain: str | None,
+    host: str,
+) -> None:
+    # Plain HTTP is only for loopback, so the built per-sandbox host is refused here,
+    # which shows the URL that was built; the sandbox is deleted again.
+    server = raw_server(create=answer(201, {**CREATED, "domain": domain}))
+    with pytest.raises(PiShipError) as caught:
+        E2bCompatibleBackend(endpoint=server.url).prepare(profile)
+    assert caught.value.code == "NETWORK_DENIED"
+    assert "the sandbox's envd address cannot be used" in str(caught.value)
+    assert host in str(caught.value)
+    assert [r.path for r in server.find("DELETE")] == ["/sandboxes/sbx1"]
+
+
+def test_create_is_retried_on_429_honouring_retry_after(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    answers = iter([429, 429, 201])
+
+    def create(server: RecordingServer, request: Request) -> Response:
+        status = next(answers)
+        if status == 429:
+            return answer(429, {"code": 429, "message": "rate limited"}, Retry_After="0")(
+                server, request
+            )
+        return answer(201, CREATED)(server, request)
+
+    server = raw_server(create=create)
+    instance = prepare_raw(server, profile)
+    instance.dispose()
+    assert server.count("POST", "/sandboxes") == 3
+
+
+def test_create_is_retried_on_503_without_retry_after(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    answers = iter([503, 201])
+
+    def create(server: RecordingServer, request: Request) -> Response:
+        status = next(answers)
+        body = CREATED if status == 201 else {"code": 503, "message": "busy"}
+        return answer(status, body)(server, request)
+
+    server = raw_server(create=create)
+    prepare_raw(server, profile).dispose()
+    assert server.count("POST", "/sandboxes") == 2
+
+
+def test_create_retries_are_bounded_and_the_error_is_retryable(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(
+        create=answer(429, {"code": 429, "message": "rate limited"}, Retry_After="0")
+    )
+    with pytest.raises(PiShipError) as caught:
+        prepare_raw(server, profile)
+    assert caught.value.retryable is True
+    assert caught.value.retry_after == 0
+    assert "creating the sandbox failed: HTTP 429" in str(caught.value)
+    assert server.count("POST", "/sandboxes") == 3
+
+
+def test_create_is_not_retried_when_retry_after_is_too_long(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(create=answer(429, {"code": 429, "message": "later"}, Retry_After="60"))
+    with pytest.raises(PiShipError) as caught:
+        prepare_raw(server, profile)
+    assert caught.value.retry_after == 60
+    assert server.count("POST", "/sandboxes") == 1
+
+
+def test_a_rejected_create_is_never_repeated(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(create=answer(401, {"code": 401, "message": "invalid key"}))
+    rejections = Rejections(True)
+    with pytest.raises(PiShipError, match="HTTP 401"):
+        prepare_raw(
+            server,
+            profile,
+            credential=lambda: "rejected-key-000001",
+            credential_rejected=rejections,
+        )
+    assert rejections.count == 1
+    assert server.count("POST", "/sandboxes") == 1
+
+
+# -- renewal ---------------------------------------------------------------------------------------
+
+
+def test_renewal_failure_stops_before_start(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(renew=answer(404, {"code": 404, "message": "sandbox not found"}))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError) as caught:
+        run(instance)
+    assert str(caught.value) == (
+        'the sandbox is no longer available: HTTP 404: {"code":404,"message":"sandbox not found"}'
+    )
+    assert server.count(path="/process.Process/Start") == 0
+    instance.dispose()
+
+
+def test_renewal_429_is_not_retried(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(renew=answer(429, {"code": 429, "message": "slow down"}, Retry_After="0"))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match="HTTP 429"):
+        run(instance)
+    assert server.count(path="/sandboxes/sbx1/timeout") == 1
+    instance.dispose()
+
+
+def test_renewal_403_does_not_reject_the_credential(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(renew=answer(403, {"code": 403, "message": "forbidden"}))
+    rejections = Rejections(True)
+    instance = prepare_raw(
+        server,
+        profile,
+        credential=lambda: "forbidden-key-00001",
+        credential_rejected=rejections,
+    )
+    with pytest.raises(PiShipError, match="HTTP 403"):
+        run(instance)
+    assert rejections.count == 0
+    assert server.count(path="/sandboxes/sbx1/timeout") == 1
+    instance.dispose()
+
+
+# -- Start: the request ----------------------------------------------------------------------
+
+
+def test_start_request_headers_and_body(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    run(instance, "echo hi", workspace_path="sub/dir", env={"LANG": "C.UTF-8"})
+    (start,) = mock.find("POST", "/process.Process/Start")
+    headers = start.headers
+    assert headers["content-type"] == "application/connect+json"
+    assert headers["connect-protocol-version"] == "1"
+    assert headers["e2b-sandbox-id"] == "sbx1"
+    assert headers["e2b-sandbox-port"] == "49983"
+    assert headers["x-access-token"] == "envd-token-1"
+    assert headers["keepalive-ping-interval"] == "50"
+    assert headers["authorization"] == "Basic dXNlcjo="
+    assert "x-api-key" not in headers
+    (frame,) = EnvelopeReader().push(start.body)
+    assert frame.flags == 0
+    tag = frame.message["tag"]
+    assert re.fullmatch(r"piship-[0-9a-f]{16}", tag)
+    assert frame.message == {
+        "process": {
+            "cmd": "/bin/bash",
+            "args": ["-l", "-c", "echo hi"],
+            "envs": {"LANG": "C.UTF-8"},
+            "cwd": "/home/user/sub/dir",
+        },
+        "stdin": False,
+        "tag": tag,
+    }
+
+
+def test_renewal_precedes_every_start(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    run(instance)
+    run(instance)
+    paths = [r.path for r in mock.requests if r.path != "/health"][1:]
+    assert paths == [
+        "/sandboxes/sbx1/timeout",
+        "/process.Process/Start",
+        "/sandboxes/sbx1/timeout",
+        "/process.Process/Start",
+    ]
+    tags = {message["tag"] for message in start_bodies(mock)}
+    assert len(tags) == 2
+
+
+@pytest.mark.parametrize(
+    ("workdir", "path", "expected"),
+    [
+        ("/home/user", ".", "/home/user"),
+        ("/home/user", "", "/home/user"),
+        ("/home/user", None, "/home/user"),
+        ("/home/user/", ".", "/home/user/"),
+        ("/home/user/", "sub", "/home/user/sub"),
+        ("/workspace/repo", "sub", "/workspace/repo/sub"),
+        ("/", "sub", "/sub"),
+    ],
+)
+def test_remote_directory(workdir: str, path: str | None, expected: str) -> None:
+    assert remote_directory(workdir, path) == expected
+
+
+@pytest.mark.parametrize("path", ["/etc", "../up", "sub/../../up"])
+def test_remote_directory_refuses_paths_outside_the_workspace(path: str) -> None:
+    with pytest.raises(PiShipError, match=r"^the working directory is outside the workspace$"):
+        remote_directory("/home/user", path)
+
+
+def test_outside_path_fails_before_any_request(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    before = len(mock.requests)
+    with pytest.raises(PiShipError, match="outside the workspace"):
+        run(instance, workspace_path="../elsewhere")
+    assert len(mock.requests) == before
+
+
+# -- Start: failures before the stream -------------------------------------------------------
+
+
+def test_edge_502_sandbox_not_found_is_a_clear_error(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    body = {"sandboxId": "sbx1", "message": "The sandbox was not found", "code": 502}
+    _, instance = prepared(command=lambda start: {"status": 502, "body": body})
+    with pytest.raises(PiShipError) as caught:
+        run(instance)
+    message = str(caught.value)
+    assert message.startswith("starting the command failed: HTTP 502: ")
+    assert "The sandbox was not found" in message
+    assert "the sandbox is gone" in message
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+
+
+def test_envd_401_with_an_integer_code_does_not_echo_the_token(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    body = {"code": 401, "message": "unauthorized access: envd-token-1"}
+    _, instance = prepared(command=lambda start: {"status": 401, "body": body})
+    with pytest.raises(PiShipError) as caught:
+        run(instance)
+    assert "starting the command failed: HTTP 401" in str(caught.value)
+    assert "envd-token-1" not in str(caught.value)
+
+
+def test_edge_429_is_retryable_with_its_retry_after(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(
+        start=answer(
+            429, {"code": 429, "message": "too many concurrent connections"}, Retry_After="2"
+        )
+    )
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError) as caught:
+        run(instance)
+    assert "HTTP 429" in str(caught.value)
+    assert caught.value.retryable is True
+    assert caught.value.retry_after == 2
+    instance.dispose()
+
+
+def test_html_error_page_is_named_not_dumped(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    page = b"<html><head><title>502 Bad Gateway</title></head><body>nginx/1.27.0</body></html>"
+    server = raw_server(
+        start=lambda s, r: Response(page, status=502, content_type="text/html; charset=utf-8")
+    )
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError) as caught:
+        run(instance)
+    message = str(caught.value)
+    assert message.startswith("starting the command failed: HTTP 502 (an HTML error page")
+    assert "<html>" not in message
+    instance.dispose()
+
+
+def test_start_answer_that_is_not_a_connect_stream_is_refused(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=lambda start: {"content_type": "application/json"})
+    with pytest.raises(PiShipError, match="not a Connect stream"):
+        run(instance)
+
+
+def test_start_answer_without_a_body_is_refused(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(start=_empty(204))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match=r"^starting the command failed: HTTP 204$"):
+        run(instance)
+    instance.dispose()
+
+
+# -- Start: the stream -----------------------------------------------------------------------
+
+
+def test_output_is_delivered_per_frame_and_stderr_separately(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(
+        command=lambda start: {"stdout": "out\n", "chunks": ["a", "b"], "stderr": "err\n"}
+    )
+    output = Output()
+    assert run(instance, output=output) == BackendResult(exit_code=0)
+    assert output.stdout == [b"out\n", b"a", b"b"]
+    assert output.stderr == [b"err\n"]
+
+
+def test_utf8_split_across_frames_is_delivered_byte_exact(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    text = "héllo wörld".encode()
+    _, instance = prepared(command=lambda start: {"chunks": [text[:2], text[2:7], text[7:]]})
+    output = Output()
+    run(instance, output=output)
+    assert output.stdout == [text[:2], text[2:7], text[7:]]
+    assert b"".join(output.stdout).decode() == "héllo wörld"
+
+
+def test_keepalive_events_are_ignored(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=lambda start: {"stdout": "x", "keepalive": True})
+    output = Output()
+    assert run(instance, output=output).exit_code == 0
+    assert output.stdout == [b"x"]
+
+
+def test_exit_code_is_reported(prepared: Callable[..., tuple[E2bServer, E2bInstance]]) -> None:
+    _, instance = prepared(command=lambda start: {"exit_code": 7})
+    assert run(instance) == BackendResult(exit_code=7)
+
+
+def test_explicit_zero_exit_code_is_reported(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=lambda start: {"omit_zero_exit": False})
+    assert run(instance).exit_code == 0
+
+
+def test_minus_one_exit_code_is_a_signal_exit(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=lambda start: {"exit_code": -1})
+    assert run(instance) == BackendResult(exit_code=None)
+
+
+@pytest.mark.parametrize(
+    ("end", "expected"),
+    [
+        ({"exited": True, "status": "exit status 0"}, 0),
+        ({}, 0),
+        ({"exit_code": 5, "exited": True}, 5),
+        ({"exitCode": 3.0}, 3),
+        ({"exitCode": -1, "exited": False, "status": "signal: killed"}, None),
+        ({"exited": False, "status": "signal: killed"}, None),
+        ({"exitCode": True, "status": "exit status 1"}, 0),
+        ("not an object", 0),
+    ],
+)
+def test_end_event_variants(
+    raw_server: Callable[..., RecordingServer],
+    profile: SandboxProfile,
+    end: Any,
+    expected: int | None,
+) -> None:
+    server = raw_server(start=frames(START, event({"end": end}), EOS))
+    instance = prepare_raw(server, profile)
+    assert run(instance).exit_code == expected
+    instance.dispose()
+
+
+def test_extra_whitespace_and_unknown_fields_are_tolerated(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    def raw_frame(text: str, flags: int = 0) -> bytes:
+        payload = text.encode()
+        return bytes([flags]) + len(payload).to_bytes(4, "big") + payload
+
+    server = raw_server(
+        start=frames(
+            raw_frame('{ "event" : { "start" : { "pid" : 9 } }, "future" : [1, 2] }'),
+            raw_frame('{"event":{ "data": {"stdout":  "aGk=", "extra": true}}}'),
+            raw_frame('{"event": {"end": {"exitCode": 2, "exited": true, "new": {}}}}'),
+            raw_frame('{ "metadata" : {} }', END_STREAM),
+        )
+    )
+    instance = prepare_raw(server, profile)
+    output = Output()
+    assert run(instance, output=output).exit_code == 2
+    assert output.stdout == [b"hi"]
+    instance.dispose()
+
+
+def test_lenient_base64_output_is_decoded(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    raw = b"\xfb\xff\xfe?"
+    urlsafe = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    server = raw_server(start=frames(START, event({"data": {"stdout": urlsafe}}), END_OK, EOS))
+    instance = prepare_raw(server, profile)
+    output = Output()
+    run(instance, output=output)
+    assert output.stdout == [raw]
+    instance.dispose()
+
+
+def test_output_that_is_not_base64_fails_the_stream(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(start=frames(START, event({"data": {"stdout": "!!!"}}), END_OK, EOS))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match="not base64"):
+        run(instance)
+    instance.dispose()
+
+
+def test_stream_error_frame_is_reported(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=lambda start: {"stream_error": "process exploded"})
+    with pytest.raises(PiShipError) as caught:
+        run(instance)
+    assert str(caught.value) == "the command stream failed: internal process exploded"
+
+
+def test_stream_error_without_code_or_message(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(
+        start=frames(START, connect_envelope({"error": {"details": []}}, END_STREAM))
+    )
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match=r"^the command stream failed: unknown$"):
+        run(instance)
+    instance.dispose()
+
+
+def test_end_of_stream_without_an_end_event_is_an_error(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(start=frames(START, EOS))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match=r"^the command stream ended without an exit status$"):
+        run(instance)
+    instance.dispose()
+
+
+def test_missing_end_of_stream_frame_is_an_error(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=lambda start: {"no_end_stream": True})
+    with pytest.raises(PiShipError, match="without its end-of-stream frame"):
+        run(instance)
+
+
+def test_body_ending_after_start_is_an_error(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(start=frames(START, b"\x00\x00\x00"))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match=r"^the command stream ended without an exit status$"):
+        run(instance)
+    instance.dispose()
+
+
+def test_connection_dropped_mid_stream_is_an_unknown_outcome(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=lambda start: {"stdout": "partial", "drop": True})
+    output = Output()
+    with pytest.raises(PiShipError) as caught:
+        run(instance, output=output)
+    assert "the command stream was interrupted" in str(caught.value)
+    assert "outcome is unknown" in str(caught.value)
+    assert caught.value.retryable is False
+    assert output.stdout == [b"partial"]
+
+
+@pytest.mark.parametrize(
+    ("piece", "expected"),
+    [
+        (b"\x00" + (64 * 1024 * 1024).to_bytes(4, "big"), "oversized"),
+        (connect_envelope({"event": {}}, 0x01), "compressed"),
+        (b"\x00\x00\x00\x00\x05{not}", "not JSON"),
+    ],
+    ids=["oversized", "compressed", "garbage"],
+)
+def test_hostile_frames_fail_the_stream(
+    raw_server: Callable[..., RecordingServer],
+    profile: SandboxProfile,
+    piece: bytes,
+    expected: str,
+) -> None:
+    server = raw_server(start=frames(START, piece))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match=expected) as caught:
+        run(instance)
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    instance.dispose()
+
+
+def test_silent_stream_fails_after_the_idle_timeout(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    mock = e2b_server(command=lambda start: {"hang": True})
+    instance = backend_for(mock.url, stream_idle_timeout=0.3).prepare(profile)
+    with pytest.raises(PiShipError, match="the command stream was interrupted"):
+        run(instance)
+    instance.dispose()
+
+
+# -- cancel ---------------------------------------------------------------------------------------
+
+
+def hanging(start: dict[str, Any]) -> dict[str, Any]:
+    return {"stdout": "working\n", "hang": True} if "sleep" in start["process"]["args"][2] else {}
+
+
+@pytest.mark.parametrize("kind", ["event", "token"])
+def test_cancel_sends_sigkill_by_tag_and_keeps_the_sandbox_usable(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]], kind: str
+) -> None:
+    mock, instance = prepared(command=hanging)
+    cancel = threading.Event() if kind == "event" else CancelToken()
+    output = Output()
+    cancel_when(output.first, cancel)
+    with pytest.raises(CommandCancelled):
+        run(instance, "sleep 600", output=output, cancel=cancel)
+    signal = mock.wait_for("POST", "/process.Process/SendSignal", timeout=2.0)
+    tag = start_bodies(mock)[-1]["tag"]
+    assert signal.json() == {"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}
+    assert signal.headers["content-type"] == "application/json"
+    assert signal.headers["x-access-token"] == "envd-token-1"
+    assert signal.headers["e2b-sandbox-id"] == "sbx1"
+    assert signal.headers["e2b-sandbox-port"] == "49983"
+    assert signal.headers["connect-protocol-version"] == "1"
+    assert "authorization" not in signal.headers
+    assert "keepalive-ping-interval" not in signal.headers
+    assert run(instance).exit_code == 0
+
+
+def test_a_cancel_set_before_exec_sends_nothing(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    before = len(mock.requests)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(CommandCancelled):
+        run(instance, cancel=cancel)
+    assert len(mock.requests) == before
+
+
+def test_a_cancel_during_renewal_sends_no_signal_and_no_start(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    renewing = threading.Event()
+
+    def renew(server: RecordingServer, request: Request) -> Response:
+        renewing.set()
+        server.wait()
+        return Response(b"", status=204)
+
+    server = raw_server(renew=renew)
+    instance = prepare_raw(server, profile)
+    cancel = CancelToken()
+    cancel_when(renewing, cancel)
+    with pytest.raises(CommandCancelled):
+        run(instance, cancel=cancel)
+    assert server.count(path="/process.Process/SendSignal") == 0
+    assert server.count(path="/process.Process/Start") == 0
+    instance.dispose()
+
+
+# -- credentials on renewal and delete ----------------------------------------------------------
+
+
+def test_delete_is_repeated_once_after_a_rejection(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    mock = e2b_server(api_key="delete-key-000001", reject_once=["/sandboxes/sbx1"])
+    rejections = Rejections(True)
+    instance = backend_for(
+        mock.url,
+        credential=lambda: "delete-key-000001",
+        credential_rejected=rejections,
+    ).prepare(profile)
+    instance.dispose()
+    assert rejections.count == 1
+    assert mock.count("DELETE", "/sandboxes/sbx1") == 2
+    assert mock.live_sandboxes == []
+
+
+def test_credential_is_read_for_every_attempt(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    keys = iter(["renewed-key-000000", "renewed-key-000001", "renewed-key-000002"])
+    current = ["renewed-key-000000"]
+
+    def rejected() -> bool:
+        current[0] = next(keys)
+        current[0] = next(keys)
+        return True
+
+    mock = e2b_server(reject_once=["/sandboxes/sbx1/timeout"])
+    instance = backend_for(
+        mock.url, credential=lambda: current[0], credential_rejected=rejected
+    ).prepare(profile)
+    run(instance)
+    instance.dispose()
+    renewals = mock.find("POST", "/sandboxes/sbx1/timeout")
+    assert [r.headers["x-api-key"] for r in renewals] == [
+        "renewed-key-000000",
+        "renewed-key-000001",
+    ]
+
+
+# -- dispose --------------------------------------------------------------------------------------
+
+
+def test_dispose_is_idempotent(prepared: Callable[..., tuple[E2bServer, E2bInstance]]) -> None:
+    mock, instance = prepared()
+    assert isinstance(instance, Instance)
+    assert instance.epoch() == "sbx1"
+    instance.dispose()
+    instance.dispose()
+    assert mock.count("DELETE", "/sandboxes/sbx1") == 1
+    assert mock.live_sandboxes == []
+
+
+def test_concurrent_dispose_sends_one_delete(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    go = threading.Barrier(8)
+
+    def dispose() -> None:
+        go.wait()
+        instance.dispose()
+
+    threads = [threading.Thread(target=dispose, name=f"test-dispose-{i}") for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert mock.count("DELETE", "/sandboxes/sbx1") == 1
+
+
+def test_exec_after_dispose_sends_nothing(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    instance.dispose()
+    before = len(mock.requests)
+    with pytest.raises(PiShipError, match=r"^the sandbox was disposed$"):
+        run(instance)
+    assert len(mock.requests) == before
+
+
+def test_dispose_ends_a_running_command_with_a_disposed_error(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared(command=hanging)
+    output = Output()
+    errors: list[BaseException] = []
+
+    def command() -> None:
+        try:
+            run(instance, "sleep 600", output=output)
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=command, name="test-command")
+    thread.start()
+    assert output.first.wait(5)
+    instance.dispose()
+    thread.join(2)
+    assert not thread.is_alive()
+    (error,) = errors
+    assert isinstance(error, PiShipError)
+    assert "disposed" in str(error)
+    assert mock.count(path="/process.Process/SendSignal") == 0
+    assert mock.count("DELETE", "/sandboxes/sbx1") == 1
+
+
+def test_dispose_ignores_a_failing_delete(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server(delete=answer(500, {"code": 500, "message": "broken"}))
+    instance = prepare_raw(server, profile)
+    instance.dispose()
+    assert server.count("DELETE") == 1
+
+
+def test_no_library_thread_outlives_dispose(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    before = library_threads()
+    mock, instance = prepared(command=hanging)
+    for _ in range(3):
+        cancel = threading.Event()
+        output = Output()
+        cancel_when(output.first, cancel)
+        with pytest.raises(CommandCancelled):
+            run(instance, "sleep 1", output=output, cancel=cancel)
+    instance.dispose()
+    assert library_threads() <= before
+    assert mock.count(path="/process.Process/SendSignal") >= 1
+
+
+def test_signal_threads_are_named_daemons(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    _, instance = prepared(command=hanging)
+    seen: list[threading.Thread] = []
+    cancel = CancelToken()
+    output = Output()
+
+    def cancel_and_look() -> None:
+        output.first.wait(5)
+        cancel.set()
+        seen.extend(t for t in threading.enumerate() if t.name == "piship-e2b-signal")
+
+    threading.Thread(target=cancel_and_look, name="test-canceller", daemon=True).start()
+    with pytest.raises(CommandCancelled):
+        run(instance, "sleep 1", output=output, cancel=cancel)
+    assert seen
+    assert all(thread.daemon for thread in seen)
+
+
+# -- the backend's own lifetime ---------------------------------------------------------------
+
+
+def test_close_disposes_live_sandboxes_and_refuses_new_ones(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    mock = e2b_server()
+    backend = backend_for(mock.url)
+    backend.prepare(profile)
+    backend.close()
+    assert mock.live_sandboxes == []
+    with pytest.raises(PiShipError, match="closed"):
+        backend.prepare(profile)
+    assert mock.count("POST", "/sandboxes") == 1
+
+
+def test_envd_token_is_registered_for_redaction(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    backend = backend_for(e2b_server().url)
+    assert "envd-token-1" in backend.redactor.redact("token envd-token-1 here")
+    backend.prepare(profile).dispose()
+    assert "envd-token-1" not in backend.redactor.redact("token envd-token-1 here")
+
+
+def test_dispose_cuts_a_hanging_kill_request_short(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    def signal(server: RecordingServer, request: Request) -> Response:
+        server.wait()
+        return json_response(200, {})
+
+    def start(server: RecordingServer, request: Request) -> Response:
+        def body() -> Iterator[bytes]:
+            yield START
+            yield data("stdout", b"working\n")
+            server.wait()
+
+        return server.stream(request, body(), content_type="application/connect+json")
+
+    server = raw_server(signal=signal, start=start)
+    before = library_threads()
+    instance = prepare_raw(server, profile)
+    cancel = CancelToken()
+    output = Output()
+    cancel_when(output.first, cancel)
+    with pytest.raises(CommandCancelled):
+        run(instance, "sleep 600", output=output, cancel=cancel)
+    server.wait_for("POST", "/process.Process/SendSignal", timeout=2.0)
+    instance.dispose()
+    assert library_threads() <= before
+
+
+def test_concurrent_commands_each_get_their_own_stream(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared(
+        command=lambda start: {
+            "stdout": start["process"]["args"][2],
+            "exit_code": int(start["process"]["args"][2].split()[-1]),
+        }
+    )
+    results: dict[int, tuple[int | None, bytes]] = {}
+
+    def command(n: int) -> None:
+        output = Output()
+        result = run(instance, f"exit {n}", output=output)
+        results[n] = (result.exit_code, b"".join(output.stdout))
+
+    threads = [
+        threading.Thread(target=command, args=(n,), name=f"test-command-{n}") for n in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert results == {n: (n, f"exit {n}".encode()) for n in range(8)}
+    assert len({message["tag"] for message in start_bodies(mock)}) == 8
+
+
+def test_unreachable_envd_is_a_retryable_transport_error(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    mock = e2b_server()
+    instance = backend_for(mock.url, envd_url="http://127.0.0.1:1").prepare(profile)
+    with pytest.raises(PiShipError) as caught:
+        run(instance)
+    assert caught.value.code == "GATEWAY_UNREACHABLE"
+    assert caught.value.retryable is True
+    instance.dispose()
