@@ -225,6 +225,7 @@ class Sandbox:
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
             env=command_environment(self.profile.environment_allow, self._source(env)),
+            timeout=timeout or None,
         )
         if timeout is not None and timeout < 0:
             raise PiShipError("CONFIG_INVALID", f"timeout must not be negative, not {timeout}")

@@ -569,6 +569,25 @@ def test_renewal_403_does_not_reject_the_credential(
 # -- Start: the request ----------------------------------------------------------------------
 
 
+def test_start_without_a_timeout_sends_no_deadline(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    run(instance, "true")
+    (start,) = mock.find("POST", "/process.Process/Start")
+    assert "connect-timeout-ms" not in start.headers
+
+
+@pytest.mark.parametrize(("timeout", "header"), [(0.3, "1300"), (5, "6000"), (0.0001, "1001")])
+def test_start_tells_envd_the_deadline_a_little_after_ours(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]], timeout: float, header: str
+) -> None:
+    mock, instance = prepared()
+    instance.exec(ExecRequest("true", cwd="/unused", timeout=timeout))
+    (start,) = mock.find("POST", "/process.Process/Start")
+    assert start.headers["connect-timeout-ms"] == header
+
+
 def test_start_request_headers_and_body(
     prepared: Callable[..., tuple[E2bServer, E2bInstance]],
 ) -> None:

@@ -33,13 +33,17 @@ class ExecRequest:
     ``cwd`` is the host path the caller asked for (already checked to lie in the
     workspace); ``workspace_path`` is the same place relative to the workspace root
     (``"."`` for the root, ``/``-separated), which the backend maps onto its remote
-    working directory. ``env`` is already filtered: send it as is.
+    working directory. ``env`` is already filtered: send it as is. ``timeout`` is
+    the caller's deadline in seconds, if any: the activation layer enforces it, and
+    a backend may also tell the service so that a lost client cannot leave the
+    command running forever.
     """
 
     command: str
     cwd: str
     workspace_path: str = "."
     env: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_env)
+    timeout: float | None = None
 
 
 @attrs.frozen

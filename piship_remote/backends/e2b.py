@@ -60,6 +60,8 @@ HEALTH_TIMEOUT = 10.0
 CONTROL_TIMEOUT = 30.0
 SIGNAL_TIMEOUT = 5.0
 KEEPALIVE_INTERVAL = 50
+# envd is told a deadline this much later than ours, as a backstop if this client is gone.
+SERVER_DEADLINE_SLACK = 1.0
 MAX_CONTROL_RESPONSE = 1 << 20
 DEFAULT_LIFETIME = 3600
 CREATE_ATTEMPTS = 3
@@ -265,13 +267,23 @@ class _Envd:
             "Accept-Encoding": "identity",
         }
 
-    def start(self, start: _StartRequest, cancel: threading.Event) -> HttpResponse:
-        """Send Start; the response is checked to be a Connect stream, not yet read."""
+    def start(
+        self, start: _StartRequest, cancel: threading.Event, timeout: float | None = None
+    ) -> HttpResponse:
+        """Send Start; the response is checked to be a Connect stream, not yet read.
+
+        With a ``timeout`` envd is told the deadline too (``Connect-Timeout-Ms``), a
+        little later than ours, so it ends the command even if this client is gone.
+        """
+        headers = self._start_headers
+        if timeout is not None:
+            deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
+            headers = {**headers, "Connect-Timeout-Ms": str(max(1, deadline_ms))}
         try:
             response = self._transport.request(
                 "POST",
                 f"{self._base}/process.Process/Start",
-                headers=self._start_headers,
+                headers=headers,
                 data=connect_envelope(_WIRE.unstructure(start)),
                 timeout=self._idle_timeout,
                 idle_timeout=self._idle_timeout,
@@ -674,7 +686,7 @@ class E2bInstance:
                 stdin=False,
                 tag=tag,
             )
-            with self._envd.start(start, token) as response:
+            with self._envd.start(start, token, request.timeout) as response:
                 return _read_stream(response, on_stdout, on_stderr, self._errors)
         finally:
             forget_kill()
