@@ -1,0 +1,263 @@
+"""The envd side of the local service: the ``process.Process`` Connect RPCs.
+
+Requests pick their sandbox with the ``E2b-Sandbox-Id`` header (what E2B's edge
+routes on) and must carry that sandbox's ``X-Access-Token``. ``Start`` streams
+Connect frames as the command writes; ``SendSignal`` kills a command's whole
+process tree by ``tag`` or ``pid``; ``List`` shows the running commands::
+
+    envd = Envd(registry, user="user")
+    reply = envd.handle(request)     # a server.Reply; Start's carries a stream
+
+What differs from envd, deliberately: a kill takes the whole tree (envd kills the
+leader only), processes never outlive the command that started them, and
+``stdin`` is always ``/dev/null``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
+from piship_remote.local.process import Exited, LocalProcess, Output
+from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, StartRefused
+from piship_remote.local.server import Reply, Request
+from piship_remote.local.wire import (
+    ConnectError,
+    DataEvent,
+    EndEvent,
+    ProcessInfo,
+    ProcessList,
+    SignalRequest,
+    StartEvent,
+    StartRequest,
+    WireError,
+    parse,
+    structure,
+    to_json,
+    unstructure,
+)
+
+__all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "PREFIX", "Envd"]
+
+PREFIX = "/process.Process/"
+CONNECT_JSON = "application/connect+json"
+DEFAULT_KEEPALIVE = 90.0
+MAX_TIMEOUT_DIGITS = 10
+UNAUTHORIZED = (
+    "unauthorized access, please provide a valid access token or method signing if supported"
+)
+_SIGNALS: dict[object, int] = {
+    "SIGNAL_SIGKILL": signal.SIGKILL,
+    "SIGNAL_SIGTERM": signal.SIGTERM,
+    9: signal.SIGKILL,
+    15: signal.SIGTERM,
+}
+_SIGNAL_STATUS: dict[int, str] = {
+    signal.SIGKILL: "signal: killed",
+    signal.SIGTERM: "signal: terminated",
+}
+_GONE = {
+    "deleted": "the sandbox was deleted",
+    "expired": "the sandbox's lifetime ended",
+    "stopped": "the local sandbox service stopped",
+}
+
+
+class Envd:
+    """Routes ``/process.Process/*`` requests to the sandboxes of a :class:`Registry`."""
+
+    def __init__(self, registry: Registry, *, user: str) -> None:
+        self._registry = registry
+        self._user = user
+
+    def handle(self, request: Request) -> Reply:
+        """Answer one envd request (``request.path`` starts with :data:`PREFIX`)."""
+        sandbox_id = request.headers.get("e2b-sandbox-id", "")
+        sandbox = self._registry.get(sandbox_id)
+        if sandbox is None:
+            gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
+            return _json(502, {**gone, "code": 502})
+        token = request.headers.get("x-access-token", "")
+        if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
+            return _json(401, {"code": 401, "message": UNAUTHORIZED})
+        if request.method != "POST":
+            return Reply(405, headers=(("Allow", "POST"),))
+        method = request.path[len(PREFIX) :]
+        if method == "Start":
+            return self._start(sandbox, request)
+        if method == "SendSignal":
+            return _unary(request, lambda body: _signal(sandbox, body))
+        if method == "List":
+            return _unary(request, lambda _: _list(sandbox))
+        return Reply(404)
+
+    def _start(self, sandbox: Sandbox, request: Request) -> Reply:
+        refusal = self._user_refusal(request.headers.get("authorization"))
+        if refusal is not None:
+            return _connect_error(401, "unauthenticated", refusal)
+        if _media_type(request) != CONNECT_JSON:
+            return Reply(415, headers=(("Accept-Post", CONNECT_JSON),))
+        encoding = request.headers.get("connect-content-encoding", "identity")
+        if encoding.lower() != "identity":
+            return _stream_error("unimplemented", f"unsupported compression {encoding[:40]!r}")
+        try:
+            start = _start_request(request.body)
+        except WireError as e:
+            return _stream_error("invalid_argument", str(e))
+        if start.pty is not None:
+            return _stream_error("unimplemented", "the local service does not provide a pty")
+        try:
+            process = sandbox.start(start.process, tag=start.tag)
+        except StartRefused as e:
+            return _stream_error("invalid_argument", str(e))
+        except SandboxGone:
+            return _stream_error("unavailable", "the sandbox was deleted")
+        except OSError as e:
+            return _stream_error("internal", f"starting the process failed: {e.strerror}")
+        headers = request.headers
+        stream = _frames(
+            sandbox, process, deadline=_deadline(headers), keepalive=_keepalive(headers)
+        )
+        return Reply(200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS, stream=stream)
+
+    def _user_refusal(self, authorization: str | None) -> str | None:
+        """Why the Basic user is refused; a missing header means the default user."""
+        if authorization is None:
+            return None
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() != "basic":
+            return "invalid authorization scheme"
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return "invalid authorization header"
+        name = decoded.partition(":")[0]
+        if name != self._user:
+            return f"invalid username: '{name[:64]}'"
+        return None
+
+
+_STREAM_HEADERS = (("Connect-Content-Encoding", "identity"),)
+
+
+def _frames(
+    sandbox: Sandbox, process: LocalProcess, *, deadline: float | None, keepalive: float
+) -> Iterator[bytes]:
+    """The Start stream: start, data and keepalive events, then end and end-of-stream."""
+    try:
+        yield _event("start", StartEvent(process.pid))
+        for event in process.events(deadline=deadline, keepalive=keepalive):
+            if isinstance(event, Output):
+                data = base64.b64encode(event.data).decode()
+                out = DataEvent(stdout=data) if event.stream == "stdout" else DataEvent(stderr=data)
+                yield _event("data", out)
+            elif isinstance(event, Exited):
+                yield from _ending(event)
+            else:
+                yield _event("keepalive", {})
+    finally:
+        sandbox.forget(process)
+
+
+def _ending(exited: Exited) -> Iterator[bytes]:
+    if exited.killed == "deadline":
+        yield _end_stream(ConnectError("deadline_exceeded", "context deadline exceeded"))
+        return
+    if exited.killed in _GONE:
+        yield _end_stream(ConnectError("unavailable", _GONE[exited.killed]))
+        return
+    if exited.killed is not None:
+        status = _SIGNAL_STATUS.get(exited.signal or signal.SIGKILL, "signal: killed")
+        yield _event("end", EndEvent(exit_code=-1, exited=False, status=status))
+    else:
+        code = exited.exit_code
+        status = f"exit status {code}"
+        yield _event("end", EndEvent(code, True, status, status if code else ""))
+    yield connect_envelope({}, END_STREAM)
+
+
+def _event(name: str, value: object) -> bytes:
+    return connect_envelope({"event": {name: unstructure(value)}})
+
+
+def _end_stream(error: ConnectError) -> bytes:
+    return connect_envelope({"error": unstructure(error)}, END_STREAM)
+
+
+def _stream_error(code: str, message: str) -> Reply:
+    """A Connect stream that fails before it starts: HTTP 200 and one error frame."""
+    body = _end_stream(ConnectError(code, message))
+    return Reply(200, body, CONNECT_JSON, _STREAM_HEADERS)
+
+
+def _start_request(body: bytes) -> StartRequest:
+    try:
+        frames = EnvelopeReader().push(body)
+    except ValueError as e:
+        raise WireError(str(e)) from None
+    if not frames or frames[0].end_stream:
+        raise WireError("the request holds no Start message")
+    return structure(frames[0].message, StartRequest)
+
+
+def _deadline(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("connect-timeout-ms", "").strip()
+    if not value.isdigit() or len(value) > MAX_TIMEOUT_DIGITS or int(value) <= 0:
+        return None
+    return time.monotonic() + int(value) / 1000
+
+
+def _keepalive(headers: Mapping[str, str]) -> float:
+    for name in ("keepalive-ping-interval", "x-keepalive-interval"):
+        value = headers.get(name, "").strip()
+        if value.isdigit() and 0 < int(value) <= 3600:
+            return float(value)
+    return DEFAULT_KEEPALIVE
+
+
+def _signal(sandbox: Sandbox, body: bytes) -> Reply:
+    request = parse(body, SignalRequest)
+    sig = _SIGNALS.get(request.signal) if isinstance(request.signal, (str, int)) else None
+    if sig is None:
+        return _connect_error(400, "invalid_argument", f"unsupported signal {request.signal!r}")
+    selector = request.process
+    if selector.pid is None and not selector.tag:
+        return _connect_error(400, "invalid_argument", "a process pid or tag is required")
+    process = sandbox.find(pid=selector.pid, tag=selector.tag)
+    if process is None:
+        which = f"tag '{selector.tag}'" if selector.tag else f"pid {selector.pid}"
+        return _connect_error(404, "not_found", f"process with {which} not found")
+    process.kill("signal", sig)
+    return _json(200, {})
+
+
+def _list(sandbox: Sandbox) -> Reply:
+    infos = [ProcessInfo(config, process.pid, process.tag) for process, config in sandbox.listing()]
+    return Reply(200, to_json(ProcessList(infos)), "application/json")
+
+
+def _unary(request: Request, answer: Callable[[bytes], Reply]) -> Reply:
+    if _media_type(request) != "application/json":
+        return Reply(415, headers=(("Accept-Post", "application/json"),))
+    try:
+        return answer(request.body)
+    except WireError as e:
+        return _connect_error(400, "invalid_argument", str(e))
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+def _connect_error(status: int, code: str, message: str) -> Reply:
+    return Reply(status, to_json(ConnectError(code, message)), "application/json")
+
+
+def _json(status: int, value: Mapping[str, object]) -> Reply:
+    return Reply(status, json.dumps(value, separators=(",", ":")).encode(), "application/json")

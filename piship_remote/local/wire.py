@@ -1,0 +1,277 @@
+"""The JSON shapes the local service reads and writes, and their strict converter.
+
+Requests are structured with :func:`parse`, which rejects wrong JSON types
+(``"5"`` is not an int, ``1`` is not a bool) and names the field::
+
+    >>> parse(b'{"templateID": "base", "timeout": "5"}', NewSandbox)
+    Traceback (most recent call last):
+    ...
+    piship_remote.local.wire.WireError: invalid value for type, expected int @ $.timeout
+
+Answers are unstructured with :func:`to_json`, which leaves out default values the
+way protojson does (``exitCode`` 0, empty ``error``, absent ``stdout``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
+__all__ = [
+    "ApiError",
+    "ConnectError",
+    "DataEvent",
+    "EndEvent",
+    "NewSandbox",
+    "ProcessConfig",
+    "ProcessInfo",
+    "ProcessList",
+    "ProcessSelector",
+    "Refresh",
+    "SandboxDetail",
+    "SandboxInfo",
+    "SignalRequest",
+    "StartEvent",
+    "StartRequest",
+    "TimeoutRequest",
+    "WireError",
+    "parse",
+    "to_json",
+]
+
+T = TypeVar("T")
+
+
+class WireError(ValueError):
+    """A request body that is not JSON or does not have the expected shape."""
+
+
+# -- control plane -------------------------------------------------------------------
+
+
+@attrs.frozen
+class NewSandbox:
+    """``POST /sandboxes``: the fields the local service uses; others are ignored."""
+
+    template_id: str
+    timeout: int = 15
+    allow_internet_access: bool | None = None
+    env_vars: dict[str, str] = attrs.field(factory=dict)
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class TimeoutRequest:
+    """``POST /sandboxes/<id>/timeout``."""
+
+    timeout: int
+
+
+@attrs.frozen
+class Refresh:
+    """``POST /sandboxes/<id>/refreshes``."""
+
+    duration: int = 0
+
+
+@attrs.frozen
+class SandboxInfo:
+    """The ``201`` answer to a create."""
+
+    sandbox_id: str
+    template_id: str
+    client_id: str
+    envd_version: str
+    envd_access_token: str
+    domain: str | None = None
+
+
+@attrs.frozen
+class SandboxDetail:
+    """``GET /sandboxes/<id>``."""
+
+    sandbox_id: str
+    template_id: str
+    client_id: str
+    envd_version: str
+    envd_access_token: str
+    started_at: str
+    end_at: str
+    state: str = "running"
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ApiError:
+    """The control plane's error body: an integer ``code`` (the HTTP status)."""
+
+    code: int
+    message: str
+
+
+# -- envd (Connect) --------------------------------------------------------------------
+
+
+@attrs.frozen
+class ProcessConfig:
+    """What to run: ``cmd`` with ``args``, extra ``envs``, in ``cwd`` (default: the home)."""
+
+    cmd: str
+    args: list[str] = attrs.field(factory=list)
+    envs: dict[str, str] = attrs.field(factory=dict)
+    cwd: str = ""
+
+
+@attrs.frozen
+class StartRequest:
+    """``/process.Process/Start``; ``pty`` is refused, ``stdin`` is always ``/dev/null``."""
+
+    process: ProcessConfig
+    tag: str = ""
+    stdin: bool | None = None
+    pty: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class ProcessSelector:
+    """A oneof: a process by ``pid`` or by ``tag``."""
+
+    pid: int | None = None
+    tag: str | None = None
+
+
+@attrs.frozen
+class SignalRequest:
+    """``/process.Process/SendSignal``; ``signal`` is an enum name or number."""
+
+    process: ProcessSelector
+    signal: Any = None
+
+
+@attrs.frozen
+class StartEvent:
+    pid: int
+
+
+@attrs.frozen
+class DataEvent:
+    """Output bytes, base64 (standard alphabet, padded)."""
+
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+@attrs.frozen
+class EndEvent:
+    """How a process ended; Go's ``ProcessState`` fields."""
+
+    exit_code: int = 0
+    exited: bool = False
+    status: str = ""
+    error: str = ""
+
+
+@attrs.frozen
+class ProcessInfo:
+    config: ProcessConfig
+    pid: int
+    tag: str = ""
+
+
+@attrs.frozen
+class ProcessList:
+    processes: list[ProcessInfo] = attrs.field(factory=list)
+
+
+@attrs.frozen
+class ConnectError:
+    """A Connect error: a lower_snake ``code`` string and a message."""
+
+    code: str
+    message: str
+
+
+# -- the converter ---------------------------------------------------------------------
+
+_RENAMES: Mapping[type, Mapping[str, str]] = {
+    NewSandbox: {"template_id": "templateID", "env_vars": "envVars"},
+    SandboxInfo: {
+        "sandbox_id": "sandboxID",
+        "template_id": "templateID",
+        "client_id": "clientID",
+        "envd_version": "envdVersion",
+        "envd_access_token": "envdAccessToken",
+    },
+    SandboxDetail: {
+        "sandbox_id": "sandboxID",
+        "template_id": "templateID",
+        "client_id": "clientID",
+        "envd_version": "envdVersion",
+        "envd_access_token": "envdAccessToken",
+        "started_at": "startedAt",
+        "end_at": "endAt",
+    },
+    EndEvent: {"exit_code": "exitCode"},
+}
+
+
+def _strict(kind: type, name: str) -> Callable[[object, type], object]:
+    def structure(value: object, _: type) -> object:
+        if type(value) is not kind:  # bool is an int subclass; JSON keeps them apart
+            raise ValueError(f"invalid value for type, expected {name}")
+        return value
+
+    return structure
+
+
+def _converter() -> cattrs.Converter:
+    converter = cattrs.Converter(omit_if_default=True)
+    converter.register_structure_hook(int, _strict(int, "int"))
+    converter.register_structure_hook(str, _strict(str, "str"))
+    converter.register_structure_hook(bool, _strict(bool, "bool"))
+    for cls, renames in _RENAMES.items():
+        fields: dict[str, Any] = {name: override(rename=wire) for name, wire in renames.items()}
+        converter.register_structure_hook(cls, make_dict_structure_fn(cls, converter, **fields))
+        converter.register_unstructure_hook(
+            cls, make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True, **fields)
+        )
+    return converter
+
+
+_CONVERTER = _converter()
+
+
+def parse(body: bytes, cls: type[T]) -> T:
+    """Structure a JSON request body as ``cls``; :class:`WireError` names what is wrong."""
+    try:
+        data = json.loads(body) if body.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise WireError("the request body is not JSON") from None
+    return structure(data, cls)
+
+
+def structure(data: object, cls: type[T]) -> T:
+    """Structure already-decoded JSON as ``cls`` (see :func:`parse`)."""
+    if not isinstance(data, dict):
+        raise WireError("the request body is not a JSON object")
+    try:
+        return _CONVERTER.structure(data, cls)
+    except cattrs.BaseValidationError as e:
+        messages = cattrs.transform_error(e)
+        raise WireError(messages[0] if messages else "the request body is invalid") from None
+
+
+def to_json(value: object) -> bytes:
+    """Compact JSON for an attrs value (or a plain dict holding them)."""
+    data = _CONVERTER.unstructure(value)
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def unstructure(value: object) -> Any:
+    """The JSON-ready form of ``value`` (defaults omitted, wire names)."""
+    return _CONVERTER.unstructure(value)
