@@ -1,0 +1,88 @@
+"""``Sandbox.run``: the subprocess.run-like convenience for scripts and notebooks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from piship_remote import (
+    CommandFailed,
+    CommandResult,
+    CommandTimeout,
+    E2bCompatibleBackend,
+    Sandbox,
+    activate_sandbox,
+)
+from piship_remote.testing import E2bServer
+
+POLICY = {"required": True, "network": {"mode": "deny"}, "environment": {"allow": ["LANG"]}}
+E2bFactory = Callable[..., E2bServer]
+
+
+@pytest.fixture
+def sandbox_for(e2b_server: E2bFactory, workspace: Path) -> Iterator[Callable[..., Sandbox]]:
+    sandboxes: list[Sandbox] = []
+
+    def make(command: Callable[[dict[str, Any]], dict[str, Any]]) -> Sandbox:
+        mock = e2b_server(command=command)
+        backend = E2bCompatibleBackend(endpoint=mock.url, envd_url=mock.url)
+        sandbox = activate_sandbox(POLICY, backend=backend, workspace=workspace, env={})
+        sandboxes.append(sandbox)
+        return sandbox
+
+    yield make
+    for sandbox in sandboxes:
+        sandbox.dispose()
+
+
+def test_run_captures_stdout_and_stderr_apart(sandbox_for: Callable[..., Sandbox]) -> None:
+    sandbox = sandbox_for(lambda start: {"stdout": "out ✓\n", "stderr": "err\n", "exit_code": 2})
+    assert sandbox.run("x") == CommandResult(exit_code=2, stdout="out ✓\n", stderr="err\n")
+
+
+def test_run_with_check_raises_command_failed_with_the_tail(
+    sandbox_for: Callable[..., Sandbox],
+) -> None:
+    sandbox = sandbox_for(
+        lambda start: {"stdout": "fine\n", "stderr": "no such file\n", "exit_code": 1}
+    )
+    with pytest.raises(CommandFailed) as caught:
+        sandbox.run("cat missing", check=True)
+    assert caught.value.code == "COMMAND_FAILED"
+    assert caught.value.exit_code == 1
+    assert str(caught.value) == "the command exited with status 1: no such file"
+    assert caught.value.result.stdout == "fine\n"
+
+
+def test_run_with_check_passes_a_zero_exit(sandbox_for: Callable[..., Sandbox]) -> None:
+    sandbox = sandbox_for(lambda start: {"stdout": "ok\n"})
+    assert sandbox.run("true", check=True).stdout == "ok\n"
+
+
+def test_run_echo_writes_live_to_the_current_streams(
+    sandbox_for: Callable[..., Sandbox], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sandbox = sandbox_for(lambda start: {"chunks": [b"caf\xc3", b"\xa9\n"], "stderr": "warn\n"})
+    result = sandbox.run("x", echo=True)
+    captured = capsys.readouterr()
+    assert captured.out == "café\n"
+    assert captured.err == "warn\n"
+    assert result.stdout == "café\n"
+
+
+def test_run_failure_message_has_no_secret(sandbox_for: Callable[..., Sandbox]) -> None:
+    leaked = "Authorization: Bearer abcdefgh12345678zz"
+    sandbox = sandbox_for(lambda start: {"stderr": leaked, "exit_code": 9})
+    with pytest.raises(CommandFailed) as caught:
+        sandbox.run("x", check=True)
+    assert "abcdefgh12345678zz" not in str(caught.value)
+
+
+@pytest.mark.timeout(10)
+def test_run_honours_the_timeout(sandbox_for: Callable[..., Sandbox]) -> None:
+    sandbox = sandbox_for(lambda start: {"hang": True})
+    with pytest.raises(CommandTimeout, match="^timeout:0.2$"):
+        sandbox.run("sleep 600", timeout=0.2)
