@@ -80,6 +80,7 @@ _GAI_NAMES = {
     if name.startswith("EAI_") and isinstance(value, int)
 }
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_SETTINGS_CACHE = 256  # origins whose proxy settings are remembered
 _IPV6_LOOPBACK = ipaddress.IPv6Address("::1")
 
 # Transport-level failures a call can end with; anything else (a bug, a bad argument)
@@ -347,18 +348,18 @@ def _no_auth(request: requests.PreparedRequest) -> requests.PreparedRequest:
 class _Call:
     """One request's cancellation scope, deadline and the cleanup that ends it."""
 
-    __slots__ = ("_cleanup", "idle_timeout", "label", "scope", "stream", "transport")
+    __slots__ = ("_cleanup", "idle_timeout", "label", "origin", "scope", "stream", "transport")
 
     def __init__(
         self,
         transport: Transport,
-        label: str,
+        target: tuple[str, str],
         deadline: float | None,
         stream: bool,
         idle_timeout: float | None,
     ) -> None:
         self.transport = transport
-        self.label = label
+        self.label, self.origin = target  # host[:port] for messages, scheme://netloc
         self.scope = _CallScope(deadline)
         self.stream = stream
         self.idle_timeout = idle_timeout
@@ -604,6 +605,7 @@ class Transport:
         self._session.mount("http://", self._adapter)
         self._session.mount("https://", self._adapter)
         self._watcher = EventWatcher()
+        self._settings: dict[str, dict[str, Any]] = {}
 
     def endpoint(self, url: str) -> str:
         """``url`` checked against the endpoint rules, without trailing slashes.
@@ -634,11 +636,11 @@ class Transport:
         bytes of a stream. ``cancel`` set before or during the call raises
         ``CommandCancelled``. ``json`` is sent compact (``{"a":1}``).
         """
-        label = _check_url(url)
+        target = _check_url(url)
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         deadline = None if timeout is None else time.monotonic() + timeout
-        call = _Call(self, label, deadline, stream, idle_timeout)
+        call = _Call(self, target, deadline, stream, idle_timeout)
         try:
             if cancel is not None:
                 call.watch(cancel, self._watcher)
@@ -719,28 +721,41 @@ class Transport:
             data = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
             if not any(name.lower() == "content-type" for name in all_headers):
                 all_headers["Content-Type"] = "application/json"
+        prepared = self._session.prepare_request(
+            requests.Request(method, url, headers=all_headers, data=data, auth=_no_auth)
+        )
+        settings = self._settings_for(call.origin, url)
         remaining = call.scope.remaining()
         if remaining is not None and remaining <= 0:
             raise TimeoutError("the deadline passed before the request")
         token = _CURRENT.set(call.scope)
         try:
-            return self._session.request(
-                method,
-                url,
-                headers=all_headers,
-                data=data,
-                timeout=(remaining, remaining),
-                stream=True,
-                allow_redirects=False,
-                verify=self._verify,
-                auth=_no_auth,
+            return self._session.send(
+                prepared, timeout=(remaining, remaining), allow_redirects=False, **settings
             )
         finally:
             _CURRENT.reset(token)
 
+    def _settings_for(self, origin: str, url: str) -> dict[str, Any]:
+        """Proxies, CA bundle and client certificate for ``origin`` (scheme://host:port).
 
-def _check_url(url: str) -> str:
-    """Apply the endpoint rules to ``url``; returns ``host[:port]`` for messages."""
+        requests derives them from the environment on every call, which costs more than
+        the rest of a kept-alive request; they are derived once per origin instead.
+        """
+        settings = self._settings.get(origin)
+        if settings is None:
+            if len(self._settings) >= _SETTINGS_CACHE:
+                self._settings.clear()
+            settings = self._session.merge_environment_settings(
+                url, {}, True, self._verify, None
+            )
+            if settings.get("verify") is False:  # e.g. a session default changed later
+                settings["verify"] = True
+            self._settings[origin] = settings
+        return settings
+
+def _check_url(url: str) -> tuple[str, str]:
+    """Apply the endpoint rules to ``url``; returns ``host[:port]`` and the origin."""
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
@@ -761,7 +776,7 @@ def _check_url(url: str) -> str:
         )
     if not host:
         raise PiShipError("CONFIG_INVALID", "Endpoint URL has no host")
-    return shown
+    return shown, f"{scheme}://{parts.netloc.lower()}"
 
 
 def _is_loopback(host: str) -> bool:

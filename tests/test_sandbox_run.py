@@ -84,5 +84,5 @@ def test_run_failure_message_has_no_secret(sandbox_for: Callable[..., Sandbox]) 
 @pytest.mark.timeout(10)
 def test_run_honours_the_timeout(sandbox_for: Callable[..., Sandbox]) -> None:
     sandbox = sandbox_for(lambda start: {"hang": True})
-    with pytest.raises(CommandTimeout, match="^timeout:0.2$"):
+    with pytest.raises(CommandTimeout, match=r"^timeout:0\.2$"):
         sandbox.run("sleep 600", timeout=0.2)

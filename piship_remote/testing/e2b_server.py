@@ -44,6 +44,9 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
 ``after``          a ``threading.Event``: the stream waits for it before ending
 ``hang``           True: no end; the stream stays open until SendSignal (then ``{}``
                    end-of-stream) or until the server closes (then a drop)
+``killed_end``     with ``hang``: after SendSignal, first send envd's end event for a
+                   SIGKILLed process (``exitCode: -1``, ``status: "signal: killed"``,
+                   ``error``), as real envd does and the official SDK expects
 ``stream_error``   message: end-of-stream ``{"error":{"code":"internal","message":…}}``
                    and no end event
 ``no_end_stream``  True: the end event, then the body ends without end-of-stream
@@ -83,6 +86,8 @@ ENVD_VERSION = "0.4.0"
 PID = 42
 CHECK_MARKER = "piship-sandbox-ready"
 CONNECT_JSON = "application/connect+json"
+# envd's end event after SIGKILL: ExitCode() -1, Exited() false (omitted), Go's status text.
+KILLED_END = {"exitCode": -1, "status": "signal: killed", "error": "signal: killed"}
 
 CommandAnswer = Mapping[str, Any]
 Command = Callable[[dict[str, Any]], CommandAnswer]
@@ -97,6 +102,7 @@ _ANSWER_KEYS = frozenset(
         "keepalive",
         "after",
         "hang",
+        "killed_end",
         "stream_error",
         "no_end_stream",
         "drop",
@@ -258,6 +264,8 @@ class E2bServer(RecordingServer):
         if answer.get("hang"):
             if not self._hang(tag):
                 raise DropConnection
+            if answer.get("killed_end"):
+                yield _event({"end": dict(KILLED_END)})
             yield connect_envelope({}, END_STREAM)
             return
         if (error := answer.get("stream_error")) is not None:
