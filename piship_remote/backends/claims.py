@@ -1,0 +1,422 @@
+"""The refcounted claim manager behind one prepared Kubernetes sandbox.
+
+Commands share one live SandboxClaim (a *lease*). The manager
+
+- creates it once for any number of concurrent commands (on a
+  ``piship-claim-create`` thread, so a command that is cancelled while waiting
+  does not cancel the creation the others wait for);
+- before a command, replaces a claim that expired locally or that the cluster
+  lost, and renews one with less than half its lifetime left;
+- counts the commands running in each lease and, while there are any, renews it
+  every ``max(0.25, lifetime / 4)`` seconds on a ``piship-keepalive-…`` timer;
+- deletes a *retired* lease (cancelled in, outcome unknown, gone) once its last
+  command has left, and never renews it again;
+- on :meth:`ClaimManager.dispose` aborts everything in flight, deletes every
+  claim it holds and never creates another one.
+
+One lock guards all of this state and is never held during HTTP. The HTTP side
+is a :class:`ClaimApi`, so the manager can be driven by a fake in tests::
+
+    manager = ClaimManager(api, ClaimClock.for_lifetime(3600), keepalive_every=900)
+    manager.prepare()                      # the first claim, synchronously
+    with manager.command(token) as use:    # token: a CancelToken
+        run_in(use.claim)                  # use.retire() if the sandbox is in doubt
+    manager.dispose()
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Protocol
+
+import attrs
+
+from piship_remote.backends.lifetime import Anchor, ClaimClock, Freshness
+from piship_remote.cancel import CancelToken
+from piship_remote.errors import CommandCancelled, PiShipError
+
+__all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "disposed_error"]
+
+# How often one command may find its lease replaced under it before giving up.
+_ATTEMPTS = 3
+# How long the last command leaving a claim lets a renewal in flight finish.
+_TICK_GRACE = 0.5
+
+
+class ClaimGone(Exception):
+    """The claim cannot be used any more: expired locally, or the cluster lost it."""
+
+
+def disposed_error() -> PiShipError:
+    """The error of a command that meets a disposed manager."""
+    return PiShipError("SANDBOX_UNAVAILABLE", "the sandbox was disposed", component="sandbox")
+
+
+@attrs.frozen
+class Claim:
+    """A ready SandboxClaim: its name, the router's id for its sandbox, and its clock anchor."""
+
+    name: str
+    sandbox: str
+    anchor: Anchor
+    pod_ip: str | None = None
+
+
+class ClaimApi(Protocol):
+    """The cluster calls the manager needs (:mod:`piship_remote.backends.kubernetes`)."""
+
+    def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
+        """Create a claim whose shutdownTime is ``anchor.expires`` and wait until it is ready.
+
+        On any failure it deletes what it created before raising.
+        """
+        ...
+
+    def renew(self, claim: Claim, shutdown: int, cancel: CancelToken) -> None:
+        """Move the claim's shutdownTime to ``shutdown`` (µs); :class:`ClaimGone` on 404."""
+        ...
+
+    def check(self, claim: Claim, cancel: CancelToken) -> None:
+        """Confirm the claim still exists and has not failed; :class:`ClaimGone` otherwise."""
+        ...
+
+    def delete(self, claim: Claim) -> None:
+        """Delete the claim (errors are ignored by the manager)."""
+        ...
+
+
+class _Keepalive(threading.Timer):
+    """A re-arming timer: calls ``tick(self)`` every ``interval`` seconds until stopped."""
+
+    def __init__(self, interval: float, tick: Callable[[_Keepalive], None], name: str) -> None:
+        super().__init__(interval, tick, args=(self,))
+        self.name = name
+        self.daemon = True
+        self.abort = CancelToken()  # set on stop: ends a renewal in flight
+
+    def run(self) -> None:
+        while not self.finished.wait(self.interval):
+            self.function(*self.args, **self.kwargs)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop ticking; a tick in progress gets ``grace`` seconds, then its request is aborted.
+
+        The grace lets a renewal already answered (say, with "gone") take effect.
+        """
+        self.cancel()
+        if self is threading.current_thread():
+            return
+        self.join(grace)
+        self.abort.set()
+        self.join()
+
+
+@attrs.define(eq=False)
+class _Lease:
+    """One claim and the commands using it. Mutated only under the manager's lock."""
+
+    future: Future[Claim] = attrs.field(factory=Future)
+    users: int = 0
+    retired: bool = False  # no new command may use it; deleted once unused
+    gone: bool = False  # expired or lost by the cluster: renewing is pointless
+    deleted: bool = False  # its DELETE was sent (or is being sent): never twice
+    expires: int = 0  # the latest shutdownTime the cluster accepted (µs)
+    keepalive: _Keepalive | None = None
+    creator: threading.Thread | None = None
+
+
+@attrs.frozen
+class ClaimUse:
+    """The claim one command runs in; :meth:`retire` it when the sandbox is in doubt.
+
+    ``cancel`` fires when the command is cancelled or the manager disposed.
+    """
+
+    claim: Claim
+    cancel: CancelToken
+    _retire: Callable[[bool], None]
+
+    def retire(self, *, gone: bool = False) -> None:
+        """No later command uses this claim; it is deleted once no command runs in it.
+
+        ``gone=True``: the cluster or router no longer has it, so stop renewing it too.
+        """
+        self._retire(gone)
+
+
+class ClaimManager:
+    """Creates, shares, renews and deletes the claims of one prepared sandbox."""
+
+    def __init__(self, api: ClaimApi, clock: ClaimClock, *, keepalive_every: float) -> None:
+        self._api = api
+        self._clock = clock
+        self._every = keepalive_every
+        self._lock = threading.Lock()
+        self._current: _Lease | None = None
+        self._leases: list[_Lease] = []  # every lease whose claim may still exist
+        self._disposed = False
+        self._last: str | None = None
+        self.cancel = CancelToken()  # set by dispose(): aborts creation and requests
+
+    @property
+    def disposed(self) -> bool:
+        """Whether :meth:`dispose` was called."""
+        return self._disposed
+
+    def epoch(self) -> str | None:
+        """The claim name of the latest command (``None`` before the first command)."""
+        with self._lock:
+            return self._last
+
+    def prepare(self) -> None:
+        """Create the first claim and wait until it is ready; on failure nothing is left."""
+        try:
+            lease = self._obtain()
+            self._claim_of(lease, CancelToken())
+        except BaseException:
+            self.dispose()
+            raise
+
+    @contextmanager
+    def command(self, cancel: CancelToken) -> Iterator[ClaimUse]:
+        """The live claim for one command, counted as in use until the block ends.
+
+        Raises :class:`CommandCancelled` when ``cancel`` fires while waiting for
+        it (nothing is retired then), :func:`disposed_error` after dispose, or the
+        creation, renewal or check failure. ``use.cancel`` fires on ``cancel`` and
+        on dispose: pass it to the command's own request. A retired claim is
+        deleted before the block exits, so before the command's own result or
+        error is reported.
+        """
+        token = CancelToken()
+        forget = (cancel.on_cancel(token.set), self.cancel.on_cancel(token.set))
+        try:
+            try:
+                lease, claim = self._acquire(token)
+            except CommandCancelled:
+                if self._disposed and not cancel.is_set():
+                    raise disposed_error() from None
+                raise
+            try:
+                yield ClaimUse(claim, token, lambda gone: self._retire(lease, gone=gone))
+            finally:
+                self._leave(lease)
+        finally:
+            for unsubscribe in forget:
+                unsubscribe()
+
+    def keepalive_now(self) -> None:
+        """Run one keepalive tick now for every claim commands run in (a test seam)."""
+        with self._lock:
+            running = [
+                (lease, lease.keepalive) for lease in self._leases if lease.keepalive is not None
+            ]
+        for lease, keepalive in running:
+            if keepalive is not None:
+                self._tick(lease, keepalive)
+
+    def dispose(self) -> None:
+        """Abort everything in flight, delete every claim held, create none later.
+
+        Idempotent and thread-safe: a second or concurrent call returns at once.
+        """
+        with self._lock:
+            if self._disposed:
+                return
+            self._disposed = True
+            self._current = None
+            leases, self._leases = self._leases, []
+            keepalives = [lease.keepalive for lease in leases if lease.keepalive is not None]
+            doomed = [lease for lease in leases if not lease.deleted]
+            for lease in leases:
+                lease.retired = True
+                lease.keepalive = None
+            for lease in doomed:
+                lease.deleted = True
+        self.cancel.set()
+        for keepalive in keepalives:
+            keepalive.stop()
+        for lease in leases:
+            creator = lease.creator
+            if creator is not None and creator is not threading.current_thread():
+                creator.join()
+        for lease in doomed:
+            self._delete(lease)
+
+    # -- acquiring a claim for a command ----------------------------------------
+
+    def _acquire(self, cancel: CancelToken) -> tuple[_Lease, Claim]:
+        replaced = False
+        for _ in range(_ATTEMPTS):
+            lease = self._obtain()
+            claim = self._claim_of(lease, cancel)
+            try:
+                self._ready_for_command(lease, claim, cancel)
+            except ClaimGone as gone:
+                if replaced:
+                    raise PiShipError(
+                        "SANDBOX_UNAVAILABLE", str(gone), retryable=True, component="sandbox"
+                    ) from None
+                replaced = True
+                self._retire(lease, gone=True)
+                continue
+            if self._join(lease, claim):
+                return lease, claim
+        raise PiShipError(
+            "SANDBOX_UNAVAILABLE",
+            "the SandboxClaim kept being replaced while the command waited for it",
+            retryable=True,
+            component="sandbox",
+        )
+
+    def _obtain(self) -> _Lease:
+        """The current lease, or a new one whose creation has started."""
+        with self._lock:
+            if self._disposed:
+                raise disposed_error()
+            current = self._current
+            if current is not None:
+                if not _failed(current):
+                    return current
+                if current in self._leases:  # failed while nobody waited: nothing to delete
+                    self._leases.remove(current)
+            lease = _Lease()
+            self._current = lease
+            self._leases.append(lease)
+            lease.creator = threading.Thread(
+                target=self._create, args=(lease,), name="piship-claim-create", daemon=True
+            )
+            lease.creator.start()
+            return lease
+
+    def _create(self, lease: _Lease) -> None:
+        try:
+            claim = self._api.create(self._clock.anchor(), self.cancel)
+        except BaseException as error:
+            lease.future.set_exception(error)
+            return
+        with self._lock:
+            lease.expires = claim.anchor.expires
+        lease.future.set_result(claim)
+
+    def _claim_of(self, lease: _Lease, cancel: CancelToken) -> Claim:
+        """Wait for the lease's claim, or until ``cancel`` fires (the creation goes on)."""
+        woken = threading.Event()
+        lease.future.add_done_callback(lambda _future: woken.set())
+        forget = cancel.on_cancel(woken.set)
+        try:
+            woken.wait()
+        finally:
+            forget()
+        if not lease.future.done():
+            raise CommandCancelled()
+        try:
+            return lease.future.result()
+        except BaseException:
+            with self._lock:
+                if self._current is lease:
+                    self._current = None
+                if lease in self._leases:
+                    self._leases.remove(lease)
+            raise
+
+    def _ready_for_command(self, lease: _Lease, claim: Claim, cancel: CancelToken) -> None:
+        with self._lock:
+            committed, gone = lease.expires, lease.gone
+        if gone:
+            raise ClaimGone("the SandboxClaim no longer exists")
+        freshness = self._clock.before_command(claim.anchor, committed)
+        if freshness is Freshness.EXPIRED:
+            raise ClaimGone("the SandboxClaim expired")
+        if freshness is Freshness.DUE:
+            self._renew(lease, claim, cancel)
+        self._api.check(claim, cancel)
+
+    def _join(self, lease: _Lease, claim: Claim) -> bool:
+        """Count the command in; ``False`` when the lease was retired meanwhile."""
+        with self._lock:
+            if self._disposed:
+                raise disposed_error()
+            if lease.retired:
+                return False
+            lease.users += 1
+            self._last = claim.name
+            if lease.keepalive is None:
+                lease.keepalive = _Keepalive(
+                    self._every,
+                    lambda keepalive: self._tick(lease, keepalive),
+                    f"piship-keepalive-{claim.name}",
+                )
+                lease.keepalive.start()
+            return True
+
+    # -- renewal ----------------------------------------------------------------
+
+    def _renew(self, lease: _Lease, claim: Claim, cancel: CancelToken) -> None:
+        with self._lock:
+            committed = lease.expires
+        target = self._clock.renewal(claim.anchor, committed)
+        if target is None:
+            raise ClaimGone("the SandboxClaim expired")
+        self._api.renew(claim, target, cancel)
+        with self._lock:
+            lease.expires = max(lease.expires, target)
+
+    def _tick(self, lease: _Lease, keepalive: _Keepalive) -> None:
+        with self._lock:
+            if lease.keepalive is not keepalive or lease.gone or lease.deleted:
+                return
+        claim = lease.future.result()
+        try:
+            self._renew(lease, claim, keepalive.abort)
+        except ClaimGone:
+            self._retire(lease, gone=True)
+        except Exception:
+            pass
+
+    # -- retiring and deleting ---------------------------------------------------
+
+    def _retire(self, lease: _Lease, *, gone: bool = False) -> None:
+        with self._lock:
+            lease.retired = True
+            lease.gone = lease.gone or gone
+            if self._current is lease:
+                self._current = None
+        self._release(lease)
+
+    def _leave(self, lease: _Lease) -> None:
+        with self._lock:
+            lease.users -= 1
+            keepalive = None
+            if lease.users == 0:
+                keepalive, lease.keepalive = lease.keepalive, None
+        if keepalive is not None:
+            keepalive.stop(_TICK_GRACE)
+        self._release(lease)
+
+    def _release(self, lease: _Lease) -> None:
+        """Delete a retired lease nobody uses any more (at most once)."""
+        with self._lock:
+            if lease.users > 0 or not lease.retired or lease.deleted:
+                return
+            lease.deleted = True
+            if lease in self._leases:
+                self._leases.remove(lease)
+        self._delete(lease)
+
+    def _delete(self, lease: _Lease) -> None:
+        try:
+            claim = lease.future.result()
+        except BaseException:
+            return
+        try:
+            self._api.delete(claim)
+        except Exception:
+            pass
+
+
+def _failed(lease: _Lease) -> bool:
+    return lease.future.done() and lease.future.exception() is not None

@@ -1,0 +1,548 @@
+"""The refcounted claim manager, driven by an in-memory cluster and settable clocks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from piship_remote.backends.claims import Claim, ClaimGone, ClaimManager
+from piship_remote.backends.lifetime import Anchor, ClaimClock, micros
+from piship_remote.cancel import CancelToken
+from piship_remote.errors import CommandCancelled, PiShipError
+
+T = 1790618400.0  # 2026-09-28T18:00:00Z
+
+
+class FakeCluster:
+    """The :class:`ClaimApi` of a cluster held in memory; every call is recorded."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.renewed: list[tuple[str, int]] = []
+        self.checked: list[str] = []
+        self.gone: set[str] = set()
+        self.create_gate: threading.Event | None = None
+        self.renew_gate: threading.Event | None = None
+        self.create_error: Exception | None = None
+        self.delete_error: Exception | None = None
+        self.creating = threading.Event()
+
+    def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
+        with self.lock:
+            name = f"piship-{len(self.created):012x}"
+            self.created.append(name)
+        self.creating.set()
+        self._wait(self.create_gate, cancel)
+        if self.create_error is not None:
+            raise self.create_error
+        return Claim(name, f"pool-{name}", anchor)
+
+    def renew(self, claim: Claim, shutdown: int, cancel: CancelToken) -> None:
+        with self.lock:
+            self.renewed.append((claim.name, shutdown))
+        self._wait(self.renew_gate, cancel)
+        if claim.name in self.gone:
+            raise ClaimGone("the SandboxClaim no longer exists")
+
+    def check(self, claim: Claim, cancel: CancelToken) -> None:
+        with self.lock:
+            self.checked.append(claim.name)
+        if claim.name in self.gone:
+            raise ClaimGone("the SandboxClaim no longer exists")
+
+    def delete(self, claim: Claim) -> None:
+        with self.lock:
+            self.deleted.append(claim.name)
+        if self.delete_error is not None:
+            raise self.delete_error
+
+    def renewals_of(self, name: str) -> list[int]:
+        with self.lock:
+            return [shutdown for claim, shutdown in self.renewed if claim == name]
+
+    @staticmethod
+    def _wait(gate: threading.Event | None, cancel: CancelToken) -> None:
+        if gate is None:
+            return
+        woken = threading.Event()
+        forget = cancel.on_cancel(woken.set)
+        while not gate.is_set() and not woken.is_set():
+            woken.wait(0.005)
+        forget()
+        if not gate.is_set():
+            raise CommandCancelled()
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.wall = T
+        self.mono = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+def piship_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("piship-")]
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    return FakeCluster()
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
+
+
+MakeManager = Callable[..., ClaimManager]
+
+
+@pytest.fixture
+def make_manager(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
+    managers: list[ClaimManager] = []
+
+    def make(lifetime: float = 60, keepalive_every: float = 3600) -> ClaimManager:
+        clock = ClaimClock.for_lifetime(
+            lifetime, now=lambda: clocks.wall, monotonic=lambda: clocks.mono
+        )
+        manager = ClaimManager(cluster, clock, keepalive_every=keepalive_every)
+        managers.append(manager)
+        return manager
+
+    yield make
+    for manager in managers:
+        manager.dispose()
+    assert piship_threads() == []
+
+
+def run(manager: ClaimManager, cancel: CancelToken | None = None) -> str:
+    with manager.command(cancel or CancelToken()) as use:
+        return use.claim.name
+
+
+# -- sharing ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_32_concurrent_commands_share_exactly_one_claim(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    barrier = threading.Barrier(32)
+
+    def command(_: int) -> str:
+        barrier.wait()
+        return run(manager)
+
+    with ThreadPoolExecutor(32) as pool:
+        names = list(pool.map(command, range(32)))
+    assert set(names) == {cluster.created[0]}
+    assert len(cluster.created) == 1
+    manager.dispose()
+    assert cluster.deleted == cluster.created
+    assert piship_threads() == []
+
+
+@pytest.mark.timeout(20)
+def test_32_commands_retiring_one_claim_delete_it_once_after_the_last_leaves(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    manager.prepare()
+    inside = threading.Barrier(32)
+    deleted_while_inside: list[int] = []
+
+    def command(_: int) -> None:
+        with manager.command(CancelToken()) as use:
+            inside.wait()
+            use.retire()
+            deleted_while_inside.append(len(cluster.deleted))
+            inside.wait()
+
+    with ThreadPoolExecutor(32) as pool:
+        list(pool.map(command, range(32)))
+    assert set(deleted_while_inside) == {0}
+    assert cluster.deleted == [cluster.created[0]]
+    manager.dispose()
+    assert cluster.deleted == [cluster.created[0]]
+
+
+@pytest.mark.timeout(20)
+def test_32_threads_under_dispose_lose_no_delete_and_send_none_twice(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    start = threading.Barrier(33)
+    outcomes: list[str] = []
+
+    def command(i: int) -> None:
+        start.wait()
+        try:
+            with manager.command(CancelToken()) as use:
+                if i % 3 == 0:
+                    use.retire()
+            outcomes.append("ok")
+        except (PiShipError, CommandCancelled) as e:
+            outcomes.append(str(e))
+
+    with ThreadPoolExecutor(32) as pool:
+        futures = [pool.submit(command, i) for i in range(32)]
+        start.wait()
+        manager.dispose()
+        for future in futures:
+            future.result()
+    assert all(outcome in ("ok", "the sandbox was disposed") for outcome in outcomes)
+    assert sorted(cluster.deleted) == sorted(set(cluster.deleted))
+    assert set(cluster.deleted) == set(cluster.created)
+    assert piship_threads() == []
+
+
+@pytest.mark.timeout(10)
+def test_a_cancelled_waiter_does_not_cancel_the_creation_others_wait_for(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    cluster.create_gate = threading.Event()
+    cancel = CancelToken()
+    with ThreadPoolExecutor(2) as pool:
+        cancelled = pool.submit(run, manager, cancel)
+        assert cluster.creating.wait(5)
+        waiting = pool.submit(run, manager)
+        cancel.set()
+        with pytest.raises(CommandCancelled):
+            cancelled.result(5)
+        cluster.create_gate.set()
+        assert waiting.result(5) == cluster.created[0]
+    assert len(cluster.created) == 1
+    assert cluster.deleted == []
+
+
+@pytest.mark.timeout(10)
+def test_dispose_aborts_a_creation_in_progress_and_its_waiters(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    cluster.create_gate = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(run, manager)
+        assert cluster.creating.wait(5)
+        manager.dispose()
+        with pytest.raises(PiShipError, match="disposed"):
+            waiting.result(5)
+    assert manager.disposed
+    assert piship_threads() == []
+
+
+def test_no_claim_is_created_after_dispose(make_manager: MakeManager, cluster: FakeCluster) -> None:
+    manager = make_manager()
+    manager.dispose()
+    with pytest.raises(PiShipError, match="disposed"):
+        run(manager)
+    assert cluster.created == []
+
+
+def test_a_failed_creation_reaches_the_command_and_the_next_one_tries_again(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    cluster.create_error = PiShipError("SANDBOX_UNAVAILABLE", "the SandboxClaim failed: X")
+    with pytest.raises(PiShipError, match="failed: X"):
+        run(manager)
+    cluster.create_error = None
+    assert run(manager) == cluster.created[1]
+
+
+def test_a_failed_prepare_leaves_no_thread(make_manager: MakeManager, cluster: FakeCluster) -> None:
+    manager = make_manager()
+    cluster.create_error = PiShipError("SANDBOX_UNAVAILABLE", "nope")
+    with pytest.raises(PiShipError, match="nope"):
+        manager.prepare()
+    assert manager.disposed
+    assert piship_threads() == []
+
+
+# -- epoch ----------------------------------------------------------------------
+
+
+def test_epoch_is_the_claim_of_the_latest_command(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=60)
+    manager.prepare()
+    assert manager.epoch() is None
+    run(manager)
+    assert manager.epoch() == cluster.created[0]
+    clocks.advance(61)
+    run(manager)
+    assert manager.epoch() == cluster.created[1]
+
+
+# -- renewal before a command -------------------------------------------------------
+
+
+def test_a_fresh_claim_is_not_renewed(make_manager: MakeManager, cluster: FakeCluster) -> None:
+    manager = make_manager(lifetime=60)
+    run(manager)
+    assert cluster.renewed == []
+    assert cluster.checked == cluster.created
+
+
+def test_past_half_the_lifetime_a_command_renews_first(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=60)
+    manager.prepare()
+    clocks.advance(40)
+    run(manager)
+    assert cluster.renewed == [(cluster.created[0], micros(T + 100))]
+
+
+def test_a_locally_expired_claim_is_replaced_without_renewal_and_deleted(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=60)
+    manager.prepare()
+    clocks.advance(61)
+    assert run(manager) == cluster.created[1]
+    assert cluster.renewed == []
+    assert cluster.deleted == [cluster.created[0]]
+
+
+def test_a_claim_the_cluster_lost_is_replaced_once(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    manager.prepare()
+    cluster.gone.add(cluster.created[0])
+    assert run(manager) == cluster.created[1]
+    assert cluster.deleted == [cluster.created[0]]
+
+
+def test_a_claim_lost_twice_in_a_row_fails_the_command(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    manager.prepare()
+    cluster.gone.update({"piship-000000000000", "piship-000000000001"})
+    with pytest.raises(PiShipError, match="no longer exists") as caught:
+        run(manager)
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    assert len(cluster.created) == 2
+
+
+def test_a_renewal_never_moves_the_shutdown_time_earlier(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=60)
+    manager.prepare()
+    clocks.advance(40)
+    run(manager)
+    clocks.wall -= 3600  # the wall clock set back; monotonic time hardly moves
+    clocks.mono += 1
+    manager_renewals = cluster.renewals_of(cluster.created[0])
+    run(manager)
+    assert cluster.renewals_of(cluster.created[0]) == manager_renewals  # still fresh
+
+
+# -- the keepalive --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_the_keepalive_renews_while_a_command_runs_and_stops_after(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=1, keepalive_every=0.25)
+    with manager.command(CancelToken()) as use:
+        clocks.advance(0.1)
+        manager.keepalive_now()
+        manager.keepalive_now()
+        keepalives = [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+        assert [t.name for t in keepalives] == [f"piship-keepalive-{use.claim.name}"]
+        assert all(t.daemon for t in keepalives)
+    name = cluster.created[0]
+    assert cluster.renewals_of(name) == [micros(T + 2), micros(T + 2)]
+    manager.keepalive_now()
+    assert len(cluster.renewals_of(name)) == 2
+    assert not [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+
+
+@pytest.mark.timeout(10)
+def test_the_keepalive_timer_really_fires(make_manager: MakeManager, cluster: FakeCluster) -> None:
+    manager = make_manager(lifetime=60, keepalive_every=0.02)
+    renewed = threading.Event()
+    original = cluster.renew
+
+    def renew(claim: Claim, shutdown: int, cancel: CancelToken) -> None:
+        original(claim, shutdown, cancel)
+        renewed.set()
+
+    cluster.renew = renew  # type: ignore[method-assign]
+    with manager.command(CancelToken()):
+        assert renewed.wait(5)
+
+
+@pytest.mark.timeout(10)
+def test_a_retired_claim_is_still_renewed_while_another_command_runs_in_it(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=1, keepalive_every=3600)
+    release = threading.Event()
+    inside = threading.Event()
+
+    def long() -> None:
+        with manager.command(CancelToken()):
+            inside.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=long)
+    thread.start()
+    assert inside.wait(5)
+    with manager.command(CancelToken()) as use:
+        use.retire()
+    name = cluster.created[0]
+    assert cluster.deleted == []
+    manager.keepalive_now()
+    assert len(cluster.renewals_of(name)) == 1
+    release.set()
+    thread.join(5)
+    assert cluster.deleted == [name]
+    manager.keepalive_now()
+    assert len(cluster.renewals_of(name)) == 1
+
+
+def test_a_keepalive_that_finds_the_claim_expired_never_renews_it(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=1)
+    with manager.command(CancelToken()):
+        clocks.wall += 5  # slept past the shutdownTime; monotonic time frozen
+        manager.keepalive_now()
+        manager.keepalive_now()
+    assert cluster.renewed == []
+    assert cluster.deleted == [cluster.created[0]]
+    assert run(manager) == cluster.created[1]
+
+
+def test_a_keepalive_404_retires_the_claim_after_its_command(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager(lifetime=60)
+    with manager.command(CancelToken()) as use:
+        cluster.gone.add(use.claim.name)
+        manager.keepalive_now()
+        manager.keepalive_now()
+        assert cluster.deleted == []
+    first = cluster.created[0]
+    assert cluster.renewals_of(first) == [cluster.renewals_of(first)[0]]
+    assert cluster.deleted == [first]
+    assert run(manager) == cluster.created[1]
+
+
+def test_a_claim_whose_delete_failed_is_never_renewed_again(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager(lifetime=60)
+    cluster.delete_error = RuntimeError("etcd unavailable")
+    with manager.command(CancelToken()) as use:
+        use.retire()
+    first = cluster.created[0]
+    assert cluster.deleted == [first]
+    manager.keepalive_now()
+    assert cluster.renewed == []
+    assert run(manager) == cluster.created[1]
+    manager.dispose()
+    assert cluster.deleted == [first, cluster.created[1]]
+
+
+@pytest.mark.timeout(10)
+def test_leaving_aborts_a_keepalive_renewal_still_in_flight_after_a_grace(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager(lifetime=60, keepalive_every=0.01)
+    cluster.renew_gate = threading.Event()
+    with manager.command(CancelToken()):
+        while not cluster.renewed:
+            threading.Event().wait(0.005)
+    assert not [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+
+
+# -- dispose ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_concurrent_dispose_deletes_once(make_manager: MakeManager, cluster: FakeCluster) -> None:
+    manager = make_manager()
+    manager.prepare()
+    barrier = threading.Barrier(8)
+
+    def dispose(_: int) -> None:
+        barrier.wait()
+        manager.dispose()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(dispose, range(8)))
+    manager.dispose()
+    assert cluster.deleted == cluster.created
+
+
+@pytest.mark.timeout(10)
+def test_dispose_mid_renewal_makes_the_command_fail_and_creates_nothing(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=60)
+    manager.prepare()
+    clocks.advance(40)
+    cluster.gone.add(cluster.created[0])
+    cluster.renew_gate = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(run, manager)
+        while not cluster.renewed:
+            threading.Event().wait(0.005)
+        manager.dispose()
+        with pytest.raises(PiShipError, match="disposed"):
+            pending.result(5)
+    assert len(cluster.created) == 1
+    assert cluster.deleted == cluster.created
+
+
+@pytest.mark.timeout(10)
+def test_dispose_stops_the_keepalive_of_running_commands(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager(lifetime=60, keepalive_every=0.01)
+    with manager.command(CancelToken()):
+        manager.dispose()
+        assert not [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+        assert cluster.deleted == cluster.created
+    assert cluster.deleted == cluster.created
+
+
+@pytest.mark.timeout(10)
+def test_a_creation_that_failed_while_nobody_waited_is_tried_again(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager()
+    cluster.create_gate = threading.Event()
+    cluster.create_error = PiShipError("SANDBOX_UNAVAILABLE", "the SandboxClaim failed: X")
+    cancel = CancelToken()
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(run, manager, cancel)
+        assert cluster.creating.wait(5)
+        cancel.set()
+        with pytest.raises(CommandCancelled):
+            waiting.result(5)
+    cluster.create_gate.set()
+    for thread in threading.enumerate():
+        if thread.name == "piship-claim-create":
+            thread.join(5)
+    cluster.create_error = None
+    assert run(manager) == cluster.created[1]
+    assert len(cluster.created) == 2

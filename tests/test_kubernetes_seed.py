@@ -1,0 +1,1037 @@
+"""The seed's Kubernetes cases (``remote.test.ts``), one for one, against the fake cluster.
+
+Sections ported: the Kubernetes half of "remote capability reporting" and all of
+"kubernetes-agent-sandbox backend against a mock cluster". Each test names its
+seed case in a ``# seed:`` comment and keeps the seed's assertions. Clocks are
+seconds (the seed's milliseconds / 1000); the seed's real-time waits for the
+250 ms keepalive stay real (a second at most), everything else waits on events.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from piship_remote.activation import Sandbox, activate_sandbox
+from piship_remote.backends.base import ExecRequest
+from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, runtime_command
+from piship_remote.backends.lifetime import micros, rfc3339
+from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.policy import SandboxProfile
+from piship_remote.testing import CLAIMS, THREAD_PREFIX, Cluster, KubernetesServer, Recorded, leaks
+
+KubernetesFactory = Callable[..., KubernetesServer]
+
+SECRETS = {
+    "ACME_API_TOKEN": "sk-live-never-in-remote-backends",
+    "AWS_SECRET_ACCESS_KEY": "aws-never-in-remote-backends",
+    "GITHUB_TOKEN": "ghp_never_in_remote_backends_0000000000",
+}
+ENV = {
+    "PATH": "/opt/host/bin",
+    "HOME": "/home/alice",
+    "LANG": "C.UTF-8",
+    "DOCS_MODE": "demo",
+    "UNLISTED_VARIABLE": "unlisted-host-value",
+    **SECRETS,
+}
+T = 1790618400.0  # 2026-09-28T18:00:00Z, the seed's clock origin
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def policy(**overrides: Any) -> dict[str, Any]:
+    """The seed's policy; Kubernetes activations use network ``allow``."""
+    return {
+        "required": True,
+        "filesystem": {"read": {"deny": ["~/.ssh"]}, "write": {"allow": ["workspace"]}},
+        "network": {"mode": "allow"},
+        "environment": {"allow": ["PATH", "HOME", "LANG", "DOCS_MODE", "ACME_API_TOKEN"]},
+        **overrides,
+    }
+
+
+def kubernetes(url: str, **options: Any) -> KubernetesAgentSandboxBackend:
+    """The seed's ``kubernetes(url, options)``: pool ``python-pool`` in ``agents``, 10 ms polls."""
+    settings: dict[str, Any] = {
+        "template": "python-pool",
+        "namespace": "agents",
+        "poll_interval": 0.01,
+        **options,
+    }
+    return KubernetesAgentSandboxBackend(endpoint=url, router=url, **settings)
+
+
+@attrs.frozen
+class Run:
+    exit_code: int
+    output: str
+
+
+@attrs.frozen
+class Seed:
+    """The seed's ``activate`` and ``run`` over one temporary workspace."""
+
+    workspace: Path
+    home: Path
+
+    def activate(
+        self, backend: KubernetesAgentSandboxBackend, config: Mapping[str, Any] | None = None
+    ) -> Sandbox:
+        return activate_sandbox(
+            policy() if config is None else config,
+            backend=backend,
+            workspace=self.workspace,
+            home_dir=self.home,
+            env=ENV,
+            settle_timeout=2.0,
+        )
+
+    def run(
+        self,
+        sandbox: Sandbox,
+        command: str,
+        *,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Run:
+        output = bytearray()
+        result = sandbox.exec(
+            command,
+            self.workspace if cwd is None else cwd,
+            on_data=output.extend,
+            timeout=timeout,
+            cancel=cancel,
+        )
+        return Run(result.exit_code, output.decode())
+
+    def request(self, command: str) -> ExecRequest:
+        return ExecRequest(command, str(self.workspace), ".", {})
+
+    def profile(self) -> SandboxProfile:
+        return SandboxProfile(workspace=str(self.workspace), network="allow")
+
+
+class Clock:
+    """A settable clock in seconds (the seed's ``let now = …``)."""
+
+    def __init__(self, value: float = T) -> None:
+        self.value = value
+
+    def __call__(self) -> float:
+        return self.value
+
+
+CLAIM_THREADS = ("piship-keepalive-", "piship-claim-create")
+
+
+def library_threads() -> list[str]:
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("piship-") and not t.name.startswith(THREAD_PREFIX)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left() -> Iterator[None]:
+    """After each test (every sandbox disposed): no library thread or Timer is alive."""
+    yield
+    # The claim manager joins its own threads in dispose(): none may be left at all.
+    assert [n for n in library_threads() if n.startswith(CLAIM_THREADS)] == []
+    # Others (the activation's per-command workers) are finishing their last lines.
+    deadline = time.monotonic() + 3
+    while library_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert library_threads() == []
+
+
+@pytest.fixture
+def seed(workspace: Path, home: Path) -> Seed:
+    return Seed(workspace, home)
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(8) as executor:
+        yield executor
+
+
+def claim_names(requests: list[Recorded]) -> list[str]:
+    return [
+        r.json()["metadata"]["name"] for r in requests if r.method == "POST" and r.path == CLAIMS
+    ]
+
+
+def lifecycle_of(request: Recorded | None) -> Any:
+    body = request.json() if request is not None else {}
+    return body.get("spec", {}).get("lifecycle")
+
+
+def shutdowns(requests: list[Recorded]) -> list[str]:
+    return [
+        lifecycle_of(r)["shutdownTime"]
+        for r in requests
+        if (r.method == "POST" and r.path == CLAIMS) or r.method == "PATCH"
+    ]
+
+
+def at(seconds: float) -> str:
+    return rfc3339(micros(T + seconds))
+
+
+def count(mock: KubernetesServer, method: str, path: str | None = None) -> int:
+    return mock.count(method, path)
+
+
+def sent(mock: KubernetesServer, text: str) -> bool:
+    return any(text in r.body.decode("latin-1") for r in mock.requests if r.path == "/execute")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll a condition on the fake's recorded requests (it has no event for each)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the condition never held")
+        time.sleep(0.005)
+
+
+def failure_of(action: Callable[[], object]) -> BaseException:
+    try:
+        action()
+    except BaseException as error:
+        return error
+    raise AssertionError("expected a failure")
+
+
+def hang_sleep(command: str) -> Mapping[str, Any]:
+    return {"hang": True} if "sleep" in command else {"stdout": "ok\n"}
+
+
+# ---------------------------------------------------------------- capability reporting
+
+
+# seed: "never declares PiShip's filesystem path planes for a remote backend"
+def test_never_declares_filesystem_path_planes() -> None:
+    capabilities = kubernetes("http://127.0.0.1:1").capabilities()
+    assert capabilities.isolation == "remote"
+    assert capabilities.planes == ("host-filesystem-isolation", "environment-filter")
+    assert "filesystem-read-deny" not in capabilities.planes
+    assert "filesystem-write-allowlist" not in capabilities.planes
+    assert capabilities.local_processes is False
+    assert capabilities.to_dict()["workspace"] == {"mode": "snapshot"}
+
+
+# seed: "refuses Kubernetes network deny without authoritative NetworkPolicy evidence"
+def test_refuses_network_deny(kubernetes_server: KubernetesFactory, seed: Seed) -> None:
+    mock = kubernetes_server()
+    error = failure_of(
+        lambda: seed.activate(kubernetes(mock.url), policy(network={"mode": "deny"}))
+    )
+    assert isinstance(error, PiShipError)
+    assert error.code == "SANDBOX_UNAVAILABLE"
+    assert count(mock, "POST", CLAIMS) == 0
+
+
+# ---------------------------------------------------------------- against a mock cluster
+
+
+# seed: "claims a sandbox, runs through the router, and deletes the claim"
+def test_claims_runs_through_the_router_and_deletes(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server(lambda command: {"stdout": "hello\n", "exit_code": 4})
+    sandbox = seed.activate(kubernetes(mock.url))
+    assert sandbox.report.level == "enforced"
+    assert sandbox.report.provider == "kubernetes-agent-sandbox"
+    assert sandbox.report.verification == "backend-attested"
+    assert seed.run(sandbox, "make test", cwd=seed.workspace / "sub") == Run(4, "hello\n")
+    sandbox.dispose()
+    claim = mock.find("POST", CLAIMS)[0].json()
+    assert claim["apiVersion"] == "extensions.agents.x-k8s.io/v1beta1"
+    assert claim["kind"] == "SandboxClaim"
+    assert claim["spec"]["warmPoolRef"] == {"name": "python-pool"}
+    name = claim["metadata"]["name"]
+    assert re.fullmatch(r"piship-[0-9a-f]{12}", name)
+    execute = mock.find(path="/execute")
+    assert execute[-1].headers["x-sandbox-id"] == f"pool-{name}"
+    assert execute[-1].headers["x-sandbox-namespace"] == "agents"
+    assert execute[-1].headers["x-sandbox-port"] == "8888"
+    assert execute[-1].json()["command"] == (
+        "env 'LANG=C.UTF-8' 'DOCS_MODE=demo' /bin/sh -c 'cd -- '\"'\"'sub'\"'\"' && make test'"
+    )
+    last = mock.requests[-1]
+    assert (last.method, last.path) == ("DELETE", f"{CLAIMS}/{name}")
+    wire = json.dumps([{"headers": r.headers, "body": r.body.decode()} for r in mock.requests])
+    for value in [*SECRETS.values(), "unlisted-host-value"]:
+        assert value not in wire
+
+
+# seed: "replaces the claim after a timed-out command"
+def test_replaces_the_claim_after_a_timed_out_command(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server(hang_sleep)
+    sandbox = seed.activate(kubernetes(mock.url))
+    with pytest.raises(CommandTimeout, match=r"^timeout:0\.3$"):
+        seed.run(sandbox, "sleep 600", timeout=0.3)
+    assert seed.run(sandbox, "echo ok").output == "ok\n"
+    sandbox.dispose()
+    assert count(mock, "POST", CLAIMS) == 2
+    assert count(mock, "DELETE") == 2
+
+
+# seed: "shares one claim between concurrent commands and keeps it for the others when one is cancelled"  # noqa: E501
+def test_shares_one_claim_between_concurrent_commands(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    mock = kubernetes_server(hang_sleep)
+    sandbox = seed.activate(kubernetes(mock.url))
+    cancel = threading.Event()
+    slow = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    quick = [pool.submit(seed.run, sandbox, f"echo {x}") for x in "ab"]
+    assert [f.result(10).output for f in quick] == ["ok\n", "ok\n"]
+    wait_until(lambda: sent(mock, "sleep 600"))
+    cancel.set()
+    with pytest.raises(CommandCancelled, match="aborted"):
+        slow.result(10)
+    assert count(mock, "POST", CLAIMS) == 1
+    # The cancelled command's claim is deleted once nothing uses it.
+    assert count(mock, "DELETE") == 1
+    after = [pool.submit(seed.run, sandbox, f"echo {x}") for x in "cd"]
+    assert [f.result(10).output for f in after] == ["ok\n", "ok\n"]
+    assert count(mock, "POST", CLAIMS) == 2
+    sandbox.dispose()
+    assert count(mock, "DELETE") == 2
+
+
+# seed: "does not fail a parallel command that waits for the claim a cancelled one started (#158)"
+def test_a_parallel_waiter_survives_a_cancelled_one(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    mock = kubernetes_server(hang_sleep)
+    # Readiness takes one 300 ms poll, so both commands wait on the claim.
+    sandbox = seed.activate(kubernetes(mock.url, poll_interval=0.3))
+    # A cancelled command retires the first claim: the next ones share a new one.
+    first = threading.Event()
+    retired = pool.submit(seed.run, sandbox, "sleep 600", cancel=first)
+    wait_until(lambda: sent(mock, "sleep 600"))
+    first.set()
+    with pytest.raises(CommandCancelled, match="aborted"):
+        retired.result(10)
+    a = threading.Event()
+    cancelled = pool.submit(seed.run, sandbox, "echo a", cancel=a)
+    parallel = pool.submit(seed.run, sandbox, "echo b")
+    threading.Timer(0.05, a.set).start()
+    with pytest.raises(CommandCancelled, match="aborted"):
+        cancelled.result(10)
+    assert parallel.result(10).output == "ok\n"
+    assert count(mock, "POST", CLAIMS) == 2
+    sandbox.dispose()
+
+
+# seed: "keeps renewing a claim a parallel command still runs in after another is cancelled (#158)"
+def test_keeps_renewing_a_claim_a_parallel_command_runs_in(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    done = threading.Event()
+
+    def execute(command: str) -> Mapping[str, Any]:
+        if "sleep" in command:
+            return {"hang": True}
+        if "long" in command:
+            return {"stdout": "long\n", "after": done}
+        return {"stdout": "ok\n"}
+
+    mock = kubernetes_server(execute)
+    # A one-second lifetime renews a running command every 250 ms.
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=1))
+    [first] = claim_names(mock.requests)
+
+    def renewals() -> int:
+        return count(mock, "PATCH", f"{CLAIMS}/{first}")
+
+    cancel = threading.Event()
+    cancelled = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    parallel = pool.submit(seed.run, sandbox, "long job")
+    wait_until(lambda: sent(mock, "sleep 600") and sent(mock, "long job"))
+    time.sleep(0.1)
+    cancel.set()
+    with pytest.raises(CommandCancelled, match="aborted"):
+        cancelled.result(10)
+    at_cancel = renewals()
+    # The parallel command still runs in the claim: it must not expire under it.
+    time.sleep(0.7)
+    assert renewals() > at_cancel
+    done.set()
+    assert parallel.result(10).output == "long\n"
+    # Retired by the cancellation: deleted once the parallel command ends.
+    assert count(mock, "DELETE", f"{CLAIMS}/{first}") >= 1
+    sandbox.dispose()
+
+
+# seed: "creates every claim with a bounded, deterministic lifecycle"
+def test_creates_every_claim_with_a_deterministic_lifecycle(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=900, now=lambda: T + 0.25))
+    sandbox.dispose()
+    # Rounded up to the second: never shorter than the lifetime.
+    assert lifecycle_of(mock.find("POST", CLAIMS)[0]) == {
+        "shutdownTime": "2026-09-28T18:15:01Z",
+        "shutdownPolicy": "Delete",
+    }
+
+
+# seed: "deletes the claim when a command is cancelled"
+def test_deletes_the_claim_when_a_command_is_cancelled(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server(hang_sleep)
+    sandbox = seed.activate(kubernetes(mock.url))
+    [first] = claim_names(mock.requests)
+    cancel = threading.Event()
+    threading.Timer(0.1, cancel.set).start()
+    with pytest.raises(CommandCancelled, match="aborted"):
+        seed.run(sandbox, "sleep 600", cancel=cancel)
+    assert [r.path for r in mock.find("DELETE")] == [f"{CLAIMS}/{first}"]
+    sandbox.dispose()
+
+
+# seed: "stays fail closed when cleanup fails, and the claim still expires on its own"
+def test_stays_fail_closed_when_cleanup_fails(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server(hang_sleep, Cluster(delete_status=500))
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=600, now=lambda: T))
+    with pytest.raises(CommandTimeout, match=r"^timeout:0\.2$"):
+        seed.run(sandbox, "sleep 600", timeout=0.2)
+    [retired] = claim_names(mock.requests)
+    # The DELETE was attempted and failed; nothing about it leaked back.
+    assert count(mock, "DELETE", f"{CLAIMS}/{retired}") >= 1
+    # The retired claim carries the safety net and is never renewed again.
+    assert lifecycle_of(mock.find("POST", CLAIMS)[0]) == {
+        "shutdownTime": "2026-09-28T18:10:00Z",
+        "shutdownPolicy": "Delete",
+    }
+    # The next command runs in a fresh claim, never the retired one.
+    assert seed.run(sandbox, "echo ok").output == "ok\n"
+    names = claim_names(mock.requests)
+    assert len(names) == 2
+    assert mock.find(path="/execute")[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
+    assert count(mock, "PATCH", f"{CLAIMS}/{retired}") == 0
+    sandbox.dispose()
+
+
+# seed: "renews the claim so a long session is not expired early"
+def test_renews_the_claim_so_a_long_session_is_not_expired_early(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    now = Clock()
+    mock = kubernetes_server(lambda c: {"hang": True} if "slow" in c else {"stdout": "ok\n"})
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=1, now=now, monotonic=now))
+    # Fresh claim: nothing to renew yet.
+    seed.run(sandbox, "echo a")
+    assert count(mock, "PATCH") == 0
+    # Past half the lifetime, the next command renews first.
+    now.value += 0.6
+    seed.run(sandbox, "echo b")
+    patches = mock.find("PATCH")
+    assert len(patches) == 1
+    assert lifecycle_of(patches[0]) == {"shutdownTime": "2026-09-28T18:00:02Z"}
+    assert patches[0].headers["content-type"] == "application/merge-patch+json"
+    # A command that runs longer than the lifetime is kept alive while it runs:
+    # renewed every 250 ms; wait for two renewals beyond the one above.
+    cancel = threading.Event()
+    slow = pool.submit(seed.run, sandbox, "slow job", cancel=cancel)
+    wait_until(lambda: count(mock, "PATCH") >= 3)
+    cancel.set()
+    with pytest.raises(CommandCancelled):
+        slow.result(10)
+    sandbox.dispose()
+
+
+# seed: "stops renewing a claim once its command is cancelled"
+def test_stops_renewing_once_its_command_is_cancelled(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    mock = kubernetes_server(hang_sleep)
+    # A one-second lifetime renews a running command every 250 ms.
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=1))
+    [first] = claim_names(mock.requests)
+
+    def renewals() -> int:
+        return count(mock, "PATCH", f"{CLAIMS}/{first}")
+
+    cancel = threading.Event()
+    pending = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    # Renewal really runs while the command does...
+    wait_until(lambda: renewals() >= 1)
+    cancel.set()
+    with pytest.raises(CommandCancelled):
+        pending.result(10)
+    at_retire = renewals()
+    # ...and never again after retirement, over more than two intervals.
+    time.sleep(0.7)
+    assert renewals() == at_retire
+    sandbox.dispose()
+
+
+# seed: "replaces a locally expired claim without renewing it"
+def test_replaces_a_locally_expired_claim_without_renewing_it(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    now = Clock()
+    # The cluster has not removed the claim yet, so a PATCH would succeed.
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now))
+    [first] = claim_names(mock.requests)
+    now.value += 61
+    assert seed.run(sandbox, "echo ok").exit_code == 0
+    assert len(claim_names(mock.requests)) == 2
+    assert count(mock, "PATCH") == 0
+    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    sandbox.dispose()
+
+
+# seed: "replaces a claim removed early by the cluster before a command"
+def test_replaces_a_claim_removed_early_by_the_cluster(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    cluster = Cluster()
+    mock = kubernetes_server(None, cluster)
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=3600))
+    [first] = claim_names(mock.requests)
+    cluster.expired.add(first)
+    assert seed.run(sandbox, "echo fresh").exit_code == 0
+    assert len(claim_names(mock.requests)) == 2
+    sandbox.dispose()
+
+
+# seed: "retires a claim the router no longer knows and never replays the command"
+def test_retires_a_claim_the_router_no_longer_knows(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    cluster = Cluster()
+    mock = kubernetes_server(lambda command: {"stdout": f"{command.split(chr(39))[-2]}\n"}, cluster)
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=3600))
+    [first] = claim_names(mock.requests)
+    # The API still lists the claim, far from renewal; only the router answers
+    # that its sandbox is gone.
+    cluster.router_gone.add(first)
+    with pytest.raises(PiShipError, match="no longer knows this sandbox"):
+        seed.run(sandbox, "echo one")
+    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    assert seed.run(sandbox, "echo two").output == "echo two\n"
+    names = claim_names(mock.requests)
+    assert len(names) == 2
+    commands = [
+        (r.headers["x-sandbox-id"], "echo one" in r.body.decode(), "echo two" in r.body.decode())
+        for r in mock.find(path="/execute")
+    ]
+    # Sent once to the stale sandbox, never again; the next one is fresh.
+    assert [c for c in commands if c[1] or c[2]] == [
+        (f"pool-{first}", True, False),
+        (f"pool-{names[1]}", False, True),
+    ]
+    sandbox.dispose()
+
+
+# seed: "is never retryable when %s, and its sandbox is deleted"
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param({"drop": True}, id="the router connection drops"),
+        pytest.param({"status": 502}, id="the router answers 502"),
+        pytest.param({"status": 504}, id="the router answers 504"),
+    ],
+)
+def test_an_unknown_outcome_is_never_retryable_and_its_sandbox_is_deleted(
+    kubernetes_server: KubernetesFactory, seed: Seed, answer: Mapping[str, Any]
+) -> None:
+    mock = kubernetes_server(lambda command: answer if "deploy" in command else {"stdout": "ok\n"})
+    instance = kubernetes(mock.url).prepare(seed.profile())
+    error = failure_of(lambda: instance.exec(seed.request("deploy"), cancel=threading.Event()))
+    assert isinstance(error, PiShipError)
+    assert error.code == "SANDBOX_UNAVAILABLE"
+    assert error.retryable is False
+    assert "outcome is unknown" in str(error)
+    # The claim is deleted before the failure is reported: a command still
+    # running in its pod ends with it.
+    [first] = claim_names(mock.requests)
+    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    # Never sent again; the next command runs in a fresh claim.
+    instance.exec(seed.request("echo next"), cancel=threading.Event())
+    names = claim_names(mock.requests)
+    assert len(names) == 2
+    execute = mock.find(path="/execute")
+    assert len([r for r in execute if b"deploy" in r.body]) == 1
+    assert execute[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
+    instance.dispose()
+
+
+# seed: "tells the agent not to run it again blindly"
+def test_tells_the_agent_not_to_run_it_again_blindly(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server(
+        lambda command: {"drop": True} if "deploy" in command else {"stdout": "ok\n"}
+    )
+    sandbox = seed.activate(kubernetes(mock.url))
+    error = failure_of(lambda: seed.run(sandbox, "deploy"))
+    assert "outcome is unknown" in str(error)
+    assert "before running it again" in str(error)
+    assert "GATEWAY_UNREACHABLE" not in str(error)
+    assert seed.run(sandbox, "echo ok").output == "ok\n"
+    sandbox.dispose()
+
+
+# seed: "still reports a cancelled command as cancelled"
+def test_still_reports_a_cancelled_command_as_cancelled(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    mock = kubernetes_server(
+        lambda command: {"hang": True} if "deploy" in command else {"stdout": "ok\n"}
+    )
+    instance = kubernetes(mock.url).prepare(seed.profile())
+    cancel = threading.Event()
+    pending: Future[object] = pool.submit(instance.exec, seed.request("deploy"), cancel=cancel)
+    wait_until(lambda: sent(mock, "deploy"))
+    cancel.set()
+    error = pending.exception(10)
+    assert not isinstance(error, PiShipError)
+    assert isinstance(error, CommandCancelled)
+    instance.dispose()
+
+
+# seed: "retires a claim that disappears while a command runs, without replaying it"
+def test_retires_a_claim_that_disappears_while_a_command_runs(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    finished = threading.Event()
+    cluster = Cluster()
+    mock = kubernetes_server(
+        lambda command: (
+            {"stdout": "slow done\n", "after": finished}
+            if "slow" in command
+            else {"stdout": "ok\n"}
+        ),
+        cluster,
+    )
+    # A one-second lifetime renews a running command every 250 ms.
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=1))
+    [first] = claim_names(mock.requests)
+    slow = pool.submit(seed.run, sandbox, "slow job")
+    wait_until(lambda: sent(mock, "slow job"))
+    before = count(mock, "PATCH", f"{CLAIMS}/{first}")
+    cluster.expired.add(first)
+    # The keepalive learns that the claim is gone.
+    wait_until(lambda: count(mock, "PATCH", f"{CLAIMS}/{first}") > before)
+    finished.set()
+    # The command's own outcome stands; it is not sent again.
+    assert slow.result(10).output == "slow done\n"
+    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    assert seed.run(sandbox, "echo ok").output == "ok\n"
+    names = claim_names(mock.requests)
+    assert len(names) == 2
+    execute = mock.find(path="/execute")
+    assert len([r for r in execute if b"slow job" in r.body]) == 1
+    assert execute[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
+    sandbox.dispose()
+
+
+# seed: "reports a new epoch once an expired claim is replaced"
+def test_reports_a_new_epoch_once_an_expired_claim_is_replaced(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    now = Clock()
+    mock = kubernetes_server()
+    instance = kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now).prepare(
+        seed.profile()
+    )
+    request = seed.request("true")
+    assert instance.epoch() is None
+    instance.exec(request, cancel=threading.Event())
+    first = instance.epoch()
+    assert first == claim_names(mock.requests)[0]
+    instance.exec(request, cancel=threading.Event())
+    assert instance.epoch() == first
+    now.value += 61
+    instance.exec(request, cancel=threading.Event())
+    assert instance.epoch() == claim_names(mock.requests)[1]
+    assert instance.epoch() != first
+    instance.dispose()
+
+
+# seed: "creates no claim after dispose, even mid-renewal"
+def test_creates_no_claim_after_dispose_even_mid_renewal(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    now = Clock()
+    gate = threading.Event()
+    cluster = Cluster(patch_gate=gate)
+    mock = kubernetes_server(None, cluster)
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now))
+    [first] = claim_names(mock.requests)
+    # Due for renewal; the cluster answers that the claim is gone only after
+    # the session has been disposed.
+    now.value += 40
+    cluster.expired.add(first)
+    pending = pool.submit(seed.run, sandbox, "echo ok")
+    mock.wait_for("PATCH", timeout=10)
+    sandbox.dispose()
+    gate.set()
+    with pytest.raises(PiShipError, match="disposed"):
+        pending.result(10)
+    assert claim_names(mock.requests) == [first]
+    assert count(mock, "POST", "/execute") == 1  # the activation check only
+
+
+# seed: "replaces a claim the cluster already expired before running"
+def test_replaces_a_claim_the_cluster_already_expired(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    now = Clock()
+    cluster = Cluster()
+    mock = kubernetes_server(None, cluster)
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now))
+    [first] = claim_names(mock.requests)
+    cluster.expired.add(first)
+    now.value += 120
+    assert seed.run(sandbox, "echo ok").exit_code == 0
+    names = claim_names(mock.requests)
+    assert len(names) == 2
+    assert mock.find(path="/execute")[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
+    sandbox.dispose()
+
+
+# ---------------------------------------------------------------- when the wall clock changes
+
+
+# seed: "keeps a keepalive renewal at or after the committed shutdownTime when the clock moves backward"  # noqa: E501
+def test_a_keepalive_renewal_stays_at_the_committed_time_when_the_clock_moves_back(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    now = Clock()
+    mock = kubernetes_server(hang_sleep)
+    # Frozen monotonic clock: no monotonic time passes while the wall clock moves.
+    sandbox = seed.activate(
+        kubernetes(mock.url, lifetime_seconds=1, now=now, monotonic=lambda: 0.0)
+    )
+    now.value -= 3600
+    cancel = threading.Event()
+    pending = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    mock.wait_for("PATCH", timeout=10)
+    cancel.set()
+    with pytest.raises(CommandCancelled):
+        pending.result(10)
+    values = shutdowns(mock.requests)
+    assert len(values) >= 2
+    # No monotonic time passed: every renewal commits the creation value.
+    assert set(values) == {at(1)}
+    sandbox.dispose()
+
+
+# seed: "renews from monotonic elapsed time when the clock moves %s"
+@pytest.mark.parametrize(
+    "jump",
+    [
+        pytest.param(-3600.0, id="backward by an hour"),
+        pytest.param(-2.0, id="backward by two seconds (a small correction)"),
+    ],
+)
+def test_renews_from_monotonic_elapsed_time_when_the_clock_moves_back(
+    kubernetes_server: KubernetesFactory, seed: Seed, jump: float
+) -> None:
+    now, monotonic = Clock(), Clock(5.0)
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=monotonic))
+    now.value += jump
+    monotonic.value += 40
+    seed.run(sandbox, "echo a")
+    # Several renewals, with the clock moving again between them.
+    now.value -= jump / 2
+    monotonic.value += 40
+    seed.run(sandbox, "echo b")
+    assert shutdowns(mock.requests) == [at(60), at(100), at(140)]
+    assert len(claim_names(mock.requests)) == 1
+    # The local deadline is the committed one: just before it the claim is
+    # renewed and kept, just after it replaced without renewal.
+    monotonic.value += 59.999
+    seed.run(sandbox, "echo c")
+    assert len(claim_names(mock.requests)) == 1
+    # 139.999 s elapsed plus the lifetime, rounded up to the second.
+    assert shutdowns(mock.requests)[-1] == at(200)
+    monotonic.value += 60.001
+    seed.run(sandbox, "echo d")
+    assert len(claim_names(mock.requests)) == 2
+    sandbox.dispose()
+
+
+# seed: "renews on wall elapsed time after a suspend stopped the monotonic clock"
+def test_renews_on_wall_elapsed_time_after_a_suspend(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    now, monotonic = Clock(), Clock(0.0)
+    mock = kubernetes_server()
+    sandbox = seed.activate(
+        kubernetes(mock.url, lifetime_seconds=3600, now=now, monotonic=monotonic)
+    )
+    # Asleep for 45 minutes; the monotonic clock advanced 5.
+    now.value += 45 * 60
+    monotonic.value += 5 * 60
+    seed.run(sandbox, "echo a")
+    assert shutdowns(mock.requests) == [at(3600), at(45 * 60 + 3600)]
+    assert len(claim_names(mock.requests)) == 1
+    sandbox.dispose()
+
+
+# seed: "replaces a claim the wall clock says expired during a suspend, without reviving it"
+def test_replaces_a_claim_that_expired_during_a_suspend(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    now, monotonic = Clock(), Clock(0.0)
+    mock = kubernetes_server()
+    sandbox = seed.activate(
+        kubernetes(mock.url, lifetime_seconds=3600, now=now, monotonic=monotonic)
+    )
+    now.value += 61 * 60
+    monotonic.value += 5 * 60
+    seed.run(sandbox, "echo ok")
+    assert len(claim_names(mock.requests)) == 2
+    assert count(mock, "PATCH") == 0
+    sandbox.dispose()
+
+
+# seed: "never lets a late keepalive revive a claim past its shutdownTime"
+def test_a_late_keepalive_never_revives_a_claim(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    now = Clock()
+    mock = kubernetes_server(hang_sleep)
+    # Frozen monotonic clock: the machine slept, only the wall clock moved.
+    sandbox = seed.activate(
+        kubernetes(mock.url, lifetime_seconds=1, now=now, monotonic=lambda: 0.0)
+    )
+    cancel = threading.Event()
+    pending = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    wait_until(lambda: sent(mock, "sleep 600"))
+    # The command runs; the machine sleeps past the claim's shutdownTime.
+    now.value += 5
+    # Two keepalive intervals pass with the claim already expired.
+    time.sleep(0.7)
+    assert count(mock, "PATCH") == 0
+    cancel.set()
+    with pytest.raises(CommandCancelled):
+        pending.result(10)
+    sandbox.dispose()
+
+
+# seed: "counts a forward jump as elapsed time: renewal comes earlier, and shutdownTime moves by at most the jump"  # noqa: E501
+def test_counts_a_forward_jump_as_elapsed_time(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    now, monotonic = Clock(), Clock(0.0)
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=monotonic))
+    # 10 s pass and the clock is also set 25 s ahead: 35 s count.
+    now.value += 35
+    monotonic.value += 10
+    seed.run(sandbox, "echo a")
+    # Monotonic time alone would neither renew yet nor give T + 70 s; the jump
+    # lengthens the lifetime by at most its own 25 s.
+    assert shutdowns(mock.requests) == [at(60), at(95)]
+    # A jump past the committed shutdownTime counts as expiry.
+    now.value += 86_400
+    seed.run(sandbox, "echo b")
+    assert len(claim_names(mock.requests)) == 2
+    assert count(mock, "PATCH") == 1
+    sandbox.dispose()
+
+
+# seed: "expires a claim locally at its committed shutdownTime after the clock moved backward"
+def test_expires_a_claim_locally_after_the_clock_moved_back(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    now, monotonic = Clock(), Clock(0.0)
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=monotonic))
+    now.value -= 3600
+    monotonic.value += 61
+    seed.run(sandbox, "echo ok")
+    # Past the committed shutdownTime: replaced, never revived by a PATCH.
+    assert len(claim_names(mock.requests)) == 2
+    assert count(mock, "PATCH") == 0
+    sandbox.dispose()
+
+
+# seed: "times out waiting for Ready after the configured time when the clock jumps %s"
+@pytest.mark.parametrize(
+    "jump", [pytest.param(-3600.0, id="backward"), pytest.param(3600.0, id="forward")]
+)
+def test_times_out_waiting_for_ready_when_the_clock_jumps(
+    kubernetes_server: KubernetesFactory,
+    seed: Seed,
+    monkeypatch: pytest.MonkeyPatch,
+    jump: float,
+) -> None:
+    mock = kubernetes_server(None, Cluster(never_ready=True))
+    wall = time.time
+    started = time.monotonic()
+
+    def jumping() -> float:
+        return wall() + (jump if time.monotonic() - started > 0.1 else 0.0)
+
+    monkeypatch.setattr(time, "time", jumping)
+    backend = kubernetes(mock.url, ready_timeout=0.6, now=jumping)
+    failure = failure_of(lambda: backend.prepare(seed.profile()))
+    elapsed = time.monotonic() - started
+    assert "did not become ready in time" in str(failure)
+    # Not cut short by a forward jump, not stretched by a backward one.
+    assert 0.55 <= elapsed < 15
+    assert mock.live_claims == []
+
+
+# ---------------------------------------------------------------- dispose and credentials
+
+
+# seed: "disposes idempotently"
+def test_disposes_idempotently(
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+) -> None:
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url))
+    both = [pool.submit(sandbox.dispose), pool.submit(sandbox.dispose)]
+    for future in both:
+        future.result(10)
+    sandbox.dispose()
+    assert count(mock, "DELETE") == 1
+
+
+# seed: "sends a bearer to the API and the router only when a credential is given"
+def test_sends_a_bearer_only_when_a_credential_is_given(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url, credential=lambda: "runtime-credential-2"))
+    seed.run(sandbox, "true")
+    sandbox.dispose()
+    assert {r.headers.get("authorization") for r in mock.requests} == {
+        "Bearer runtime-credential-2"
+    }
+    assert leaks(mock.requests, "runtime-credential-2", ["authorization"]) == []
+
+
+def test_sends_no_authorization_without_a_credential(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    # The other half of the seed case above: no credential, no header at all.
+    mock = kubernetes_server()
+    sandbox = seed.activate(kubernetes(mock.url))
+    seed.run(sandbox, "true")
+    sandbox.dispose()
+    assert all("authorization" not in r.headers for r in mock.requests)
+
+
+class Rejections:
+    """A ``credential_rejected`` callback that counts its calls and says "renewed"."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> bool:
+        self.count += 1
+        return True
+
+
+# seed: "reports an RBAC 403 on claim creation without rejecting the bearer"
+def test_reports_an_rbac_403_on_claim_creation(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    token = "fake-bearer-SENTINEL-0006"
+    mock = kubernetes_server(None, Cluster(token=token, create_status=403))
+    rejected = Rejections()
+    backend = kubernetes(mock.url, credential=lambda: token, credential_rejected=rejected)
+    error = failure_of(lambda: seed.activate(backend))
+    assert isinstance(error, PiShipError)
+    assert error.code == "SANDBOX_UNAVAILABLE"
+    assert "creating the SandboxClaim failed: HTTP 403" in str(error)
+    assert token not in str(error)
+    assert rejected.count == 0
+    assert count(mock, "POST", CLAIMS) == 1
+
+
+# seed: "reports an RBAC 403 from the router without rejecting the bearer"
+def test_reports_an_rbac_403_from_the_router(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    token = "fake-bearer-SENTINEL-0007"
+    mock = kubernetes_server(
+        lambda command: {"status": 403} if "forbidden" in command else {"stdout": "ok\n"},
+        Cluster(token=token),
+    )
+    rejected = Rejections()
+    sandbox = seed.activate(
+        kubernetes(mock.url, credential=lambda: token, credential_rejected=rejected)
+    )
+    error = failure_of(lambda: seed.run(sandbox, "echo forbidden"))
+    assert "running the command failed: HTTP 403" in str(error)
+    assert token not in str(error)
+    assert rejected.count == 0
+    # The credential stays usable for the next command.
+    assert seed.run(sandbox, "echo ok").output == "ok\n"
+    assert rejected.count == 0
+    assert len(claim_names(mock.requests)) == 1
+    sandbox.dispose()
+
+
+# seed: "rejects the bearer on a 401 and creates no claim"
+def test_rejects_the_bearer_on_a_401_and_creates_no_claim(
+    kubernetes_server: KubernetesFactory, seed: Seed
+) -> None:
+    mock = kubernetes_server(None, Cluster(token="fake-bearer-expected-0000"))
+    rejected = Rejections()
+    backend = kubernetes(
+        mock.url, credential=lambda: "fake-bearer-SENTINEL-0008", credential_rejected=rejected
+    )
+    error = failure_of(lambda: seed.activate(backend))
+    assert isinstance(error, PiShipError)
+    assert error.code == "SANDBOX_UNAVAILABLE"
+    assert "HTTP 401" in str(error)
+    assert "fake-bearer-SENTINEL-0008" not in str(error)
+    assert rejected.count >= 1
+    # The API refused the bearer before any claim was requested.
+    assert count(mock, "POST", CLAIMS) == 0
+
+
+# seed: "quotes commands and environment for the runtime's shell-like split"
+def test_quotes_commands_and_environment() -> None:
+    assert (
+        runtime_command(
+            ExecRequest('echo "it\'s" && ls', "/unused", ".", {"A": "x y", "BAD NAME": "z"}),
+            None,
+        )
+        == "env 'A=x y' /bin/sh -c 'echo \"it'\"'\"'s\" && ls'"
+    )
+    assert (
+        runtime_command(ExecRequest("ls", "/unused", "a/b", {}), "/workspace")
+        == "env /bin/sh -c 'cd -- '\"'\"'/workspace/a/b'\"'\"' && ls'"
+    )
+
+
+# seed: "rejects names that are not Kubernetes resource names"
+def test_rejects_names_that_are_not_kubernetes_resource_names() -> None:
+    with pytest.raises(ValueError, match="Kubernetes resource names"):
+        kubernetes("http://127.0.0.1:1", namespace="Agents")
