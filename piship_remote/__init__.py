@@ -41,7 +41,32 @@ _EXPORTS = {
     "Frame": "piship_remote.connect",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "activate_sandbox",
+    "Sandbox",
+    "ExecResult",
+    "CommandResult",
+    "describe_containment",
+    "ContainmentReport",
+    "NetworkDenial",
+    "WorkspaceReport",
+    "Capabilities",
+    "SandboxPolicy",
+    "SandboxProfile",
+    "E2bCompatibleBackend",
+    "KubernetesAgentSandboxBackend",
+    "runtime_command",
+    "ExecRequest",
+    "BackendResult",
+    "PiShipError",
+    "CommandTimeout",
+    "CommandCancelled",
+    "CommandFailed",
+    "connect_envelope",
+    "EnvelopeReader",
+    "Frame",
+]
 
 if TYPE_CHECKING:
     from piship_remote.activation import ExecResult, Sandbox, activate_sandbox

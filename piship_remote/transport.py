@@ -746,8 +746,8 @@ class Transport:
         if settings is None:
             if len(self._settings) >= _SETTINGS_CACHE:
                 self._settings.clear()
-            settings = self._session.merge_environment_settings(
-                url, {}, True, self._verify, None
+            settings = dict(
+                self._session.merge_environment_settings(url, {}, True, self._verify, None)
             )
             if settings.get("verify") is False:  # e.g. a session default changed later
                 settings["verify"] = True

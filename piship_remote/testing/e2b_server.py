@@ -248,6 +248,23 @@ class E2bServer(RecordingServer):
         return answer
 
     def _events(self, answer: CommandAnswer, tag: str | None) -> Iterator[bytes]:
+        if not answer.get("hang"):
+            yield from self._answer_events(answer, None)
+            return
+        # Listen for SendSignal before the start frame goes out: a client may send
+        # it as soon as it has the pid (the official SDK's kill() does).
+        entry = (tag, threading.Event())
+        with self._state:
+            self._hung.append(entry)
+        try:
+            yield from self._answer_events(answer, entry)
+        finally:
+            with self._state:
+                self._hung.remove(entry)
+
+    def _answer_events(
+        self, answer: CommandAnswer, hung: tuple[str | None, threading.Event] | None
+    ) -> Iterator[bytes]:
         keepalive = bool(answer.get("keepalive"))
         yield _event({"start": {"pid": PID}})
         if keepalive:
@@ -261,8 +278,8 @@ class E2bServer(RecordingServer):
             raise DropConnection
         if answer.get("drop"):
             raise DropConnection
-        if answer.get("hang"):
-            if not self._hang(tag):
+        if hung is not None:
+            if not self._hang(*hung):
                 raise DropConnection
             if answer.get("killed_end"):
                 yield _event({"end": dict(KILLED_END)})
@@ -277,19 +294,12 @@ class E2bServer(RecordingServer):
         if not answer.get("no_end_stream"):
             yield connect_envelope({}, END_STREAM)
 
-    def _hang(self, tag: str | None) -> bool:
+    def _hang(self, tag: str | None, gate: threading.Event) -> bool:
         """Wait for a SendSignal; True when one came, False when the server closed."""
-        gate = threading.Event()
-        entry = (tag, gate)
         with self._state:
             if tag is not None and tag in self._killed:
                 return True
-            self._hung.append(entry)
-        try:
-            return self.wait(gate)
-        finally:
-            with self._state:
-                self._hung.remove(entry)
+        return self.wait(gate)
 
 
 def _start_request(body: bytes) -> dict[str, Any] | None:
