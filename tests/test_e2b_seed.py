@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
+from seed_support import SECRETS, Run, Seed, seed_policy
 
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
 from piship_remote.errors import CommandTimeout, PiShipError
@@ -26,19 +25,6 @@ from piship_remote.testing import E2bServer, Recorded, leaks
 
 E2bFactory = Callable[..., E2bServer]
 
-SECRETS = {
-    "ACME_API_TOKEN": "sk-live-never-in-remote-backends",
-    "AWS_SECRET_ACCESS_KEY": "aws-never-in-remote-backends",
-    "GITHUB_TOKEN": "ghp_never_in_remote_backends_0000000000",
-}
-ENV = {
-    "PATH": "/opt/host/bin",
-    "HOME": "/home/alice",
-    "LANG": "C.UTF-8",
-    "DOCS_MODE": "demo",
-    "UNLISTED_VARIABLE": "unlisted-host-value",
-    **SECRETS,
-}
 
 DOCTOR_LINE = (
     "enforced by e2b-compatible (required, attested by the backend): network-deny, "
@@ -53,65 +39,11 @@ DOCTOR_LINE = (
 pytestmark = pytest.mark.timeout(20)
 
 
-def policy(**overrides: Any) -> dict[str, Any]:
-    """The seed's policy: required, deny network, the five-name allow list."""
-    return {
-        "required": True,
-        "filesystem": {"read": {"deny": ["~/.ssh"]}, "write": {"allow": ["workspace"]}},
-        "network": {"mode": "deny"},
-        "environment": {"allow": ["PATH", "HOME", "LANG", "DOCS_MODE", "ACME_API_TOKEN"]},
-        **overrides,
-    }
-
-
 def e2b(url: str, **options: Any) -> E2bCompatibleBackend:
     """The seed's ``e2b(url, options)``: template ``piship-workspace``, envd on the mock."""
     return E2bCompatibleBackend(
         endpoint=url, envd_url=url, **{"template": "piship-workspace", **options}
     )
-
-
-@attrs.frozen
-class Run:
-    exit_code: int
-    output: str
-
-
-@attrs.frozen
-class Seed:
-    """The seed's test setup: ``activate`` and ``run`` over one temporary workspace."""
-
-    workspace: Path
-    home: Path
-
-    def activate(
-        self, backend: E2bCompatibleBackend, config: Mapping[str, Any] | None = None
-    ) -> Sandbox:
-        return activate_sandbox(
-            policy() if config is None else config,
-            backend=backend,
-            workspace=self.workspace,
-            home_dir=self.home,
-            env=ENV,
-            settle_timeout=2.0,
-        )
-
-    def run(
-        self,
-        sandbox: Sandbox,
-        command: str,
-        *,
-        cwd: Path | None = None,
-        timeout: float | None = None,
-    ) -> Run:
-        output = bytearray()
-        result = sandbox.exec(
-            command,
-            self.workspace if cwd is None else cwd,
-            on_data=output.extend,
-            timeout=timeout,
-        )
-        return Run(result.exit_code, output.decode())
 
 
 @pytest.fixture
@@ -257,9 +189,7 @@ def test_maps_the_workspace_onto_a_workdir_and_allows_network_only_when_asked(
 ) -> None:
     # seed: "maps the workspace onto a configured workdir and allows the network only when asked"
     mock = e2b_server(command=lambda start: {"stdout": f"{start['process']['cwd']}\n"})
-    sandbox = seed.activate(
-        e2b(mock.url, workdir="/workspace/repo"), policy(network={"mode": "allow"})
-    )
+    sandbox = seed.activate(e2b(mock.url, workdir="/workspace/repo"), seed_policy("allow"))
     assert seed.run(sandbox, "pwd").output == "/workspace/repo\n"
     assert seed.run(sandbox, "pwd", cwd=seed.workspace / "sub").output == "/workspace/repo/sub\n"
     sandbox.dispose()

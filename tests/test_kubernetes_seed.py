@@ -18,46 +18,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
+from seed_support import SECRETS, Run, Seed, seed_policy
 
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, runtime_command
 from piship_remote.backends.lifetime import micros, rfc3339
 from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
-from piship_remote.policy import SandboxProfile
 from piship_remote.testing import CLAIMS, THREAD_PREFIX, Cluster, KubernetesServer, Recorded, leaks
 
 KubernetesFactory = Callable[..., KubernetesServer]
 
-SECRETS = {
-    "ACME_API_TOKEN": "sk-live-never-in-remote-backends",
-    "AWS_SECRET_ACCESS_KEY": "aws-never-in-remote-backends",
-    "GITHUB_TOKEN": "ghp_never_in_remote_backends_0000000000",
-}
-ENV = {
-    "PATH": "/opt/host/bin",
-    "HOME": "/home/alice",
-    "LANG": "C.UTF-8",
-    "DOCS_MODE": "demo",
-    "UNLISTED_VARIABLE": "unlisted-host-value",
-    **SECRETS,
-}
 T = 1790618400.0  # 2026-09-28T18:00:00Z, the seed's clock origin
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def policy(**overrides: Any) -> dict[str, Any]:
-    """The seed's policy; Kubernetes activations use network ``allow``."""
-    return {
-        "required": True,
-        "filesystem": {"read": {"deny": ["~/.ssh"]}, "write": {"allow": ["workspace"]}},
-        "network": {"mode": "allow"},
-        "environment": {"allow": ["PATH", "HOME", "LANG", "DOCS_MODE", "ACME_API_TOKEN"]},
-        **overrides,
-    }
 
 
 def kubernetes(url: str, **options: Any) -> KubernetesAgentSandboxBackend:
@@ -69,57 +43,6 @@ def kubernetes(url: str, **options: Any) -> KubernetesAgentSandboxBackend:
         **options,
     }
     return KubernetesAgentSandboxBackend(endpoint=url, router=url, **settings)
-
-
-@attrs.frozen
-class Run:
-    exit_code: int
-    output: str
-
-
-@attrs.frozen
-class Seed:
-    """The seed's ``activate`` and ``run`` over one temporary workspace."""
-
-    workspace: Path
-    home: Path
-
-    def activate(
-        self, backend: KubernetesAgentSandboxBackend, config: Mapping[str, Any] | None = None
-    ) -> Sandbox:
-        return activate_sandbox(
-            policy() if config is None else config,
-            backend=backend,
-            workspace=self.workspace,
-            home_dir=self.home,
-            env=ENV,
-            settle_timeout=2.0,
-        )
-
-    def run(
-        self,
-        sandbox: Sandbox,
-        command: str,
-        *,
-        cwd: Path | None = None,
-        timeout: float | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Run:
-        output = bytearray()
-        result = sandbox.exec(
-            command,
-            self.workspace if cwd is None else cwd,
-            on_data=output.extend,
-            timeout=timeout,
-            cancel=cancel,
-        )
-        return Run(result.exit_code, output.decode())
-
-    def request(self, command: str) -> ExecRequest:
-        return ExecRequest(command, str(self.workspace), ".", {})
-
-    def profile(self) -> SandboxProfile:
-        return SandboxProfile(workspace=str(self.workspace), network="allow")
 
 
 class Clock:
@@ -158,7 +81,7 @@ def no_thread_left() -> Iterator[None]:
 
 @pytest.fixture
 def seed(workspace: Path, home: Path) -> Seed:
-    return Seed(workspace, home)
+    return Seed(workspace, home, network="allow")
 
 
 @pytest.fixture
@@ -236,9 +159,7 @@ def test_never_declares_filesystem_path_planes() -> None:
 # seed: "refuses Kubernetes network deny without authoritative NetworkPolicy evidence"
 def test_refuses_network_deny(kubernetes_server: KubernetesFactory, seed: Seed) -> None:
     mock = kubernetes_server()
-    error = failure_of(
-        lambda: seed.activate(kubernetes(mock.url), policy(network={"mode": "deny"}))
-    )
+    error = failure_of(lambda: seed.activate(kubernetes(mock.url), seed_policy("deny")))
     assert isinstance(error, PiShipError)
     assert error.code == "SANDBOX_UNAVAILABLE"
     assert count(mock, "POST", CLAIMS) == 0
