@@ -966,6 +966,31 @@ def test_silent_stream_fails_after_the_idle_timeout(
     instance.dispose()
 
 
+def test_a_stream_that_went_silent_has_its_command_killed(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    mock = e2b_server(command=lambda start: {"hang": True})
+    instance = backend_for(mock.url, stream_idle_timeout=0.3).prepare(profile)
+    with pytest.raises(PiShipError):
+        run(instance)
+    signal = mock.wait_for("POST", "/process.Process/SendSignal", timeout=2.0)
+    assert signal.json()["process"]["tag"] == start_bodies(mock)[-1]["tag"]
+    instance.dispose()
+
+
+def test_dispose_lets_a_kill_on_its_way_arrive(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared(command=hanging)
+    cancel = threading.Event()
+    output = Output()
+    cancel_when(output.first, cancel)
+    with pytest.raises(CommandCancelled):
+        run(instance, "sleep 600", output=output, cancel=cancel)
+    instance.dispose()
+    assert mock.count("POST", "/process.Process/SendSignal") == 1
+
+
 # -- cancel ---------------------------------------------------------------------------------------
 
 

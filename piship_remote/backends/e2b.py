@@ -304,7 +304,7 @@ class _Envd:
             raise
         return response
 
-    def kill(self, tag: str, cancel: threading.Event) -> None:
+    def kill(self, tag: str, cancel: threading.Event | None) -> None:
         """SendSignal SIGKILL to the command tagged ``tag`` (plain JSON, short deadline)."""
         self._transport.request(
             "POST",
@@ -687,7 +687,14 @@ class E2bInstance:
                 tag=tag,
             )
             with self._envd.start(start, token, request.timeout) as response:
-                return _read_stream(response, on_stdout, on_stderr, self._errors)
+                try:
+                    return _read_stream(response, on_stdout, on_stderr, self._errors)
+                except PiShipError:
+                    if not token.is_set():
+                        # The stream broke (idle, dropped): envd keeps a command running
+                        # after a disconnect, so kill what can no longer be watched.
+                        self._signal(tag)
+                    raise
         finally:
             forget_kill()
 
@@ -708,7 +715,8 @@ class E2bInstance:
 
     def _kill(self, tag: str) -> None:
         try:
-            self._envd.kill(tag, self._closing)
+            # Not cancelled by dispose: a kill on its way must arrive (it has a short deadline).
+            self._envd.kill(tag, None)
         except Exception:
             pass  # best effort: the stream is closed anyway
         finally:
