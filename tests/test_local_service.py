@@ -282,6 +282,21 @@ def test_create_answers_the_e2b_sandbox_shape(client: Client) -> None:
 
 
 @needs_bwrap
+def test_sandbox_details_have_the_fields_the_official_sdk_reads(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    response = client.control("GET", f"/sandboxes/{sandbox['sandboxID']}")
+    assert response.status_code == 200
+    detail = response.json()
+    assert detail["sandboxID"] == sandbox["sandboxID"]
+    assert detail["state"] == "running"
+    for field in ("cpuCount", "memoryMB", "diskSizeMB"):
+        assert isinstance(detail[field], int) and detail[field] > 0
+    for field in ("startedAt", "endAt"):
+        assert detail[field].endswith("Z")
+
+
+@needs_bwrap
 def test_create_with_a_wrong_json_type_is_400_naming_the_field(client: Client) -> None:
     response = client.control("POST", "/sandboxes", json={"templateID": "base", "timeout": "5"})
     assert response.status_code == 400
@@ -534,7 +549,7 @@ def test_send_signal_kills_the_command_and_its_children(
     assert response.status_code == 200
     assert response.json() == {}
     stream.finish()
-    assert stream.end == {"exitCode": -1, "status": "signal: killed"}
+    assert stream.end == {"exitCode": -1, "status": "signal: killed", "error": "signal: killed"}
     assert stream.trailer == {}
     assert gone(lambda: not marked(mark))
 
@@ -583,7 +598,11 @@ def test_sigterm_by_pid_ends_the_command_as_terminated(
         timeout=HTTP_TIMEOUT,
     )
     assert response.status_code == 200
-    assert stream.finish().end == {"exitCode": -1, "status": "signal: terminated"}
+    assert stream.finish().end == {
+        "exitCode": -1,
+        "status": "signal: terminated",
+        "error": "signal: terminated",
+    }
 
 
 @needs_bwrap

@@ -20,7 +20,9 @@ created with ``"allow_internet_access": true`` (E2B's default is to allow)::
 from __future__ import annotations
 
 import hmac
+import os
 import re
+import shutil
 import time
 from datetime import datetime, timezone
 
@@ -43,6 +45,7 @@ __all__ = ["CLIENT_ID", "ENVD_VERSION", "ControlPlane"]
 ENVD_VERSION = "0.4.0"
 CLIENT_ID = "piship-local"
 MAX_REFRESH = 3600
+MIB = 1024 * 1024
 _SANDBOX_PATH = re.compile(r"/sandboxes/([A-Za-z0-9-]{1,128})(/timeout|/refreshes)?\Z")
 
 
@@ -136,6 +139,10 @@ def _detail(sandbox: Sandbox, left: float) -> SandboxDetail:
         envd_access_token=sandbox.access_token,
         started_at=_rfc3339(sandbox.started_at),
         end_at=_rfc3339(time.time() + left),
+        # No limits are enforced: these are the host's, which the sandbox shares.
+        cpu_count=os.cpu_count() or 1,
+        memory_mb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB,
+        disk_size_mb=shutil.disk_usage(sandbox.home).total // MIB,
         metadata=sandbox.metadata,
     )
 

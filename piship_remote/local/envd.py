@@ -174,7 +174,7 @@ def _ending(exited: Exited) -> Iterator[bytes]:
         return
     if exited.killed is not None:
         status = _SIGNAL_STATUS.get(exited.signal or signal.SIGKILL, "signal: killed")
-        yield _event("end", EndEvent(exit_code=-1, exited=False, status=status))
+        yield _event("end", EndEvent(exit_code=-1, exited=False, status=status, error=status))
     else:
         code = exited.exit_code
         status = f"exit status {code}"

@@ -71,6 +71,11 @@ class Sandbox:
         self._deleted: str | None = None
 
     @property
+    def home(self) -> str:
+        """The host directory mounted as the sandbox's home."""
+        return self._jail.home
+
+    @property
     def network(self) -> bool:
         """Whether this sandbox's commands share the host's network."""
         return self._jail.network

@@ -102,6 +102,9 @@ class SandboxDetail:
     envd_access_token: str
     started_at: str
     end_at: str
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
     state: str = "running"
     metadata: dict[str, str] = attrs.field(factory=dict)
 
@@ -215,6 +218,9 @@ _RENAMES: Mapping[type, Mapping[str, str]] = {
         "envd_access_token": "envdAccessToken",
         "started_at": "startedAt",
         "end_at": "endAt",
+        "cpu_count": "cpuCount",
+        "memory_mb": "memoryMB",
+        "disk_size_mb": "diskSizeMB",
     },
     EndEvent: {"exit_code": "exitCode"},
 }
