@@ -38,6 +38,7 @@ import ipaddress
 import json as jsonlib
 import re
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -81,6 +82,7 @@ _GAI_NAMES = {
 }
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SETTINGS_CACHE = 256  # origins whose proxy settings are remembered
+_HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sandbox)
 _IPV6_LOOPBACK = ipaddress.IPv6Address("::1")
 
 # Transport-level failures a call can end with; anything else (a bug, a bad argument)
@@ -251,10 +253,13 @@ class _Connection(urllib3.connection.HTTPConnection):
                 if remaining <= 0:
                     raise TimeoutError("the deadline passed before the response")
                 self.timeout = remaining  # getresponse() applies it to the socket
-            scope.attach(sock)
-            scope.drop_owned()
-            scope.socket = sock
-            self._piship_scope, self._piship_socket = scope, sock
+            if isinstance(sock, socket.socket):
+                scope.attach(sock)
+                scope.drop_owned()
+                scope.socket = sock
+                self._piship_scope, self._piship_socket = scope, sock
+            # else TLS inside TLS (an HTTPS proxy): the duplicate of the TCP socket
+            # registered at connect time stays the one a cancel shuts down.
         return super().getresponse()
 
     def disown(self) -> None:
@@ -367,8 +372,10 @@ class _Call:
 
     def watch(self, cancel: threading.Event, watcher: EventWatcher) -> None:
         stack = self._cleanup = ExitStack()
-        token = cancel if isinstance(cancel, CancelToken) else stack.enter_context(
-            bridge(cancel, watcher)
+        token = (
+            cancel
+            if isinstance(cancel, CancelToken)
+            else stack.enter_context(bridge(cancel, watcher))
         )
         stack.callback(token.on_cancel(self.scope.cancel))
 
@@ -422,9 +429,16 @@ def _timed_out(exc: BaseException) -> bool:
 
 
 def _failure_code(exc: BaseException) -> str:
-    """The first system error name in the chain (``ECONNREFUSED``), else ``network error``."""
+    """The first system error name in the chain (``ECONNREFUSED``), else ``network error``.
+
+    A TLS failure is named by OpenSSL's reason (``CERTIFICATE_VERIFY_FAILED``): its
+    ``errno`` is an OpenSSL error class, not a system error.
+    """
     for e in _chain(exc):
-        if isinstance(e, socket.gaierror):
+        name: str | None
+        if isinstance(e, ssl.SSLError):
+            name = e.reason if isinstance(e.reason, str) else None
+        elif isinstance(e, socket.gaierror):
             name = _GAI_NAMES.get(e.errno) if isinstance(e.errno, int) else None
         elif isinstance(e, OSError) and isinstance(e.errno, int):
             name = errno.errorcode.get(e.errno)
@@ -600,7 +614,7 @@ class Transport:
         # A CA bundle path configured on the given session is kept; never False.
         self._verify: bool | str = verify if isinstance(verify, str) else True
         self._adapter = _CancellableAdapter(
-            pool_maxsize=pool_size, pool_block=False, max_retries=0
+            pool_connections=_HOSTS, pool_maxsize=pool_size, pool_block=False, max_retries=0
         )
         self._session.mount("http://", self._adapter)
         self._session.mount("https://", self._adapter)
@@ -721,9 +735,17 @@ class Transport:
             data = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
             if not any(name.lower() == "content-type" for name in all_headers):
                 all_headers["Content-Type"] = "application/json"
-        prepared = self._session.prepare_request(
-            requests.Request(method, url, headers=all_headers, data=data, auth=_no_auth)
-        )
+        try:
+            prepared = self._session.prepare_request(
+                requests.Request(method, url, headers=all_headers, data=data, auth=_no_auth)
+            )
+        except requests.exceptions.InvalidHeader:
+            # requests' message quotes the value, which may be a credential.
+            raise PiShipError(
+                "CONFIG_INVALID",
+                "A request header value is not valid (line breaks or surrounding whitespace)",
+                component=self.component,
+            ) from None
         settings = self._settings_for(call.origin, url)
         remaining = call.scope.remaining()
         if remaining is not None and remaining <= 0:
@@ -749,10 +771,9 @@ class Transport:
             settings = dict(
                 self._session.merge_environment_settings(url, {}, True, self._verify, None)
             )
-            if settings.get("verify") is False:  # e.g. a session default changed later
-                settings["verify"] = True
             self._settings[origin] = settings
         return settings
+
 
 def _check_url(url: str) -> tuple[str, str]:
     """Apply the endpoint rules to ``url``; returns ``host[:port]`` and the origin."""
