@@ -143,6 +143,7 @@ def _detail(sandbox: Sandbox, left: float) -> SandboxDetail:
         cpu_count=os.cpu_count() or 1,
         memory_mb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB,
         disk_size_mb=shutil.disk_usage(sandbox.home).total // MIB,
+        state="running",
         metadata=sandbox.metadata,
     )
 

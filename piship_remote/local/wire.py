@@ -105,7 +105,7 @@ class SandboxDetail:
     cpu_count: int
     memory_mb: int
     disk_size_mb: int
-    state: str = "running"
+    state: str
     metadata: dict[str, str] = attrs.field(factory=dict)
 
 
