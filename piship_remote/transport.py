@@ -36,6 +36,7 @@ import errno
 import http.client
 import ipaddress
 import json as jsonlib
+import logging
 import re
 import socket
 import ssl
@@ -67,6 +68,7 @@ __all__ = ["Credential", "HttpResponse", "Transport", "TransportError"]
 # The largest single read of a body: big enough that streaming hundreds of MiB costs
 # few Python-level iterations, while read1() still returns whatever has arrived.
 _CHUNK = 256 * 1024
+_LOG = logging.getLogger("piship_remote")
 # What a non-streamed request reads before returning; a small body (the usual control-
 # plane answer) is then complete and its connection already back in the pool.
 _EAGER_BYTES = 64 * 1024
@@ -653,7 +655,8 @@ class Transport:
         target = _check_url(url)
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
         call = _Call(self, target, deadline, stream, idle_timeout)
         try:
             if cancel is not None:
@@ -662,9 +665,11 @@ class Transport:
         except BaseException as exc:
             call.finish()
             mapped = call.error(exc)
+            self._log(method, url, type(mapped).__name__, started)
             if mapped is exc:
                 raise
             raise mapped from None
+        self._log(method, url, response.status_code, started)
         result = HttpResponse(response, call)
         if call.scope.cancelled:
             result.close()
@@ -676,6 +681,13 @@ class Transport:
                 result.close()
                 raise
         return result
+
+    def _log(self, method: str, url: str, outcome: object, started: float) -> None:
+        """One DEBUG line per request: method, path (redacted), outcome, time taken."""
+        if _LOG.isEnabledFor(logging.DEBUG):
+            elapsed = (time.monotonic() - started) * 1000
+            path = self.redactor.redact(urllib.parse.urlsplit(url).path)
+            _LOG.debug("%s %s %s -> %s in %.1f ms", self.component, method, path, outcome, elapsed)
 
     def credentialed(
         self,

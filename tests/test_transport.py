@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -1009,3 +1010,18 @@ def test_a_session_without_tls_verification_is_refused(redactor: Redactor) -> No
     with pytest.raises(PiShipError) as caught:
         Transport(redactor=redactor, session=session)
     assert caught.value.code == "TLS_POLICY_VIOLATION"
+
+
+def test_each_request_logs_one_redacted_debug_line(
+    httpserver: HTTPServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    redactor = Redactor()
+    redactor.register("secret-path-token-0001")
+    transport = Transport(redactor=redactor)
+    httpserver.expect_request("/sandboxes/secret-path-token-0001").respond_with_data("ok")
+    with caplog.at_level(logging.DEBUG, logger="piship_remote"):
+        transport.request("GET", httpserver.url_for("/sandboxes/secret-path-token-0001")).close()
+    transport.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "piship_remote"]
+    assert len(lines) == 1
+    assert lines[0].startswith("sandbox GET /sandboxes/[REDACTED] -> 200 in ")
