@@ -65,6 +65,7 @@ class EnvelopeReader:
         self._offset = 0
 
     def push(self, data: bytes) -> list[Frame]:
+        """Add ``data``; the frames it completed, in order (none while one is partial)."""
         self._buffer += data
         frames: list[Frame] = []
         while (frame := self._next()) is not None:
