@@ -1,0 +1,66 @@
+"""The Connect envelope codec."""
+
+from __future__ import annotations
+
+import pytest
+
+from piship_remote.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
+
+
+def test_an_envelope_is_flags_length_and_compact_json() -> None:
+    payload = '{"a":[1,"é"]}'.encode()
+    assert connect_envelope({"a": [1, "é"]}, END_STREAM) == b"\x02\x00\x00\x00\x0e" + payload
+
+
+@pytest.mark.parametrize("split", range(1, 30))
+def test_frames_split_anywhere_decode_the_same(split: int) -> None:
+    data = connect_envelope({"event": {"start": {"pid": 1}}}) + connect_envelope({}, END_STREAM)
+    reader = EnvelopeReader()
+    frames = reader.push(data[:split]) + reader.push(data[split:])
+    assert frames == [Frame(0, {"event": {"start": {"pid": 1}}}), Frame(END_STREAM, {})]
+    assert reader.pending == 0
+
+
+def test_one_byte_at_a_time() -> None:
+    data = b"".join(connect_envelope({"n": n}) for n in range(20))
+    reader = EnvelopeReader()
+    frames = [frame for byte in data for frame in reader.push(bytes([byte]))]
+    assert [frame.message["n"] for frame in frames] == list(range(20))
+
+
+def test_an_empty_payload_or_a_non_object_is_an_empty_message() -> None:
+    reader = EnvelopeReader()
+    assert reader.push(b"\x00\x00\x00\x00\x00" + connect_envelope([1, 2])) == [  # type: ignore[arg-type]
+        Frame(0, {}),
+        Frame(0, {}),
+    ]
+
+
+def test_an_oversized_frame_is_refused_before_its_payload_arrives() -> None:
+    header = b"\x00" + (64 * 1024 * 1024).to_bytes(4, "big")
+    with pytest.raises(ValueError, match="oversized"):
+        EnvelopeReader().push(header)
+
+
+def test_a_compressed_frame_is_refused() -> None:
+    with pytest.raises(ValueError, match="compressed"):
+        EnvelopeReader().push(connect_envelope({}, 0x01))
+
+
+def test_a_payload_that_is_not_json_is_refused() -> None:
+    with pytest.raises(ValueError, match="not JSON"):
+        EnvelopeReader().push(b"\x00\x00\x00\x00\x03{x}")
+
+
+def test_a_partial_frame_is_held_until_complete() -> None:
+    data = connect_envelope({"big": "x" * 100_000})
+    reader = EnvelopeReader()
+    for start in range(0, len(data) - 1, 4096):
+        assert reader.push(data[start : min(start + 4096, len(data) - 1)]) == []
+    assert reader.pending == len(data) - 1
+    assert reader.push(data[-1:]) == [Frame(0, {"big": "x" * 100_000})]
+
+
+def test_end_stream_is_a_flag_bit() -> None:
+    assert Frame(END_STREAM | 0x80, {}).end_stream
+    assert not Frame(0x80, {}).end_stream
