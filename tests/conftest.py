@@ -1,11 +1,18 @@
-"""Shared fixtures: the test doubles' plugin, and the seed's workspace layout."""
+"""Shared fixtures: the test doubles' plugin, the seed's workspace layout, the secret sweep."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from piship_remote.testing import Recorded, RecordingServer, leaks
 
 pytest_plugins = ["piship_remote.testing.plugin"]
 
@@ -28,3 +35,149 @@ def workspace(root: Path) -> Path:
 def home(root: Path) -> Path:
     """``<root>/home`` (not created), the home directory the seed activates with."""
     return root / "home"
+
+
+# ---------------------------------------------------------------- the secret sweep
+#
+# After every test, no secret may appear in a request any double recorded outside
+# its one allowed header, nor in any log record of the ``piship_remote`` loggers.
+# Every RecordingServer a test creates (the E2B and Kubernetes doubles, custom
+# ones, fault proxies) is tracked by wrapping its constructor for the test's
+# duration. The secrets are (a) host secrets the suite puts in source
+# environments, which may appear nowhere, and (b) every credential the library
+# sent, learnt from the requests themselves: an ``X-API-Key`` value may appear only
+# in that header and only on a control path (``…/sandboxes…``), a bearer only in
+# ``Authorization``, an envd token only in ``X-Access-Token`` and never to a control
+# path. Responses are not swept: doubles echo keys in 401 bodies on purpose. Tests
+# that put a secret in a request deliberately opt out with
+# ``@pytest.mark.no_secret_sweep``; tests may add their own secrets with
+# ``secret_sweep.add(value, allowed_headers)``.
+
+SWEEP_MARKER = "no_secret_sweep: skip the end-of-test secret sweep (a test that leaks on purpose)"
+HOST_SECRETS = (
+    "sk-live-never-in-remote-backends",
+    "aws-never-in-remote-backends",
+    "ghp_never_in_remote_backends_0000000000",
+    "sk-demo-host-secret",
+    "acme-secret-token",
+    "aws-secret-value",
+    "github-secret-value",
+)
+_MIN_SECRET = 6  # shorter values are not registered as secrets by the library either
+_CONTROL_PATH = re.compile(r"/sandboxes(?:/|\?|$)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", SWEEP_MARKER)
+
+
+class SecretSweep:
+    """The servers and log records of one test, and the secrets to look for in them."""
+
+    def __init__(self) -> None:
+        self.servers: list[RecordingServer] = []
+        self.records: list[logging.LogRecord] = []
+        self._extra: dict[str, tuple[str, ...]] = {}
+
+    def add(self, secret: str, allowed_headers: Sequence[str] = ()) -> None:
+        """Also sweep for ``secret``, allowed only in ``allowed_headers`` (lower-case names)."""
+        self._extra[secret] = tuple(h.lower() for h in allowed_headers)
+
+    def findings(self) -> list[str]:
+        requests = [r for server in self.servers for r in server.requests]
+        allowed = {**dict.fromkeys(HOST_SECRETS, ()), **self._extra}
+        for secret, header in _sent_credentials(requests, self.servers):
+            allowed.setdefault(secret, (header,))
+        found = [
+            f"{secret[:8]}… in {place}"
+            for secret, headers in allowed.items()
+            for place in leaks(requests, secret, headers)
+        ]
+        found += _misrouted(requests)
+        for record in self.records:
+            text = _record_text(record)
+            found += [
+                f"{s[:8]}… in a {record.levelname} log record of {record.name}"
+                for s in allowed
+                if s in text
+            ]
+        return found
+
+
+def _sent_credentials(
+    requests: Sequence[Recorded], servers: Sequence[RecordingServer]
+) -> Iterator[tuple[str, str]]:
+    """Each credential value seen in a request, with the one header it belongs in."""
+    for server in servers:
+        token = getattr(getattr(server, "cluster", None), "token", None)
+        if isinstance(token, str) and len(token) >= _MIN_SECRET:
+            yield token, "authorization"
+    for request in requests:
+        headers = request.headers
+        key = headers.get("x-api-key", "")
+        if len(key) >= _MIN_SECRET:
+            yield key, "x-api-key"
+        scheme, _, bearer = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and len(bearer) >= _MIN_SECRET:
+            yield bearer, "authorization"
+        envd_token = headers.get("x-access-token", "")
+        if len(envd_token) >= _MIN_SECRET:
+            yield envd_token, "x-access-token"
+
+
+def _misrouted(requests: Sequence[Recorded]) -> list[str]:
+    """Credentials sent in their own header but to the wrong place."""
+    found = []
+    for request in requests:
+        path = request.path.split("?", 1)[0]
+        if request.headers.get("x-api-key") and not _CONTROL_PATH.search(path):
+            found.append(f"an API key sent to {request.path}")
+        if request.headers.get("x-access-token") and _CONTROL_PATH.search(path):
+            found.append(f"an envd token sent to {request.path}")
+    return found
+
+
+def _record_text(record: logging.LogRecord) -> str:
+    parts = [record.getMessage(), record.exc_text or "", record.stack_info or ""]
+    if record.exc_info and record.exc_info[1] is not None:
+        parts.append("".join(traceback.format_exception(*record.exc_info)))
+    return "\n".join(parts)
+
+
+class _Capture(logging.Handler):
+    def __init__(self, sink: list[logging.LogRecord]) -> None:
+        super().__init__(logging.DEBUG)
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._sink.append(record)
+
+
+@pytest.fixture(autouse=True)
+def secret_sweep(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SecretSweep]:
+    """Fails the test (at teardown) when a secret leaked into a request or a log record."""
+    sweep = SecretSweep()
+    if request.node.get_closest_marker("no_secret_sweep") is not None:
+        yield sweep
+        return
+    original = RecordingServer.__init__
+
+    def tracked(self: RecordingServer, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        sweep.servers.append(self)
+
+    monkeypatch.setattr(RecordingServer, "__init__", tracked)
+    logger = logging.getLogger("piship_remote")
+    capture, level = _Capture(sweep.records), logger.level
+    logger.addHandler(capture)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield sweep
+    finally:
+        logger.removeHandler(capture)
+        logger.setLevel(level)
+    findings = sweep.findings()
+    if findings:
+        pytest.fail("secret sweep: " + "; ".join(dict.fromkeys(findings)), pytrace=False)

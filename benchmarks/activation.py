@@ -1,0 +1,128 @@
+"""Activation: requests and wall time from nothing to the first command's result.
+
+Each case runs once untimed first (lazy imports, the first connection to a server).
+
+Ours: backend construction, ``activate_sandbox`` (health, create, readiness check)
+and ``Sandbox.exec("true")``. Reference: the official SDK's ``Sandbox.create`` and
+``commands.run("true")``. E2B runs on the fast loopback server and on the
+``E2bServer`` double; Kubernetes on ``KubernetesServer`` with a 50 ms readiness poll
+(the double answers "not ready" to the first poll of every claim) and on the fast
+loopback server (ready at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+from benchmarks.clients import (
+    SDK_MISSING,
+    activate_e2b,
+    activate_kubernetes,
+    kubernetes_backend,
+    load_sdk,
+    ours_backend,
+    sdk_sandbox,
+)
+from benchmarks.report import Role, Row, ScenarioResult, summarize, with_ratios
+from benchmarks.rounds import Context
+from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer, Recorded
+
+__all__ = ["NAME", "run"]
+
+NAME = "activation"
+
+Activate = Callable[[contextlib.ExitStack], None]
+
+
+def run(context: Context) -> ScenarioResult:
+    """Rows of wall time (ms) with the request count of each activation."""
+    began = time.perf_counter()
+    workspace = context.workspace
+    runs = context.size.activation_runs
+    rows: list[Row] = []
+    skipped: list[str] = []
+
+    def ours(url: str) -> Activate:
+        def activate(stack: contextlib.ExitStack) -> None:
+            sandbox = activate_e2b(ours_backend(url, stack), workspace)
+            stack.callback(sandbox.dispose)
+            sandbox.exec("true")
+
+        return activate
+
+    def sdk(url: str) -> Activate:
+        return lambda stack: sdk_sandbox(url, stack).commands.run("true")
+
+    def kubernetes(url: str) -> Activate:
+        def activate(stack: contextlib.ExitStack) -> None:
+            sandbox = activate_kubernetes(kubernetes_backend(url, stack), workspace)
+            stack.callback(sandbox.dispose)
+            sandbox.exec("true")
+
+        return activate
+
+    has_sdk = load_sdk() is not None
+    if not has_sdk:
+        skipped.append(f"e2b-sdk: {SDK_MISSING}")
+    loopback = context.loopback
+    with E2bServer() as doubles, KubernetesServer() as cluster:
+        cases: list[tuple[str, str, Role, Activate, Callable[[], int]]] = [
+            ("loopback", "ours-sandbox", "ours", ours(loopback.url), loopback.request_count),
+            ("doubles", "ours-sandbox", "ours", ours(doubles.url), lambda: len(doubles.requests)),
+            ("kubernetes", "ours-sandbox", "ours", kubernetes(cluster.url),
+             lambda: len(cluster.requests)),
+            ("kubernetes-loopback", "ours-sandbox", "ours", kubernetes(loopback.url),
+             loopback.request_count),
+        ]
+        if has_sdk:
+            cases += [
+                ("loopback", "e2b-sdk", "reference", sdk(loopback.url), loopback.request_count),
+                ("doubles", "e2b-sdk", "reference", sdk(doubles.url),
+                 lambda: len(doubles.requests)),
+            ]
+        notes: list[str] = []
+        logs = {"doubles": doubles, "kubernetes": cluster}
+        for server, client, role, activate, count in cases:
+            try:
+                with contextlib.ExitStack() as stack:
+                    activate(stack)  # warm-up: lazy imports and first connections
+                before, claims = count(), cluster.count("POST", CLAIMS)
+                seconds, requests = _time(activate, count, runs)
+            except Exception as error:
+                skipped.append(f"{server} {client}: {type(error).__name__}: {error}")
+                continue
+            extra: dict[str, float | int | str] = {"requests": requests}
+            if server == "kubernetes":
+                extra["claims per activation"] = (cluster.count("POST", CLAIMS) - claims) / runs
+            rows.append(summarize(NAME, server, client, role, seconds, unit="ms", extra=extra))
+            if server in logs:
+                first = logs[server].requests[before : before + requests]
+                notes.append(f"{server} {client}: " + ", ".join(_line(r) for r in first))
+    return ScenarioResult(
+        name=NAME,
+        rows=with_ratios(rows),
+        skipped=tuple(skipped),
+        notes=tuple(notes),
+        seconds=time.perf_counter() - began,
+    )
+
+
+def _time(activate: Activate, count: Callable[[], int], runs: int) -> tuple[list[float], int]:
+    """Seconds of each run, and the requests of the last one (its teardown excluded)."""
+    seconds: list[float] = []
+    requests = 0
+    for _ in range(runs):
+        with contextlib.ExitStack() as stack:
+            before = count()
+            start = time.perf_counter_ns()
+            activate(stack)
+            seconds.append((time.perf_counter_ns() - start) / 1e9)
+            requests = count() - before
+    return seconds, requests
+
+
+def _line(recorded: Recorded) -> str:
+    path = recorded.path.split("?")[0]
+    return f"{recorded.method} {path.replace(CLAIMS, '<claims>')}"

@@ -1,0 +1,182 @@
+"""Concurrency: 1, 8 and 32 threads issuing commands on one sandbox and on one claim.
+
+Each command takes ``size.command_ms`` on the server (``bench-sleep`` on the fast
+loopback server, for E2B and for Kubernetes as ``kubernetes-loopback``; a handler
+that sleeps on the werkzeug ``KubernetesServer``, as ``kubernetes``, which shares
+this process's GIL and saturates first), so a client that overlaps its calls well
+scales close to the thread count until a CPU saturates.
+Reported per client and thread count: latency percentiles, throughput, the scaling
+over one thread, peak thread counts (Python and OS, the workers included) and, for
+Kubernetes, the claims created (must be 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from benchmarks.clients import Client, e2b_clients, kubernetes_clients
+from benchmarks.report import Row, ScenarioResult, summarize, with_ratios
+from benchmarks.rounds import Context
+from benchmarks.sampling import ThreadSampler
+from piship_remote.testing import CLAIMS, KubernetesServer
+
+__all__ = ["NAME", "run"]
+
+NAME = "concurrency"
+E2B_CLIENTS = ("ours-sandbox", "e2b-sdk", "requests-raw")
+
+
+class _Outcome:
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors: list[BaseException] = []
+        self.lock = threading.Lock()
+
+
+def run(context: Context) -> ScenarioResult:
+    """Rows for E2B (loopback) and Kubernetes (``KubernetesServer``) at each thread count."""
+    began = time.perf_counter()
+    size = context.size
+    rows: list[Row] = []
+    skipped: list[str] = []
+    with contextlib.ExitStack() as stack:
+        clients, missing = e2b_clients(
+            context.loopback.url, context.workspace, stack, names=E2B_CLIENTS
+        )
+        skipped += [f"e2b: {reason}" for reason in missing]
+        script = f"bench-sleep {size.command_ms}"
+        rows += _sweep(context, "loopback", clients, script, skipped, lambda: {})
+    with contextlib.ExitStack() as stack:
+        loopback = context.loopback
+        before = loopback.claim_count()
+        clients, missing = kubernetes_clients(loopback.url, context.workspace, stack)
+        skipped += [f"kubernetes-loopback: {reason}" for reason in missing]
+
+        def loopback_claims() -> dict[str, float | int | str]:
+            return {"claims": loopback.claim_count() - before}
+
+        rows += _sweep(context, "kubernetes-loopback", clients, script, skipped, loopback_claims)
+    delay = size.command_ms / 1000
+
+    def execute(command: str) -> Mapping[str, Any]:
+        time.sleep(delay)
+        return {"stdout": "", "exit_code": 0}
+
+    with KubernetesServer(execute) as cluster, contextlib.ExitStack() as stack:
+        clients, missing = kubernetes_clients(cluster.url, context.workspace, stack)
+        skipped += [f"kubernetes: {reason}" for reason in missing]
+
+        def claims() -> dict[str, float | int | str]:
+            return {"claims": cluster.count("POST", CLAIMS)}
+
+        rows += _sweep(context, "kubernetes", clients, script, skipped, claims)
+    return ScenarioResult(
+        name=NAME,
+        rows=with_ratios(_with_scaling(rows)),
+        skipped=tuple(skipped),
+        notes=(
+            f"every command spends {size.command_ms} ms on the server; throughput is commands/s "
+            "over all threads; scaling = throughput / throughput at 1 thread; claims counts "
+            "SandboxClaim creations since the server started (ours-sandbox made them)",
+        ),
+        seconds=time.perf_counter() - began,
+    )
+
+
+def _sweep(
+    context: Context,
+    server: str,
+    clients: list[Client],
+    script: str,
+    skipped: list[str],
+    extra: Callable[[], dict[str, float | int | str]],
+) -> list[Row]:
+    rows: list[Row] = []
+    per_thread = context.size.commands_per_thread
+    for index, threads in enumerate(context.size.threads):
+        shift = index % max(1, len(clients))
+        for client in (*clients[shift:], *clients[:shift]):
+            outcome, seconds, sampler, baseline = _round(client, threads, per_thread, script)
+            if outcome.errors:
+                first = outcome.errors[0]
+                skipped.append(
+                    f"{server} {client.name} threads={threads}: {len(outcome.errors)} failures, "
+                    f"first {type(first).__name__}: {first}"
+                )
+            rows.append(
+                summarize(
+                    NAME,
+                    server,
+                    client.name,
+                    client.role,
+                    outcome.latencies,
+                    unit="ms",
+                    group=f"threads={threads}",
+                    extra={
+                        "per_s": len(outcome.latencies) / seconds if seconds else 0.0,
+                        "peak_py_threads": sampler.peak_python,
+                        "extra_py_threads": sampler.peak_python - baseline - threads,
+                        "peak_os_threads": sampler.peak_os,
+                        **extra(),
+                    },
+                )
+            )
+    return rows
+
+
+def _round(
+    client: Client, threads: int, per_thread: int, script: str
+) -> tuple[_Outcome, float, ThreadSampler, int]:
+    outcome = _Outcome()
+    barrier = threading.Barrier(threads + 1)
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(per_thread):
+            start = time.perf_counter_ns()
+            try:
+                client.run(script)
+            except Exception as error:
+                with outcome.lock:
+                    outcome.errors.append(error)
+                continue
+            with outcome.lock:
+                outcome.latencies.append((time.perf_counter_ns() - start) / 1e9)
+
+    baseline = threading.active_count()
+    workers = [
+        threading.Thread(target=work, name=f"piship-bench-worker-{i}", daemon=True)
+        for i in range(threads)
+    ]
+    with ThreadSampler() as sampler:
+        for worker in workers:
+            worker.start()
+        barrier.wait()
+        start = time.perf_counter()
+        for worker in workers:
+            worker.join()
+        seconds = time.perf_counter() - start
+    return outcome, seconds, sampler, baseline
+
+
+def _with_scaling(rows: list[Row]) -> list[Row]:
+    single = {
+        (row.server, row.client): row.extra["per_s"]
+        for row in rows
+        if row.group == "threads=1"
+    }
+    scaled: list[Row] = []
+    for row in rows:
+        base = single.get((row.server, row.client))
+        per_s = row.extra["per_s"]
+        if isinstance(base, float) and base > 0 and isinstance(per_s, float):
+            row = attrs.evolve(row, extra={**row.extra, "scaling": per_s / base})
+        scaled.append(row)
+    return scaled
+

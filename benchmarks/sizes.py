@@ -1,0 +1,77 @@
+"""How much work each ``--size`` does.
+
+    >>> SIZES["tiny"].exec_calls
+    20
+"""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["SIZES", "Size"]
+
+MIB = 1024 * 1024
+
+
+@attrs.frozen
+class Size:
+    """Work per scenario; every count is per client."""
+
+    name: str
+    exec_calls: int
+    exec_batch: int
+    stream_bytes: int
+    stream_rounds: int
+    threads: tuple[int, ...]
+    commands_per_thread: int
+    command_ms: int
+    cancel_runs: int
+    cancel_timeout: float
+    memory_bytes: int
+    activation_runs: int
+
+
+SIZES: dict[str, Size] = {
+    "tiny": Size(
+        name="tiny",
+        exec_calls=20,
+        exec_batch=5,
+        stream_bytes=2 * MIB,
+        stream_rounds=1,
+        threads=(1, 8, 32),
+        commands_per_thread=2,
+        command_ms=5,
+        cancel_runs=3,
+        cancel_timeout=0.02,
+        memory_bytes=4 * MIB,
+        activation_runs=1,
+    ),
+    "small": Size(
+        name="small",
+        exec_calls=200,
+        exec_batch=25,
+        stream_bytes=32 * MIB,
+        stream_rounds=3,
+        threads=(1, 8, 32),
+        commands_per_thread=10,
+        command_ms=10,
+        cancel_runs=50,
+        cancel_timeout=0.05,
+        memory_bytes=128 * MIB,
+        activation_runs=3,
+    ),
+    "full": Size(
+        name="full",
+        exec_calls=1000,
+        exec_batch=50,
+        stream_bytes=256 * MIB,
+        stream_rounds=5,
+        threads=(1, 8, 32),
+        commands_per_thread=25,
+        command_ms=10,
+        cancel_runs=200,
+        cancel_timeout=0.05,
+        memory_bytes=1024 * MIB,
+        activation_runs=5,
+    ),
+}
