@@ -184,6 +184,9 @@ class _CallScope:
         """Stop tracking ``sock``; ``False`` when the call was cancelled (do not reuse it)."""
         with self._lock:
             self._sockets = [s for s in self._sockets if s is not sock]
+            if self.socket is sock:
+                # Back in the pool, another thread may own it: never touch it again.
+                self.socket = None
             return not self.cancelled
 
     def drop_owned(self) -> None:
@@ -430,6 +433,19 @@ def _timed_out(exc: BaseException) -> bool:
     return False
 
 
+def window_text(body: bytes, limit: int) -> str:
+    """``body`` decoded; when it fills a ``limit``-byte read window, without its last word.
+
+    The window may cut a secret in two, and a cut secret no longer matches the
+    redactor: the word the cut runs through is dropped before redaction.
+    """
+    text = body.decode("utf-8", "replace")
+    if len(body) < limit or text[-1:].isspace():
+        return text
+    words = text.rsplit(None, 1)
+    return words[0] if len(words) == 2 else ""
+
+
 def _failure_code(exc: BaseException) -> str:
     """The first system error name in the chain (``ECONNREFUSED``), else ``network error``.
 
@@ -519,7 +535,7 @@ class HttpResponse:
             body = bytes(self._buffer)
         finally:
             self.close()
-        text = _WHITESPACE.sub(" ", body.decode("utf-8", "replace")).strip()
+        text = _WHITESPACE.sub(" ", window_text(body, _FAILURE_WINDOW)).strip()
         # Redacted before cutting, so a secret across the cut cannot leak its start.
         detail = self._call_redactor().redact(text)[:_FAILURE_CHARS].strip()
         return f"HTTP {self.status}: {detail}" if detail else f"HTTP {self.status}"

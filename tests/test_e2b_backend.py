@@ -24,6 +24,8 @@ from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.testing import THREAD_PREFIX, E2bServer, RecordingServer, json_response
+from piship_remote.testing.recorder import DropConnection
+from piship_remote.transport import TransportError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -533,6 +535,20 @@ def test_renewal_failure_stops_before_start(
     assert str(caught.value) == (
         'the sandbox is no longer available: HTTP 404: {"code":404,"message":"sandbox not found"}'
     )
+    assert server.count(path="/process.Process/Start") == 0
+    instance.dispose()
+
+
+def test_renewal_dropped_says_the_renewal_failed(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    def drop(_server: RecordingServer, _request: Request) -> Response:
+        raise DropConnection()
+
+    server = raw_server(renew=drop)
+    instance = prepare_raw(server, profile)
+    with pytest.raises(TransportError, match=r"^renewing the sandbox failed: .* failed: "):
+        run(instance)
     assert server.count(path="/process.Process/Start") == 0
     instance.dispose()
 

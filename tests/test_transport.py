@@ -23,7 +23,13 @@ from werkzeug import Request, Response
 from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
-from piship_remote.transport import Credential, HttpResponse, Transport, TransportError
+from piship_remote.transport import (
+    Credential,
+    HttpResponse,
+    Transport,
+    TransportError,
+    window_text,
+)
 
 FAST = 0.1  # how soon a cancelled call must return (seconds)
 
@@ -1025,3 +1031,36 @@ def test_each_request_logs_one_redacted_debug_line(
     lines = [r.getMessage() for r in caplog.records if r.name == "piship_remote"]
     assert len(lines) == 1
     assert lines[0].startswith("sandbox GET /sandboxes/[REDACTED] -> 200 in ")
+
+
+# -- the failure window ----------------------------------------------------------------------
+
+
+def test_a_body_shorter_than_the_window_is_kept_whole() -> None:
+    assert window_text(b"no capacity", 4096) == "no capacity"
+
+
+def test_a_full_window_drops_the_word_it_cuts() -> None:
+    assert window_text(b"invalid key ZQ7XK2", 18) == "invalid key"
+
+
+def test_a_full_window_ending_in_whitespace_keeps_every_word() -> None:
+    assert window_text(b"invalid key ", 12) == "invalid key "
+
+
+def test_a_full_window_of_one_word_gives_nothing() -> None:
+    assert window_text(b"ZQ7XK2M9PL4WRT8B", 16) == ""
+
+
+def test_a_pooled_connection_is_not_touched_by_the_call_that_released_it(
+    transport: Transport, server: HTTPServer
+) -> None:
+    server.expect_request("/a").respond_with_data("first")
+    server.expect_request("/b").respond_with_data("second")
+    first = transport.request("GET", server.url_for("/a"), timeout=5)
+    body = b"".join(first.iter_raw())
+    assert body == b"first"
+    second = transport.request("GET", server.url_for("/b"), stream=True, timeout=None)
+    assert b"".join(second.iter_raw()) == b"second"
+    # Released to the pool, the socket is no longer the first call's to set timeouts on.
+    assert first._call.scope.socket is None

@@ -212,13 +212,20 @@ class _ControlPlane:
 
     def renew(self, sandbox_id: str, cancel: threading.Event) -> None:
         """``POST /sandboxes/<id>/timeout``: the sandbox lives ``lifetime`` seconds from now."""
-        response = self.request(
-            "POST",
-            f"/sandboxes/{sandbox_id}/timeout",
-            repeatable=True,
-            body=_Renewal(self.lifetime),
-            cancel=cancel,
-        )
+        try:
+            response = self.request(
+                "POST",
+                f"/sandboxes/{sandbox_id}/timeout",
+                repeatable=True,
+                body=_Renewal(self.lifetime),
+                cancel=cancel,
+            )
+        except TransportError as error:
+            raise TransportError(
+                f"renewing the sandbox failed: {error.message}",
+                request_sent=error.request_sent,
+                component=error.component or "sandbox",
+            ) from None
         with response:
             if not _ok(response.status):
                 raise self._errors(f"the sandbox is no longer available: {response.failure()}")
@@ -609,7 +616,11 @@ class E2bInstance:
         cwd = remote_directory(self._workdir, request.workspace_path)
         token = self._begin(cancel)
         try:
-            return self._run(request, cwd, token, on_stdout, on_stderr)
+            result = self._run(request, cwd, token, on_stdout, on_stderr)
+            if token.is_set():
+                # Cancelled as it ended: the kill is on its way, so the caller is told so.
+                raise CommandCancelled()
+            return result
         except (PiShipError, CommandCancelled) as e:
             if not token.is_set():
                 raise

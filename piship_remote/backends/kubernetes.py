@@ -56,14 +56,20 @@ from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
-from piship_remote.transport import Credential, HttpResponse, Transport, TransportError
+from piship_remote.transport import (
+    Credential,
+    HttpResponse,
+    Transport,
+    TransportError,
+    window_text,
+)
 
 __all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "runtime_command"]
 
 PROVIDER = "kubernetes-agent-sandbox"
 API_VERSION = "extensions.agents.x-k8s.io/v1beta1"
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _API_TIMEOUT = 30.0
 _AVAILABLE_TIMEOUT = 10.0
 _ROUTER_LIMIT = 16 * 1024 * 1024
@@ -107,7 +113,9 @@ def runtime_command(request: ExecRequest, workdir: str | None) -> str:
         request.command if directory is None else f"cd -- {_quote(directory)} && {request.command}"
     )
     assignments = [
-        _quote(f"{name}={value}") for name, value in request.env.items() if _ENV_NAME.match(name)
+        _quote(f"{name}={value}")
+        for name, value in request.env.items()
+        if _ENV_NAME.fullmatch(name)
     ]
     return " ".join(["env", *assignments, "/bin/sh", "-c", _quote(script)])
 
@@ -391,7 +399,7 @@ class _Cluster:
 
     def _failure(self, response: HttpResponse) -> str:
         """``HTTP <status>: <detail>``; a Kubernetes Status body gives its reason and message."""
-        body = _head(response, _FAILURE_WINDOW).decode("utf-8", "replace")
+        body = window_text(_head(response, _FAILURE_WINDOW), _FAILURE_WINDOW)
         detail = _status_detail(body) or body
         detail = self._transport.redactor.redact(" ".join(detail.split()))[:_FAILURE_CHARS].strip()
         return f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"

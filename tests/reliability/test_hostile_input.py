@@ -8,7 +8,7 @@
 - ``command_environment`` never passes a credential-looking, host-bound or network
   name, and passes every other allowed one unchanged.
 - An error built from a response body never shows a registered secret, not even
-  part of it (see the xfail: the read window can cut one in two).
+  part of it, also when the read window cuts it in two.
 
 ``SandboxPolicy.from_dict`` on arbitrary JSON and redaction of a registered secret
 in every encoding are covered in ``tests/test_policy.py`` and ``tests/test_redact.py``.
@@ -181,11 +181,6 @@ def test_the_runtime_split_gives_back_the_command_and_assignments(
     assert argv == ["env", *kept, "/bin/sh", "-c", command]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: runtime_command's name check uses `$`, which also matches before a "
-    "trailing newline, so 'A\\n' is kept",
-)
 def test_a_name_ending_in_a_newline_is_dropped() -> None:
     command = runtime_command(ExecRequest("true", "/ws", ".", {"A\n": "v"}), None)
     assert command == "env /bin/sh -c 'true'"
@@ -341,10 +336,6 @@ def test_an_echoed_secret_never_shows_in_a_failure(
     assert not shows_part(failure_text(echo_server, secret, body), secret)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the 4096-byte read window can cut an echoed secret before redaction",
-)
 def test_a_secret_cut_by_the_read_window_does_not_show(echo_server: RecordingServer) -> None:
     secret = "ZQ7XK2M9PL4WRT8B"
     body = (" " * 4085 + secret + " end").encode()
