@@ -378,6 +378,24 @@ def test_invalid_create_answer_is_reported_and_nothing_is_deleted(
     assert server.count("DELETE") == 0
 
 
+def test_a_lost_create_answer_says_a_sandbox_may_exist_and_when_it_expires(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    def drop(_server: RecordingServer, _request: Request) -> Response:
+        raise DropConnection()
+
+    server = raw_server(create=drop)
+    with pytest.raises(PiShipError) as caught:
+        prepare_raw(server, profile)
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    assert str(caught.value).startswith("creating the sandbox failed: ")
+    assert str(caught.value).endswith(
+        "; a sandbox may have been created without its ID reaching PiShip, "
+        "and it expires on its own within 3600 s"
+    )
+    assert server.count("POST", "/sandboxes") == 1
+
+
 @pytest.mark.parametrize("sandbox_id", [None, 123, "", "-leading-dash", "../sbx1", "a" * 129])
 def test_create_answer_without_a_valid_sandbox_id_is_refused(
     raw_server: Callable[..., RecordingServer], profile: SandboxProfile, sandbox_id: Any

@@ -453,15 +453,19 @@ class E2bCompatibleBackend:
     # -- creating a sandbox ---------------------------------------------------------------
 
     def _create(self, request: _NewSandbox) -> _Created:
-        with self._create_response(request) as response:
+        try:
+            response = self._create_response(request)
+        except TransportError as error:
+            raise self._lost_answer(error.message) if error.request_sent else error from None
+        with response:
             if not _ok(response.status):
                 raise self._create_failure(response)
             try:
                 answer = response.json_object(MAX_CONTROL_RESPONSE)
             except ValueError as e:
-                raise self._errors(
-                    f"the sandbox service gave an invalid answer to the create request: {e}"
-                ) from None
+                raise self._lost_answer(f"the create answer was invalid: {e}") from None
+            except TransportError as error:
+                raise self._lost_answer(error.message) from None
         sandbox_id = answer.get("sandboxID")
         if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
             raise self._errors("the sandbox service returned no valid sandbox ID")
@@ -497,6 +501,18 @@ class E2bCompatibleBackend:
         if asked > MAX_RETRY_AFTER:
             return None
         return asked * self._random.uniform(1.0, 1.25)
+
+    def _lost_answer(self, reason: str) -> PiShipError:
+        """The service may have created a sandbox whose ID never arrived.
+
+        Nothing can find it safely (the create carries no unique mark, and other
+        clients share the key), so the error says it may exist and how long it lives.
+        """
+        return self._errors(
+            f"creating the sandbox failed: {reason}; a sandbox may have been created "
+            f"without its ID reaching PiShip, and it expires on its own within "
+            f"{self._control.lifetime} s"
+        )
 
     def _create_failure(self, response: HttpResponse) -> PiShipError:
         retryable = response.status in RETRIED_CREATE_STATUSES
