@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from seed_support import Clocks, T
 
 from piship_remote.backends.claims import Claim, ClaimGone, ClaimManager
-from piship_remote.backends.lifetime import Anchor, ClaimClock, micros
+from piship_remote.backends.lifetime import Anchor, micros
 from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 
-T = 1790618400.0  # 2026-09-28T18:00:00Z
+pytestmark = pytest.mark.timeout(10)
 
 
 class FakeCluster:
@@ -65,6 +66,11 @@ class FakeCluster:
         with self.lock:
             return [shutdown for claim, shutdown in self.renewed if claim == name]
 
+    def wait_for_a_renewal(self) -> None:
+        """Until a renewal started (it may be held at ``renew_gate``)."""
+        while not self.renewed:
+            threading.Event().wait(0.005)
+
     @staticmethod
     def _wait(gate: threading.Event | None, cancel: CancelToken) -> None:
         if gate is None:
@@ -78,18 +84,12 @@ class FakeCluster:
             raise CommandCancelled()
 
 
-class Clocks:
-    def __init__(self) -> None:
-        self.wall = T
-        self.mono = 0.0
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
-
-
 def piship_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("piship-")]
+
+
+def keepalive_threads() -> list[threading.Thread]:
+    return [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
 
 
 @pytest.fixture
@@ -110,10 +110,7 @@ def make_manager(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
     managers: list[ClaimManager] = []
 
     def make(lifetime: float = 60, keepalive_every: float = 3600) -> ClaimManager:
-        clock = ClaimClock.for_lifetime(
-            lifetime, now=lambda: clocks.wall, monotonic=lambda: clocks.mono
-        )
-        manager = ClaimManager(cluster, clock, keepalive_every=keepalive_every)
+        manager = ClaimManager(cluster, clocks.clock(lifetime), keepalive_every=keepalive_every)
         managers.append(manager)
         return manager
 
@@ -121,6 +118,12 @@ def make_manager(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
     for manager in managers:
         manager.dispose()
     assert piship_threads() == []
+
+
+@pytest.fixture
+def manager(make_manager: MakeManager) -> ClaimManager:
+    """A manager with a 60 s lifetime and no keepalive timer to speak of (an hour)."""
+    return make_manager()
 
 
 def run(manager: ClaimManager, cancel: CancelToken | None = None) -> str:
@@ -133,9 +136,8 @@ def run(manager: ClaimManager, cancel: CancelToken | None = None) -> str:
 
 @pytest.mark.timeout(20)
 def test_32_concurrent_commands_share_exactly_one_claim(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     barrier = threading.Barrier(32)
 
     def command(_: int) -> str:
@@ -153,9 +155,8 @@ def test_32_concurrent_commands_share_exactly_one_claim(
 
 @pytest.mark.timeout(20)
 def test_32_commands_retiring_one_claim_delete_it_once_after_the_last_leaves(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     manager.prepare()
     inside = threading.Barrier(32)
     deleted_while_inside: list[int] = []
@@ -177,9 +178,8 @@ def test_32_commands_retiring_one_claim_delete_it_once_after_the_last_leaves(
 
 @pytest.mark.timeout(20)
 def test_32_threads_under_dispose_lose_no_delete_and_send_none_twice(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     start = threading.Barrier(33)
     outcomes: list[str] = []
 
@@ -205,11 +205,9 @@ def test_32_threads_under_dispose_lose_no_delete_and_send_none_twice(
     assert piship_threads() == []
 
 
-@pytest.mark.timeout(10)
 def test_a_cancelled_waiter_does_not_cancel_the_creation_others_wait_for(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     cluster.create_gate = threading.Event()
     cancel = CancelToken()
     with ThreadPoolExecutor(2) as pool:
@@ -225,11 +223,9 @@ def test_a_cancelled_waiter_does_not_cancel_the_creation_others_wait_for(
     assert cluster.deleted == []
 
 
-@pytest.mark.timeout(10)
 def test_dispose_aborts_a_creation_in_progress_and_its_waiters(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     cluster.create_gate = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(run, manager)
@@ -241,8 +237,7 @@ def test_dispose_aborts_a_creation_in_progress_and_its_waiters(
     assert piship_threads() == []
 
 
-def test_no_claim_is_created_after_dispose(make_manager: MakeManager, cluster: FakeCluster) -> None:
-    manager = make_manager()
+def test_no_claim_is_created_after_dispose(manager: ClaimManager, cluster: FakeCluster) -> None:
     manager.dispose()
     with pytest.raises(PiShipError, match="disposed"):
         run(manager)
@@ -250,9 +245,8 @@ def test_no_claim_is_created_after_dispose(make_manager: MakeManager, cluster: F
 
 
 def test_a_failed_creation_reaches_the_command_and_the_next_one_tries_again(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     cluster.create_error = PiShipError("SANDBOX_UNAVAILABLE", "the SandboxClaim failed: X")
     with pytest.raises(PiShipError, match="failed: X"):
         run(manager)
@@ -260,8 +254,7 @@ def test_a_failed_creation_reaches_the_command_and_the_next_one_tries_again(
     assert run(manager) == cluster.created[1]
 
 
-def test_a_failed_prepare_leaves_no_thread(make_manager: MakeManager, cluster: FakeCluster) -> None:
-    manager = make_manager()
+def test_a_failed_prepare_leaves_no_thread(manager: ClaimManager, cluster: FakeCluster) -> None:
     cluster.create_error = PiShipError("SANDBOX_UNAVAILABLE", "nope")
     with pytest.raises(PiShipError, match="nope"):
         manager.prepare()
@@ -273,9 +266,8 @@ def test_a_failed_prepare_leaves_no_thread(make_manager: MakeManager, cluster: F
 
 
 def test_epoch_is_the_claim_of_the_latest_command(
-    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+    manager: ClaimManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
-    manager = make_manager(lifetime=60)
     manager.prepare()
     assert manager.epoch() is None
     run(manager)
@@ -288,17 +280,15 @@ def test_epoch_is_the_claim_of_the_latest_command(
 # -- renewal before a command -------------------------------------------------------
 
 
-def test_a_fresh_claim_is_not_renewed(make_manager: MakeManager, cluster: FakeCluster) -> None:
-    manager = make_manager(lifetime=60)
+def test_a_fresh_claim_is_not_renewed(manager: ClaimManager, cluster: FakeCluster) -> None:
     run(manager)
     assert cluster.renewed == []
     assert cluster.checked == cluster.created
 
 
 def test_past_half_the_lifetime_a_command_renews_first(
-    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+    manager: ClaimManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
-    manager = make_manager(lifetime=60)
     manager.prepare()
     clocks.advance(40)
     run(manager)
@@ -306,9 +296,8 @@ def test_past_half_the_lifetime_a_command_renews_first(
 
 
 def test_a_locally_expired_claim_is_replaced_without_renewal_and_deleted(
-    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+    manager: ClaimManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
-    manager = make_manager(lifetime=60)
     manager.prepare()
     clocks.advance(61)
     assert run(manager) == cluster.created[1]
@@ -317,9 +306,8 @@ def test_a_locally_expired_claim_is_replaced_without_renewal_and_deleted(
 
 
 def test_a_claim_the_cluster_lost_is_replaced_once(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     manager.prepare()
     cluster.gone.add(cluster.created[0])
     assert run(manager) == cluster.created[1]
@@ -327,9 +315,8 @@ def test_a_claim_the_cluster_lost_is_replaced_once(
 
 
 def test_a_claim_lost_twice_in_a_row_fails_the_command(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     manager.prepare()
     cluster.gone.update({"piship-000000000000", "piship-000000000001"})
     with pytest.raises(PiShipError, match="no longer exists") as caught:
@@ -339,9 +326,8 @@ def test_a_claim_lost_twice_in_a_row_fails_the_command(
 
 
 def test_a_renewal_never_moves_the_shutdown_time_earlier(
-    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+    manager: ClaimManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
-    manager = make_manager(lifetime=60)
     manager.prepare()
     clocks.advance(40)
     run(manager)
@@ -355,7 +341,6 @@ def test_a_renewal_never_moves_the_shutdown_time_earlier(
 # -- the keepalive --------------------------------------------------------------------
 
 
-@pytest.mark.timeout(10)
 def test_the_keepalive_renews_while_a_command_runs_and_stops_after(
     make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
@@ -364,17 +349,16 @@ def test_the_keepalive_renews_while_a_command_runs_and_stops_after(
         clocks.advance(0.1)
         manager.keepalive_now()
         manager.keepalive_now()
-        keepalives = [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+        keepalives = keepalive_threads()
         assert [t.name for t in keepalives] == [f"piship-keepalive-{use.claim.name}"]
         assert all(t.daemon for t in keepalives)
     name = cluster.created[0]
     assert cluster.renewals_of(name) == [micros(T + 2), micros(T + 2)]
     manager.keepalive_now()
     assert len(cluster.renewals_of(name)) == 2
-    assert not [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+    assert not keepalive_threads()
 
 
-@pytest.mark.timeout(10)
 def test_the_keepalive_timer_really_fires(make_manager: MakeManager, cluster: FakeCluster) -> None:
     manager = make_manager(lifetime=60, keepalive_every=0.02)
     renewed = threading.Event()
@@ -389,7 +373,6 @@ def test_the_keepalive_timer_really_fires(make_manager: MakeManager, cluster: Fa
         assert renewed.wait(5)
 
 
-@pytest.mark.timeout(10)
 def test_a_retired_claim_is_still_renewed_while_another_command_runs_in_it(
     make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
@@ -432,9 +415,8 @@ def test_a_keepalive_that_finds_the_claim_expired_never_renews_it(
 
 
 def test_a_keepalive_404_retires_the_claim_after_its_command(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager(lifetime=60)
     with manager.command(CancelToken()) as use:
         cluster.gone.add(use.claim.name)
         manager.keepalive_now()
@@ -447,9 +429,8 @@ def test_a_keepalive_404_retires_the_claim_after_its_command(
 
 
 def test_a_claim_whose_delete_failed_is_never_renewed_again(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager(lifetime=60)
     cluster.delete_error = RuntimeError("etcd unavailable")
     with manager.command(CancelToken()) as use:
         use.retire()
@@ -462,24 +443,20 @@ def test_a_claim_whose_delete_failed_is_never_renewed_again(
     assert cluster.deleted == [first, cluster.created[1]]
 
 
-@pytest.mark.timeout(10)
 def test_leaving_aborts_a_keepalive_renewal_still_in_flight_after_a_grace(
     make_manager: MakeManager, cluster: FakeCluster
 ) -> None:
     manager = make_manager(lifetime=60, keepalive_every=0.01)
     cluster.renew_gate = threading.Event()
     with manager.command(CancelToken()):
-        while not cluster.renewed:
-            threading.Event().wait(0.005)
-    assert not [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+        cluster.wait_for_a_renewal()
+    assert not keepalive_threads()
 
 
 # -- dispose ----------------------------------------------------------------------
 
 
-@pytest.mark.timeout(10)
-def test_concurrent_dispose_deletes_once(make_manager: MakeManager, cluster: FakeCluster) -> None:
-    manager = make_manager()
+def test_concurrent_dispose_deletes_once(manager: ClaimManager, cluster: FakeCluster) -> None:
     manager.prepare()
     barrier = threading.Barrier(8)
 
@@ -493,19 +470,16 @@ def test_concurrent_dispose_deletes_once(make_manager: MakeManager, cluster: Fak
     assert cluster.deleted == cluster.created
 
 
-@pytest.mark.timeout(10)
 def test_dispose_mid_renewal_makes_the_command_fail_and_creates_nothing(
-    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+    manager: ClaimManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
-    manager = make_manager(lifetime=60)
     manager.prepare()
     clocks.advance(40)
     cluster.gone.add(cluster.created[0])
     cluster.renew_gate = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(run, manager)
-        while not cluster.renewed:
-            threading.Event().wait(0.005)
+        cluster.wait_for_a_renewal()
         manager.dispose()
         with pytest.raises(PiShipError, match="disposed"):
             pending.result(5)
@@ -513,23 +487,20 @@ def test_dispose_mid_renewal_makes_the_command_fail_and_creates_nothing(
     assert cluster.deleted == cluster.created
 
 
-@pytest.mark.timeout(10)
 def test_dispose_stops_the_keepalive_of_running_commands(
     make_manager: MakeManager, cluster: FakeCluster
 ) -> None:
     manager = make_manager(lifetime=60, keepalive_every=0.01)
     with manager.command(CancelToken()):
         manager.dispose()
-        assert not [t for t in piship_threads() if t.name.startswith("piship-keepalive-")]
+        assert not keepalive_threads()
         assert cluster.deleted == cluster.created
     assert cluster.deleted == cluster.created
 
 
-@pytest.mark.timeout(10)
 def test_a_creation_that_failed_while_nobody_waited_is_tried_again(
-    make_manager: MakeManager, cluster: FakeCluster
+    manager: ClaimManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager()
     cluster.create_gate = threading.Event()
     cluster.create_error = PiShipError("SANDBOX_UNAVAILABLE", "the SandboxClaim failed: X")
     cancel = CancelToken()

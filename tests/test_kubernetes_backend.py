@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from seed_support import Clocks, Rejections, assert_no_library_thread_left, failure_of, kubernetes
 from werkzeug import Request, Response
 
 from piship_remote.activation import activate_sandbox
@@ -32,7 +33,6 @@ from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.testing import (
     CLAIMS,
-    THREAD_PREFIX,
     Cluster,
     DropConnection,
     KubernetesServer,
@@ -46,16 +46,6 @@ Answer = tuple[int, Any]
 pytestmark = pytest.mark.timeout(20)
 
 
-def backend(url: str, **options: Any) -> KubernetesAgentSandboxBackend:
-    settings: dict[str, Any] = {
-        "template": "python-pool",
-        "namespace": "agents",
-        "poll_interval": 0.01,
-        **options,
-    }
-    return KubernetesAgentSandboxBackend(endpoint=url, router=url, **settings)
-
-
 def request(command: str = "true", workspace_path: str = ".") -> ExecRequest:
     return ExecRequest(command, "/ws", workspace_path, {})
 
@@ -63,27 +53,10 @@ def request(command: str = "true", workspace_path: str = ".") -> ExecRequest:
 PROFILE = SandboxProfile(workspace="/ws", network="allow")
 
 
-CLAIM_THREADS = ("piship-keepalive-", "piship-claim-create")
-
-
-def library_threads() -> list[str]:
-    return [
-        t.name
-        for t in threading.enumerate()
-        if t.name.startswith("piship-") and not t.name.startswith(THREAD_PREFIX)
-    ]
-
-
 @pytest.fixture(autouse=True)
 def no_thread_left() -> Iterator[None]:
     yield
-    # The claim manager joins its own threads in dispose(): none may be left at all.
-    assert [n for n in library_threads() if n.startswith(CLAIM_THREADS)] == []
-    # Others (the activation's per-command workers) are finishing their last lines.
-    deadline = time.monotonic() + 3
-    while library_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert library_threads() == []
+    assert_no_library_thread_left()
 
 
 @pytest.fixture
@@ -96,17 +69,22 @@ def instances() -> Iterator[list[KubernetesInstance]]:
 
 
 def prepared(made: list[KubernetesInstance], url: str, **options: Any) -> KubernetesInstance:
-    instance = backend(url, **options).prepare(PROFILE)
+    instance = kubernetes(url, **options).prepare(PROFILE)
     made.append(instance)
     return instance
 
 
-def failure_of(action: Callable[[], object]) -> BaseException:
-    try:
-        action()
-    except BaseException as error:
-        return error
-    raise AssertionError("expected a failure")
+def preparing_fails(url: str, **options: Any) -> BaseException:
+    """What preparing an instance on ``url`` raises (it must fail)."""
+    return failure_of(lambda: kubernetes(url, **options).prepare(PROFILE))
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port: int = unused.getsockname()[1]
+    return port
 
 
 def ready(name: str) -> dict[str, Any]:
@@ -142,6 +120,13 @@ class Scripted:
     def names(self) -> list[str]:
         return [r.json()["metadata"]["name"] for r in self.server.find("POST", CLAIMS)]
 
+    def routed_to(self) -> str:
+        """The sandbox the last command was routed to (``X-Sandbox-Id``)."""
+        return self.server.find("POST", "/execute")[-1].headers["x-sandbox-id"]
+
+    def deletions(self, name: str) -> int:
+        return self.server.count("DELETE", f"{CLAIMS}/{name}")
+
     def _handle(self, request: Request) -> Response:
         if request.path == "/execute":
             return json_response(*self.execute(request.get_json()["command"]))
@@ -174,7 +159,7 @@ def scripted() -> Iterator[Scripted]:
 
 
 def test_identity_and_redactor() -> None:
-    k8s = backend("http://127.0.0.1:1")
+    k8s = kubernetes("http://127.0.0.1:1")
     assert (k8s.id, k8s.provider) == ("kubernetes-agent-sandbox", "kubernetes-agent-sandbox")
     assert isinstance(k8s.redactor, Redactor)
     assert "deny" not in k8s.capabilities().network
@@ -193,11 +178,11 @@ def test_identity_and_redactor() -> None:
 )
 def test_rejects_names_that_are_not_resource_names(names: Mapping[str, str]) -> None:
     with pytest.raises(ValueError, match="Kubernetes resource names"):
-        backend("http://127.0.0.1:1", **names)
+        kubernetes("http://127.0.0.1:1", **names)
 
 
 def test_accepts_a_63_character_name() -> None:
-    backend("http://127.0.0.1:1", template="a" * 63)
+    kubernetes("http://127.0.0.1:1", template="a" * 63)
 
 
 def test_refuses_plain_http_to_a_remote_host() -> None:
@@ -212,17 +197,14 @@ def test_refuses_plain_http_to_a_remote_host() -> None:
 
 
 def test_available_reports_an_unreachable_api() -> None:
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
-    availability = backend(f"http://127.0.0.1:{port}").available()
+    availability = kubernetes(f"http://127.0.0.1:{unused_port()}").available()
     assert availability.available is False
     assert (availability.reason or "").startswith("the Kubernetes API is unreachable: ")
 
 
 def test_available_reports_the_listing_status(kubernetes_server: KubernetesFactory) -> None:
     mock = kubernetes_server(None, Cluster(token="expected-token-0000"))
-    availability = backend(mock.url).available()
+    availability = kubernetes(mock.url).available()
     assert availability.available is False
     assert availability.reason == "listing SandboxClaims returned HTTP 401"
 
@@ -270,12 +252,12 @@ def test_a_409_on_create_is_retried_with_a_fresh_name(
     first, second = scripted.names()
     assert first != second
     assert instance.exec(request()) == BackendResult(0)
-    assert scripted.server.find("POST", "/execute")[-1].headers["x-sandbox-id"] == f"pool-{second}"
+    assert scripted.routed_to() == f"pool-{second}"
 
 
 def test_names_taken_again_and_again_fail_creation(scripted: Scripted) -> None:
     scripted.create = [(409, {})] * 3
-    error = failure_of(lambda: backend(scripted.url).prepare(PROFILE))
+    error = preparing_fails(scripted.url)
     assert isinstance(error, PiShipError)
     assert "creating the SandboxClaim failed: HTTP 409" in str(error)
     assert len(scripted.names()) == 3
@@ -283,7 +265,7 @@ def test_names_taken_again_and_again_fail_creation(scripted: Scripted) -> None:
 
 def test_a_kubernetes_status_body_is_understood(kubernetes_server: KubernetesFactory) -> None:
     mock = kubernetes_server(None, Cluster(create_status=403))
-    error = failure_of(lambda: backend(mock.url).prepare(PROFILE))
+    error = preparing_fails(mock.url)
     assert str(error).startswith(
         "creating the SandboxClaim failed: HTTP 403: Forbidden: sandboxclaims is forbidden: "
         'anonymous cannot create resource "sandboxclaims"'
@@ -293,7 +275,7 @@ def test_a_kubernetes_status_body_is_understood(kubernetes_server: KubernetesFac
 @pytest.mark.parametrize("status", [500, 503])
 def test_an_api_outage_on_create_is_clear(scripted: Scripted, status: int) -> None:
     scripted.create = [(status, {"message": "etcdserver: request timed out"})]
-    error = failure_of(lambda: backend(scripted.url).prepare(PROFILE))
+    error = preparing_fails(scripted.url)
     assert isinstance(error, PiShipError)
     assert error.code == "SANDBOX_UNAVAILABLE"
     assert str(error) == (
@@ -303,11 +285,11 @@ def test_an_api_outage_on_create_is_clear(scripted: Scripted, status: int) -> No
 
 def test_a_create_whose_answer_never_came_deletes_the_name(scripted: Scripted) -> None:
     scripted.create = [None]  # the connection drops after the claim POST was sent
-    error = failure_of(lambda: backend(scripted.url).prepare(PROFILE))
+    error = preparing_fails(scripted.url)
     assert isinstance(error, PiShipError)
     assert "creating the SandboxClaim failed" in str(error)
     [name] = scripted.names()
-    assert scripted.server.count("DELETE", f"{CLAIMS}/{name}") == 1
+    assert scripted.deletions(name) == 1
 
 
 def test_a_terminal_reason_fails_readiness_and_deletes_the_claim(scripted: Scripted) -> None:
@@ -319,10 +301,10 @@ def test_a_terminal_reason_fails_readiness_and_deletes_the_claim(scripted: Scrip
             }
         },
     )
-    error = failure_of(lambda: backend(scripted.url).prepare(PROFILE))
+    error = preparing_fails(scripted.url)
     assert str(error) == "the SandboxClaim failed: InvalidMetadata"
     [name] = scripted.names()
-    assert scripted.server.count("DELETE", f"{CLAIMS}/{name}") == 1
+    assert scripted.deletions(name) == 1
 
 
 @pytest.mark.parametrize(
@@ -336,10 +318,10 @@ def test_a_terminal_reason_fails_readiness_and_deletes_the_claim(scripted: Scrip
 )
 def test_a_malformed_status_never_counts_as_ready(scripted: Scripted, body: Any) -> None:
     scripted.claim = lambda name, poll: (200, body)
-    error = failure_of(lambda: backend(scripted.url, ready_timeout=0.1).prepare(PROFILE))
+    error = preparing_fails(scripted.url, ready_timeout=0.1)
     assert "did not become ready in time" in str(error) or "not a JSON object" in str(error)
     [name] = scripted.names()
-    assert scripted.server.count("DELETE", f"{CLAIMS}/{name}") == 1
+    assert scripted.deletions(name) == 1
 
 
 def test_the_last_reason_is_named_when_readiness_times_out(scripted: Scripted) -> None:
@@ -350,7 +332,7 @@ def test_the_last_reason_is_named_when_readiness_times_out(scripted: Scripted) -
         "message": 'SandboxWarmPool "python-pool" not found',
     }
     scripted.claim = lambda name, poll: (200, {"status": {"conditions": [condition]}})
-    error = failure_of(lambda: backend(scripted.url, ready_timeout=0.05).prepare(PROFILE))
+    error = preparing_fails(scripted.url, ready_timeout=0.05)
     assert str(error) == (
         "the SandboxClaim did not become ready in time "
         '(last reported: WarmPoolNotFound: SandboxWarmPool "python-pool" not found)'
@@ -359,10 +341,10 @@ def test_the_last_reason_is_named_when_readiness_times_out(scripted: Scripted) -
 
 def test_a_claim_body_that_is_not_json_fails_clearly(scripted: Scripted) -> None:
     scripted.claim = lambda name, poll: (200, "<html>proxy</html>")
-    error = failure_of(lambda: backend(scripted.url).prepare(PROFILE))
+    error = preparing_fails(scripted.url)
     assert str(error) == "reading the SandboxClaim failed: the response is not JSON"
     [name] = scripted.names()
-    assert scripted.server.count("DELETE", f"{CLAIMS}/{name}") == 1
+    assert scripted.deletions(name) == 1
 
 
 def test_a_410_while_waiting_fails_clearly(scripted: Scripted) -> None:
@@ -370,7 +352,7 @@ def test_a_410_while_waiting_fails_clearly(scripted: Scripted) -> None:
         410,
         {"kind": "Status", "reason": "Expired", "message": "too old resource version"},
     )
-    error = failure_of(lambda: backend(scripted.url).prepare(PROFILE))
+    error = preparing_fails(scripted.url)
     assert str(error) == (
         "reading the SandboxClaim failed: HTTP 410: Expired: too old resource version"
     )
@@ -387,7 +369,7 @@ def test_ready_without_a_sandbox_name_routes_by_claim_name(
     instance = prepared(instances, scripted.url)
     instance.exec(request())
     [name] = scripted.names()
-    assert scripted.server.find("POST", "/execute")[-1].headers["x-sandbox-id"] == name
+    assert scripted.routed_to() == name
 
 
 # ---------------------------------------------------------------- real cluster behaviour
@@ -411,8 +393,8 @@ def test_a_claim_the_cluster_expired_is_replaced_without_a_patch(
     assert instance.exec(request()) == BackendResult(0)
     second = scripted.names()[1]
     assert scripted.server.count("PATCH") == 0
-    assert scripted.server.count("DELETE", f"{CLAIMS}/{first}") == 1
-    assert scripted.server.find("POST", "/execute")[-1].headers["x-sandbox-id"] == f"pool-{second}"
+    assert scripted.deletions(first) == 1
+    assert scripted.routed_to() == f"pool-{second}"
 
 
 def test_a_claim_being_deleted_is_replaced(
@@ -530,7 +512,7 @@ def test_a_missing_exit_code_is_a_failed_command_through_activation(
     mock = kubernetes_server(lambda command: {"stdout": "ok\n"})
     policy = {"required": True, "network": {"mode": "allow"}}
     with activate_sandbox(
-        policy, backend=backend(mock.url), workspace=workspace, home_dir=home
+        policy, backend=kubernetes(mock.url), workspace=workspace, home_dir=home
     ) as sandbox:
         assert sandbox.exec("true").exit_code == 1
 
@@ -584,37 +566,25 @@ def test_a_router_401_rejects_the_credential_and_never_resends(
     scripted: Scripted, instances: list[KubernetesInstance]
 ) -> None:
     scripted.execute = lambda command: (401, {"detail": "Invalid token."})
-    rejected: list[int] = []
-
-    def renewed() -> bool:
-        rejected.append(1)
-        return True
-
+    rejected = Rejections()
     instance = prepared(
-        instances, scripted.url, credential=lambda: "router-token-0001", credential_rejected=renewed
+        instances,
+        scripted.url,
+        credential=lambda: "router-token-0001",
+        credential_rejected=rejected,
     )
     error = failure_of(lambda: instance.exec(request("deploy")))
     assert str(error) == "running the command failed: HTTP 401: Invalid token."
     assert scripted.server.count("POST", "/execute") == 1
-    assert rejected == [1]
+    assert rejected.count == 1
 
 
 def test_an_unreachable_router_sends_nothing_and_keeps_the_claim(
     kubernetes_server: KubernetesFactory, instances: list[KubernetesInstance]
 ) -> None:
     mock = kubernetes_server()
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
-    k8s = KubernetesAgentSandboxBackend(
-        endpoint=mock.url,
-        router=f"http://127.0.0.1:{port}",
-        template="pool",
-        namespace="agents",
-        poll_interval=0.01,
-    )
-    instance = k8s.prepare(PROFILE)
-    instances.append(instance)
+    router = f"http://127.0.0.1:{unused_port()}"
+    instance = prepared(instances, mock.url, router=router, template="pool")
     error = failure_of(lambda: instance.exec(request()))
     assert isinstance(error, PiShipError)
     assert error.retryable is True
@@ -649,12 +619,10 @@ def test_an_api_outage_before_a_command_sends_nothing_and_keeps_the_claim(
 def test_a_failed_renewal_fails_the_command_before_it_is_sent(
     scripted: Scripted, instances: list[KubernetesInstance]
 ) -> None:
-    now = [1790618400.0]
+    clocks = Clocks()
     scripted.patch = lambda name: (500, {"message": "boom"})
-    instance = prepared(
-        instances, scripted.url, lifetime_seconds=60, now=lambda: now[0], monotonic=lambda: now[0]
-    )
-    now[0] += 40
+    instance = prepared(instances, scripted.url, clocks=clocks, lifetime_seconds=60)
+    clocks.advance(40)
     error = failure_of(lambda: instance.exec(request()))
     assert str(error) == "renewing the SandboxClaim failed: HTTP 500: boom"
     assert scripted.server.count("POST", "/execute") == 0

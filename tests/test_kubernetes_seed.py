@@ -9,7 +9,6 @@ seconds (the seed's milliseconds / 1000); the seed's real-time waits for the
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -18,65 +17,39 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
-from seed_support import SECRETS, Run, Seed, seed_policy
+from seed_support import (
+    Clocks,
+    Rejections,
+    Run,
+    Seed,
+    T,
+    assert_no_library_thread_left,
+    failure_of,
+    host_values_in,
+    kubernetes,
+    seed_policy,
+    wire,
+)
 
+from piship_remote.activation import Sandbox
 from piship_remote.backends.base import ExecRequest
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, runtime_command
+from piship_remote.backends.kubernetes import runtime_command
 from piship_remote.backends.lifetime import micros, rfc3339
 from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
-from piship_remote.testing import CLAIMS, THREAD_PREFIX, Cluster, KubernetesServer, Recorded, leaks
+from piship_remote.testing import CLAIMS, Cluster, KubernetesServer, Recorded, leaks
 
 KubernetesFactory = Callable[..., KubernetesServer]
 
-T = 1790618400.0  # 2026-09-28T18:00:00Z, the seed's clock origin
-
 pytestmark = pytest.mark.timeout(30)
-
-
-def kubernetes(url: str, **options: Any) -> KubernetesAgentSandboxBackend:
-    """The seed's ``kubernetes(url, options)``: pool ``python-pool`` in ``agents``, 10 ms polls."""
-    settings: dict[str, Any] = {
-        "template": "python-pool",
-        "namespace": "agents",
-        "poll_interval": 0.01,
-        **options,
-    }
-    return KubernetesAgentSandboxBackend(endpoint=url, router=url, **settings)
-
-
-class Clock:
-    """A settable clock in seconds (the seed's ``let now = …``)."""
-
-    def __init__(self, value: float = T) -> None:
-        self.value = value
-
-    def __call__(self) -> float:
-        return self.value
-
-
-CLAIM_THREADS = ("piship-keepalive-", "piship-claim-create")
-
-
-def library_threads() -> list[str]:
-    return [
-        t.name
-        for t in threading.enumerate()
-        if t.name.startswith("piship-") and not t.name.startswith(THREAD_PREFIX)
-    ]
 
 
 @pytest.fixture(autouse=True)
 def no_thread_left() -> Iterator[None]:
     """After each test (every sandbox disposed): no library thread or Timer is alive."""
     yield
-    # The claim manager joins its own threads in dispose(): none may be left at all.
-    assert [n for n in library_threads() if n.startswith(CLAIM_THREADS)] == []
-    # Others (the activation's per-command workers) are finishing their last lines.
-    deadline = time.monotonic() + 3
-    while library_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert library_threads() == []
+    assert_no_library_thread_left()
 
 
 @pytest.fixture
@@ -88,6 +61,34 @@ def seed(workspace: Path, home: Path) -> Seed:
 def pool() -> Iterator[ThreadPoolExecutor]:
     with ThreadPoolExecutor(8) as executor:
         yield executor
+
+
+@attrs.frozen
+class Running:
+    """A command running on the pool until the test cancels it (the seed's AbortController)."""
+
+    future: Future[Run]
+    abort: threading.Event
+
+    def cancel(self, match: str | None = None) -> None:
+        """Cancel it: it must end in CommandCancelled (with a message matching ``match``)."""
+        self.abort.set()
+        with pytest.raises(CommandCancelled, match=match):
+            self.future.result(10)
+
+
+Start = Callable[[Sandbox, str], Running]
+
+
+@pytest.fixture
+def start(seed: Seed, pool: ThreadPoolExecutor) -> Start:
+    """``start(sandbox, command)``: run ``command`` in the background, cancellable."""
+
+    def run_in_background(sandbox: Sandbox, command: str) -> Running:
+        abort = threading.Event()
+        return Running(pool.submit(seed.run, sandbox, command, cancel=abort), abort)
+
+    return run_in_background
 
 
 def claim_names(requests: list[Recorded]) -> list[str]:
@@ -113,12 +114,23 @@ def at(seconds: float) -> str:
     return rfc3339(micros(T + seconds))
 
 
-def count(mock: KubernetesServer, method: str, path: str | None = None) -> int:
-    return mock.count(method, path)
+def renewals(mock: KubernetesServer, name: str) -> int:
+    return mock.count("PATCH", f"{CLAIMS}/{name}")
+
+
+def times_sent(mock: KubernetesServer, text: str) -> int:
+    """How many commands holding ``text`` went to the router."""
+    return len([r for r in mock.find(path="/execute") if text in r.body.decode("latin-1")])
 
 
 def sent(mock: KubernetesServer, text: str) -> bool:
-    return any(text in r.body.decode("latin-1") for r in mock.requests if r.path == "/execute")
+    return times_sent(mock, text) > 0
+
+
+def assert_the_last_command_ran_in_a_second_claim(mock: KubernetesServer) -> None:
+    names = claim_names(mock.requests)
+    assert len(names) == 2
+    assert mock.find(path="/execute")[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -128,14 +140,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the condition never held")
         time.sleep(0.005)
-
-
-def failure_of(action: Callable[[], object]) -> BaseException:
-    try:
-        action()
-    except BaseException as error:
-        return error
-    raise AssertionError("expected a failure")
 
 
 def hang_sleep(command: str) -> Mapping[str, Any]:
@@ -162,7 +166,7 @@ def test_refuses_network_deny(kubernetes_server: KubernetesFactory, seed: Seed) 
     error = failure_of(lambda: seed.activate(kubernetes(mock.url), seed_policy("deny")))
     assert isinstance(error, PiShipError)
     assert error.code == "SANDBOX_UNAVAILABLE"
-    assert count(mock, "POST", CLAIMS) == 0
+    assert mock.count("POST", CLAIMS) == 0
 
 
 # ---------------------------------------------------------------- against a mock cluster
@@ -194,9 +198,7 @@ def test_claims_runs_through_the_router_and_deletes(
     )
     last = mock.requests[-1]
     assert (last.method, last.path) == ("DELETE", f"{CLAIMS}/{name}")
-    wire = json.dumps([{"headers": r.headers, "body": r.body.decode()} for r in mock.requests])
-    for value in [*SECRETS.values(), "unlisted-host-value"]:
-        assert value not in wire
+    assert host_values_in(wire(mock.requests)) == []
 
 
 # seed: "replaces the claim after a timed-out command"
@@ -209,62 +211,54 @@ def test_replaces_the_claim_after_a_timed_out_command(
         seed.run(sandbox, "sleep 600", timeout=0.3)
     assert seed.run(sandbox, "echo ok").output == "ok\n"
     sandbox.dispose()
-    assert count(mock, "POST", CLAIMS) == 2
-    assert count(mock, "DELETE") == 2
+    assert mock.count("POST", CLAIMS) == 2
+    assert mock.count("DELETE") == 2
 
 
 # seed: "shares one claim between concurrent commands and keeps it for the others when one is cancelled"  # noqa: E501
 def test_shares_one_claim_between_concurrent_commands(
-    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor, start: Start
 ) -> None:
     mock = kubernetes_server(hang_sleep)
     sandbox = seed.activate(kubernetes(mock.url))
-    cancel = threading.Event()
-    slow = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    slow = start(sandbox, "sleep 600")
     quick = [pool.submit(seed.run, sandbox, f"echo {x}") for x in "ab"]
     assert [f.result(10).output for f in quick] == ["ok\n", "ok\n"]
     wait_until(lambda: sent(mock, "sleep 600"))
-    cancel.set()
-    with pytest.raises(CommandCancelled, match="aborted"):
-        slow.result(10)
-    assert count(mock, "POST", CLAIMS) == 1
+    slow.cancel(match="aborted")
+    assert mock.count("POST", CLAIMS) == 1
     # The cancelled command's claim is deleted once nothing uses it.
-    assert count(mock, "DELETE") == 1
+    assert mock.count("DELETE") == 1
     after = [pool.submit(seed.run, sandbox, f"echo {x}") for x in "cd"]
     assert [f.result(10).output for f in after] == ["ok\n", "ok\n"]
-    assert count(mock, "POST", CLAIMS) == 2
+    assert mock.count("POST", CLAIMS) == 2
     sandbox.dispose()
-    assert count(mock, "DELETE") == 2
+    assert mock.count("DELETE") == 2
 
 
 # seed: "does not fail a parallel command that waits for the claim a cancelled one started (#158)"
 def test_a_parallel_waiter_survives_a_cancelled_one(
-    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor, start: Start
 ) -> None:
     mock = kubernetes_server(hang_sleep)
     # Readiness takes one 300 ms poll, so both commands wait on the claim.
     sandbox = seed.activate(kubernetes(mock.url, poll_interval=0.3))
     # A cancelled command retires the first claim: the next ones share a new one.
-    first = threading.Event()
-    retired = pool.submit(seed.run, sandbox, "sleep 600", cancel=first)
+    retired = start(sandbox, "sleep 600")
     wait_until(lambda: sent(mock, "sleep 600"))
-    first.set()
-    with pytest.raises(CommandCancelled, match="aborted"):
-        retired.result(10)
-    a = threading.Event()
-    cancelled = pool.submit(seed.run, sandbox, "echo a", cancel=a)
+    retired.cancel(match="aborted")
+    cancelled = start(sandbox, "echo a")
     parallel = pool.submit(seed.run, sandbox, "echo b")
-    threading.Timer(0.05, a.set).start()
-    with pytest.raises(CommandCancelled, match="aborted"):
-        cancelled.result(10)
+    time.sleep(0.05)
+    cancelled.cancel(match="aborted")
     assert parallel.result(10).output == "ok\n"
-    assert count(mock, "POST", CLAIMS) == 2
+    assert mock.count("POST", CLAIMS) == 2
     sandbox.dispose()
 
 
 # seed: "keeps renewing a claim a parallel command still runs in after another is cancelled (#158)"
 def test_keeps_renewing_a_claim_a_parallel_command_runs_in(
-    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor, start: Start
 ) -> None:
     done = threading.Event()
 
@@ -279,26 +273,19 @@ def test_keeps_renewing_a_claim_a_parallel_command_runs_in(
     # A one-second lifetime renews a running command every 250 ms.
     sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=1))
     [first] = claim_names(mock.requests)
-
-    def renewals() -> int:
-        return count(mock, "PATCH", f"{CLAIMS}/{first}")
-
-    cancel = threading.Event()
-    cancelled = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    cancelled = start(sandbox, "sleep 600")
     parallel = pool.submit(seed.run, sandbox, "long job")
     wait_until(lambda: sent(mock, "sleep 600") and sent(mock, "long job"))
     time.sleep(0.1)
-    cancel.set()
-    with pytest.raises(CommandCancelled, match="aborted"):
-        cancelled.result(10)
-    at_cancel = renewals()
+    cancelled.cancel(match="aborted")
+    at_cancel = renewals(mock, first)
     # The parallel command still runs in the claim: it must not expire under it.
     time.sleep(0.7)
-    assert renewals() > at_cancel
+    assert renewals(mock, first) > at_cancel
     done.set()
     assert parallel.result(10).output == "long\n"
     # Retired by the cancellation: deleted once the parallel command ends.
-    assert count(mock, "DELETE", f"{CLAIMS}/{first}") >= 1
+    assert mock.count("DELETE", f"{CLAIMS}/{first}") >= 1
     sandbox.dispose()
 
 
@@ -341,7 +328,7 @@ def test_stays_fail_closed_when_cleanup_fails(
         seed.run(sandbox, "sleep 600", timeout=0.2)
     [retired] = claim_names(mock.requests)
     # The DELETE was attempted and failed; nothing about it leaked back.
-    assert count(mock, "DELETE", f"{CLAIMS}/{retired}") >= 1
+    assert mock.count("DELETE", f"{CLAIMS}/{retired}") >= 1
     # The retired claim carries the safety net and is never renewed again.
     assert lifecycle_of(mock.find("POST", CLAIMS)[0]) == {
         "shutdownTime": "2026-09-28T18:10:00Z",
@@ -349,25 +336,23 @@ def test_stays_fail_closed_when_cleanup_fails(
     }
     # The next command runs in a fresh claim, never the retired one.
     assert seed.run(sandbox, "echo ok").output == "ok\n"
-    names = claim_names(mock.requests)
-    assert len(names) == 2
-    assert mock.find(path="/execute")[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
-    assert count(mock, "PATCH", f"{CLAIMS}/{retired}") == 0
+    assert_the_last_command_ran_in_a_second_claim(mock)
+    assert renewals(mock, retired) == 0
     sandbox.dispose()
 
 
 # seed: "renews the claim so a long session is not expired early"
 def test_renews_the_claim_so_a_long_session_is_not_expired_early(
-    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+    kubernetes_server: KubernetesFactory, seed: Seed, start: Start
 ) -> None:
-    now = Clock()
+    clocks = Clocks()
     mock = kubernetes_server(lambda c: {"hang": True} if "slow" in c else {"stdout": "ok\n"})
-    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=1, now=now, monotonic=now))
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=1))
     # Fresh claim: nothing to renew yet.
     seed.run(sandbox, "echo a")
-    assert count(mock, "PATCH") == 0
+    assert mock.count("PATCH") == 0
     # Past half the lifetime, the next command renews first.
-    now.value += 0.6
+    clocks.advance(0.6)
     seed.run(sandbox, "echo b")
     patches = mock.find("PATCH")
     assert len(patches) == 1
@@ -375,38 +360,28 @@ def test_renews_the_claim_so_a_long_session_is_not_expired_early(
     assert patches[0].headers["content-type"] == "application/merge-patch+json"
     # A command that runs longer than the lifetime is kept alive while it runs:
     # renewed every 250 ms; wait for two renewals beyond the one above.
-    cancel = threading.Event()
-    slow = pool.submit(seed.run, sandbox, "slow job", cancel=cancel)
-    wait_until(lambda: count(mock, "PATCH") >= 3)
-    cancel.set()
-    with pytest.raises(CommandCancelled):
-        slow.result(10)
+    slow = start(sandbox, "slow job")
+    wait_until(lambda: mock.count("PATCH") >= 3)
+    slow.cancel()
     sandbox.dispose()
 
 
 # seed: "stops renewing a claim once its command is cancelled"
 def test_stops_renewing_once_its_command_is_cancelled(
-    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+    kubernetes_server: KubernetesFactory, seed: Seed, start: Start
 ) -> None:
     mock = kubernetes_server(hang_sleep)
     # A one-second lifetime renews a running command every 250 ms.
     sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=1))
     [first] = claim_names(mock.requests)
-
-    def renewals() -> int:
-        return count(mock, "PATCH", f"{CLAIMS}/{first}")
-
-    cancel = threading.Event()
-    pending = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    pending = start(sandbox, "sleep 600")
     # Renewal really runs while the command does...
-    wait_until(lambda: renewals() >= 1)
-    cancel.set()
-    with pytest.raises(CommandCancelled):
-        pending.result(10)
-    at_retire = renewals()
+    wait_until(lambda: renewals(mock, first) >= 1)
+    pending.cancel()
+    at_retire = renewals(mock, first)
     # ...and never again after retirement, over more than two intervals.
     time.sleep(0.7)
-    assert renewals() == at_retire
+    assert renewals(mock, first) == at_retire
     sandbox.dispose()
 
 
@@ -414,16 +389,16 @@ def test_stops_renewing_once_its_command_is_cancelled(
 def test_replaces_a_locally_expired_claim_without_renewing_it(
     kubernetes_server: KubernetesFactory, seed: Seed
 ) -> None:
-    now = Clock()
+    clocks = Clocks()
     # The cluster has not removed the claim yet, so a PATCH would succeed.
     mock = kubernetes_server()
-    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now))
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=60))
     [first] = claim_names(mock.requests)
-    now.value += 61
+    clocks.advance(61)
     assert seed.run(sandbox, "echo ok").exit_code == 0
     assert len(claim_names(mock.requests)) == 2
-    assert count(mock, "PATCH") == 0
-    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    assert mock.count("PATCH") == 0
+    assert mock.count("DELETE", f"{CLAIMS}/{first}") == 1
     sandbox.dispose()
 
 
@@ -454,7 +429,7 @@ def test_retires_a_claim_the_router_no_longer_knows(
     cluster.router_gone.add(first)
     with pytest.raises(PiShipError, match="no longer knows this sandbox"):
         seed.run(sandbox, "echo one")
-    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    assert mock.count("DELETE", f"{CLAIMS}/{first}") == 1
     assert seed.run(sandbox, "echo two").output == "echo two\n"
     names = claim_names(mock.requests)
     assert len(names) == 2
@@ -492,14 +467,11 @@ def test_an_unknown_outcome_is_never_retryable_and_its_sandbox_is_deleted(
     # The claim is deleted before the failure is reported: a command still
     # running in its pod ends with it.
     [first] = claim_names(mock.requests)
-    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    assert mock.count("DELETE", f"{CLAIMS}/{first}") == 1
     # Never sent again; the next command runs in a fresh claim.
     instance.exec(seed.request("echo next"), cancel=threading.Event())
-    names = claim_names(mock.requests)
-    assert len(names) == 2
-    execute = mock.find(path="/execute")
-    assert len([r for r in execute if b"deploy" in r.body]) == 1
-    assert execute[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
+    assert times_sent(mock, "deploy") == 1
+    assert_the_last_command_ran_in_a_second_claim(mock)
     instance.dispose()
 
 
@@ -556,20 +528,17 @@ def test_retires_a_claim_that_disappears_while_a_command_runs(
     [first] = claim_names(mock.requests)
     slow = pool.submit(seed.run, sandbox, "slow job")
     wait_until(lambda: sent(mock, "slow job"))
-    before = count(mock, "PATCH", f"{CLAIMS}/{first}")
+    before = renewals(mock, first)
     cluster.expired.add(first)
     # The keepalive learns that the claim is gone.
-    wait_until(lambda: count(mock, "PATCH", f"{CLAIMS}/{first}") > before)
+    wait_until(lambda: renewals(mock, first) > before)
     finished.set()
     # The command's own outcome stands; it is not sent again.
     assert slow.result(10).output == "slow done\n"
-    assert count(mock, "DELETE", f"{CLAIMS}/{first}") == 1
+    assert mock.count("DELETE", f"{CLAIMS}/{first}") == 1
     assert seed.run(sandbox, "echo ok").output == "ok\n"
-    names = claim_names(mock.requests)
-    assert len(names) == 2
-    execute = mock.find(path="/execute")
-    assert len([r for r in execute if b"slow job" in r.body]) == 1
-    assert execute[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
+    assert times_sent(mock, "slow job") == 1
+    assert_the_last_command_ran_in_a_second_claim(mock)
     sandbox.dispose()
 
 
@@ -577,11 +546,9 @@ def test_retires_a_claim_that_disappears_while_a_command_runs(
 def test_reports_a_new_epoch_once_an_expired_claim_is_replaced(
     kubernetes_server: KubernetesFactory, seed: Seed
 ) -> None:
-    now = Clock()
+    clocks = Clocks()
     mock = kubernetes_server()
-    instance = kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now).prepare(
-        seed.profile()
-    )
+    instance = kubernetes(mock.url, clocks=clocks, lifetime_seconds=60).prepare(seed.profile())
     request = seed.request("true")
     assert instance.epoch() is None
     instance.exec(request, cancel=threading.Event())
@@ -589,7 +556,7 @@ def test_reports_a_new_epoch_once_an_expired_claim_is_replaced(
     assert first == claim_names(mock.requests)[0]
     instance.exec(request, cancel=threading.Event())
     assert instance.epoch() == first
-    now.value += 61
+    clocks.advance(61)
     instance.exec(request, cancel=threading.Event())
     assert instance.epoch() == claim_names(mock.requests)[1]
     assert instance.epoch() != first
@@ -600,15 +567,15 @@ def test_reports_a_new_epoch_once_an_expired_claim_is_replaced(
 def test_creates_no_claim_after_dispose_even_mid_renewal(
     kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
 ) -> None:
-    now = Clock()
+    clocks = Clocks()
     gate = threading.Event()
     cluster = Cluster(patch_gate=gate)
     mock = kubernetes_server(None, cluster)
-    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now))
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=60))
     [first] = claim_names(mock.requests)
     # Due for renewal; the cluster answers that the claim is gone only after
     # the session has been disposed.
-    now.value += 40
+    clocks.advance(40)
     cluster.expired.add(first)
     pending = pool.submit(seed.run, sandbox, "echo ok")
     mock.wait_for("PATCH", timeout=10)
@@ -617,24 +584,22 @@ def test_creates_no_claim_after_dispose_even_mid_renewal(
     with pytest.raises(PiShipError, match="disposed"):
         pending.result(10)
     assert claim_names(mock.requests) == [first]
-    assert count(mock, "POST", "/execute") == 1  # the activation check only
+    assert mock.count("POST", "/execute") == 1  # the activation check only
 
 
 # seed: "replaces a claim the cluster already expired before running"
 def test_replaces_a_claim_the_cluster_already_expired(
     kubernetes_server: KubernetesFactory, seed: Seed
 ) -> None:
-    now = Clock()
+    clocks = Clocks()
     cluster = Cluster()
     mock = kubernetes_server(None, cluster)
-    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=now))
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=60))
     [first] = claim_names(mock.requests)
     cluster.expired.add(first)
-    now.value += 120
+    clocks.advance(120)
     assert seed.run(sandbox, "echo ok").exit_code == 0
-    names = claim_names(mock.requests)
-    assert len(names) == 2
-    assert mock.find(path="/execute")[-1].headers["x-sandbox-id"] == f"pool-{names[1]}"
+    assert_the_last_command_ran_in_a_second_claim(mock)
     sandbox.dispose()
 
 
@@ -643,21 +608,16 @@ def test_replaces_a_claim_the_cluster_already_expired(
 
 # seed: "keeps a keepalive renewal at or after the committed shutdownTime when the clock moves backward"  # noqa: E501
 def test_a_keepalive_renewal_stays_at_the_committed_time_when_the_clock_moves_back(
-    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+    kubernetes_server: KubernetesFactory, seed: Seed, start: Start
 ) -> None:
-    now = Clock()
+    clocks = Clocks()
     mock = kubernetes_server(hang_sleep)
     # Frozen monotonic clock: no monotonic time passes while the wall clock moves.
-    sandbox = seed.activate(
-        kubernetes(mock.url, lifetime_seconds=1, now=now, monotonic=lambda: 0.0)
-    )
-    now.value -= 3600
-    cancel = threading.Event()
-    pending = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=1))
+    clocks.wall -= 3600
+    pending = start(sandbox, "sleep 600")
     mock.wait_for("PATCH", timeout=10)
-    cancel.set()
-    with pytest.raises(CommandCancelled):
-        pending.result(10)
+    pending.cancel()
     values = shutdowns(mock.requests)
     assert len(values) >= 2
     # No monotonic time passed: every renewal commits the creation value.
@@ -676,26 +636,26 @@ def test_a_keepalive_renewal_stays_at_the_committed_time_when_the_clock_moves_ba
 def test_renews_from_monotonic_elapsed_time_when_the_clock_moves_back(
     kubernetes_server: KubernetesFactory, seed: Seed, jump: float
 ) -> None:
-    now, monotonic = Clock(), Clock(5.0)
+    clocks = Clocks(mono=5.0)
     mock = kubernetes_server()
-    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=monotonic))
-    now.value += jump
-    monotonic.value += 40
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=60))
+    clocks.wall += jump
+    clocks.mono += 40
     seed.run(sandbox, "echo a")
     # Several renewals, with the clock moving again between them.
-    now.value -= jump / 2
-    monotonic.value += 40
+    clocks.wall -= jump / 2
+    clocks.mono += 40
     seed.run(sandbox, "echo b")
     assert shutdowns(mock.requests) == [at(60), at(100), at(140)]
     assert len(claim_names(mock.requests)) == 1
     # The local deadline is the committed one: just before it the claim is
     # renewed and kept, just after it replaced without renewal.
-    monotonic.value += 59.999
+    clocks.mono += 59.999
     seed.run(sandbox, "echo c")
     assert len(claim_names(mock.requests)) == 1
     # 139.999 s elapsed plus the lifetime, rounded up to the second.
     assert shutdowns(mock.requests)[-1] == at(200)
-    monotonic.value += 60.001
+    clocks.mono += 60.001
     seed.run(sandbox, "echo d")
     assert len(claim_names(mock.requests)) == 2
     sandbox.dispose()
@@ -705,14 +665,12 @@ def test_renews_from_monotonic_elapsed_time_when_the_clock_moves_back(
 def test_renews_on_wall_elapsed_time_after_a_suspend(
     kubernetes_server: KubernetesFactory, seed: Seed
 ) -> None:
-    now, monotonic = Clock(), Clock(0.0)
+    clocks = Clocks()
     mock = kubernetes_server()
-    sandbox = seed.activate(
-        kubernetes(mock.url, lifetime_seconds=3600, now=now, monotonic=monotonic)
-    )
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=3600))
     # Asleep for 45 minutes; the monotonic clock advanced 5.
-    now.value += 45 * 60
-    monotonic.value += 5 * 60
+    clocks.wall += 45 * 60
+    clocks.mono += 5 * 60
     seed.run(sandbox, "echo a")
     assert shutdowns(mock.requests) == [at(3600), at(45 * 60 + 3600)]
     assert len(claim_names(mock.requests)) == 1
@@ -723,40 +681,33 @@ def test_renews_on_wall_elapsed_time_after_a_suspend(
 def test_replaces_a_claim_that_expired_during_a_suspend(
     kubernetes_server: KubernetesFactory, seed: Seed
 ) -> None:
-    now, monotonic = Clock(), Clock(0.0)
+    clocks = Clocks()
     mock = kubernetes_server()
-    sandbox = seed.activate(
-        kubernetes(mock.url, lifetime_seconds=3600, now=now, monotonic=monotonic)
-    )
-    now.value += 61 * 60
-    monotonic.value += 5 * 60
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=3600))
+    clocks.wall += 61 * 60
+    clocks.mono += 5 * 60
     seed.run(sandbox, "echo ok")
     assert len(claim_names(mock.requests)) == 2
-    assert count(mock, "PATCH") == 0
+    assert mock.count("PATCH") == 0
     sandbox.dispose()
 
 
 # seed: "never lets a late keepalive revive a claim past its shutdownTime"
 def test_a_late_keepalive_never_revives_a_claim(
-    kubernetes_server: KubernetesFactory, seed: Seed, pool: ThreadPoolExecutor
+    kubernetes_server: KubernetesFactory, seed: Seed, start: Start
 ) -> None:
-    now = Clock()
+    clocks = Clocks()
     mock = kubernetes_server(hang_sleep)
     # Frozen monotonic clock: the machine slept, only the wall clock moved.
-    sandbox = seed.activate(
-        kubernetes(mock.url, lifetime_seconds=1, now=now, monotonic=lambda: 0.0)
-    )
-    cancel = threading.Event()
-    pending = pool.submit(seed.run, sandbox, "sleep 600", cancel=cancel)
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=1))
+    pending = start(sandbox, "sleep 600")
     wait_until(lambda: sent(mock, "sleep 600"))
     # The command runs; the machine sleeps past the claim's shutdownTime.
-    now.value += 5
+    clocks.wall += 5
     # Two keepalive intervals pass with the claim already expired.
     time.sleep(0.7)
-    assert count(mock, "PATCH") == 0
-    cancel.set()
-    with pytest.raises(CommandCancelled):
-        pending.result(10)
+    assert mock.count("PATCH") == 0
+    pending.cancel()
     sandbox.dispose()
 
 
@@ -764,21 +715,21 @@ def test_a_late_keepalive_never_revives_a_claim(
 def test_counts_a_forward_jump_as_elapsed_time(
     kubernetes_server: KubernetesFactory, seed: Seed
 ) -> None:
-    now, monotonic = Clock(), Clock(0.0)
+    clocks = Clocks()
     mock = kubernetes_server()
-    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=monotonic))
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=60))
     # 10 s pass and the clock is also set 25 s ahead: 35 s count.
-    now.value += 35
-    monotonic.value += 10
+    clocks.wall += 35
+    clocks.mono += 10
     seed.run(sandbox, "echo a")
     # Monotonic time alone would neither renew yet nor give T + 70 s; the jump
     # lengthens the lifetime by at most its own 25 s.
     assert shutdowns(mock.requests) == [at(60), at(95)]
     # A jump past the committed shutdownTime counts as expiry.
-    now.value += 86_400
+    clocks.wall += 86_400
     seed.run(sandbox, "echo b")
     assert len(claim_names(mock.requests)) == 2
-    assert count(mock, "PATCH") == 1
+    assert mock.count("PATCH") == 1
     sandbox.dispose()
 
 
@@ -786,15 +737,15 @@ def test_counts_a_forward_jump_as_elapsed_time(
 def test_expires_a_claim_locally_after_the_clock_moved_back(
     kubernetes_server: KubernetesFactory, seed: Seed
 ) -> None:
-    now, monotonic = Clock(), Clock(0.0)
+    clocks = Clocks()
     mock = kubernetes_server()
-    sandbox = seed.activate(kubernetes(mock.url, lifetime_seconds=60, now=now, monotonic=monotonic))
-    now.value -= 3600
-    monotonic.value += 61
+    sandbox = seed.activate(kubernetes(mock.url, clocks=clocks, lifetime_seconds=60))
+    clocks.wall -= 3600
+    clocks.mono += 61
     seed.run(sandbox, "echo ok")
     # Past the committed shutdownTime: replaced, never revived by a PATCH.
     assert len(claim_names(mock.requests)) == 2
-    assert count(mock, "PATCH") == 0
+    assert mock.count("PATCH") == 0
     sandbox.dispose()
 
 
@@ -838,7 +789,7 @@ def test_disposes_idempotently(
     for future in both:
         future.result(10)
     sandbox.dispose()
-    assert count(mock, "DELETE") == 1
+    assert mock.count("DELETE") == 1
 
 
 # seed: "sends a bearer to the API and the router only when a credential is given"
@@ -866,17 +817,6 @@ def test_sends_no_authorization_without_a_credential(
     assert all("authorization" not in r.headers for r in mock.requests)
 
 
-class Rejections:
-    """A ``credential_rejected`` callback that counts its calls and says "renewed"."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self) -> bool:
-        self.count += 1
-        return True
-
-
 # seed: "reports an RBAC 403 on claim creation without rejecting the bearer"
 def test_reports_an_rbac_403_on_claim_creation(
     kubernetes_server: KubernetesFactory, seed: Seed
@@ -891,7 +831,7 @@ def test_reports_an_rbac_403_on_claim_creation(
     assert "creating the SandboxClaim failed: HTTP 403" in str(error)
     assert token not in str(error)
     assert rejected.count == 0
-    assert count(mock, "POST", CLAIMS) == 1
+    assert mock.count("POST", CLAIMS) == 1
 
 
 # seed: "reports an RBAC 403 from the router without rejecting the bearer"
@@ -934,7 +874,7 @@ def test_rejects_the_bearer_on_a_401_and_creates_no_claim(
     assert "fake-bearer-SENTINEL-0008" not in str(error)
     assert rejected.count >= 1
     # The API refused the bearer before any claim was requested.
-    assert count(mock, "POST", CLAIMS) == 0
+    assert mock.count("POST", CLAIMS) == 0
 
 
 # seed: "quotes commands and environment for the runtime's shell-like split"

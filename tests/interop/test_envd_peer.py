@@ -12,7 +12,6 @@ envd's process semantics; the Connect framing and JSON codec are the official
 from __future__ import annotations
 
 import base64
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -28,9 +27,9 @@ pytest.importorskip(
 import requests
 from e2b import CommandExitException, Sandbox, TimeoutException
 from envd_peer import ENVD_PATH, ControlPlane, EnvdPeer, PeerProcess
+from seed_support import Seed, host_values_in, wire
 
 from piship_remote.activation import Sandbox as PiSandbox
-from piship_remote.activation import activate_sandbox
 from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.connect import EnvelopeReader, Frame, connect_envelope
 from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
@@ -39,25 +38,6 @@ from piship_remote.testing import leaks
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(20)]
 
 TOKEN = "envd-peer-token-0001"
-SECRETS = {
-    "ACME_API_TOKEN": "sk-live-never-in-remote-backends",
-    "AWS_SECRET_ACCESS_KEY": "aws-never-in-remote-backends",
-    "GITHUB_TOKEN": "ghp_never_in_remote_backends_0000000000",
-}
-ENV = {
-    "PATH": "/opt/host/bin",
-    "HOME": "/home/alice",
-    "LANG": "C.UTF-8",
-    "DOCS_MODE": "demo",
-    "UNLISTED_VARIABLE": "unlisted-host-value",
-    **SECRETS,
-}
-POLICY = {
-    "required": True,
-    "filesystem": {"read": {"deny": ["~/.ssh"]}, "write": {"allow": ["workspace"]}},
-    "network": {"mode": "deny"},
-    "environment": {"allow": ["PATH", "HOME", "LANG", "DOCS_MODE", "ACME_API_TOKEN"]},
-}
 START = "/process.Process/Start"
 SEND_SIGNAL = "/process.Process/SendSignal"
 
@@ -70,9 +50,8 @@ Backends = Callable[..., E2bCompatibleBackend]
 @pytest.fixture
 def sandbox_home(root: Path) -> Path:
     """The sandbox user's home on the peer (the backend's workdir), with ``sub``."""
-    path = root / "sandbox-home"
-    (path / "sub").mkdir(parents=True)
-    return path
+    (root / "sandbox-home" / "sub").mkdir(parents=True)
+    return root / "sandbox-home"
 
 
 @pytest.fixture
@@ -152,27 +131,31 @@ class Session:
         )
         return result.exit_code, bytes(output)
 
+    def dispose(self) -> None:
+        self.sandbox.dispose()
 
-def activate(
-    backend: E2bCompatibleBackend, workspace: Path, home: Path, **policy: Any
-) -> PiSandbox:
-    return activate_sandbox(
-        {**POLICY, **policy},
-        backend=backend,
-        workspace=workspace,
-        home_dir=home,
-        env=ENV,
-        settle_timeout=2.0,
-    )
+
+Activate = Callable[..., Session]
 
 
 @pytest.fixture
-def session(
-    control: ControlPlane, envd: EnvdPeer, backends: Backends, workspace: Path, home: Path
-) -> Iterator[Session]:
-    sandbox = activate(backends(control, envd), workspace, home)
-    yield Session(sandbox, workspace)
-    sandbox.dispose()
+def activate(backends: Backends, workspace: Path, home: Path) -> Activate:
+    """``activate(control, envd, network="deny", **backend_options)``: the seed's activation."""
+
+    def activate_on(
+        control: ControlPlane, envd: EnvdPeer, network: str = "deny", **options: Any
+    ) -> Session:
+        backend = backends(control, envd, **options)
+        return Session(Seed(workspace, home, network).activate(backend), workspace)
+
+    return activate_on
+
+
+@pytest.fixture
+def session(control: ControlPlane, envd: EnvdPeer, activate: Activate) -> Iterator[Session]:
+    session = activate(control, envd)
+    yield session
+    session.dispose()
 
 
 def start_request(request: Any) -> dict[str, Any]:
@@ -336,19 +319,13 @@ def test_activation_runs_the_readiness_check_for_real(session: Session, envd: En
 
 
 def test_creates_runs_in_the_mapped_cwd_and_deletes(
-    control: ControlPlane,
-    envd: EnvdPeer,
-    backends: Backends,
-    workspace: Path,
-    home: Path,
-    sandbox_home: Path,
+    control: ControlPlane, envd: EnvdPeer, activate: Activate, workspace: Path, sandbox_home: Path
 ) -> None:
     # seed: "creates, checks, runs, and deletes a sandbox"
-    sandbox = activate(backends(control, envd), workspace, home)
-    session = Session(sandbox, workspace)
+    session = activate(control, envd)
     assert session.run("pwd", cwd=workspace / "sub") == (0, f"{sandbox_home}/sub\n".encode())
     assert session.run("exit 3")[0] == 3
-    sandbox.dispose()
+    session.dispose()
     calls = [(r.method, r.path) for r in control.requests]
     sandbox_path = calls[2][1].removesuffix("/timeout")
     assert calls == [
@@ -365,30 +342,25 @@ def test_creates_runs_in_the_mapped_cwd_and_deletes(
 
 
 def test_maps_the_workspace_root_onto_the_workdir_and_allows_network_only_when_asked(
-    control: ControlPlane,
-    envd: EnvdPeer,
-    backends: Backends,
-    workspace: Path,
-    home: Path,
-    sandbox_home: Path,
+    control: ControlPlane, envd: EnvdPeer, activate: Activate, sandbox_home: Path
 ) -> None:
     # seed: "maps the workspace onto a configured workdir and allows the network only when asked"
-    sandbox = activate(backends(control, envd), workspace, home, network={"mode": "allow"})
-    assert Session(sandbox, workspace).run("pwd") == (0, f"{sandbox_home}\n".encode())
-    sandbox.dispose()
+    session = activate(control, envd, network="allow")
+    assert session.run("pwd") == (0, f"{sandbox_home}\n".encode())
+    session.dispose()
     create = next(r for r in control.requests if r.path == "/sandboxes")
     assert create.json()["allow_internet_access"] is True
 
 
 def test_sends_the_control_plane_key_only_to_the_control_plane(
-    envd: EnvdPeer, backends: Backends, workspace: Path, home: Path
+    envd: EnvdPeer, activate: Activate
 ) -> None:
     # seed: "sends a required API key only as X-API-Key to the control plane, ..."
     key = "fake-sandbox-key-SENTINEL-0101"
     with ControlPlane(envd, api_key=key) as plane:
-        sandbox = activate(backends(plane, envd, credential=lambda: key), workspace, home)
-        assert Session(sandbox, workspace).run("true") == (0, b"")
-        sandbox.dispose()
+        session = activate(plane, envd, credential=lambda: key)
+        assert session.run("true") == (0, b"")
+        session.dispose()
         assert leaks(plane.requests, key, ["x-api-key"]) == []
         assert all(r.headers["x-api-key"] == key for r in plane.requests if r.path != "/health")
     assert leaks(envd.requests, key) == []
@@ -436,10 +408,9 @@ def test_sends_only_approved_variables_and_the_peer_adds_its_own(
         "LANG": "C.UTF-8",
         "DOCS_MODE": "demo",
     }
-    wire = json.dumps([[r.headers, r.body.decode("latin-1")] for r in envd.requests])
-    for value in [*SECRETS.values(), "unlisted-host-value", "/home/alice", "/opt/host/bin"]:
-        assert value not in wire
-        assert value not in output.decode()
+    host_paths = ("/home/alice", "/opt/host/bin")
+    assert host_values_in(wire(envd.requests), *host_paths) == []
+    assert host_values_in(output.decode(), *host_paths) == []
 
 
 def test_timeout_kills_the_remote_process(session: Session, envd: EnvdPeer) -> None:
@@ -483,43 +454,35 @@ def test_utf8_split_across_frames_arrives_intact(session: Session, envd: EnvdPee
 
 
 def test_one_byte_frames_reassemble_multibyte_text(
-    peers: Callable[..., EnvdPeer],
-    control: ControlPlane,
-    backends: Backends,
-    workspace: Path,
-    home: Path,
+    peers: Callable[..., EnvdPeer], activate: Activate
 ) -> None:
     envd = peers(chunk_size=1)
     with ControlPlane(envd) as plane:
-        sandbox = activate(backends(plane, envd), workspace, home)
+        session = activate(plane, envd)
         text = "héllo wörld € 𝄞\n"
-        assert Session(sandbox, workspace).run(f"printf '%s\\n' '{text.strip()}'") == (
-            0,
-            text.encode(),
-        )
+        assert session.run(f"printf '%s\\n' '{text.strip()}'") == (0, text.encode())
         assert len(envd.processes()[-1].output) == len(text.encode())
-        sandbox.dispose()
+        session.dispose()
 
 
 def test_keepalives_hold_an_idle_stream_open(
-    peers: Callable[..., EnvdPeer], backends: Backends, workspace: Path, home: Path
+    peers: Callable[..., EnvdPeer], activate: Activate
 ) -> None:
     envd = peers(keepalive_interval=0.03)
     with ControlPlane(envd) as plane:
-        backend = backends(plane, envd, stream_idle_timeout=0.15)
-        sandbox = activate(backend, workspace, home)
-        assert Session(sandbox, workspace).run("sleep 0.5; echo done") == (0, b"done\n")
-        sandbox.dispose()
+        session = activate(plane, envd, stream_idle_timeout=0.15)
+        assert session.run("sleep 0.5; echo done") == (0, b"done\n")
+        session.dispose()
 
 
 def test_a_silent_stream_without_keepalives_hits_the_idle_timeout(
-    envd: EnvdPeer, control: ControlPlane, backends: Backends, workspace: Path, home: Path
+    envd: EnvdPeer, control: ControlPlane, activate: Activate
 ) -> None:
-    sandbox = activate(backends(control, envd, stream_idle_timeout=0.15), workspace, home)
+    session = activate(control, envd, stream_idle_timeout=0.15)
     with pytest.raises(PiShipError, match="interrupted") as failed:
-        Session(sandbox, workspace).run("exec sleep 5")
+        session.run("exec sleep 5")
     assert "outcome is unknown" in str(failed.value)
-    sandbox.dispose()
+    session.dispose()
 
 
 def test_a_missing_remote_cwd_is_reported(session: Session, workspace: Path) -> None:
@@ -530,28 +493,28 @@ def test_a_missing_remote_cwd_is_reported(session: Session, workspace: Path) -> 
 
 
 def test_an_unknown_envd_user_is_refused_and_root_works_when_configured(
-    peers: Callable[..., EnvdPeer], backends: Backends, workspace: Path, home: Path
+    peers: Callable[..., EnvdPeer], activate: Activate
 ) -> None:
     # seed: "runs commands as root for a CubeSandbox-style service when configured"
     envd = peers(users=("root",), default_user="root")
     with ControlPlane(envd) as plane:
         with pytest.raises(PiShipError) as refused:
-            activate(backends(plane, envd), workspace, home)
+            activate(plane, envd)
         assert refused.value.code == "SANDBOX_UNAVAILABLE"
         assert "unauthenticated" in str(refused.value)
         assert plane.live_sandboxes == []
-        sandbox = activate(backends(plane, envd, user="root"), workspace, home)
-        assert Session(sandbox, workspace).run("echo $USER") == (0, b"root\n")
-        sandbox.dispose()
+        session = activate(plane, envd, user="root")
+        assert session.run("echo $USER") == (0, b"root\n")
+        session.dispose()
 
 
 def test_a_wrong_envd_token_fails_activation_without_leaking_it(
-    peers: Callable[..., EnvdPeer], backends: Backends, workspace: Path, home: Path
+    peers: Callable[..., EnvdPeer], activate: Activate
 ) -> None:
     envd = peers(access_token="the-real-envd-token-0002")
     with ControlPlane(envd, envd_token="a-stale-envd-token-0003") as plane:
         with pytest.raises(PiShipError) as refused:
-            activate(backends(plane, envd), workspace, home)
+            activate(plane, envd)
     assert refused.value.code == "SANDBOX_UNAVAILABLE"
     assert "HTTP 401" in str(refused.value)
     assert "a-stale-envd-token-0003" not in str(refused.value)
@@ -573,14 +536,13 @@ def test_concurrent_commands_each_get_their_own_stream(session: Session) -> None
 
 
 def test_dispose_mid_command_deletes_the_sandbox_and_its_processes(
-    control: ControlPlane, envd: EnvdPeer, backends: Backends, workspace: Path, home: Path
+    control: ControlPlane, envd: EnvdPeer, activate: Activate
 ) -> None:
-    sandbox = activate(backends(control, envd), workspace, home)
-    session = Session(sandbox, workspace)
+    session = activate(control, envd)
 
     def on_data(chunk: bytes) -> None:
         if b"started" in chunk:
-            threading.Thread(target=sandbox.dispose, name="piship-test-dispose").start()
+            threading.Thread(target=session.dispose, name="piship-test-dispose").start()
 
     with pytest.raises(PiShipError, match="disposed"):
         session.run("echo started; exec sleep 600", on_data=on_data)
