@@ -11,16 +11,45 @@ and from pytest through the fixtures ``e2b_server`` and ``kubernetes_server``
 each request on arrival, and on exit releases every held request and stops.
 """
 
-from piship_remote.testing.e2b_server import E2bServer
-from piship_remote.testing.kubernetes_server import CLAIMS, Cluster, KubernetesServer
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from piship_remote.testing.leaks import leaks
-from piship_remote.testing.recorder import (
-    THREAD_PREFIX,
-    DropConnection,
-    Recorded,
-    RecordingServer,
-    json_response,
-)
+
+if TYPE_CHECKING:
+    from piship_remote.testing.e2b_server import E2bServer
+    from piship_remote.testing.kubernetes_server import CLAIMS, Cluster, KubernetesServer
+    from piship_remote.testing.recorder import (
+        THREAD_PREFIX,
+        DropConnection,
+        Recorded,
+        RecordingServer,
+        json_response,
+    )
+
+# The doubles need the test extra (werkzeug, pytest-httpserver); importing them
+# lazily lets the pytest plugin and ``leaks`` load in an install without it.
+_HOMES = {
+    "E2bServer": "e2b_server",
+    "CLAIMS": "kubernetes_server",
+    "Cluster": "kubernetes_server",
+    "KubernetesServer": "kubernetes_server",
+    "THREAD_PREFIX": "recorder",
+    "DropConnection": "recorder",
+    "Recorded": "recorder",
+    "RecordingServer": "recorder",
+    "json_response": "recorder",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "CLAIMS",

@@ -160,7 +160,7 @@ class KubernetesServer(RecordingServer):
                 {
                     "kind": "Status",
                     "reason": "Forbidden",
-                    "message": f'sandboxclaims is forbidden: {who} cannot create resource '
+                    "message": f"sandboxclaims is forbidden: {who} cannot create resource "
                     f'"sandboxclaims" in namespace "{namespace}"',
                 },
             )

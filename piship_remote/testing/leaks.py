@@ -1,16 +1,18 @@
 """Find where a secret appears in recorded requests.
 
-    >>> from piship_remote.testing.recorder import Recorded
-    >>> sent = [Recorded("POST", "/sandboxes?k=s3cret-key", {"x-api-key": "s3cret-key"}, b"")]
-    >>> leaks(sent, "s3cret-key", ["x-api-key"])
-    ['/sandboxes?k=s3cret-key: path']
+>>> from piship_remote.testing.recorder import Recorded
+>>> sent = [Recorded("POST", "/sandboxes?k=s3cret-key", {"x-api-key": "s3cret-key"}, b"")]
+>>> leaks(sent, "s3cret-key", ["x-api-key"])
+['/sandboxes?k=s3cret-key: path']
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from piship_remote.testing.recorder import Recorded
+if TYPE_CHECKING:
+    from piship_remote.testing.recorder import Recorded
 
 __all__ = ["leaks"]
 

@@ -12,18 +12,21 @@ closed (held requests released) when the test ends.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import pytest
 
-from piship_remote.testing.e2b_server import E2bServer
-from piship_remote.testing.kubernetes_server import KubernetesServer
-from piship_remote.testing.recorder import RecordingServer
+if TYPE_CHECKING:
+    # Imported inside the fixtures: the plugin loads in every pytest run, with or
+    # without the test extra the doubles need.
+    from piship_remote.testing.e2b_server import E2bServer
+    from piship_remote.testing.kubernetes_server import KubernetesServer
+    from piship_remote.testing.recorder import RecordingServer
 
 __all__ = ["e2b_server", "kubernetes_server"]
 
 _P = ParamSpec("_P")
-_T = TypeVar("_T", bound=RecordingServer)
+_T = TypeVar("_T", bound="RecordingServer")
 
 
 def _closing_factory(
@@ -46,10 +49,14 @@ def _closing_factory(
 @pytest.fixture
 def e2b_server() -> Iterator[Callable[..., E2bServer]]:
     """A factory of started :class:`E2bServer` instances, all closed at teardown."""
+    from piship_remote.testing.e2b_server import E2bServer
+
     yield from _closing_factory(E2bServer)
 
 
 @pytest.fixture
 def kubernetes_server() -> Iterator[Callable[..., KubernetesServer]]:
     """A factory of started :class:`KubernetesServer` instances, all closed at teardown."""
+    from piship_remote.testing.kubernetes_server import KubernetesServer
+
     yield from _closing_factory(KubernetesServer)

@@ -83,9 +83,7 @@ class DropConnection(Exception):
     """Raise in a handler (or a streamed body) to close the connection without answering."""
 
 
-def json_response(
-    status: int, body: Any, *, content_type: str = "application/json"
-) -> Response:
+def json_response(status: int, body: Any, *, content_type: str = "application/json") -> Response:
     """A response with ``body`` as compact JSON (``bytes``/``str`` bodies are sent as they are)."""
     if isinstance(body, bytes | str):
         data = body.encode() if isinstance(body, str) else body
@@ -274,9 +272,7 @@ class RecordingServer:
 
 
 def _matches(recorded: Recorded, method: str | None, path: str | None) -> bool:
-    return (method is None or recorded.method == method) and (
-        path is None or recorded.path == path
-    )
+    return (method is None or recorded.method == method) and (path is None or recorded.path == path)
 
 
 def _request_target(request: Request) -> str:

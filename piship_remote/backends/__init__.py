@@ -1,0 +1,1 @@
+"""The sandbox backends: E2B-compatible services and Kubernetes agent-sandbox."""
