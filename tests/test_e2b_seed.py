@@ -239,8 +239,7 @@ def test_sends_the_endpoint_credential_to_the_control_plane_only(
 def test_sends_a_required_api_key_only_as_x_api_key_to_the_control_plane(
     seed: Seed, e2b_server: E2bFactory
 ) -> None:
-    # seed: "sends a required API key only as X-API-Key to the control plane, never in a path,
-    # body, or envd request"
+    # seed: "sends a required API key only as X-API-Key to the control plane, never in a path, body, or envd request"  # noqa: E501
     key = "fake-sandbox-key-SENTINEL-0001"
     mock = e2b_server(api_key=key)
     sandbox = seed.activate(e2b(mock.url, credential=lambda: key))
@@ -255,8 +254,7 @@ def test_sends_a_required_api_key_only_as_x_api_key_to_the_control_plane(
 def test_reports_a_rejected_key_and_never_repeats_the_create(
     seed: Seed, e2b_server: E2bFactory
 ) -> None:
-    # seed: "reports a rejected key and never repeats the create; the echoed key stays out of
-    # the error"
+    # seed: "reports a rejected key and never repeats the create; the echoed key stays out of the error"  # noqa: E501
     key = "fake-sandbox-key-SENTINEL-0002"
     mock = e2b_server(api_key="fake-other-key-0000")
     rejected = Rejections(True)
