@@ -4,8 +4,12 @@
     piship-remote run --backend e2b -- make test
     piship-remote doctor --backend kubernetes --network allow --json
 
+``run -- CMD ARG...`` quotes each argument (``shlex.join``); a single argument is
+a shell line as given (``run -- 'echo $HOME | wc -c'``).
+
 Exit status: the command's own for ``run``; 2 for a configuration error, 3 when
-no sandbox can be had, 130 after Ctrl-C (the remote command is killed first).
+no sandbox can be had, 124 when ``--timeout`` expired, 130 after Ctrl-C (the
+remote command is killed first in both cases).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +34,7 @@ __all__ = ["main"]
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
+EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
 CONFIG_CODES = frozenset({"CONFIG_INVALID", "CONFIG_UNAVAILABLE", "NETWORK_DENIED"})
 DEFAULT_ALLOW = ("LANG", "LC_ALL", "TERM", "TZ")
@@ -55,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"TIMEOUT: the command ran longer than {e.timeout:g} s and was killed", file=sys.stderr
         )
-        return 124
+        return EXIT_TIMEOUT
 
 
 # -- the parser ---------------------------------------------------------------
@@ -166,8 +172,13 @@ def _run(args: argparse.Namespace) -> int:
         )
     with ExitStack() as stack:
         sandbox = stack.enter_context(_activated(args, stack))
-        result = sandbox.run(" ".join(command), timeout=args.timeout, echo=True)
+        result = sandbox.run(_shell_line(command), timeout=args.timeout, echo=True)
         return result.exit_code
+
+
+def _shell_line(command: Sequence[str]) -> str:
+    """One argument is a shell line as given; several are quoted word by word."""
+    return command[0] if len(command) == 1 else shlex.join(command)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -273,7 +284,13 @@ def _parse_policy(path: str, text: str) -> Any:
                 "reading a YAML policy needs PyYAML",
                 user_action="pip install pyyaml, or write the policy as JSON",
             ) from None
-        return yaml.safe_load(text)
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or "malformed YAML"
+            raise PiShipError(
+                "CONFIG_INVALID", f"the policy file {path} is not valid YAML: {problem}"
+            ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

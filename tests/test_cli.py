@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from piship_remote import cli as cli_module
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import E2bServer
 
@@ -45,6 +46,37 @@ def _clean_environ() -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def in_process_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No ambient PISHIP/E2B settings or proxies for ``cli.main`` run in this process."""
+    for name in list(os.environ):
+        upper = name.upper()
+        if upper.startswith(("PISHIP_", "E2B_")) or upper.endswith("_PROXY"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def run_in_process(
+    monkeypatch: pytest.MonkeyPatch, mock: E2bServer, workspace: Path, *command: str
+) -> tuple[int, list[str]]:
+    """``cli.main(["run", ..., "--", *command])`` against ``mock``: status and the scripts run."""
+    for name, value in mock_env(mock).items():
+        monkeypatch.setenv(name, value)
+    status = cli_module.main(["run", "--workspace", str(workspace), "--", *command])
+    return status, [_script(start) for start in _starts(mock)]
+
+
+def _starts(mock: E2bServer) -> list[dict[str, Any]]:
+    starts = [r for r in mock.requests if r.path == "/process.Process/Start"][1:]  # 0: probe
+    return [json.loads(r.body[5:]) for r in starts]
+
+
+def _script(start: dict[str, Any]) -> str:
+    args: list[str] = start["process"]["args"]
+    assert args[:2] == ["-l", "-c"]
+    return args[2]
+
+
 def mock_env(mock: E2bServer) -> dict[str, str]:
     return {
         "PISHIP_E2B_ENDPOINT": mock.url,
@@ -71,6 +103,26 @@ def test_run_streams_output_and_exits_with_the_commands_code(
     (start,) = [r for r in mock.requests if r.path == "/process.Process/Start"][1:]
     assert b"echo hello" in start.body
     assert mock.live_sandboxes == []
+
+
+@pytest.mark.timeout(30)
+def test_run_quotes_each_argument_when_given_several(
+    e2b_server: E2bFactory, workspace: Path, in_process_env: pytest.MonkeyPatch
+) -> None:
+    mock = e2b_server(api_key=API_KEY)
+    status, scripts = run_in_process(in_process_env, mock, workspace, "printf", "%s\\n", "a b")
+    assert status == 0
+    assert scripts == ["printf '%s\\n' 'a b'"]
+
+
+@pytest.mark.timeout(30)
+def test_run_takes_a_single_argument_as_a_shell_line(
+    e2b_server: E2bFactory, workspace: Path, in_process_env: pytest.MonkeyPatch
+) -> None:
+    mock = e2b_server(api_key=API_KEY)
+    status, scripts = run_in_process(in_process_env, mock, workspace, "echo $HOME | wc -c")
+    assert status == 0
+    assert scripts == ["echo $HOME | wc -c"]
 
 
 @pytest.mark.timeout(60)
@@ -203,8 +255,16 @@ def test_demo_shows_containment_and_exits_0(tmp_path: Path) -> None:
 @NEEDS_BWRAP
 @pytest.mark.timeout(120)
 def test_run_on_the_local_backend(tmp_path: Path) -> None:
-    result = cli(
-        "run", "--backend", "local", "--", "echo", "from-the-sandbox;", "exit", "5", cwd=tmp_path
-    )
+    result = cli("run", "--backend", "local", "--", "echo from-the-sandbox; exit 5", cwd=tmp_path)
     assert result.returncode == 5, result.stderr
     assert result.stdout == "from-the-sandbox\n"
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(120)
+def test_run_on_the_local_backend_keeps_each_arguments_quoting(tmp_path: Path) -> None:
+    result = cli(
+        "run", "--backend", "local", "--", "printf", "[%s]\\n", "a b", "$HOME", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[a b]\n[$HOME]\n"

@@ -1,0 +1,230 @@
+"""The command line against the mock services: exit statuses, Kubernetes, YAML policies, serve.
+
+Everything but ``serve`` calls ``cli.main`` in this process (fast); every address is loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+
+from piship_remote import cli
+from piship_remote.local import LocalE2bService
+from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer
+from piship_remote.testing.kubernetes_server import Cluster
+
+API_KEY = "e2b_cli_backends_key_0123456789"
+K8S_TOKEN = "k8s-cli-bearer-0123456789abcdef"
+E2bFactory = Callable[..., E2bServer]
+KubernetesFactory = Callable[..., KubernetesServer]
+NEEDS_BWRAP = pytest.mark.skipif(
+    LocalE2bService.check() is not None,
+    reason=f"the local service cannot isolate commands here: {LocalE2bService.check()}",
+)
+SERVE_READY_WITHIN = 20.0
+SERVE_STOP_WITHIN = 15.0
+
+
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No ambient PISHIP/E2B settings or proxies: ``cli.main`` reads only what a test sets."""
+    for name in list(os.environ):
+        upper = name.upper()
+        if upper.startswith(("PISHIP_", "E2B_")) or upper.endswith("_PROXY"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def use_e2b(environ: pytest.MonkeyPatch, mock: E2bServer) -> None:
+    environ.setenv("PISHIP_E2B_ENDPOINT", mock.url)
+    environ.setenv("PISHIP_E2B_ENVD_URL", mock.url)
+    environ.setenv("E2B_API_KEY", API_KEY)
+
+
+def use_kubernetes(environ: pytest.MonkeyPatch, mock: KubernetesServer) -> None:
+    environ.setenv("PISHIP_BACKEND", "kubernetes")
+    environ.setenv("PISHIP_K8S_API", mock.url)
+    environ.setenv("PISHIP_K8S_ROUTER", mock.url)
+    environ.setenv("PISHIP_K8S_TEMPLATE", "python-pool")
+    environ.setenv("PISHIP_K8S_NAMESPACE", "agents")
+    environ.setenv("PISHIP_K8S_TOKEN", K8S_TOKEN)
+
+
+# -- exit statuses ----------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_run_passes_the_commands_own_exit_code_through(
+    e2b_server: E2bFactory, workspace: Path, environ: pytest.MonkeyPatch
+) -> None:
+    mock = e2b_server(api_key=API_KEY, command=lambda start: {"exit_code": 7})
+    use_e2b(environ, mock)
+    assert cli.main(["run", "--workspace", str(workspace), "--", "exit 7"]) == 7
+    assert mock.live_sandboxes == []
+
+
+@pytest.mark.timeout(30)
+def test_run_exits_124_when_the_timeout_expires(
+    e2b_server: E2bFactory,
+    workspace: Path,
+    environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mock = e2b_server(api_key=API_KEY, command=lambda start: {"hang": True})
+    use_e2b(environ, mock)
+    status = cli.main(["run", "--timeout", "0.3", "--workspace", str(workspace), "--", "sleep 60"])
+    assert status == 124
+    assert capsys.readouterr().err.startswith("TIMEOUT: the command ran longer than 0.3 s")
+
+
+# -- Kubernetes, configured through the environment ------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_run_on_kubernetes_uses_one_claim_and_deletes_it(
+    kubernetes_server: KubernetesFactory,
+    workspace: Path,
+    environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mock = kubernetes_server(
+        lambda command: {"stdout": "from-the-pod\n", "exit_code": 4}, Cluster(token=K8S_TOKEN)
+    )
+    use_kubernetes(environ, mock)
+    status = cli.main(["run", "--network", "allow", "--workspace", str(workspace), "--", "true"])
+    assert status == 4, capsys.readouterr().err
+    assert capsys.readouterr().out == "from-the-pod\n"
+    assert mock.count("POST", CLAIMS) == 1
+    assert mock.live_claims == []
+
+
+@pytest.mark.timeout(30)
+def test_doctor_on_kubernetes_reports_and_deletes_its_one_claim(
+    kubernetes_server: KubernetesFactory,
+    workspace: Path,
+    environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(token=K8S_TOKEN))
+    use_kubernetes(environ, mock)
+    status = cli.main(["doctor", "--network", "allow", "--workspace", str(workspace)])
+    output = capsys.readouterr()
+    assert status == 0, output.err
+    assert output.out.startswith("enforced by kubernetes-agent-sandbox (required")
+    assert mock.count("POST", CLAIMS) == 1
+    assert mock.live_claims == []
+
+
+@pytest.mark.timeout(30)
+def test_kubernetes_refuses_a_deny_policy_before_any_claim(
+    kubernetes_server: KubernetesFactory,
+    workspace: Path,
+    environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(token=K8S_TOKEN))
+    use_kubernetes(environ, mock)
+    status = cli.main(["run", "--workspace", str(workspace), "--", "true"])
+    assert status == cli.EXIT_UNAVAILABLE
+    assert "does not provide network-deny" in capsys.readouterr().err
+    assert mock.count("POST", CLAIMS) == 0
+
+
+# -- YAML policies -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_run_reads_a_yaml_policy_file(
+    e2b_server: E2bFactory, workspace: Path, tmp_path: Path, environ: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("yaml")
+    mock = e2b_server(api_key=API_KEY)
+    use_e2b(environ, mock)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("sandbox:\n  required: true\n  network:\n    mode: allow\n")
+    status = cli.main(["run", "--policy", str(policy), "--workspace", str(workspace), "--", "true"])
+    assert status == 0
+    created = next(r for r in mock.requests if r.method == "POST" and r.path == "/sandboxes")
+    assert json.loads(created.body)["allow_internet_access"] is True
+
+
+def test_a_yaml_policy_without_pyyaml_is_a_configuration_error_naming_the_fix(
+    tmp_path: Path, environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    environ.setitem(sys.modules, "yaml", None)  # import yaml now raises ImportError
+    policy = tmp_path / "policy.yml"
+    policy.write_text("required: true\n")
+    assert cli.main(["run", "--policy", str(policy), "--", "true"]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("CONFIG_INVALID: reading a YAML policy needs PyYAML")
+    assert "\nAction: pip install pyyaml" in err
+
+
+def test_a_malformed_yaml_policy_is_a_configuration_error(
+    tmp_path: Path, environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("yaml")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("required: [true\n")
+    assert cli.main(["run", "--policy", str(policy), "--", "true"]) == cli.EXIT_CONFIG
+    assert capsys.readouterr().err.startswith(
+        f"CONFIG_INVALID: the policy file {policy} is not valid YAML"
+    )
+
+
+# -- serve ------------------------------------------------------------------------------
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[str], within: float) -> bool:
+    """Poll ``/health`` until it answers 204, the process exits, or ``within`` seconds pass."""
+    deadline = time.monotonic() + within
+    with requests.Session() as session:
+        session.trust_env = False  # loopback only, never through a proxy
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if session.get(f"{url}/health", timeout=1).status_code == 204:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)  # not listening yet; nothing to wait on but the port
+    return False
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
+def test_serve_answers_health_and_stops_cleanly_on_sigterm() -> None:
+    port = _free_loopback_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "piship_remote", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    try:
+        healthy = _wait_healthy(url, process, SERVE_READY_WITHIN)
+        process.terminate()
+        stdout, stderr = process.communicate(timeout=SERVE_STOP_WITHIN)
+    finally:
+        process.kill()
+        process.wait()
+    assert healthy, stderr
+    assert process.returncode == 0, stderr
+    assert f"endpoint: {url}" in stdout
+    assert stdout.rstrip().endswith("stopped; every sandbox was deleted")
