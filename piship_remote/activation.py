@@ -7,28 +7,29 @@
 
 Activation follows ``reference/activation-and-report.md`` §1: availability, the
 capability check (before anything is created), prepare, the readiness check
-command, the network-denial evidence, then the report. Every command runs the
-backend call on a worker thread while the calling thread waits for it, forwards
-output to ``on_data`` and watches the deadline, the cancel event and Ctrl-C.
+command, the network-denial evidence, then the report. On the main thread a
+command's backend call runs on a reusable worker while the main thread forwards
+its output to ``on_data`` through a bounded channel and watches the deadline,
+the cancel event and Ctrl-C; any other thread makes the backend call itself
+(see :mod:`piship_remote.exec_workers`).
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from itertools import count
 from typing import Any, TypeVar, Union
 
 import attrs
 
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
-from piship_remote.cancel import CancelToken, EventWatcher, bridge
+from piship_remote.cancel import EventWatcher, bridge
 from piship_remote.environment import command_environment
 from piship_remote.errors import CommandCancelled, CommandFailed, CommandTimeout, PiShipError
+from piship_remote.exec_workers import DeadlineTimer, DirectCall, Outcome, WorkerCall, WorkerPool
 from piship_remote.output import CommandResult, OutputCapture
 from piship_remote.policy import SandboxPolicy, SandboxProfile, resolve_profile
 from piship_remote.redact import Redactor
@@ -42,7 +43,7 @@ from piship_remote.report import (
     snapshot_workspace_report,
 )
 
-__all__ = ["CommandResult", "ExecResult", "Sandbox", "activate_sandbox"]
+__all__ = ["CHANNEL_BYTES", "CommandResult", "ExecResult", "Sandbox", "activate_sandbox"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
@@ -55,6 +56,7 @@ CHECK_COMMAND = f"printf '%s %s\\n' {READY_MARKER} \"${{{PROBE_VARIABLE}:-unset}
 CHECK_OUTPUT_LIMIT = 4096
 REASON_LIMIT = 400
 INTERRUPT_POLL = 0.05
+CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of ``on_data``
 UNSANDBOXED_ACTION = (
     "Fix the sandbox backend reported above; PiShip does not fall back to running unsandboxed"
 )
@@ -75,43 +77,6 @@ class _Aborted(Exception):
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
         self.kind = kind  # "timeout", "cancel", "interrupt" or "disposed"
-
-
-class _Call:
-    """One backend call on a worker thread, and what it reported so far."""
-
-    _ids = count(1)
-
-    def __init__(self, instance: Instance, request: ExecRequest) -> None:
-        self.token = CancelToken()
-        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self.finished = threading.Event()
-        self._instance = instance
-        self._request = request
-        self._thread = threading.Thread(
-            target=self._run, name=f"piship-exec-{next(self._ids)}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def abort(self, kind: str) -> None:
-        self.events.put(("abort", kind))
-
-    def _run(self) -> None:
-        put = self.events.put
-        try:
-            result = self._instance.exec(
-                self._request,
-                on_stdout=lambda chunk: put(("stdout", chunk)),
-                on_stderr=lambda chunk: put(("stderr", chunk)),
-                cancel=self.token,
-            )
-            outcome: tuple[str, Any] = ("result", result)
-        except BaseException as e:
-            outcome = ("error", e)
-        self.finished.set()
-        put(outcome)
 
 
 class Sandbox:
@@ -141,8 +106,10 @@ class Sandbox:
         self._settle_timeout = settle_timeout
         self._workspace_root = _real_path(profile.workspace)
         self._lock = threading.Lock()
-        self._calls: set[_Call] = set()
+        self._calls: set[WorkerCall | DirectCall] = set()
         self._watcher = EventWatcher()
+        self._workers = WorkerPool()
+        self._timer = DeadlineTimer()
         self._disposed = False
         self._retired = False
 
@@ -252,6 +219,8 @@ class Sandbox:
         if self._instance is not None and not retired:
             _quietly(self._instance.dispose)
         self._watcher.close()
+        self._workers.close()
+        self._timer.close()
 
     # -- the governed call -------------------------------------------------
 
@@ -265,7 +234,12 @@ class Sandbox:
         *,
         retire: bool,
     ) -> BackendResult:
-        call = _Call(instance, request)
+        call: WorkerCall | DirectCall
+        if threading.current_thread() is threading.main_thread():
+            call = WorkerCall(instance, request, CHANNEL_BYTES)
+        else:
+            direct = DirectCall(sink, lambda kind: self._watch_settle(direct, kind, retire))
+            call = direct
         with self._lock:
             if self._disposed:
                 raise self._retired_error()
@@ -274,52 +248,98 @@ class Sandbox:
             with bridge(cancel, self._watcher) as user_cancel:
                 forget = user_cancel.on_cancel(lambda: call.abort("cancel"))
                 try:
-                    return self._wait(call, sink, timeout, retire=retire)
+                    if isinstance(call, WorkerCall):
+                        outcome = self._on_worker(call, sink, timeout, retire=retire)
+                    else:
+                        outcome = self._on_caller(call, instance, request, timeout)
                 finally:
                     forget()
         finally:
             with self._lock:
                 self._calls.discard(call)
+        kind, value = outcome
+        if kind == "error":
+            raise self._backend_error(value)
+        return value  # type: ignore[no-any-return]
 
-    def _wait(
-        self, call: _Call, sink: Sink | None, timeout: float | None, *, retire: bool
-    ) -> BackendResult:
-        call.start()
+    # The main thread: a worker makes the call, the main thread reads its channel.
+
+    def _on_worker(
+        self, call: WorkerCall, sink: Sink | None, timeout: float | None, *, retire: bool
+    ) -> Outcome:
+        worker = self._workers.submit(call)
+        if worker is None:  # disposed since the call was registered
+            raise self._abort_error("disposed", timeout)
         try:
             return self._drain(call, sink, timeout)
         except _Aborted as aborted:
             self._settle(call, retire=retire and aborted.kind != "disposed")
             raise self._abort_error(aborted.kind, timeout) from None
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or on_data failed
             self._settle(call, retire=retire)
             raise
+        finally:
+            if call.finished.is_set():
+                self._workers.reap(worker, self._settle_timeout)
 
-    def _drain(self, call: _Call, sink: Sink | None, timeout: float | None) -> BackendResult:
+    def _drain(self, call: WorkerCall, sink: Sink | None, timeout: float | None) -> Outcome:
         deadline = None if timeout is None else time.monotonic() + timeout
-        # A signal delivered to another thread does not wake a blocked wait, so the
-        # main thread wakes now and then to let Python raise KeyboardInterrupt.
-        poll = INTERRUPT_POLL if threading.current_thread() is threading.main_thread() else None
+        get = call.channel.get
         while True:
-            try:
-                kind, value = call.events.get(timeout=_wait_slice(deadline, poll))
-            except queue.Empty:
+            # A signal delivered to another thread does not wake a blocked wait, so the
+            # main thread wakes now and then to let Python raise KeyboardInterrupt.
+            item = get(_wait_slice(deadline, INTERRUPT_POLL))
+            if item is None or item[0] in ("stdout", "stderr"):
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise _Aborted("timeout") from None
-                continue
-            if kind in ("stdout", "stderr"):
-                if sink is not None:
-                    sink(kind, value)
-            elif kind == "result":
-                return value  # type: ignore[no-any-return]
-            elif kind == "error":
-                raise self._backend_error(value)
+                    raise _Aborted("timeout")
+                if item is not None and sink is not None:
+                    sink(*item)
+            elif item[0] == "abort":
+                raise _Aborted(item[1])
             else:
-                raise _Aborted(value)
+                return item
 
-    def _settle(self, call: _Call, *, retire: bool) -> None:
-        call.token.set()
+    def _settle(self, call: WorkerCall, *, retire: bool) -> None:
+        call.stop()
         if call.finished.wait(self._settle_timeout) or not retire:
             return
+        self._retire()
+
+    # Any other thread: it makes the call itself; the timer thread fires its deadline.
+
+    def _on_caller(
+        self,
+        call: DirectCall,
+        instance: Instance,
+        request: ExecRequest,
+        timeout: float | None,
+    ) -> Outcome:
+        unschedule = None
+        if timeout is not None:
+            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
+        try:
+            outcome = call.run(instance, request)
+        finally:
+            if unschedule is not None:
+                unschedule()
+        if call.failure is not None:
+            raise call.failure
+        if call.aborted is not None:
+            raise self._abort_error(call.aborted, timeout)
+        return outcome
+
+    def _watch_settle(self, call: DirectCall, kind: str, retire: bool) -> None:
+        """Retire the sandbox if the aborted ``call`` has not returned in settle_timeout."""
+        if not retire or kind == "disposed":
+            return
+
+        def check() -> None:
+            if not call.finished.is_set():
+                self._retire()
+
+        self._timer.schedule(self._settle_timeout, check)
+
+    def _retire(self) -> None:
         with self._lock:
             if self._retired or self._disposed:
                 return
@@ -437,20 +457,27 @@ class _Activation:
 
     def run(self) -> Sandbox:
         instance: Instance | None = None
+        sandbox: Sandbox | None = None
         try:
             capabilities = self._capabilities()
             instance = self._prepare()
             sandbox = self._sandbox(instance, self._report(capabilities))
             sandbox.report = self._checked(sandbox, capabilities)
         except _Failure as failure:
-            if instance is not None:
-                _quietly(instance.dispose)
+            self._discard(instance, sandbox)
             return self._unavailable(failure.reason)
         except BaseException:
-            if instance is not None:
-                _quietly(instance.dispose)
+            self._discard(instance, sandbox)
             raise
         return sandbox
+
+    @staticmethod
+    def _discard(instance: Instance | None, sandbox: Sandbox | None) -> None:
+        """Dispose what a failed activation built: its sandbox (and threads) or instance."""
+        if sandbox is not None:
+            sandbox.dispose()
+        elif instance is not None:
+            _quietly(instance.dispose)
 
     def _capabilities(self) -> Capabilities:
         backend = self.backend

@@ -1,0 +1,366 @@
+"""How a backend call runs relative to the thread that asked for it.
+
+The main thread hands each call to a reusable ``piship-exec-N`` worker from a
+:class:`WorkerPool` (so it stays free to raise ``KeyboardInterrupt``) and reads
+the output through a :class:`Channel` bounded to a byte budget: a slow reader
+holds the backend call back instead of buffering without limit. Any other
+thread makes a :class:`DirectCall` itself, and a :class:`DeadlineTimer` thread
+(``piship-exec-timer``) fires its timeouts.
+
+An abort (timeout, cancel, dispose) sets the call's :class:`CancelToken`; on a
+worker call it also wakes a blocked writer, which then drops its data, and
+overtakes any output the reader has not taken yet.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from itertools import count
+from typing import Any
+
+from piship_remote.backends.base import ExecRequest, Instance
+from piship_remote.cancel import CancelToken
+
+__all__ = [
+    "Channel",
+    "DeadlineTimer",
+    "DirectCall",
+    "Outcome",
+    "WorkerCall",
+    "WorkerPool",
+]
+
+Outcome = tuple[str, Any]  # ("result", BackendResult) or ("error", BaseException)
+Sink = Callable[[str, bytes], None]
+Action = Callable[[], None]
+STOPPED = "stopped"  # the abort kind of a reader that gave up (Ctrl-C, ``on_data`` failed)
+
+
+def _call_backend(
+    instance: Instance,
+    request: ExecRequest,
+    on_stdout: Callable[[bytes], None],
+    on_stderr: Callable[[bytes], None],
+    token: CancelToken,
+) -> Outcome:
+    try:
+        result = instance.exec(request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token)
+    except BaseException as e:
+        return ("error", e)
+    return ("result", result)
+
+
+# -- the main thread's path ---------------------------------------------------------
+
+
+class Channel:
+    """Output from a worker to its reader, holding at most about ``limit`` bytes.
+
+    ``put`` blocks while ``limit`` bytes wait; the final outcome never blocks.
+    Once aborted, ``put`` drops its data and ``get`` returns ``("abort", kind)``.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._readable = threading.Condition(self._lock)
+        self._writable = threading.Condition(self._lock)
+        self._items: deque[tuple[str, Any]] = deque()
+        self._held = 0
+        self.aborted: str | None = None
+
+    def put(self, stream: str, chunk: bytes) -> None:
+        with self._lock:
+            while self._held >= self._limit and self.aborted is None:
+                self._writable.wait()
+            if self.aborted is not None:
+                return
+            self._items.append((stream, chunk))
+            self._held += len(chunk)
+            self._readable.notify()
+
+    def finish(self, outcome: Outcome) -> None:
+        with self._lock:
+            self._items.append(outcome)
+            self._readable.notify()
+
+    def abort(self, kind: str) -> bool:
+        """Abort for ``kind``; ``False`` when it already was aborted."""
+        with self._lock:
+            if self.aborted is not None:
+                return False
+            self.aborted = kind
+            self._items.clear()
+            self._held = 0
+            self._readable.notify_all()
+            self._writable.notify_all()
+        return True
+
+    def get(self, timeout: float | None) -> tuple[str, Any] | None:
+        """The next item, ``("abort", kind)`` once aborted, ``None`` after ``timeout``."""
+        with self._lock:
+            if self.aborted is None and not self._items:
+                self._readable.wait(timeout)
+            if self.aborted is not None:
+                return ("abort", self.aborted)
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            if isinstance(item[1], bytes):
+                self._held -= len(item[1])
+                if self._held < self._limit:
+                    self._writable.notify()
+            return item
+
+
+class WorkerCall:
+    """One backend call made on a worker; its output goes through a :class:`Channel`."""
+
+    def __init__(self, instance: Instance, request: ExecRequest, limit: int) -> None:
+        self.token = CancelToken()
+        self.finished = threading.Event()
+        self.channel = Channel(limit)
+        self._instance = instance
+        self._request = request
+
+    def abort(self, kind: str) -> None:
+        if self.channel.abort(kind):
+            self.token.set()
+
+    def stop(self) -> None:
+        """The reader gives up: drop further output and cancel the call."""
+        self.channel.abort(STOPPED)
+        self.token.set()
+
+    def execute(self) -> Outcome:
+        put = self.channel.put
+        return _call_backend(
+            self._instance,
+            self._request,
+            lambda chunk: put("stdout", chunk),
+            lambda chunk: put("stderr", chunk),
+            self.token,
+        )
+
+    def finish(self, outcome: Outcome) -> None:
+        self.finished.set()
+        self.channel.finish(outcome)
+
+
+class _Worker:
+    _ids = count(1)
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.jobs: queue.SimpleQueue[WorkerCall | None] = queue.SimpleQueue()
+        self._pool = pool
+        self.thread = threading.Thread(
+            target=self._run, name=f"piship-exec-{next(self._ids)}", daemon=True
+        )
+
+    def _run(self) -> None:
+        while True:
+            call = self.jobs.get()
+            if call is None:
+                return
+            outcome = call.execute()
+            # Idle again before the reader hears of the outcome, so that its next
+            # command takes this worker instead of starting another.
+            keep = self._pool._release(self)
+            call.finish(outcome)
+            if not keep:
+                return
+
+
+class WorkerPool:
+    """Reusable ``piship-exec-N`` threads: an idle one, or a new one when all are busy."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._closed = False
+
+    def submit(self, call: WorkerCall) -> _Worker | None:
+        """Run ``call`` on a worker; ``None`` once the pool is closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker(self)
+            worker.jobs.put(call)
+            worker.thread.start()
+        else:
+            worker.jobs.put(call)
+        return worker
+
+    def reap(self, worker: _Worker, timeout: float) -> None:
+        """Once the pool is closed, wait for ``worker`` (whose call returned) to exit."""
+        if self._closed and worker.thread is not threading.current_thread():
+            worker.thread.join(timeout)
+
+    def close(self) -> None:
+        """Stop and join the idle workers; busy ones exit when their call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.jobs.put(None)
+        for worker in idle:
+            if worker.thread is not threading.current_thread():
+                worker.thread.join()
+
+    def _release(self, worker: _Worker) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._idle.append(worker)
+            return True
+
+
+# -- every other thread's path ------------------------------------------------------
+
+
+class DirectCall:
+    """One backend call made on the calling thread, ``sink`` called on it directly.
+
+    The first abort (or a failing ``sink``) sets the token and calls ``on_stop``
+    with its kind; output after that is dropped.
+    """
+
+    def __init__(self, sink: Sink | None, on_stop: Callable[[str], None]) -> None:
+        self.token = CancelToken()
+        self.finished = threading.Event()
+        self.aborted: str | None = None
+        self.failure: BaseException | None = None
+        self._sink = sink
+        self._on_stop = on_stop
+        self._lock = threading.Lock()
+
+    def abort(self, kind: str) -> None:
+        with self._lock:
+            if self.aborted is not None or self.failure is not None or self.finished.is_set():
+                return
+            self.aborted = kind
+        self.token.set()
+        self._on_stop(kind)
+
+    def run(self, instance: Instance, request: ExecRequest) -> Outcome:
+        try:
+            return _call_backend(
+                instance, request, self._forward("stdout"), self._forward("stderr"), self.token
+            )
+        finally:
+            self.finished.set()
+
+    def _forward(self, stream: str) -> Callable[[bytes], None]:
+        sink = self._sink
+        token = self.token
+        if sink is None:
+            return _drop
+
+        def forward(chunk: bytes) -> None:
+            if token.is_set():
+                return
+            try:
+                sink(stream, chunk)
+            except BaseException as e:
+                self._fail(e)
+
+        return forward
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self.aborted is not None or self.failure is not None:
+                return
+            self.failure = error
+        self.token.set()
+        self._on_stop(STOPPED)
+
+
+def _drop(chunk: bytes) -> None:
+    return None
+
+
+class DeadlineTimer:
+    """Runs actions at deadlines on one lazily started ``piship-exec-timer`` thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._actions: dict[int, Action] = {}
+        self._keys = count()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def schedule(self, delay: float, action: Action) -> Action:
+        """Run ``action`` in ``delay`` seconds; returns a function that cancels it."""
+        when = time.monotonic() + delay
+        with self._cond:
+            if self._closed:
+                return _nothing
+            key = next(self._keys)
+            self._actions[key] = action
+            heapq.heappush(self._heap, (when, key))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="piship-exec-timer", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][1] == key:
+                self._cond.notify()
+        return lambda: self._cancel(key)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._actions.clear()
+            thread, self._thread = self._thread, None
+            self._cond.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _cancel(self, key: int) -> None:
+        with self._cond:
+            if self._actions.pop(key, None) is None:
+                return
+            if len(self._heap) > 64 + 2 * len(self._actions):
+                # Cancelled deadlines would pile up until they are due: drop them.
+                self._heap = [entry for entry in self._heap if entry[1] in self._actions]
+                heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            action = self._next()
+            if action is None:
+                return
+            try:
+                action()
+            except Exception:
+                pass
+
+    def _next(self) -> Action | None:
+        with self._cond:
+            while not self._closed:
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                when, key = self._heap[0]
+                if key not in self._actions:
+                    heapq.heappop(self._heap)
+                    continue
+                delay = when - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                heapq.heappop(self._heap)
+                return self._actions.pop(key)
+            return None
+
+
+def _nothing() -> None:
+    return None
