@@ -34,6 +34,7 @@ import contextlib
 import contextvars
 import errno
 import http.client
+import io
 import ipaddress
 import json as jsonlib
 import logging
@@ -73,6 +74,9 @@ _LOG = logging.getLogger("piship_remote")
 # plane answer) is then complete and its connection already back in the pool.
 _EAGER_BYTES = 64 * 1024
 # How much of an error body failure() looks at before cutting it to 300 characters.
+# How long finish() waits for the rest of a body (a stream's chunked terminator).
+_FINISH_WAIT = 0.25
+_MAX_CHUNK_LINE = 4096
 _FAILURE_WINDOW = 4096
 _FAILURE_CHARS = 300
 _WHITESPACE = re.compile(r"\s+")
@@ -483,14 +487,14 @@ class HttpResponse:
     status: int
     headers: Mapping[str, str]
 
-    def __init__(self, response: requests.Response, call: _Call) -> None:
-        self.status = response.status_code
-        self.headers = response.headers
-        raw: urllib3.response.HTTPResponse = response.raw
+    def __init__(self, raw: urllib3.response.HTTPResponse, call: _Call) -> None:
+        self.status = raw.status
+        self.headers = raw.headers
         self._raw = raw
         self._call = call
         self._buffer = bytearray()
         self._done = False
+        self._body: _Dechunker | None = None
         encoding = self.headers.get("content-encoding", "").strip().lower()
         self._decode = encoding not in ("", "identity")
         if call.stream:
@@ -540,7 +544,7 @@ class HttpResponse:
         detail = self._call_redactor().redact(text)[:_FAILURE_CHARS].strip()
         return f"HTTP {self.status}: {detail}" if detail else f"HTTP {self.status}"
 
-    def iter_raw(self) -> Iterator[bytes]:
+    def iter_raw(self) -> Iterator[bytes | memoryview]:
         """The body's bytes as they arrive (each chunk at most 256 KiB).
 
         Raises ``CommandCancelled`` when the call's cancel fires and
@@ -550,10 +554,79 @@ class HttpResponse:
             chunk = bytes(self._buffer)
             self._buffer.clear()
             yield chunk
+        body = self._chunked_body()
+        if body is not None:
+            yield from self._iter_chunked(body)
+            return
         while not self._done:
             chunk = self._read(_CHUNK)
             if chunk:
                 yield chunk
+
+    def finish(self, limit: int = _EAGER_BYTES, wait: float = _FINISH_WAIT) -> None:
+        """Read what is left of the body (the chunked terminator after a stream's last
+        frame) so the connection goes back to the pool, then close.
+
+        Only up to ``limit`` bytes arriving within ``wait`` seconds are read; a body
+        that does not end by then costs its connection, nothing more.
+        """
+        try:
+            if not self._done and not self._call.scope.cancelled:
+                self._set_socket_timeout(wait)
+                read = 0
+                for chunk in self.iter_raw():
+                    read += len(chunk)
+                    if read > limit:
+                        break
+        except (PiShipError, CommandCancelled):
+            pass  # the connection is spent; close() below releases it
+        finally:
+            self.close()
+
+    def _chunked_body(self) -> _Dechunker | None:
+        """A de-chunker reading a stream's body directly, if the response allows it.
+
+        http.client reads one chunk per call and at most one chunk's rest per read1;
+        reading the connection's buffered reader directly takes everything that has
+        arrived (many 32 KiB frames) in one read.
+        """
+        if self._body is not None:
+            return self._body
+        if not self._call.stream or self._decode or self._done:
+            return None
+        inner = getattr(self._raw, "_fp", None)
+        if not isinstance(inner, http.client.HTTPResponse) or not inner.chunked:
+            return None
+        fp = inner.fp
+        if inner.chunk_left is not None or not isinstance(fp, io.BufferedReader):
+            return None  # reading already began through http.client
+        self._body = _Dechunker(inner, fp)
+        return self._body
+
+    def _iter_chunked(self, body: _Dechunker) -> Iterator[bytes | memoryview]:
+        call = self._call
+        while not self._done:
+            if call.scope.cancelled:
+                self.close()
+                raise CommandCancelled()
+            try:
+                pieces = body.feed(body.fp.read1(_CHUNK))
+            except BaseException as exc:
+                self.close()
+                mapped = call.error(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from None
+            if call.scope.cancelled:  # a shut-down socket can look like a clean end
+                self.close()
+                raise CommandCancelled()
+            if body.done:
+                self._done = True
+                if body.finish():
+                    self._raw.close()  # bytes after the body: the connection is unusable
+                self._raw.release_conn()
+                call.finish()
+            yield from pieces
 
     def close(self) -> None:
         """Release the connection (back to the pool only if the body was fully read)."""
@@ -607,6 +680,80 @@ class HttpResponse:
                 sock.settimeout(timeout)
 
 
+class _Dechunker:
+    """A chunked HTTP body (RFC 9112 §7.1) decoded from reads of any size.
+
+    :meth:`feed` returns views of the chunk data in what was read (no copy);
+    ``done`` once the last chunk and its trailer section were read. Malformed
+    framing or an early end raises ``urllib3.exceptions.ProtocolError``.
+    """
+
+    __slots__ = ("_extra", "_inner", "_left", "_line", "_state", "done", "fp")
+
+    _SIZE, _DATA, _CRLF, _TRAILER = range(4)
+
+    def __init__(self, inner: http.client.HTTPResponse, fp: io.BufferedReader) -> None:
+        self.fp = fp
+        self.done = False
+        self._inner = inner
+        self._state = self._SIZE
+        self._left = 0
+        self._line = bytearray()
+        self._extra = False
+
+    def feed(self, data: bytes) -> list[memoryview]:
+        if not data:
+            raise urllib3.exceptions.ProtocolError("the chunked body ended early")
+        view = memoryview(data)
+        pieces: list[memoryview] = []
+        position, size = 0, len(data)
+        while position < size and not self.done:
+            if self._state == self._DATA:
+                end = min(position + self._left, size)
+                pieces.append(view[position:end])
+                self._left -= end - position
+                position = end
+                if not self._left:
+                    self._state = self._CRLF
+                continue
+            newline = data.find(b"\n", position)
+            if newline < 0:
+                self._line += view[position:]
+                if len(self._line) > _MAX_CHUNK_LINE:
+                    raise urllib3.exceptions.ProtocolError("a chunk line is too long")
+                break
+            line = bytes(self._line) + data[position : newline + 1]
+            self._line.clear()
+            position = newline + 1
+            self._on_line(line)
+        self._extra = self.done and position < size
+        return pieces
+
+    def finish(self) -> bool:
+        """Mark http.client's response closed (its connection is free); ``True`` if
+        bytes followed the body, so the connection must not be reused."""
+        self._inner.close()
+        return self._extra
+
+    def _on_line(self, line: bytes) -> None:
+        text = line.rstrip(b"\r\n")
+        if self._state == self._CRLF:
+            if text:
+                raise urllib3.exceptions.ProtocolError("a chunk did not end with CRLF")
+            self._state = self._SIZE
+        elif self._state == self._TRAILER:
+            self.done = not text
+        else:
+            try:
+                size = int(text.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise urllib3.exceptions.ProtocolError("a chunk size is not valid") from None
+            if size < 0:
+                raise urllib3.exceptions.ProtocolError("a chunk size is not valid")
+            self._left = size
+            self._state = self._DATA if size else self._TRAILER
+
+
 class Transport:
     """The HTTP client of one backend: a pooled session shared by all its threads."""
 
@@ -638,6 +785,7 @@ class Transport:
         self._session.mount("https://", self._adapter)
         self._watcher = EventWatcher()
         self._settings: dict[str, dict[str, Any]] = {}
+        self._urls: dict[str, str] = {}
 
     def endpoint(self, url: str) -> str:
         """``url`` checked against the endpoint rules, without trailing slashes.
@@ -685,7 +833,7 @@ class Transport:
             if mapped is exc:
                 raise
             raise mapped from None
-        self._log(method, url, response.status_code, started)
+        self._log(method, url, response.status, started)
         result = HttpResponse(response, call)
         if call.scope.cancelled:
             result.close()
@@ -757,16 +905,14 @@ class Transport:
         json: Any,
         data: bytes | None,
         call: _Call,
-    ) -> requests.Response:
+    ) -> urllib3.response.HTTPResponse:
         all_headers = dict(headers) if headers else {}
         if json is not None:
             data = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
             if not any(name.lower() == "content-type" for name in all_headers):
                 all_headers["Content-Type"] = "application/json"
         try:
-            prepared = self._session.prepare_request(
-                requests.Request(method, url, headers=all_headers, data=data, auth=_no_auth)
-            )
+            prepared = self._prepare(method, url, all_headers, data)
         except requests.exceptions.InvalidHeader:
             # requests' message quotes the value, which may be a credential.
             raise PiShipError(
@@ -780,11 +926,87 @@ class Transport:
             raise TimeoutError("the deadline passed before the request")
         token = _CURRENT.set(call.scope)
         try:
-            return self._session.send(
-                prepared, timeout=(remaining, remaining), allow_redirects=False, **settings
-            )
+            return self._open(prepared, remaining, settings)
         finally:
             _CURRENT.reset(token)
+
+    def _prepare(
+        self, method: str, url: str, headers: dict[str, str], data: bytes | None
+    ) -> requests.PreparedRequest:
+        """The request as the session would prepare it, without its per-call costs.
+
+        With cookies in the session jar, the session prepares it (cookies are sent).
+        """
+        if self._session.cookies:
+            return self._session.prepare_request(
+                requests.Request(method, url, headers=headers, data=data, auth=_no_auth)
+            )
+        prepared = requests.PreparedRequest()
+        prepared.method = method.upper()
+        prepared.url = self._prepared_url(url)
+        merged: requests.structures.CaseInsensitiveDict[str | bytes]
+        merged = requests.structures.CaseInsensitiveDict(self._session.headers)
+        for name, value in headers.items():
+            requests.utils.check_header_validity((name, value))
+            merged[name] = value
+        prepared.headers = merged  # type: ignore[assignment]
+        prepared.body = data
+        if data is not None:
+            merged["Content-Length"] = str(len(data))
+        elif prepared.method not in ("GET", "HEAD"):
+            merged["Content-Length"] = "0"
+        prepared.hooks = requests.hooks.default_hooks()
+        return prepared
+
+    def _prepared_url(self, url: str) -> str:
+        """requests' normalised form of ``url`` (IDNA, quoting), remembered per URL."""
+        prepared = self._urls.get(url)
+        if prepared is None:
+            request = requests.PreparedRequest()
+            request.prepare_url(url, None)
+            prepared = request.url or url
+            if len(self._urls) >= _SETTINGS_CACHE:
+                self._urls.clear()
+            self._urls[url] = prepared
+        return prepared
+
+    def _open(
+        self, prepared: requests.PreparedRequest, remaining: float | None, settings: dict[str, Any]
+    ) -> urllib3.response.HTTPResponse:
+        """What ``HTTPAdapter.send`` does, minus building a ``requests.Response``."""
+        url = prepared.url or ""
+        adapter = self._session.get_adapter(url)
+        if not isinstance(adapter, requests.adapters.HTTPAdapter):
+            response = self._session.send(
+                prepared, timeout=(remaining, remaining), allow_redirects=False, **settings
+            )
+            raw: urllib3.response.HTTPResponse = response.raw
+            return raw
+        proxies, verify, cert = settings["proxies"], settings["verify"], settings["cert"]
+        pool = adapter.get_connection_with_tls_context(prepared, verify, proxies=proxies, cert=cert)
+        adapter.cert_verify(pool, url, verify, cert)  # type: ignore[no-untyped-call]
+        adapter.add_headers(prepared)
+        assert isinstance(pool, urllib3.connectionpool.HTTPConnectionPool)
+        opened = pool.urlopen(
+            method=prepared.method or "GET",
+            url=adapter.request_url(prepared, proxies),
+            body=prepared.body,
+            headers=prepared.headers,
+            redirect=False,
+            assert_same_host=False,
+            preload_content=False,
+            decode_content=False,
+            retries=adapter.max_retries,
+            timeout=Timeout(connect=remaining, read=remaining),
+            chunked=False,
+        )
+        assert isinstance(opened, urllib3.response.HTTPResponse)
+        raw = opened
+        if "set-cookie" in raw.headers:
+            requests.cookies.extract_cookies_to_jar(  # type: ignore[no-untyped-call]
+                self._session.cookies, prepared, raw
+            )
+        return raw
 
     def _settings_for(self, origin: str, url: str) -> dict[str, Any]:
         """Proxies, CA bundle and client certificate for ``origin`` (scheme://host:port).

@@ -8,6 +8,7 @@ answers; ``raw_server`` below answers with hand-built bytes for hostile cases
 from __future__ import annotations
 
 import base64
+import random
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -17,8 +18,14 @@ from typing import Any
 import pytest
 from werkzeug import Request, Response
 
+from piship_remote.backends import e2b as e2b_module
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
-from piship_remote.backends.e2b import E2bCompatibleBackend, E2bInstance, remote_directory
+from piship_remote.backends.e2b import (
+    CreateRetry,
+    E2bCompatibleBackend,
+    E2bInstance,
+    remote_directory,
+)
 from piship_remote.cancel import CancelToken
 from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.errors import CommandCancelled, PiShipError
@@ -844,8 +851,9 @@ def test_minus_one_exit_code_is_a_signal_exit(
         ({"exitCode": 3.0}, 3),
         ({"exitCode": -1, "exited": False, "status": "signal: killed"}, None),
         ({"exited": False, "status": "signal: killed"}, None),
-        ({"exitCode": True, "status": "exit status 1"}, 0),
-        ("not an object", 0),
+        ({"exitCode": True, "status": "exit status 1"}, 1),
+        ({"exitCode": "0", "status": "exit status 2"}, 2),
+        ({"exited": True, "status": "exit status 3", "error": "exit status 3"}, 3),
     ],
 )
 def test_end_event_variants(
@@ -858,6 +866,57 @@ def test_end_event_variants(
     instance = prepare_raw(server, profile)
     assert run(instance).exit_code == expected
     instance.dispose()
+
+
+@pytest.mark.parametrize(
+    ("end", "reason"),
+    [
+        ("not an object", "not an object"),
+        (None, "not an object"),
+        ([0], "not an object"),
+        ({"exitCode": True}, "not an integer"),
+        ({"exitCode": "0"}, "not an integer"),
+        ({"error": "exit status 1"}, "an error"),
+        ({"exited": True, "status": "exploded"}, "unrecognised status"),
+        ({"exited": False}, "did not exit"),
+    ],
+)
+def test_end_event_without_a_usable_success_fails_closed(
+    raw_server: Callable[..., RecordingServer],
+    profile: SandboxProfile,
+    end: Any,
+    reason: str,
+) -> None:
+    server = raw_server(start=frames(START, event({"end": end}), EOS))
+    instance = prepare_raw(server, profile)
+    with pytest.raises(PiShipError, match=f"command stream failed: .*{reason}") as caught:
+        run(instance)
+    assert caught.value.code == "SANDBOX_UNAVAILABLE"
+    instance.dispose()
+
+
+@pytest.mark.parametrize("retry_after", [None, 2.0])
+def test_create_retry_jitter_is_bounded_and_varies(retry_after: float | None) -> None:
+    policy = CreateRetry()
+    for attempt in (1, 2):
+        low = policy.base_delay * 2.0 ** (attempt - 1) if retry_after is None else retry_after
+        high = low * (1.5 if retry_after is None else 1.25)
+        delays = [policy.delay(attempt, retry_after, random.Random(seed)) for seed in range(8)]
+        assert all(delay is not None and low <= delay <= high for delay in delays)
+        assert len(set(delays)) > 1
+
+
+def test_create_retry_gives_up_on_a_long_retry_after() -> None:
+    policy = CreateRetry(max_retry_after=10.0)
+    assert policy.delay(1, 10.5, random.Random(0)) is None
+
+
+def test_backends_jitter_their_create_retries_independently() -> None:
+    backends = [backend_for("http://127.0.0.1:9") for _ in range(6)]
+    delays = {backend._retry.delay(1, None, backend._random) for backend in backends}
+    assert len(delays) > 1
+    for backend in backends:
+        backend.close()
 
 
 def test_extra_whitespace_and_unknown_fields_are_tolerated(
@@ -892,6 +951,59 @@ def test_lenient_base64_output_is_decoded(
     output = Output()
     run(instance, output=output)
     assert output.stdout == [raw]
+    instance.dispose()
+
+
+def raw_envelope(text: str, flags: int = 0) -> bytes:
+    payload = text.encode()
+    return bytes([flags]) + len(payload).to_bytes(4, "big") + payload
+
+
+@pytest.mark.parametrize("fast_decoder", [True, False])
+def test_plain_data_events_are_decoded_with_or_without_pybase64(
+    raw_server: Callable[..., RecordingServer],
+    profile: SandboxProfile,
+    monkeypatch: pytest.MonkeyPatch,
+    fast_decoder: bool,
+) -> None:
+    if not fast_decoder:
+        monkeypatch.setattr(e2b_module, "_FAST_B64", None)
+    out, err = bytes(range(256)) * 40, b"oops\n"
+    server = raw_server(
+        start=frames(
+            START,
+            event({"data": {"stdout": base64.b64encode(out).decode()}}),
+            event({"data": {"stderr": base64.b64encode(err).decode()}}),
+            event({"data": {"stdout": ""}}),
+            END_OK,
+            EOS,
+        )
+    )
+    instance = prepare_raw(server, profile)
+    output = Output()
+    run(instance, output=output)
+    assert output.stdout == [out]
+    assert output.stderr == [err]
+    instance.dispose()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"event": {"data": {"stdout": "aGk="}}}',  # protojson's random spaces
+        '{"event":{"data":{"stdout":"aGk\\u003d"}}}',  # an escaped "="
+        '{"event":{"data":{"stdout":"aGk"}}}',  # no padding
+        '{"event":{"data":{"stdout":"aGk=","stderr":"aGk="}}}',  # both at once
+    ],
+)
+def test_unusual_data_events_decode_the_same(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, text: str
+) -> None:
+    server = raw_server(start=frames(START, raw_envelope(text), END_OK, EOS))
+    instance = prepare_raw(server, profile)
+    output = Output()
+    run(instance, output=output)
+    assert output.stdout == [b"hi"]
     instance.dispose()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import requests
+import urllib3.exceptions
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
@@ -28,6 +29,7 @@ from piship_remote.transport import (
     HttpResponse,
     Transport,
     TransportError,
+    _Dechunker,
     window_text,
 )
 
@@ -1064,3 +1066,83 @@ def test_a_pooled_connection_is_not_touched_by_the_call_that_released_it(
     assert b"".join(second.iter_raw()) == b"second"
     # Released to the pool, the socket is no longer the first call's to set timeouts on.
     assert first._call.scope.socket is None
+
+
+# --------------------------------------------------------------------------- chunked streams
+
+
+def chunked_route(
+    chunks: list[bytes], *, gap: threading.Event | None = None
+) -> Callable[..., None]:
+    """A handler answering with ``chunks`` as HTTP chunks; waits for ``gap`` before the last."""
+
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        for index, chunk in enumerate(chunks):
+            if gap is not None and index == len(chunks) - 1:
+                gap.wait(5)
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            handler.wfile.flush()
+        handler.wfile.write(b"0\r\n\r\n")
+
+    return answer
+
+
+def test_a_chunked_stream_arrives_whole_and_returns_its_connection(
+    transport: Transport, keepalive: KeepAliveServer
+) -> None:
+    chunks = [bytes([65 + i]) * (1000 * i + 1) for i in range(10)]
+    keepalive.routes["/s"] = chunked_route(chunks)
+    response = transport.request("GET", f"{keepalive.url}/s", stream=True)
+    assert b"".join(bytes(piece) for piece in response.iter_raw()) == b"".join(chunks)
+    transport.request("GET", f"{keepalive.url}/x").close()
+    assert len(set(keepalive.ports)) == 1
+
+
+def test_finish_reads_the_terminator_so_the_connection_is_reused(
+    transport: Transport, keepalive: KeepAliveServer
+) -> None:
+    release = threading.Event()
+    keepalive.routes["/s"] = chunked_route([b"first", b"last"], gap=release)
+    response = transport.request("GET", f"{keepalive.url}/s", stream=True)
+    assert bytes(next(iter(response.iter_raw()))) == b"first"
+    release.set()
+    response.finish()
+    transport.request("GET", f"{keepalive.url}/x").close()
+    assert len(set(keepalive.ports)) == 1
+
+
+def test_finish_gives_up_on_a_body_that_does_not_end(
+    transport: Transport, keepalive: KeepAliveServer
+) -> None:
+    never = threading.Event()
+    keepalive.routes["/s"] = chunked_route([b"first", b"last"], gap=never)
+    response = transport.request("GET", f"{keepalive.url}/s", stream=True)
+    assert bytes(next(iter(response.iter_raw()))) == b"first"
+    started = time.monotonic()
+    response.finish(wait=0.05)
+    assert time.monotonic() - started < 1.0
+    never.set()
+    assert transport.request("GET", f"{keepalive.url}/x").json_object() == {"ok": True}
+    assert len(set(keepalive.ports)) == 2
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 64])
+def test_the_dechunker_decodes_any_split(step: int) -> None:
+    wire = b"5;ext=1\r\nhello\r\n1A\r\n" + b"x" * 26 + b"\r\n0\r\nTrailer: v\r\n\r\n"
+    body = _Dechunker(None, None)  # type: ignore[arg-type]
+    pieces = [bytes(p) for i in range(0, len(wire), step) for p in body.feed(wire[i : i + step])]
+    assert b"".join(pieces) == b"hello" + b"x" * 26
+    assert body.done
+
+
+@pytest.mark.parametrize(
+    "wire", [b"zz\r\nhello\r\n", b"5\r\nhelloXX\r\n", b"-1\r\n", b"5\r\nhe" + b"", b"9" * 5000]
+)
+def test_the_dechunker_refuses_bad_framing_or_an_early_end(wire: bytes) -> None:
+    body = _Dechunker(None, None)  # type: ignore[arg-type]
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        body.feed(wire)
+        body.feed(b"")

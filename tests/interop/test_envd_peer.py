@@ -539,13 +539,16 @@ def test_dispose_mid_command_deletes_the_sandbox_and_its_processes(
     control: ControlPlane, envd: EnvdPeer, activate: Activate
 ) -> None:
     session = activate(control, envd)
+    disposer = threading.Thread(target=session.dispose, name="piship-test-dispose")
 
     def on_data(chunk: bytes) -> None:
         if b"started" in chunk:
-            threading.Thread(target=session.dispose, name="piship-test-dispose").start()
+            disposer.start()
 
     with pytest.raises(PiShipError, match="disposed"):
         session.run("echo started; exec sleep 600", on_data=on_data)
+    # The command ends as soon as dispose aborts it; the delete follows on that thread.
+    disposer.join(10)
     process = envd.processes()[-1]
     assert process.wait() == -9
     assert control.live_sandboxes == []
