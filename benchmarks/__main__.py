@@ -1,6 +1,6 @@
 """``python -m benchmarks``: run the scenarios, print one table, write the JSON report.
 
-    python -m benchmarks --size tiny --json /tmp/bench.json --only exec_latency,memory
+python -m benchmarks --size tiny --json /tmp/bench.json --only exec_latency,memory
 """
 
 from __future__ import annotations

@@ -71,16 +71,31 @@ def run(context: Context) -> ScenarioResult:
         cases: list[tuple[str, str, Role, Activate, Callable[[], int]]] = [
             ("loopback", "ours-sandbox", "ours", ours(loopback.url), loopback.request_count),
             ("doubles", "ours-sandbox", "ours", ours(doubles.url), lambda: len(doubles.requests)),
-            ("kubernetes", "ours-sandbox", "ours", kubernetes(cluster.url),
-             lambda: len(cluster.requests)),
-            ("kubernetes-loopback", "ours-sandbox", "ours", kubernetes(loopback.url),
-             loopback.request_count),
+            (
+                "kubernetes",
+                "ours-sandbox",
+                "ours",
+                kubernetes(cluster.url),
+                lambda: len(cluster.requests),
+            ),
+            (
+                "kubernetes-loopback",
+                "ours-sandbox",
+                "ours",
+                kubernetes(loopback.url),
+                loopback.request_count,
+            ),
         ]
         if has_sdk:
             cases += [
                 ("loopback", "e2b-sdk", "reference", sdk(loopback.url), loopback.request_count),
-                ("doubles", "e2b-sdk", "reference", sdk(doubles.url),
-                 lambda: len(doubles.requests)),
+                (
+                    "doubles",
+                    "e2b-sdk",
+                    "reference",
+                    sdk(doubles.url),
+                    lambda: len(doubles.requests),
+                ),
             ]
         notes: list[str] = []
         logs = {"doubles": doubles, "kubernetes": cluster}

@@ -104,9 +104,12 @@ class _Runner:
             ).close()
 
         body = start_body(script, tag=run_id)
-        with _at(deadline, kill), client.session.post(
-            client.url, data=body, headers=client.headers, stream=True, timeout=60
-        ) as response:
+        with (
+            _at(deadline, kill),
+            client.session.post(
+                client.url, data=body, headers=client.headers, stream=True, timeout=60
+            ) as response,
+        ):
             for _ in response.iter_content(None):
                 pass
 
@@ -141,12 +144,26 @@ def run(context: Context) -> ScenarioResult:
         raised = alternate(clients, rounds=size.cancel_runs, measure=runner.measure)
         for client in clients:
             rows.append(
-                summarize(NAME, "loopback", client.name, client.role,
-                          runner.signal_delays.get(client.name, []), unit="ms", group=TO_SIGNAL)
+                summarize(
+                    NAME,
+                    "loopback",
+                    client.name,
+                    client.role,
+                    runner.signal_delays.get(client.name, []),
+                    unit="ms",
+                    group=TO_SIGNAL,
+                )
             )
             rows.append(
-                summarize(NAME, "loopback", client.name, client.role, raised[client.name],
-                          unit="ms", group=TO_RAISE)
+                summarize(
+                    NAME,
+                    "loopback",
+                    client.name,
+                    client.role,
+                    raised[client.name],
+                    unit="ms",
+                    group=TO_RAISE,
+                )
             )
     return ScenarioResult(
         name=NAME,

@@ -127,9 +127,7 @@ class SdkClient:
         if count is None:
             self.sdk.commands.run(script)
         else:
-            self.sdk.commands.run(
-                script, on_stdout=_counter(count), retain_output=False, timeout=0
-            )
+            self.sdk.commands.run(script, on_stdout=_counter(count), retain_output=False, timeout=0)
 
 
 def start_body(script: str, tag: str | None = None) -> bytes:

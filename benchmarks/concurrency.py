@@ -167,9 +167,7 @@ def _round(
 
 def _with_scaling(rows: list[Row]) -> list[Row]:
     single = {
-        (row.server, row.client): row.extra["per_s"]
-        for row in rows
-        if row.group == "threads=1"
+        (row.server, row.client): row.extra["per_s"] for row in rows if row.group == "threads=1"
     }
     scaled: list[Row] = []
     for row in rows:
@@ -179,4 +177,3 @@ def _with_scaling(rows: list[Row]) -> list[Row]:
             row = attrs.evolve(row, extra={**row.extra, "scaling": per_s / base})
         scaled.append(row)
     return scaled
-

@@ -423,7 +423,7 @@ class LoopbackServer:
         if not line.startswith(_READY):
             self.close()
             raise RuntimeError(f"the loopback server did not start: {line!r}")
-        self.url = f"http://127.0.0.1:{int(line[len(_READY):])}"
+        self.url = f"http://127.0.0.1:{int(line[len(_READY) :])}"
         self._session = requests.Session()
 
     def signal_arrival(self, run_id: str, wait: float = 2.0) -> tuple[int, str] | None:

@@ -1,7 +1,7 @@
 """A description of the machine and the library versions behind a run.
 
-    >>> describe().nproc >= 1
-    True
+>>> describe().nproc >= 1
+True
 """
 
 from __future__ import annotations

@@ -92,8 +92,17 @@ def run(context: Context) -> ScenarioResult:
 
 def _child(url: str, workspace: str, client: str, total: int) -> dict[str, Any]:
     command = [
-        sys.executable, "-m", "benchmarks.memory",
-        "--url", url, "--workspace", workspace, "--client", client, "--bytes", str(total),
+        sys.executable,
+        "-m",
+        "benchmarks.memory",
+        "--url",
+        url,
+        "--workspace",
+        workspace,
+        "--client",
+        client,
+        "--bytes",
+        str(total),
     ]
     try:
         done = subprocess.run(

@@ -1,8 +1,8 @@
 """Results: rows of summarised samples, their ratios, the printed table and the JSON file.
 
-    >>> row = summarize("exec", "loopback", "ours", "ours", [0.002, 0.001, 0.003], unit="ms")
-    >>> row.median
-    2.0
+>>> row = summarize("exec", "loopback", "ours", "ours", [0.002, 0.001, 0.003], unit="ms")
+>>> row.median
+2.0
 """
 
 from __future__ import annotations
@@ -183,8 +183,20 @@ def write_json(report: Report, path: Path) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
-_COLUMNS = ("scenario", "server", "group", "client", "n", "median", "p90", "p99", "unit",
-            "x ref", "x floor", "notes")
+_COLUMNS = (
+    "scenario",
+    "server",
+    "group",
+    "client",
+    "n",
+    "median",
+    "p90",
+    "p99",
+    "unit",
+    "x ref",
+    "x floor",
+    "notes",
+)
 
 
 def format_table(scenarios: Iterable[ScenarioResult], goals: Iterable[Goal]) -> str:
@@ -199,7 +211,8 @@ def format_table(scenarios: Iterable[ScenarioResult], goals: Iterable[Goal]) -> 
     widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS) - 1)]
     text = [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False))
-        + "  " + line[-1]
+        + "  "
+        + line[-1]
         for line in lines
     ]
     text.insert(1, "-" * len(text[0]))

@@ -1,8 +1,8 @@
 """Process measurements: thread counts sampled while work runs, and resident memory.
 
-    with ThreadSampler() as sampler:
-        run_threads()
-    sampler.peak_python, sampler.peak_os     # most threads seen at once, this sampler excluded
+with ThreadSampler() as sampler:
+    run_threads()
+sampler.peak_python, sampler.peak_os     # most threads seen at once, this sampler excluded
 """
 
 from __future__ import annotations

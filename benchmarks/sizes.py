@@ -1,7 +1,7 @@
 """How much work each ``--size`` does.
 
-    >>> SIZES["tiny"].exec_calls
-    20
+>>> SIZES["tiny"].exec_calls
+20
 """
 
 from __future__ import annotations

@@ -284,20 +284,21 @@ class Sandbox:
 
     def _drain(self, call: WorkerCall, sink: Sink | None, timeout: float | None) -> Outcome:
         deadline = None if timeout is None else time.monotonic() + timeout
-        get = call.channel.get
+        channel = call.channel
         while True:
             # A signal delivered to another thread does not wake a blocked wait, so the
             # main thread wakes now and then to let Python raise KeyboardInterrupt.
-            item = get(_wait_slice(deadline, INTERRUPT_POLL))
-            if item is None or item[0] in ("stdout", "stderr"):
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise _Aborted("timeout")
-                if item is not None and sink is not None:
-                    sink(*item)
-            elif item[0] == "abort":
-                raise _Aborted(item[1])
-            else:
-                return item
+            for kind, value in channel.take(_wait_slice(deadline, INTERRUPT_POLL)):
+                if kind == "abort":
+                    raise _Aborted(value)
+                if kind not in ("stdout", "stderr"):
+                    return (kind, value)
+                if channel.aborted is not None:  # nothing is forwarded after an abort
+                    raise _Aborted(channel.aborted)
+                if sink is not None:
+                    sink(kind, value)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _Aborted("timeout")
 
     def _settle(self, call: WorkerCall, *, retire: bool) -> None:
         call.stop()

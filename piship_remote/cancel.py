@@ -126,9 +126,7 @@ class EventWatcher:
 
 
 @contextmanager
-def bridge(
-    cancel: threading.Event | None, watcher: EventWatcher
-) -> Iterator[CancelToken]:
+def bridge(cancel: threading.Event | None, watcher: EventWatcher) -> Iterator[CancelToken]:
     """A token for ``cancel``: the same object if it is a token, else a watched mirror."""
     if isinstance(cancel, CancelToken):
         yield cancel

@@ -18,7 +18,6 @@ import heapq
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from itertools import count
 from typing import Any
@@ -38,6 +37,8 @@ __all__ = [
 Outcome = tuple[str, Any]  # ("result", BackendResult) or ("error", BaseException)
 Sink = Callable[[str, bytes], None]
 Action = Callable[[], None]
+BATCH = 256 * 1024  # output that wakes the reader at once
+LINGER = 0.001  # how long the reader waits for a batch to build (seconds)
 STOPPED = "stopped"  # the abort kind of a reader that gave up (Ctrl-C, ``on_data`` failed)
 
 
@@ -62,16 +63,22 @@ class Channel:
     """Output from a worker to its reader, holding at most about ``limit`` bytes.
 
     ``put`` blocks while ``limit`` bytes wait; the final outcome never blocks.
-    Once aborted, ``put`` drops its data and ``get`` returns ``("abort", kind)``.
+    Once aborted, ``put`` drops its data and ``take`` returns ``[("abort", kind)]``.
+    The reader takes everything waiting at once, and lingers up to ``LINGER`` for a
+    batch to build: handing the GIL between the two threads for every chunk would
+    cost more than moving the data.
     """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
+        self._batch = min(BATCH, limit)
         self._lock = threading.Lock()
         self._readable = threading.Condition(self._lock)
         self._writable = threading.Condition(self._lock)
-        self._items: deque[tuple[str, Any]] = deque()
-        self._held = 0
+        self._items: list[tuple[str, Any]] = []
+        self._held = 0  # bytes put and not yet forwarded (taken ones count until the next take)
+        self._taken = 0
+        self._done = False
         self.aborted: str | None = None
 
     def put(self, stream: str, chunk: bytes) -> None:
@@ -80,13 +87,16 @@ class Channel:
                 self._writable.wait()
             if self.aborted is not None:
                 return
+            before = self._held
             self._items.append((stream, chunk))
             self._held += len(chunk)
-            self._readable.notify()
+            if not before or before < self._batch <= self._held:
+                self._readable.notify()
 
     def finish(self, outcome: Outcome) -> None:
         with self._lock:
             self._items.append(outcome)
+            self._done = True
             self._readable.notify()
 
     def abort(self, kind: str) -> bool:
@@ -96,26 +106,32 @@ class Channel:
                 return False
             self.aborted = kind
             self._items.clear()
-            self._held = 0
+            self._held = self._taken = 0
             self._readable.notify_all()
             self._writable.notify_all()
         return True
 
-    def get(self, timeout: float | None) -> tuple[str, Any] | None:
-        """The next item, ``("abort", kind)`` once aborted, ``None`` after ``timeout``."""
+    def take(self, timeout: float | None) -> list[tuple[str, Any]]:
+        """Every waiting item, ``[("abort", kind)]`` once aborted, ``[]`` after ``timeout``."""
         with self._lock:
+            self._release_taken()
             if self.aborted is None and not self._items:
                 self._readable.wait(timeout)
+            building = self.aborted is None and self._items and not self._done
+            if building and self._held < self._batch:
+                self._readable.wait(LINGER)
             if self.aborted is not None:
-                return ("abort", self.aborted)
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            if isinstance(item[1], bytes):
-                self._held -= len(item[1])
-                if self._held < self._limit:
-                    self._writable.notify()
-            return item
+                return [("abort", self.aborted)]
+            items, self._items = self._items, []
+            self._taken = self._held
+            return items
+
+    def _release_taken(self) -> None:
+        """The reader is back for more: what it took last time has been forwarded."""
+        if self._taken:
+            self._held -= self._taken
+            self._taken = 0
+            self._writable.notify()
 
 
 class WorkerCall:

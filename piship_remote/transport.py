@@ -45,10 +45,11 @@ import sys
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import requests
 import requests.adapters
@@ -68,18 +69,22 @@ __all__ = ["Credential", "HttpResponse", "Transport", "TransportError"]
 
 # The largest single read of a body: big enough that streaming hundreds of MiB costs
 # few Python-level iterations, while read1() still returns whatever has arrived.
-_CHUNK = 256 * 1024
+_CHUNK = 1024 * 1024
 _LOG = logging.getLogger("piship_remote")
 # What a non-streamed request reads before returning; a small body (the usual control-
 # plane answer) is then complete and its connection already back in the pool.
 _EAGER_BYTES = 64 * 1024
-# How much of an error body failure() looks at before cutting it to 300 characters.
 # How long finish() waits for the rest of a body (a stream's chunked terminator).
 _FINISH_WAIT = 0.25
+# The longest chunk-size or trailer line of a chunked body.
 _MAX_CHUNK_LINE = 4096
+# How much of an error body failure() looks at before cutting it to 300 characters.
 _FAILURE_WINDOW = 4096
 _FAILURE_CHARS = 300
 _WHITESPACE = re.compile(r"\s+")
+# requests' header rules: no line breaks, no leading whitespace, no ":" in a name.
+_HEADER_NAME = re.compile(r"[^:\s][^:\r\n]*\Z")
+_HEADER_VALUE = re.compile(r"\S[^\r\n]*\Z|\Z")
 _SYSTEM_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _GAI_NAMES = {
     value: name
@@ -87,7 +92,7 @@ _GAI_NAMES = {
     if name.startswith("EAI_") and isinstance(value, int)
 }
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_SETTINGS_CACHE = 256  # origins whose proxy settings are remembered
+_SETTINGS_CACHE = 256  # URLs and origins whose checks and settings are remembered
 _HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sandbox)
 _IPV6_LOOPBACK = ipaddress.IPv6Address("::1")
 
@@ -138,13 +143,16 @@ class Credential:
         self._read = read
         self._rejected = rejected
         self._redactor = redactor
+        self._registered: str | None = None  # the redactor never forgets a value
 
     def current(self) -> str | None:
         """The value to send now (registered with the redactor), or ``None``."""
         value = self._read() if self._read is not None else None
         if not value:
             return None
-        self._redactor.register(value)
+        if value != self._registered:
+            self._redactor.register(value)
+            self._registered = value
         return value
 
     def reject(self) -> bool:
@@ -195,6 +203,8 @@ class _CallScope:
 
     def drop_owned(self) -> None:
         """Close the duplicates made to cover a TLS handshake (the handshake is over)."""
+        if not self._owned:  # only the calling thread adds to it
+            return
         with self._lock:
             owned, self._owned = self._owned, []
             self._sockets = [s for s in self._sockets if not any(s is o for o in owned)]
@@ -339,18 +349,36 @@ _POOL_CLASSES: dict[str, type[urllib3.connectionpool.HTTPConnectionPool]] = {
 }
 
 
+# Pools their pool manager has let go of (more than _HOSTS hosts, or cleared). urllib3 2
+# no longer closes them (another thread may be using one), so a Transport that
+# remembers a pool per origin asks here whether it must look the origin up again.
+_RETIRED: weakref.WeakSet[urllib3.connectionpool.ConnectionPool] = weakref.WeakSet()
+
+
 class _CancellableAdapter(requests.adapters.HTTPAdapter):
-    """An adapter whose pools use the scope-aware connection classes."""
+    """An adapter whose pools use the scope-aware connection classes.
+
+    Its pool managers record the pools they drop in :data:`_RETIRED`.
+    """
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        _record_retired(self.poolmanager)
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> urllib3.PoolManager:
         manager: urllib3.PoolManager = super().proxy_manager_for(proxy, **proxy_kwargs)
         if not proxy.lower().startswith("socks"):
             manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        _record_retired(manager)
         return manager
+
+
+def _record_retired(manager: urllib3.PoolManager) -> None:
+    """Make a new, still empty ``manager`` add the pools it evicts to :data:`_RETIRED`."""
+    pools = manager.pools
+    if getattr(pools, "dispose_func", False) is None and not len(pools):
+        manager.pools = type(pools)(getattr(pools, "_maxsize", _HOSTS), _RETIRED.add)
 
 
 def _no_auth(request: requests.PreparedRequest) -> requests.PreparedRequest:
@@ -545,7 +573,7 @@ class HttpResponse:
         return f"HTTP {self.status}: {detail}" if detail else f"HTTP {self.status}"
 
     def iter_raw(self) -> Iterator[bytes | memoryview]:
-        """The body's bytes as they arrive (each chunk at most 256 KiB).
+        """The body's bytes as they arrive (each chunk at most 1 MiB).
 
         Raises ``CommandCancelled`` when the call's cancel fires and
         :class:`TransportError` on a drop, a passed deadline or ``idle_timeout``.
@@ -731,9 +759,10 @@ class _Dechunker:
 
     def finish(self) -> bool:
         """Mark http.client's response closed (its connection is free); ``True`` if
-        bytes followed the body, so the connection must not be reused."""
+        the connection must not be reused (bytes followed the body, or the server
+        said it closes the connection)."""
         self._inner.close()
-        return self._extra
+        return self._extra or bool(self._inner.will_close)
 
     def _on_line(self, line: bytes) -> None:
         text = line.rstrip(b"\r\n")
@@ -784,8 +813,8 @@ class Transport:
         self._session.mount("http://", self._adapter)
         self._session.mount("https://", self._adapter)
         self._watcher = EventWatcher()
-        self._settings: dict[str, dict[str, Any]] = {}
-        self._urls: dict[str, str] = {}
+        self._targets: dict[str, _Target] = {}
+        self._routes: dict[str, _Route] = {}
 
     def endpoint(self, url: str) -> str:
         """``url`` checked against the endpoint rules, without trailing slashes.
@@ -816,16 +845,16 @@ class Transport:
         bytes of a stream. ``cancel`` set before or during the call raises
         ``CommandCancelled``. ``json`` is sent compact (``{"a":1}``).
         """
-        target = _check_url(url)
+        target = self._target(url)
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
-        call = _Call(self, target, deadline, stream, idle_timeout)
+        call = _Call(self, (target.label, target.origin), deadline, stream, idle_timeout)
         try:
             if cancel is not None:
                 call.watch(cancel, self._watcher)
-            response = self._send(method, url, headers, json, data, call)
+            response = self._send(method, target, headers, json, data, call)
         except BaseException as exc:
             call.finish()
             mapped = call.error(exc)
@@ -896,11 +925,12 @@ class Transport:
             self._session.close()
         else:
             self._adapter.close()
+        self._routes.clear()
 
     def _send(
         self,
         method: str,
-        url: str,
+        target: _Target,
         headers: Mapping[str, str] | None,
         json: Any,
         data: bytes | None,
@@ -911,8 +941,9 @@ class Transport:
             data = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
             if not any(name.lower() == "content-type" for name in all_headers):
                 all_headers["Content-Type"] = "application/json"
+        method = method.upper()
         try:
-            prepared = self._prepare(method, url, all_headers, data)
+            outgoing = self._outgoing(method, target, all_headers, data)
         except requests.exceptions.InvalidHeader:
             # requests' message quotes the value, which may be a credential.
             raise PiShipError(
@@ -920,109 +951,230 @@ class Transport:
                 "A request header value is not valid (line breaks or surrounding whitespace)",
                 component=self.component,
             ) from None
-        settings = self._settings_for(call.origin, url)
         remaining = call.scope.remaining()
         if remaining is not None and remaining <= 0:
             raise TimeoutError("the deadline passed before the request")
         token = _CURRENT.set(call.scope)
         try:
-            return self._open(prepared, remaining, settings)
+            return self._open(outgoing, self._route(target), remaining)
         finally:
             _CURRENT.reset(token)
 
-    def _prepare(
-        self, method: str, url: str, headers: dict[str, str], data: bytes | None
-    ) -> requests.PreparedRequest:
+    def _target(self, url: str) -> _Target:
+        """``url`` checked against the endpoint rules and normalised, remembered per URL."""
+        target = self._targets.get(url)
+        if target is None:
+            label, origin = _check_url(url)
+            probe = requests.PreparedRequest()
+            probe.prepare_url(url, None)  # requests' normal form: IDNA, quoting
+            normal = probe.url or url
+            path = probe.path_url
+            if path.startswith("//"):
+                path = f"/{path.lstrip('/')}"  # as requests does, not to confuse urllib3
+            target = _Target(label, origin, normal, path)
+            if len(self._targets) >= _SETTINGS_CACHE:
+                self._targets.clear()
+            self._targets[url] = target
+        return target
+
+    def _outgoing(
+        self, method: str, target: _Target, headers: dict[str, str], data: bytes | None
+    ) -> _Outgoing:
         """The request as the session would prepare it, without its per-call costs.
 
-        With cookies in the session jar, the session prepares it (cookies are sent).
+        A session with cookies, default query parameters or response hooks prepares
+        it itself (cookies are sent, parameters added).
         """
-        if self._session.cookies:
-            return self._session.prepare_request(
-                requests.Request(method, url, headers=headers, data=data, auth=_no_auth)
+        session = self._session
+        if session.cookies or session.params or any(session.hooks.values()):
+            prepared = session.prepare_request(
+                requests.Request(method, target.url, headers=headers, data=data, auth=_no_auth)
             )
-        prepared = requests.PreparedRequest()
-        prepared.method = method.upper()
-        prepared.url = self._prepared_url(url)
-        merged: requests.structures.CaseInsensitiveDict[str | bytes]
-        merged = requests.structures.CaseInsensitiveDict(self._session.headers)
-        for name, value in headers.items():
-            requests.utils.check_header_validity((name, value))
-            merged[name] = value
-        prepared.headers = merged  # type: ignore[assignment]
-        prepared.body = data
+            return _Outgoing(method, prepared.url or target.url, prepared.headers, data, prepared)
+        merged: dict[str, str | bytes] = {}
+        names: dict[str, str] = {}  # lower-case name -> the spelling in `merged`
+        for source in (session.headers, headers):
+            for name, value in source.items():
+                key = name.lower()
+                previous = names.pop(key, None)
+                if previous is not None:
+                    del merged[previous]  # replaced whatever its case
+                if value is None:
+                    continue  # requests' way of removing a header
+                _check_header(name, value)
+                merged[name] = value
+                names[key] = name
         if data is not None:
             merged["Content-Length"] = str(len(data))
-        elif prepared.method not in ("GET", "HEAD"):
+        elif method not in ("GET", "HEAD"):
             merged["Content-Length"] = "0"
-        prepared.hooks = requests.hooks.default_hooks()
-        return prepared
+        return _Outgoing(method, target.url, merged, data, None, target.path)
 
-    def _prepared_url(self, url: str) -> str:
-        """requests' normalised form of ``url`` (IDNA, quoting), remembered per URL."""
-        prepared = self._urls.get(url)
-        if prepared is None:
-            request = requests.PreparedRequest()
-            request.prepare_url(url, None)
-            prepared = request.url or url
-            if len(self._urls) >= _SETTINGS_CACHE:
-                self._urls.clear()
-            self._urls[url] = prepared
-        return prepared
+    def _route(self, target: _Target) -> _Route:
+        """How requests to ``target``'s origin are sent, remembered per origin.
+
+        requests derives proxies, CA bundle and client certificate from the environment,
+        finds the pool and checks the CA bundle on every call, which costs more than the
+        rest of a kept-alive request; here that happens once per origin (and again when
+        the pool manager has closed the pool).
+        """
+        route = self._routes.get(target.origin)
+        if route is not None and route.current():
+            return route
+        settings: dict[str, Any] = dict(
+            self._session.merge_environment_settings(target.url, {}, True, self._verify, None)
+        )
+        pool: urllib3.connectionpool.HTTPConnectionPool | None = None
+        absolute = False
+        if self._session.get_adapter(target.url) is self._adapter:
+            probe = requests.PreparedRequest()
+            probe.url = target.url
+            proxies, verify, cert = settings["proxies"], settings["verify"], settings["cert"]
+            found = self._adapter.get_connection_with_tls_context(
+                probe, verify, proxies=proxies, cert=cert
+            )
+            assert isinstance(found, urllib3.connectionpool.HTTPConnectionPool)
+            pool = found
+            self._adapter.cert_verify(pool, target.url, verify, cert)  # type: ignore[no-untyped-call]
+            absolute = _via_http_proxy(target, proxies)
+        route = _Route(settings, pool, absolute)
+        if len(self._routes) >= _SETTINGS_CACHE:
+            self._routes.clear()
+        self._routes[target.origin] = route
+        return route
 
     def _open(
-        self, prepared: requests.PreparedRequest, remaining: float | None, settings: dict[str, Any]
+        self, outgoing: _Outgoing, route: _Route, remaining: float | None
     ) -> urllib3.response.HTTPResponse:
         """What ``HTTPAdapter.send`` does, minus building a ``requests.Response``."""
-        url = prepared.url or ""
-        adapter = self._session.get_adapter(url)
-        if not isinstance(adapter, requests.adapters.HTTPAdapter):
+        pool = route.pool
+        if pool is None:  # an adapter the caller mounted on the session: it sends
             response = self._session.send(
-                prepared, timeout=(remaining, remaining), allow_redirects=False, **settings
+                outgoing.prepared(),
+                timeout=(remaining, remaining),
+                allow_redirects=False,
+                **route.settings,
             )
             raw: urllib3.response.HTTPResponse = response.raw
             return raw
-        proxies, verify, cert = settings["proxies"], settings["verify"], settings["cert"]
-        pool = adapter.get_connection_with_tls_context(prepared, verify, proxies=proxies, cert=cert)
-        adapter.cert_verify(pool, url, verify, cert)  # type: ignore[no-untyped-call]
-        adapter.add_headers(prepared)
-        assert isinstance(pool, urllib3.connectionpool.HTTPConnectionPool)
         opened = pool.urlopen(
-            method=prepared.method or "GET",
-            url=adapter.request_url(prepared, proxies),
-            body=prepared.body,
-            headers=prepared.headers,
+            method=outgoing.method,
+            url=outgoing.url_for(absolute=route.absolute),
+            body=outgoing.body,
+            headers=outgoing.headers,  # type: ignore[arg-type]
             redirect=False,
             assert_same_host=False,
             preload_content=False,
             decode_content=False,
-            retries=adapter.max_retries,
+            retries=self._adapter.max_retries,
             timeout=Timeout(connect=remaining, read=remaining),
             chunked=False,
         )
         assert isinstance(opened, urllib3.response.HTTPResponse)
-        raw = opened
-        if "set-cookie" in raw.headers:
+        if "set-cookie" in opened.headers:
             requests.cookies.extract_cookies_to_jar(  # type: ignore[no-untyped-call]
-                self._session.cookies, prepared, raw
+                self._session.cookies, outgoing.prepared(), opened
             )
-        return raw
+        return opened
 
-    def _settings_for(self, origin: str, url: str) -> dict[str, Any]:
-        """Proxies, CA bundle and client certificate for ``origin`` (scheme://host:port).
 
-        requests derives them from the environment on every call, which costs more than
-        the rest of a kept-alive request; they are derived once per origin instead.
-        """
-        settings = self._settings.get(origin)
-        if settings is None:
-            if len(self._settings) >= _SETTINGS_CACHE:
-                self._settings.clear()
-            settings = dict(
-                self._session.merge_environment_settings(url, {}, True, self._verify, None)
-            )
-            self._settings[origin] = settings
-        return settings
+class _Target:
+    """One request URL as checked and normalised: what :class:`Transport` remembers."""
+
+    __slots__ = ("label", "origin", "path", "url")
+
+    def __init__(self, label: str, origin: str, url: str, path: str) -> None:
+        self.label = label  # host[:port], for messages
+        self.origin = origin  # scheme://netloc, lower case
+        self.url = url  # requests' normal form
+        self.path = path  # what goes on the request line without a proxy
+
+
+class _Route:
+    """How requests to one origin are sent: the session's settings for it, and its pool.
+
+    ``pool`` is ``None`` when the session routes the origin to an adapter of its own.
+    ``absolute``: the request line carries the whole URL (a plain-HTTP proxy).
+    """
+
+    __slots__ = ("absolute", "pool", "settings")
+
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        pool: urllib3.connectionpool.HTTPConnectionPool | None,
+        absolute: bool,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.absolute = absolute
+
+    def current(self) -> bool:
+        """Whether the pool is still open and its manager's (else: look the origin up again)."""
+        pool = self.pool
+        return pool is None or (pool.pool is not None and pool not in _RETIRED)
+
+
+class _Outgoing:
+    """A request ready to send: method, URL, merged and checked headers, body."""
+
+    __slots__ = ("_path", "_prepared", "body", "headers", "method", "url")
+
+    def __init__(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str | bytes],
+        body: bytes | None,
+        prepared: requests.PreparedRequest | None,
+        path: str | None = None,
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self._prepared = prepared
+        self._path = path
+
+    def url_for(self, *, absolute: bool) -> str:
+        """The request line's target: the whole URL for a plain-HTTP proxy, else the path."""
+        if absolute:
+            return str(requests.utils.urldefragauth(self.url))
+        if self._path is None:
+            path = self.prepared().path_url
+            self._path = f"/{path.lstrip('/')}" if path.startswith("//") else path
+        return self._path
+
+    def prepared(self) -> requests.PreparedRequest:
+        """A ``requests.PreparedRequest`` of this request (cookies, custom adapters)."""
+        if self._prepared is None:
+            prepared = requests.PreparedRequest()
+            prepared.method = self.method
+            prepared.url = self.url
+            headers: requests.structures.CaseInsensitiveDict[str | bytes]
+            headers = requests.structures.CaseInsensitiveDict(self.headers)
+            prepared.headers = headers  # type: ignore[assignment]
+            prepared.body = self.body
+            prepared.hooks = requests.hooks.default_hooks()
+            self._prepared = prepared
+        return self._prepared
+
+
+def _via_http_proxy(target: _Target, proxies: Mapping[str, str] | None) -> bool:
+    """Whether requests to ``target`` go through a plain-HTTP proxy (``request_url``'s rule)."""
+    proxy = requests.utils.select_proxy(target.url, proxies)
+    if not proxy or target.origin.startswith("https:"):
+        return False
+    return not urllib.parse.urlsplit(proxy).scheme.lower().startswith("socks")
+
+
+def _check_header(name: object, value: object) -> None:
+    """requests' header rules (no line breaks, no surrounding whitespace); ``InvalidHeader``."""
+    if isinstance(name, str) and isinstance(value, str):
+        if _HEADER_NAME.match(name) and _HEADER_VALUE.match(value):
+            return
+        raise requests.exceptions.InvalidHeader("invalid header")
+    requests.utils.check_header_validity(cast("tuple[str, str]", (name, value)))
 
 
 def _check_url(url: str) -> tuple[str, str]:

@@ -25,8 +25,20 @@ SCENARIOS = {
     "activation",
 }
 ROW_KEYS = {
-    "scenario", "server", "client", "role", "unit", "n", "median", "p90", "p99",
-    "higher_is_better", "group", "ratio_reference", "ratio_floor", "extra",
+    "scenario",
+    "server",
+    "client",
+    "role",
+    "unit",
+    "n",
+    "median",
+    "p90",
+    "p99",
+    "higher_is_better",
+    "group",
+    "ratio_reference",
+    "ratio_floor",
+    "extra",
 }
 
 
@@ -49,7 +61,13 @@ def tiny_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.timeout(120)
 def test_tiny_run_writes_the_report_keys(tiny_report: dict[str, Any]) -> None:
     assert set(tiny_report) >= {
-        "command", "size", "machine", "scenarios", "goals", "leftover_threads", "seconds",
+        "command",
+        "size",
+        "machine",
+        "scenarios",
+        "goals",
+        "leftover_threads",
+        "seconds",
     }
     assert tiny_report["size"] == "tiny"
     assert {"nproc", "cpu_model", "python", "versions"} <= set(tiny_report["machine"])
@@ -71,8 +89,9 @@ def test_the_sdk_is_compared_or_skipped_with_a_reason(tiny_report: dict[str, Any
     exec_latency = next(s for s in tiny_report["scenarios"] if s["name"] == "exec_latency")
     clients = {row["client"] for row in exec_latency["rows"]}
     if importlib.util.find_spec("e2b") is None:
-        assert any("e2b-sdk" in reason and "not installed" in reason
-                   for reason in exec_latency["skipped"])
+        assert any(
+            "e2b-sdk" in reason and "not installed" in reason for reason in exec_latency["skipped"]
+        )
     else:
         assert "e2b-sdk" in clients
     assert "requests-raw" in clients

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from piship_remote.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
@@ -64,3 +66,51 @@ def test_a_partial_frame_is_held_until_complete() -> None:
 def test_end_stream_is_a_flag_bit() -> None:
     assert Frame(END_STREAM | 0x80, {}).end_stream
     assert not Frame(0x80, {}).end_stream
+
+
+class CountingBuffer(bytearray):
+    """A reader buffer that counts the bytes copied into it and shifted inside it.
+
+    Both counts bound the reader's work: if neither exceeds the bytes fed, decoding
+    is linear however the input is split (the quadratic readers re-slice or shift a
+    growing buffer for every frame or chunk).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+        self.shifted = 0
+
+    def __iadd__(self, other: Any) -> CountingBuffer:
+        self.written += len(other)
+        super().__iadd__(other)
+        return self
+
+    def __delitem__(self, index: Any) -> None:
+        before = len(self)
+        super().__delitem__(index)
+        self.shifted += len(self) if isinstance(index, slice) else before - 1
+
+
+@pytest.mark.parametrize(
+    ("frames", "chunk"),
+    [
+        ([b"x" * (4 << 20)], 1000),  # one 4 MiB frame in 1000-byte chunks
+        ([b"y" * 43_700] * 96, 4093),  # 32 KiB stdout frames, reads that straddle them
+        ([b"z" * 10] * 50_000, 7),  # many tiny frames, tinier reads
+        ([b"z" * 10] * 50_000, 256 * 1024),  # many frames in each read
+    ],
+)
+def test_the_reader_copies_each_byte_at_most_once(frames: list[bytes], chunk: int) -> None:
+    data = b"".join(connect_envelope({"d": payload.decode()}) for payload in frames)
+    largest = max(len(connect_envelope({"d": payload.decode()})) for payload in frames)
+    reader = EnvelopeReader()
+    buffer = reader._buffer = CountingBuffer()
+    decoded = 0
+    for start in range(0, len(data), chunk):
+        decoded += len(reader.payloads(data[start : start + chunk]))
+        assert reader.pending < largest  # at most one partial frame is held
+    assert decoded == len(frames)
+    assert reader._buffer is buffer  # one buffer throughout, never re-sliced
+    assert 0 < buffer.written <= len(data)
+    assert buffer.shifted <= len(data)

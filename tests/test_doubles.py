@@ -672,14 +672,16 @@ def test_k8s_create_status_answers_an_rbac_refusal_echoing_the_bearer(
 ) -> None:
     mock = kubernetes_server(None, Cluster(create_status=403))
     response = requests.post(
-        mock.url + CLAIMS, json=_claim("c1"), headers={"Authorization": "Bearer b-000000"},
+        mock.url + CLAIMS,
+        json=_claim("c1"),
+        headers={"Authorization": "Bearer b-000000"},
         timeout=TIMEOUT,
     )
     assert response.status_code == 403
     assert response.json() == {
         "kind": "Status",
         "reason": "Forbidden",
-        "message": 'sandboxclaims is forbidden: Bearer b-000000 cannot create resource '
+        "message": "sandboxclaims is forbidden: Bearer b-000000 cannot create resource "
         '"sandboxclaims" in namespace "agents"',
     }
     assert mock.live_claims == []
@@ -722,7 +724,8 @@ def test_k8s_real_router_answers_502_for_gone_sandboxes_and_a_missing_pod_ip(
     mock = kubernetes_server(None, Cluster(router_gone={"c1"}, pod_ip="10.0.0.7", real_router=True))
     gone = _execute(mock, "true", "pool-c1")
     assert (gone.status_code, gone.json()) == (
-        502, {"detail": "Could not connect to the backend sandbox: pool-c1"},
+        502,
+        {"detail": "Could not connect to the backend sandbox: pool-c1"},
     )
     assert _execute(mock, "true", "pool-c2").status_code == 502
     assert _execute(mock, "true", "pool-c2", **{"X-Sandbox-Pod-IP": "10.0.0.7"}).status_code == 200

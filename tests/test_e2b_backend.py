@@ -8,9 +8,12 @@ answers; ``raw_server`` below answers with hand-built bytes for hostile cases
 from __future__ import annotations
 
 import base64
+import http.server
+import json
 import random
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -959,15 +962,19 @@ def raw_envelope(text: str, flags: int = 0) -> bytes:
     return bytes([flags]) + len(payload).to_bytes(4, "big") + payload
 
 
-@pytest.mark.parametrize("fast_decoder", [True, False])
-def test_plain_data_events_are_decoded_with_or_without_pybase64(
+@pytest.mark.parametrize("decoder", ["pybase64", "strict_mode", "pattern"])
+def test_plain_data_events_are_decoded_by_every_strict_decoder(
     raw_server: Callable[..., RecordingServer],
     profile: SandboxProfile,
     monkeypatch: pytest.MonkeyPatch,
-    fast_decoder: bool,
+    decoder: str,
 ) -> None:
-    if not fast_decoder:
+    # pybase64 when installed; else binascii's strict_mode, or a pattern check before it (3.10).
+    if decoder == "pybase64":
+        pytest.importorskip("pybase64")
+    else:
         monkeypatch.setattr(e2b_module, "_FAST_B64", None)
+        monkeypatch.setattr(e2b_module, "_STRICT_MODE", decoder == "strict_mode")
     out, err = bytes(range(256)) * 40, b"oops\n"
     server = raw_server(
         start=frames(
@@ -985,6 +992,32 @@ def test_plain_data_events_are_decoded_with_or_without_pybase64(
     assert output.stdout == [out]
     assert output.stderr == [err]
     instance.dispose()
+
+
+@pytest.mark.parametrize("decoder", ["pybase64", "strict_mode", "pattern"])
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (b'{"event":{"data":{"stdout":"aGk="}}}', (0, b"hi")),
+        (b'{"event":{"data":{"stderr":"aGk="}}}', (1, b"hi")),
+        (b'{"event":{"data":{"stdout":"aGk"}}}', None),  # unpadded: the JSON path decodes it
+        (b'{"event":{"data":{"stdout":"a=Gk"}}}', None),  # padding inside
+        (b'{"event":{"data":{"stdout":"aG-_"}}}', None),  # URL-safe alphabet
+        (b'{"event":{"data":{"stdout":"aGk=","x":"1"}}}', None),  # another field
+    ],
+)
+def test_the_data_fast_path_takes_only_canonical_base64(
+    monkeypatch: pytest.MonkeyPatch,
+    decoder: str,
+    payload: bytes,
+    expected: tuple[int, bytes] | None,
+) -> None:
+    if decoder == "pybase64":
+        pytest.importorskip("pybase64")
+    else:
+        monkeypatch.setattr(e2b_module, "_FAST_B64", None)
+        monkeypatch.setattr(e2b_module, "_STRICT_MODE", decoder == "strict_mode")
+    assert e2b_module._data_output(memoryview(payload)) == expected
 
 
 @pytest.mark.parametrize(
@@ -1445,4 +1478,89 @@ def test_unreachable_envd_is_a_retryable_transport_error(
         run(instance)
     assert caught.value.code == "GATEWAY_UNREACHABLE"
     assert caught.value.retryable is True
+    instance.dispose()
+
+
+TERMINATOR_DELAY = 0.05
+
+
+class KeepAliveE2b:
+    """The E2B routes on a stdlib HTTP/1.1 server that keeps connections open.
+
+    (werkzeug closes every connection.) Start answers ``START``, one data frame,
+    ``END_OK`` and ``EOS`` as separate HTTP chunks, then, a little later, the chunked
+    terminator.
+    ``ports`` holds the client port of every request.
+    """
+
+    def __init__(self) -> None:
+        self.ports: list[int] = []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                owner.ports.append(self.client_address[1])
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.path == "/process.Process/Start":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/connect+json")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for piece in (START, data("stdout", b"hi\n"), END_OK, EOS):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        self.wfile.flush()
+                    # Late enough that the client has the end-of-stream frame without it
+                    # (no event can tell when it has); it still waits up to 250 ms.
+                    time.sleep(TERMINATOR_DELAY)
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                body = json.dumps(CREATED).encode() if self.path == "/sandboxes" else b""
+                self.send_response(201 if body else 204)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_DELETE = do_POST
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def keepalive_e2b() -> Iterator[KeepAliveE2b]:
+    server = KeepAliveE2b()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_commands_reuse_one_connection_once_each_stream_has_ended(
+    keepalive_e2b: KeepAliveE2b, profile: SandboxProfile
+) -> None:
+    # After the end-of-stream frame the reader also takes the chunked terminator, so
+    # the connection goes back to the pool instead of being closed.
+    instance = backend_for(keepalive_e2b.url).prepare(profile)
+    output = Output()
+    for _ in range(3):
+        assert run(instance, output=output).exit_code == 0
+    assert output.stdout == [b"hi\n"] * 3
+    assert len(keepalive_e2b.ports) == 7  # create, then a renewal and a Start per command
+    assert len(set(keepalive_e2b.ports)) == 1
     instance.dispose()

@@ -364,9 +364,7 @@ def test_the_command_runs_as_the_sandbox_user_in_its_home(
 
 @needs_bwrap
 @pytest.mark.timeout(20)
-def test_the_requested_cwd_inside_the_home_is_used(
-    client: Client, sandbox: dict[str, Any]
-) -> None:
+def test_the_requested_cwd_inside_the_home_is_used(client: Client, sandbox: dict[str, Any]) -> None:
     client.run(sandbox, "mkdir -p sub/dir")
     assert client.run(sandbox, "pwd", cwd="/home/user/sub/dir").stdout == "/home/user/sub/dir\n"
 
@@ -396,9 +394,7 @@ def test_a_missing_cwd_fails_like_envd(client: Client, sandbox: dict[str, Any]) 
 def test_keepalive_frames_arrive_while_the_command_is_quiet(
     client: Client, sandbox: dict[str, Any]
 ) -> None:
-    stream = client.run(
-        sandbox, "sleep 1.5; echo done", headers={"Keepalive-Ping-Interval": "1"}
-    )
+    stream = client.run(sandbox, "sleep 1.5; echo done", headers={"Keepalive-Ping-Interval": "1"})
     assert stream.events("keepalive") == [{}]
     assert stream.stdout == "done\n"
 
@@ -486,7 +482,13 @@ def test_the_environment_holds_only_what_was_sent(
     stream = client.run(sandbox, "env", envs={"LANG": "C.UTF-8", "DOCS_MODE": "demo"})
     names = {line.split("=", 1)[0] for line in stream.stdout.splitlines()}
     assert names - {"PWD", "SHLVL", "_"} == {
-        "LANG", "DOCS_MODE", "SANDBOX_WIDE", "PATH", "HOME", "USER", "LOGNAME"
+        "LANG",
+        "DOCS_MODE",
+        "SANDBOX_WIDE",
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
     }
     assert "unlisted-host-value" not in stream.stdout
     assert "DOCS_MODE=demo" in stream.stdout.splitlines()
@@ -653,8 +655,11 @@ def test_envd_refuses_a_wrong_access_token_with_plain_json_401(
     response = client.session.post(
         client.service.envd_url + "/process.Process/Start",
         data=connect_envelope({"process": {"cmd": "/bin/true"}}),
-        headers={**client.envd_headers(sandbox), "X-Access-Token": "wrong",
-                 "Content-Type": "application/connect+json"},
+        headers={
+            **client.envd_headers(sandbox),
+            "X-Access-Token": "wrong",
+            "Content-Type": "application/connect+json",
+        },
         timeout=HTTP_TIMEOUT,
     )
     assert response.status_code == 401
@@ -666,8 +671,11 @@ def test_envd_refuses_a_wrong_basic_user(client: Client, sandbox: dict[str, Any]
     response = client.session.post(
         client.service.envd_url + "/process.Process/Start",
         data=connect_envelope({"process": {"cmd": "/bin/true"}}),
-        headers={**client.envd_headers(sandbox), "Content-Type": "application/connect+json",
-                 "Authorization": "Basic " + base64.b64encode(b"root:").decode()},
+        headers={
+            **client.envd_headers(sandbox),
+            "Content-Type": "application/connect+json",
+            "Authorization": "Basic " + base64.b64encode(b"root:").decode(),
+        },
         timeout=HTTP_TIMEOUT,
     )
     assert response.status_code == 401
@@ -687,8 +695,12 @@ def test_envd_takes_a_missing_basic_header_and_a_chunked_body_like_the_official_
     response = client.session.post(
         client.service.envd_url + "/process.Process/Start",
         data=iter([body[:3], body[3:]]),  # a generator body goes out chunked
-        headers={**client.envd_headers(sandbox), "Content-Type": "application/connect+json",
-                 "Connect-Timeout-Ms": "10000", "Keepalive-Ping-Interval": "50"},
+        headers={
+            **client.envd_headers(sandbox),
+            "Content-Type": "application/connect+json",
+            "Connect-Timeout-Ms": "10000",
+            "Keepalive-Ping-Interval": "50",
+        },
         timeout=HTTP_TIMEOUT,
         stream=True,
     )
@@ -734,9 +746,7 @@ def test_delete_kills_the_sandboxes_processes_and_removes_its_files(
 
 @needs_bwrap
 @pytest.mark.timeout(20)
-def test_an_expired_lifetime_deletes_the_sandbox(
-    client: Client, service: LocalE2bService
-) -> None:
+def test_an_expired_lifetime_deletes_the_sandbox(client: Client, service: LocalE2bService) -> None:
     sandbox = client.create(timeout=1)
     home = Path(service.sandbox_home(sandbox["sandboxID"]))
     assert home.exists()
@@ -817,8 +827,11 @@ def test_an_e2b_backend_timeout_kills_the_remote_tree(
     pytest.importorskip("piship_remote.backends.e2b")
     activation = pytest.importorskip("piship_remote.activation")
     mark = marker()
-    with activation.activate_sandbox(
-        {"required": True}, backend=service.backend(), workspace=tmp_path, env={}
-    ) as sandbox, pytest.raises(TimeoutError):
+    with (
+        activation.activate_sandbox(
+            {"required": True}, backend=service.backend(), workspace=tmp_path, env={}
+        ) as sandbox,
+        pytest.raises(TimeoutError),
+    ):
         sandbox.exec(f"sleep {mark} & sleep {mark}", timeout=1)
     assert gone(lambda: not marked(mark))

@@ -710,7 +710,7 @@ def test_iter_raw_delivers_a_large_body_intact(transport: Transport, server: HTT
     response = transport.request("GET", server.url_for("/big"), stream=True)
     chunks = list(response.iter_raw())
     assert b"".join(chunks) == body
-    assert max(len(chunk) for chunk in chunks) <= 256 * 1024
+    assert max(len(chunk) for chunk in chunks) <= 1024 * 1024
 
 
 @pytest.mark.parametrize("size", [999, 1000])
@@ -1080,12 +1080,15 @@ def chunked_route(
         handler.send_response(200)
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
-        for index, chunk in enumerate(chunks):
-            if gap is not None and index == len(chunks) - 1:
-                gap.wait(5)
-            handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            handler.wfile.flush()
-        handler.wfile.write(b"0\r\n\r\n")
+        try:
+            for index, chunk in enumerate(chunks):
+                if gap is not None and index == len(chunks) - 1:
+                    gap.wait(5)
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                handler.wfile.flush()
+            handler.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            handler.close_connection = True  # the client gave up on the body
 
     return answer
 
@@ -1146,3 +1149,83 @@ def test_the_dechunker_refuses_bad_framing_or_an_early_end(wire: bytes) -> None:
     with pytest.raises(urllib3.exceptions.ProtocolError):
         body.feed(wire)
         body.feed(b"")
+
+
+# --------------------------------------------------------------------------- what the session adds
+
+
+@pytest.fixture
+def session() -> Iterator[requests.Session]:
+    with requests.Session() as instance:
+        yield instance
+
+
+@pytest.fixture
+def on_session(redactor: Redactor, session: requests.Session) -> Iterator[Transport]:
+    """A transport on the caller's ``session`` (its headers are read for every request)."""
+    instance = Transport(redactor=redactor, session=session)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+def test_session_headers_are_sent(
+    on_session: Transport, session: requests.Session, server: HTTPServer
+) -> None:
+    server.expect_request("/x").respond_with_data("ok")
+    session.headers["X-Team"] = "blue"
+    on_session.request("GET", server.url_for("/x")).close()
+    request, _ = server.log[0]
+    assert request.headers["X-Team"] == "blue"
+
+
+def test_a_request_header_replaces_the_session_header_whatever_its_case(
+    on_session: Transport, session: requests.Session, server: HTTPServer
+) -> None:
+    server.expect_request("/x").respond_with_data("ok")
+    session.headers["accept-encoding"] = "br"
+    on_session.request("GET", server.url_for("/x"), headers={"Accept-Encoding": "identity"}).close()
+    request, _ = server.log[0]
+    assert request.headers.getlist("Accept-Encoding") == ["identity"]
+
+
+def test_a_request_header_set_to_none_removes_the_session_header(
+    on_session: Transport, session: requests.Session, server: HTTPServer
+) -> None:
+    server.expect_request("/x").respond_with_data("ok")
+    session.headers["X-Team"] = "blue"
+    removed: dict[str, Any] = {"x-team": None}
+    on_session.request("GET", server.url_for("/x"), headers=removed).close()
+    request, _ = server.log[0]
+    assert "X-Team" not in request.headers
+
+
+def test_a_cookie_the_server_set_is_sent_back(transport: Transport, server: HTTPServer) -> None:
+    server.expect_request("/login").respond_with_data("ok", headers={"Set-Cookie": "lb=node-3"})
+    server.expect_request("/next").respond_with_data("ok")
+    transport.request("GET", server.url_for("/login")).close()
+    transport.request("GET", server.url_for("/next")).close()
+    request, _ = server.log[1]
+    assert request.headers["Cookie"] == "lb=node-3"
+
+
+def test_a_plain_http_proxy_gets_the_whole_url(
+    transport: Transport, keepalive: KeepAliveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", keepalive.url)
+    monkeypatch.setenv("http_proxy", keepalive.url)
+    url = f"http://127.0.0.1:{free_port()}/x?q=1"
+    keepalive.routes[url] = chunked_route([b'{"proxied":true}'])
+    assert transport.request("GET", url).json_object() == {"proxied": True}
+
+
+def test_a_pool_the_pool_manager_let_go_of_is_replaced(
+    transport: Transport, keepalive: KeepAliveServer
+) -> None:
+    transport.request("GET", f"{keepalive.url}/x").close()
+    transport._adapter.poolmanager.clear()  # as when more than _HOSTS hosts evict it
+    assert transport.request("GET", f"{keepalive.url}/x").json_object() == {"ok": True}
+    assert len(set(keepalive.ports)) == 2

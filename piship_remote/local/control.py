@@ -81,7 +81,7 @@ class ControlPlane:
         sandbox_id, action = match.group(1), match.group(2)
         sandbox = self._registry.get(sandbox_id)
         if sandbox is None:
-            return _error(404, f"sandbox \"{sandbox_id}\" not found")
+            return _error(404, f'sandbox "{sandbox_id}" not found')
         allowed = ("POST",) if action else ("GET", "DELETE")
         if request.method not in allowed:
             return _error(405, f"{request.method} is not allowed on {request.path}")
@@ -126,7 +126,7 @@ class ControlPlane:
         if seconds < 0:
             return _error(400, "timeout must not be negative")
         if not self._registry.set_lifetime(sandbox_id, seconds, extend_only=extend_only):
-            return _error(404, f"sandbox \"{sandbox_id}\" not found")
+            return _error(404, f'sandbox "{sandbox_id}" not found')
         return Reply(204)
 
 

@@ -96,7 +96,9 @@ class HttpServer(HTTPServer):
     def start(self) -> None:
         """Accept connections on a ``piship-local-http`` thread."""
         self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.1}, name="piship-local-http",
+            target=self.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="piship-local-http",
             daemon=True,
         )
         self._thread.start()

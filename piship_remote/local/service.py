@@ -189,9 +189,10 @@ def serve(
     """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it."""
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
-    with LocalE2bService(
-        host=host, port=port, workdir=workdir, user=user, bwrap=bwrap
-    ) as service, _stopped_by_sigterm(stop):
+    with (
+        LocalE2bService(host=host, port=port, workdir=workdir, user=user, bwrap=bwrap) as service,
+        _stopped_by_sigterm(stop),
+    ):
         print("piship local E2B-compatible service (commands run under bubblewrap)", file=out)
         print(f"endpoint: {service.url}", file=out)
         print(f"envd url: {service.envd_url}", file=out)
