@@ -115,6 +115,8 @@ class Sandbox:
 
     @property
     def redactor(self) -> Redactor:
+        """The backend's secret registry: ``sandbox.redactor.redact(text)`` hides every
+        credential and registered secret, in each encoding, before ``text`` is shown."""
         return self._backend.redactor
 
     def __enter__(self) -> Sandbox:
