@@ -282,7 +282,7 @@ def _parse_policy(path: str, text: str) -> Any:
             raise PiShipError(
                 "CONFIG_INVALID",
                 "reading a YAML policy needs PyYAML",
-                user_action="pip install pyyaml, or write the policy as JSON",
+                user_action="pip install 'piship-remote[yaml]', or write the policy as JSON",
             ) from None
         try:
             return yaml.safe_load(text)

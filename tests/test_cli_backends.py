@@ -166,7 +166,7 @@ def test_a_yaml_policy_without_pyyaml_is_a_configuration_error_naming_the_fix(
     assert cli.main(["run", "--policy", str(policy), "--", "true"]) == cli.EXIT_CONFIG
     err = capsys.readouterr().err
     assert err.startswith("CONFIG_INVALID: reading a YAML policy needs PyYAML")
-    assert "\nAction: pip install pyyaml" in err
+    assert "\nAction: pip install 'piship-remote[yaml]'" in err
 
 
 def test_a_malformed_yaml_policy_is_a_configuration_error(
