@@ -49,7 +49,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import requests
 import requests.adapters
@@ -71,6 +71,7 @@ __all__ = ["Credential", "HttpResponse", "Transport", "TransportError"]
 # few Python-level iterations, while read1() still returns whatever has arrived.
 _CHUNK = 1024 * 1024
 _LOG = logging.getLogger("piship_remote")
+_Read = TypeVar("_Read")
 # What a non-streamed request reads before returning; a small body (the usual control-
 # plane answer) is then complete and its connection already back in the pool.
 _EAGER_BYTES = 64 * 1024
@@ -634,20 +635,8 @@ class HttpResponse:
     def _iter_chunked(self, body: _Dechunker) -> Iterator[bytes | memoryview]:
         call = self._call
         while not self._done:
-            if call.scope.cancelled:
-                self.close()
-                raise CommandCancelled()
-            try:
-                pieces = body.feed(body.fp.read1(_CHUNK))
-            except BaseException as exc:
-                self.close()
-                mapped = call.error(exc)
-                if mapped is exc:
-                    raise
-                raise mapped from None
-            if call.scope.cancelled:  # a shut-down socket can look like a clean end
-                self.close()
-                raise CommandCancelled()
+            self._check_cancelled()
+            pieces = self._guarded_read(lambda n: body.feed(body.fp.read1(n)), _CHUNK)
             if body.done:
                 self._done = True
                 if body.finish():
@@ -675,30 +664,36 @@ class HttpResponse:
     def _read(self, size: int) -> bytes:
         """One read of up to ``size`` bytes: whatever has arrived, ``b""`` at the end."""
         call = self._call
-        if call.scope.cancelled:
-            self.close()
-            raise CommandCancelled()
+        self._check_cancelled()
         if not call.stream and call.scope.deadline is not None:
             remaining = call.scope.remaining()
             if remaining is None or remaining <= 0:
                 self.close()
                 raise call.failed("timed out")
             self._set_socket_timeout(remaining)
-        try:
-            data = self._raw.read1(size, decode_content=self._decode)
-        except BaseException as exc:
-            self.close()
-            mapped = call.error(exc)
-            if mapped is exc:
-                raise
-            raise mapped from None
-        if call.scope.cancelled:  # a shut-down socket can look like a clean end
-            self.close()
-            raise CommandCancelled()
+        data = self._guarded_read(lambda n: self._raw.read1(n, decode_content=self._decode), size)
         if not data:
             self._done = True
             self._raw.release_conn()
             call.finish()
+        return data
+
+    def _check_cancelled(self) -> None:
+        if self._call.scope.cancelled:
+            self.close()
+            raise CommandCancelled()
+
+    def _guarded_read(self, read: Callable[[int], _Read], size: int) -> _Read:
+        """``read(size)``, its failure mapped to our errors, then the cancel checked."""
+        try:
+            data = read(size)
+        except BaseException as exc:
+            self.close()
+            mapped = self._call.error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from None
+        self._check_cancelled()  # a shut-down socket can look like a clean end
         return data
 
     def _set_socket_timeout(self, timeout: float | None) -> None:
