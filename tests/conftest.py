@@ -37,6 +37,16 @@ def home(root: Path) -> Path:
     return root / "home"
 
 
+@pytest.fixture
+def cli_environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No ambient PISHIP/E2B settings or proxies: ``cli.main`` reads only what a test sets."""
+    for name in list(os.environ):
+        upper = name.upper()
+        if upper.startswith(("PISHIP_", "E2B_")) or upper.endswith("_PROXY"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
 # ---------------------------------------------------------------- the secret sweep
 #
 # After every test, no secret may appear in a request any double recorded outside

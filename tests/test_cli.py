@@ -46,16 +46,6 @@ def _clean_environ() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def in_process_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No ambient PISHIP/E2B settings or proxies for ``cli.main`` run in this process."""
-    for name in list(os.environ):
-        upper = name.upper()
-        if upper.startswith(("PISHIP_", "E2B_")) or upper.endswith("_PROXY"):
-            monkeypatch.delenv(name)
-    return monkeypatch
-
-
 def run_in_process(
     monkeypatch: pytest.MonkeyPatch, mock: E2bServer, workspace: Path, *command: str
 ) -> tuple[int, list[str]]:
@@ -107,20 +97,20 @@ def test_run_streams_output_and_exits_with_the_commands_code(
 
 @pytest.mark.timeout(30)
 def test_run_quotes_each_argument_when_given_several(
-    e2b_server: E2bFactory, workspace: Path, in_process_env: pytest.MonkeyPatch
+    e2b_server: E2bFactory, workspace: Path, cli_environ: pytest.MonkeyPatch
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    status, scripts = run_in_process(in_process_env, mock, workspace, "printf", "%s\\n", "a b")
+    status, scripts = run_in_process(cli_environ, mock, workspace, "printf", "%s\\n", "a b")
     assert status == 0
     assert scripts == ["printf '%s\\n' 'a b'"]
 
 
 @pytest.mark.timeout(30)
 def test_run_takes_a_single_argument_as_a_shell_line(
-    e2b_server: E2bFactory, workspace: Path, in_process_env: pytest.MonkeyPatch
+    e2b_server: E2bFactory, workspace: Path, cli_environ: pytest.MonkeyPatch
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    status, scripts = run_in_process(in_process_env, mock, workspace, "echo $HOME | wc -c")
+    status, scripts = run_in_process(cli_environ, mock, workspace, "echo $HOME | wc -c")
     assert status == 0
     assert scripts == ["echo $HOME | wc -c"]
 

@@ -34,29 +34,19 @@ SERVE_READY_WITHIN = 20.0
 SERVE_STOP_WITHIN = 15.0
 
 
-@pytest.fixture
-def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No ambient PISHIP/E2B settings or proxies: ``cli.main`` reads only what a test sets."""
-    for name in list(os.environ):
-        upper = name.upper()
-        if upper.startswith(("PISHIP_", "E2B_")) or upper.endswith("_PROXY"):
-            monkeypatch.delenv(name)
-    return monkeypatch
+def use_e2b(cli_environ: pytest.MonkeyPatch, mock: E2bServer) -> None:
+    cli_environ.setenv("PISHIP_E2B_ENDPOINT", mock.url)
+    cli_environ.setenv("PISHIP_E2B_ENVD_URL", mock.url)
+    cli_environ.setenv("E2B_API_KEY", API_KEY)
 
 
-def use_e2b(environ: pytest.MonkeyPatch, mock: E2bServer) -> None:
-    environ.setenv("PISHIP_E2B_ENDPOINT", mock.url)
-    environ.setenv("PISHIP_E2B_ENVD_URL", mock.url)
-    environ.setenv("E2B_API_KEY", API_KEY)
-
-
-def use_kubernetes(environ: pytest.MonkeyPatch, mock: KubernetesServer) -> None:
-    environ.setenv("PISHIP_BACKEND", "kubernetes")
-    environ.setenv("PISHIP_K8S_API", mock.url)
-    environ.setenv("PISHIP_K8S_ROUTER", mock.url)
-    environ.setenv("PISHIP_K8S_TEMPLATE", "python-pool")
-    environ.setenv("PISHIP_K8S_NAMESPACE", "agents")
-    environ.setenv("PISHIP_K8S_TOKEN", K8S_TOKEN)
+def use_kubernetes(cli_environ: pytest.MonkeyPatch, mock: KubernetesServer) -> None:
+    cli_environ.setenv("PISHIP_BACKEND", "kubernetes")
+    cli_environ.setenv("PISHIP_K8S_API", mock.url)
+    cli_environ.setenv("PISHIP_K8S_ROUTER", mock.url)
+    cli_environ.setenv("PISHIP_K8S_TEMPLATE", "python-pool")
+    cli_environ.setenv("PISHIP_K8S_NAMESPACE", "agents")
+    cli_environ.setenv("PISHIP_K8S_TOKEN", K8S_TOKEN)
 
 
 # -- exit statuses ----------------------------------------------------------------
@@ -64,10 +54,10 @@ def use_kubernetes(environ: pytest.MonkeyPatch, mock: KubernetesServer) -> None:
 
 @pytest.mark.timeout(30)
 def test_run_passes_the_commands_own_exit_code_through(
-    e2b_server: E2bFactory, workspace: Path, environ: pytest.MonkeyPatch
+    e2b_server: E2bFactory, workspace: Path, cli_environ: pytest.MonkeyPatch
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"exit_code": 7})
-    use_e2b(environ, mock)
+    use_e2b(cli_environ, mock)
     assert cli.main(["run", "--workspace", str(workspace), "--", "exit 7"]) == 7
     assert mock.live_sandboxes == []
 
@@ -76,11 +66,11 @@ def test_run_passes_the_commands_own_exit_code_through(
 def test_run_exits_124_when_the_timeout_expires(
     e2b_server: E2bFactory,
     workspace: Path,
-    environ: pytest.MonkeyPatch,
+    cli_environ: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"hang": True})
-    use_e2b(environ, mock)
+    use_e2b(cli_environ, mock)
     status = cli.main(["run", "--timeout", "0.3", "--workspace", str(workspace), "--", "sleep 60"])
     assert status == 124
     assert capsys.readouterr().err.startswith("TIMEOUT: the command ran longer than 0.3 s")
@@ -93,13 +83,13 @@ def test_run_exits_124_when_the_timeout_expires(
 def test_run_on_kubernetes_uses_one_claim_and_deletes_it(
     kubernetes_server: KubernetesFactory,
     workspace: Path,
-    environ: pytest.MonkeyPatch,
+    cli_environ: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = kubernetes_server(
         lambda command: {"stdout": "from-the-pod\n", "exit_code": 4}, Cluster(token=K8S_TOKEN)
     )
-    use_kubernetes(environ, mock)
+    use_kubernetes(cli_environ, mock)
     status = cli.main(["run", "--network", "allow", "--workspace", str(workspace), "--", "true"])
     assert status == 4, capsys.readouterr().err
     assert capsys.readouterr().out == "from-the-pod\n"
@@ -111,11 +101,11 @@ def test_run_on_kubernetes_uses_one_claim_and_deletes_it(
 def test_doctor_on_kubernetes_reports_and_deletes_its_one_claim(
     kubernetes_server: KubernetesFactory,
     workspace: Path,
-    environ: pytest.MonkeyPatch,
+    cli_environ: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = kubernetes_server(cluster=Cluster(token=K8S_TOKEN))
-    use_kubernetes(environ, mock)
+    use_kubernetes(cli_environ, mock)
     status = cli.main(["doctor", "--network", "allow", "--workspace", str(workspace)])
     output = capsys.readouterr()
     assert status == 0, output.err
@@ -128,11 +118,11 @@ def test_doctor_on_kubernetes_reports_and_deletes_its_one_claim(
 def test_kubernetes_refuses_a_deny_policy_before_any_claim(
     kubernetes_server: KubernetesFactory,
     workspace: Path,
-    environ: pytest.MonkeyPatch,
+    cli_environ: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = kubernetes_server(cluster=Cluster(token=K8S_TOKEN))
-    use_kubernetes(environ, mock)
+    use_kubernetes(cli_environ, mock)
     status = cli.main(["run", "--workspace", str(workspace), "--", "true"])
     assert status == cli.EXIT_UNAVAILABLE
     assert "does not provide network-deny" in capsys.readouterr().err
@@ -144,11 +134,11 @@ def test_kubernetes_refuses_a_deny_policy_before_any_claim(
 
 @pytest.mark.timeout(30)
 def test_run_reads_a_yaml_policy_file(
-    e2b_server: E2bFactory, workspace: Path, tmp_path: Path, environ: pytest.MonkeyPatch
+    e2b_server: E2bFactory, workspace: Path, tmp_path: Path, cli_environ: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("yaml")
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(environ, mock)
+    use_e2b(cli_environ, mock)
     policy = tmp_path / "policy.yaml"
     policy.write_text("sandbox:\n  required: true\n  network:\n    mode: allow\n")
     status = cli.main(["run", "--policy", str(policy), "--workspace", str(workspace), "--", "true"])
@@ -158,9 +148,9 @@ def test_run_reads_a_yaml_policy_file(
 
 
 def test_a_yaml_policy_without_pyyaml_is_a_configuration_error_naming_the_fix(
-    tmp_path: Path, environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cli_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    environ.setitem(sys.modules, "yaml", None)  # import yaml now raises ImportError
+    cli_environ.setitem(sys.modules, "yaml", None)  # import yaml now raises ImportError
     policy = tmp_path / "policy.yml"
     policy.write_text("required: true\n")
     assert cli.main(["run", "--policy", str(policy), "--", "true"]) == cli.EXIT_CONFIG
@@ -170,7 +160,7 @@ def test_a_yaml_policy_without_pyyaml_is_a_configuration_error_naming_the_fix(
 
 
 def test_a_malformed_yaml_policy_is_a_configuration_error(
-    tmp_path: Path, environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cli_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("yaml")
     policy = tmp_path / "policy.yaml"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback_http import LoopbackHttp
 from werkzeug import Request, Response
 
 from piship_remote.backends import e2b as e2b_module
@@ -1529,17 +1530,11 @@ class KeepAliveE2b:
 
             do_DELETE = do_POST
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._http = LoopbackHttp(Handler)
+        self.url = self._http.url
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._http.close()
 
 
 @pytest.fixture

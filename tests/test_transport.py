@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 import urllib3.exceptions
+from loopback_http import LoopbackHttp
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
@@ -260,17 +261,11 @@ class KeepAliveServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
-        )
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._http = LoopbackHttp(Handler)
+        self.url = self._http.url
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._http.close()
 
 
 @pytest.fixture
