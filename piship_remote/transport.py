@@ -51,6 +51,7 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+import attrs
 import requests
 import requests.adapters
 import urllib3
@@ -963,10 +964,7 @@ class Transport:
             probe = requests.PreparedRequest()
             probe.prepare_url(url, None)  # requests' normal form: IDNA, quoting
             normal = probe.url or url
-            path = probe.path_url
-            if path.startswith("//"):
-                path = f"/{path.lstrip('/')}"  # as requests does, not to confuse urllib3
-            target = _Target(label, origin, normal, path)
+            target = _Target(label, origin, normal, _request_path(probe))
             if len(self._targets) >= _SETTINGS_CACHE:
                 self._targets.clear()
             self._targets[url] = target
@@ -1073,18 +1071,17 @@ class Transport:
         return opened
 
 
+@attrs.frozen
 class _Target:
     """One request URL as checked and normalised: what :class:`Transport` remembers."""
 
-    __slots__ = ("label", "origin", "path", "url")
-
-    def __init__(self, label: str, origin: str, url: str, path: str) -> None:
-        self.label = label  # host[:port], for messages
-        self.origin = origin  # scheme://netloc, lower case
-        self.url = url  # requests' normal form
-        self.path = path  # what goes on the request line without a proxy
+    label: str  # host[:port], for messages
+    origin: str  # scheme://netloc, lower case
+    url: str  # requests' normal form
+    path: str  # what goes on the request line without a proxy
 
 
+@attrs.frozen
 class _Route:
     """How requests to one origin are sent: the session's settings for it, and its pool.
 
@@ -1092,17 +1089,9 @@ class _Route:
     ``absolute``: the request line carries the whole URL (a plain-HTTP proxy).
     """
 
-    __slots__ = ("absolute", "pool", "settings")
-
-    def __init__(
-        self,
-        settings: dict[str, Any],
-        pool: urllib3.connectionpool.HTTPConnectionPool | None,
-        absolute: bool,
-    ) -> None:
-        self.settings = settings
-        self.pool = pool
-        self.absolute = absolute
+    settings: dict[str, Any]
+    pool: urllib3.connectionpool.HTTPConnectionPool | None
+    absolute: bool
 
     def current(self) -> bool:
         """Whether the pool is still open and its manager's (else: look the origin up again)."""
@@ -1136,8 +1125,7 @@ class _Outgoing:
         if absolute:
             return str(requests.utils.urldefragauth(self.url))
         if self._path is None:
-            path = self.prepared().path_url
-            self._path = f"/{path.lstrip('/')}" if path.startswith("//") else path
+            self._path = _request_path(self.prepared())
         return self._path
 
     def prepared(self) -> requests.PreparedRequest:
@@ -1153,6 +1141,13 @@ class _Outgoing:
             prepared.hooks = requests.hooks.default_hooks()
             self._prepared = prepared
         return self._prepared
+
+
+def _request_path(prepared: requests.PreparedRequest) -> str:
+    """The request line's path; a leading ``//`` collapsed, as requests does, so urllib3
+    does not read it as a host."""
+    path = prepared.path_url
+    return f"/{path.lstrip('/')}" if path.startswith("//") else path
 
 
 def _via_http_proxy(target: _Target, proxies: Mapping[str, str] | None) -> bool:

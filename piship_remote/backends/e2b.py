@@ -91,6 +91,7 @@ _TAIL_WINDOW = 32
 _STRICT_MODE = sys.version_info >= (3, 11)
 _CANONICAL_B64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 _EXIT_STATUS = re.compile(r"\s*exit status (-?[0-9]{1,10})\s*\Z")
+_STREAMS = ("stdout", "stderr")  # the order of _data_output's index
 _UNKNOWN_OUTCOME = "check its effects before running it again"
 
 EnvdUrl = Callable[[str, str | None], str] | str | None
@@ -533,16 +534,13 @@ class E2bCompatibleBackend:
             attempt += 1
             if response.status not in RETRIED_CREATE_STATUSES or attempt >= self._retry.attempts:
                 return response
-            delay = self._retry_delay(response, attempt)
+            asked = _retry_after(response.headers.get("Retry-After"))
+            delay = self._retry.delay(attempt, asked, self._random)
             if delay is None:
                 return response
             response.close()
             if self._closed.wait(delay):
                 raise self._closed_error()
-
-    def _retry_delay(self, response: HttpResponse, attempt: int) -> float | None:
-        asked = _retry_after(response.headers.get("Retry-After"))
-        return self._retry.delay(attempt, asked, self._random)
 
     def _lost_answer(self, reason: str) -> PiShipError:
         """The service may have created a sandbox whose ID never arrived.
@@ -806,7 +804,7 @@ class _Outcome:
         errors: _Errors,
     ) -> None:
         self.result: BackendResult | None = None
-        self._outputs = (("stdout", on_stdout), ("stderr", on_stderr))
+        self._outputs = {"stdout": on_stdout, "stderr": on_stderr}
         self._errors = errors
 
     def handle_payload(self, flags: int, payload: bytes | memoryview) -> bool:
@@ -820,9 +818,7 @@ class _Outcome:
             output = _data_output(payload)
             if output is not None:
                 index, chunk = output
-                callback = self._outputs[index][1]
-                if callback is not None and chunk:
-                    callback(chunk)
+                self._emit(_STREAMS[index], chunk)
                 return False
         try:
             frame = Frame.parse(flags, payload)
@@ -837,15 +833,18 @@ class _Outcome:
             return True
         event = _object(frame.message.get("event"))
         data = _object(event.get("data"))
-        for key, callback in self._outputs:
-            value = data.get(key)
+        for stream in self._outputs:
+            value = data.get(stream)
             if isinstance(value, str):
-                chunk = self._decode(value)
-                if callback is not None and chunk:
-                    callback(chunk)
+                self._emit(stream, self._decode(value))
         if "end" in event:
             self.result = BackendResult(exit_code=self._exit_code(event["end"]))
         return False
+
+    def _emit(self, stream: str, chunk: bytes) -> None:
+        callback = self._outputs[stream]
+        if callback is not None and chunk:
+            callback(chunk)
 
     def cut_off(self) -> PiShipError:
         """The error for a body that ended before its end-of-stream frame."""
