@@ -28,7 +28,14 @@ import attrs
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
 from piship_remote.cancel import EventWatcher, bridge
 from piship_remote.environment import command_environment
-from piship_remote.errors import CommandCancelled, CommandFailed, CommandTimeout, PiShipError
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    SANDBOX_UNAVAILABLE,
+    CommandCancelled,
+    CommandFailed,
+    CommandTimeout,
+    PiShipError,
+)
 from piship_remote.exec_workers import DeadlineTimer, DirectCall, Outcome, WorkerCall, WorkerPool
 from piship_remote.output import CommandResult, OutputCapture
 from piship_remote.policy import SandboxPolicy, SandboxProfile, resolve_profile
@@ -197,7 +204,7 @@ class Sandbox:
             timeout=timeout or None,
         )
         if timeout is not None and timeout < 0:
-            raise PiShipError("CONFIG_INVALID", f"timeout must not be negative, not {timeout}")
+            raise PiShipError(CONFIG_INVALID, f"timeout must not be negative, not {timeout}")
         result = self._governed(instance, request, sink, timeout or None, cancel, retire=True)
         return ExecResult(exit_code=_exit_code(result))
 
@@ -358,7 +365,7 @@ class Sandbox:
             return CommandTimeout(timeout or 0)
         if kind == "disposed":
             return PiShipError(
-                "SANDBOX_UNAVAILABLE",
+                SANDBOX_UNAVAILABLE,
                 f"The {self.report.adapter} sandbox was disposed while the command ran; "
                 "check its effects before running it again",
                 component="sandbox",
@@ -371,7 +378,7 @@ class Sandbox:
         if not isinstance(error, Exception):
             return error
         return PiShipError(
-            "SANDBOX_UNAVAILABLE",
+            SANDBOX_UNAVAILABLE,
             _truncate(self.redactor.redact(str(error) or type(error).__name__)),
             component="sandbox",
             redactor=self.redactor,
@@ -383,7 +390,7 @@ class Sandbox:
         with self._lock:
             if self._instance is None:
                 raise PiShipError(
-                    "SANDBOX_UNAVAILABLE",
+                    SANDBOX_UNAVAILABLE,
                     f"No {self.report.adapter} sandbox is active "
                     f"({self.report.level}); piship_remote never runs commands unsandboxed",
                     component="sandbox",
@@ -404,7 +411,7 @@ class Sandbox:
                 f"The {self.report.adapter} sandbox backend did not stop a timed-out or "
                 "cancelled command, so PiShip retired it; start a new session"
             )
-        return PiShipError("SANDBOX_UNAVAILABLE", text, component="sandbox")
+        return PiShipError(SANDBOX_UNAVAILABLE, text, component="sandbox")
 
     def _workspace_path(self, cwd: PathLike | None) -> str:
         if cwd is None:
@@ -415,7 +422,7 @@ class Sandbox:
             return "."
         if not real.startswith(root.rstrip(os.sep) + os.sep):
             raise PiShipError(
-                "CONFIG_INVALID",
+                CONFIG_INVALID,
                 "Working directory is outside the workspace, where the "
                 f"{self.report.adapter} sandbox backend cannot run commands: {os.fspath(cwd)}",
             )
@@ -557,7 +564,7 @@ class _Activation:
         backend = self.backend
         if self.policy.required:
             raise PiShipError(
-                "SANDBOX_UNAVAILABLE",
+                SANDBOX_UNAVAILABLE,
                 f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
                 component="sandbox",
                 user_action=UNSANDBOXED_ACTION,

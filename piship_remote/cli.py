@@ -26,7 +26,14 @@ from typing import Any
 
 from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import Backend
-from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    CONFIG_UNAVAILABLE,
+    NETWORK_DENIED,
+    CommandCancelled,
+    CommandTimeout,
+    PiShipError,
+)
 from piship_remote.policy import SandboxPolicy
 from piship_remote.report import describe_containment
 
@@ -36,7 +43,7 @@ EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
-CONFIG_CODES = frozenset({"CONFIG_INVALID", "CONFIG_UNAVAILABLE", "NETWORK_DENIED"})
+CONFIG_CODES = frozenset({CONFIG_INVALID, CONFIG_UNAVAILABLE, NETWORK_DENIED})
 DEFAULT_ALLOW = ("LANG", "LC_ALL", "TERM", "TZ")
 DEMO_SECRET_NAME = "PISHIP_DEMO_API_TOKEN"
 DEMO_SECRET = "sk-demo-host-secret-that-must-stay-home"
@@ -166,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise PiShipError(
-            "CONFIG_INVALID",
+            CONFIG_INVALID,
             "run needs a command after --",
             user_action="Example: piship-remote run -- echo hello",
         )
@@ -266,11 +273,11 @@ def _load_policy(path: str) -> dict[str, Any]:
             text = handle.read()
     except OSError as e:
         raise PiShipError(
-            "CONFIG_INVALID", f"cannot read the policy file {path}: {e.strerror}"
+            CONFIG_INVALID, f"cannot read the policy file {path}: {e.strerror}"
         ) from None
     data = _parse_policy(path, text)
     if not isinstance(data, dict):
-        raise PiShipError("CONFIG_INVALID", f"the policy file {path} does not hold a mapping")
+        raise PiShipError(CONFIG_INVALID, f"the policy file {path} does not hold a mapping")
     return data.get("sandbox", data) if isinstance(data.get("sandbox"), dict) else data
 
 
@@ -280,7 +287,7 @@ def _parse_policy(path: str, text: str) -> Any:
             import yaml  # type: ignore[import-untyped]
         except ImportError:
             raise PiShipError(
-                "CONFIG_INVALID",
+                CONFIG_INVALID,
                 "reading a YAML policy needs PyYAML",
                 user_action="pip install 'piship-remote[yaml]', or write the policy as JSON",
             ) from None
@@ -289,14 +296,12 @@ def _parse_policy(path: str, text: str) -> Any:
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or "malformed YAML"
             raise PiShipError(
-                "CONFIG_INVALID", f"the policy file {path} is not valid YAML: {problem}"
+                CONFIG_INVALID, f"the policy file {path} is not valid YAML: {problem}"
             ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise PiShipError(
-            "CONFIG_INVALID", f"the policy file {path} is not JSON: {e.msg}"
-        ) from None
+        raise PiShipError(CONFIG_INVALID, f"the policy file {path} is not JSON: {e.msg}") from None
 
 
 def _backend(args: argparse.Namespace, stack: ExitStack) -> Backend:
@@ -324,7 +329,7 @@ def _kubernetes(args: argparse.Namespace) -> Backend:
     missing = [name for name, value in needed if not value]
     if missing:
         raise PiShipError(
-            "CONFIG_INVALID",
+            CONFIG_INVALID,
             f"the kubernetes backend needs {', '.join(missing)}",
             user_action="Set PISHIP_K8S_API, PISHIP_K8S_ROUTER and PISHIP_K8S_TEMPLATE",
         )
@@ -337,7 +342,7 @@ def _kubernetes(args: argparse.Namespace) -> Backend:
             credential=_env_reader("PISHIP_K8S_TOKEN"),
         )
     except ValueError as e:
-        raise PiShipError("CONFIG_INVALID", str(e)) from None
+        raise PiShipError(CONFIG_INVALID, str(e)) from None
 
 
 def _env_reader(name: str, environ: Mapping[str, str] = os.environ) -> Callable[[], str | None]:

@@ -24,7 +24,54 @@ if TYPE_CHECKING:
     from piship_remote.output import CommandResult
     from piship_remote.redact import Redactor
 
-__all__ = ["CommandCancelled", "CommandFailed", "CommandTimeout", "PiShipError", "format_seconds"]
+__all__ = [
+    "COMMAND_FAILED",
+    "CONFIG_INVALID",
+    "CONFIG_UNAVAILABLE",
+    "CREDENTIAL_DENIED",
+    "CREDENTIAL_REQUIRED",
+    "ERROR_CODES",
+    "FILE_NOT_FOUND",
+    "GATEWAY_PROTOCOL_ERROR",
+    "GATEWAY_UNREACHABLE",
+    "NETWORK_DENIED",
+    "SANDBOX_UNAVAILABLE",
+    "TLS_POLICY_VIOLATION",
+    "CommandCancelled",
+    "CommandFailed",
+    "CommandTimeout",
+    "PiShipError",
+    "format_seconds",
+]
+
+# Error codes: every PiShipError carries one of these.
+CONFIG_INVALID = "CONFIG_INVALID"
+CONFIG_UNAVAILABLE = "CONFIG_UNAVAILABLE"
+CREDENTIAL_REQUIRED = "CREDENTIAL_REQUIRED"
+CREDENTIAL_DENIED = "CREDENTIAL_DENIED"
+GATEWAY_UNREACHABLE = "GATEWAY_UNREACHABLE"
+GATEWAY_PROTOCOL_ERROR = "GATEWAY_PROTOCOL_ERROR"
+NETWORK_DENIED = "NETWORK_DENIED"
+TLS_POLICY_VIOLATION = "TLS_POLICY_VIOLATION"
+SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
+COMMAND_FAILED = "COMMAND_FAILED"
+FILE_NOT_FOUND = "FILE_NOT_FOUND"
+
+ERROR_CODES = frozenset(
+    {
+        CONFIG_INVALID,
+        CONFIG_UNAVAILABLE,
+        CREDENTIAL_REQUIRED,
+        CREDENTIAL_DENIED,
+        GATEWAY_UNREACHABLE,
+        GATEWAY_PROTOCOL_ERROR,
+        NETWORK_DENIED,
+        TLS_POLICY_VIOLATION,
+        SANDBOX_UNAVAILABLE,
+        COMMAND_FAILED,
+        FILE_NOT_FOUND,
+    }
+)
 
 
 class PiShipError(Exception):
@@ -113,7 +160,7 @@ class CommandFailed(PiShipError):
         tail = (result.stderr or result.stdout).strip()[-OUTPUT_TAIL:]
         message = f"the command exited with status {result.exit_code}"
         super().__init__(
-            "COMMAND_FAILED",
+            COMMAND_FAILED,
             f"{message}: {' '.join(tail.split())}" if tail else message,
             component="sandbox",
             redactor=redactor,

@@ -35,7 +35,7 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn
 
-from piship_remote.errors import PiShipError
+from piship_remote.errors import CONFIG_INVALID, PiShipError
 
 __all__ = [
     "DEFAULT_ENVIRONMENT_ALLOW",
@@ -106,7 +106,7 @@ def _shown(value: object) -> str:
 
 
 def _invalid(message: str) -> PiShipError:
-    return PiShipError("CONFIG_INVALID", message, component="sandbox")
+    return PiShipError(CONFIG_INVALID, message, component="sandbox")
 
 
 def _token_rest(value: str, token: str) -> str | None:
@@ -170,7 +170,7 @@ class SandboxPolicy:
     ('workspace',)
 
     Path rules are ``workspace``, ``tmp``, ``~`` (optionally followed by ``/...``)
-    or absolute; anything else raises ``PiShipError("CONFIG_INVALID")``.
+    or absolute; anything else raises ``PiShipError(CONFIG_INVALID)``.
     """
 
     required: bool = False
@@ -185,7 +185,7 @@ class SandboxPolicy:
 
     @classmethod
     def from_dict(cls, mapping: Any) -> SandboxPolicy:
-        """Structure the manifest shape; bad input raises ``PiShipError("CONFIG_INVALID")``.
+        """Structure the manifest shape; bad input raises ``PiShipError(CONFIG_INVALID)``.
 
         >>> SandboxPolicy.from_dict({"required": True, "network": {"mode": "allow"}}).network
         'allow'

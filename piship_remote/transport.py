@@ -63,7 +63,14 @@ from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
 from piship_remote.cancel import CancelToken, EventWatcher, bridge
-from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    GATEWAY_UNREACHABLE,
+    NETWORK_DENIED,
+    TLS_POLICY_VIOLATION,
+    CommandCancelled,
+    PiShipError,
+)
 from piship_remote.redact import Redactor
 
 __all__ = ["Credential", "HttpResponse", "Transport", "TransportError"]
@@ -123,7 +130,7 @@ class TransportError(PiShipError):
     request_sent: bool
 
     def __init__(self, message: str, *, request_sent: bool, component: str) -> None:
-        super().__init__("GATEWAY_UNREACHABLE", message, retryable=True, component=component)
+        super().__init__(GATEWAY_UNREACHABLE, message, retryable=True, component=component)
         self.request_sent = request_sent
 
 
@@ -797,7 +804,7 @@ class Transport:
         verify = self._session.verify
         if verify is False:
             raise PiShipError(
-                "TLS_POLICY_VIOLATION",
+                TLS_POLICY_VIOLATION,
                 "Refusing a requests.Session with TLS verification disabled",
                 component=component,
             )
@@ -943,7 +950,7 @@ class Transport:
         except requests.exceptions.InvalidHeader:
             # requests' message quotes the value, which may be a credential.
             raise PiShipError(
-                "CONFIG_INVALID",
+                CONFIG_INVALID,
                 "A request header value is not valid (line breaks or surrounding whitespace)",
                 component=self.component,
             ) from None
@@ -1173,9 +1180,9 @@ def _check_url(url: str) -> tuple[str, str]:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError:
-        raise PiShipError("CONFIG_INVALID", "Endpoint URL is not a valid URL") from None
+        raise PiShipError(CONFIG_INVALID, "Endpoint URL is not a valid URL") from None
     if parts.username is not None or parts.password is not None:
-        raise PiShipError("CONFIG_INVALID", "Endpoint URLs must not embed credentials")
+        raise PiShipError(CONFIG_INVALID, "Endpoint URLs must not embed credentials")
     scheme = parts.scheme.lower()
     host = parts.hostname or ""
     shown = f"[{host}]" if ":" in host else host
@@ -1183,12 +1190,12 @@ def _check_url(url: str) -> tuple[str, str]:
         shown = f"{shown}:{port}"
     if scheme != "https" and not (scheme == "http" and _is_loopback(host)):
         raise PiShipError(
-            "NETWORK_DENIED",
+            NETWORK_DENIED,
             f"Refusing non-HTTPS endpoint {scheme}://{shown}; "
             "plain HTTP is only allowed for loopback test fixtures",
         )
     if not host:
-        raise PiShipError("CONFIG_INVALID", "Endpoint URL has no host")
+        raise PiShipError(CONFIG_INVALID, "Endpoint URL has no host")
     return shown, f"{scheme}://{parts.netloc.lower()}"
 
 

@@ -36,7 +36,7 @@ import attrs
 
 from piship_remote.backends.lifetime import Anchor, ClaimClock, Freshness
 from piship_remote.cancel import CancelToken
-from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.errors import SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
 
 __all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "disposed_error"]
 
@@ -52,7 +52,7 @@ class ClaimGone(Exception):
 
 def disposed_error() -> PiShipError:
     """The error of a command that meets a disposed manager."""
-    return PiShipError("SANDBOX_UNAVAILABLE", "the sandbox was disposed", component="sandbox")
+    return PiShipError(SANDBOX_UNAVAILABLE, "the sandbox was disposed", component="sandbox")
 
 
 @attrs.frozen
@@ -258,7 +258,7 @@ class ClaimManager:
             except ClaimGone as gone:
                 if replaced:
                     raise PiShipError(
-                        "SANDBOX_UNAVAILABLE", str(gone), retryable=True, component="sandbox"
+                        SANDBOX_UNAVAILABLE, str(gone), retryable=True, component="sandbox"
                     ) from None
                 replaced = True
                 self._retire(lease, gone=True)
@@ -266,7 +266,7 @@ class ClaimManager:
             if self._join(lease, claim):
                 return lease, claim
         raise PiShipError(
-            "SANDBOX_UNAVAILABLE",
+            SANDBOX_UNAVAILABLE,
             "the SandboxClaim kept being replaced while the command waited for it",
             retryable=True,
             component="sandbox",

@@ -43,7 +43,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from piship_remote.backends.base import Availability, BackendResult, ExecRequest, OutputCallback
 from piship_remote.cancel import CancelToken, EventWatcher
 from piship_remote.connect import EnvelopeReader, Frame, connect_envelope
-from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
 from piship_remote.transport import Credential, HttpResponse, Transport, TransportError
@@ -201,7 +201,7 @@ class _Errors:
         self,
         message: str,
         *,
-        code: str = "SANDBOX_UNAVAILABLE",
+        code: str = SANDBOX_UNAVAILABLE,
         retryable: bool = False,
         retry_after: float | None = None,
     ) -> PiShipError:
@@ -1029,7 +1029,7 @@ def remote_directory(workdir: str, workspace_path: str | None) -> str:
         return workdir
     if workspace_path.startswith("/") or ".." in workspace_path.split("/"):
         raise PiShipError(
-            "CONFIG_INVALID", "the working directory is outside the workspace", component="sandbox"
+            CONFIG_INVALID, "the working directory is outside the workspace", component="sandbox"
         )
     base = "" if workdir == "/" else workdir.rstrip("/")
     return f"{base}/{workspace_path}"

@@ -52,7 +52,7 @@ from piship_remote.backends.lifetime import (
 )
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
 from piship_remote.cancel import CancelToken, EventWatcher, bridge
-from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
@@ -129,7 +129,7 @@ def _remote_directory(workspace_path: str, workdir: str | None) -> str | None:
     relative = workspace_path not in ("", ".")
     if relative and (workspace_path.startswith("/") or ".." in workspace_path.split("/")):
         raise PiShipError(
-            "CONFIG_INVALID", "the working directory is outside the workspace", component="sandbox"
+            CONFIG_INVALID, "the working directory is outside the workspace", component="sandbox"
         )
     if workdir is None:
         return workspace_path if relative else None
@@ -410,7 +410,7 @@ class _Cluster:
 
     def _unavailable(self, message: str, *, retryable: bool = False) -> PiShipError:
         return PiShipError(
-            "SANDBOX_UNAVAILABLE",
+            SANDBOX_UNAVAILABLE,
             message,
             retryable=retryable,
             component="sandbox",

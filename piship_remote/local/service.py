@@ -11,7 +11,7 @@ library's own E2B backend drives it unchanged::
 
 Every command runs under bubblewrap (see :mod:`piship_remote.local.isolation`).
 Where bubblewrap cannot run, the service refuses to start with
-``PiShipError("SANDBOX_UNAVAILABLE", …)`` saying why; it never runs a command
+``PiShipError(SANDBOX_UNAVAILABLE, …)`` saying why; it never runs a command
 unisolated. :meth:`LocalE2bService.check` tells the reason without starting.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from piship_remote.errors import PiShipError
+from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.local.control import ControlPlane
 from piship_remote.local.envd import PREFIX, Envd
 from piship_remote.local.isolation import (
@@ -77,7 +77,7 @@ class LocalE2bService:
         try:
             self.workdir = validate_workdir(workdir)
         except ValueError as e:
-            raise PiShipError("CONFIG_INVALID", str(e), component=COMPONENT) from None
+            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         problem = isolation_problem(bwrap)
         binary = find_bwrap(bwrap)
         if problem is not None or binary is None:
@@ -103,7 +103,7 @@ class LocalE2bService:
             self._registry.close()
             remove_tree(directory)
             raise PiShipError(
-                "SANDBOX_UNAVAILABLE",
+                SANDBOX_UNAVAILABLE,
                 f"the local sandbox service cannot listen on {host}:{port}: {e.strerror}",
                 component=COMPONENT,
             ) from None
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve(args.host, args.port, workdir=args.workdir, user=args.user, bwrap=args.bwrap)
     except PiShipError as e:
         print(e.render(), file=sys.stderr)
-        return 3 if e.code == "SANDBOX_UNAVAILABLE" else 2
+        return 3 if e.code == SANDBOX_UNAVAILABLE else 2
     return 0
 
 
@@ -245,7 +245,7 @@ def _check_loopback(host: str) -> None:
         loopback = False
     if not loopback:
         raise PiShipError(
-            "CONFIG_INVALID",
+            CONFIG_INVALID,
             f"the local sandbox service listens on loopback addresses only, not {host}",
             user_action="use --host 127.0.0.1 (or ::1)",
             component=COMPONENT,
@@ -255,7 +255,7 @@ def _check_loopback(host: str) -> None:
 def _unavailable(reason: str) -> PiShipError:
     action = INSTALL_HINT if "not found" in reason else None
     return PiShipError(
-        "SANDBOX_UNAVAILABLE",
+        SANDBOX_UNAVAILABLE,
         f"the local sandbox service cannot isolate commands, so it will not run: {reason}",
         user_action=action,
         component=COMPONENT,
