@@ -113,6 +113,21 @@ class PiShipError(Exception):
     def __repr__(self) -> str:
         return f"PiShipError({self.code!r}, {self.message!r})"
 
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form: ``code``, ``message``, ``retryable`` and, when set, the others."""
+        data: dict[str, object] = {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+        }
+        if self.retry_after is not None:
+            data["retryAfterMs"] = int(self.retry_after * 1000)
+        if self.user_action is not None:
+            data["userAction"] = self.user_action
+        if self.component is not None:
+            data["component"] = self.component
+        return data
+
     def render(self) -> str:
         """The command-line rendering: ``<CODE>: <message>`` plus retry and action lines."""
         lines = [f"{self.code}: {self.message}"]

@@ -185,18 +185,27 @@ def serve(
     bwrap: str | os.PathLike[str] | None = None,
     out: IO[str] | None = None,
     stop: threading.Event | None = None,
+    api_key: str | None = None,
 ) -> None:
-    """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it."""
+    """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it.
+
+    It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
+    """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
     with (
-        LocalE2bService(host=host, port=port, workdir=workdir, user=user, bwrap=bwrap) as service,
+        LocalE2bService(
+            host=host, port=port, workdir=workdir, user=user, bwrap=bwrap, api_key=api_key
+        ) as service,
         _stopped_by_sigterm(stop),
     ):
         print("piship local E2B-compatible service (commands run under bubblewrap)", file=out)
         print(f"endpoint: {service.url}", file=out)
         print(f"envd url: {service.envd_url}", file=out)
         print(f"api key:  {service.api_key}", file=out)
+        print("\nTo use it from another shell (piship-remote, or your own code):", file=out)
+        for line in export_lines(service):
+            print(f"  {line}", file=out)
         print("Press Ctrl-C to stop.", file=out, flush=True)
         try:
             while not stop.wait(0.5):
@@ -204,6 +213,16 @@ def serve(
         except KeyboardInterrupt:
             pass
     print("stopped; every sandbox was deleted", file=out, flush=True)
+
+
+def export_lines(service: LocalE2bService) -> list[str]:
+    """Shell lines that point ``piship-remote --backend e2b`` at ``service``."""
+    return [
+        f"export PISHIP_E2B_ENDPOINT={service.url}",
+        f"export PISHIP_E2B_ENVD_URL={service.envd_url}",
+        f"export PISHIP_E2B_USER={service.user}",
+        f"export E2B_API_KEY={service.api_key}",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

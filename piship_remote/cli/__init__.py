@@ -1,0 +1,96 @@
+"""The ``piship-remote`` command line: ``demo``, ``run``, ``doctor`` and ``serve``.
+
+    piship-remote demo
+    piship-remote run --backend local -- make test
+    piship-remote doctor --backend kubernetes --network allow --json
+
+``run -- CMD ARG...`` quotes each argument (``shlex.join``); a single argument is
+a shell line as given (``run -- 'echo $HOME | wc -c'``).
+
+Exit status: the command's own for ``run`` (1 when the remote code does not fit
+0-255); 2 for a configuration error, 3 when no sandbox can be had, 124 when
+``--timeout`` expired, 130 after Ctrl-C (the remote command is killed first).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from piship_remote import __version__
+from piship_remote.cli import _commands
+from piship_remote.cli._commands import EXIT_UNAVAILABLE
+from piship_remote.cli._parser import Parser, add_sandbox_options, port_number
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    CONFIG_UNAVAILABLE,
+    CREDENTIAL_REQUIRED,
+    NETWORK_DENIED,
+    CommandCancelled,
+    CommandTimeout,
+    PiShipError,
+)
+
+__all__ = ["EXIT_CONFIG", "EXIT_INTERRUPTED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "main"]
+
+EXIT_CONFIG = 2
+EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+CONFIG_CODES = frozenset({CONFIG_INVALID, CONFIG_UNAVAILABLE, CREDENTIAL_REQUIRED, NETWORK_DENIED})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return EXIT_CONFIG
+    try:
+        return int(args.handler(args))
+    except PiShipError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_CONFIG if e.code in CONFIG_CODES else EXIT_UNAVAILABLE
+    except (CommandCancelled, KeyboardInterrupt):
+        print("interrupted: the remote command was killed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except CommandTimeout as e:
+        print(
+            f"TIMEOUT: the command ran longer than {e.timeout:g} s and was killed", file=sys.stderr
+        )
+        return EXIT_TIMEOUT
+
+
+def _parser() -> Parser:
+    parser = Parser(
+        prog="piship-remote",
+        description="Run shell commands in remote sandboxes under a containment policy.",
+    )
+    parser.add_argument("--version", action="version", version=f"piship-remote {__version__}")
+
+    demo = parser.command(
+        "demo", help="try it out on the embedded local sandbox service (no account needed)"
+    )
+    demo.set_defaults(handler=_commands.demo)
+
+    run = parser.command("run", help="run one command in a fresh sandbox")
+    add_sandbox_options(run)
+    run.add_argument(
+        "--timeout", type=float, default=None, help="seconds before the command is killed"
+    )
+    run.add_argument("command", nargs="...", help="the command, after --")
+    run.set_defaults(handler=_commands.run)
+
+    doctor = parser.command("doctor", help="activate a sandbox and print its containment report")
+    add_sandbox_options(doctor)
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.set_defaults(handler=_commands.doctor)
+
+    serve = parser.command("serve", help="serve the embedded local E2B-compatible service")
+    serve.add_argument("--host", default="127.0.0.1", help="loopback address to listen on")
+    serve.add_argument("--port", type=port_number, default=0, help="port (default: any free port)")
+    serve.add_argument(
+        "--api-key", default=None, help="the API key clients must send (default: a new random one)"
+    )
+    serve.set_defaults(handler=_commands.serve)
+    return parser

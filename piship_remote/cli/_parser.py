@@ -1,0 +1,167 @@
+"""The argument parser of ``piship-remote``: options, validation, and "did you mean" hints."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+__all__ = ["Parser", "add_sandbox_options", "existing_directory", "port_number", "suggest"]
+
+BACKENDS = ("e2b", "kubernetes", "local")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors name the closest valid option or command.
+
+    It remembers its option strings and sub-commands itself (argparse keeps them private)::
+
+        parser = Parser(prog="piship-remote")
+        run = parser.command("run", help="run one command")
+        run.add_argument("--timeout", type=float)
+        parser.parse_args(["run", "--timout", "5"])   # error: ... (did you mean --timeout?)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        self.known_options: list[str] = []
+        self.commands: dict[str, Parser] = {}
+        self._commands_action: Any = None
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
+        self.known_options.extend(str(name) for name in names if str(name).startswith("-"))
+        return super().add_argument(*names, **kwargs)
+
+    def command(self, name: str, **kwargs: Any) -> Parser:
+        """Add the sub-command ``name`` and return its parser."""
+        if self._commands_action is None:
+            self._commands_action = self.add_subparsers(
+                title="commands", metavar="COMMAND", dest="command_name", parser_class=Parser
+            )
+        parser: Parser = self._commands_action.add_parser(name, **kwargs)
+        self.commands[name] = parser
+        return parser
+
+    def option(self, group: Any, *names: str, **kwargs: Any) -> None:
+        """``group.add_argument(*names, **kwargs)``, remembering the names for hints."""
+        self.known_options.extend(names)
+        group.add_argument(*names, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        super().error(f"{message}{self._hint(message)}")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            chosen = self.commands.get(getattr(parsed, "command_name", None) or "", self)
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _hint(self, message: str) -> str:
+        if "unrecognized arguments:" in message:
+            words = message.split("unrecognized arguments:", 1)[1].split()
+            options = [word.split("=", 1)[0] for word in words if word.startswith("-")]
+            return suggest(options[0], self.known_options) if options else ""
+        if "invalid choice:" in message:
+            choice = message.split("invalid choice:", 1)[1].split("'")[1:2]
+            return suggest(choice[0], self.commands) if choice else ""
+        return ""
+
+
+def suggest(word: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean --timeout?)"`` for the closest candidate, or ``""``."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not between 0 and 65535")
+    return port
+
+
+def existing_directory(text: str) -> str:
+    """An argparse type: a directory that exists (the workspace root)."""
+    if not os.path.isdir(text):
+        what = "is not a directory" if os.path.exists(text) else "does not exist"
+        raise argparse.ArgumentTypeError(f"the workspace {text!r} {what}")
+    return text
+
+
+def add_sandbox_options(parser: Parser) -> None:
+    """The options every command that activates a sandbox takes (env defaults in brackets)."""
+    env = os.environ.get
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=env("PISHIP_BACKEND", "e2b"),
+        help="which service: e2b, kubernetes, or local (the embedded one) (env PISHIP_BACKEND)",
+    )
+    parser.add_argument("--policy", help="a policy file (JSON, or YAML with PyYAML installed)")
+    parser.add_argument("--network", choices=("deny", "allow"), help="network mode (default deny)")
+    parser.add_argument(
+        "--allow-env", action="append", metavar="NAME", help="a variable that may reach the sandbox"
+    )
+    parser.add_argument(
+        "--workspace",
+        type=existing_directory,
+        default=".",
+        help="the workspace root (default: here)",
+    )
+    group = parser.add_argument_group("e2b options")
+    parser.option(
+        group,
+        "--endpoint",
+        default=env("PISHIP_E2B_ENDPOINT", "https://api.e2b.app"),
+        help="control-plane URL (env PISHIP_E2B_ENDPOINT)",
+    )
+    parser.option(
+        group,
+        "--template",
+        default=env("PISHIP_E2B_TEMPLATE", "base"),
+        help="template (env PISHIP_E2B_TEMPLATE)",
+    )
+    parser.option(
+        group,
+        "--user",
+        default=env("PISHIP_E2B_USER", "user"),
+        help="envd user; root for CubeSandbox (env PISHIP_E2B_USER)",
+    )
+    parser.option(
+        group,
+        "--envd-url",
+        default=env("PISHIP_E2B_ENVD_URL"),
+        help="envd base URL, for self-hosted services (env PISHIP_E2B_ENVD_URL)",
+    )
+    k8s = parser.add_argument_group("kubernetes options")
+    parser.option(
+        k8s, "--api", default=env("PISHIP_K8S_API"), help="Kubernetes API URL (env PISHIP_K8S_API)"
+    )
+    parser.option(
+        k8s,
+        "--router",
+        default=env("PISHIP_K8S_ROUTER"),
+        help="sandbox router URL (env PISHIP_K8S_ROUTER)",
+    )
+    parser.option(
+        k8s,
+        "--pool",
+        default=env("PISHIP_K8S_TEMPLATE"),
+        help="warm pool name (env PISHIP_K8S_TEMPLATE)",
+    )
+    parser.option(
+        k8s,
+        "--namespace",
+        default=env("PISHIP_K8S_NAMESPACE", "default"),
+        help="namespace (env PISHIP_K8S_NAMESPACE)",
+    )

@@ -1,0 +1,118 @@
+"""From command-line arguments to a policy and a backend."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from typing import Any
+
+from piship_remote.backends.base import Backend
+from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.policy import SandboxPolicy
+
+__all__ = ["DEFAULT_ALLOW", "backend_for", "env_reader", "policy_for"]
+
+DEFAULT_ALLOW = ("LANG", "LC_ALL", "TERM", "TZ")
+
+
+def policy_for(args: argparse.Namespace) -> SandboxPolicy:
+    """The policy file (or a required default), with ``--network``/``--allow-env`` applied."""
+    data: dict[str, Any] = _load_policy(args.policy) if args.policy else {"required": True}
+    if args.network:
+        data["network"] = {"mode": args.network}
+    data.setdefault("network", {"mode": "deny"})
+    if args.allow_env:
+        data["environment"] = {"allow": args.allow_env}
+    data.setdefault("environment", {"allow": list(DEFAULT_ALLOW)})
+    return SandboxPolicy.from_dict(data)
+
+
+def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
+    """The backend ``--backend`` names; a local service is closed with ``stack``."""
+    if args.backend == "local":
+        from piship_remote.local import LocalE2bService
+
+        return stack.enter_context(LocalE2bService()).backend()
+    if args.backend == "kubernetes":
+        return _kubernetes(args)
+    from piship_remote.backends.e2b import E2bCompatibleBackend
+
+    return E2bCompatibleBackend(
+        endpoint=args.endpoint,
+        template=args.template,
+        user=args.user,
+        envd_url=args.envd_url,
+        credential=env_reader("E2B_API_KEY"),
+    )
+
+
+def env_reader(name: str, environ: Mapping[str, str] = os.environ) -> Callable[[], str | None]:
+    """A credential callable reading ``name`` fresh each time (``None`` when unset or empty)."""
+    return lambda: environ.get(name) or None
+
+
+def _kubernetes(args: argparse.Namespace) -> Backend:
+    from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
+
+    needed = (("--api", args.api), ("--router", args.router), ("--pool", args.pool))
+    missing = [name for name, value in needed if not value]
+    if missing:
+        raise PiShipError(
+            CONFIG_INVALID,
+            f"the kubernetes backend needs {', '.join(missing)}",
+            user_action="Set PISHIP_K8S_API, PISHIP_K8S_ROUTER and PISHIP_K8S_TEMPLATE",
+        )
+    try:
+        return KubernetesAgentSandboxBackend(
+            endpoint=args.api,
+            router=args.router,
+            template=args.pool,
+            namespace=args.namespace,
+            credential=env_reader("PISHIP_K8S_TOKEN"),
+        )
+    except ValueError as e:
+        raise PiShipError(CONFIG_INVALID, str(e)) from None
+
+
+def _load_policy(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as e:
+        raise PiShipError(
+            CONFIG_INVALID, f"cannot read the policy file {path}: {e.strerror}"
+        ) from None
+    data = _parse_policy(path, text)
+    if not isinstance(data, dict):
+        raise PiShipError(CONFIG_INVALID, f"the policy file {path} does not hold a mapping")
+    return data.get("sandbox", data) if isinstance(data.get("sandbox"), dict) else data
+
+
+def _parse_policy(path: str, text: str) -> Any:
+    if path.endswith((".yaml", ".yml")):
+        return _parse_yaml(path, text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PiShipError(CONFIG_INVALID, f"the policy file {path} is not JSON: {e.msg}") from None
+
+
+def _parse_yaml(path: str, text: str) -> Any:
+    try:
+        import yaml  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        raise PiShipError(
+            CONFIG_INVALID,
+            "reading a YAML policy needs PyYAML",
+            user_action="pip install 'piship-remote[yaml]', or write the policy as JSON",
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or "malformed YAML"
+        raise PiShipError(
+            CONFIG_INVALID, f"the policy file {path} is not valid YAML: {problem}"
+        ) from None
