@@ -39,6 +39,7 @@ _EXPORTS = {
     "connect_envelope": "piship_remote.connect",
     "EnvelopeReader": "piship_remote.connect",
     "Frame": "piship_remote.connect",
+    "cleanup_on_signals": "piship_remote.lifecycle",
 }
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "WorkspaceReport",
     "__version__",
     "activate_sandbox",
+    "cleanup_on_signals",
     "connect_envelope",
     "describe_containment",
     "runtime_command",
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
     from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, runtime_command
     from piship_remote.connect import EnvelopeReader, Frame, connect_envelope
     from piship_remote.errors import CommandCancelled, CommandFailed, CommandTimeout, PiShipError
+    from piship_remote.lifecycle import cleanup_on_signals
     from piship_remote.output import CommandResult
     from piship_remote.policy import SandboxPolicy, SandboxProfile
     from piship_remote.report import (

@@ -1,0 +1,173 @@
+"""The registry of live sandboxes, and what disposes them when the host process ends.
+
+Every sandbox this library activates is tracked here until it is disposed or
+detached. At interpreter exit (normal or by an uncaught exception) an ``atexit``
+hook disposes whatever is still live, all at once and within a bounded time; a
+sandbox that is garbage-collected undisposed is disposed too, with a
+``ResourceWarning``. Signals are opt-in::
+
+    import piship_remote
+    piship_remote.cleanup_on_signals()          # SIGTERM and SIGHUP dispose, then the old action
+
+This module holds the library's only process-wide mutable state: the registry.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from types import FrameType
+
+__all__ = ["EXIT_DEADLINE", "cleanup_on_signals", "dispose_all", "live_count", "track", "untrack"]
+
+EXIT_DEADLINE = 10.0  # seconds the exit hook waits for every live sandbox's deletion
+_LOG = logging.getLogger("piship_remote")
+
+Disposer = Callable[[], object]
+_Handler = Callable[[int, FrameType | None], object] | int | None
+
+
+class _Registry:
+    """Live sandboxes by token: each with the callable that deletes it (never the façade)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, tuple[str, Disposer]] = {}
+        self._tokens = itertools.count(1)
+        self._finalizers: dict[int, weakref.finalize[..., object]] = {}
+        self._signals: dict[int, _Handler] = {}
+
+    def track(self, owner: object, name: str, disposer: Disposer) -> int:
+        token = next(self._tokens)
+        finalizer = weakref.finalize(owner, self._collected, token)
+        finalizer.atexit = False
+        with self._lock:
+            self._live[token] = (name, disposer)
+            self._finalizers[token] = finalizer
+        return token
+
+    def untrack(self, token: int) -> None:
+        with self._lock:
+            self._live.pop(token, None)
+            finalizer = self._finalizers.pop(token, None)
+        if finalizer is not None:
+            finalizer.detach()
+
+    def live_count(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def dispose_all(self, deadline: float) -> list[str]:
+        """Dispose every live sandbox in parallel; the names not done within ``deadline``."""
+        with self._lock:
+            entries = list(self._live.items())
+            self._live.clear()
+            finalizers = list(self._finalizers.values())
+            self._finalizers.clear()
+        for finalizer in finalizers:
+            finalizer.detach()
+        threads = [_start(f"piship-exit-{token}", disposer) for token, (_, disposer) in entries]
+        end = time.monotonic() + deadline
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
+        return [name for (_, (name, _)), t in zip(entries, threads, strict=True) if t.is_alive()]
+
+    def _collected(self, token: int) -> None:
+        with self._lock:
+            entry = self._live.pop(token, None)
+            self._finalizers.pop(token, None)
+        if entry is None:
+            return
+        name, disposer = entry
+        warnings.warn(
+            f"sandbox {name} was garbage-collected without dispose(); deleting it now",
+            ResourceWarning,
+            stacklevel=2,
+        )
+        _start(f"piship-reap-{token}", disposer)
+
+    def install(self, signals: Iterable[int]) -> None:
+        for number in signals:
+            previous = signal.signal(number, self._on_signal)
+            if previous is not self._on_signal:
+                self._signals[number] = previous
+
+    def _on_signal(self, number: int, frame: FrameType | None) -> None:
+        left = self.dispose_all(EXIT_DEADLINE)
+        if left:
+            _LOG.warning("not deleted before exit (they expire on their own): %s", ", ".join(left))
+        previous = self._signals.get(number, signal.SIG_DFL)
+        if callable(previous):
+            previous(number, frame)
+            return
+        if previous == signal.SIG_IGN:
+            return
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+
+
+def _start(name: str, disposer: Disposer) -> threading.Thread:
+    thread = threading.Thread(target=_quietly, args=(disposer,), name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _quietly(disposer: Disposer) -> None:
+    try:
+        disposer()
+    except Exception:  # a failed deletion is logged; the sandbox still expires on its own
+        _LOG.warning("deleting a sandbox at exit failed", exc_info=True)
+
+
+_REGISTRY = _Registry()
+
+
+def track(owner: object, name: str, disposer: Disposer) -> int:
+    """Track ``owner`` (a live sandbox) until :func:`untrack`; returns its token.
+
+    ``disposer`` deletes the remote sandbox; it must not hold a reference to ``owner``,
+    so that an undisposed, unreachable owner can be collected (and then disposed).
+    """
+    return _REGISTRY.track(owner, name, disposer)
+
+
+def untrack(token: int) -> None:
+    """Stop tracking (the sandbox was disposed or detached); idempotent."""
+    _REGISTRY.untrack(token)
+
+
+def live_count() -> int:
+    """How many sandboxes are tracked now."""
+    return _REGISTRY.live_count()
+
+
+def dispose_all(deadline: float = EXIT_DEADLINE) -> list[str]:
+    """Dispose every tracked sandbox in parallel; returns the names not deleted in time."""
+    return _REGISTRY.dispose_all(deadline)
+
+
+def cleanup_on_signals(signals: Iterable[int] | None = None) -> None:
+    """Make ``signals`` (default SIGTERM and SIGHUP) dispose every live sandbox first.
+
+    After the cleanup the previous handler runs, or the default action (so a script
+    killed by SIGTERM still ends with status 128+15). Call it from the main thread;
+    the library never installs a signal handler unless asked.
+    """
+    if signals is None:
+        signals = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    _REGISTRY.install(signals)
+
+
+@atexit.register
+def _at_exit() -> None:
+    left = dispose_all(EXIT_DEADLINE)
+    if left:
+        _LOG.warning("not deleted before exit (they expire on their own): %s", ", ".join(left))
