@@ -1,0 +1,193 @@
+"""Tar archives in both directions: streamed out of a selection, unpacked safely into a tree.
+
+    body = tar_stream(selection.entries)                  # an iterator of bytes, bounded memory
+    summary = unpack_tar(open("results.tar", "rb"), workspace, may_write=allowed)
+
+Unpacking trusts nothing in the archive: absolute names, ``..``, links, devices, FIFOs,
+names that would land outside the destination (through a symlink on the host too) are
+refused and listed, never written; each file is written to a temporary name beside its
+target and renamed into place, so a cut archive leaves no half file; the total size and
+the member count are bounded (a tar bomb fails with ``CONFIG_INVALID`` naming the limit).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
+
+from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.transfer import SkippedPath, TransferSummary
+from piship_remote.workspace_tree import TreeEntry, inside
+
+__all__ = ["MAX_MEMBERS", "MAX_UNPACKED_BYTES", "tar_stream", "unpack_tar"]
+
+CHUNK = 256 * 1024
+BLOCK = tarfile.BLOCKSIZE
+MAX_MEMBERS = 1_000_000
+MAX_UNPACKED_BYTES = 64 * 1024**3
+
+
+def tar_stream(entries: Iterable[TreeEntry], chunk: int = CHUNK) -> Iterator[bytes]:
+    """A POSIX (pax) tar of ``entries``, produced as it is read: one file open at a time."""
+    for entry in entries:
+        yield from _member(entry, chunk)
+    yield b"\0" * (2 * BLOCK)
+
+
+def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
+    info = tarfile.TarInfo(entry.relative)
+    info.mode = entry.mode
+    info.mtime = int(entry.mtime)
+    if entry.kind == "dir":
+        info.type = tarfile.DIRTYPE
+        yield info.tobuf(tarfile.PAX_FORMAT)
+        return
+    if entry.kind == "symlink":
+        info.type = tarfile.SYMTYPE
+        info.linkname = entry.link_target or ""
+        yield info.tobuf(tarfile.PAX_FORMAT)
+        return
+    try:
+        handle = open(entry.absolute, "rb")  # noqa: SIM115 - closed below, after the header
+    except OSError:
+        return  # vanished or unreadable since it was selected: not sent
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        info.size = size
+        yield info.tobuf(tarfile.PAX_FORMAT)
+        yield from _exactly(handle, size, chunk)
+    if size % BLOCK:
+        yield b"\0" * (BLOCK - size % BLOCK)
+
+
+def _exactly(handle: BinaryIO, size: int, chunk: int) -> Iterator[bytes]:
+    """``size`` bytes of ``handle``: a file that shrank is padded, one that grew is cut."""
+    left = size
+    while left > 0:
+        data = handle.read(min(chunk, left))
+        if not data:
+            yield b"\0" * left
+            return
+        left -= len(data)
+        yield data
+
+
+def unpack_tar(
+    source: BinaryIO,
+    destination: str,
+    *,
+    may_write: Callable[[str], bool] = lambda path: True,
+    max_members: int = MAX_MEMBERS,
+    max_bytes: int = MAX_UNPACKED_BYTES,
+) -> TransferSummary:
+    """Unpack the regular files and directories of the tar in ``source`` below ``destination``.
+
+    ``may_write(absolute_path)`` says whether the policy lets a file be written there.
+    """
+    root = os.path.realpath(destination)
+    unpacker = _Unpacker(root, may_write, max_members, max_bytes)
+    try:
+        with tarfile.open(fileobj=source, mode="r|*") as archive:
+            for member in archive:
+                unpacker.member(archive, member)
+    except tarfile.TarError as e:
+        raise PiShipError(
+            CONFIG_INVALID, f"the archive from the sandbox is malformed: {e}", component="files"
+        ) from None
+    return TransferSummary(unpacker.files, unpacker.bytes, tuple(unpacker.skipped))
+
+
+class _Unpacker:
+    def __init__(
+        self, root: str, may_write: Callable[[str], bool], max_members: int, max_bytes: int
+    ) -> None:
+        self.root = root
+        self.may_write = may_write
+        self.max_members = max_members
+        self.max_bytes = max_bytes
+        self.members = 0
+        self.files = 0
+        self.bytes = 0
+        self.skipped: list[SkippedPath] = []
+
+    def member(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        self.members += 1
+        if self.members > self.max_members:
+            raise _bomb(f"more than {self.max_members} entries")
+        target, reason = self._target(member)
+        if reason is not None or target is None:
+            self.skipped.append(SkippedPath(member.name, reason or "outside the workspace"))
+            return
+        if member.isdir():
+            os.makedirs(target, exist_ok=True)
+            return
+        if self.bytes + member.size > self.max_bytes:
+            raise _bomb(f"more than {self.max_bytes} bytes")
+        stream = archive.extractfile(member)
+        if stream is None:
+            self.skipped.append(SkippedPath(member.name, "not a regular file"))
+            return
+        _write_atomically(target, stream, member.mode)
+        self.files += 1
+        self.bytes += member.size
+
+    def _target(self, member: tarfile.TarInfo) -> tuple[str | None, str | None]:
+        name = member.name
+        parts = [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
+        if name.startswith("/") or ".." in parts or not parts or os.path.isabs(name):
+            return None, "outside the workspace"
+        if member.issym() or member.islnk():
+            return None, "symlink"
+        if not (member.isfile() or member.isdir()):
+            return None, "not a regular file"
+        target = os.path.join(self.root, *parts)
+        parent = os.path.realpath(os.path.dirname(target))
+        if not inside(parent, self.root) or _is_link(target):
+            return None, "outside the workspace"
+        if ".git" in parts:
+            return None, "write not allowed"
+        if not self.may_write(target):
+            return None, "write not allowed"
+        return target, None
+
+
+def _is_link(path: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _write_atomically(target: str, stream: BinaryIO, mode: int) -> None:
+    directory = os.path.dirname(target)
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".piship-", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            while data := stream.read(CHUNK):
+                out.write(data)
+        os.chmod(temporary, (mode & 0o777) or 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        _remove_quietly(temporary)
+        raise
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _bomb(what: str) -> PiShipError:
+    return PiShipError(
+        CONFIG_INVALID,
+        f"the archive from the sandbox has {what}; nothing more was unpacked",
+        user_action="pull fewer paths, or raise the limit if the results really are this large",
+        component="files",
+    )

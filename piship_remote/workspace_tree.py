@@ -1,0 +1,203 @@
+"""Which host files a push sends: the workspace less denied, ignored and escaping paths.
+
+    selection = select_tree(root, read_deny=profile.read_deny)
+    for entry in selection.entries: ...      # regular files, directories, inner symlinks
+    selection.skipped                         # SkippedPath(path, reason) for everything left out
+
+Rules, in order, for each path below the workspace root:
+
+- anything under a ``read_deny`` path never leaves the host (``"read-deny"``);
+- ``.git`` and paths ignored by the workspace's ``.gitignore`` files (nested files apply
+  to their own directory, deeper ones first, as git does) are skipped (``"ignored"``);
+- a symlink whose target leaves the workspace is skipped (``"symlink leaves the
+  workspace"``); one that stays inside is sent as a link, never followed;
+- sockets, devices and FIFOs are skipped (``"not a regular file"``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Sequence
+
+import attrs
+import pathspec
+
+from piship_remote.transfer import SkippedPath
+
+__all__ = ["TreeEntry", "TreeSelection", "inside", "select_tree"]
+
+GIT_DIRECTORY = ".git"
+GITIGNORE = ".gitignore"
+
+
+@attrs.frozen
+class TreeEntry:
+    """One path to send: ``relative`` uses ``/``; ``kind`` is ``file``, ``dir`` or ``symlink``."""
+
+    relative: str
+    absolute: str
+    kind: str
+    size: int = 0
+    mode: int = 0o644
+    mtime: float = 0.0
+    link_target: str | None = None
+
+
+@attrs.frozen
+class TreeSelection:
+    """What a push sends and what it leaves out, with the reasons."""
+
+    entries: tuple[TreeEntry, ...]
+    skipped: tuple[SkippedPath, ...]
+
+    @property
+    def files(self) -> int:
+        return sum(1 for entry in self.entries if entry.kind == "file")
+
+    @property
+    def bytes(self) -> int:
+        return sum(entry.size for entry in self.entries if entry.kind == "file")
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether the absolute, normalised ``path`` is ``root`` or below it."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def select_tree(
+    root: str,
+    *,
+    read_deny: Sequence[str] = (),
+    paths: Iterable[str] | None = None,
+    use_gitignore: bool = True,
+) -> TreeSelection:
+    """Walk ``root`` (or only ``paths`` below it, absolute) and decide what a push sends."""
+    walker = _Walker(os.path.realpath(root), tuple(read_deny), use_gitignore)
+    starts = [walker.root] if paths is None else [os.path.abspath(path) for path in paths]
+    for start in starts:
+        walker.visit_start(start)
+    return TreeSelection(tuple(walker.entries), tuple(walker.skipped))
+
+
+@attrs.define
+class _Walker:
+    root: str
+    read_deny: tuple[str, ...]
+    use_gitignore: bool
+    entries: list[TreeEntry] = attrs.Factory(list)
+    skipped: list[SkippedPath] = attrs.Factory(list)
+    _specs: dict[str, pathspec.GitIgnoreSpec | None] = attrs.Factory(dict)
+    _seen: set[str] = attrs.Factory(set)
+
+    def visit_start(self, start: str) -> None:
+        if not inside(start, self.root):
+            self.skipped.append(SkippedPath(start, "outside the workspace"))
+            return
+        relative = self._relative(start)
+        parents = relative.split("/")[:-1] if relative else []
+        for depth in range(len(parents)):
+            self._add_directory("/".join(parents[: depth + 1]))
+        self._visit(start, relative)
+
+    def _visit(self, absolute: str, relative: str) -> None:
+        reason = self._excluded(absolute, relative)
+        if reason is not None:
+            self.skipped.append(SkippedPath(relative or ".", reason))
+            return
+        try:
+            info = os.lstat(absolute)
+        except OSError:
+            return  # vanished while walking
+        if stat.S_ISLNK(info.st_mode):
+            self._symlink(absolute, relative)
+        elif stat.S_ISDIR(info.st_mode):
+            self._directory(absolute, relative, info)
+        elif stat.S_ISREG(info.st_mode):
+            self._add(
+                TreeEntry(
+                    relative, absolute, "file", info.st_size, info.st_mode & 0o7777, info.st_mtime
+                )
+            )
+        else:
+            self.skipped.append(SkippedPath(relative, "not a regular file"))
+
+    def _directory(self, absolute: str, relative: str, info: os.stat_result) -> None:
+        if relative:
+            self._add(TreeEntry(relative, absolute, "dir", 0, info.st_mode & 0o7777, info.st_mtime))
+        try:
+            names = sorted(os.listdir(absolute))
+        except OSError:
+            self.skipped.append(SkippedPath(relative or ".", "not readable"))
+            return
+        for name in names:
+            self._visit(os.path.join(absolute, name), f"{relative}/{name}" if relative else name)
+
+    def _symlink(self, absolute: str, relative: str) -> None:
+        target = os.readlink(absolute)
+        resolved = os.path.realpath(absolute)
+        if not inside(resolved, self.root) or os.path.isabs(target):
+            self.skipped.append(SkippedPath(relative, "symlink leaves the workspace"))
+            return
+        self._add(TreeEntry(relative, absolute, "symlink", link_target=target))
+
+    def _add_directory(self, relative: str) -> None:
+        absolute = os.path.join(self.root, *relative.split("/"))
+        info = os.lstat(absolute)
+        self._add(TreeEntry(relative, absolute, "dir", 0, info.st_mode & 0o7777, info.st_mtime))
+
+    def _add(self, entry: TreeEntry) -> None:
+        if entry.relative not in self._seen:
+            self._seen.add(entry.relative)
+            self.entries.append(entry)
+
+    def _excluded(self, absolute: str, relative: str) -> str | None:
+        if any(inside(absolute, denied) for denied in self.read_deny):
+            return "read-deny"
+        if not relative:
+            return None
+        if relative.split("/")[-1] == GIT_DIRECTORY:
+            return "ignored"
+        if self.use_gitignore and self._ignored(relative, os.path.isdir(absolute)):
+            return "ignored"
+        return None
+
+    def _ignored(self, relative: str, is_dir: bool) -> bool:
+        parts = relative.split("/")
+        candidate = relative + ("/" if is_dir else "")
+        for depth in range(len(parts) - 1, -1, -1):
+            base = "/".join(parts[:depth])
+            spec = self._spec(base)
+            if spec is None:
+                continue
+            below = candidate[len(base) + 1 :] if base else candidate
+            verdict = spec.check_file(below).include
+            if verdict is not None:
+                return bool(verdict)
+        return False
+
+    def _spec(self, base: str) -> pathspec.GitIgnoreSpec | None:
+        if base not in self._specs:
+            path = (
+                os.path.join(self.root, *base.split("/"), GITIGNORE)
+                if base
+                else os.path.join(self.root, GITIGNORE)
+            )
+            self._specs[base] = _read_spec(path)
+        return self._specs[base]
+
+    def _relative(self, absolute: str) -> str:
+        return (
+            ""
+            if absolute == self.root
+            else os.path.relpath(absolute, self.root).replace(os.sep, "/")
+        )
+
+
+def _read_spec(path: str) -> pathspec.GitIgnoreSpec | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    return pathspec.GitIgnoreSpec.from_lines(lines)

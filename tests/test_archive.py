@@ -1,0 +1,133 @@
+"""Tar both ways: streamed from a selection, unpacked without trusting the archive."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from piship_remote.archive import tar_stream, unpack_tar
+from piship_remote.errors import PiShipError
+from piship_remote.transfer import SkippedPath
+from piship_remote.workspace_tree import select_tree
+
+
+def hostile(*members: tuple[tarfile.TarInfo, bytes]) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for info, data in members:
+            info.size = len(data) if info.isfile() else 0
+            archive.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    buffer.seek(0)
+    return buffer
+
+
+def file_member(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, bytes]:
+    return tarfile.TarInfo(name), data
+
+
+def special(name: str, kind: bytes, link: str = "") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    return info, b""
+
+
+def test_a_streamed_tar_round_trips_the_tree(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    (source / "dir").mkdir(parents=True)
+    (source / "dir" / "file").write_bytes(b"payload" * 1000)
+    (source / "empty").write_bytes(b"")
+    body = b"".join(tar_stream(select_tree(str(source)).entries))
+    destination = tmp_path / "destination"
+    destination.mkdir()
+    summary = unpack_tar(io.BytesIO(body), str(destination))
+    assert (summary.files, summary.bytes, summary.skipped) == (2, 7000, ())
+    assert (destination / "dir" / "file").read_bytes() == b"payload" * 1000
+    assert (destination / "empty").read_bytes() == b""
+
+
+def test_the_stream_is_produced_in_bounded_chunks(tmp_path: Path) -> None:
+    (tmp_path / "big").write_bytes(os.urandom(3 * 1024 * 1024))
+    chunks = list(tar_stream(select_tree(str(tmp_path)).entries, chunk=64 * 1024))
+    assert max(len(chunk) for chunk in chunks) <= 64 * 1024
+    assert sum(len(chunk) for chunk in chunks) % tarfile.BLOCKSIZE == 0
+
+
+@pytest.mark.parametrize(
+    ("member", "reason"),
+    [
+        (file_member("/etc/passwd"), "outside the workspace"),
+        (file_member("../escape"), "outside the workspace"),
+        (file_member("a/../../escape"), "outside the workspace"),
+        (special("link", tarfile.SYMTYPE, "/etc/passwd"), "symlink"),
+        (special("hard", tarfile.LNKTYPE, "/etc/passwd"), "symlink"),
+        (special("dev", tarfile.CHRTYPE), "not a regular file"),
+        (special("fifo", tarfile.FIFOTYPE), "not a regular file"),
+        (file_member(".git/hooks/post-checkout"), "write not allowed"),
+    ],
+)
+def test_a_hostile_member_is_refused_and_listed(
+    member: tuple[tarfile.TarInfo, bytes], reason: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    summary = unpack_tar(hostile(member), str(root))
+    assert summary.skipped == (SkippedPath(member[0].name, reason),)
+    assert summary.files == 0
+    assert not (tmp_path / "escape").exists()
+
+
+def test_a_host_symlink_in_the_way_is_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "out").symlink_to(outside)
+    (root / "file").symlink_to(outside / "target")
+    summary = unpack_tar(hostile(file_member("out/x"), file_member("file")), str(root))
+    assert [s.reason for s in summary.skipped] == ["outside the workspace"] * 2
+    assert list(outside.iterdir()) == []
+
+
+def test_only_allowed_places_are_written(tmp_path: Path) -> None:
+    allowed = str(tmp_path / "ok")
+    summary = unpack_tar(
+        hostile(file_member("ok/a"), file_member("no/b")),
+        str(tmp_path),
+        may_write=lambda path: path.startswith(allowed),
+    )
+    assert summary.files == 1
+    assert summary.skipped == (SkippedPath("no/b", "write not allowed"),)
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_tar_bomb_stops_at_the_byte_limit(tmp_path: Path) -> None:
+    archive = hostile(file_member("a", b"x" * 600), file_member("b", b"x" * 600))
+    with pytest.raises(PiShipError, match="more than 1000 bytes") as raised:
+        unpack_tar(archive, str(tmp_path), max_bytes=1000)
+    assert raised.value.code == "CONFIG_INVALID"
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_tar_bomb_stops_at_the_member_limit(tmp_path: Path) -> None:
+    archive = hostile(*(file_member(f"f{n}") for n in range(5)))
+    with pytest.raises(PiShipError, match="more than 3 entries"):
+        unpack_tar(archive, str(tmp_path), max_members=3)
+
+
+def test_a_cut_archive_leaves_no_half_file(tmp_path: Path) -> None:
+    whole = hostile(file_member("big", b"y" * 100_000)).getvalue()
+    (tmp_path / "big").write_bytes(b"old")
+    with pytest.raises(PiShipError, match="malformed"):
+        unpack_tar(io.BytesIO(whole[:50_000]), str(tmp_path))
+    assert (tmp_path / "big").read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["big"]
+
+
+def test_garbage_is_a_malformed_archive(tmp_path: Path) -> None:
+    with pytest.raises(PiShipError, match="malformed"):
+        unpack_tar(io.BytesIO(b"not a tar at all" * 100), str(tmp_path))

@@ -1,0 +1,118 @@
+"""What a push sends: denied, ignored and escaping paths stay on the host, each listed."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from piship_remote.transfer import SkippedPath
+from piship_remote.workspace_tree import select_tree
+
+
+def sent(root: Path, **options: object) -> list[str]:
+    return [entry.relative for entry in select_tree(str(root), **options).entries]  # type: ignore[arg-type]
+
+
+def skipped(root: Path, **options: object) -> list[SkippedPath]:
+    return list(select_tree(str(root), **options).skipped)  # type: ignore[arg-type]
+
+
+def test_sends_files_and_directories_in_order(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.c").write_text("int main;")
+    (tmp_path / "Makefile").write_text("all:")
+    assert sent(tmp_path) == ["Makefile", "src", "src/main.c"]
+
+
+def test_counts_files_and_bytes(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"12345")
+    (tmp_path / "b").write_bytes(b"678")
+    selection = select_tree(str(tmp_path))
+    assert (selection.files, selection.bytes) == (2, 8)
+
+
+def test_a_read_denied_path_never_leaves_the_host(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text("k")
+    (tmp_path / "ok").write_text("o")
+    assert sent(tmp_path, read_deny=[str(tmp_path / "secrets")]) == ["ok"]
+    assert skipped(tmp_path, read_deny=[str(tmp_path / "secrets")]) == [
+        SkippedPath("secrets", "read-deny")
+    ]
+
+
+def test_gitignored_paths_are_skipped(tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("*.o\nbuild/\n")
+    (tmp_path / "a.o").write_text("")
+    (tmp_path / "a.c").write_text("")
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "out").write_text("")
+    assert sent(tmp_path) == [".gitignore", "a.c"]
+    assert {s.path for s in skipped(tmp_path)} == {"a.o", "build"}
+
+
+def test_a_nested_gitignore_applies_below_its_directory_and_wins(tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / ".gitignore").write_text("!keep.log\n")
+    (tmp_path / "logs" / "keep.log").write_text("")
+    (tmp_path / "logs" / "drop.log").write_text("")
+    (tmp_path / "top.log").write_text("")
+    assert sent(tmp_path) == [".gitignore", "logs", "logs/.gitignore", "logs/keep.log"]
+
+
+def test_gitignore_can_be_switched_off(tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("*.o\n")
+    (tmp_path / "a.o").write_text("")
+    assert sent(tmp_path, use_gitignore=False) == [".gitignore", "a.o"]
+
+
+def test_the_git_directory_is_not_sent(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("")
+    assert sent(tmp_path) == []
+    assert skipped(tmp_path) == [SkippedPath(".git", "ignored")]
+
+
+def test_a_symlink_out_of_the_workspace_is_skipped(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "escape").symlink_to(outside / "secret")
+    (root / "relative-escape").symlink_to("../outside/secret")
+    assert sent(root) == []
+    assert {s.reason for s in skipped(root)} == {"symlink leaves the workspace"}
+
+
+def test_a_symlink_inside_the_workspace_is_sent_as_a_link(tmp_path: Path) -> None:
+    (tmp_path / "real").write_text("r")
+    (tmp_path / "alias").symlink_to("real")
+    entries = select_tree(str(tmp_path)).entries
+    assert [(e.relative, e.kind, e.link_target) for e in entries] == [
+        ("alias", "symlink", "real"),
+        ("real", "file", None),
+    ]
+
+
+def test_a_socket_is_not_a_regular_file(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "sock"))
+        assert skipped(tmp_path) == [SkippedPath("sock", "not a regular file")]
+
+
+def test_only_the_given_paths_are_sent_with_their_parents(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "c").write_text("")
+    (tmp_path / "other").write_text("")
+    assert sent(tmp_path, paths=[str(tmp_path / "a" / "b" / "c")]) == ["a", "a/b", "a/b/c"]
+
+
+def test_a_given_path_outside_the_workspace_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    assert skipped(root, paths=[os.fspath(tmp_path)]) == [
+        SkippedPath(os.fspath(tmp_path), "outside the workspace")
+    ]
