@@ -17,7 +17,7 @@ import stat
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.transfer import SkippedPath, TransferSummary
@@ -162,7 +162,7 @@ def _is_link(path: str) -> bool:
         return False
 
 
-def _write_atomically(target: str, stream: BinaryIO, mode: int) -> None:
+def _write_atomically(target: str, stream: IO[bytes], mode: int) -> None:
     directory = os.path.dirname(target)
     os.makedirs(directory, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=".piship-", suffix=".part", dir=directory)
