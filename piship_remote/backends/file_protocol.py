@@ -1,0 +1,70 @@
+"""What a backend instance offers for files: the protocol ``Sandbox.files`` is built on.
+
+Paths given to a :class:`RemoteFiles` are absolute remote paths (the façade resolves
+relative ones against :meth:`RemoteFiles.working_directory`). Every call takes an
+optional ``cancel`` event and raises ``CommandCancelled`` promptly when it is set; a
+missing path is ``PiShipError`` with code ``FILE_NOT_FOUND``; data moves in chunks, so
+memory stays bounded whatever the file's size::
+
+    files = instance.files()
+    files.write("/home/user/data.csv", iter([b"a,b\\n", b"1,2\\n"]))
+    files.read("/home/user/data.csv", sink=sys.stdout.buffer.write)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
+
+from piship_remote.transfer import FileInfo
+
+__all__ = ["ChunkSink", "RemoteFiles", "SupportsFiles"]
+
+ChunkSink = Callable[[bytes], None]
+
+
+@runtime_checkable
+class RemoteFiles(Protocol):
+    """File operations on one remote sandbox; thread-safe beside running commands."""
+
+    def working_directory(self, *, cancel: threading.Event | None = None) -> str:
+        """The absolute remote directory that relative paths (and the workspace) map to."""
+        ...
+
+    def stat(self, path: str, *, cancel: threading.Event | None = None) -> FileInfo | None:
+        """The entry at ``path`` (a symlink itself, not its target), or ``None`` if missing."""
+        ...
+
+    def list_dir(self, path: str, *, cancel: threading.Event | None = None) -> list[FileInfo]:
+        """The entries directly in the directory ``path``, in any order."""
+        ...
+
+    def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
+        """Create ``path`` and its parents; ``False`` when it already was a directory."""
+        ...
+
+    def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
+        """Remove a file, or a directory recursively; a missing path is not an error."""
+        ...
+
+    def write(
+        self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
+    ) -> FileInfo:
+        """Stream ``chunks`` into the file ``path`` (parents created, replaced if present)."""
+        ...
+
+    def read(
+        self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None
+    ) -> int:
+        """Stream the file ``path`` into ``sink`` chunk by chunk; returns the byte count."""
+        ...
+
+
+@runtime_checkable
+class SupportsFiles(Protocol):
+    """A backend instance that can move files."""
+
+    def files(self) -> RemoteFiles:
+        """The file operations of this instance's sandbox."""
+        ...

@@ -1,0 +1,301 @@
+"""``Sandbox.files``: read, write, list and copy files in the sandbox, streamed both ways.
+
+    sandbox.files.write("data/input.csv", open("input.csv", "rb"))   # streamed, parents made
+    print(sandbox.files.read_text("data/input.csv"))
+    sandbox.files.upload("src")                        # a directory: one archive, one request
+    sandbox.files.download("build/out", "results")     # into ./results, never outside it
+
+A relative remote path is relative to the sandbox's working directory (the remote
+image of the workspace root); an absolute one is used as is. Host paths obey the
+policy: nothing under ``filesystem.read.deny`` is uploaded, and downloads write only
+where ``filesystem.write.allow`` permits.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import secrets
+import shlex
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
+
+from piship_remote.archive import tar_stream, unpack_tar
+from piship_remote.backends.file_protocol import RemoteFiles
+from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
+from piship_remote.workspace_tree import inside, select_tree
+
+__all__ = ["CHUNK", "CommandRunner", "Progress", "SandboxFiles"]
+
+CHUNK = 1024 * 1024
+CommandRunner = Callable[[str], "tuple[int, str]"]
+Progress = Callable[[int], None]
+
+
+class SandboxFiles:
+    """The file operations of one sandbox; thread-safe, usable while commands run."""
+
+    def __init__(
+        self,
+        remote: RemoteFiles,
+        run: CommandRunner,
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        read_deny: Sequence[str] = (),
+        write_allow: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self._remote = remote
+        self._workspace = os.path.realpath(workspace) if workspace is not None else None
+        self._run = run
+        self._read_deny = tuple(os.path.realpath(path) for path in read_deny)
+        self._write_allow = tuple(os.path.realpath(path) for path in write_allow)
+        self._cancel = cancel
+        self._root: str | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SandboxFiles(root={self._root!r})"
+
+    # -- single files -----------------------------------------------------------
+
+    def write(self, path: str, data: bytes | str | BinaryIO) -> FileInfo:
+        """Write ``data`` (bytes, text as UTF-8, or a binary file object, streamed)."""
+        return self._remote.write(self.resolve(path), _chunks(data), cancel=self._cancel)
+
+    def read(self, path: str) -> bytes:
+        """The whole file ``path`` (use :meth:`download` for a large one)."""
+        buffer = io.BytesIO()
+        self._remote.read(self.resolve(path), _counting(buffer.write, None), cancel=self._cancel)
+        return buffer.getvalue()
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """The file ``path`` decoded as ``encoding``."""
+        return self.read(path).decode(encoding)
+
+    def list(self, path: str = ".") -> list[FileInfo]:
+        """The entries directly in the directory ``path``, sorted by name."""
+        return sorted(
+            self._remote.list_dir(self.resolve(path), cancel=self._cancel),
+            key=lambda info: info.name,
+        )
+
+    def exists(self, path: str) -> bool:
+        """Whether anything is at ``path``."""
+        return self._remote.stat(self.resolve(path), cancel=self._cancel) is not None
+
+    def remove(self, path: str) -> None:
+        """Remove a file, or a directory recursively (a missing path is fine)."""
+        self._remote.remove(self.resolve(path), cancel=self._cancel)
+
+    def make_dir(self, path: str) -> bool:
+        """Create the directory ``path`` and its parents; ``False`` if it existed."""
+        return self._remote.make_dir(self.resolve(path), cancel=self._cancel)
+
+    def resolve(self, path: str) -> str:
+        """The absolute remote path for ``path``."""
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise ValueError(f"a remote path must be a non-empty string, not {path!r}")
+        if posixpath.isabs(path):
+            return posixpath.normpath(path)
+        return posixpath.normpath(posixpath.join(self.working_directory(), path))
+
+    def working_directory(self) -> str:
+        """The remote working directory (the remote image of the workspace root)."""
+        with self._lock:
+            if self._root is None:
+                self._root = self._remote.working_directory(cancel=self._cancel)
+            return self._root
+
+    # -- copies -----------------------------------------------------------------
+
+    def upload(
+        self,
+        local: str | os.PathLike[str],
+        remote: str | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> TransferSummary:
+        """Copy a host file or directory into the sandbox (``cp -r local remote``)."""
+        source = os.path.realpath(local)
+        target = self.resolve(remote if remote is not None else self._default_remote(source))
+        if any(inside(source, denied) for denied in self._read_deny):
+            return TransferSummary(skipped=(SkippedPath(os.fspath(local), "read-deny"),))
+        if os.path.isdir(source):
+            return self._upload_tree(source, target, progress)
+        if not os.path.isfile(source):
+            raise _missing_host(os.fspath(local))
+        with open(source, "rb") as handle:
+            info = self._remote.write(target, _chunks(handle, progress), cancel=self._cancel)
+        return TransferSummary(1, info.size or os.path.getsize(source))
+
+    def download(
+        self, remote: str, local: str | os.PathLike[str], *, progress: Progress | None = None
+    ) -> TransferSummary:
+        """Copy a sandbox file or directory to the host path ``local`` (``cp -r``)."""
+        source = self.resolve(remote)
+        target = os.path.abspath(local)
+        self._check_writable(target)
+        info = self._remote.stat(source, cancel=self._cancel)
+        if info is None:
+            raise _missing_remote(remote)
+        if info.type == "dir":
+            return self._download_tree(source, target, progress)
+        if info.type != "file":
+            return TransferSummary(skipped=(SkippedPath(remote, "not a regular file"),))
+        size = self._download_file(source, target, progress)
+        return TransferSummary(1, size)
+
+    def upload_archive(self, chunks: Iterator[bytes], target: str) -> None:
+        """Send a tar stream and unpack it into the remote directory ``target``."""
+        archive = posixpath.join(posixpath.dirname(target) or "/", f".piship-{_token()}.tar")
+        self._remote.write(archive, chunks, cancel=self._cancel)
+        self.run_checked(
+            f"mkdir -p {shlex.quote(target)} && tar -xf {shlex.quote(archive)}"
+            f" -C {shlex.quote(target)} --no-same-owner; status=$?;"
+            f" rm -f {shlex.quote(archive)}; exit $status",
+            f"unpacking into {target}",
+        )
+
+    def download_archive(
+        self, create: str, archive: str, target: str, progress: Progress | None = None
+    ) -> TransferSummary:
+        """Run ``create`` (a shell line writing the tar ``archive``), fetch it, unpack it."""
+        try:
+            self.run_checked(create, f"packing {archive}")
+            with tempfile.TemporaryFile(dir=_existing_parent(target)) as spool:
+                self._remote.read(archive, _counting(spool.write, progress), cancel=self._cancel)
+                spool.seek(0)
+                os.makedirs(target, exist_ok=True)
+                return unpack_tar(spool, target, may_write=self._may_write)
+        finally:
+            self._remote.remove(archive, cancel=self._cancel)
+
+    def run_checked(self, command: str, what: str) -> str:
+        """Run a helper command in the sandbox; a failure names ``what``."""
+        status, output = self._run(command)
+        if status != 0:
+            detail = " ".join(output.split())[-300:]
+            raise PiShipError(
+                SANDBOX_UNAVAILABLE,
+                f"{what} in the sandbox failed (exit {status}): {detail}",
+                user_action="check that the sandbox image has tar and the disk has room",
+                component="files",
+            )
+        return output
+
+    def _upload_tree(self, source: str, target: str, progress: Progress | None) -> TransferSummary:
+        selection = select_tree(source, read_deny=self._read_deny, use_gitignore=False)
+        self.upload_archive(_counted(tar_stream(selection.entries), progress), target)
+        return TransferSummary(selection.files, selection.bytes, selection.skipped)
+
+    def _download_tree(
+        self, source: str, target: str, progress: Progress | None
+    ) -> TransferSummary:
+        archive = posixpath.join(posixpath.dirname(source) or "/", f".piship-{_token()}.tar")
+        create = f"tar -cf {shlex.quote(archive)} -C {shlex.quote(source)} ."
+        return self.download_archive(create, archive, target, progress)
+
+    def _download_file(self, source: str, target: str, progress: Progress | None) -> int:
+        directory = _existing_parent(target)
+        handle, temporary = tempfile.mkstemp(prefix=".piship-", suffix=".part", dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                size = self._remote.read(
+                    source, _counting(out.write, progress), cancel=self._cancel
+                )
+            os.replace(temporary, target)
+        except BaseException:
+            _unlink_quietly(temporary)
+            raise
+        return size
+
+    def _default_remote(self, source: str) -> str:
+        """The same path relative to the workspace, or the base name for a path outside it."""
+        if self._workspace is not None and inside(source, self._workspace):
+            relative = os.path.relpath(source, self._workspace).replace(os.sep, "/")
+            return relative
+        return os.path.basename(source)
+
+    def _check_writable(self, target: str) -> None:
+        if not self._may_write(target):
+            raise PiShipError(
+                CONFIG_INVALID,
+                f"the policy does not allow writing {target}",
+                user_action="download into the workspace, or allow the place in"
+                " filesystem.write.allow",
+                component="files",
+            )
+
+    def _may_write(self, path: str) -> bool:
+        real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        return not self._write_allow or any(inside(real, place) for place in self._write_allow)
+
+
+def _chunks(data: bytes | str | BinaryIO, progress: Progress | None = None) -> Iterator[bytes]:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        yield bytes(data)
+        return
+    if not hasattr(data, "read"):
+        raise TypeError(
+            f"write() takes bytes, str or a binary file object, not {type(data).__name__}"
+        )
+    while chunk := data.read(CHUNK):
+        if isinstance(chunk, str):
+            raise TypeError("write() needs a file opened in binary mode ('rb')")
+        if progress is not None:
+            progress(len(chunk))
+        yield chunk
+
+
+def _counted(chunks: Iterator[bytes], progress: Progress | None) -> Iterator[bytes]:
+    for chunk in chunks:
+        if progress is not None:
+            progress(len(chunk))
+        yield chunk
+
+
+def _counting(
+    write: Callable[[bytes], object], progress: Progress | None
+) -> Callable[[bytes], None]:
+    def sink(chunk: bytes) -> None:
+        write(chunk)
+        if progress is not None:
+            progress(len(chunk))
+
+    return sink
+
+
+def _existing_parent(path: str) -> str:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    return parent
+
+
+def _token() -> str:
+    return secrets.token_hex(8)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _missing_remote(path: str) -> PiShipError:
+    return PiShipError(
+        FILE_NOT_FOUND, f"no file or directory at {path} in the sandbox", component="files"
+    )
+
+
+def _missing_host(path: str) -> PiShipError:
+    return PiShipError(
+        FILE_NOT_FOUND, f"no file or directory at {path} on this host", component="files"
+    )

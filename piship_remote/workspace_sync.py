@@ -1,0 +1,165 @@
+"""Workspace sync: push the host workspace into the sandbox, pull back what changed there.
+
+    sync = WorkspaceSync(files, workspace="/src/project", read_deny=..., write_allow=...)
+    pushed = sync.push()        # one streamed archive; denied/ignored/escaping paths listed
+    ...                          # commands change files in the sandbox
+    pulled = sync.pull()        # only files changed since the push, only where writes are allowed
+
+A push records a stamp file in the sandbox after unpacking, so a pull asks the
+sandbox for the regular files newer than it (``find -newer``): files the push wrote
+keep their host modification times and are not sent back unless a command changed
+them. Without a push, a pull brings everything. Everything a pull receives goes
+through the archive unpacker, which refuses anything that would land outside the
+workspace or where the policy does not allow writes.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import secrets
+import shlex
+import threading
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from piship_remote.archive import tar_stream
+from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.files import SandboxFiles
+from piship_remote.transfer import SkippedPath, TransferSummary
+from piship_remote.workspace_tree import inside, select_tree
+
+__all__ = ["SYNC_MODES", "SyncRecord", "WorkspaceSync"]
+
+SYNC_MODES = ("none", "push", "push-pull")
+STAMP_DIRECTORY = "/tmp"
+
+
+@attrs.frozen
+class SyncRecord:
+    """What sync did, for the workspace report: the last push and pull summaries."""
+
+    mode: str
+    pushed: TransferSummary | None = None
+    pulled: TransferSummary | None = None
+
+
+class WorkspaceSync:
+    """Push and pull between one host workspace and one sandbox's working directory."""
+
+    def __init__(
+        self,
+        files: SandboxFiles,
+        *,
+        workspace: str | os.PathLike[str],
+        read_deny: Sequence[str] = (),
+        write_allow: Sequence[str] = (),
+        use_gitignore: bool = True,
+        mode: str = "push",
+    ) -> None:
+        if mode not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, not {mode!r}")
+        self._files = files
+        self._root = os.path.realpath(workspace)
+        self._read_deny = tuple(read_deny)
+        self._write_allow = tuple(write_allow)
+        self._use_gitignore = use_gitignore
+        self._stamp = posixpath.join(STAMP_DIRECTORY, f".piship-sync-{secrets.token_hex(8)}")
+        self._pushed_files: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+        self._record = SyncRecord(mode)
+
+    @property
+    def record(self) -> SyncRecord:
+        with self._lock:
+            return self._record
+
+    @property
+    def mode(self) -> str:
+        return self._record.mode
+
+    def push(self, paths: Iterable[str | os.PathLike[str]] | None = None) -> TransferSummary:
+        """Send the workspace (or ``paths`` inside it) as one streamed archive."""
+        starts = None if paths is None else [self._host_path(path) for path in paths]
+        selection = select_tree(
+            self._root, read_deny=self._read_deny, paths=starts, use_gitignore=self._use_gitignore
+        )
+        target = self._files.working_directory()
+        self._files.upload_archive(tar_stream(selection.entries), target)
+        self._files.run_checked(f"touch {shlex.quote(self._stamp)}", "marking the push")
+        summary = TransferSummary(selection.files, selection.bytes, selection.skipped)
+        pushed = {entry.relative for entry in selection.entries if entry.kind == "file"}
+        with self._lock:
+            self._pushed_files = self._pushed_files | pushed
+            self._record = attrs.evolve(self._record, pushed=summary)
+        return summary
+
+    def pull(
+        self, paths: Iterable[str | os.PathLike[str]] | None = None, *, delete: bool = False
+    ) -> TransferSummary:
+        """Bring back the files changed in the sandbox since the last push."""
+        relative = ["."] if paths is None else [self._relative(path) for path in paths]
+        root = self._files.working_directory()
+        archive = posixpath.join(STAMP_DIRECTORY, f".piship-pull-{secrets.token_hex(8)}.tar")
+        summary = self._files.download_archive(
+            self._pack_command(root, relative, archive), archive, self._root
+        )
+        if delete:
+            summary = summary + self._delete_vanished(root)
+        with self._lock:
+            self._record = attrs.evolve(self._record, pulled=summary)
+        return summary
+
+    def _pack_command(self, root: str, relative: Sequence[str], archive: str) -> str:
+        newer = f"-newer {shlex.quote(self._stamp)}" if self._stamp_exists() else ""
+        starts = " ".join(shlex.quote(path) for path in relative)
+        return (
+            f"cd {shlex.quote(root)} && find {starts} ! -type d {newer} -print0 2>/dev/null"
+            f" | tar --null --no-recursion -cf {shlex.quote(archive)} -T -"
+        )
+
+    def _stamp_exists(self) -> bool:
+        return self._record.pushed is not None
+
+    def _delete_vanished(self, root: str) -> TransferSummary:
+        listing = self._files.run_checked(
+            f"cd {shlex.quote(root)} && find . -type f -print", "listing the working directory"
+        )
+        present = {line[2:] for line in listing.splitlines() if line.startswith("./")}
+        deleted: list[SkippedPath] = []
+        with self._lock:
+            vanished = sorted(self._pushed_files - present)
+        for relative in vanished:
+            host = os.path.join(self._root, *relative.split("/"))
+            if not self._may_delete(host):
+                deleted.append(SkippedPath(relative, "write not allowed"))
+                continue
+            try:
+                os.unlink(host)
+            except FileNotFoundError:
+                pass
+        with self._lock:
+            self._pushed_files = self._pushed_files - set(vanished)
+        return TransferSummary(skipped=tuple(deleted))
+
+    def _may_delete(self, host: str) -> bool:
+        parent = os.path.realpath(os.path.dirname(host))
+        allowed = not self._write_allow or any(inside(parent, place) for place in self._write_allow)
+        return allowed and inside(parent, self._root) and not os.path.islink(host)
+
+    def _host_path(self, path: str | os.PathLike[str]) -> str:
+        absolute = os.path.realpath(os.path.join(self._root, path))
+        if not inside(absolute, self._root):
+            raise PiShipError(
+                CONFIG_INVALID,
+                f"{os.fspath(path)} is outside the workspace {self._root}",
+                user_action="push paths inside the workspace only",
+                component="files",
+            )
+        return absolute
+
+    def _relative(self, path: str | os.PathLike[str]) -> str:
+        absolute = self._host_path(path)
+        relative = os.path.relpath(absolute, self._root).replace(os.sep, "/")
+        return relative

@@ -1,0 +1,237 @@
+"""``SandboxFiles`` and workspace sync over a directory stand-in for the sandbox."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from piship_remote.errors import PiShipError
+from piship_remote.files import SandboxFiles
+from piship_remote.transfer import SkippedPath
+from piship_remote.workspace_sync import WorkspaceSync
+from tests.files_support import DirectoryFiles, bash_runner
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Path:
+    path = tmp_path / "remote"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "workspace"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def files(remote: Path, workspace: Path) -> SandboxFiles:
+    return SandboxFiles(
+        DirectoryFiles(str(remote)),
+        bash_runner,
+        workspace=workspace,
+        write_allow=[str(workspace)],
+    )
+
+
+def test_write_then_read_a_relative_path(files: SandboxFiles, remote: Path) -> None:
+    info = files.write("data/in.txt", "héllo")
+    assert info.path == str(remote / "data" / "in.txt")
+    assert files.read("data/in.txt") == "héllo".encode()
+    assert files.read_text("data/in.txt") == "héllo"
+
+
+def test_write_streams_a_file_object(files: SandboxFiles) -> None:
+    files.write("big", io.BytesIO(b"z" * 3_000_000))
+    assert files.read("big") == b"z" * 3_000_000
+
+
+def test_write_refuses_a_text_mode_file(files: SandboxFiles) -> None:
+    with pytest.raises(TypeError, match="binary mode"):
+        files.write("x", io.StringIO("text"))
+
+
+def test_list_is_sorted_and_one_level(files: SandboxFiles) -> None:
+    files.write("d/b", b"")
+    files.write("d/a", b"")
+    files.write("d/sub/c", b"")
+    assert [(i.name, i.type) for i in files.list("d")] == [
+        ("a", "file"),
+        ("b", "file"),
+        ("sub", "dir"),
+    ]
+
+
+def test_exists_remove_and_make_dir(files: SandboxFiles) -> None:
+    assert files.make_dir("new/dir") is True
+    assert files.make_dir("new/dir") is False
+    files.write("new/dir/f", b"1")
+    files.remove("new")
+    assert not files.exists("new")
+    files.remove("new")  # already gone: fine
+
+
+def test_reading_a_missing_file_is_file_not_found(files: SandboxFiles) -> None:
+    with pytest.raises(PiShipError) as raised:
+        files.read("nope")
+    assert raised.value.code == "FILE_NOT_FOUND"
+
+
+def test_an_empty_remote_path_is_a_value_error(files: SandboxFiles) -> None:
+    with pytest.raises(ValueError, match="non-empty string"):
+        files.read("")
+
+
+def test_upload_a_directory_as_cp_r(files: SandboxFiles, workspace: Path, remote: Path) -> None:
+    (workspace / "src" / "pkg").mkdir(parents=True)
+    (workspace / "src" / "pkg" / "m.py").write_text("x = 1")
+    summary = files.upload(workspace / "src", "copy/src")
+    assert (summary.files, summary.bytes) == (1, 5)
+    assert (remote / "copy" / "src" / "pkg" / "m.py").read_text() == "x = 1"
+
+
+def test_upload_defaults_to_the_same_relative_path(
+    files: SandboxFiles, workspace: Path, remote: Path
+) -> None:
+    (workspace / "data").mkdir()
+    (workspace / "data" / "in.csv").write_text("a,b")
+    files.upload(workspace / "data" / "in.csv")
+    assert (remote / "data" / "in.csv").read_text() == "a,b"
+
+
+def test_upload_sends_one_archive_for_a_directory(remote: Path, workspace: Path) -> None:
+    stand_in = DirectoryFiles(str(remote))
+    files = SandboxFiles(stand_in, bash_runner, workspace=workspace)
+    for n in range(50):
+        (workspace / f"f{n}").write_text(str(n))
+    files.upload(workspace, "all")
+    assert len(stand_in.writes) == 1
+
+
+def test_upload_of_a_read_denied_path_sends_nothing(remote: Path, workspace: Path) -> None:
+    (workspace / ".env").write_text("SECRET=1")
+    files = SandboxFiles(
+        DirectoryFiles(str(remote)), bash_runner, read_deny=[str(workspace / ".env")]
+    )
+    summary = files.upload(workspace / ".env", "env")
+    assert summary.skipped == (SkippedPath(str(workspace / ".env"), "read-deny"),)
+    assert not (remote / "env").exists()
+
+
+def test_download_a_directory_into_a_new_place(
+    files: SandboxFiles, workspace: Path, remote: Path
+) -> None:
+    (remote / "build" / "out").mkdir(parents=True)
+    (remote / "build" / "out" / "report.txt").write_text("ok")
+    summary = files.download("build/out", workspace / "here")
+    assert summary.files == 1
+    assert (workspace / "here" / "report.txt").read_text() == "ok"
+    assert not list(remote.glob(".piship-*"))
+    assert not list((remote / "build").glob(".piship-*"))
+
+
+def test_download_a_file_is_renamed_into_place(
+    files: SandboxFiles, workspace: Path, remote: Path
+) -> None:
+    (remote / "r.bin").write_bytes(b"\x00\x01" * 100_000)
+    files.download("r.bin", workspace / "r.bin")
+    assert (workspace / "r.bin").read_bytes() == b"\x00\x01" * 100_000
+    assert [p.name for p in workspace.iterdir()] == ["r.bin"]
+
+
+def test_download_outside_the_allowed_places_is_refused(
+    files: SandboxFiles, tmp_path: Path, remote: Path
+) -> None:
+    (remote / "r").write_text("r")
+    with pytest.raises(PiShipError, match="does not allow writing") as raised:
+        files.download("r", tmp_path / "elsewhere")
+    assert raised.value.code == "CONFIG_INVALID"
+
+
+def test_download_of_a_missing_path_is_file_not_found(files: SandboxFiles, workspace: Path) -> None:
+    with pytest.raises(PiShipError) as raised:
+        files.download("missing", workspace / "m")
+    assert raised.value.code == "FILE_NOT_FOUND"
+
+
+# -- sync -------------------------------------------------------------------------
+
+
+def later(path: Path) -> None:
+    """Move ``path``'s modification time past the push stamp (find -newer compares them)."""
+    future = time.time() + 5
+    os.utime(path, (future, future), follow_symlinks=False)
+
+
+@pytest.fixture
+def sync(files: SandboxFiles, workspace: Path) -> WorkspaceSync:
+    return WorkspaceSync(files, workspace=workspace, write_allow=[str(workspace)])
+
+
+def test_push_sends_the_workspace_less_what_is_ignored(
+    sync: WorkspaceSync, workspace: Path, remote: Path
+) -> None:
+    (workspace / "Makefile").write_text("test:\n\techo ok > result.txt\n")
+    (workspace / ".gitignore").write_text("*.tmp\n")
+    (workspace / "junk.tmp").write_text("")
+    summary = sync.push()
+    assert (remote / "Makefile").exists()
+    assert not (remote / "junk.tmp").exists()
+    assert summary.skipped == (SkippedPath("junk.tmp", "ignored"),)
+
+
+def test_pull_brings_back_only_what_changed_after_the_push(
+    sync: WorkspaceSync, workspace: Path, remote: Path
+) -> None:
+    (workspace / "kept.txt").write_text("host")
+    sync.push()
+    (remote / "result.txt").write_text("made in the sandbox")
+    later(remote / "result.txt")
+    summary = sync.pull()
+    assert (summary.files, summary.skipped) == (1, ())
+    assert (workspace / "result.txt").read_text() == "made in the sandbox"
+
+
+def test_pull_never_writes_a_link_from_the_sandbox(
+    sync: WorkspaceSync, workspace: Path, remote: Path
+) -> None:
+    sync.push()
+    os.symlink("/etc/passwd", remote / "evil")
+    later(remote / "evil")
+    summary = sync.pull()
+    assert summary.skipped == (SkippedPath("./evil", "symlink"),)
+    assert not (workspace / "evil").exists()
+
+
+def test_pull_with_delete_removes_what_the_sandbox_deleted(
+    sync: WorkspaceSync, workspace: Path, remote: Path
+) -> None:
+    (workspace / "gone.txt").write_text("x")
+    sync.push()
+    (remote / "gone.txt").unlink()
+    sync.pull(delete=True)
+    assert not (workspace / "gone.txt").exists()
+
+
+def test_pull_without_delete_keeps_host_files(
+    sync: WorkspaceSync, workspace: Path, remote: Path
+) -> None:
+    (workspace / "stays.txt").write_text("x")
+    sync.push()
+    (remote / "stays.txt").unlink()
+    sync.pull()
+    assert (workspace / "stays.txt").exists()
+
+
+def test_a_push_path_outside_the_workspace_is_config_invalid(
+    sync: WorkspaceSync, tmp_path: Path
+) -> None:
+    with pytest.raises(PiShipError, match="outside the workspace") as raised:
+        sync.push([tmp_path])
+    assert raised.value.code == "CONFIG_INVALID"
