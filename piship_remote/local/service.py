@@ -98,7 +98,7 @@ class LocalE2bService:
         self._lock = threading.Lock()
         self._closed = False
         try:
-            self._server = HttpServer((host, port), self._route)
+            self._server = HttpServer(self._route, host=host, port=port, thread_prefix="piship-local-")
         except OSError as e:
             self._registry.close()
             remove_tree(directory)
@@ -154,7 +154,7 @@ class LocalE2bService:
                 return
             self._closed = True
         self._registry.close()
-        self._server.stop()
+        self._server.close()
 
     def __enter__(self) -> LocalE2bService:
         return self
