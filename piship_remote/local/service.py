@@ -98,7 +98,9 @@ class LocalE2bService:
         self._lock = threading.Lock()
         self._closed = False
         try:
-            self._server = HttpServer(self._route, host=host, port=port, thread_prefix="piship-local-")
+            self._server = HttpServer(
+                self._route, host=host, port=port, thread_prefix="piship-local-"
+            )
         except OSError as e:
             self._registry.close()
             remove_tree(directory)
