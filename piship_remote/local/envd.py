@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from piship_remote.local.process import Exited, LocalProcess, Output
 from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, StartRefused
-from piship_remote.local.server import Reply, Request
+from piship_remote.local.server import Head, Reply, Request
 from piship_remote.local.wire import (
     ConnectError,
     DataEvent,
@@ -77,16 +77,16 @@ class Envd:
         self._registry = registry
         self._user = user
 
+    def screen(self, head: Head) -> Reply | None:
+        """The refusal of a request for no sandbox or without its token, before its body."""
+        sandbox = self._sandbox(head.headers)
+        return sandbox if isinstance(sandbox, Reply) else None
+
     def handle(self, request: Request) -> Reply:
         """Answer one envd request (``request.path`` starts with :data:`PREFIX`)."""
-        sandbox_id = request.headers.get("e2b-sandbox-id", "")
-        sandbox = self._registry.get(sandbox_id)
-        if sandbox is None:
-            gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
-            return _json(502, {**gone, "code": 502})
-        token = request.headers.get("x-access-token", "")
-        if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
-            return _json(401, {"code": 401, "message": UNAUTHORIZED})
+        sandbox = self._sandbox(request.headers)
+        if isinstance(sandbox, Reply):
+            return sandbox
         if request.method != "POST":
             return Reply(405, headers=(("Allow", "POST"),))
         method = request.path[len(PREFIX) :]
@@ -97,6 +97,18 @@ class Envd:
         if method == "List":
             return _unary(request, lambda _: _list(sandbox))
         return Reply(404)
+
+    def _sandbox(self, headers: Mapping[str, str]) -> Sandbox | Reply:
+        """The sandbox ``headers`` name and hold the token of, or the refusal."""
+        sandbox_id = headers.get("e2b-sandbox-id", "")
+        sandbox = self._registry.get(sandbox_id)
+        if sandbox is None:
+            gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
+            return _json(502, {**gone, "code": 502})
+        token = headers.get("x-access-token", "")
+        if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
+            return _json(401, {"code": 401, "message": UNAUTHORIZED})
+        return sandbox
 
     def _start(self, sandbox: Sandbox, request: Request) -> Reply:
         refusal = self._user_refusal(request.headers.get("authorization"))

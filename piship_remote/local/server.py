@@ -415,8 +415,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.owner = self.server.owner
-        self.timeout = self.owner.limits.read_timeout
         super().setup()
+        # StreamRequestHandler's class-wide ``timeout``, per server instead.
+        self.connection.settimeout(self.owner.limits.read_timeout)
 
     def handle_one_request(self) -> None:
         try:
@@ -442,7 +443,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(414)
             self.close_connection = True
             return
-        rfile, self.rfile = self.rfile, _HeadBudget(self.rfile, limit - len(self.raw_requestline))
+        rfile = self.rfile
+        self.rfile = _HeadBudget(rfile, limit - len(self.raw_requestline))  # type: ignore[assignment]
         try:
             parsed = self.parse_request()
         finally:
