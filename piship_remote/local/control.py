@@ -132,7 +132,6 @@ class ControlPlane:
             return _error(404, f'sandbox "{sandbox_id}" not found')
         return Reply(204)
 
-
     def _refusal(self, path: str, headers: Mapping[str, str]) -> Reply | None:
         if path == "/health":
             return None
