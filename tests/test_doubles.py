@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import importlib
+import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -874,3 +877,14 @@ def test_doubles_work_as_plain_context_managers() -> None:
         assert requests.get(e2b.url + "/health", timeout=TIMEOUT).status_code == 204
         assert requests.get(k8s.url + CLAIMS, timeout=TIMEOUT).status_code == 200
     assert e2b.closing and k8s.closing
+
+
+@pytest.mark.parametrize("name", ["E2bServer", "KubernetesServer", "RecordingServer"])
+def test_importing_a_double_without_werkzeug_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "werkzeug", None)  # what a missing module looks like
+    for module in ("recorder", "e2b_server", "kubernetes_server"):
+        monkeypatch.delitem(sys.modules, f"piship_remote.testing.{module}", raising=False)
+    with pytest.raises(ImportError, match=re.escape("pip install 'piship-remote[test]'")):
+        getattr(importlib.import_module("piship_remote.testing"), name)

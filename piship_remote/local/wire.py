@@ -1,4 +1,14 @@
-"""The JSON shapes the local service reads and writes, and their strict converter.
+"""The E2B wire model: the JSON shapes of the control plane and of envd, and their converter.
+
+Shared by the local service and the E2B test double. Control plane: the create
+request (:class:`NewSandbox`) and answer (:class:`SandboxInfo`), details, errors.
+envd: :class:`StartRequest`, the process events of a Start stream
+(:class:`StartEvent`, :class:`DataEvent`, :class:`EndEvent`) and the Connect
+envelopes that carry them (:func:`event_frame`, :func:`end_stream_frame`,
+:func:`start_message`)::
+
+    >>> event_frame("start", StartEvent(42))[5:]
+    b'{"event":{"start":{"pid":42}}}'
 
 Requests are structured with :func:`parse`, which rejects wrong JSON types
 (``"5"`` is not an int, ``1`` is not a bool) and names the field::
@@ -22,6 +32,8 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
+from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
+
 __all__ = [
     "ApiError",
     "ConnectError",
@@ -40,8 +52,13 @@ __all__ = [
     "StartRequest",
     "TimeoutRequest",
     "WireError",
+    "end_stream_frame",
+    "event_frame",
     "parse",
+    "start_message",
+    "structure",
     "to_json",
+    "unstructure",
 ]
 
 T = TypeVar("T")
@@ -81,7 +98,7 @@ class Refresh:
 
 @attrs.frozen
 class SandboxInfo:
-    """The ``201`` answer to a create."""
+    """The ``201`` answer to a create; ``domain`` is always sent (``null``: E2B's default)."""
 
     sandbox_id: str
     template_id: str
@@ -224,6 +241,7 @@ _RENAMES: Mapping[type, Mapping[str, str]] = {
     },
     EndEvent: {"exit_code": "exitCode"},
 }
+_ALWAYS_SENT: Mapping[type, frozenset[str]] = {SandboxInfo: frozenset({"domain"})}
 
 
 def _strict(kind: type, name: str) -> Callable[[object, type], object]:
@@ -243,6 +261,8 @@ def _converter() -> cattrs.Converter:
     for cls, renames in _RENAMES.items():
         fields: dict[str, Any] = {name: override(rename=wire) for name, wire in renames.items()}
         converter.register_structure_hook(cls, make_dict_structure_fn(cls, converter, **fields))
+        for name in _ALWAYS_SENT.get(cls, ()):
+            fields[name] = override(rename=renames.get(name), omit_if_default=False)
         converter.register_unstructure_hook(
             cls, make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True, **fields)
         )
@@ -281,3 +301,27 @@ def to_json(value: object) -> bytes:
 def unstructure(value: object) -> Any:
     """The JSON-ready form of ``value`` (defaults omitted, wire names)."""
     return _CONVERTER.unstructure(value)
+
+
+# -- Connect envelopes -------------------------------------------------------------
+
+
+def event_frame(name: str, value: object) -> bytes:
+    """One Start-stream envelope ``{"event": {name: value}}`` (``value`` an event or ``{}``)."""
+    return connect_envelope({"event": {name: unstructure(value)}})
+
+
+def end_stream_frame(error: ConnectError | None = None) -> bytes:
+    """The end-of-stream envelope: ``{}`` for success, else ``{"error": {...}}``."""
+    return connect_envelope({} if error is None else {"error": unstructure(error)}, END_STREAM)
+
+
+def start_message(body: bytes) -> dict[str, Any]:
+    """The first message of an enveloped request body (a StartRequest, not yet structured)."""
+    try:
+        frames = EnvelopeReader().push(body)
+    except ValueError as e:
+        raise WireError(str(e)) from None
+    if not frames or frames[0].end_stream:
+        raise WireError("the request holds no Start message")
+    return frames[0].message

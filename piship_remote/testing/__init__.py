@@ -29,8 +29,10 @@ if TYPE_CHECKING:
         json_response,
     )
 
-# The doubles need the test extra (werkzeug, pytest-httpserver); importing them
-# lazily lets the pytest plugin and ``leaks`` load in an install without it.
+# The doubles need the test extra (werkzeug); importing them lazily lets the
+# pytest plugin and ``leaks`` load in an install without it.
+TEST_EXTRA_HINT = "pip install 'piship-remote[test]'"
+_TEST_EXTRA_MODULES = frozenset({"werkzeug", "pytest_httpserver"})
 _HOMES = {
     "E2bServer": "e2b_server",
     "CLAIMS": "kubernetes_server",
@@ -48,7 +50,17 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{home}"), name)
+    try:
+        module = import_module(f"{__name__}.{home}")
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").partition(".")[0] not in _TEST_EXTRA_MODULES:
+            raise
+        raise ImportError(
+            f"piship_remote.testing.{name} needs the test extra ({missing.name} is missing):"
+            f" {TEST_EXTRA_HINT}",
+            name=missing.name,
+        ) from missing
+    return getattr(module, name)
 
 
 __all__ = [

@@ -60,14 +60,30 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
 from __future__ import annotations
 
 import base64
+import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from werkzeug import Request, Response
-
-from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
+from piship_remote.local.wire import (
+    ApiError,
+    ConnectError,
+    DataEvent,
+    EndEvent,
+    SandboxInfo,
+    SignalRequest,
+    StartEvent,
+    WireError,
+    end_stream_frame,
+    event_frame,
+    start_message,
+    structure,
+    to_json,
+    unstructure,
+)
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
+
+from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
 
 __all__ = [
     "CLIENT_ID",
@@ -87,7 +103,7 @@ PID = 42
 CHECK_MARKER = "piship-sandbox-ready"
 CONNECT_JSON = "application/connect+json"
 # envd's end event after SIGKILL: ExitCode() -1, Exited() false (omitted), Go's status text.
-KILLED_END = {"exitCode": -1, "status": "signal: killed", "error": "signal: killed"}
+KILLED_END = EndEvent(exit_code=-1, exited=False, status="signal: killed", error="signal: killed")
 
 CommandAnswer = Mapping[str, Any]
 Command = Callable[[dict[str, Any]], CommandAnswer]
@@ -165,7 +181,7 @@ class E2bServer(RecordingServer):
         presented = request.headers.get("X-API-Key", "")
         wrong_key = self._api_key is not None and presented != self._api_key
         if wrong_key or self._consume_reject(path):
-            return json_response(401, {"code": 401, "message": f"invalid key {presented}"})
+            return _json(401, ApiError(401, f"invalid key {presented}"))
         return None
 
     def _consume_reject(self, path: str) -> bool:
@@ -188,25 +204,16 @@ class E2bServer(RecordingServer):
 
     def _create_sandbox(self) -> Response:
         if self._create >= 400:
-            return json_response(self._create, {"code": self._create, "message": "no capacity"})
+            return _json(self._create, ApiError(self._create, "no capacity"))
         with self._state:
             self._live.append(SANDBOX_ID)
-        return json_response(
-            self._create,
-            {
-                "sandboxID": SANDBOX_ID,
-                "templateID": TEMPLATE_ID,
-                "clientID": CLIENT_ID,
-                "envdVersion": ENVD_VERSION,
-                "envdAccessToken": ENVD_ACCESS_TOKEN,
-                "domain": None,
-            },
-        )
+        info = SandboxInfo(SANDBOX_ID, TEMPLATE_ID, CLIENT_ID, ENVD_VERSION, ENVD_ACCESS_TOKEN)
+        return _json(self._create, info)
 
     # ---- envd ------------------------------------------------------------------------
 
     def _send_signal(self, request: Request) -> Response:
-        tag = _signal_tag(request.get_json(force=True, silent=True))
+        tag = _signal_tag(request.get_data())
         with self._state:
             if tag is not None:
                 self._killed.add(tag)
@@ -218,12 +225,12 @@ class E2bServer(RecordingServer):
     def _start(self, request: Request) -> Response:
         authorization = request.headers.get("Authorization")
         if authorization is not None and authorization != self._basic:
-            return json_response(401, {"code": "unauthenticated", "message": "invalid user"})
-        start = _start_request(request.get_data())
-        if start is None:
-            return json_response(
-                400, {"code": "invalid_argument", "message": "the body is not a Connect envelope"}
-            )
+            return _json(401, ConnectError("unauthenticated", "invalid user"))
+        try:
+            start = start_message(request.get_data())
+        except WireError:
+            refusal = ConnectError("invalid_argument", "the body is not a Connect envelope")
+            return _json(400, refusal)
         answer = self._answer(start)
         if (status := answer.get("status")) is not None:
             return json_response(int(status), answer.get("body", b""))
@@ -266,13 +273,15 @@ class E2bServer(RecordingServer):
         self, answer: CommandAnswer, hung: tuple[str | None, threading.Event] | None
     ) -> Iterator[bytes]:
         keepalive = bool(answer.get("keepalive"))
-        yield _event({"start": {"pid": PID}})
+        yield event_frame("start", StartEvent(PID))
         if keepalive:
-            yield _event({"keepalive": {}})
+            yield event_frame("keepalive", {})
         for stream, piece in _output(answer):
-            yield _event({"data": {stream: base64.b64encode(piece).decode()}})
+            data = base64.b64encode(piece).decode()
+            event = DataEvent(stdout=data) if stream == "stdout" else DataEvent(stderr=data)
+            yield event_frame("data", event)
             if keepalive:
-                yield _event({"keepalive": {}})
+                yield event_frame("keepalive", {})
         after = answer.get("after")
         if after is not None and not self.wait(after):
             raise DropConnection
@@ -282,17 +291,15 @@ class E2bServer(RecordingServer):
             if not self._hang(*hung):
                 raise DropConnection
             if answer.get("killed_end"):
-                yield _event({"end": dict(KILLED_END)})
-            yield connect_envelope({}, END_STREAM)
+                yield event_frame("end", KILLED_END)
+            yield end_stream_frame()
             return
         if (error := answer.get("stream_error")) is not None:
-            yield connect_envelope(
-                {"error": {"code": "internal", "message": str(error)}}, END_STREAM
-            )
+            yield end_stream_frame(ConnectError("internal", str(error)))
             return
-        yield _event({"end": _end(answer)})
+        yield event_frame("end", _end(answer))
         if not answer.get("no_end_stream"):
-            yield connect_envelope({}, END_STREAM)
+            yield end_stream_frame()
 
     def _hang(self, tag: str | None, gate: threading.Event) -> bool:
         """Wait for a SendSignal; True when one came, False when the server closed."""
@@ -302,25 +309,20 @@ class E2bServer(RecordingServer):
         return self.wait(gate)
 
 
-def _start_request(body: bytes) -> dict[str, Any] | None:
+def _signal_tag(body: bytes) -> str | None:
+    """The tag a SendSignal names; ``None`` (every hung stream) when it names none."""
     try:
-        frames = EnvelopeReader().push(body)
-    except ValueError:
+        return structure(json.loads(body), SignalRequest).process.tag
+    except (ValueError, WireError):
         return None
-    return frames[0].message if frames else None
 
 
-def _signal_tag(body: Any) -> str | None:
-    tag = _object(_object(body).get("process")).get("tag")
-    return tag if isinstance(tag, str) else None
+def _json(status: int, value: object) -> Response:
+    return json_response(status, to_json(value))
 
 
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _event(event: dict[str, Any]) -> bytes:
-    return connect_envelope({"event": event})
 
 
 def _bytes(piece: str | bytes) -> bytes:
@@ -336,11 +338,10 @@ def _output(answer: CommandAnswer) -> Iterator[tuple[str, bytes]]:
         yield "stderr", _bytes(answer["stderr"])
 
 
-def _end(answer: CommandAnswer) -> dict[str, Any]:
+def _end(answer: CommandAnswer) -> EndEvent | dict[str, Any]:
+    """envd's end event; ``omit_zero_exit`` False sends the ``exitCode`` 0 protojson omits."""
     code = int(answer.get("exit_code", 0))
-    end: dict[str, Any] = {}
-    if code != 0 or not answer.get("omit_zero_exit", True):
-        end["exitCode"] = code
-    end["exited"] = True
-    end["status"] = f"exit status {code}"
+    end = EndEvent(exit_code=code, exited=True, status=f"exit status {code}")
+    if code == 0 and not answer.get("omit_zero_exit", True):
+        return {"exitCode": 0, **unstructure(end)}
     return end
