@@ -15,7 +15,7 @@ one-line human description::
     >>> describe_containment(report)[:68]
     'enforced by kubernetes-agent-sandbox (required, attested by the back'
 
-``to_dict()`` on each class gives the camelCase JSON shape of the original
+``to_dict()`` on each class gives the camelCase JSON shape of the report
 (``networkDenial``, ``localProcesses``, ...), keys holding ``None`` left out.
 """
 
@@ -172,7 +172,7 @@ class WorkspaceReport:
 
 @attrs.frozen(kw_only=True)
 class ContainmentReport:
-    """What an activation enforces, fixed at activation; fields in the original's order.
+    """What an activation enforces, fixed at activation; fields in their JSON order.
 
     ``level`` is ``enforced``, ``unavailable`` or ``not-required``; ``planes``
     are the claimed guarantees in canonical order. Show it with
