@@ -1,17 +1,20 @@
-"""Activating a sandbox under a policy, and the governed ``exec`` of an active one.
+"""Activating a sandbox under a policy, and the :class:`Sandbox` façade over an active one.
 
     >>> backend = E2bCompatibleBackend(endpoint="https://api.e2b.app", credential=read_key)
     >>> with activate_sandbox(policy, backend=backend, workspace=".") as sandbox:
     ...     print(describe_containment(sandbox.report))
     ...     sandbox.exec("make test", on_data=sys.stdout.buffer.write, timeout=600)
 
-Activation follows ``reference/activation-and-report.md`` §1: availability, the
-capability check (before anything is created), prepare, the readiness check
-command, the network-denial evidence, then the report. On the main thread a
-command's backend call runs on a reusable worker while the main thread forwards
-its output to ``on_data`` through a bounded channel and watches the deadline,
-the cancel event and Ctrl-C; any other thread makes the backend call itself
-(see :mod:`piship_remote.exec_workers`).
+Activation runs these steps in order: availability, the capability check (before
+anything is created), prepare, the readiness check command, the network-denial
+evidence, then the report. ``Sandbox`` turns a call into an ``ExecRequest``
+(working directory, filtered environment) and hands it to the
+:class:`~piship_remote.exec_engine.ExecEngine`, which runs it under the
+deadline, the cancel event and Ctrl-C.
+
+A policy that is not required and cannot be enforced gives a ``Sandbox`` with no
+engine: its report says why, and every command is refused with that reason.
+piship_remote never runs a command anywhere but in a sandbox.
 """
 
 from __future__ import annotations
@@ -19,14 +22,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union
 
 import attrs
 
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
-from piship_remote.cancel import EventWatcher, bridge
 from piship_remote.environment import command_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -36,8 +37,9 @@ from piship_remote.errors import (
     CommandTimeout,
     PiShipError,
 )
-from piship_remote.exec_workers import DeadlineTimer, DirectCall, Outcome, WorkerCall, WorkerPool
-from piship_remote.output import CommandResult, OutputCapture
+from piship_remote.exec_engine import CHANNEL_BYTES, ExecEngine, reason_text
+from piship_remote.exec_workers import Sink, Stream
+from piship_remote.output import OUTPUT_LIMIT, CommandResult, OutputCapture
 from piship_remote.policy import SandboxPolicy, SandboxProfile, resolve_profile
 from piship_remote.redact import Redactor
 from piship_remote.report import (
@@ -55,15 +57,11 @@ __all__ = ["CHANNEL_BYTES", "CommandResult", "ExecResult", "Sandbox", "activate_
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
 OnData = Callable[[bytes], None]
-Sink = Callable[[str, bytes], None]
 
 READY_MARKER = "piship-sandbox-ready"
 PROBE_VARIABLE = "PISHIP_PROBE_UNLISTED"
 CHECK_COMMAND = f"printf '%s %s\\n' {READY_MARKER} \"${{{PROBE_VARIABLE}:-unset}}\""
 CHECK_OUTPUT_LIMIT = 4096
-REASON_LIMIT = 400
-INTERRUPT_POLL = 0.05
-CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of ``on_data``
 UNSANDBOXED_ACTION = (
     "Fix the sandbox backend reported above; PiShip does not fall back to running unsandboxed"
 )
@@ -78,14 +76,6 @@ class ExecResult:
     exit_code: int
 
 
-class _Aborted(Exception):
-    """Why the calling thread stopped waiting for a command."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
-        self.kind = kind  # "timeout", "cancel", "interrupt" or "disposed"
-
-
 class Sandbox:
     """An active sandbox: run commands in it, read its report, dispose of it.
 
@@ -93,6 +83,8 @@ class Sandbox:
 
         with activate_sandbox(policy, backend=backend, workspace=ws) as sandbox:
             result = sandbox.exec("pytest -q", on_data=print_bytes, timeout=900)
+
+    Without an engine (an optional sandbox that could not be enforced) it runs nothing.
     """
 
     def __init__(
@@ -101,24 +93,15 @@ class Sandbox:
         report: ContainmentReport,
         profile: SandboxProfile,
         backend: Backend,
-        instance: Instance | None,
+        engine: ExecEngine | None,
         env: Mapping[str, str],
-        settle_timeout: float,
     ) -> None:
         self.report = report
         self.profile = profile
         self._backend = backend
-        self._instance = instance
+        self._engine = engine
         self._env = dict(env)
-        self._settle_timeout = settle_timeout
         self._workspace_root = _real_path(profile.workspace)
-        self._lock = threading.Lock()
-        self._calls: set[WorkerCall | DirectCall] = set()
-        self._watcher = EventWatcher()
-        self._workers = WorkerPool()
-        self._timer = DeadlineTimer()
-        self._disposed = False
-        self._retired = False
 
     @property
     def redactor(self) -> Redactor:
@@ -167,6 +150,7 @@ class Sandbox:
         echo: bool = False,
         cancel: threading.Event | None = None,
         env: Mapping[str, str] | None = None,
+        output_limit: int | None = OUTPUT_LIMIT,
     ) -> CommandResult:
         """Run ``command`` and capture its output, like ``subprocess.run``.
 
@@ -176,8 +160,12 @@ class Sandbox:
 
             result = sandbox.run("python -V", check=True)
             print(result.stdout)
+
+        Each stream keeps its last ``output_limit`` bytes (16 MiB by default,
+        ``None``: all); a longer one sets ``stdout_truncated``/``stderr_truncated``
+        on the result. The echo always shows everything.
         """
-        capture = OutputCapture(echo=echo)
+        capture = OutputCapture(echo=echo, limit=output_limit)
         result = self._execute(command, cwd, capture.write, timeout, cancel, env)
         outcome = capture.result(result.exit_code)
         if check and outcome.exit_code != 0:
@@ -195,7 +183,7 @@ class Sandbox:
     ) -> ExecResult:
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
-        instance = self._usable_instance()
+        engine = self._usable_engine()
         request = ExecRequest(
             command=command,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
@@ -205,7 +193,7 @@ class Sandbox:
         )
         if timeout is not None and timeout < 0:
             raise PiShipError(CONFIG_INVALID, f"timeout must not be negative, not {timeout}")
-        result = self._governed(instance, request, sink, timeout or None, cancel, retire=True)
+        result = engine.run(request, sink, timeout or None, cancel, retire=True)
         return ExecResult(exit_code=_exit_code(result))
 
     def workspace(self) -> WorkspaceReport | None:
@@ -217,201 +205,22 @@ class Sandbox:
 
         Commands still running end at once with an error that mentions "disposed".
         """
-        with self._lock:
-            if self._disposed:
-                return
-            self._disposed = True
-            retired = self._retired
-            calls = list(self._calls)
-        for call in calls:
-            call.abort("disposed")
-        if self._instance is not None and not retired:
-            _quietly(self._instance.dispose)
-        self._watcher.close()
-        self._workers.close()
-        self._timer.close()
+        if self._engine is not None:
+            self._engine.dispose()
 
-    # -- the governed call -------------------------------------------------
-
-    def _governed(
-        self,
-        instance: Instance,
-        request: ExecRequest,
-        sink: Sink | None,
-        timeout: float | None,
-        cancel: threading.Event | None,
-        *,
-        retire: bool,
-    ) -> BackendResult:
-        call: WorkerCall | DirectCall
-        if threading.current_thread() is threading.main_thread():
-            call = WorkerCall(instance, request, CHANNEL_BYTES)
-        else:
-            direct = DirectCall(sink, lambda kind: self._watch_settle(direct, kind, retire))
-            call = direct
-        with self._lock:
-            if self._disposed:
-                raise self._retired_error()
-            self._calls.add(call)
-        try:
-            with bridge(cancel, self._watcher) as user_cancel:
-                forget = user_cancel.on_cancel(lambda: call.abort("cancel"))
-                try:
-                    if isinstance(call, WorkerCall):
-                        outcome = self._on_worker(call, sink, timeout, retire=retire)
-                    else:
-                        outcome = self._on_caller(call, instance, request, timeout)
-                finally:
-                    forget()
-        finally:
-            with self._lock:
-                self._calls.discard(call)
-        kind, value = outcome
-        if kind == "error":
-            raise self._backend_error(value)
-        return value  # type: ignore[no-any-return]
-
-    # The main thread: a worker makes the call, the main thread reads its channel.
-
-    def _on_worker(
-        self, call: WorkerCall, sink: Sink | None, timeout: float | None, *, retire: bool
-    ) -> Outcome:
-        worker = self._workers.submit(call)
-        if worker is None:  # disposed since the call was registered
-            raise self._abort_error("disposed", timeout)
-        try:
-            return self._drain(call, sink, timeout)
-        except _Aborted as aborted:
-            self._settle(call, retire=retire and aborted.kind != "disposed")
-            raise self._abort_error(aborted.kind, timeout) from None
-        except BaseException:  # Ctrl-C, or on_data failed
-            self._settle(call, retire=retire)
-            raise
-        finally:
-            if call.finished.is_set():
-                self._workers.reap(worker, self._settle_timeout)
-
-    def _drain(self, call: WorkerCall, sink: Sink | None, timeout: float | None) -> Outcome:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        channel = call.channel
-        while True:
-            # A signal delivered to another thread does not wake a blocked wait, so the
-            # main thread wakes now and then to let Python raise KeyboardInterrupt.
-            for kind, value in channel.take(_wait_slice(deadline, INTERRUPT_POLL)):
-                if kind == "abort":
-                    raise _Aborted(value)
-                if kind not in ("stdout", "stderr"):
-                    return (kind, value)
-                if channel.aborted is not None:  # nothing is forwarded after an abort
-                    raise _Aborted(channel.aborted)
-                if sink is not None:
-                    sink(kind, value)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _Aborted("timeout")
-
-    def _settle(self, call: WorkerCall, *, retire: bool) -> None:
-        call.stop()
-        if call.finished.wait(self._settle_timeout) or not retire:
-            return
-        self._retire()
-
-    # Any other thread: it makes the call itself; the timer thread fires its deadline.
-
-    def _on_caller(
-        self,
-        call: DirectCall,
-        instance: Instance,
-        request: ExecRequest,
-        timeout: float | None,
-    ) -> Outcome:
-        unschedule = None
-        if timeout is not None:
-            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
-        try:
-            outcome = call.run(instance, request)
-        finally:
-            if unschedule is not None:
-                unschedule()
-        if call.failure is not None:
-            raise call.failure
-        if call.aborted is not None:
-            raise self._abort_error(call.aborted, timeout)
-        return outcome
-
-    def _watch_settle(self, call: DirectCall, kind: str, retire: bool) -> None:
-        """Retire the sandbox if the aborted ``call`` has not returned in settle_timeout."""
-        if not retire or kind == "disposed":
-            return
-
-        def check() -> None:
-            if not call.finished.is_set():
-                self._retire()
-
-        self._timer.schedule(self._settle_timeout, check)
-
-    def _retire(self) -> None:
-        with self._lock:
-            if self._retired or self._disposed:
-                return
-            self._retired = True
-        instance = self._instance
-        if instance is not None:
-            threading.Thread(
-                target=_quietly, args=(instance.dispose,), name="piship-retire", daemon=True
-            ).start()
-
-    def _abort_error(self, kind: str, timeout: float | None) -> BaseException:
-        if kind == "timeout":
-            return CommandTimeout(timeout or 0)
-        if kind == "disposed":
-            return PiShipError(
+    def _usable_engine(self) -> ExecEngine:
+        if self._engine is None:
+            reason = self.report.reason or "unknown reason"
+            raise PiShipError(
                 SANDBOX_UNAVAILABLE,
-                f"The {self.report.adapter} sandbox was disposed while the command ran; "
-                "check its effects before running it again",
+                f"No {self.report.adapter} sandbox is active ({self.report.level}): {reason}; "
+                "piship_remote never runs commands unsandboxed",
                 component="sandbox",
+                user_action="Fix the sandbox backend, then activate the sandbox again",
+                redactor=self.redactor,
             )
-        return CommandCancelled()
-
-    def _backend_error(self, error: BaseException) -> BaseException:
-        if isinstance(error, (PiShipError, CommandCancelled, CommandTimeout)):
-            return error
-        if not isinstance(error, Exception):
-            return error
-        return PiShipError(
-            SANDBOX_UNAVAILABLE,
-            _truncate(self.redactor.redact(str(error) or type(error).__name__)),
-            component="sandbox",
-            redactor=self.redactor,
-        )
-
-    # -- helpers -------------------------------------------------------------
-
-    def _usable_instance(self) -> Instance:
-        with self._lock:
-            if self._instance is None:
-                raise PiShipError(
-                    SANDBOX_UNAVAILABLE,
-                    f"No {self.report.adapter} sandbox is active "
-                    f"({self.report.level}); piship_remote never runs commands unsandboxed",
-                    component="sandbox",
-                    user_action="Fix the sandbox backend, then activate the sandbox again",
-                )
-            if self._retired or self._disposed:
-                raise self._retired_error()
-            return self._instance
-
-    def _retired_error(self) -> PiShipError:
-        if self._disposed and not self._retired:
-            text = (
-                f"The {self.report.adapter} sandbox was disposed, so PiShip retired it; "
-                "start a new session"
-            )
-        else:
-            text = (
-                f"The {self.report.adapter} sandbox backend did not stop a timed-out or "
-                "cancelled command, so PiShip retired it; start a new session"
-            )
-        return PiShipError(SANDBOX_UNAVAILABLE, text, component="sandbox")
+        self._engine.ensure_usable()
+        return self._engine
 
     def _workspace_path(self, cwd: PathLike | None) -> str:
         if cwd is None:
@@ -467,25 +276,27 @@ class _Activation:
 
     def run(self) -> Sandbox:
         instance: Instance | None = None
-        sandbox: Sandbox | None = None
+        engine: ExecEngine | None = None
         try:
             capabilities = self._capabilities()
             instance = self._prepare()
-            sandbox = self._sandbox(instance, self._report(capabilities))
-            sandbox.report = self._checked(sandbox, capabilities)
+            engine = self._engine(instance)
+            report = self._checked(engine, self._report(capabilities), capabilities)
         except _Failure as failure:
-            self._discard(instance, sandbox)
+            self._discard(instance, engine)
             return self._unavailable(failure.reason)
         except BaseException:
-            self._discard(instance, sandbox)
+            self._discard(instance, engine)
             raise
-        return sandbox
+        return Sandbox(
+            report=report, profile=self.profile, backend=self.backend, engine=engine, env=self.env
+        )
 
     @staticmethod
-    def _discard(instance: Instance | None, sandbox: Sandbox | None) -> None:
-        """Dispose what a failed activation built: its sandbox (and threads) or instance."""
-        if sandbox is not None:
-            sandbox.dispose()
+    def _discard(instance: Instance | None, engine: ExecEngine | None) -> None:
+        """Dispose what a failed activation built: its engine (and threads) or instance."""
+        if engine is not None:
+            engine.dispose()
         elif instance is not None:
             _quietly(instance.dispose)
 
@@ -495,7 +306,7 @@ class _Activation:
         if isinstance(availability, _Failure):
             raise availability
         if not availability.available:
-            raise _Failure(_reason(availability.reason or "unknown reason", backend.redactor))
+            raise _Failure(reason_text(availability.reason or "unknown reason", backend.redactor))
         capabilities = _call_reporting(backend.capabilities, backend.redactor)
         if isinstance(capabilities, _Failure):
             raise _Failure(
@@ -532,22 +343,21 @@ class _Activation:
             workspace=snapshot_workspace_report(),
         )
 
-    def _sandbox(self, instance: Instance, report: ContainmentReport) -> Sandbox:
-        return Sandbox(
-            report=report,
-            profile=self.profile,
-            backend=self.backend,
-            instance=instance,
-            env=self.env,
+    def _engine(self, instance: Instance) -> ExecEngine:
+        return ExecEngine(
+            instance,
+            adapter=self.backend.id,
+            redactor=self.backend.redactor,
             settle_timeout=self.settle_timeout,
         )
 
-    def _checked(self, sandbox: Sandbox, capabilities: Capabilities) -> ContainmentReport:
-        """Run the readiness check; the report with the network-denial evidence."""
-        failure = _readiness_failure(sandbox, self.env, self.probe_timeout)
+    def _checked(
+        self, engine: ExecEngine, report: ContainmentReport, capabilities: Capabilities
+    ) -> ContainmentReport:
+        """Run the readiness check; ``report`` with the network-denial evidence."""
+        failure = self._readiness_failure(engine)
         if failure is not None:
             raise _Failure(f"the {self.backend.id} sandbox backend failed its check: {failure}")
-        report = sandbox.report
         if self.policy.network != "deny":
             return report
         if capabilities.network_probe is None:
@@ -559,6 +369,31 @@ class _Activation:
             f"network denial is attested by the backend, not verified: {UNCHECKED_PROBE_REASON}"
         )
         return attrs.evolve(report, network_denial=denial, warnings=(*report.warnings, warning))
+
+    def _readiness_failure(self, engine: ExecEngine) -> str | None:
+        """Run the readiness check command; the failure text, or ``None`` when it passed."""
+        output = bytearray()
+
+        def collect(_stream: Stream, chunk: bytes) -> None:
+            if len(output) < CHECK_OUTPUT_LIMIT:
+                output.extend(chunk)
+
+        request = ExecRequest(
+            command=CHECK_COMMAND,
+            cwd=_real_path(self.profile.workspace),
+            workspace_path=".",
+            env=command_environment(
+                self.profile.environment_allow, {**self.env, PROBE_VARIABLE: "1"}
+            ),
+        )
+        try:
+            result = engine.run(request, collect, self.probe_timeout, None, retire=False)
+        except (CommandTimeout, CommandCancelled):
+            return "the sandbox check command timed out"
+        except Exception as e:
+            reason = reason_text(str(e), self.backend.redactor)
+            return f"the sandbox check command failed: {reason}"
+        return _verdict(_exit_code(result), output.decode("utf-8", "replace"))
 
     def _unavailable(self, reason: str) -> Sandbox:
         backend = self.backend
@@ -582,12 +417,7 @@ class _Activation:
             warnings=tuple(self.profile.warnings),
         )
         return Sandbox(
-            report=report,
-            profile=self.profile,
-            backend=backend,
-            instance=None,
-            env=self.env,
-            settle_timeout=self.settle_timeout,
+            report=report, profile=self.profile, backend=backend, engine=None, env=self.env
         )
 
 
@@ -604,32 +434,7 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
     try:
         return step()
     except Exception as e:
-        return _Failure(_reason(str(e) or type(e).__name__, redactor))
-
-
-def _readiness_failure(sandbox: Sandbox, env: Mapping[str, str], timeout: float) -> str | None:
-    """Run the readiness check command; the failure text, or ``None`` when it passed."""
-    output = bytearray()
-
-    def collect(_stream: str, chunk: bytes) -> None:
-        if len(output) < CHECK_OUTPUT_LIMIT:
-            output.extend(chunk)
-
-    source = {**env, PROBE_VARIABLE: "1"}
-    request = ExecRequest(
-        command=CHECK_COMMAND,
-        cwd=sandbox._workspace_root,
-        workspace_path=".",
-        env=command_environment(sandbox.profile.environment_allow, source),
-    )
-    instance = sandbox._usable_instance()
-    try:
-        result = sandbox._governed(instance, request, collect, timeout, None, retire=False)
-    except (CommandTimeout, CommandCancelled):
-        return "the sandbox check command timed out"
-    except Exception as e:
-        return f"the sandbox check command failed: {_reason(str(e), sandbox.redactor)}"
-    return _verdict(_exit_code(result), output.decode("utf-8", "replace"))
+        return _Failure(reason_text(str(e) or type(e).__name__, redactor))
 
 
 def _verdict(exit_code: int, output: str) -> str | None:
@@ -651,21 +456,6 @@ def _exit_code(result: BackendResult) -> int:
         except KeyError:
             return 1
     return 1
-
-
-def _reason(text: str, redactor: Redactor) -> str:
-    return _truncate(redactor.redact(text))
-
-
-def _truncate(text: str, limit: int = REASON_LIMIT) -> str:
-    return text if len(text) <= limit else text[:limit]
-
-
-def _wait_slice(deadline: float | None, poll: float | None) -> float | None:
-    if deadline is None:
-        return poll
-    remaining = max(0.0, deadline - time.monotonic())
-    return remaining if poll is None else min(remaining, poll)
 
 
 def _real_path(path: PathLike) -> str:

@@ -5,8 +5,9 @@ callbacks registered with :meth:`CancelToken.on_cancel`, on the setting thread.
 The transport registers "shut this socket down" there, so a read blocked in
 another thread ends within milliseconds instead of at its socket timeout.
 
-A plain ``threading.Event`` given by a caller is bridged with :func:`bridge`:
-a :class:`EventWatcher` thread notices it being set and sets the token.
+A plain ``threading.Event`` given by a caller cannot run callbacks, so an
+:class:`EventWatcher` thread polls it: :meth:`EventWatcher.when_set` runs an
+action once it is set, and :func:`bridge` mirrors it into a token.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["CancelToken", "EventWatcher", "bridge"]
+__all__ = ["CancelToken", "EventWatcher", "bridge", "when_cancelled"]
 
 Callback = Callable[[], None]
 
@@ -70,7 +71,7 @@ def _nothing() -> None:
 
 
 class EventWatcher:
-    """Sets tokens when the plain ``threading.Event`` they mirror gets set.
+    """Runs actions (or sets tokens) when the plain ``threading.Event`` they watch is set.
 
     One lazily started daemon thread (``piship-cancel-watch``) per watcher; it
     sleeps while nothing is watched and stops on :meth:`close`.
@@ -79,16 +80,24 @@ class EventWatcher:
     def __init__(self, interval: float = 0.002) -> None:
         self._interval = interval
         self._lock = threading.Condition()
-        self._watched: dict[int, tuple[threading.Event, CancelToken]] = {}
+        self._watched: dict[int, tuple[threading.Event, Callback]] = {}
         self._next_key = 0
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def watch(self, event: threading.Event, token: CancelToken) -> Callback:
+        """Set ``token`` once ``event`` is set; returns a function that stops watching."""
+        return self.when_set(event, token.set)
+
+    def when_set(self, event: threading.Event, action: Callback) -> Callback:
+        """Run ``action`` once, on the watcher thread, when ``event`` is set (errors ignored).
+
+        Returns a function that stops watching.
+        """
         with self._lock:
             key = self._next_key
             self._next_key += 1
-            self._watched[key] = (event, token)
+            self._watched[key] = (event, action)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._run, name="piship-cancel-watch", daemon=True
@@ -117,12 +126,31 @@ class EventWatcher:
                     self._lock.wait()
                 if self._closed:
                     return
-                fired = [token for event, token in self._watched.values() if event.is_set()]
-            for token in fired:
-                token.set()
+                fired = [key for key, (event, _) in self._watched.items() if event.is_set()]
+                actions = [self._watched.pop(key)[1] for key in fired]
+            for action in actions:
+                _call_quietly(action)
             with self._lock:
                 if not self._closed:
                     self._lock.wait(self._interval)
+
+
+def when_cancelled(
+    cancel: threading.Event | None, watcher: EventWatcher, action: Callback
+) -> Callback:
+    """Run ``action`` once ``cancel`` is set; returns a function that stops listening.
+
+    A token runs it from ``set()`` itself; a plain event is polled by ``watcher``;
+    an event already set runs it at once, on the calling thread.
+    """
+    if cancel is None:
+        return _nothing
+    if isinstance(cancel, CancelToken):
+        return cancel.on_cancel(action)
+    if cancel.is_set():
+        _call_quietly(action)
+        return _nothing
+    return watcher.when_set(cancel, action)
 
 
 @contextmanager

@@ -10,6 +10,10 @@ thread makes a :class:`DirectCall` itself, and a :class:`DeadlineTimer` thread
 An abort (timeout, cancel, dispose) sets the call's :class:`CancelToken`; on a
 worker call it also wakes a blocked writer, which then drops its data, and
 overtakes any output the reader has not taken yet.
+
+What moves between the threads is typed: a backend call ends :class:`Returned`
+or :class:`Raised` (together an :data:`Outcome`), output travels as
+:class:`Output`, and a reader told to stop gets :class:`Aborted`.
 """
 
 from __future__ import annotations
@@ -20,26 +24,69 @@ import threading
 import time
 from collections.abc import Callable
 from itertools import count
-from typing import Any
+from typing import Literal, TypeAlias
 
-from piship_remote.backends.base import ExecRequest, Instance
+import attrs
+
+from piship_remote.backends.base import BackendResult, ExecRequest, Instance
 from piship_remote.cancel import CancelToken
 
 __all__ = [
+    "AbortKind",
+    "Aborted",
     "Channel",
     "DeadlineTimer",
     "DirectCall",
     "Outcome",
+    "Output",
+    "Raised",
+    "Returned",
+    "Stream",
     "WorkerCall",
     "WorkerPool",
 ]
 
-Outcome = tuple[str, Any]  # ("result", BackendResult) or ("error", BaseException)
-Sink = Callable[[str, bytes], None]
+Stream = Literal["stdout", "stderr"]
+AbortKind = Literal["timeout", "cancel", "disposed", "stopped"]
+"""Why a call was aborted; ``stopped``: its reader gave up (Ctrl-C, ``on_data`` failed)."""
+Sink = Callable[[Stream, bytes], None]
 Action = Callable[[], None]
 BATCH = 256 * 1024  # output that wakes the reader at once
 LINGER = 0.001  # how long the reader waits for a batch to build (seconds)
-STOPPED = "stopped"  # the abort kind of a reader that gave up (Ctrl-C, ``on_data`` failed)
+STOPPED: AbortKind = "stopped"
+
+
+@attrs.frozen
+class Returned:
+    """The backend call returned ``result``."""
+
+    result: BackendResult
+
+
+@attrs.frozen
+class Raised:
+    """The backend call raised ``error`` (any exception, ``KeyboardInterrupt`` included)."""
+
+    error: BaseException
+
+
+Outcome: TypeAlias = Returned | Raised
+"""How a backend call ended."""
+
+
+@attrs.frozen
+class Output:
+    """A chunk of the command's output on one of its streams."""
+
+    stream: Stream
+    chunk: bytes
+
+
+@attrs.frozen
+class Aborted:
+    """What :meth:`Channel.take` returns once the call was aborted, for ``kind``."""
+
+    kind: AbortKind
 
 
 def _call_backend(
@@ -52,8 +99,8 @@ def _call_backend(
     try:
         result = instance.exec(request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token)
     except BaseException as e:
-        return ("error", e)
-    return ("result", result)
+        return Raised(e)
+    return Returned(result)
 
 
 # -- the main thread's path ---------------------------------------------------------
@@ -63,7 +110,7 @@ class Channel:
     """Output from a worker to its reader, holding at most about ``limit`` bytes.
 
     ``put`` blocks while ``limit`` bytes wait; the final outcome never blocks.
-    Once aborted, ``put`` drops its data and ``take`` returns ``[("abort", kind)]``.
+    Once aborted, ``put`` drops its data and ``take`` returns :class:`Aborted`.
     The reader takes everything waiting at once, and lingers up to ``LINGER`` for a
     batch to build: handing the GIL between the two threads for every chunk would
     cost more than moving the data.
@@ -75,20 +122,20 @@ class Channel:
         self._lock = threading.Lock()
         self._readable = threading.Condition(self._lock)
         self._writable = threading.Condition(self._lock)
-        self._items: list[tuple[str, Any]] = []
+        self._items: list[Output | Outcome] = []
         self._held = 0  # bytes put and not yet forwarded (taken ones count until the next take)
         self._taken = 0
         self._done = False
-        self.aborted: str | None = None
+        self.aborted: AbortKind | None = None
 
-    def put(self, stream: str, chunk: bytes) -> None:
+    def put(self, stream: Stream, chunk: bytes) -> None:
         with self._lock:
             while self._held >= self._limit and self.aborted is None:
                 self._writable.wait()
             if self.aborted is not None:
                 return
             before = self._held
-            self._items.append((stream, chunk))
+            self._items.append(Output(stream, chunk))
             self._held += len(chunk)
             if not before or before < self._batch <= self._held:
                 self._readable.notify()
@@ -99,7 +146,7 @@ class Channel:
             self._done = True
             self._readable.notify()
 
-    def abort(self, kind: str) -> bool:
+    def abort(self, kind: AbortKind) -> bool:
         """Abort for ``kind``; ``False`` when it already was aborted."""
         with self._lock:
             if self.aborted is not None:
@@ -111,8 +158,8 @@ class Channel:
             self._writable.notify_all()
         return True
 
-    def take(self, timeout: float | None) -> list[tuple[str, Any]]:
-        """Every waiting item, ``[("abort", kind)]`` once aborted, ``[]`` after ``timeout``."""
+    def take(self, timeout: float | None) -> list[Output | Outcome] | Aborted:
+        """Every waiting item, :class:`Aborted` once aborted, ``[]`` after ``timeout``."""
         with self._lock:
             self._release_taken()
             if self.aborted is None and not self._items:
@@ -121,7 +168,7 @@ class Channel:
             if building and self._held < self._batch:
                 self._readable.wait(LINGER)
             if self.aborted is not None:
-                return [("abort", self.aborted)]
+                return Aborted(self.aborted)
             items, self._items = self._items, []
             self._taken = self._held
             return items
@@ -144,7 +191,7 @@ class WorkerCall:
         self._instance = instance
         self._request = request
 
-    def abort(self, kind: str) -> None:
+    def abort(self, kind: AbortKind) -> None:
         if self.channel.abort(kind):
             self.token.set()
 
@@ -248,16 +295,16 @@ class DirectCall:
     with its kind; output after that is dropped.
     """
 
-    def __init__(self, sink: Sink | None, on_stop: Callable[[str], None]) -> None:
+    def __init__(self, sink: Sink | None, on_stop: Callable[[AbortKind], None]) -> None:
         self.token = CancelToken()
         self.finished = threading.Event()
-        self.aborted: str | None = None
+        self.aborted: AbortKind | None = None
         self.failure: BaseException | None = None
         self._sink = sink
         self._on_stop = on_stop
         self._lock = threading.Lock()
 
-    def abort(self, kind: str) -> None:
+    def abort(self, kind: AbortKind) -> None:
         with self._lock:
             if self.aborted is not None or self.failure is not None or self.finished.is_set():
                 return
@@ -273,7 +320,7 @@ class DirectCall:
         finally:
             self.finished.set()
 
-    def _forward(self, stream: str) -> Callable[[bytes], None]:
+    def _forward(self, stream: Stream) -> Callable[[bytes], None]:
         sink = self._sink
         token = self.token
         if sink is None:

@@ -15,7 +15,7 @@ one-line human description::
     >>> describe_containment(report)[:68]
     'enforced by kubernetes-agent-sandbox (required, attested by the back'
 
-``to_dict()`` on each class gives the camelCase JSON shape of the original
+``to_dict()`` on each class gives the camelCase JSON shape of the report
 (``networkDenial``, ``localProcesses``, ...), keys holding ``None`` left out.
 """
 
@@ -36,6 +36,7 @@ __all__ = [
     "GIT_CONTROL_PROTECTION",
     "GUARANTEES",
     "HOST_FILESYSTEM_ISOLATION",
+    "NOTHING_RUNS",
     "PATH_POLICY_PLANES",
     "WORKSPACE_CONFINEMENT",
     "WORKSPACE_MODES",
@@ -171,7 +172,7 @@ class WorkspaceReport:
 
 @attrs.frozen(kw_only=True)
 class ContainmentReport:
-    """What an activation enforces, fixed at activation; fields in the original's order.
+    """What an activation enforces, fixed at activation; fields in their JSON order.
 
     ``level`` is ``enforced``, ``unavailable`` or ``not-required``; ``planes``
     are the claimed guarantees in canonical order. Show it with
@@ -453,6 +454,9 @@ def capability_mismatch(capabilities: Capabilities, network: str) -> str | None:
 
 # ---------------------------------------------------------------- the doctor line
 
+NOTHING_RUNS = "No command runs: piship_remote runs commands only in a sandbox"
+"""What the line of a report without a sandbox says happens to commands (they are refused)."""
+
 _HOST_ISOLATION_SENTENCE = (
     " The sandbox cannot reach this host's files, but it does not enforce sandbox.filesystem"
     " path rules; they govern only the local file tools."
@@ -523,8 +527,5 @@ def describe_containment(
         return _enforced_line(report, workspace if workspace is not None else report.workspace)
     if report.level == "unavailable":
         reason = redact(report.reason if report.reason is not None else "unknown reason")
-        return (
-            f"unavailable on {report.adapter} ({requirement}): {reason}."
-            " Tool subprocesses run with the user's privileges"
-        )
-    return "not required: no sandbox is active; tool subprocesses run with the user's privileges"
+        return f"unavailable on {report.adapter} ({requirement}): {reason}. {NOTHING_RUNS}"
+    return f"not required: no sandbox is active. {NOTHING_RUNS}"

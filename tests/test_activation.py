@@ -248,6 +248,27 @@ def test_an_optional_sandbox_that_cannot_be_enforced_runs_nothing(ws: Path) -> N
     assert backend.log == ["available"]
 
 
+def test_an_optional_sandbox_refuses_commands_with_the_real_reason(ws: Path) -> None:
+    backend = FakeBackend(available=ConnectionRefusedError("refused for Bearer abcdefgh12345678"))
+    sandbox = activate(backend, ws, policy={**POLICY, "required": False})
+    assert sandbox.report.reason == "refused for [REDACTED]"
+    with pytest.raises(PiShipError) as caught:
+        sandbox.run("echo hi")
+    assert str(caught.value) == (
+        "No fake-remote sandbox is active (unavailable): refused for [REDACTED]; "
+        "piship_remote never runs commands unsandboxed"
+    )
+    assert backend.log == ["available"]
+
+
+def test_an_optional_sandbox_that_failed_its_check_gives_that_reason(ws: Path) -> None:
+    backend = FakeBackend(lambda request, out, cancel: BackendResult(7), answers_check=False)
+    sandbox = activate(backend, ws, policy={**POLICY, "required": False})
+    with pytest.raises(PiShipError, match=r"failed its check: .*did not report back \(exit 7\)"):
+        sandbox.exec("echo hi")
+    assert backend.instance is not None and backend.instance.disposed == 1
+
+
 def test_a_bad_path_rule_is_a_config_error(ws: Path) -> None:
     policy = {**POLICY, "filesystem": {"read": {"deny": ["relative/path"]}}}
     with pytest.raises(PiShipError) as caught:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from piship_remote.cancel import CancelToken, EventWatcher, bridge
+from piship_remote.cancel import CancelToken, EventWatcher, bridge, when_cancelled
 
 
 def test_setting_a_token_runs_its_callbacks_once() -> None:
@@ -73,4 +73,67 @@ def test_bridge_passes_a_token_through_and_sets_a_mirror_of_a_set_event() -> Non
         assert mirror.is_set()
     with bridge(None, watcher) as fresh:
         assert not fresh.is_set()
+    watcher.close()
+
+
+@pytest.mark.timeout(5)
+def test_when_set_runs_its_action_once_on_the_watcher_thread() -> None:
+    watcher = EventWatcher()
+    event = threading.Event()
+    ran: list[str] = []
+    twice = threading.Event()
+
+    def action() -> None:
+        ran.append(threading.current_thread().name)
+        if len(ran) > 1:
+            twice.set()
+
+    watcher.when_set(event, action)
+    event.set()
+    assert not twice.wait(0.1)  # 50 watcher rounds with the event still set
+    watcher.close()
+    assert ran == ["piship-cancel-watch"]
+
+
+def test_when_set_forgotten_before_the_event_runs_nothing() -> None:
+    watcher = EventWatcher(interval=0.001)
+    event = threading.Event()
+    ran: list[int] = []
+    forget = watcher.when_set(event, lambda: ran.append(1))
+    forget()
+    event.set()
+    watcher.close()
+    assert ran == []
+
+
+def test_when_cancelled_runs_from_a_token_set_without_a_watcher_thread() -> None:
+    watcher = EventWatcher()
+    token = CancelToken()
+    ran: list[str] = []
+    when_cancelled(token, watcher, lambda: ran.append(threading.current_thread().name))
+    token.set()
+    assert ran == [threading.current_thread().name]
+    watcher.close()
+
+
+def test_when_cancelled_runs_at_once_for_an_event_already_set() -> None:
+    watcher = EventWatcher()
+    event = threading.Event()
+    event.set()
+    ran: list[int] = []
+    when_cancelled(event, watcher, lambda: ran.append(1))
+    assert ran == [1]
+    assert when_cancelled(None, watcher, lambda: ran.append(2))() is None
+    assert ran == [1]
+    watcher.close()
+
+
+@pytest.mark.timeout(5)
+def test_when_cancelled_polls_a_plain_event() -> None:
+    watcher = EventWatcher()
+    event = threading.Event()
+    fired = threading.Event()
+    when_cancelled(event, watcher, fired.set)
+    event.set()
+    assert fired.wait(2)
     watcher.close()

@@ -18,6 +18,7 @@ import pytest
 from piship_remote.activation import CHANNEL_BYTES, Sandbox, activate_sandbox
 from piship_remote.backends.base import Availability, BackendResult, ExecRequest
 from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.exec_workers import Aborted, Channel, Output, Raised, Returned
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
@@ -409,3 +410,38 @@ def test_a_backend_ignoring_an_abort_on_another_thread_retires_the_sandbox(
         release.set()
     caller.join(5)
     assert [type(error) for error in errors] == [CommandTimeout]
+
+
+# -- the channel's typed items ---------------------------------------------------------
+
+
+def test_the_channel_hands_over_output_then_the_outcome() -> None:
+    channel = Channel(CHUNK)
+    channel.put("stdout", b"out")
+    channel.put("stderr", b"err")
+    channel.finish(Returned(BackendResult(3)))
+    assert channel.take(1) == [
+        Output("stdout", b"out"),
+        Output("stderr", b"err"),
+        Returned(BackendResult(3)),
+    ]
+
+
+def test_a_raising_backend_call_ends_in_raised() -> None:
+    channel = Channel(CHUNK)
+    error = RuntimeError("boom")
+    channel.finish(Raised(error))
+    assert channel.take(1) == [Raised(error)]
+
+
+def test_an_aborted_channel_drops_its_output_and_says_why() -> None:
+    channel = Channel(CHUNK)
+    channel.put("stdout", b"lost")
+    assert channel.abort("timeout")
+    assert not channel.abort("cancel")
+    channel.put("stdout", b"dropped")
+    assert channel.take(1) == Aborted("timeout")
+
+
+def test_an_idle_channel_gives_nothing_after_the_wait() -> None:
+    assert Channel(CHUNK).take(0.01) == []

@@ -236,7 +236,7 @@ def test_unavailable_line_redacts_the_reason() -> None:
     )
     assert describe_containment(report) == (
         "unavailable on e2b-compatible (optional): the endpoint said [REDACTED]."
-        " Tool subprocesses run with the user's privileges"
+        " No command runs: piship_remote runs commands only in a sandbox"
     )
 
 
@@ -245,8 +245,8 @@ def test_unavailable_line_without_a_reason() -> None:
         level="unavailable", adapter="k", provider="k", required=True, network="allow"
     )
     assert describe_containment(report) == (
-        "unavailable on k (required): unknown reason. Tool subprocesses run with the user's"
-        " privileges"
+        "unavailable on k (required): unknown reason."
+        " No command runs: piship_remote runs commands only in a sandbox"
     )
 
 
@@ -259,7 +259,8 @@ def test_not_required_line() -> None:
         network="allow",
     )
     assert describe_containment(report) == (
-        "not required: no sandbox is active; tool subprocesses run with the user's privileges"
+        "not required: no sandbox is active."
+        " No command runs: piship_remote runs commands only in a sandbox"
     )
 
 
