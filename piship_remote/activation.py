@@ -17,7 +17,6 @@ the cancel event and Ctrl-C; any other thread makes the backend call itself
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from typing import Any, TypeVar, Union
 import attrs
 
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
+from piship_remote.backends.common import exit_status as _exit_code
 from piship_remote.cancel import EventWatcher, bridge
 from piship_remote.environment import command_environment
 from piship_remote.errors import (
@@ -640,17 +640,6 @@ def _verdict(exit_code: int, output: str) -> str | None:
     if marker != f"{READY_MARKER} unset":
         return "an unapproved environment variable reached the sandboxed command"
     return None
-
-
-def _exit_code(result: BackendResult) -> int:
-    if isinstance(result.exit_code, int) and not isinstance(result.exit_code, bool):
-        return result.exit_code
-    if result.signal:
-        try:
-            return 128 + int(signal.Signals[result.signal.upper()])
-        except KeyError:
-            return 1
-    return 1
 
 
 def _reason(text: str, redactor: Redactor) -> str:
