@@ -20,14 +20,14 @@ piship_remote never runs a command anywhere but in a sandbox.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union
 
 import attrs
 
-from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
+from piship_remote.backends.base import Backend, ExecRequest, Instance
+from piship_remote.backends.common import exit_status
 from piship_remote.environment import command_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -194,7 +194,7 @@ class Sandbox:
         if timeout is not None and timeout < 0:
             raise PiShipError(CONFIG_INVALID, f"timeout must not be negative, not {timeout}")
         result = engine.run(request, sink, timeout or None, cancel, retire=True)
-        return ExecResult(exit_code=_exit_code(result))
+        return ExecResult(exit_code=exit_status(result))
 
     def workspace(self) -> WorkspaceReport | None:
         """The live workspace report (a snapshot's never changes); ``None`` when not enforced."""
@@ -393,7 +393,7 @@ class _Activation:
         except Exception as e:
             reason = reason_text(str(e), self.backend.redactor)
             return f"the sandbox check command failed: {reason}"
-        return _verdict(_exit_code(result), output.decode("utf-8", "replace"))
+        return _verdict(exit_status(result), output.decode("utf-8", "replace"))
 
     def _unavailable(self, reason: str) -> Sandbox:
         backend = self.backend
@@ -447,15 +447,6 @@ def _verdict(exit_code: int, output: str) -> str | None:
     return None
 
 
-def _exit_code(result: BackendResult) -> int:
-    if isinstance(result.exit_code, int) and not isinstance(result.exit_code, bool):
-        return result.exit_code
-    if result.signal:
-        try:
-            return 128 + int(signal.Signals[result.signal.upper()])
-        except KeyError:
-            return 1
-    return 1
 
 
 def _real_path(path: PathLike) -> str:

@@ -73,7 +73,7 @@ from piship_remote.errors import (
 )
 from piship_remote.redact import Redactor
 
-__all__ = ["Credential", "HttpResponse", "Transport", "TransportError"]
+__all__ = ["HttpResponse", "Transport", "TransportError"]
 
 # The largest single read of a body: big enough that streaming hundreds of MiB costs
 # few Python-level iterations, while read1() still returns whatever has arrived.
@@ -132,46 +132,6 @@ class TransportError(PiShipError):
     def __init__(self, message: str, *, request_sent: bool, component: str) -> None:
         super().__init__(GATEWAY_UNREACHABLE, message, retryable=True, component=component)
         self.request_sent = request_sent
-
-
-class Credential:
-    """A credential read fresh for every request attempt, plus its rejection callback.
-
-    ``read`` returns the current value (``None``/empty: send none); ``rejected`` is
-    called on HTTP 401 and returns ``True`` when a renewed value is ready::
-
-        credential = Credential(lambda: os.environ.get("E2B_API_KEY"), None, redactor)
-    """
-
-    def __init__(
-        self,
-        read: Callable[[], str | None] | None,
-        rejected: Callable[[], bool] | None,
-        redactor: Redactor,
-    ) -> None:
-        self._read = read
-        self._rejected = rejected
-        self._redactor = redactor
-        self._registered: str | None = None  # the redactor never forgets a value
-
-    def current(self) -> str | None:
-        """The value to send now (registered with the redactor), or ``None``."""
-        value = self._read() if self._read is not None else None
-        if not value:
-            return None
-        if value != self._registered:
-            self._redactor.register(value)
-            self._registered = value
-        return value
-
-    def reject(self) -> bool:
-        """Report a 401; ``True`` means a renewed credential can be read now."""
-        if self._rejected is None:
-            return False
-        try:
-            return bool(self._rejected())
-        except Exception:  # a failing callback counts as "not renewed"
-            return False
 
 
 class _CallScope:
@@ -884,42 +844,6 @@ class Transport:
             elapsed = (time.monotonic() - started) * 1000
             path = self.redactor.redact(urllib.parse.urlsplit(url).path)
             _LOG.debug("%s %s %s -> %s in %.1f ms", self.component, method, path, outcome, elapsed)
-
-    def credentialed(
-        self,
-        method: str,
-        url: str,
-        *,
-        credential: Credential,
-        auth_header: Callable[[str], Mapping[str, str]],
-        repeatable: bool,
-        **request_kwargs: Any,
-    ) -> HttpResponse:
-        """:meth:`request` with a credential and the 401 protocol.
-
-        The credential is read for each attempt and sent as ``auth_header(value)``
-        (nothing when it is empty). A 401 to a request that carried it calls
-        ``credential.reject()``; if that returns ``True`` and the request is
-        ``repeatable``, it is sent once more with the re-read credential (a second 401
-        is reported with ``reject()`` again). A 403 is returned as is.
-        """
-        headers = dict(request_kwargs.pop("headers", None) or {})
-
-        def attempt() -> tuple[HttpResponse, bool]:
-            value = credential.current()
-            sent_headers = {**headers, **auth_header(value)} if value else headers
-            return self.request(method, url, headers=sent_headers, **request_kwargs), bool(value)
-
-        response, sent = attempt()
-        if not sent or response.status != 401:
-            return response
-        if not credential.reject() or not repeatable:
-            return response
-        response.close()
-        response, sent = attempt()
-        if sent and response.status == 401:
-            credential.reject()
-        return response
 
     def close(self) -> None:
         """Close the pooled connections (and the session if this transport made it)."""

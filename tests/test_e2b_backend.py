@@ -22,7 +22,7 @@ import pytest
 from loopback_http import LoopbackHttp
 from werkzeug import Request, Response
 
-from piship_remote.backends import e2b as e2b_module
+from piship_remote.backends import e2b_stream
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
 from piship_remote.backends.e2b import (
     CreateRetry,
@@ -917,7 +917,7 @@ def test_create_retry_gives_up_on_a_long_retry_after() -> None:
 
 def test_backends_jitter_their_create_retries_independently() -> None:
     backends = [backend_for("http://127.0.0.1:9") for _ in range(6)]
-    delays = {backend._retry.delay(1, None, backend._random) for backend in backends}
+    delays = {b._control._retry.delay(1, None, b._control._random) for b in backends}
     assert len(delays) > 1
     for backend in backends:
         backend.close()
@@ -974,8 +974,8 @@ def test_plain_data_events_are_decoded_by_every_strict_decoder(
     if decoder == "pybase64":
         pytest.importorskip("pybase64")
     else:
-        monkeypatch.setattr(e2b_module, "_FAST_B64", None)
-        monkeypatch.setattr(e2b_module, "_STRICT_MODE", decoder == "strict_mode")
+        monkeypatch.setattr(e2b_stream, "_FAST_B64", None)
+        monkeypatch.setattr(e2b_stream, "_STRICT_MODE", decoder == "strict_mode")
     out, err = bytes(range(256)) * 40, b"oops\n"
     server = raw_server(
         start=frames(
@@ -1016,9 +1016,9 @@ def test_the_data_fast_path_takes_only_canonical_base64(
     if decoder == "pybase64":
         pytest.importorskip("pybase64")
     else:
-        monkeypatch.setattr(e2b_module, "_FAST_B64", None)
-        monkeypatch.setattr(e2b_module, "_STRICT_MODE", decoder == "strict_mode")
-    assert e2b_module._data_output(memoryview(payload)) == expected
+        monkeypatch.setattr(e2b_stream, "_FAST_B64", None)
+        monkeypatch.setattr(e2b_stream, "_STRICT_MODE", decoder == "strict_mode")
+    assert e2b_stream._data_output(memoryview(payload)) == expected
 
 
 @pytest.mark.parametrize(

@@ -25,9 +25,9 @@ from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.backends.kubernetes import (
     KubernetesAgentSandboxBackend,
     KubernetesInstance,
-    _pod_ip,
     runtime_command,
 )
+from piship_remote.backends.kubernetes_claims import _pod_ip
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor

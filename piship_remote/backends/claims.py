@@ -34,9 +34,10 @@ from typing import Protocol
 
 import attrs
 
+from piship_remote.backends.common import SandboxErrors
 from piship_remote.backends.lifetime import Anchor, ClaimClock, Freshness
 from piship_remote.cancel import CancelToken
-from piship_remote.errors import SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
+from piship_remote.errors import CommandCancelled, PiShipError
 
 __all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "disposed_error"]
 
@@ -44,6 +45,7 @@ __all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "dispos
 _ATTEMPTS = 3
 # How long the last command leaving a claim lets a renewal in flight finish.
 _TICK_GRACE = 0.5
+_ERRORS = SandboxErrors()
 
 
 class ClaimGone(Exception):
@@ -52,7 +54,7 @@ class ClaimGone(Exception):
 
 def disposed_error() -> PiShipError:
     """The error of a command that meets a disposed manager."""
-    return PiShipError(SANDBOX_UNAVAILABLE, "the sandbox was disposed", component="sandbox")
+    return _ERRORS("the sandbox was disposed")
 
 
 @attrs.frozen
@@ -257,19 +259,14 @@ class ClaimManager:
                 self._ready_for_command(lease, claim, cancel)
             except ClaimGone as gone:
                 if replaced:
-                    raise PiShipError(
-                        SANDBOX_UNAVAILABLE, str(gone), retryable=True, component="sandbox"
-                    ) from None
+                    raise _ERRORS(str(gone), retryable=True) from None
                 replaced = True
                 self._retire(lease, gone=True)
                 continue
             if self._join(lease, claim):
                 return lease, claim
-        raise PiShipError(
-            SANDBOX_UNAVAILABLE,
-            "the SandboxClaim kept being replaced while the command waited for it",
-            retryable=True,
-            component="sandbox",
+        raise _ERRORS(
+            "the SandboxClaim kept being replaced while the command waited for it", retryable=True
         )
 
     def _obtain(self) -> _Lease:

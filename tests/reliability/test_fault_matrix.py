@@ -54,8 +54,10 @@ from reliability_support import (
     settled,
 )
 
-import piship_remote.backends.e2b as e2b_module
-import piship_remote.backends.kubernetes as k8s_module
+import piship_remote.backends.e2b_control as e2b_control
+import piship_remote.backends.e2b_envd as e2b_envd
+import piship_remote.backends.kubernetes_claims as k8s_claims
+import piship_remote.backends.kubernetes_http as k8s_http
 from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import Backend
 from piship_remote.backends.e2b import E2bCompatibleBackend
@@ -325,10 +327,14 @@ def harness(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Harness]:
     cell: Cell = request.param
-    for name in ("CONTROL_TIMEOUT", "HEALTH_TIMEOUT", "SIGNAL_TIMEOUT"):
-        monkeypatch.setattr(e2b_module, name, STALL_DEADLINE)
-    for name in ("_API_TIMEOUT", "_AVAILABLE_TIMEOUT"):
-        monkeypatch.setattr(k8s_module, name, STALL_DEADLINE)
+    for module, name in (
+        (e2b_control, "CONTROL_TIMEOUT"),
+        (e2b_control, "HEALTH_TIMEOUT"),
+        (e2b_envd, "SIGNAL_TIMEOUT"),
+        (k8s_http, "API_TIMEOUT"),
+        (k8s_claims, "_AVAILABLE_TIMEOUT"),
+    ):
+        monkeypatch.setattr(module, name, STALL_DEADLINE)
     mock: E2bServer | KubernetesServer
     if cell.backend == "e2b":
         mock = e2b_server(command=_e2b_command, api_key=API_KEY)

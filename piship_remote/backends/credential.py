@@ -1,0 +1,152 @@
+"""A backend's credential and the 401 protocol both backends send their requests under.
+
+The credential is read fresh for every attempt; a 401 to a request that carried it
+calls the rejection callback, and a repeatable request is sent once more when that
+says a renewed credential is ready::
+
+    credential = Credential(lambda: os.environ["E2B_API_KEY"], None, redactor,
+                            name="E2B_API_KEY")
+    response = send_credentialed(transport, "DELETE", url, credential=credential,
+                                 auth_header=lambda key: {"X-API-Key": key}, repeatable=True)
+
+A read that fails (``KeyError`` for an unset variable) or gives ``""`` is a
+``CREDENTIAL_REQUIRED`` error naming what to set, raised before anything is sent;
+``None`` means "this service needs no credential" and sends none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from piship_remote.errors import CREDENTIAL_REQUIRED, PiShipError
+
+if TYPE_CHECKING:
+    from piship_remote.redact import Redactor
+    from piship_remote.transport import HttpResponse, Transport
+
+__all__ = ["Credential", "send_credentialed"]
+
+_EXAMPLE = "lambda: os.environ['E2B_API_KEY']"
+
+
+def _checked_callable(value: object, option: str) -> Any:
+    if value is None or callable(value):
+        return value
+    if option == "credential":
+        raise TypeError(
+            f"credential must be a callable returning the key, e.g. {_EXAMPLE}; "
+            f"got {type(value).__name__}"
+        )
+    raise TypeError(f"{option} must be a callable or None; got {type(value).__name__}")
+
+
+class Credential:
+    """A credential read fresh for every request attempt, plus its rejection callback.
+
+    ``read`` returns the current value (``None``: send none); ``rejected`` is called
+    on HTTP 401 and returns ``True`` when a renewed value is ready. ``name`` says
+    what a user sets when the value is missing (a variable or an option).
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], str | None] | None,
+        rejected: Callable[[], bool] | None,
+        redactor: Redactor,
+        *,
+        name: str = "the credential option",
+    ) -> None:
+        self._read: Callable[[], str | None] | None = _checked_callable(read, "credential")
+        self._rejected: Callable[[], bool] | None = _checked_callable(
+            rejected, "credential_rejected"
+        )
+        self._redactor = redactor
+        self._name = name
+        self._registered: str | None = None  # the redactor never forgets a value
+
+    def current(self) -> str | None:
+        """The value to send now (registered with the redactor), or ``None``.
+
+        Raises ``CREDENTIAL_REQUIRED`` when the read fails or gives an empty value.
+        """
+        if self._read is None:
+            return None
+        try:
+            value = self._read()
+        except KeyError as error:
+            raise self._required(_key_name(error) or self._name, "is not set") from None
+        except Exception as error:
+            raise self._required(
+                self._name, f"could not be read ({type(error).__name__})"
+            ) from None
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise self._required(self._name, f"is a {type(value).__name__}, not text")
+        if value == "":
+            raise self._required(self._name, "is empty")
+        if value != self._registered:
+            self._redactor.register(value)
+            self._registered = value
+        return value
+
+    def reject(self) -> bool:
+        """Report a 401; ``True`` means a renewed credential can be read now."""
+        if self._rejected is None:
+            return False
+        try:
+            return bool(self._rejected())
+        except Exception:  # a failing callback counts as "not renewed"
+            return False
+
+    def _required(self, name: str, problem: str) -> PiShipError:
+        return PiShipError(
+            CREDENTIAL_REQUIRED,
+            f"the sandbox service needs a credential, but {name} {problem}",
+            user_action=f"Set {name} to the service's credential, or pass a credential "
+            f"callable that returns it (credential={_EXAMPLE})",
+            component="sandbox",
+        )
+
+
+def _key_name(error: KeyError) -> str | None:
+    key = error.args[0] if error.args else None
+    return key if isinstance(key, str) and key.isidentifier() else None
+
+
+def send_credentialed(
+    transport: Transport,
+    method: str,
+    url: str,
+    *,
+    credential: Credential,
+    auth_header: Callable[[str], Mapping[str, str]],
+    repeatable: bool,
+    **request_kwargs: Any,
+) -> HttpResponse:
+    """``transport.request`` with the credential and the 401 protocol.
+
+    The credential is read for each attempt and sent as ``auth_header(value)``
+    (nothing when it is ``None``). A 401 to a request that carried it calls
+    ``credential.reject()``; if that returns ``True`` and the request is
+    ``repeatable``, it is sent once more with the re-read credential (a second 401
+    is reported with ``reject()`` again). A 403 is returned as is.
+    """
+    headers = dict(request_kwargs.pop("headers", None) or {})
+
+    def attempt() -> tuple[HttpResponse, bool]:
+        value = credential.current()
+        sent_headers = {**headers, **auth_header(value)} if value else headers
+        return transport.request(method, url, headers=sent_headers, **request_kwargs), bool(value)
+
+    response, sent = attempt()
+    if not sent or response.status != 401:
+        return response
+    if not credential.reject() or not repeatable:
+        return response
+    response.close()
+    response, sent = attempt()
+    if sent and response.status == 401:
+        credential.reject()
+    return response

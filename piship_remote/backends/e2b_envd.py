@@ -1,0 +1,221 @@
+"""The envd client of one E2B sandbox: Start a command as a Connect stream, SendSignal to kill it.
+
+envd's Process service runs in the sandbox on port 49983; the service's edge
+routes to it by the ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers::
+
+    envd = Envd(transport, base, sandbox_id, access_token, "user", 100.0, errors)
+    with envd.start(start_request("make", {}, "/home/user", tag), cancel) as response:
+        ...                                   # decoded by e2b_stream.read_stream
+    envd.kill(tag, None)
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import threading
+from collections.abc import Mapping
+
+import attrs
+import cattrs
+
+from piship_remote.backends.common import (
+    SandboxErrors,
+    is_success,
+    retry_after_seconds,
+)
+from piship_remote.backends.e2b_stream import UNKNOWN_OUTCOME
+from piship_remote.connect import connect_envelope
+from piship_remote.errors import PiShipError
+from piship_remote.transport import HttpResponse, Transport, TransportError
+
+__all__ = [
+    "CONNECT_CONTENT_TYPE",
+    "ENVD_PORT",
+    "KEEPALIVE_INTERVAL",
+    "SIGNAL_TIMEOUT",
+    "Envd",
+    "StartRequest",
+    "start_request",
+]
+
+ENVD_PORT = 49983
+SIGNAL_TIMEOUT = 5.0
+KEEPALIVE_INTERVAL = 50
+# envd is told a deadline this much later than ours, as a backstop if this client is gone.
+SERVER_DEADLINE_SLACK = 1.0
+CONNECT_CONTENT_TYPE = "application/connect+json"
+
+
+@attrs.frozen
+class _ProcessConfig:
+    cmd: str
+    args: tuple[str, ...]
+    envs: Mapping[str, str]
+    cwd: str
+
+
+@attrs.frozen
+class StartRequest:
+    """The body of ``/process.Process/Start``."""
+
+    process: _ProcessConfig
+    stdin: bool
+    tag: str
+
+
+@attrs.frozen
+class _ProcessSelector:
+    tag: str
+
+
+@attrs.frozen
+class _SignalRequest:
+    process: _ProcessSelector
+    signal: str
+
+
+def _wire_converter() -> cattrs.Converter:
+    converter = cattrs.Converter()
+    converter.register_unstructure_hook(Mapping, dict)
+    return converter
+
+
+_WIRE = _wire_converter()
+
+
+def start_request(command: str, env: Mapping[str, str], cwd: str, tag: str) -> StartRequest:
+    """Start ``command`` with ``/bin/bash -l -c`` in ``cwd``, tagged for SendSignal."""
+    return StartRequest(
+        process=_ProcessConfig(cmd="/bin/bash", args=("-l", "-c", command), envs=env, cwd=cwd),
+        stdin=False,
+        tag=tag,
+    )
+
+
+class Envd:
+    """The Process service of one sandbox's envd: Start streams and SendSignal kills."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        base: str,
+        sandbox_id: str,
+        access_token: str | None,
+        user: str,
+        idle_timeout: float,
+        errors: SandboxErrors,
+    ) -> None:
+        self._transport = transport
+        self._base = base
+        self._idle_timeout = idle_timeout
+        self._errors = errors
+        self._headers = {
+            "Connect-Protocol-Version": "1",
+            "E2b-Sandbox-Id": sandbox_id,
+            "E2b-Sandbox-Port": str(ENVD_PORT),
+        }
+        if access_token is not None:
+            self._headers["X-Access-Token"] = access_token
+        self._start_headers = {
+            "Content-Type": CONNECT_CONTENT_TYPE,
+            **self._headers,
+            "Keepalive-Ping-Interval": str(KEEPALIVE_INTERVAL),
+            "Authorization": _basic(user),
+            # A compressed body would hide the envelopes from the reader.
+            "Accept-Encoding": "identity",
+        }
+
+    def start(
+        self, start: StartRequest, cancel: threading.Event, timeout: float | None = None
+    ) -> HttpResponse:
+        """Send Start; the response is checked to be a Connect stream, not yet read.
+
+        With a ``timeout`` envd is told the deadline too (``Connect-Timeout-Ms``), a
+        little later than ours, so it ends the command even if this client is gone.
+        """
+        headers = self._start_headers
+        if timeout is not None:
+            deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
+            headers = {**headers, "Connect-Timeout-Ms": str(max(1, deadline_ms))}
+        try:
+            response = self._transport.request(
+                "POST",
+                f"{self._base}/process.Process/Start",
+                headers=headers,
+                data=connect_envelope(_WIRE.unstructure(start)),
+                timeout=self._idle_timeout,
+                idle_timeout=self._idle_timeout,
+                cancel=cancel,
+                stream=True,
+            )
+        except TransportError as e:
+            if not e.request_sent:
+                raise
+            raise self._errors(
+                f"starting the command failed: {e}; whether the command started is unknown, "
+                f"so {UNKNOWN_OUTCOME}"
+            ) from None
+        try:
+            self._check_started(response)
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    def kill(self, tag: str, cancel: threading.Event | None) -> None:
+        """SendSignal SIGKILL to the command tagged ``tag`` (plain JSON, short deadline)."""
+        self._transport.request(
+            "POST",
+            f"{self._base}/process.Process/SendSignal",
+            headers=self._headers,
+            json=_WIRE.unstructure(_SignalRequest(_ProcessSelector(tag), "SIGNAL_SIGKILL")),
+            timeout=SIGNAL_TIMEOUT,
+            cancel=cancel,
+        ).close()
+
+    def _check_started(self, response: HttpResponse) -> None:
+        status = response.status
+        if not is_success(status):
+            raise _start_failure(response, self._errors)
+        if status in (204, 205):
+            raise self._errors(f"starting the command failed: HTTP {status}")
+        content_type = response.headers.get("Content-Type", "")
+        if not content_type.lower().startswith(CONNECT_CONTENT_TYPE):
+            shown = content_type[:100] or "no content type"
+            raise self._errors(
+                f"starting the command failed: HTTP {status} with {shown}, not a Connect stream"
+            )
+
+
+def _start_failure(response: HttpResponse, errors: SandboxErrors) -> PiShipError:
+    """A non-2xx Start: envd's own errors, or plain JSON and HTML from the edge proxy."""
+    status = response.status
+    if "html" in response.headers.get("Content-Type", "").lower():
+        detail = f"HTTP {status} (an HTML error page from a proxy, not an answer from envd)"
+        response.close()
+    else:
+        detail = response.failure()
+    hint = _start_hint(status, detail)
+    retry_after = response.headers.get("Retry-After")
+    return errors(
+        f"starting the command failed: {detail}" + (f"; {hint}" if hint else ""),
+        retryable=status == 429,
+        retry_after=retry_after_seconds(retry_after) if status == 429 else None,
+    )
+
+
+def _start_hint(status: int, detail: str) -> str | None:
+    if status == 401:
+        return "envd refused the access token or the user"
+    if status == 429:
+        return "the sandbox has too many concurrent connections; try again shortly"
+    if status == 502 and "not found" in detail.lower():
+        return "the sandbox is gone (it expired or was deleted); start a new session"
+    if status in (502, 503, 504):
+        return "the sandbox cannot be reached"
+    return None
+
+
+def _basic(user: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode("ascii")

@@ -1,0 +1,291 @@
+"""The SandboxClaim API of one namespace: create and wait until ready, renew, check, delete.
+
+A claim takes a sandbox from a warm pool, with a bounded
+``lifecycle.shutdownTime`` and ``shutdownPolicy: Delete``; this is the
+:class:`~piship_remote.backends.claims.ClaimApi` the claim manager drives::
+
+    api = ClaimsApi(http, endpoint=..., namespace="agents", template="python-pool",
+                    poll_interval=1.0, ready_timeout=120.0, monotonic=time.monotonic)
+    claim = api.create(clock.anchor(), cancel)      # polls until Ready
+    api.renew(claim, shutdown, cancel)              # merge-patch the shutdownTime
+    api.delete(claim)                               # best effort
+
+A claim being deleted, or Ready=False for a reason after which it never becomes
+ready, is :class:`~piship_remote.backends.claims.ClaimGone`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from piship_remote.backends.claims import Claim, ClaimGone
+from piship_remote.backends.common import DETAIL_LIMIT, is_success
+from piship_remote.backends.kubernetes_http import ClusterHttp, transient
+from piship_remote.backends.lifetime import Anchor, rfc3339
+from piship_remote.cancel import CancelToken
+from piship_remote.errors import GATEWAY_UNREACHABLE, CommandCancelled, PiShipError
+from piship_remote.transport import HttpResponse, TransportError
+
+__all__ = ["API_VERSION", "RESOURCE_NAME", "ClaimsApi"]
+
+API_VERSION = "extensions.agents.x-k8s.io/v1beta1"
+RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_AVAILABLE_TIMEOUT = 10.0
+_CREATE_ATTEMPTS = 3  # names taken (HTTP 409) before creation gives up
+# Ready=False reasons after which a claim never becomes ready (the official SDK's list).
+_TERMINAL_REASONS = frozenset(
+    {
+        "InvalidMetadata",
+        "EnvVarsInjectionRejected",
+        "VolumeClaimTemplatesError",
+        "ClaimExpired",
+        "SandboxExpired",
+        "InvalidConfiguration",
+        "PodFailed",
+        "PodSucceeded",
+    }
+)
+
+
+class ClaimsApi:
+    """The ``sandboxclaims`` collection of one namespace, for one warm pool."""
+
+    def __init__(
+        self,
+        http: ClusterHttp,
+        *,
+        endpoint: str,
+        namespace: str,
+        template: str,
+        poll_interval: float,
+        ready_timeout: float,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self._http = http
+        self._endpoint = endpoint
+        self.claims = f"{endpoint}/apis/{API_VERSION}/namespaces/{namespace}/sandboxclaims"
+        self._template = template
+        self._poll = poll_interval
+        self._ready_timeout = ready_timeout
+        self._monotonic = monotonic
+
+    def list(self) -> HttpResponse:
+        return self._http.call("GET", f"{self.claims}?limit=1", timeout=_AVAILABLE_TIMEOUT)
+
+    def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
+        """POST a claim (a fresh name after a 409) and wait until it is ready."""
+        for _ in range(_CREATE_ATTEMPTS):
+            name = f"piship-{secrets.token_hex(6)}"
+            response = self._post_claim(name, anchor, cancel)
+            if response.status == 409:
+                response.close()
+                continue
+            if not is_success(response.status):
+                raise self._http.errors(
+                    f"creating the SandboxClaim failed: {self._http.failure(response)}",
+                    retryable=transient(response.status),
+                )
+            response.close()
+            try:
+                sandbox, pod_ip = self._wait_ready(name, cancel)
+            except BaseException:
+                self._delete_name(name)
+                raise
+            return Claim(name, sandbox, anchor, pod_ip)
+        raise self._http.errors(
+            "creating the SandboxClaim failed: HTTP 409: the generated names were taken",
+            retryable=True,
+        )
+
+    def renew(self, claim: Claim, shutdown: int, cancel: CancelToken) -> None:
+        """Merge-patch the claim's shutdownTime forward."""
+        body = {"spec": {"lifecycle": {"shutdownTime": rfc3339(shutdown)}}}
+        with self._api(
+            "renewing the SandboxClaim",
+            "PATCH",
+            self._claim_url(claim.name),
+            cancel,
+            json=body,
+            headers={"Content-Type": "application/merge-patch+json"},
+        ) as response:
+            if response.status == 404:
+                raise ClaimGone("the SandboxClaim no longer exists")
+            if not is_success(response.status):
+                raise self._http.errors(
+                    f"renewing the SandboxClaim failed: {self._http.failure(response)}",
+                    retryable=transient(response.status),
+                )
+            _raise_if_finished(_lenient_json(response))
+
+    def check(self, claim: Claim, cancel: CancelToken) -> None:
+        """The claim still exists and has not failed or expired on the cluster."""
+        with self._api(
+            "checking the SandboxClaim", "GET", self._claim_url(claim.name), cancel
+        ) as response:
+            if response.status == 404:
+                raise ClaimGone("the SandboxClaim no longer exists")
+            if not is_success(response.status):
+                raise self._http.errors(
+                    f"checking the SandboxClaim failed: {self._http.failure(response)}",
+                    retryable=transient(response.status),
+                )
+            _raise_if_finished(_lenient_json(response))
+
+    def delete(self, claim: Claim) -> None:
+        self._delete_name(claim.name)
+
+    def _post_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> HttpResponse:
+        manifest = {
+            "apiVersion": API_VERSION,
+            "kind": "SandboxClaim",
+            "metadata": {"name": name, "labels": {"agents.x-k8s.io/created-by": "piship"}},
+            "spec": {
+                "warmPoolRef": {"name": self._template},
+                "lifecycle": {"shutdownTime": rfc3339(anchor.expires), "shutdownPolicy": "Delete"},
+            },
+        }
+        try:
+            return self._http.call("POST", self.claims, cancel=cancel, json=manifest)
+        except TransportError as error:
+            if not error.request_sent:
+                raise self._unreachable("creating the SandboxClaim", error) from None
+            self._delete_name(name)  # it may have been created
+            raise self._http.errors(
+                f"creating the SandboxClaim failed: {error}", retryable=True
+            ) from None
+        except BaseException:
+            self._delete_name(name)
+            raise
+
+    def _wait_ready(self, name: str, cancel: CancelToken) -> tuple[str, str | None]:
+        """Poll the claim until Ready; the deadline is on the monotonic clock only."""
+        deadline = self._monotonic() + self._ready_timeout
+        last = ""
+        while True:
+            with self._api(
+                "reading the SandboxClaim", "GET", self._claim_url(name), cancel
+            ) as response:
+                if not is_success(response.status):
+                    raise self._http.errors(
+                        f"reading the SandboxClaim failed: {self._http.failure(response)}",
+                        retryable=transient(response.status),
+                    )
+                try:
+                    claim = response.json_object()
+                except ValueError as error:
+                    raise self._http.errors(f"reading the SandboxClaim failed: {error}") from None
+            ready = _ready_condition(claim)
+            if ready.get("status") == "True":
+                return _sandbox_name(claim, name), _pod_ip(claim)
+            reason = ready.get("reason")
+            if isinstance(reason, str) and reason in _TERMINAL_REASONS:
+                raise self._http.errors(f"the SandboxClaim failed: {reason}")
+            last = _condition_text(ready) or last
+            if self._monotonic() >= deadline:
+                suffix = f" (last reported: {last})" if last else ""
+                raise self._http.errors(f"the SandboxClaim did not become ready in time{suffix}")
+            if cancel.wait(self._poll):
+                raise CommandCancelled()
+
+    def _delete_name(self, name: str) -> None:
+        """Best effort: a failure leaves the claim to its shutdownTime."""
+        try:
+            self._http.call("DELETE", self._claim_url(name)).close()
+        except Exception:
+            pass
+
+    def _claim_url(self, name: str) -> str:
+        return f"{self.claims}/{name}"
+
+    def _api(
+        self, action: str, method: str, url: str, cancel: CancelToken, **kwargs: Any
+    ) -> HttpResponse:
+        """An API call whose transport failure reads ``<action> failed: …``."""
+        try:
+            return self._http.call(method, url, cancel=cancel, **kwargs)
+        except TransportError as error:
+            if not error.request_sent:
+                raise self._unreachable(action, error) from None
+            raise self._http.errors(f"{action} failed: {error}", retryable=True) from None
+
+    def _unreachable(self, action: str, error: TransportError) -> PiShipError:
+        """Nothing was sent (refused, unresolvable): safe to try again later."""
+        return self._http.errors(
+            f"{action} failed: the Kubernetes API at {self._endpoint} is unreachable: {error}",
+            code=GATEWAY_UNREACHABLE,
+            retryable=True,
+            user_action=f"Check that the Kubernetes API at {self._endpoint} is running and "
+            "reachable, then try again",
+        )
+
+
+def _lenient_json(response: HttpResponse) -> dict[str, Any]:
+    """The body as an object, or ``{}`` when it is not one (the claim only has to exist)."""
+    try:
+        return response.json_object()
+    except (ValueError, TransportError):
+        return {}
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _ready_condition(claim: Mapping[str, Any]) -> dict[str, Any]:
+    conditions = _mapping(claim.get("status")).get("conditions")
+    for condition in conditions if isinstance(conditions, list) else ():
+        if isinstance(condition, dict) and condition.get("type") == "Ready":
+            return condition
+    return {}
+
+
+def _condition_text(condition: Mapping[str, Any]) -> str:
+    parts = [condition.get("reason"), condition.get("message")]
+    return ": ".join(p for p in parts if isinstance(p, str) and p)[:DETAIL_LIMIT]
+
+
+def _raise_if_finished(claim: Mapping[str, Any]) -> None:
+    """A claim being deleted, or Ready=False for good (e.g. ``ClaimExpired``), is gone."""
+    if _mapping(claim.get("metadata")).get("deletionTimestamp"):
+        raise ClaimGone("the SandboxClaim is being deleted")
+    ready = _ready_condition(claim)
+    reason = ready.get("reason")
+    if ready.get("status") == "False" and isinstance(reason, str) and reason in _TERMINAL_REASONS:
+        raise ClaimGone(f"the SandboxClaim failed: {reason}")
+
+
+def _sandbox_name(claim: Mapping[str, Any], fallback: str) -> str:
+    """``status.sandbox.name`` (a warm-pool sandbox keeps the pool's name), else the claim's."""
+    sandbox = _mapping(_mapping(claim.get("status")).get("sandbox"))
+    annotations = _mapping(_mapping(claim.get("metadata")).get("annotations"))
+    for value in (
+        sandbox.get("name"),
+        sandbox.get("Name"),
+        annotations.get("agents.x-k8s.io/sandbox-name"),
+    ):
+        if isinstance(value, str) and RESOURCE_NAME.match(value):
+            return value
+    return fallback
+
+
+def _pod_ip(claim: Mapping[str, Any]) -> str | None:
+    """The sandbox pod's address for ``X-Sandbox-Pod-IP`` (IPv4 preferred), if reported."""
+    ips = _mapping(_mapping(claim.get("status")).get("sandbox")).get("podIPs")
+    addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for item in ips if isinstance(ips, list) else ():
+        text = item.get("ip") if isinstance(item, dict) else item
+        if not isinstance(text, str):
+            continue
+        try:
+            address = ipaddress.ip_address(text.strip())
+        except ValueError:
+            continue
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        addresses.append(address)
+    addresses.sort(key=lambda address: address.version)
+    return str(addresses[0]) if addresses else None
