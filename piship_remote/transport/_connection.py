@@ -3,12 +3,14 @@
 A connection registers its socket with :data:`~piship_remote.transport._scope.CURRENT`
 when it connects (before ``connect()``, so a cancel interrupts a hanging connect) and
 again just before it waits for the response headers. Taken from the pool by another
-call, it first leaves the previous call's scope; if that call was stopped meanwhile
+call, it first leaves the previous call's scope; if that call was cancelled meanwhile
 (its cancel may have shut the socket down) the connection is closed and reopened.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import socket
 import sys
 from typing import Any
@@ -22,7 +24,7 @@ import urllib3.response
 from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
-from piship_remote.transport._scope import CURRENT, CallScope
+from piship_remote.transport._scope import CURRENT, CallScope, DeadlineReader
 from piship_remote.transport._urllib3_internals import SocketFactoryHook, record_retired
 
 __all__ = ["CancellableAdapter"]
@@ -30,8 +32,33 @@ __all__ = ["CancellableAdapter"]
 HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sandbox)
 
 
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's response, reading through a :class:`DeadlineReader` during a call."""
+
+    def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
+        scope = CURRENT.get()
+        if scope is not None and scope.deadline is not None and isinstance(sock, socket.socket):
+            sock = _DeadlineSocket(sock, scope)
+        super().__init__(sock, *args, **kwargs)
+
+
+class _DeadlineSocket:
+    """What http.client's response needs of a socket: ``makefile``, deadline-bound."""
+
+    __slots__ = ("_scope", "_sock")
+
+    def __init__(self, sock: socket.socket, scope: CallScope) -> None:
+        self._sock = sock
+        self._scope = scope
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(DeadlineReader(self._sock, self._scope))
+
+
 class _Connection(SocketFactoryHook):
     """An HTTP connection that registers its socket with the calling thread's scope."""
+
+    response_class = _DeadlineResponse
 
     _piship_scope: CallScope | None = None
     _piship_socket: socket.socket | None = None
@@ -40,7 +67,7 @@ class _Connection(SocketFactoryHook):
         scope = CURRENT.get()
         if scope is None:
             return super().open_socket()
-        self._leave_scope(scope, close_if_stopped=False)  # its old socket is closed
+        self._leave_scope(scope, close_if_cancelled=False)  # its old socket is closed
         sock = _open_socket(self, scope)
         if isinstance(self, urllib3.connection.HTTPSConnection):
             # The TLS wrapper detaches `sock`; a duplicate descriptor keeps the
@@ -52,7 +79,7 @@ class _Connection(SocketFactoryHook):
     def request(self, *args: Any, **kwargs: Any) -> None:
         scope = CURRENT.get()
         if scope is not None:
-            self._leave_scope(scope, close_if_stopped=True)
+            self._leave_scope(scope, close_if_cancelled=True)
             if self.sock is None:
                 self.connect()  # connect first, so `sent` means "past the connect"
             scope.sent = True
@@ -76,13 +103,13 @@ class _Connection(SocketFactoryHook):
             # registered at connect time stays the one a cancel shuts down.
         return super().getresponse()
 
-    def _leave_scope(self, current: CallScope, *, close_if_stopped: bool) -> None:
+    def _leave_scope(self, current: CallScope, *, close_if_cancelled: bool) -> None:
         """Detach from the scope of the call that used this connection before ``current``."""
         previous = self._piship_scope
         if previous is None or previous is current:
             return
         sock, self._piship_scope, self._piship_socket = self._piship_socket, None, None
-        if not previous.detach(sock) and close_if_stopped:
+        if not previous.detach(sock) and close_if_cancelled:
             self.close()  # a late cancel may have shut the socket down: reconnect
 
 
@@ -99,7 +126,7 @@ def _open_socket(conn: _Connection, scope: CallScope) -> socket.socket:
         raise urllib3.exceptions.NameResolutionError(conn.host, conn, e) from e
     failure: OSError | None = None
     for family, kind, proto, _, address in addresses:
-        if scope.stopped:
+        if scope.cancelled:
             break
         sock = socket.socket(family, kind, proto)
         try:

@@ -50,7 +50,7 @@ from piship_remote.errors import (
 from piship_remote.redact import Redactor
 from piship_remote.transport._connection import HOSTS, CancellableAdapter
 from piship_remote.transport._prepared import Outgoing, Route, Target
-from piship_remote.transport._scope import CURRENT, Call, DeadlineWatch
+from piship_remote.transport._scope import CURRENT, Call
 from piship_remote.transport.credential import Credential, send_with_credential
 from piship_remote.transport.endpoint import (
     check_endpoint,
@@ -103,7 +103,6 @@ class Transport:
         self._session.mount("http://", self._adapter)
         self._session.mount("https://", self._adapter)
         self._watcher = EventWatcher()
-        self._deadlines = DeadlineWatch()
         self._targets: dict[str, Target] = {}
         self._routes: dict[str, Route] = {}
 
@@ -156,10 +155,9 @@ class Transport:
             raise failure
         self._log(method, url, failure.status, started)
         result = HttpResponse(failure, call)
-        stopped = call.stopped_error()
-        if stopped is not None:
+        if call.scope.cancelled:
             result.close()
-            raise stopped
+            raise CommandCancelled()
         if stream:
             call.scope.end_deadline()
         else:
@@ -188,7 +186,6 @@ class Transport:
         try:
             if cancel is not None:
                 call.watch(cancel, self._watcher)
-            self._deadlines.watch(call.scope)
             return self._send(method, target, headers, json, data, call)
         except BaseException as exc:
             headers = None
@@ -239,7 +236,6 @@ class Transport:
     def close(self) -> None:
         """Close the pooled connections (and the session if this transport made it)."""
         self._watcher.close()
-        self._deadlines.close()
         if self._owns_session:
             self._session.close()
         else:

@@ -154,7 +154,7 @@ class HttpResponse:
         that does not end by then costs its connection, nothing more.
         """
         try:
-            if not self._done and not self._call.scope.stopped:
+            if not self._done and not self._call.scope.cancelled:
                 self._set_socket_timeout(wait)
                 read = 0
                 for chunk in self.iter_raw():
@@ -227,12 +227,9 @@ class HttpResponse:
         return data
 
     def _check_cancelled(self) -> None:
-        """Raise if the call was cancelled or passed its deadline."""
-        if self._call.scope.stopped:
-            error = self._call.stopped_error()
+        if self._call.scope.cancelled:
             self.close()
-            if error is not None:
-                raise error
+            raise CommandCancelled()
 
     def _guarded_read(self, read: Callable[[int], Read], size: int) -> Read:
         """``read(size)``, its failure mapped to our errors, then the cancel checked."""
