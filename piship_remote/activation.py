@@ -447,8 +447,6 @@ def _verdict(exit_code: int, output: str) -> str | None:
     return None
 
 
-
-
 def _real_path(path: PathLike) -> str:
     """The real path of ``path``'s nearest existing ancestor, plus the missing tail."""
     absolute = os.path.abspath(os.fspath(path))

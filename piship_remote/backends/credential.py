@@ -23,7 +23,7 @@ from piship_remote.errors import CREDENTIAL_REQUIRED, PiShipError
 
 if TYPE_CHECKING:
     from piship_remote.redact import Redactor
-    from piship_remote.transport import HttpResponse, Transport
+    from piship_remote.transport import HttpClient, HttpReply
 
 __all__ = ["Credential", "send_credentialed"]
 
@@ -116,7 +116,7 @@ def _key_name(error: KeyError) -> str | None:
 
 
 def send_credentialed(
-    transport: Transport,
+    client: HttpClient,
     method: str,
     url: str,
     *,
@@ -124,8 +124,8 @@ def send_credentialed(
     auth_header: Callable[[str], Mapping[str, str]],
     repeatable: bool,
     **request_kwargs: Any,
-) -> HttpResponse:
-    """``transport.request`` with the credential and the 401 protocol.
+) -> HttpReply:
+    """``client.request`` with the credential and the 401 protocol.
 
     The credential is read for each attempt and sent as ``auth_header(value)``
     (nothing when it is ``None``). A 401 to a request that carried it calls
@@ -134,19 +134,39 @@ def send_credentialed(
     is reported with ``reject()`` again). A 403 is returned as is.
     """
     headers = dict(request_kwargs.pop("headers", None) or {})
-
-    def attempt() -> tuple[HttpResponse, bool]:
-        value = credential.current()
-        sent_headers = {**headers, **auth_header(value)} if value else headers
-        return transport.request(method, url, headers=sent_headers, **request_kwargs), bool(value)
-
-    response, sent = attempt()
+    response, sent = _attempt(client, method, url, credential, auth_header, headers, request_kwargs)
     if not sent or response.status != 401:
         return response
     if not credential.reject() or not repeatable:
         return response
     response.close()
-    response, sent = attempt()
+    response, sent = _attempt(client, method, url, credential, auth_header, headers, request_kwargs)
     if sent and response.status == 401:
         credential.reject()
     return response
+
+
+def _attempt(
+    client: HttpClient,
+    method: str,
+    url: str,
+    credential: Credential,
+    auth_header: Callable[[str], Mapping[str, str]],
+    headers: Mapping[str, str],
+    request_kwargs: dict[str, Any],
+) -> tuple[HttpReply, bool]:
+    """One attempt, and whether it carried the credential. The credentialed headers live
+    only in this frame and are cleared before an error leaves it, so no traceback's
+    locals hold the secret."""
+    value = credential.current()
+    carried = bool(value)
+    sent_headers = {**headers, **auth_header(value)} if value else dict(headers)
+    del value
+    try:
+        response = client.request(method, url, headers=sent_headers, **request_kwargs)
+    except BaseException:
+        sent_headers.clear()  # the dict the request() frames saw is empty, too
+        del sent_headers
+        raise
+    del sent_headers
+    return response, carried

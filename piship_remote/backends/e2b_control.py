@@ -37,7 +37,7 @@ from piship_remote.backends.credential import Credential, send_credentialed
 from piship_remote.backends.lifetime import lifetime_seconds
 from piship_remote.errors import GATEWAY_UNREACHABLE, PiShipError
 from piship_remote.redact import Redactor
-from piship_remote.transport import HttpResponse, Transport, TransportError
+from piship_remote.transport import HttpClient, HttpReply, TransportError
 
 __all__ = [
     "CONTROL_TIMEOUT",
@@ -145,7 +145,7 @@ class ControlPlane:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: HttpClient,
         endpoint: str,
         credential: Credential,
         lifetime: int,
@@ -171,7 +171,7 @@ class ControlPlane:
         repeatable: bool,
         body: object = None,
         cancel: threading.Event | None = None,
-    ) -> HttpResponse:
+    ) -> HttpReply:
         """One request under the 401 protocol; ``body`` is an attrs wire shape."""
         return send_credentialed(
             self._transport,
@@ -261,7 +261,7 @@ class ControlPlane:
         """The error of a backend used after ``close()``."""
         return self._errors(f"the {BACKEND_ID} backend was closed; create a new one")
 
-    def _create_response(self, request: NewSandbox, closed: threading.Event) -> HttpResponse:
+    def _create_response(self, request: NewSandbox, closed: threading.Event) -> HttpReply:
         """Send the create; repeat it (bounded, jittered) only on 429 or 503.
 
         Those statuses mean nothing was created, unlike a 401 or a lost answer,
@@ -303,7 +303,7 @@ class ControlPlane:
             f"{self.lifetime} s"
         )
 
-    def _create_failure(self, response: HttpResponse) -> PiShipError:
+    def _create_failure(self, response: HttpReply) -> PiShipError:
         retryable = response.status in RETRIED_CREATE_STATUSES
         retry_after = response.headers.get("Retry-After")
         return self._errors(

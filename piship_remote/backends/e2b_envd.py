@@ -27,7 +27,7 @@ from piship_remote.backends.common import (
 from piship_remote.backends.e2b_stream import UNKNOWN_OUTCOME
 from piship_remote.connect import connect_envelope
 from piship_remote.errors import PiShipError
-from piship_remote.transport import HttpResponse, Transport, TransportError
+from piship_remote.transport import HttpClient, HttpReply, TransportError
 
 __all__ = [
     "CONNECT_CONTENT_TYPE",
@@ -98,7 +98,7 @@ class Envd:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: HttpClient,
         base: str,
         sandbox_id: str,
         access_token: str | None,
@@ -128,7 +128,7 @@ class Envd:
 
     def start(
         self, start: StartRequest, cancel: threading.Event, timeout: float | None = None
-    ) -> HttpResponse:
+    ) -> HttpReply:
         """Send Start; the response is checked to be a Connect stream, not yet read.
 
         With a ``timeout`` envd is told the deadline too (``Connect-Timeout-Ms``), a
@@ -174,7 +174,7 @@ class Envd:
             cancel=cancel,
         ).close()
 
-    def _check_started(self, response: HttpResponse) -> None:
+    def _check_started(self, response: HttpReply) -> None:
         status = response.status
         if not is_success(status):
             raise _start_failure(response, self._errors)
@@ -188,7 +188,7 @@ class Envd:
             )
 
 
-def _start_failure(response: HttpResponse, errors: SandboxErrors) -> PiShipError:
+def _start_failure(response: HttpReply, errors: SandboxErrors) -> PiShipError:
     """A non-2xx Start: envd's own errors, or plain JSON and HTML from the edge proxy."""
     status = response.status
     if "html" in response.headers.get("Content-Type", "").lower():

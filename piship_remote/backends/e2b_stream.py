@@ -24,7 +24,7 @@ from piship_remote.backends.base import BackendResult, OutputCallback
 from piship_remote.backends.common import SandboxErrors, exit_code_of
 from piship_remote.connect import EnvelopeReader, Frame
 from piship_remote.errors import PiShipError
-from piship_remote.transport import HttpResponse, TransportError
+from piship_remote.transport import HttpReply, TransportError
 
 _FAST_B64: Callable[..., bytes] | None
 try:
@@ -141,7 +141,7 @@ class StreamOutcome:
 
 
 def read_stream(
-    response: HttpResponse,
+    response: HttpReply,
     on_stdout: OutputCallback | None,
     on_stderr: OutputCallback | None,
     errors: SandboxErrors,

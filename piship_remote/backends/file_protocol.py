@@ -54,9 +54,7 @@ class RemoteFiles(Protocol):
         """Stream ``chunks`` into the file ``path`` (parents created, replaced if present)."""
         ...
 
-    def read(
-        self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None
-    ) -> int:
+    def read(self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None) -> int:
         """Stream the file ``path`` into ``sink`` chunk by chunk; returns the byte count."""
         ...
 

@@ -198,7 +198,7 @@ class KubernetesAgentSandboxBackend:
         self._lifetime = lifetime_seconds_or_default(lifetime_seconds)
         self._clock = ClaimClock.for_lifetime(self._lifetime, now=now, monotonic=monotonic)
         self._workdir = workdir
-        http = ClusterHttp(self._transport, credentials)
+        http = ClusterHttp(self._transport, credentials, self.redactor)
         self._claims = ClaimsApi(
             http,
             endpoint=endpoint,

@@ -28,7 +28,7 @@ from piship_remote.backends.kubernetes_http import ClusterHttp, transient
 from piship_remote.backends.lifetime import Anchor, rfc3339
 from piship_remote.cancel import CancelToken
 from piship_remote.errors import GATEWAY_UNREACHABLE, CommandCancelled, PiShipError
-from piship_remote.transport import HttpResponse, TransportError
+from piship_remote.transport import HttpReply, TransportError
 
 __all__ = ["API_VERSION", "RESOURCE_NAME", "ClaimsApi"]
 
@@ -73,7 +73,7 @@ class ClaimsApi:
         self._ready_timeout = ready_timeout
         self._monotonic = monotonic
 
-    def list(self) -> HttpResponse:
+    def list(self) -> HttpReply:
         return self._http.call("GET", f"{self.claims}?limit=1", timeout=_AVAILABLE_TIMEOUT)
 
     def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
@@ -138,7 +138,7 @@ class ClaimsApi:
     def delete(self, claim: Claim) -> None:
         self._delete_name(claim.name)
 
-    def _post_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> HttpResponse:
+    def _post_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> HttpReply:
         manifest = {
             "apiVersion": API_VERSION,
             "kind": "SandboxClaim",
@@ -203,7 +203,7 @@ class ClaimsApi:
 
     def _api(
         self, action: str, method: str, url: str, cancel: CancelToken, **kwargs: Any
-    ) -> HttpResponse:
+    ) -> HttpReply:
         """An API call whose transport failure reads ``<action> failed: …``."""
         try:
             return self._http.call(method, url, cancel=cancel, **kwargs)
@@ -223,7 +223,7 @@ class ClaimsApi:
         )
 
 
-def _lenient_json(response: HttpResponse) -> dict[str, Any]:
+def _lenient_json(response: HttpReply) -> dict[str, Any]:
     """The body as an object, or ``{}`` when it is not one (the claim only has to exist)."""
     try:
         return response.json_object()

@@ -4,7 +4,7 @@ The Kubernetes API and the sandbox router share these rules: the credential is a
 bearer token read fresh per attempt under the 401 protocol (a POST is never
 repeated), and a failed answer reads ``HTTP <status>: <reason>: <message>``::
 
-    http = ClusterHttp(transport, credential)
+    http = ClusterHttp(transport, credential, redactor)
     response = http.call("GET", url, cancel=token)
     if not is_success(response.status):
         raise http.errors(f"reading the SandboxClaim failed: {http.failure(response)}")
@@ -19,7 +19,8 @@ from typing import Any
 from piship_remote.backends.common import DETAIL_LIMIT, SandboxErrors
 from piship_remote.backends.credential import Credential, send_credentialed
 from piship_remote.errors import CommandCancelled
-from piship_remote.transport import HttpResponse, Transport, TransportError, window_text
+from piship_remote.redact import Redactor
+from piship_remote.transport import HttpClient, HttpReply, TransportError, window_text
 
 __all__ = ["API_TIMEOUT", "ClusterHttp", "transient"]
 
@@ -30,12 +31,13 @@ _FAILURE_WINDOW = 4096
 class ClusterHttp:
     """One backend's transport and credential, with its error factory."""
 
-    def __init__(self, transport: Transport, credential: Credential) -> None:
+    def __init__(self, transport: HttpClient, credential: Credential, redactor: Redactor) -> None:
         self.transport = transport
         self._credential = credential
-        self.errors = SandboxErrors(transport.redactor)
+        self._redactor = redactor
+        self.errors = SandboxErrors(redactor)
 
-    def call(self, method: str, url: str, **kwargs: Any) -> HttpResponse:
+    def call(self, method: str, url: str, **kwargs: Any) -> HttpReply:
         """One request with the bearer; ``timeout`` defaults to 30 s."""
         kwargs.setdefault("timeout", API_TIMEOUT)
         return send_credentialed(
@@ -48,11 +50,11 @@ class ClusterHttp:
             **kwargs,
         )
 
-    def failure(self, response: HttpResponse) -> str:
+    def failure(self, response: HttpReply) -> str:
         """``HTTP <status>: <detail>``; a Kubernetes Status body gives its reason and message."""
         body = window_text(_head(response, _FAILURE_WINDOW), _FAILURE_WINDOW)
         detail = _status_detail(body) or body
-        redacted = self.transport.redactor.redact(" ".join(detail.split()))
+        redacted = self._redactor.redact(" ".join(detail.split()))
         detail = redacted[:DETAIL_LIMIT].strip()
         return f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"
 
@@ -66,7 +68,7 @@ def _bearer(token: str) -> Mapping[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _head(response: HttpResponse, limit: int) -> bytes:
+def _head(response: HttpReply, limit: int) -> bytes:
     """Up to ``limit`` bytes of the body; a failed read keeps what arrived."""
     body = bytearray()
     try:

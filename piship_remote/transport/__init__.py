@@ -1,0 +1,36 @@
+"""HTTP for the remote backends: one pooled client, endpoint rules, cancellable calls.
+
+The modules, one concept each:
+
+- :mod:`.protocol`: :class:`HttpClient`, what a backend needs from a client;
+- :mod:`.client`: :class:`Transport`, the default client (a pooled session);
+- :mod:`.endpoint`: which URLs and headers may be sent;
+- :mod:`.response`: :class:`HttpResponse`, bodies read on demand;
+- :mod:`.failures`: :class:`TransportError` and how failures are named;
+- ``_scope`` (cancel and deadline reach the socket), ``_connection`` (the pool's
+  connections), ``_dechunk``, ``_prepared``, and ``_urllib3_internals``: the one
+  module that touches private urllib3 / http.client members.
+
+::
+
+    transport = Transport(redactor=Redactor())
+    with transport.request("GET", "https://api.example.com/health", timeout=10) as r:
+        ok = r.status == 200
+"""
+
+from piship_remote.transport._dechunk import Dechunker as _Dechunker  # noqa: F401 (tests)
+from piship_remote.transport.client import Transport
+from piship_remote.transport.endpoint import check_endpoint
+from piship_remote.transport.failures import TransportError
+from piship_remote.transport.protocol import HttpClient, HttpReply
+from piship_remote.transport.response import HttpResponse, window_text
+
+__all__ = [
+    "HttpClient",
+    "HttpReply",
+    "HttpResponse",
+    "Transport",
+    "TransportError",
+    "check_endpoint",
+    "window_text",
+]

@@ -1,0 +1,182 @@
+"""Pooled connections that register their sockets with the calling thread's call scope.
+
+A connection registers its socket with :data:`~piship_remote.transport._scope.CURRENT`
+when it connects (before ``connect()``, so a cancel interrupts a hanging connect) and
+again just before it waits for the response headers. Taken from the pool by another
+call, it first leaves the previous call's scope; if that call was cancelled meanwhile
+(its cancel may have shut the socket down) the connection is closed and reopened.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import socket
+import sys
+from typing import Any
+
+import requests.adapters
+import urllib3
+import urllib3.connection
+import urllib3.connectionpool
+import urllib3.exceptions
+import urllib3.response
+from urllib3.util.connection import allowed_gai_family
+from urllib3.util.timeout import Timeout
+
+from piship_remote.transport._scope import CURRENT, CallScope, DeadlineReader
+from piship_remote.transport._urllib3_internals import SocketFactoryHook, record_retired
+
+__all__ = ["CancellableAdapter"]
+
+HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sandbox)
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's response, reading through a :class:`DeadlineReader` during a call."""
+
+    def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
+        scope = CURRENT.get()
+        if scope is not None and scope.deadline is not None and isinstance(sock, socket.socket):
+            sock = _DeadlineSocket(sock, scope)
+        super().__init__(sock, *args, **kwargs)
+
+
+class _DeadlineSocket:
+    """What http.client's response needs of a socket: ``makefile``, deadline-bound."""
+
+    __slots__ = ("_scope", "_sock")
+
+    def __init__(self, sock: socket.socket, scope: CallScope) -> None:
+        self._sock = sock
+        self._scope = scope
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(DeadlineReader(self._sock, self._scope))
+
+
+class _Connection(SocketFactoryHook):
+    """An HTTP connection that registers its socket with the calling thread's scope."""
+
+    response_class = _DeadlineResponse
+
+    _piship_scope: CallScope | None = None
+    _piship_socket: socket.socket | None = None
+
+    def open_socket(self) -> socket.socket:
+        scope = CURRENT.get()
+        if scope is None:
+            return super().open_socket()
+        self._leave_scope(scope, close_if_cancelled=False)  # its old socket is closed
+        sock = _open_socket(self, scope)
+        if isinstance(self, urllib3.connection.HTTPSConnection):
+            # The TLS wrapper detaches `sock`; a duplicate descriptor keeps the
+            # handshake interruptible until getresponse() registers the TLS socket.
+            scope.attach(sock.dup(), owned=True)
+        self._piship_scope, self._piship_socket = scope, sock
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        scope = CURRENT.get()
+        if scope is not None:
+            self._leave_scope(scope, close_if_cancelled=True)
+            if self.sock is None:
+                self.connect()  # connect first, so `sent` means "past the connect"
+            scope.sent = True
+        super().request(*args, **kwargs)
+
+    def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
+        scope = CURRENT.get()
+        sock = self.sock
+        if scope is not None and sock is not None:
+            remaining = scope.remaining()
+            if remaining is not None:
+                if remaining <= 0:
+                    raise TimeoutError("the deadline passed before the response")
+                self.timeout = remaining  # getresponse() applies it to the socket
+            if isinstance(sock, socket.socket):
+                scope.attach(sock)
+                scope.drop_owned()
+                scope.socket = sock
+                self._piship_scope, self._piship_socket = scope, sock
+            # else TLS inside TLS (an HTTPS proxy): the duplicate of the TCP socket
+            # registered at connect time stays the one a cancel shuts down.
+        return super().getresponse()
+
+    def _leave_scope(self, current: CallScope, *, close_if_cancelled: bool) -> None:
+        """Detach from the scope of the call that used this connection before ``current``."""
+        previous = self._piship_scope
+        if previous is None or previous is current:
+            return
+        sock, self._piship_scope, self._piship_socket = self._piship_socket, None, None
+        if not previous.detach(sock) and close_if_cancelled:
+            self.close()  # a late cancel may have shut the socket down: reconnect
+
+
+class _TlsConnection(_Connection, urllib3.connection.HTTPSConnection):
+    """The HTTPS variant of :class:`_Connection`."""
+
+
+def _open_socket(conn: _Connection, scope: CallScope) -> socket.socket:
+    """Connect like urllib3 does, but with the socket registered before ``connect()``."""
+    host = conn.host.strip("[]")
+    try:
+        addresses = socket.getaddrinfo(host, conn.port, allowed_gai_family(), socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise urllib3.exceptions.NameResolutionError(conn.host, conn, e) from e
+    failure: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        if scope.cancelled:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            for option in conn.socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(Timeout.resolve_default_timeout(conn.timeout))
+            if conn.source_address:
+                sock.bind(conn.source_address)
+            scope.attach(sock)
+            sock.connect(address)
+        except OSError as e:
+            scope.detach(sock)
+            sock.close()
+            failure = e
+            continue
+        sys.audit("http.client.connect", conn, conn.host, conn.port)
+        return sock
+    if isinstance(failure, TimeoutError) and failure.errno is None:
+        raise urllib3.exceptions.ConnectTimeoutError(conn, "connect timed out") from failure
+    raise urllib3.exceptions.NewConnectionError(conn, "connect failed") from failure
+
+
+class _Pool(urllib3.connectionpool.HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TlsPool(urllib3.connectionpool.HTTPSConnectionPool):
+    ConnectionCls = _TlsConnection
+
+
+_POOL_CLASSES: dict[str, type[urllib3.connectionpool.HTTPConnectionPool]] = {
+    "http": _Pool,
+    "https": _TlsPool,
+}
+
+
+class CancellableAdapter(requests.adapters.HTTPAdapter):
+    """An adapter whose pools use the scope-aware connection classes.
+
+    Its pool managers record the pools they drop (see ``record_retired``).
+    """
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        record_retired(self.poolmanager, HOSTS)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> urllib3.PoolManager:
+        manager: urllib3.PoolManager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):
+            manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        record_retired(manager, HOSTS)
+        return manager

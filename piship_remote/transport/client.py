@@ -1,0 +1,373 @@
+"""The pooled session: :class:`Transport`, the default HTTP client of the backends.
+
+A :class:`Transport` is shared by every thread of one backend::
+
+    transport = Transport(redactor=Redactor(), component="sandbox")
+    api = transport.endpoint("https://api.example.com/")          # validated, no trailing "/"
+    with transport.request("GET", f"{api}/health", timeout=10, cancel=token) as response:
+        if response.status != 200:
+            raise RuntimeError(response.failure())                # "HTTP 503: <redacted body>"
+
+What it guarantees:
+
+- endpoint rules: no credentials in URLs, plain HTTP only to loopback, redirects never
+  followed, TLS verification always on, proxies from the environment honoured;
+- connections are pooled and kept alive (a short request costs one round trip), and a
+  request is never re-sent automatically (a POST may have created something);
+- ``timeout`` is a deadline for the whole exchange (a server dripping bytes cannot
+  stretch it); a stream's body is bounded by ``idle_timeout`` and its reader instead;
+- ``cancel`` (a :class:`~piship_remote.cancel.CancelToken` or a plain ``threading.Event``)
+  shuts down the socket of *that* call only, so a connect, a wait for headers or a body
+  read ends within milliseconds with :class:`~piship_remote.errors.CommandCancelled`;
+- a transport failure is a :class:`~piship_remote.transport.TransportError` whose
+  message never carries the underlying exception's text (it can contain header values),
+  and which is raised from frames that no longer hold the request's headers.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import requests
+import requests.cookies
+import urllib3.connectionpool
+import urllib3.response
+from urllib3.util.timeout import Timeout
+
+from piship_remote.cancel import EventWatcher
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    TLS_POLICY_VIOLATION,
+    CommandCancelled,
+    PiShipError,
+)
+from piship_remote.redact import Redactor
+from piship_remote.transport._connection import HOSTS, CancellableAdapter
+from piship_remote.transport._prepared import Outgoing, Route, Target
+from piship_remote.transport._scope import CURRENT, Call
+from piship_remote.transport.endpoint import (
+    check_endpoint,
+    check_url,
+    header_is_valid,
+    request_path,
+    via_http_proxy,
+)
+from piship_remote.transport.response import EAGER_BYTES, HttpResponse
+
+__all__ = ["Transport"]
+
+_LOG = logging.getLogger("piship_remote")
+_SETTINGS_CACHE = 256  # URLs and origins whose checks and settings are remembered
+
+
+def _no_auth(request: requests.PreparedRequest) -> requests.PreparedRequest:
+    # Passed as `auth` so that requests neither reads ~/.netrc nor applies a session's
+    # auth: the only credential sent is the one the caller put in the headers.
+    return request
+
+
+class Transport:
+    """The HTTP client of one backend: a pooled session shared by all its threads."""
+
+    def __init__(
+        self,
+        *,
+        redactor: Redactor,
+        component: str = "sandbox",
+        session: requests.Session | None = None,
+        pool_size: int = 64,
+    ) -> None:
+        self.redactor = redactor
+        self.component = component
+        self._owns_session = session is None
+        self._session = session if session is not None else requests.Session()
+        verify = self._session.verify
+        if verify is False:
+            raise PiShipError(
+                TLS_POLICY_VIOLATION,
+                "Refusing a requests.Session with TLS verification disabled",
+                component=component,
+            )
+        # A CA bundle path configured on the given session is kept; never False.
+        self._verify: bool | str = verify if isinstance(verify, str) else True
+        self._adapter = CancellableAdapter(
+            pool_connections=HOSTS, pool_maxsize=pool_size, pool_block=False, max_retries=0
+        )
+        self._session.mount("http://", self._adapter)
+        self._session.mount("https://", self._adapter)
+        self._watcher = EventWatcher()
+        self._targets: dict[str, Target] = {}
+        self._routes: dict[str, Route] = {}
+
+    def endpoint(self, url: str) -> str:
+        """``url`` checked against the endpoint rules, without trailing slashes.
+
+        Raises ``PiShipError`` ``CONFIG_INVALID`` (credentials in the URL, no host) or
+        ``NETWORK_DENIED`` (plain HTTP to a non-loopback host, another scheme).
+        """
+        return check_endpoint(url)
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        data: bytes | Iterable[bytes] | None = None,
+        timeout: float | None = 30.0,
+        cancel: threading.Event | None = None,
+        stream: bool = False,
+        idle_timeout: float | None = None,
+    ) -> HttpResponse:
+        """Send one request; never retried, never redirected.
+
+        ``timeout`` bounds the whole exchange: connect, headers and, unless ``stream``,
+        the body, however slowly the server sends it (``None``: no deadline). A stream's
+        body has its own rules instead: ``idle_timeout`` bounds the silence between its
+        bytes, and its reader decides how long the whole may take. ``cancel`` set before
+        or during the call raises ``CommandCancelled``. ``json`` is sent compact.
+        """
+        target = self._target(url)
+        if cancel is not None and cancel.is_set():
+            raise CommandCancelled()
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        call = Call(
+            self.component,
+            self.redactor,
+            (target.label, target.origin),
+            deadline,
+            stream=stream,
+            idle_timeout=idle_timeout,
+        )
+        failure = self._exchange(method, target, headers, json, data, call, cancel)
+        headers = None  # the credential leaves this frame before anything is raised from it
+        if isinstance(failure, BaseException):
+            self._log(method, url, type(failure).__name__, started)
+            raise failure
+        self._log(method, url, failure.status, started)
+        result = HttpResponse(failure, call)
+        if call.scope.cancelled:
+            result.close()
+            raise CommandCancelled()
+        if stream:
+            call.scope.end_deadline()
+        else:
+            try:
+                result._read_upto(EAGER_BYTES)
+            except BaseException:
+                result.close()
+                raise
+        return result
+
+    def _exchange(
+        self,
+        method: str,
+        target: Target,
+        headers: Mapping[str, str] | None,
+        json: Any,
+        data: bytes | Iterable[bytes] | None,
+        call: Call,
+        cancel: threading.Event | None,
+    ) -> urllib3.response.HTTPResponse | BaseException:
+        """Send the request and wait for the response headers.
+
+        A failure is returned, not raised: mapped to our errors and without the
+        traceback and chained exceptions of the frames that held the headers.
+        """
+        try:
+            if cancel is not None:
+                call.watch(cancel, self._watcher)
+            return self._send(method, target, headers, json, data, call)
+        except BaseException as exc:
+            headers = None
+            call.finish()
+            mapped = call.error(exc)
+            if mapped is exc and not isinstance(exc, (PiShipError, CommandCancelled)):
+                raise  # a bug or a bad argument: its traceback is for debugging
+            mapped.__traceback__ = mapped.__context__ = mapped.__cause__ = None
+            return mapped
+
+    def _log(self, method: str, url: str, outcome: object, started: float) -> None:
+        """One DEBUG line per request: method, path (redacted), outcome, time taken."""
+        if _LOG.isEnabledFor(logging.DEBUG):
+            elapsed = (time.monotonic() - started) * 1000
+            path = self.redactor.redact(urllib.parse.urlsplit(url).path)
+            _LOG.debug("%s %s %s -> %s in %.1f ms", self.component, method, path, outcome, elapsed)
+
+    def close(self) -> None:
+        """Close the pooled connections (and the session if this transport made it)."""
+        self._watcher.close()
+        if self._owns_session:
+            self._session.close()
+        else:
+            self._adapter.close()
+        self._routes.clear()
+
+    def _send(
+        self,
+        method: str,
+        target: Target,
+        headers: Mapping[str, str] | None,
+        json: Any,
+        data: bytes | Iterable[bytes] | None,
+        call: Call,
+    ) -> urllib3.response.HTTPResponse:
+        all_headers = dict(headers) if headers else {}
+        headers = None
+        if json is not None:
+            data = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
+            if not any(name.lower() == "content-type" for name in all_headers):
+                all_headers["Content-Type"] = "application/json"
+        method = method.upper()
+        outgoing = self._outgoing(method, target, all_headers, data)
+        all_headers.clear()
+        if outgoing is None:
+            # requests' message would quote the value, which may be a credential.
+            raise PiShipError(
+                CONFIG_INVALID,
+                "A request header value is not valid (line breaks or surrounding whitespace)",
+                component=self.component,
+            )
+        remaining = call.scope.remaining()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError("the deadline passed before the request")
+        if remaining is None:
+            remaining = call.idle_timeout  # no deadline: each socket wait is still bounded
+        token = CURRENT.set(call.scope)
+        try:
+            return self._open(outgoing, self._route(target), remaining)
+        finally:
+            CURRENT.reset(token)
+
+    def _target(self, url: str) -> Target:
+        """``url`` checked against the endpoint rules and normalised, remembered per URL."""
+        target = self._targets.get(url)
+        if target is None:
+            label, origin = check_url(url)
+            probe = requests.PreparedRequest()
+            probe.prepare_url(url, None)  # requests' normal form: IDNA, quoting
+            normal = probe.url or url
+            target = Target(label, origin, normal, request_path(probe))
+            if len(self._targets) >= _SETTINGS_CACHE:
+                self._targets.clear()
+            self._targets[url] = target
+        return target
+
+    def _outgoing(
+        self,
+        method: str,
+        target: Target,
+        headers: dict[str, str],
+        data: bytes | Iterable[bytes] | None,
+    ) -> Outgoing | None:
+        """The request as the session would prepare it, without its per-call costs;
+        ``None`` when a header is not valid.
+
+        A session with cookies, default query parameters or response hooks prepares
+        it itself (cookies are sent, parameters added).
+        """
+        session = self._session
+        if session.cookies or session.params or any(session.hooks.values()):
+            try:
+                prepared = session.prepare_request(
+                    requests.Request(method, target.url, headers=headers, data=data, auth=_no_auth)
+                )
+            except requests.exceptions.InvalidHeader:
+                return None
+            return Outgoing(method, prepared.url or target.url, prepared.headers, data, prepared)
+        merged: dict[str, str | bytes] = {}
+        names: dict[str, str] = {}  # lower-case name -> the spelling in `merged`
+        for source in (session.headers, headers):
+            for name, value in source.items():
+                key = name.lower()
+                previous = names.pop(key, None)
+                if previous is not None:
+                    del merged[previous]  # replaced whatever its case
+                if value is None:
+                    continue  # requests' way of removing a header
+                if not header_is_valid(name, value):
+                    return None
+                merged[name] = value
+                names[key] = name
+        if isinstance(data, bytes):
+            merged["Content-Length"] = str(len(data))
+        elif data is not None:
+            pass  # streamed: urllib3 sends it chunked
+        elif method not in ("GET", "HEAD"):
+            merged["Content-Length"] = "0"
+        return Outgoing(method, target.url, merged, data, None, target.path)
+
+    def _route(self, target: Target) -> Route:
+        """How requests to ``target``'s origin are sent, remembered per origin.
+
+        requests derives proxies, CA bundle and client certificate from the environment,
+        finds the pool and checks the CA bundle on every call, which costs more than the
+        rest of a kept-alive request; here that happens once per origin (and again when
+        the pool manager has closed the pool).
+        """
+        route = self._routes.get(target.origin)
+        if route is not None and route.current():
+            return route
+        settings: dict[str, Any] = dict(
+            self._session.merge_environment_settings(target.url, {}, True, self._verify, None)
+        )
+        pool: urllib3.connectionpool.HTTPConnectionPool | None = None
+        absolute = False
+        if self._session.get_adapter(target.url) is self._adapter:
+            probe = requests.PreparedRequest()
+            probe.url = target.url
+            proxies, verify, cert = settings["proxies"], settings["verify"], settings["cert"]
+            found = self._adapter.get_connection_with_tls_context(
+                probe, verify, proxies=proxies, cert=cert
+            )
+            assert isinstance(found, urllib3.connectionpool.HTTPConnectionPool)
+            pool = found
+            self._adapter.cert_verify(pool, target.url, verify, cert)  # type: ignore[no-untyped-call]
+            absolute = via_http_proxy(target.url, target.origin, proxies)
+        route = Route(settings, pool, absolute)
+        if len(self._routes) >= _SETTINGS_CACHE:
+            self._routes.clear()
+        self._routes[target.origin] = route
+        return route
+
+    def _open(
+        self, outgoing: Outgoing, route: Route, remaining: float | None
+    ) -> urllib3.response.HTTPResponse:
+        """What ``HTTPAdapter.send`` does, minus building a ``requests.Response``."""
+        pool = route.pool
+        if pool is None:  # an adapter the caller mounted on the session: it sends
+            response = self._session.send(
+                outgoing.prepared(),
+                timeout=(remaining, remaining),
+                allow_redirects=False,
+                **route.settings,
+            )
+            raw: urllib3.response.HTTPResponse = response.raw
+            return raw
+        opened = pool.urlopen(
+            method=outgoing.method,
+            url=outgoing.url_for(absolute=route.absolute),
+            body=outgoing.body,
+            headers=outgoing.headers,  # type: ignore[arg-type]
+            redirect=False,
+            assert_same_host=False,
+            preload_content=False,
+            decode_content=False,
+            retries=self._adapter.max_retries,
+            timeout=Timeout(connect=remaining, read=remaining),
+            chunked=outgoing.body is not None and not isinstance(outgoing.body, bytes),
+        )
+        assert isinstance(opened, urllib3.response.HTTPResponse)
+        if "set-cookie" in opened.headers:
+            requests.cookies.extract_cookies_to_jar(  # type: ignore[no-untyped-call]
+                self._session.cookies, outgoing.prepared(), opened
+            )
+        return opened

@@ -1,0 +1,110 @@
+"""The private urllib3 / http.client members the transport relies on still exist and behave.
+
+If one of these fails after a urllib3 or Python upgrade, the module
+piship_remote/transport/_urllib3_internals.py must be adapted before anything else.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import inspect
+import io
+import socket
+from collections.abc import Iterator
+
+import pytest
+import urllib3
+import urllib3._collections
+import urllib3.connection
+from loopback_http import LoopbackHttp
+
+from piship_remote.transport._urllib3_internals import (
+    RETIRED,
+    SocketFactoryHook,
+    chunked_source,
+    record_retired,
+)
+
+
+def test_urllib3_is_major_version_2() -> None:
+    assert urllib3.__version__.split(".")[0] == "2"
+
+
+def test_connect_creates_its_socket_through_new_conn() -> None:
+    assert "self._new_conn()" in inspect.getsource(urllib3.connection.HTTPConnection.connect)
+
+
+def test_the_socket_factory_hook_is_called_on_connect() -> None:
+    opened: list[socket.socket] = []
+
+    class Recording(SocketFactoryHook):
+        def open_socket(self) -> socket.socket:
+            sock = super().open_socket()
+            opened.append(sock)
+            return sock
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        conn = Recording("127.0.0.1", listener.getsockname()[1], timeout=5)
+        conn.connect()
+        try:
+            assert opened and conn.sock is opened[0]
+        finally:
+            conn.close()
+
+
+def test_pool_containers_take_a_dispose_func_and_a_size() -> None:
+    disposed: list[str] = []
+    container = urllib3._collections.RecentlyUsedContainer(1, disposed.append)
+    assert container.dispose_func is not None
+    assert container._maxsize == 1
+    container["a"] = "first"
+    container["b"] = "second"  # evicts "first"
+    assert disposed == ["first"]
+
+
+def test_a_pool_manager_records_the_pools_it_evicts() -> None:
+    manager = urllib3.PoolManager(num_pools=1)
+    record_retired(manager, 32)
+    first = manager.connection_from_host("127.0.0.1", 1, scheme="http")
+    manager.connection_from_host("127.0.0.1", 2, scheme="http")
+    assert first in RETIRED
+    manager.clear()
+
+
+@pytest.fixture
+def chunked_url() -> Iterator[str]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"5\r\nhello\r\n0\r\n\r\n")
+
+    server = LoopbackHttp(Handler)
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(10)
+def test_a_response_exposes_its_http_client_response_and_chunk_state(chunked_url: str) -> None:
+    with urllib3.PoolManager() as manager:
+        raw = manager.request("GET", f"{chunked_url}/", preload_content=False)
+        inner = raw._fp
+        assert isinstance(inner, http.client.HTTPResponse)
+        assert inner.chunked and inner.chunk_left is None
+        assert isinstance(inner.fp, io.BufferedReader)
+        source = chunked_source(raw)
+        assert source is not None and source[0] is inner
+        raw.read()
+        assert chunked_source(raw) is None
+        raw.release_conn()
