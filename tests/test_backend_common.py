@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from seed_support import kubernetes
 
-from piship_remote.backends.base import BackendResult
+from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.backends.common import exit_code_of, exit_status, remote_directory
 from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
@@ -22,7 +23,9 @@ from piship_remote.errors import (
     PiShipError,
 )
 from piship_remote.policy import SandboxProfile
+from piship_remote.redact import Redactor
 from piship_remote.testing import E2bServer, KubernetesServer
+from piship_remote.transport import HttpReply, Transport
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -215,3 +218,35 @@ def test_a_refused_claims_api_is_gateway_unreachable_naming_the_endpoint(
     assert caught.value.code == GATEWAY_UNREACHABLE
     assert caught.value.retryable
     assert refused_url in str(caught.value)
+
+
+class RecordingClient:
+    """An ``HttpClient`` that wraps the default one and records what passes through."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+        self.closed = False
+
+    def request(self, method: str, url: str, **kwargs: Any) -> HttpReply:
+        self.calls.append((method, urllib.parse.urlsplit(url).path))
+        return self.inner.request(method, url, **kwargs)
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+
+def test_a_backend_sends_every_request_through_the_client_it_is_given(
+    served: tuple[E2bServer | KubernetesServer, BackendFor], profile: SandboxProfile
+) -> None:
+    mock, backend_for = served
+    client = RecordingClient(Transport(redactor=Redactor()))
+    with backend_for(client=client) as backend:
+        instance = backend.prepare(profile)
+        instance.exec(ExecRequest(command="true", cwd=profile.workspace))
+        instance.dispose()
+    assert [path for _, path in client.calls] == [
+        request.path.split("?", 1)[0] for request in mock.requests
+    ]
+    assert client.closed

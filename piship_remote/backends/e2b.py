@@ -53,7 +53,7 @@ from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
-from piship_remote.transport import Transport
+from piship_remote.transport import HttpClient, Transport, check_endpoint
 
 if TYPE_CHECKING:
     import requests
@@ -78,7 +78,9 @@ class E2bCompatibleBackend:
     CubeSandbox). ``envd_url`` overrides the envd base URL: a string, or a callable
     of ``(sandbox_id, domain)``; tests point it at their mock.
     ``stream_idle_timeout`` is how long a command stream may stay silent (envd
-    sends a keepalive every 50 s) before it counts as lost.
+    sends a keepalive every 50 s) before it counts as lost. ``client`` replaces the
+    HTTP client (any :class:`~piship_remote.transport.HttpClient`, e.g. a recording
+    wrapper around :class:`~piship_remote.transport.Transport`); ``session`` is then unused.
     """
 
     id = BACKEND_ID
@@ -97,18 +99,17 @@ class E2bCompatibleBackend:
         envd_url: EnvdUrl = None,
         session: requests.Session | None = None,
         stream_idle_timeout: float = 2.0 * KEEPALIVE_INTERVAL,
+        client: HttpClient | None = None,
     ) -> None:
         self.redactor = Redactor()
         self._errors = SandboxErrors(self.redactor)
         credentials = Credential(
             credential, credential_rejected, self.redactor, name=API_KEY_VARIABLE
         )
-        self._transport = Transport(redactor=self.redactor, component="sandbox", session=session)
-        try:
-            control_endpoint = self._transport.endpoint(endpoint)
-        except BaseException:
-            self._transport.close()
-            raise
+        control_endpoint = check_endpoint(endpoint)
+        self._transport: HttpClient = client or Transport(
+            redactor=self.redactor, component="sandbox", session=session
+        )
         self._control = ControlPlane(
             self._transport,
             control_endpoint,
@@ -207,7 +208,7 @@ class E2bCompatibleBackend:
                 parts = urllib.parse.urlsplit(self._control.endpoint)
                 domain = created.domain or _strip_api(parts.netloc)
                 url = f"{parts.scheme}://{ENVD_PORT}-{created.sandbox_id}.{domain}"
-            return self._transport.endpoint(url)
+            return check_endpoint(url)
         except PiShipError as e:
             raise self._errors(
                 f"the sandbox's envd address cannot be used: {e}",

@@ -53,7 +53,7 @@ from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
-from piship_remote.transport import Transport
+from piship_remote.transport import HttpClient, Transport, check_endpoint
 
 __all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "runtime_command"]
 
@@ -157,7 +157,8 @@ class KubernetesAgentSandboxBackend:
     All durations are seconds; ``now`` and ``monotonic`` are the wall and monotonic
     clocks (injectable for tests). ``credential()`` is read for every request and sent
     as a bearer to the API and the router; ``credential_rejected()`` is called on a
-    401 and returns ``True`` when a renewed credential is ready.
+    401 and returns ``True`` when a renewed credential is ready. ``client`` replaces
+    the HTTP client (any :class:`~piship_remote.transport.HttpClient`).
     """
 
     id = PROVIDER
@@ -180,6 +181,7 @@ class KubernetesAgentSandboxBackend:
         credential: Callable[[], str | None] | None = None,
         credential_rejected: Callable[[], bool] | None = None,
         session: requests.Session | None = None,
+        client: HttpClient | None = None,
     ) -> None:
         if not all(
             isinstance(name, str) and RESOURCE_NAME.match(name) for name in (namespace, template)
@@ -189,12 +191,10 @@ class KubernetesAgentSandboxBackend:
         credentials = Credential(
             credential, credential_rejected, self.redactor, name=_CREDENTIAL_NAME
         )
-        self._transport = Transport(redactor=self.redactor, component="sandbox", session=session)
-        try:
-            endpoint, router = self._transport.endpoint(endpoint), self._transport.endpoint(router)
-        except BaseException:
-            self._transport.close()
-            raise
+        endpoint, router = check_endpoint(endpoint), check_endpoint(router)
+        self._transport: HttpClient = client or Transport(
+            redactor=self.redactor, component="sandbox", session=session
+        )
         self._lifetime = lifetime_seconds_or_default(lifetime_seconds)
         self._clock = ClaimClock.for_lifetime(self._lifetime, now=now, monotonic=monotonic)
         self._workdir = workdir
