@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import urllib.parse
 import socket
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
