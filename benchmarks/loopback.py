@@ -56,7 +56,7 @@ from typing import IO, Any, cast
 
 import requests
 
-__all__ = ["FRAME_BYTES", "ROOT", "LoopbackServer", "serve"]
+__all__ = ["FRAME_BYTES", "READY", "ROOT", "LoopbackServer", "readline_within", "serve"]
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the ``benchmarks`` package; child processes start there."""
@@ -69,7 +69,7 @@ ACCESS_TOKEN = "envd-token-1"
 CHECK_MARKER = "piship-sandbox-ready"
 HANG_LIMIT = 60.0
 _FRAMES_PER_WRITE = 8
-_READY = "READY "
+READY = "READY "
 _STARTUP_TIMEOUT = 20.0
 _STOP_TIMEOUT = 5.0
 _PATTERN = (b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+/-_.,;:!?" * 4)[:255]
@@ -399,7 +399,7 @@ def _main() -> None:
         stopped.set()
 
     threading.Thread(target=watch_stdin, name="piship-bench-stdin", daemon=True).start()
-    print(f"{_READY}{listener.getsockname()[1]}", flush=True)
+    print(f"{READY}{listener.getsockname()[1]}", flush=True)
     serve(listener, stopped.is_set)
     listener.close()
 
@@ -419,11 +419,11 @@ class LoopbackServer:
             cwd=ROOT,
         )
         assert self._process.stdout is not None
-        line = _readline(self._process.stdout, _STARTUP_TIMEOUT)
-        if not line.startswith(_READY):
+        line = readline_within(self._process.stdout, _STARTUP_TIMEOUT)
+        if not line.startswith(READY):
             self.close()
             raise RuntimeError(f"the loopback server did not start: {line!r}")
-        self.url = f"http://127.0.0.1:{int(line[len(_READY) :])}"
+        self.url = f"http://127.0.0.1:{int(line[len(READY) :])}"
         self._session = requests.Session()
 
     def signal_arrival(self, run_id: str, wait: float = 2.0) -> tuple[int, str] | None:
@@ -474,7 +474,7 @@ class LoopbackServer:
         self.close()
 
 
-def _readline(stream: IO[str], timeout: float) -> str:
+def readline_within(stream: IO[str], timeout: float) -> str:
     """One line from ``stream`` within ``timeout`` (``""`` if none came)."""
     lines: list[str] = []
     reader = threading.Thread(
