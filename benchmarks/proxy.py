@@ -5,7 +5,11 @@ arrived, independently per direction, so a round trip costs ``2 * delay`` while
 throughput is not capped by it (many chunks are in flight at once, as on a real
 link). An end of stream (a half-close) travels the same way: the far side sees
 ``shutdown(SHUT_WR)`` one delay later and can still answer. A reset or error on
-either side ends the whole connection::
+either side ends the whole connection. The kernel completes the client's connect at
+once, so the handshake a real link would cost (a round trip before the client can
+send) is charged instead to the first bytes upstream: none reach it before three
+one-way delays after the connection opened, which makes a new connection's first
+request take two round trips, as it does on a network::
 
     with DelayProxy(("127.0.0.1", 8080), delay=0.010) as proxy:   # 20 ms RTT
         requests.get(f"{proxy.url}/health")
@@ -55,6 +59,7 @@ class _Link:
     def __init__(self, client: socket.socket, upstream: socket.socket, delay: float) -> None:
         self.sockets = (client, upstream)
         self.delay = delay
+        self.handshake_done = time.monotonic() + 2 * delay
         self.finished = 0
         self.lock = threading.Lock()
         self.threads = [
@@ -66,9 +71,11 @@ class _Link:
         """A reader and a writer per direction, joined by that direction's queue."""
         pumps: list[tuple[Callable[[], None], str]] = []
         client, upstream = self.sockets
-        for source, target, way in ((client, upstream, "up"), (upstream, client, "down")):
+        ways = ((client, upstream, "up", self.handshake_done), (upstream, client, "down", 0.0))
+        for source, target, way, not_before in ways:
             line: _Line = queue.SimpleQueue()
-            pumps.append((functools.partial(self._read, source, line), f"read-{way}"))
+            read = functools.partial(self._read, source, line, not_before)
+            pumps.append((read, f"read-{way}"))
             pumps.append((functools.partial(self._write, target, line), f"write-{way}"))
         return pumps
 
@@ -76,15 +83,22 @@ class _Link:
         for thread in self.threads:
             thread.start()
 
-    def _read(self, source: socket.socket, line: _Line) -> None:
-        """Stamp each chunk with its arrival; ``_EOF`` at a clean end, ``None`` on an error."""
+    def _read(self, source: socket.socket, line: _Line, sent_after: float) -> None:
+        """Stamp each chunk with when it is due (as if sent no earlier than ``sent_after``).
+
+        ``_EOF`` follows the last chunk at a clean end, ``None`` on an error.
+        """
+
+        def due() -> float:
+            return max(time.monotonic(), sent_after) + self.delay
+
         try:
             while chunk := source.recv(_READ):
-                line.put((time.monotonic() + self.delay, chunk))
+                line.put((due(), chunk))
         except OSError:
             line.put((time.monotonic(), None))
             return
-        line.put((time.monotonic() + self.delay, _EOF))
+        line.put((due(), _EOF))
 
     def _write(self, target: socket.socket, line: _Line) -> None:
         """Send each chunk once its time has come; pass the end on as a half-close."""

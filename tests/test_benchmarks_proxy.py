@@ -90,6 +90,13 @@ def test_bytes_pass_intact_both_ways(upstream: Upstream) -> None:
     assert echoed == payload
 
 
+def _ping(sock: socket.socket) -> float:
+    start = time.monotonic()
+    sock.sendall(b"ping")
+    assert sock.recv(16) == b"ping"
+    return time.monotonic() - start
+
+
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("upstream", [_echo], indirect=True)
 def test_a_round_trip_takes_twice_the_delay(upstream: Upstream) -> None:
@@ -97,11 +104,20 @@ def test_a_round_trip_takes_twice_the_delay(upstream: Upstream) -> None:
         DelayProxy(upstream.address, delay=0.025) as proxy,
         socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock,
     ):
-        start = time.monotonic()
-        sock.sendall(b"ping")
-        assert sock.recv(16) == b"ping"
-        elapsed = time.monotonic() - start
+        _ping(sock)
+        elapsed = _ping(sock)
     assert 0.050 <= elapsed < 0.5
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("upstream", [_echo], indirect=True)
+def test_a_new_connection_pays_one_more_round_trip_for_its_handshake(upstream: Upstream) -> None:
+    with DelayProxy(upstream.address, delay=0.025) as proxy:
+        start = time.monotonic()
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            _ping(sock)
+        elapsed = time.monotonic() - start
+    assert 0.100 <= elapsed < 0.6
 
 
 @pytest.mark.timeout(20)
