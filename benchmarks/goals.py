@@ -2,7 +2,8 @@
 
 At a 20 ms round trip (the delay proxy, 10 ms each way): exec p50 at most 1.1x the
 official SDK's, and activation to the first result at most 0.8x the SDK's
-create-plus-first-command. Straight to the loopback server: exec p50 through
+create-plus-first-command (both once the SDK's process-wide connection pool is warm,
+and on a new connection). Straight to the loopback server: exec p50 through
 ``Sandbox.exec`` at most the SDK's, 32 threads on one sandbox at least the SDK's
 commands/s, streams at least 2.5x the SDK's and 0.6x the raw socket's MB/s, and
 resident memory growth at most 32 MiB however much is streamed (1 GiB at ``--size full``).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
+from benchmarks.activation import NEW_CONNECTION
 from benchmarks.report import Goal, Row, ScenarioResult
 
 __all__ = ["ROUND_TRIP_MS", "evaluate"]
@@ -77,15 +79,16 @@ def evaluate(scenarios: Iterable[ScenarioResult]) -> tuple[Goal, ...]:
         )
         for client in _OURS
     ]
-    goals.append(
-        _goal(
-            f"activation to first result vs SDK create+run at {at} ms RTT",
-            "ours-sandbox",
-            _reference(rows.find("activation", "ours-sandbox", rtt_ms=at)),
-            "<= 0.80x",
-            lambda v: v <= 0.8,
+    for group, kept in (("", "kept connections"), (NEW_CONNECTION, NEW_CONNECTION)):
+        goals.append(
+            _goal(
+                f"activation to first result vs SDK create+run at {at} ms RTT, {kept}",
+                "ours-sandbox",
+                _reference(rows.find("activation", "ours-sandbox", rtt_ms=at, group=group)),
+                "<= 0.80x",
+                lambda v: v <= 0.8,
+            )
         )
-    )
     goals.append(
         _goal(
             "exec p50 vs SDK",

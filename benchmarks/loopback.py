@@ -14,7 +14,8 @@ Connect to serve every client the harness compares, from pre-encoded frames::
 Routes: ``GET /health`` 204; ``POST /sandboxes`` or ``/v2/sandboxes`` 201 (the create
 answer the official SDK needs); any other ``/sandboxes…`` 204;
 ``/process.Process/Start`` and ``/process.Process/SendSignal``; ``GET /_bench/signal``
-(when a kill arrived) and ``GET /_bench/requests`` (requests answered, claims created).
+(when a kill arrived) and ``GET /_bench/requests`` (requests answered, claims created,
+connections accepted).
 
 It also plays a Kubernetes API plus agent-sandbox router, for client-bound
 Kubernetes runs: SandboxClaims of any namespace are created (201, echoed), always
@@ -161,6 +162,7 @@ class _State:
         self.next_pid = 1000
         self.requests = 0
         self.claims = 0
+        self.connections = 0
 
     def new_pid(self) -> int:
         with self.lock:
@@ -277,7 +279,12 @@ class _Connection:
         elif path == "/_bench/signal":
             self.arrival(request)
         elif path == "/_bench/requests":
-            counts = {"requests": self.state.requests, "claims": self.state.claims}
+            with self.state.lock:
+                counts = {
+                    "requests": self.state.requests,
+                    "claims": self.state.claims,
+                    "connections": self.state.connections,
+                }
             self.sock.sendall(_json_response(200, "OK", counts))
         elif path == "/execute":
             self.execute(request)
@@ -383,6 +390,8 @@ def serve(listener: socket.socket, stop: Callable[[], bool]) -> None:
             sock, _ = listener.accept()
         except TimeoutError:
             continue
+        with state.lock:
+            state.connections += 1
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(
@@ -440,6 +449,11 @@ class LoopbackServer:
         """How many requests the server answered so far (its own ``/_bench/`` ones aside)."""
         response = self._session.get(f"{self.url}/_bench/requests", timeout=10)
         return int(response.json()["requests"])
+
+    def connection_count(self) -> int:
+        """How many connections the server accepted so far (the harness's own included)."""
+        response = self._session.get(f"{self.url}/_bench/requests", timeout=10)
+        return int(response.json()["connections"])
 
     def claim_count(self) -> int:
         """How many SandboxClaims were created so far."""

@@ -117,7 +117,8 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
     names = {goal["name"] for goal in tiny_report["goals"]}
     assert {
         "exec p50 vs SDK at 20 ms RTT",
-        "activation to first result vs SDK create+run at 20 ms RTT",
+        "activation to first result vs SDK create+run at 20 ms RTT, kept connections",
+        "activation to first result vs SDK create+run at 20 ms RTT, new connection",
         "exec p50 vs SDK",
         "32 threads commands/s vs SDK",
         "stream MB/s vs SDK",
