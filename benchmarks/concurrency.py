@@ -5,9 +5,10 @@ loopback server, for E2B and for Kubernetes as ``kubernetes-loopback``; a handle
 that sleeps on the werkzeug ``KubernetesServer``, as ``kubernetes``, which shares
 this process's GIL and saturates first), so a client that overlaps its calls well
 scales close to the thread count until a CPU saturates.
-Reported per client and thread count: latency percentiles, throughput, the scaling
-over one thread, peak thread counts (Python and OS, the workers included) and, for
-Kubernetes, the claims created (must be 1).
+Reported per client and thread count: latency percentiles, throughput, the requests
+the server answered per command, the scaling over one thread, peak thread counts
+(Python and OS, the workers included) and, for Kubernetes, the claims created (must
+be 1). Behind the delay proxy (``rtt_ms`` > 0) only the fast loopback server is used.
 """
 
 from __future__ import annotations
