@@ -65,9 +65,14 @@ def _change(now: Row | None, then: Row | None) -> Change:
 
 
 def compare(current: Iterable[Row], baseline: Iterable[Row]) -> tuple[Change, ...]:
-    """Every row of either run, in the current run's order, then the baseline's leftovers."""
+    """Every row of either run, in the current run's order, then the baseline's leftovers.
+
+    Baseline rows of a scenario and round trip this run did not measure (``--only``,
+    ``--rtt``) are left out rather than reported ``gone``.
+    """
     now = {row.key: row for row in current}
-    then = {row.key: row for row in baseline}
+    measured = {(key[0], key[2]) for key in now}
+    then = {row.key: row for row in baseline if (row.scenario, row.rtt_ms) in measured}
     keys = [*now, *(key for key in then if key not in now)]
     return tuple(_change(now.get(key), then.get(key)) for key in keys)
 

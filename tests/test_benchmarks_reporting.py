@@ -42,6 +42,11 @@ def test_rows_in_one_run_only_are_new_or_gone() -> None:
     assert _verdicts(now, then) == ["new", "gone"]
 
 
+def test_baseline_rows_of_scenarios_not_run_now_are_left_out() -> None:
+    stream = summarize("stream_throughput", "loopback", "ours-sandbox", "ours", [1.0], unit="MB/s")
+    assert _verdicts([_row(1.0)], [_row(1.0), stream]) == ["same"]
+
+
 def test_the_change_table_shows_ratio_percent_and_the_regression_count() -> None:
     text = format_changes(compare([_row(3.0)], [_row(2.0)]))
     assert "1.50" in text and "+50%" in text and "REGRESSION" in text
