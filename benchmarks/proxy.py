@@ -110,7 +110,7 @@ class _Link:
                     time.sleep(wait)
                 if chunk is None:
                     self.abort()
-                    return
+                    break
                 if chunk == _EOF:
                     target.shutdown(socket.SHUT_WR)
                     break
@@ -133,6 +133,7 @@ class _Link:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        """Release both sockets (both writers are done, so no thread still uses them)."""
         for sock in self.sockets:
             with contextlib.suppress(OSError):
                 sock.close()

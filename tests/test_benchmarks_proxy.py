@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -147,6 +148,27 @@ def test_a_half_close_reaches_upstream_and_its_answer_still_comes_back(
         sock.sendall(b"x" * 100_000)
         sock.shutdown(socket.SHUT_WR)
         assert _read_all(sock) == b"got 100000"
+
+
+def _reset(sock: socket.socket) -> None:
+    """Read one chunk, then close with a reset (SO_LINGER 0) instead of a clean end."""
+    sock.recv(16)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("upstream", [_reset], indirect=True)
+def test_a_reset_upstream_ends_the_client_side_too(upstream: Upstream) -> None:
+    with (
+        DelayProxy(upstream.address, delay=0.005) as proxy,
+        socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock,
+    ):
+        sock.sendall(b"hello")
+        try:
+            ended = sock.recv(16)
+        except ConnectionResetError:
+            ended = b""
+        assert ended == b""
 
 
 def _proxy_threads() -> list[str]:
