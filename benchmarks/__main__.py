@@ -1,75 +1,152 @@
 """``python -m benchmarks``: run the scenarios, print one table, write the JSON report.
 
 python -m benchmarks --size tiny --json /tmp/bench.json --only exec_latency,memory
+python -m benchmarks --size small --rtt 0,20 --compare /tmp/baseline.json
+python -m benchmarks --size full --results benchmarks/RESULTS.md
+
+Round-trip scenarios run once per ``--rtt`` value: straight to the loopback server
+at 0, behind the delay proxy (half the round trip each way) otherwise; the others
+run at 0 only. The exit status is 1 when a goal failed (``--report-only``: never
+for goals) or when a scenario itself broke.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import os
 import shlex
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from benchmarks import (
-    activation,
-    cancellation,
-    concurrency,
-    exec_latency,
-    memory,
-    stream_throughput,
-)
+import attrs
+
+from benchmarks.compare import compare, format_changes
 from benchmarks.goals import evaluate
 from benchmarks.loopback import LoopbackServer
 from benchmarks.machine import describe
-from benchmarks.report import Report, ScenarioResult, format_table, write_json
+from benchmarks.proxy import ProxyProcess
+from benchmarks.report import (
+    Goal,
+    Report,
+    ScenarioResult,
+    format_table,
+    read_rows,
+    write_json,
+)
+from benchmarks.results import write_results
 from benchmarks.rounds import Context
+from benchmarks.scenarios import SCENARIOS
 from benchmarks.sizes import SIZES
 
-__all__ = ["SCENARIOS", "main"]
+__all__ = ["SCENARIOS", "exit_status", "main"]
 
-Scenario = Callable[[Context], ScenarioResult]
+BROKEN = "the scenario failed"
 
-SCENARIOS: dict[str, Scenario] = {
-    exec_latency.NAME: exec_latency.run,
-    stream_throughput.NAME: stream_throughput.run,
-    concurrency.NAME: concurrency.run,
-    cancellation.NAME: cancellation.run,
-    memory.NAME: memory.run,
-    activation.NAME: activation.run,
-}
+
+def _round_trips(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of milliseconds: {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"round trips must be 0 or more ms: {text!r}")
+    return values
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--json", type=Path, default=Path("benchmarks-results.json"))
     parser.add_argument(
         "--only", default="", help=f"comma-separated scenarios out of {', '.join(SCENARIOS)}"
     )
+    parser.add_argument(
+        "--rtt",
+        type=_round_trips,
+        default=(0, 20),
+        help="comma-separated round trips in ms for the round-trip scenarios (default 0,20)",
+    )
+    parser.add_argument(
+        "--compare", type=Path, metavar="BASELINE.json", help="print each row's change"
+    )
+    parser.add_argument("--results", type=Path, metavar="RESULTS.md", help="write the page")
+    parser.add_argument("--report-only", action="store_true", help="exit 0 even when a goal fails")
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(unknown)}")
+    if args.compare is not None and not args.compare.is_file():
+        parser.error(f"no baseline at {args.compare}")
     args.scenarios = chosen or list(SCENARIOS)
     return args
 
 
 def _run_one(name: str, context: Context) -> ScenarioResult:
-    print(f"running {name} ...", file=sys.stderr, flush=True)
+    label = f"{name} at {context.rtt_ms} ms RTT" if context.rtt_ms else name
+    print(f"running {label} ...", file=sys.stderr, flush=True)
     began = time.perf_counter()
     try:
-        return SCENARIOS[name](context)
+        result = SCENARIOS[name].run(context)
     except Exception as error:  # one broken scenario must not hide the others
-        return ScenarioResult(
+        result = ScenarioResult(
             name=name,
-            skipped=(f"the scenario failed: {type(error).__name__}: {error}",),
+            skipped=(f"{BROKEN}: {type(error).__name__}: {error}",),
             seconds=time.perf_counter() - began,
         )
+    rows = tuple(attrs.evolve(row, rtt_ms=context.rtt_ms) for row in result.rows)
+    return attrs.evolve(result, rows=rows, rtt_ms=context.rtt_ms)
+
+
+@contextlib.contextmanager
+def _service(server: LoopbackServer, rtt_ms: int) -> Iterator[str]:
+    """The URL clients use at ``rtt_ms``: the server, or a delay proxy in front of it."""
+    if rtt_ms == 0:
+        yield server.url
+        return
+    with ProxyProcess(server.url, delay_ms=rtt_ms / 2) as proxy:
+        yield proxy.url
+
+
+def _run_all(
+    names: Sequence[str],
+    rtts: Sequence[int],
+    server: LoopbackServer,
+    workspace: str,
+    size_name: str,
+) -> list[ScenarioResult]:
+    results: list[ScenarioResult] = []
+    for rtt in rtts:
+        chosen = [name for name in names if rtt == 0 or SCENARIOS[name].round_trips]
+        if not chosen:
+            continue
+        with _service(server, rtt) as url:
+            context = Context(
+                size=SIZES[size_name], loopback=server, workspace=workspace, url=url, rtt_ms=rtt
+            )
+            results += [_run_one(name, context) for name in chosen]
+    return results
+
+
+def exit_status(
+    results: Iterable[ScenarioResult], goals: Iterable[Goal], *, report_only: bool
+) -> int:
+    """1 when a scenario broke, or a goal failed and goals count; else 0."""
+    if any(reason.startswith(BROKEN) for result in results for reason in result.skipped):
+        return 1
+    if not report_only and any(goal.passed is False for goal in goals):
+        return 1
+    return 0
 
 
 def _leftover_threads() -> tuple[str, ...]:
@@ -83,36 +160,47 @@ def _leftover_threads() -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the chosen scenarios; 0 when every one ran (goals are reported, not enforced)."""
+    """Run the chosen scenarios; see :func:`exit_status` for what the status means."""
     args = _parse(argv)
     began = time.perf_counter()
-    size = SIZES[args.size]
-    results: list[ScenarioResult] = []
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    load_before = os.getloadavg()
     with (
         tempfile.TemporaryDirectory(prefix="piship-bench-") as workspace,
         LoopbackServer() as server,
     ):
-        context = Context(size=size, loopback=server, workspace=workspace)
-        for name in args.scenarios:
-            results.append(_run_one(name, context))
+        results = _run_all(args.scenarios, args.rtt, server, workspace, args.size)
     goals = evaluate(results)
     arguments = sys.argv[1:] if argv is None else list(argv)
     report = Report(
         command=shlex.join(["python", "-m", "benchmarks", *arguments]),
-        size=size.name,
+        size=args.size,
         machine=describe(),
         scenarios=tuple(results),
         goals=goals,
         leftover_threads=_leftover_threads(),
         seconds=time.perf_counter() - began,
+        started=started,
+        rtts_ms=tuple(args.rtt),
+        load_average=(load_before, os.getloadavg()),
     )
-    print(format_table(results, goals))
+    table = format_table(results, goals)
+    print(table)
     if report.leftover_threads:
         print(f"\nleftover threads: {', '.join(report.leftover_threads)}")
+    if args.compare is not None:
+        rows = [row for result in results for row in result.rows]
+        print(f"\nagainst {args.compare}:\n")
+        print(format_changes(compare(rows, read_rows(args.compare))))
     write_json(report, args.json)
     print(f"\nwrote {args.json} in {report.seconds:.1f} s")
-    broken = [r for r in results if any(s.startswith("the scenario failed") for s in r.skipped)]
-    return 1 if broken else 0
+    if args.results is not None:
+        write_results(report, table, args.results)
+        print(f"wrote {args.results}")
+    status = exit_status(results, goals, report_only=args.report_only)
+    if status and not args.report_only:
+        print("exit status 1: a goal failed or a scenario broke (--report-only to only report)")
+    return status
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Activation: requests and wall time from nothing to the first command's result.
 
-Each case runs once untimed first (lazy imports, the first connection to a server).
+Behind the delay proxy (``rtt_ms`` > 0) only the fast loopback server is measured
+(E2B for ours and the SDK, and the Kubernetes backend); the werkzeug doubles are
+measured straight. Each case runs once untimed first (lazy imports, the first
+connection to a server).
 
 Ours: backend construction, ``activate_sandbox`` (health, create, readiness check)
 and ``Sandbox.exec("true")``. Reference: the official SDK's ``Sandbox.create`` and
@@ -8,6 +11,11 @@ and ``Sandbox.exec("true")``. Reference: the official SDK's ``Sandbox.create`` a
 ``E2bServer`` double; Kubernetes on ``KubernetesServer`` with a 50 ms readiness poll
 (the double answers "not ready" to the first poll of every claim) and on the fast
 loopback server (ready at once).
+
+The SDK keeps its HTTP connections for the whole process, so once warmed up its
+activations reuse one; the ``new connection`` rows give ours and the SDK, after the
+same warm-up, an address neither has a connection to (a delay proxy of its own per
+run, 0 ms each way at 0 RTT), as the first activation of a fresh process would.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+
+import attrs
 
 from benchmarks.clients import (
     SDK_MISSING,
@@ -25,6 +35,7 @@ from benchmarks.clients import (
     ours_backend,
     sdk_sandbox,
 )
+from benchmarks.proxy import ProxyProcess
 from benchmarks.report import Role, Row, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context
 from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer, Recorded
@@ -33,7 +44,10 @@ __all__ = ["NAME", "run"]
 
 NAME = "activation"
 
-Activate = Callable[[contextlib.ExitStack], None]
+NEW_CONNECTION = "new connection"
+
+Activate = Callable[[contextlib.ExitStack, str], None]
+"""Activate against the service at the URL given, releasing everything on the stack."""
 
 
 def run(context: Context) -> ScenarioResult:
@@ -44,77 +58,81 @@ def run(context: Context) -> ScenarioResult:
     rows: list[Row] = []
     skipped: list[str] = []
 
-    def ours(url: str) -> Activate:
-        def activate(stack: contextlib.ExitStack) -> None:
-            sandbox = activate_e2b(ours_backend(url, stack), workspace)
-            stack.callback(sandbox.dispose)
-            sandbox.exec("true")
+    def ours(stack: contextlib.ExitStack, url: str) -> None:
+        sandbox = activate_e2b(ours_backend(url, stack), workspace)
+        stack.callback(sandbox.dispose)
+        sandbox.exec("true")
 
-        return activate
+    def sdk(stack: contextlib.ExitStack, url: str) -> None:
+        sdk_sandbox(url, stack).commands.run("true")
 
-    def sdk(url: str) -> Activate:
-        return lambda stack: sdk_sandbox(url, stack).commands.run("true")
-
-    def kubernetes(url: str) -> Activate:
-        def activate(stack: contextlib.ExitStack) -> None:
-            sandbox = activate_kubernetes(kubernetes_backend(url, stack), workspace)
-            stack.callback(sandbox.dispose)
-            sandbox.exec("true")
-
-        return activate
+    def kubernetes(stack: contextlib.ExitStack, url: str) -> None:
+        sandbox = activate_kubernetes(kubernetes_backend(url, stack), workspace)
+        stack.callback(sandbox.dispose)
+        sandbox.exec("true")
 
     has_sdk = load_sdk() is not None
     if not has_sdk:
         skipped.append(f"e2b-sdk: {SDK_MISSING}")
     loopback = context.loopback
+    url = context.url
+
+    def on_loopback(
+        server: str, client: str, role: Role, activate: Activate, group: str = ""
+    ) -> _Case:
+        return _Case(
+            server,
+            client,
+            role,
+            activate,
+            url,
+            loopback.request_count,
+            loopback.connection_count,
+            group,
+        )
+
     with E2bServer() as doubles, KubernetesServer() as cluster:
-        cases: list[tuple[str, str, Role, Activate, Callable[[], int]]] = [
-            ("loopback", "ours-sandbox", "ours", ours(loopback.url), loopback.request_count),
-            ("doubles", "ours-sandbox", "ours", ours(doubles.url), lambda: len(doubles.requests)),
-            (
-                "kubernetes",
-                "ours-sandbox",
-                "ours",
-                kubernetes(cluster.url),
-                lambda: len(cluster.requests),
-            ),
-            (
-                "kubernetes-loopback",
-                "ours-sandbox",
-                "ours",
-                kubernetes(loopback.url),
-                loopback.request_count,
-            ),
+        cases = [
+            on_loopback("loopback", "ours-sandbox", "ours", ours),
+            on_loopback("loopback", "ours-sandbox", "ours", ours, NEW_CONNECTION),
+            on_loopback("kubernetes-loopback", "ours-sandbox", "ours", kubernetes),
         ]
         if has_sdk:
-            cases += [
-                ("loopback", "e2b-sdk", "reference", sdk(loopback.url), loopback.request_count),
-                (
-                    "doubles",
-                    "e2b-sdk",
-                    "reference",
-                    sdk(doubles.url),
-                    lambda: len(doubles.requests),
-                ),
-            ]
-        notes: list[str] = []
+            cases.append(on_loopback("loopback", "e2b-sdk", "reference", sdk))
+            cases.append(on_loopback("loopback", "e2b-sdk", "reference", sdk, NEW_CONNECTION))
+        if not context.rtt_ms:
+            cases += _double_cases(doubles, cluster, ours, kubernetes, sdk if has_sdk else None)
+        notes: list[str] = [
+            "requests and connections: what the server answered and accepted during the last "
+            "activation (connections only on the loopback server)"
+        ]
         logs = {"doubles": doubles, "kubernetes": cluster}
-        for server, client, role, activate, count in cases:
+        for case in cases:
             try:
                 with contextlib.ExitStack() as stack:
-                    activate(stack)  # warm-up: lazy imports and first connections
-                before, claims = count(), cluster.count("POST", CLAIMS)
-                seconds, requests = _time(activate, count, runs)
+                    case.activate(stack, case.url)  # warm-up: lazy imports, first connections
+                before, claims = case.requests(), cluster.count("POST", CLAIMS)
+                seconds, extra = _time(case, runs, context)
             except Exception as error:
-                skipped.append(f"{server} {client}: {type(error).__name__}: {error}")
+                skipped.append(f"{case.server} {case.client}: {type(error).__name__}: {error}")
                 continue
-            extra: dict[str, float | int | str] = {"requests": requests}
-            if server == "kubernetes":
+            if case.server == "kubernetes":
                 extra["claims per activation"] = (cluster.count("POST", CLAIMS) - claims) / runs
-            rows.append(summarize(NAME, server, client, role, seconds, unit="ms", extra=extra))
-            if server in logs:
-                first = logs[server].requests[before : before + requests]
-                notes.append(f"{server} {client}: " + ", ".join(_line(r) for r in first))
+            rows.append(
+                summarize(
+                    NAME,
+                    case.server,
+                    case.client,
+                    case.role,
+                    seconds,
+                    unit="ms",
+                    group=case.group,
+                    extra=extra,
+                )
+            )
+            if case.server in logs and not case.group:
+                first = logs[case.server].requests[before : before + int(extra["requests"])]
+                notes.append(f"{case.server} {case.client}: " + ", ".join(_line(r) for r in first))
     return ScenarioResult(
         name=NAME,
         rows=with_ratios(rows),
@@ -124,18 +142,70 @@ def run(context: Context) -> ScenarioResult:
     )
 
 
-def _time(activate: Activate, count: Callable[[], int], runs: int) -> tuple[list[float], int]:
-    """Seconds of each run, and the requests of the last one (its teardown excluded)."""
+@attrs.frozen
+class _Case:
+    """One client activating on one server, with the counters read around each run."""
+
+    server: str
+    client: str
+    role: Role
+    activate: Activate
+    url: str
+    requests: Callable[[], int]
+    connections: Callable[[], int] | None = None
+    group: str = ""
+    """``NEW_CONNECTION``: each run on an address no client has a connection to yet."""
+
+
+def _double_cases(
+    doubles: E2bServer,
+    cluster: KubernetesServer,
+    ours: Activate,
+    kubernetes: Activate,
+    sdk: Activate | None,
+) -> list[_Case]:
+    """The cases on the in-process werkzeug doubles (measured straight, never proxied)."""
+
+    def on_doubles() -> int:
+        return len(doubles.requests)
+
+    def on_cluster() -> int:
+        return len(cluster.requests)
+
+    cases = [
+        _Case("doubles", "ours-sandbox", "ours", ours, doubles.url, on_doubles),
+        _Case("kubernetes", "ours-sandbox", "ours", kubernetes, cluster.url, on_cluster),
+    ]
+    if sdk is not None:
+        cases.append(_Case("doubles", "e2b-sdk", "reference", sdk, doubles.url, on_doubles))
+    return cases
+
+
+def _time(
+    case: _Case, runs: int, context: Context
+) -> tuple[list[float], dict[str, float | int | str]]:
+    """Seconds of each run, and the requests (and connections) of the last one.
+
+    The counters are read before the teardown, so the teardown's requests are not counted.
+    A ``NEW_CONNECTION`` run goes through a delay proxy of its own, started untimed.
+    """
     seconds: list[float] = []
-    requests = 0
+    extra: dict[str, float | int | str] = {}
     for _ in range(runs):
         with contextlib.ExitStack() as stack:
-            before = count()
+            url = case.url
+            if case.group == NEW_CONNECTION:
+                fresh = ProxyProcess(context.loopback.url, delay_ms=context.rtt_ms / 2)
+                url = stack.enter_context(fresh).url
+            requests = case.requests()
+            connections = case.connections() if case.connections is not None else 0
             start = time.perf_counter_ns()
-            activate(stack)
+            case.activate(stack, url)
             seconds.append((time.perf_counter_ns() - start) / 1e9)
-            requests = count() - before
-    return seconds, requests
+            extra["requests"] = case.requests() - requests
+            if case.connections is not None:
+                extra["connections"] = case.connections() - connections
+    return seconds, extra
 
 
 def _line(recorded: Recorded) -> str:

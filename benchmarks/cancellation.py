@@ -140,7 +140,7 @@ def run(context: Context) -> ScenarioResult:
     rows: list[Row] = []
     with contextlib.ExitStack() as stack:
         stack.callback(runner.signaller.close)
-        clients, skipped = e2b_clients(context.loopback.url, context.workspace, stack)
+        clients, skipped = e2b_clients(context.url, context.workspace, stack)
         raised = alternate(clients, rounds=size.cancel_runs, measure=runner.measure)
         for client in clients:
             rows.append(

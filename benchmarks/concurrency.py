@@ -5,9 +5,10 @@ loopback server, for E2B and for Kubernetes as ``kubernetes-loopback``; a handle
 that sleeps on the werkzeug ``KubernetesServer``, as ``kubernetes``, which shares
 this process's GIL and saturates first), so a client that overlaps its calls well
 scales close to the thread count until a CPU saturates.
-Reported per client and thread count: latency percentiles, throughput, the scaling
-over one thread, peak thread counts (Python and OS, the workers included) and, for
-Kubernetes, the claims created (must be 1).
+Reported per client and thread count: latency percentiles, throughput, the requests
+the server answered per command, the scaling over one thread, peak thread counts
+(Python and OS, the workers included) and, for Kubernetes, the claims created (must
+be 1). Behind the delay proxy (``rtt_ms`` > 0) only the fast loopback server is used.
 """
 
 from __future__ import annotations
@@ -45,24 +46,50 @@ def run(context: Context) -> ScenarioResult:
     size = context.size
     rows: list[Row] = []
     skipped: list[str] = []
+    loopback = context.loopback
+    script = f"bench-sleep {size.command_ms}"
     with contextlib.ExitStack() as stack:
-        clients, missing = e2b_clients(
-            context.loopback.url, context.workspace, stack, names=E2B_CLIENTS
-        )
+        clients, missing = e2b_clients(context.url, context.workspace, stack, names=E2B_CLIENTS)
         skipped += [f"e2b: {reason}" for reason in missing]
-        script = f"bench-sleep {size.command_ms}"
-        rows += _sweep(context, "loopback", clients, script, skipped, lambda: {})
+        counters = _Counters(loopback.request_count, lambda: {})
+        rows += _sweep(context, "loopback", clients, script, skipped, counters)
     with contextlib.ExitStack() as stack:
-        loopback = context.loopback
         before = loopback.claim_count()
-        clients, missing = kubernetes_clients(loopback.url, context.workspace, stack)
+        clients, missing = kubernetes_clients(context.url, context.workspace, stack)
         skipped += [f"kubernetes-loopback: {reason}" for reason in missing]
 
         def loopback_claims() -> dict[str, float | int | str]:
             return {"claims": loopback.claim_count() - before}
 
-        rows += _sweep(context, "kubernetes-loopback", clients, script, skipped, loopback_claims)
-    delay = size.command_ms / 1000
+        counters = _Counters(loopback.request_count, loopback_claims)
+        rows += _sweep(context, "kubernetes-loopback", clients, script, skipped, counters)
+    if not context.rtt_ms:
+        rows += _werkzeug_cluster(context, script, skipped)
+    return ScenarioResult(
+        name=NAME,
+        rows=with_ratios(_with_scaling(rows)),
+        skipped=tuple(skipped),
+        notes=(
+            f"every command spends {size.command_ms} ms on the server; throughput is commands/s "
+            "over all threads; scaling = throughput / throughput at 1 thread; requests = "
+            "requests the server answered per command; claims counts SandboxClaim creations "
+            "since the server started (ours-sandbox made them)",
+        ),
+        seconds=time.perf_counter() - began,
+    )
+
+
+@attrs.frozen
+class _Counters:
+    """Requests answered so far, and the extra notes of a row, both read after each round."""
+
+    requests: Callable[[], int]
+    extra: Callable[[], dict[str, float | int | str]]
+
+
+def _werkzeug_cluster(context: Context, script: str, skipped: list[str]) -> list[Row]:
+    """The Kubernetes backend against the in-process ``KubernetesServer`` double."""
+    delay = context.size.command_ms / 1000
 
     def execute(command: str) -> Mapping[str, Any]:
         time.sleep(delay)
@@ -75,18 +102,8 @@ def run(context: Context) -> ScenarioResult:
         def claims() -> dict[str, float | int | str]:
             return {"claims": cluster.count("POST", CLAIMS)}
 
-        rows += _sweep(context, "kubernetes", clients, script, skipped, claims)
-    return ScenarioResult(
-        name=NAME,
-        rows=with_ratios(_with_scaling(rows)),
-        skipped=tuple(skipped),
-        notes=(
-            f"every command spends {size.command_ms} ms on the server; throughput is commands/s "
-            "over all threads; scaling = throughput / throughput at 1 thread; claims counts "
-            "SandboxClaim creations since the server started (ours-sandbox made them)",
-        ),
-        seconds=time.perf_counter() - began,
-    )
+        counters = _Counters(lambda: len(cluster.requests), claims)
+        return _sweep(context, "kubernetes", clients, script, skipped, counters)
 
 
 def _sweep(
@@ -95,14 +112,16 @@ def _sweep(
     clients: list[Client],
     script: str,
     skipped: list[str],
-    extra: Callable[[], dict[str, float | int | str]],
+    counters: _Counters,
 ) -> list[Row]:
     rows: list[Row] = []
     per_thread = context.size.commands_per_thread
     for index, threads in enumerate(context.size.threads):
         shift = index % max(1, len(clients))
         for client in (*clients[shift:], *clients[:shift]):
+            before = counters.requests()
             outcome, seconds, sampler, baseline = _round(client, threads, per_thread, script)
+            requests = counters.requests() - before
             if outcome.errors:
                 first = outcome.errors[0]
                 skipped.append(
@@ -120,10 +139,11 @@ def _sweep(
                     group=f"threads={threads}",
                     extra={
                         "per_s": len(outcome.latencies) / seconds if seconds else 0.0,
+                        "requests": round(requests / max(1, threads * per_thread), 2),
                         "peak_py_threads": sampler.peak_python,
                         "extra_py_threads": sampler.peak_python - baseline - threads,
                         "peak_os_threads": sampler.peak_os,
-                        **extra(),
+                        **counters.extra(),
                     },
                 )
             )

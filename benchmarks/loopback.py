@@ -14,7 +14,8 @@ Connect to serve every client the harness compares, from pre-encoded frames::
 Routes: ``GET /health`` 204; ``POST /sandboxes`` or ``/v2/sandboxes`` 201 (the create
 answer the official SDK needs); any other ``/sandboxes…`` 204;
 ``/process.Process/Start`` and ``/process.Process/SendSignal``; ``GET /_bench/signal``
-(when a kill arrived) and ``GET /_bench/requests`` (requests answered, claims created).
+(when a kill arrived) and ``GET /_bench/requests`` (requests answered, claims created,
+connections accepted).
 
 It also plays a Kubernetes API plus agent-sandbox router, for client-bound
 Kubernetes runs: SandboxClaims of any namespace are created (201, echoed), always
@@ -56,7 +57,7 @@ from typing import IO, Any, cast
 
 import requests
 
-__all__ = ["FRAME_BYTES", "ROOT", "LoopbackServer", "serve"]
+__all__ = ["FRAME_BYTES", "READY", "ROOT", "LoopbackServer", "readline_within", "serve"]
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the ``benchmarks`` package; child processes start there."""
@@ -69,7 +70,7 @@ ACCESS_TOKEN = "envd-token-1"
 CHECK_MARKER = "piship-sandbox-ready"
 HANG_LIMIT = 60.0
 _FRAMES_PER_WRITE = 8
-_READY = "READY "
+READY = "READY "
 _STARTUP_TIMEOUT = 20.0
 _STOP_TIMEOUT = 5.0
 _PATTERN = (b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+/-_.,;:!?" * 4)[:255]
@@ -161,6 +162,7 @@ class _State:
         self.next_pid = 1000
         self.requests = 0
         self.claims = 0
+        self.connections = 0
 
     def new_pid(self) -> int:
         with self.lock:
@@ -277,7 +279,12 @@ class _Connection:
         elif path == "/_bench/signal":
             self.arrival(request)
         elif path == "/_bench/requests":
-            counts = {"requests": self.state.requests, "claims": self.state.claims}
+            with self.state.lock:
+                counts = {
+                    "requests": self.state.requests,
+                    "claims": self.state.claims,
+                    "connections": self.state.connections,
+                }
             self.sock.sendall(_json_response(200, "OK", counts))
         elif path == "/execute":
             self.execute(request)
@@ -383,6 +390,8 @@ def serve(listener: socket.socket, stop: Callable[[], bool]) -> None:
             sock, _ = listener.accept()
         except TimeoutError:
             continue
+        with state.lock:
+            state.connections += 1
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(
@@ -399,7 +408,7 @@ def _main() -> None:
         stopped.set()
 
     threading.Thread(target=watch_stdin, name="piship-bench-stdin", daemon=True).start()
-    print(f"{_READY}{listener.getsockname()[1]}", flush=True)
+    print(f"{READY}{listener.getsockname()[1]}", flush=True)
     serve(listener, stopped.is_set)
     listener.close()
 
@@ -419,11 +428,11 @@ class LoopbackServer:
             cwd=ROOT,
         )
         assert self._process.stdout is not None
-        line = _readline(self._process.stdout, _STARTUP_TIMEOUT)
-        if not line.startswith(_READY):
+        line = readline_within(self._process.stdout, _STARTUP_TIMEOUT)
+        if not line.startswith(READY):
             self.close()
             raise RuntimeError(f"the loopback server did not start: {line!r}")
-        self.url = f"http://127.0.0.1:{int(line[len(_READY) :])}"
+        self.url = f"http://127.0.0.1:{int(line[len(READY) :])}"
         self._session = requests.Session()
 
     def signal_arrival(self, run_id: str, wait: float = 2.0) -> tuple[int, str] | None:
@@ -440,6 +449,11 @@ class LoopbackServer:
         """How many requests the server answered so far (its own ``/_bench/`` ones aside)."""
         response = self._session.get(f"{self.url}/_bench/requests", timeout=10)
         return int(response.json()["requests"])
+
+    def connection_count(self) -> int:
+        """How many connections the server accepted so far (the harness's own included)."""
+        response = self._session.get(f"{self.url}/_bench/requests", timeout=10)
+        return int(response.json()["connections"])
 
     def claim_count(self) -> int:
         """How many SandboxClaims were created so far."""
@@ -474,7 +488,7 @@ class LoopbackServer:
         self.close()
 
 
-def _readline(stream: IO[str], timeout: float) -> str:
+def readline_within(stream: IO[str], timeout: float) -> str:
     """One line from ``stream`` within ``timeout`` (``""`` if none came)."""
     lines: list[str] = []
     reader = threading.Thread(

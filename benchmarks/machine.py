@@ -14,7 +14,7 @@ from benchmarks.report import Machine
 
 __all__ = ["describe"]
 
-_PACKAGES = ("requests", "urllib3", "e2b", "werkzeug", "pyqwest", "connectrpc")
+_PACKAGES = ("requests", "urllib3", "e2b", "werkzeug", "pyqwest", "connectrpc", "pybase64")
 
 
 def describe() -> Machine:

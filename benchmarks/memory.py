@@ -60,7 +60,7 @@ def run(context: Context) -> ScenarioResult:
     rows: list[Row] = []
     skipped: list[str] = []
     for name in CLIENTS:
-        report = _child(context.loopback.url, context.workspace, name, size.memory_bytes)
+        report = _child(context.url, context.workspace, name, size.memory_bytes)
         if "skipped" in report:
             skipped.append(str(report["skipped"]))
             continue

@@ -25,6 +25,7 @@ __all__ = [
     "ScenarioResult",
     "format_table",
     "percentile",
+    "read_rows",
     "summarize",
     "with_ratios",
     "write_json",
@@ -55,7 +56,8 @@ class Row:
     """One client's summarised samples in one scenario (and group, e.g. ``threads=8``).
 
     ``median``/``p90``/``p99`` are in ``unit``; the ratios divide this row's median
-    by the reference's and the floor's of the same scenario, server and group.
+    by the reference's and the floor's of the same scenario, server, round trip and
+    group. ``rtt_ms`` is the round trip the delay proxy added (0: straight to the server).
     """
 
     scenario: str
@@ -72,6 +74,12 @@ class Row:
     ratio_reference: float | None = None
     ratio_floor: float | None = None
     extra: Extra = attrs.field(factory=dict)
+    rtt_ms: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, int, str, str]:
+        """What identifies this row across runs: scenario, server, RTT, group, client."""
+        return (self.scenario, self.server, self.rtt_ms, self.group, self.client)
 
 
 def summarize(
@@ -108,13 +116,15 @@ def summarize(
 def with_ratios(rows: Iterable[Row]) -> tuple[Row, ...]:
     """Each row with its median divided by its reference's and its floor's."""
     rows = tuple(rows)
-    anchors: dict[tuple[str, str, str, str], float] = {}
+    anchors: dict[tuple[str, str, int, str, str], float] = {}
     for row in rows:
         if row.role != "ours":
-            anchors.setdefault((row.scenario, row.server, row.group, row.role), row.median)
+            anchors.setdefault(
+                (row.scenario, row.server, row.rtt_ms, row.group, row.role), row.median
+            )
 
     def ratio(row: Row, role: str) -> float | None:
-        anchor = anchors.get((row.scenario, row.server, row.group, role))
+        anchor = anchors.get((row.scenario, row.server, row.rtt_ms, row.group, role))
         if anchor is None or anchor == 0 or math.isnan(anchor) or math.isnan(row.median):
             return None
         return row.median / anchor
@@ -134,6 +144,12 @@ class ScenarioResult:
     skipped: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    rtt_ms: int = 0
+
+    @property
+    def label(self) -> str:
+        """The name, with the round trip when the delay proxy was in front."""
+        return f"{self.name}@{self.rtt_ms}ms" if self.rtt_ms else self.name
 
 
 @attrs.frozen
@@ -160,7 +176,10 @@ class Machine:
 
 @attrs.frozen
 class Report:
-    """The whole run, as written to the JSON file."""
+    """The whole run, as written to the JSON file.
+
+    ``load_average`` is the 1/5/15-minute load when the run began and when it ended.
+    """
 
     command: str
     size: str
@@ -169,6 +188,9 @@ class Report:
     goals: tuple[Goal, ...]
     leftover_threads: tuple[str, ...]
     seconds: float
+    started: str = ""
+    rtts_ms: tuple[int, ...] = (0,)
+    load_average: tuple[tuple[float, float, float], ...] = ()
 
 
 _CONVERTER = cattrs.Converter()
@@ -183,9 +205,30 @@ def write_json(report: Report, path: Path) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
+def read_rows(path: Path) -> tuple[Row, ...]:
+    """The rows of a JSON report written by :func:`write_json` (older ones included)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows: list[Row] = []
+    for scenario in data.get("scenarios", []):
+        for row in scenario.get("rows", []):
+            known = {name: row[name] for name in _ROW_FIELDS if name in row}
+            for name in ("median", "p90", "p99"):
+                known[name] = _float(row.get(name))
+            rows.append(Row(**known))
+    return tuple(rows)
+
+
+_ROW_FIELDS = tuple(field.name for field in attrs.fields(Row))
+
+
+def _float(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
 _COLUMNS = (
     "scenario",
     "server",
+    "rtt",
     "group",
     "client",
     "n",
@@ -206,8 +249,8 @@ def format_table(scenarios: Iterable[ScenarioResult], goals: Iterable[Goal]) -> 
     notes: list[str] = []
     for scenario in scenarios:
         lines.extend(_cells(row) for row in scenario.rows)
-        skipped.extend(f"{scenario.name}: {reason}" for reason in scenario.skipped)
-        notes.extend(f"{scenario.name}: {note}" for note in scenario.notes)
+        skipped.extend(f"{scenario.label}: {reason}" for reason in scenario.skipped)
+        notes.extend(f"{scenario.label}: {note}" for note in scenario.notes)
     widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS) - 1)]
     text = [
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False))
@@ -229,6 +272,7 @@ def _cells(row: Row) -> tuple[str, ...]:
     return (
         row.scenario,
         row.server,
+        f"{row.rtt_ms} ms",
         row.group,
         f"{row.client} ({row.role})",
         str(row.n),

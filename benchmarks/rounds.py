@@ -30,11 +30,18 @@ _C = TypeVar("_C", bound=Named)
 
 @attrs.define
 class Context:
-    """What every scenario gets: the size, the shared fast server, a scratch workspace."""
+    """What every scenario gets: the size, the shared fast server, a scratch workspace.
+
+    Clients connect to ``url``: the fast server itself when ``rtt_ms`` is 0, else the
+    delay proxy in front of it (control plane and envd alike). ``loopback`` is always
+    the server itself, for its counters and arrival times.
+    """
 
     size: Size
     loopback: LoopbackServer
     workspace: str
+    url: str
+    rtt_ms: int = 0
 
 
 def timed(action: Callable[..., Any], *args: Any) -> float:

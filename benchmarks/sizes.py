@@ -15,11 +15,13 @@ MIB = 1024 * 1024
 
 @attrs.frozen
 class Size:
-    """Work per scenario; every count is per client."""
+    """Work per scenario; every count is per client (``rtt_*`` behind the delay proxy)."""
 
     name: str
     exec_calls: int
     exec_batch: int
+    rtt_exec_calls: int
+    rtt_exec_batch: int
     stream_bytes: int
     stream_rounds: int
     threads: tuple[int, ...]
@@ -36,6 +38,8 @@ SIZES: dict[str, Size] = {
         name="tiny",
         exec_calls=20,
         exec_batch=5,
+        rtt_exec_calls=6,
+        rtt_exec_batch=3,
         stream_bytes=2 * MIB,
         stream_rounds=1,
         threads=(1, 8, 32),
@@ -50,6 +54,8 @@ SIZES: dict[str, Size] = {
         name="small",
         exec_calls=200,
         exec_batch=25,
+        rtt_exec_calls=30,
+        rtt_exec_batch=5,
         stream_bytes=32 * MIB,
         stream_rounds=3,
         threads=(1, 8, 32),
@@ -64,6 +70,8 @@ SIZES: dict[str, Size] = {
         name="full",
         exec_calls=1000,
         exec_batch=50,
+        rtt_exec_calls=100,
+        rtt_exec_batch=10,
         stream_bytes=256 * MIB,
         stream_rounds=5,
         threads=(1, 8, 32),

@@ -43,9 +43,7 @@ def run(context: Context) -> ScenarioResult:
         return [size.stream_bytes / 1e6 / seconds]
 
     with contextlib.ExitStack() as stack:
-        clients, skipped = e2b_clients(
-            context.loopback.url, context.workspace, stack, names=CLIENTS
-        )
+        clients, skipped = e2b_clients(context.url, context.workspace, stack, names=CLIENTS)
         samples = alternate(clients, rounds=size.stream_rounds, measure=measure)
         rows = [
             summarize(

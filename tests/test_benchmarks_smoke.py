@@ -1,7 +1,8 @@
 """The benchmark harness runs end to end at ``--size tiny`` and writes its JSON report.
 
-No timing is asserted: only that every scenario ran, the report has its keys, and
-nothing was left running. Without the official SDK its parts are skipped with a reason.
+No timing is asserted: only that every scenario ran (the round-trip ones also behind
+the delay proxy), the report has its keys, nothing was left running, and the exit
+status follows the goals. Without the official SDK its parts are skipped with a reason.
 """
 
 from __future__ import annotations
@@ -39,26 +40,32 @@ ROW_KEYS = {
     "ratio_reference",
     "ratio_floor",
     "extra",
+    "rtt_ms",
 }
+ROUND_TRIP_SCENARIOS = {"exec_latency", "concurrency", "activation"}
+
+
+def _bench(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--size", "tiny", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--size", "tiny", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
+    done = _bench("--json", str(out), "--report-only")
     assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
     report: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
     return report
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_tiny_run_writes_the_report_keys(tiny_report: dict[str, Any]) -> None:
     assert set(tiny_report) >= {
         "command",
@@ -68,12 +75,15 @@ def test_tiny_run_writes_the_report_keys(tiny_report: dict[str, Any]) -> None:
         "goals",
         "leftover_threads",
         "seconds",
+        "started",
+        "rtts_ms",
+        "load_average",
     }
     assert tiny_report["size"] == "tiny"
     assert {"nproc", "cpu_model", "python", "versions"} <= set(tiny_report["machine"])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
     scenarios = {s["name"]: s for s in tiny_report["scenarios"]}
     assert set(scenarios) == SCENARIOS
@@ -84,7 +94,7 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
             assert set(row) == ROW_KEYS
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_the_sdk_is_compared_or_skipped_with_a_reason(tiny_report: dict[str, Any]) -> None:
     exec_latency = next(s for s in tiny_report["scenarios"] if s["name"] == "exec_latency")
     clients = {row["client"] for row in exec_latency["rows"]}
@@ -97,12 +107,79 @@ def test_the_sdk_is_compared_or_skipped_with_a_reason(tiny_report: dict[str, Any
     assert "requests-raw" in clients
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_no_harness_thread_is_left_running(tiny_report: dict[str, Any]) -> None:
     assert not [name for name in tiny_report["leftover_threads"] if name.startswith("piship-")]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
     names = {goal["name"] for goal in tiny_report["goals"]}
-    assert {"exec p50 vs SDK", "stream MB/s vs SDK", "claims created (kubernetes)"} <= names
+    assert {
+        "exec p50 vs SDK at 20 ms RTT",
+        "activation to first result vs SDK create+run at 20 ms RTT, kept connections",
+        "activation to first result vs SDK create+run at 20 ms RTT, new connection",
+        "exec p50 vs SDK",
+        "32 threads commands/s vs SDK",
+        "stream MB/s vs SDK",
+        "stream MB/s vs raw socket",
+        "RSS growth while streaming",
+    } == names
+
+
+@pytest.mark.timeout(180)
+def test_round_trip_scenarios_ran_straight_and_behind_the_proxy(
+    tiny_report: dict[str, Any],
+) -> None:
+    assert tiny_report["rtts_ms"] == [0, 20]
+    ran = {(s["name"], s["rtt_ms"]) for s in tiny_report["scenarios"]}
+    assert {(name, 20) for name in ROUND_TRIP_SCENARIOS} <= ran
+    assert not {(name, 20) for name in SCENARIOS - ROUND_TRIP_SCENARIOS} & ran
+    for scenario in tiny_report["scenarios"]:
+        assert {row["rtt_ms"] for row in scenario["rows"]} == {scenario["rtt_ms"]}
+
+
+@pytest.mark.timeout(180)
+def test_requests_are_counted_per_command_and_per_activation(
+    tiny_report: dict[str, Any],
+) -> None:
+    for scenario in tiny_report["scenarios"]:
+        if scenario["name"] in ROUND_TRIP_SCENARIOS:
+            for row in scenario["rows"]:
+                assert row["extra"]["requests"] >= 1, (scenario["name"], row["client"])
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_goal_makes_the_exit_status_1_unless_report_only(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    done = _bench("--only", "exec_latency", "--rtt", "0", "--json", str(out))
+    goals = json.loads(out.read_text(encoding="utf-8"))["goals"]
+    failed = [goal for goal in goals if goal["passed"] is False]
+    assert done.returncode == (1 if failed else 0), done.stdout[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_compare_and_results_page_in_one_run(tiny_report: dict[str, Any], tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(tiny_report), encoding="utf-8")
+    page = tmp_path / "RESULTS.md"
+    page.write_text("# old\n\n## Notes\n\nkept by hand\n", encoding="utf-8")
+    done = _bench(
+        "--only",
+        "exec_latency",
+        "--rtt",
+        "0",
+        "--json",
+        str(tmp_path / "run.json"),
+        "--compare",
+        str(baseline),
+        "--results",
+        str(page),
+        "--report-only",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"against {baseline}" in done.stdout
+    assert "regression(s) beyond 10%" in done.stdout
+    text = page.read_text(encoding="utf-8")
+    assert "--compare" in text and "load average" in text and "exec_latency" in text
+    assert text.rstrip().endswith("## Notes\n\nkept by hand")

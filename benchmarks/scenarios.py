@@ -1,0 +1,51 @@
+"""The scenario registry: what ``python -m benchmarks`` can run, and at which round trips.
+
+A scenario is a module with ``NAME`` and ``run(context) -> ScenarioResult``; adding
+one (file transfer, say) is that module plus one line here. ``round_trips=True``
+runs it again behind the delay proxy for every non-zero ``--rtt``, with
+``context.url`` pointing at the proxy and ``context.rtt_ms`` set; the harness
+stamps its rows with that round trip::
+
+    SCENARIOS["exec_latency"].round_trips    # True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from benchmarks import (
+    activation,
+    cancellation,
+    concurrency,
+    exec_latency,
+    memory,
+    stream_throughput,
+)
+from benchmarks.report import ScenarioResult
+from benchmarks.rounds import Context
+
+__all__ = ["SCENARIOS", "Scenario"]
+
+
+@attrs.frozen
+class Scenario:
+    """One registered scenario."""
+
+    name: str
+    run: Callable[[Context], ScenarioResult]
+    round_trips: bool = False
+    """Also measured behind the delay proxy (every non-zero ``--rtt``)."""
+
+
+_REGISTERED = (
+    Scenario(exec_latency.NAME, exec_latency.run, round_trips=True),
+    Scenario(stream_throughput.NAME, stream_throughput.run),
+    Scenario(concurrency.NAME, concurrency.run, round_trips=True),
+    Scenario(cancellation.NAME, cancellation.run),
+    Scenario(memory.NAME, memory.run),
+    Scenario(activation.NAME, activation.run, round_trips=True),
+)
+
+SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}
