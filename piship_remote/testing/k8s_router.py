@@ -5,8 +5,9 @@ Like agent-sandbox's Python router:
 - ``X-Sandbox-ID`` (required) and ``X-Sandbox-Namespace`` must be DNS-1123 labels,
   ``X-Sandbox-Port`` 1..65535, ``X-Sandbox-Pod-IP`` an address that is not loopback,
   link-local, multicast or unspecified; otherwise 400 ``{"detail": …}``;
-- it reaches the Sandbox by ``X-Sandbox-Pod-IP`` or, without one, by name; a Sandbox
-  that does not exist, has no such address or whose pod is not ready is 502
+- it reaches the Sandbox by ``X-Sandbox-Pod-IP`` or, without one, by name (only when
+  sandboxes have a Service, ``services``); a Sandbox that does not exist, has no such
+  address, cannot be named, or whose pod is not ready is 502
   ``Could not connect to the backend sandbox: <id>`` (the router never answers 404);
 - a command that outlives ``X-Sandbox-Timeout`` or the router's own limit (the
   smaller) is 504 ``Timed out waiting for the backend sandbox: <id>``.
@@ -58,6 +59,7 @@ class RouterSettings(Protocol):
     pod_ip: str | None
     proxy_timeout: float
     runtime_timeout: float
+    services: bool
 
 
 @attrs.frozen
@@ -153,7 +155,7 @@ class Router:
         if settings.real_router and settings.pod_ip and sent_ip != settings.pod_ip:
             raise _Refusal(self._unreachable(sandbox, seed_status=502))
         found = self._find(namespace, sandbox, sent_ip)
-        if found is None:
+        if found is None or (sent_ip is None and not settings.services):
             raise _Refusal(_detail(502, f"Could not connect to the backend sandbox: {sandbox}"))
         owner = (found["metadata"].get("ownerReferences") or [{}])[0].get("name", sandbox)
         return _Target(sandbox, str(owner), self._limit(headers.get("x-sandbox-timeout")))

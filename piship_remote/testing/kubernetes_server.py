@@ -52,6 +52,8 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
   set a request without that ``X-Sandbox-Pod-IP`` is 502 too;
 - ``patch_gate``: every PATCH waits until this event is set;
 - ``warm_pools``: when set, a claim naming another pool is ``WarmPoolNotFound``;
+- ``services``: False models warm-pool sandboxes without a Service: the router reaches
+  them only by ``X-Sandbox-Pod-IP`` (by name it answers 502);
 - ``proxy_timeout`` / ``runtime_timeout``: the router's and the runtime's limits.
 
 ``execute(command)`` returns a mapping with any of:
@@ -160,6 +162,8 @@ class Cluster:
     """The router's own limit on one proxied request (``X-Sandbox-Timeout`` may lower it)."""
     runtime_timeout: float = 300.0
     """The runtime's limit on one command."""
+    services: bool = True
+    """Sandboxes have a Service, so the router reaches them by name; False: only by pod IP."""
     gone_as_http: bool = False
     """A watch from a compacted resourceVersion is refused with HTTP 410, not an ERROR event."""
 
