@@ -226,9 +226,7 @@ class KubernetesServer(RecordingServer):
                 return json_response(error.code, error.status())
         if request.path == "/healthz" and request.method == "GET":
             return json_response(200, {"status": "ok"})
-        if _ROUTER_PATHS.match(request.path) and "X-Sandbox-ID" in request.headers:
-            return _response(self._router.handle(_router_request(request)))
-        if request.path == "/execute":
+        if _ROUTER_PATHS.match(request.path):
             return _response(self._router.handle(_router_request(request)))
         return json_response(404, {})
 
