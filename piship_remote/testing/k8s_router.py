@@ -12,8 +12,9 @@ Like agent-sandbox's Python router:
 - a command that outlives ``X-Sandbox-Timeout`` or the router's own limit (the
   smaller) is 504 ``Timed out waiting for the backend sandbox: <id>``.
 
-The cluster's fault knobs (``expired``, ``router_gone``) answer 404 ``{}`` as the
-project's older double did, or 502 with ``real_router``.
+The cluster's fault knobs (``expired``, ``router_gone``) make the router answer 404
+``{}`` for ``pool-<claim>`` (what the backend's own tests pin), or the real router's 502
+with ``real_router``.
 """
 
 from __future__ import annotations
@@ -151,9 +152,9 @@ class Router:
             _check_address(sent_ip)
         settings = self._settings
         if sandbox[len(SANDBOX_PREFIX) :] in settings.expired | settings.router_gone:
-            raise _Refusal(self._unreachable(sandbox, seed_status=404))
+            raise _Refusal(self._unreachable(sandbox, knob_status=404))
         if settings.real_router and settings.pod_ip and sent_ip != settings.pod_ip:
-            raise _Refusal(self._unreachable(sandbox, seed_status=502))
+            raise _Refusal(self._unreachable(sandbox, knob_status=502))
         found = self._find(namespace, sandbox, sent_ip)
         if found is None or (sent_ip is None and not settings.services):
             raise _Refusal(_detail(502, f"Could not connect to the backend sandbox: {sandbox}"))
@@ -166,10 +167,8 @@ class Router:
             for s in self._store.objects(SANDBOXES, namespace)
             if _pod_ready(s)
             and (
-                (ip is None
-                and s["metadata"]["name"] == sandbox)
-                or (ip is not None
-                and ip in ((s.get("status") or {}).get("podIPs") or []))
+                (ip is None and s["metadata"]["name"] == sandbox)
+                or (ip is not None and ip in ((s.get("status") or {}).get("podIPs") or []))
             )
         ]
         named = [s for s in candidates if s["metadata"]["name"] == sandbox]
@@ -183,9 +182,9 @@ class Router:
             asked = limit
         return min(limit, asked) if asked > 0 else limit
 
-    def _unreachable(self, sandbox: str, *, seed_status: int) -> Reply:
+    def _unreachable(self, sandbox: str, *, knob_status: int) -> Reply:
         if not self._settings.real_router:
-            return Reply(seed_status, {})
+            return Reply(knob_status, {})
         return _detail(502, f"Could not connect to the backend sandbox: {sandbox}")
 
     def _tree(self, claim: str) -> FileTree:

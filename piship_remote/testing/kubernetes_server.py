@@ -80,7 +80,6 @@ import io
 import json
 import logging
 import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -99,6 +98,7 @@ from piship_remote.testing.k8s_router import (
     RouterRequest,
 )
 from piship_remote.testing.k8s_runtime import Reply
+from piship_remote.testing.k8s_schema import defaulted_claim, field_selector_name, json_object
 from piship_remote.testing.k8s_store import (
     CLAIMS as CLAIM_RESOURCE,
 )
@@ -136,7 +136,6 @@ _RESOURCES = {r.plural: r for r in (CLAIM_RESOURCE, SANDBOXES)}
 _ROUTER_PATHS = re.compile(r"^/(execute|upload|download/.*|list/.*|exists/.*)?$")
 _RECONCILE_INTERVAL = 0.05
 _DEFAULT_WATCH_SECONDS = 1800
-_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
 @attrs.define
@@ -260,7 +259,7 @@ class KubernetesServer(RecordingServer):
 
     def _read_collection(self, request: Request, resource: Resource, namespace: str) -> Response:
         args = request.args
-        name = _field_selector(args.get("fieldSelector", ""), namespace)
+        name = field_selector_name(args.get("fieldSelector", ""), namespace)
         if args.get("watch") in ("true", "1"):
             return self._watch(request, resource, namespace, name)
         items = self.store.objects(resource, namespace, args.get("labelSelector", ""))
@@ -290,8 +289,8 @@ class KubernetesServer(RecordingServer):
                     f'"sandboxclaims" in namespace "{namespace}"',
                 },
             )
-        body = _json_object(request.get_data())
-        claim = self.store.create(CLAIM_RESOURCE, namespace, _defaulted_claim(body))
+        body = json_object(request.get_data())
+        claim = self.store.create(CLAIM_RESOURCE, namespace, defaulted_claim(body))
         self.controller.claim_created(namespace, claim)
         return json_response(201, claim)
 
@@ -308,7 +307,7 @@ class KubernetesServer(RecordingServer):
                 "the body of the request was in an unknown format - accepted media types "
                 "include: application/merge-patch+json",
             )
-        patch = _json_object(request.get_data())
+        patch = json_object(request.get_data())
         claim = self.store.patch(CLAIM_RESOURCE, namespace, name, patch, subresource_status=status)
         return json_response(200, claim)
 
@@ -316,7 +315,7 @@ class KubernetesServer(RecordingServer):
         status = self.cluster.delete_status
         if status is not None and status >= 400:
             return json_response(status, {"message": "etcd unavailable"})
-        options = _json_object(request.get_data()) if request.get_data() else {}
+        options = json_object(request.get_data()) if request.get_data() else {}
         uid = (options.get("preconditions") or {}).get("uid")
         deleted = self.store.delete(CLAIM_RESOURCE, namespace, name, uid)
         self.controller.claim_deleted(namespace, deleted)
@@ -398,62 +397,6 @@ class KubernetesServer(RecordingServer):
 
 def _line(kind: str, obj: dict[str, Any]) -> bytes:
     return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
-
-
-def _field_selector(selector: str, namespace: str) -> str | None:
-    """The name a ``metadata.name=`` selector asks for (400 for any other field)."""
-    name: str | None = None
-    for term in filter(None, (part.strip() for part in selector.split(","))):
-        field, _, value = term.replace("==", "=").partition("=")
-        if field == "metadata.name":
-            name = value
-        elif field == "metadata.namespace" and value == namespace:
-            continue
-        else:
-            raise ApiError(400, "BadRequest", f"field label not supported: {field}")
-    return name
-
-
-def _defaulted_claim(body: dict[str, Any]) -> dict[str, Any]:
-    """The claim as the CRD's schema validates and defaults it."""
-    metadata = dict(body.get("metadata") or {})
-    if not metadata.get("name") and metadata.get("generateName"):
-        suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
-        metadata["name"] = f"{metadata['generateName']}{suffix}"
-    name = metadata.get("name", "")
-    spec = dict(body.get("spec") or {})
-    if not (spec.get("warmPoolRef") or {}).get("name"):
-        raise ApiError(
-            422,
-            "Invalid",
-            f'SandboxClaim.extensions.agents.x-k8s.io "{name}" is invalid: spec.warmPoolRef: '
-            "Required value",
-            {
-                "name": name,
-                "group": CLAIM_RESOURCE.group,
-                "kind": CLAIM_RESOURCE.kind,
-                "causes": [
-                    {
-                        "reason": "FieldValueRequired",
-                        "message": "Required value",
-                        "field": "spec.warmPoolRef",
-                    }
-                ],
-            },
-        )
-    if isinstance(spec.get("lifecycle"), dict):
-        spec["lifecycle"] = {"shutdownPolicy": "Retain", **spec["lifecycle"]}
-    return {**body, "metadata": metadata, "spec": spec}
-
-
-def _json_object(data: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ApiError(400, "BadRequest", "the request body is not a JSON object")
-    return value
 
 
 def _router_request(request: Request) -> RouterRequest:
