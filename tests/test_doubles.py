@@ -589,15 +589,39 @@ def _claim(name: str) -> dict[str, Any]:
     }
 
 
+def _create(mock: KubernetesServer, name: str = "c1", **headers: str) -> requests.Response:
+    return requests.post(mock.url + CLAIMS, json=_claim(name), headers=headers, timeout=TIMEOUT)
+
+
+def _ready(mock: KubernetesServer, name: str = "c1") -> None:
+    """Create the claim and read it until Ready (the fake's pod is ready on the second look)."""
+    assert _create(mock, name).status_code == 201
+    for _ in range(2):
+        claim = requests.get(f"{mock.url}{CLAIMS}/{name}", timeout=TIMEOUT).json()
+    assert claim["status"]["conditions"][0]["status"] == "True"
+
+
 def _execute(
     mock: KubernetesServer, command: str, sandbox: str = "pool-c1", **headers: str
 ) -> requests.Response:
     return requests.post(
         mock.url + "/execute",
         json={"command": command},
-        headers={"X-Sandbox-ID": sandbox, **headers},
+        headers={"X-Sandbox-ID": sandbox, "X-Sandbox-Namespace": "agents", **headers},
         timeout=TIMEOUT,
     )
+
+
+@pytest.fixture
+def ready_cluster(kubernetes_server: Any) -> Callable[..., KubernetesServer]:
+    """``ready_cluster(execute=None, cluster=None)``: a fake cluster with claim c1 ready."""
+
+    def make(execute: Any = None, cluster: Cluster | None = None) -> KubernetesServer:
+        mock: KubernetesServer = kubernetes_server(execute, cluster)
+        _ready(mock)
+        return mock
+
+    return make
 
 
 def test_claims_path_is_the_agents_namespace_collection() -> None:
@@ -608,18 +632,21 @@ def test_claims_path_is_the_agents_namespace_collection() -> None:
 def test_k8s_lists_no_claims(kubernetes_server: Any) -> None:
     mock = kubernetes_server()
     response = requests.get(mock.url + CLAIMS + "?limit=1", timeout=TIMEOUT)
-    assert (response.status_code, response.json()) == (200, {"items": []})
+    assert response.status_code == 200
+    assert response.json()["items"] == []
+    assert response.json()["kind"] == "SandboxClaimList"
     assert response.headers["content-type"] == "application/json"
 
 
-def test_k8s_create_echoes_the_claim_and_it_lives_until_deleted(kubernetes_server: Any) -> None:
+def test_k8s_create_stores_the_claim_and_it_lives_until_deleted(kubernetes_server: Any) -> None:
     mock = kubernetes_server()
-    body = b'{"metadata":{"name":"c1"},"x":1}'
-    created = requests.post(mock.url + CLAIMS, data=body, timeout=TIMEOUT)
-    assert (created.status_code, created.content) == (201, body)
+    created = requests.post(mock.url + CLAIMS, data=b'{"metadata":{"name":"c1"},"spec":'
+                            b'{"warmPoolRef":{"name":"p"}},"x":1}', timeout=TIMEOUT)
+    assert created.status_code == 201
+    assert (created.json()["metadata"]["name"], created.json()["x"]) == ("c1", 1)
     assert mock.live_claims == ["c1"]
     deleted = requests.delete(mock.url + CLAIMS + "/c1", timeout=TIMEOUT)
-    assert (deleted.status_code, deleted.json()) == (200, {})
+    assert (deleted.status_code, deleted.json()["metadata"]["name"]) == (200, "c1")
     assert mock.live_claims == []
 
 
@@ -627,20 +654,15 @@ def test_k8s_claim_is_ready_from_the_second_poll_with_its_pool_sandbox(
     kubernetes_server: Any,
 ) -> None:
     mock = kubernetes_server()
+    _create(mock)
     polls = [requests.get(mock.url + CLAIMS + "/c1", timeout=TIMEOUT).json() for _ in range(2)]
-    assert polls == [
-        {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
-        {
-            "status": {
-                "conditions": [{"type": "Ready", "status": "True"}],
-                "sandbox": {"name": "pool-c1"},
-            }
-        },
-    ]
+    assert [p["status"]["conditions"][0]["status"] for p in polls] == ["False", "True"]
+    assert polls[1]["status"]["sandbox"] == {"name": "pool-c1"}
 
 
 def test_k8s_never_ready_keeps_every_poll_not_ready(kubernetes_server: Any) -> None:
     mock = kubernetes_server(None, Cluster(never_ready=True))
+    _create(mock)
     for _ in range(3):
         status = requests.get(mock.url + CLAIMS + "/c1", timeout=TIMEOUT).json()["status"]
         assert status["conditions"][0]["status"] == "False"
@@ -648,6 +670,7 @@ def test_k8s_never_ready_keeps_every_poll_not_ready(kubernetes_server: Any) -> N
 
 def test_k8s_reports_pod_ips_when_the_cluster_has_one(kubernetes_server: Any) -> None:
     mock = kubernetes_server(None, Cluster(pod_ip="10.0.0.7"))
+    _create(mock)
     url = mock.url + CLAIMS + "/c1"
     sandbox = [requests.get(url, timeout=TIMEOUT).json() for _ in range(2)][1]["status"]["sandbox"]
     assert sandbox == {"name": "pool-c1", "podIPs": ["10.0.0.7"]}
@@ -674,12 +697,7 @@ def test_k8s_create_status_answers_an_rbac_refusal_echoing_the_bearer(
     kubernetes_server: Any,
 ) -> None:
     mock = kubernetes_server(None, Cluster(create_status=403))
-    response = requests.post(
-        mock.url + CLAIMS,
-        json=_claim("c1"),
-        headers={"Authorization": "Bearer b-000000"},
-        timeout=TIMEOUT,
-    )
+    response = _create(mock, Authorization="Bearer b-000000")
     assert response.status_code == 403
     assert response.json() == {
         "kind": "Status",
@@ -692,18 +710,17 @@ def test_k8s_create_status_answers_an_rbac_refusal_echoing_the_bearer(
 
 def test_k8s_failed_delete_leaves_the_claim_live(kubernetes_server: Any) -> None:
     mock = kubernetes_server(None, Cluster(delete_status=500))
-    requests.post(mock.url + CLAIMS, json=_claim("c1"), timeout=TIMEOUT)
+    _create(mock)
     deleted = requests.delete(mock.url + CLAIMS + "/c1", timeout=TIMEOUT)
     assert (deleted.status_code, deleted.json()) == (500, {"message": "etcd unavailable"})
     assert mock.live_claims == ["c1"]
 
 
 def test_k8s_expired_claim_is_gone_from_api_router_and_live_claims(
-    kubernetes_server: Any,
+    ready_cluster: Callable[..., KubernetesServer],
 ) -> None:
     cluster = Cluster()
-    mock = kubernetes_server(None, cluster)
-    requests.post(mock.url + CLAIMS, json=_claim("c1"), timeout=TIMEOUT)
+    mock = ready_cluster(None, cluster)
     cluster.expired.add("c1")
     assert requests.get(mock.url + CLAIMS + "/c1", timeout=TIMEOUT).status_code == 404
     assert requests.patch(mock.url + CLAIMS + "/c1", json={}, timeout=TIMEOUT).status_code == 404
@@ -712,9 +729,9 @@ def test_k8s_expired_claim_is_gone_from_api_router_and_live_claims(
 
 
 def test_k8s_router_gone_sandbox_is_404_while_the_api_still_serves_it(
-    kubernetes_server: Any,
+    ready_cluster: Callable[..., KubernetesServer],
 ) -> None:
-    mock = kubernetes_server(None, Cluster(router_gone={"c1"}))
+    mock = ready_cluster(None, Cluster(router_gone={"c1"}))
     assert requests.patch(mock.url + CLAIMS + "/c1", json={}, timeout=TIMEOUT).status_code == 200
     assert requests.get(mock.url + CLAIMS + "/c1", timeout=TIMEOUT).status_code == 200
     assert _execute(mock, "true", "pool-c1").json() == {}
@@ -722,9 +739,10 @@ def test_k8s_router_gone_sandbox_is_404_while_the_api_still_serves_it(
 
 
 def test_k8s_real_router_answers_502_for_gone_sandboxes_and_a_missing_pod_ip(
-    kubernetes_server: Any,
+    ready_cluster: Callable[..., KubernetesServer],
 ) -> None:
-    mock = kubernetes_server(None, Cluster(router_gone={"c1"}, pod_ip="10.0.0.7", real_router=True))
+    mock = ready_cluster(None, Cluster(router_gone={"c1"}, pod_ip="10.0.0.7", real_router=True))
+    _ready(mock, "c2")
     gone = _execute(mock, "true", "pool-c1")
     assert (gone.status_code, gone.json()) == (
         502,
@@ -735,10 +753,10 @@ def test_k8s_real_router_answers_502_for_gone_sandboxes_and_a_missing_pod_ip(
 
 
 def test_k8s_patch_gate_holds_every_patch_until_set(
-    kubernetes_server: Any, pool: ThreadPoolExecutor
+    ready_cluster: Callable[..., KubernetesServer], pool: ThreadPoolExecutor
 ) -> None:
     gate = threading.Event()
-    mock = kubernetes_server(None, Cluster(patch_gate=gate))
+    mock = ready_cluster(None, Cluster(patch_gate=gate))
     url = mock.url + CLAIMS + "/c1"
     pending = pool.submit(requests.patch, url, json={}, timeout=TIMEOUT)
     recorded = mock.wait_for("PATCH", CLAIMS + "/c1", timeout=TIMEOUT)
@@ -750,10 +768,10 @@ def test_k8s_patch_gate_holds_every_patch_until_set(
 
 
 def test_k8s_close_releases_the_patch_gate(
-    kubernetes_server: Any, pool: ThreadPoolExecutor
+    ready_cluster: Callable[..., KubernetesServer], pool: ThreadPoolExecutor
 ) -> None:
     gate = threading.Event()
-    mock = kubernetes_server(None, Cluster(patch_gate=gate))
+    mock = ready_cluster(None, Cluster(patch_gate=gate))
     pending = pool.submit(requests.patch, mock.url + CLAIMS + "/c1", json={}, timeout=TIMEOUT)
     mock.wait_for("PATCH", timeout=TIMEOUT)
     mock.close()
@@ -762,21 +780,25 @@ def test_k8s_close_releases_the_patch_gate(
         pending.result(1.0)
 
 
-def test_k8s_execute_answers_the_result_with_stderr_defaulted(kubernetes_server: Any) -> None:
+def test_k8s_execute_answers_the_result_with_stderr_defaulted(
+    ready_cluster: Callable[..., KubernetesServer],
+) -> None:
     commands: list[str] = []
 
     def execute(command: str) -> dict[str, Any]:
         commands.append(command)
         return {"stdout": "hi\n"}
 
-    mock = kubernetes_server(execute)
+    mock = ready_cluster(execute)
     response = _execute(mock, "env /bin/sh -c 'echo hi'")
     assert response.json() == {"stderr": "", "stdout": "hi\n"}
     assert commands == ["env /bin/sh -c 'echo hi'"]
 
 
-def test_k8s_execute_default_answer_is_empty_with_exit_zero(kubernetes_server: Any) -> None:
-    mock = kubernetes_server()
+def test_k8s_execute_default_answer_is_empty_with_exit_zero(
+    ready_cluster: Callable[..., KubernetesServer],
+) -> None:
+    mock = ready_cluster()
     assert _execute(mock, "true").json() == {"stderr": "", "stdout": "", "exit_code": 0}
 
 
@@ -788,9 +810,9 @@ def test_k8s_execute_default_answer_is_empty_with_exit_zero(kubernetes_server: A
     ],
 )
 def test_k8s_answers_the_activation_check_itself(
-    kubernetes_server: Any, command: str, line: str
+    ready_cluster: Callable[..., KubernetesServer], command: str, line: str
 ) -> None:
-    mock = kubernetes_server(lambda command: {"status": 500})
+    mock = ready_cluster(lambda command: {"status": 500})
     assert _execute(mock, command).json() == {
         "stderr": "",
         "stdout": f"piship-sandbox-ready {line}\n",
@@ -798,8 +820,10 @@ def test_k8s_answers_the_activation_check_itself(
     }
 
 
-def test_k8s_status_answer_names_the_bearer(kubernetes_server: Any) -> None:
-    mock = kubernetes_server(lambda command: {"status": 403})
+def test_k8s_status_answer_names_the_bearer(
+    ready_cluster: Callable[..., KubernetesServer],
+) -> None:
+    mock = ready_cluster(lambda command: {"status": 403})
     response = _execute(mock, "forbidden", Authorization="Bearer b-000000")
     assert response.status_code == 403
     assert response.json() == {
@@ -807,24 +831,26 @@ def test_k8s_status_answer_names_the_bearer(kubernetes_server: Any) -> None:
     }
 
 
-def test_k8s_body_answer_is_sent_verbatim(kubernetes_server: Any) -> None:
-    mock = kubernetes_server(lambda command: {"body": "not json"})
+def test_k8s_body_answer_is_sent_verbatim(ready_cluster: Callable[..., KubernetesServer]) -> None:
+    mock = ready_cluster(lambda command: {"body": "not json"})
     response = _execute(mock, "x")
     assert (response.status_code, response.text) == (200, "not json")
 
 
-def test_k8s_drop_answers_nothing_after_recording_the_command(kubernetes_server: Any) -> None:
-    mock = kubernetes_server(lambda command: {"drop": True})
+def test_k8s_drop_answers_nothing_after_recording_the_command(
+    ready_cluster: Callable[..., KubernetesServer],
+) -> None:
+    mock = ready_cluster(lambda command: {"drop": True})
     with pytest.raises(requests.ConnectionError):
         _execute(mock, "deploy")
     assert mock.find("POST", "/execute")[0].json() == {"command": "deploy"}
 
 
 def test_k8s_after_holds_the_answer_until_the_event_is_set(
-    kubernetes_server: Any, pool: ThreadPoolExecutor
+    ready_cluster: Callable[..., KubernetesServer], pool: ThreadPoolExecutor
 ) -> None:
     done = threading.Event()
-    mock = kubernetes_server(lambda command: {"stdout": "long\n", "after": done})
+    mock = ready_cluster(lambda command: {"stdout": "long\n", "after": done})
     pending = pool.submit(_execute, mock, "long job")
     mock.wait_for("POST", "/execute", timeout=TIMEOUT)
     with pytest.raises(TimeoutError):
@@ -834,9 +860,9 @@ def test_k8s_after_holds_the_answer_until_the_event_is_set(
 
 
 def test_k8s_hung_execute_is_recorded_and_dropped_on_close(
-    kubernetes_server: Any, pool: ThreadPoolExecutor
+    ready_cluster: Callable[..., KubernetesServer], pool: ThreadPoolExecutor
 ) -> None:
-    mock = kubernetes_server(lambda command: {"hang": True})
+    mock = ready_cluster(lambda command: {"hang": True})
     pending = pool.submit(_execute, mock, "sleep 600")
     assert mock.wait_for("POST", "/execute", timeout=TIMEOUT).json() == {"command": "sleep 600"}
     started = time.monotonic()

@@ -1,4 +1,7 @@
-"""A fake Kubernetes API plus agent-sandbox router on one loopback server.
+"""A fake Kubernetes cluster running agent-sandbox, on one loopback server.
+
+One server plays the Kubernetes API server, the agent-sandbox controller, the
+sandbox router and each sandbox's runtime::
 
     cluster = Cluster(expired=set())
     with KubernetesServer(lambda command: {"stdout": "ok\\n", "exit_code": 0}, cluster) as mock:
@@ -7,42 +10,60 @@
         ...
         cluster.expired.add(name)             # the cluster removed that claim
         assert mock.count("POST", CLAIMS) == 1
+        assert mock.files(name) == {"a/b.txt": b"hi"}
 
-Routes (the seed's mock, reference kubernetes-backend.md §9), every answer JSON:
+**API server** (:mod:`~piship_remote.testing.k8s_store`): SandboxClaims
+(``/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/<ns>/sandboxclaims``) can be
+created (201 with ``uid``, ``resourceVersion``, ``creationTimestamp``; 409
+``AlreadyExists``; a body without ``Content-Type`` is JSON), read, listed (with
+``labelSelector``), watched, merge-patched (also ``/status``) and deleted (200 with
+the last state; a ``preconditions.uid`` body is honoured); Sandboxes
+(``/apis/agents.x-k8s.io/v1beta1/namespaces/<ns>/sandboxes``) can be read, listed and
+watched. Every error is a ``Status`` object (404 ``NotFound``, 409, 410, 415, 422).
+A watch (``?watch=true``) streams one JSON event per line: from ``resourceVersion``
+unset or ``0`` the current objects as ``ADDED``, from a version every change after
+it, from a compacted one (:meth:`KubernetesServer.compact`) an ``ERROR`` 410 event
+(HTTP 410 with ``cluster.gone_as_http``); ``fieldSelector=metadata.name=<n>`` narrows
+it, and it stays open until ``timeoutSeconds``.
 
-- With ``cluster.token`` set, every request must carry ``Authorization: Bearer
-  <token>``, else 401 ``{"message":"Unauthorized: <the header, or no token>"}``.
-- ``GET <claims>`` (any query): ``{"items":[]}``.
-- ``POST <claims>``: ``cluster.create_status`` (>= 400) with an RBAC-style Status that
-  echoes the bearer, else 201 echoing the body. A created claim is live until a
-  successful DELETE or until its name is put in ``cluster.expired``.
-- ``DELETE <claims>/<name>``: ``cluster.delete_status`` (default 200); >= 400 answers
-  ``{"message":"etcd unavailable"}``. The claim is still served afterwards.
-- ``PATCH <claims>/<name>``: held until ``cluster.patch_gate`` is set, then 404 ``{}``
-  when expired, else 200 ``{}``.
-- ``GET <claims>/<name>``: 404 when expired; the first poll of a name (every poll with
-  ``never_ready``) is ``Ready: "False"``, later ones ``Ready: "True"`` with
-  ``status.sandbox.name = "pool-<name>"`` (and ``podIPs: [cluster.pod_ip]`` when set).
-- ``POST /execute``: 404 ``{}`` when ``X-Sandbox-ID`` minus its first 5 characters is
-  expired or in ``cluster.router_gone``; the activation check (``piship-sandbox-ready``)
-  is answered ``piship-sandbox-ready <1 if 'PISHIP_PROBE_UNLISTED= was sent, else
-  unset>\\n``; any other command goes to ``execute(command)`` (default: empty, exit 0).
-- anything else: 404 ``{}``.
+**Controller** (:mod:`~piship_remote.testing.k8s_controller`): a claim gets a Sandbox
+named ``pool-<claim>`` with ``status.podIPs`` and is ``Ready=False`` until a client
+has seen it so, then ``Ready=True`` (never with ``cluster.never_ready``). A claim's
+``status.sandbox.podIPs`` mirrors the Sandbox's only when ``cluster.pod_ip`` is set.
+With ``cluster.clock`` set, claims expire at their ``shutdownTime`` on that clock.
 
-``<claims>`` is the SandboxClaim collection of any namespace; :data:`CLAIMS` is the one
-for namespace ``agents``. With ``cluster.real_router`` the router behaves like the real
-one instead (agent-sandbox-real-protocol.md §2): a gone sandbox is 502
-``{"detail":"Could not connect to the backend sandbox: <id>"}``, and when
-``cluster.pod_ip`` is set a request without that ``X-Sandbox-Pod-IP`` gets the same 502.
+**Router and runtime** (:mod:`~piship_remote.testing.k8s_router`,
+:mod:`~piship_remote.testing.k8s_runtime`): ``/execute``, ``/upload``,
+``/download/<p>``, ``/list/<p>``, ``/exists/<p>`` and ``/`` reach a live Sandbox's
+runtime; ``GET /healthz`` is the router's own.
+
+Fault knobs (:class:`Cluster`, mutable while the server runs):
+
+- ``token``: every request must carry ``Authorization: Bearer <token>``, else 401
+  ``{"message":"Unauthorized: <the header, or no token>"}``;
+- ``create_status`` (>= 400): a claim POST is refused with an RBAC-style Status that
+  echoes the bearer;
+- ``delete_status``: >= 400 refuses a claim DELETE with ``{"message":"etcd
+  unavailable"}`` (the claim stays); below 400 it deletes and answers ``{}``;
+- ``expired``: claim names the cluster removed: they are deleted when next touched, and
+  the router answers 404 ``{}`` for ``pool-<name>``;
+- ``router_gone``: the claim stays, but the router answers 404 ``{}`` for ``pool-<name>``;
+- ``real_router``: those two answer 502 ``{"detail": …}`` instead, and with ``pod_ip``
+  set a request without that ``X-Sandbox-Pod-IP`` is 502 too;
+- ``patch_gate``: every PATCH waits until this event is set;
+- ``warm_pools``: when set, a claim naming another pool is ``WarmPoolNotFound``;
+- ``services``: False models warm-pool sandboxes without a Service: the router reaches
+  them only by ``X-Sandbox-Pod-IP`` (by name it answers 502);
+- ``proxy_timeout`` / ``runtime_timeout``: the router's and the runtime's limits.
 
 ``execute(command)`` returns a mapping with any of:
 
 ==============  =====================================================================
-``stdout``      text in the result
-``stderr``      text in the result (``""`` when absent)
+``stdout``      text (or bytes, decoded as strict UTF-8 like the runtime) in the result
+``stderr``      the same for stderr (``""`` when absent)
 ``exit_code``   in the result only when given
 ``after``       a ``threading.Event``: answer only once it is set
-``hang``        True: never answer; the connection is dropped when the server closes
+``hang``        True: never answer (until a router or runtime limit, or close)
 ``drop``        True: close the connection without any response
 ``status``      answer with this HTTP status and ``{"message":"forbidden: <bearer or
                 anonymous> may not execute in this sandbox"}`` (or ``body``)
@@ -55,21 +76,48 @@ Every event the server waits on (``after``, ``patch_gate``) is set when it close
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
 from werkzeug import Request, Response
+from werkzeug.formparser import parse_form_data
 
-from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
+from piship_remote.testing.k8s_controller import Controller
+from piship_remote.testing.k8s_router import (
+    SANDBOX_PREFIX,
+    Execute,
+    ExecuteAnswer,
+    Router,
+    RouterRequest,
+)
+from piship_remote.testing.k8s_runtime import Reply
+from piship_remote.testing.k8s_schema import defaulted_claim, field_selector_name, json_object
+from piship_remote.testing.k8s_store import (
+    CLAIMS as CLAIM_RESOURCE,
+)
+from piship_remote.testing.k8s_store import (
+    SANDBOXES,
+    ApiError,
+    Resource,
+    Store,
+)
+from piship_remote.testing.recorder import (
+    THREAD_PREFIX,
+    DropConnection,
+    RecordingServer,
+    json_response,
+)
 
 __all__ = ["CLAIMS", "Cluster", "ExecuteAnswer", "KubernetesServer", "claims_path"]
 
-CHECK_MARKER = "piship-sandbox-ready"
-SANDBOX_PREFIX = "pool-"
+_LOG = logging.getLogger("piship_remote.testing")
 
 
 def claims_path(namespace: str) -> str:
@@ -78,22 +126,21 @@ def claims_path(namespace: str) -> str:
 
 
 CLAIMS = claims_path("agents")
-"""The claims collection for namespace ``agents`` (the seed's)."""
+"""The claims collection for namespace ``agents``."""
 
-ExecuteAnswer = Mapping[str, Any]
-Execute = Callable[[str], ExecuteAnswer]
-
-_CLAIM_PATH = re.compile(
-    r"^/apis/extensions\.agents\.x-k8s\.io/v1beta1/namespaces/(?P<ns>[^/]+)/sandboxclaims"
-    r"(?:/(?P<name>[^/]+))?$"
+_API_PATH = re.compile(
+    r"^/apis/(?P<group>extensions\.agents\.x-k8s\.io|agents\.x-k8s\.io)/v1beta1/namespaces/"
+    r"(?P<ns>[^/]+)/(?P<plural>sandboxclaims|sandboxes)(?:/(?P<name>[^/]+)(?P<status>/status)?)?$"
 )
-_CONTROL_KEYS = frozenset({"after", "hang", "drop", "status", "body"})
-_ANSWER_KEYS = _CONTROL_KEYS | {"stdout", "stderr", "exit_code"}
+_RESOURCES = {r.plural: r for r in (CLAIM_RESOURCE, SANDBOXES)}
+_ROUTER_PATHS = re.compile(r"^/(execute|upload|download/.*|list/.*|exists/.*)?$")
+_RECONCILE_INTERVAL = 0.05
+_DEFAULT_WATCH_SECONDS = 1800
 
 
 @attrs.define
 class Cluster:
-    """The mock cluster's state; tests may change any field while the server runs."""
+    """The fake cluster's knobs; tests may change any field while the server runs."""
 
     token: str | None = None
     create_status: int | None = None
@@ -103,53 +150,131 @@ class Cluster:
     patch_gate: threading.Event | None = None
     never_ready: bool = False
     pod_ip: str | None = None
-    """When set, ready claims report ``status.sandbox.podIPs == [pod_ip]``."""
+    """Every sandbox pod's address; when set, claims also mirror it in ``status.sandbox``."""
     real_router: bool = False
-    """Answer like the real router: 502 for gone sandboxes, and require ``X-Sandbox-Pod-IP``."""
+    """``expired``/``router_gone`` answer the real router's 502, and ``pod_ip`` is required."""
+    warm_pools: set[str] | None = None
+    """The warm pools that exist (None: any pool a claim names)."""
+    clock: Callable[[], float] | None = None
+    """The controller's wall clock (epoch seconds) for ``shutdownTime``; None: never expire."""
+    proxy_timeout: float = 180.0
+    """The router's own limit on one proxied request (``X-Sandbox-Timeout`` may lower it)."""
+    runtime_timeout: float = 300.0
+    """The runtime's limit on one command."""
+    services: bool = True
+    """Sandboxes have a Service, so the router reaches them by name; False: only by pod IP."""
+    gone_as_http: bool = False
+    """A watch from a compacted resourceVersion is refused with HTTP 410, not an ERROR event."""
 
 
 class KubernetesServer(RecordingServer):
-    """The started fake cluster; see the module docstring for its routes and answers."""
+    """The started fake cluster; see the module docstring for what it serves."""
 
     def __init__(self, execute: Execute | None = None, cluster: Cluster | None = None) -> None:
         self.cluster = cluster if cluster is not None else Cluster()
-        self._execute = execute
-        self._state = threading.Lock()
-        self._created: list[str] = []
-        self._deleted: set[str] = set()
-        self._polls: dict[str, int] = {}
+        self.store = Store()
+        """The API server's objects (read them, or change them as a cluster would)."""
+        self.controller = Controller(self.store, self.cluster, lambda c: SANDBOX_PREFIX + c)
+        self._router = Router(self.store, self.cluster, execute, self.wait, lambda: self.closing)
+        self._stop = threading.Event()
         super().__init__(self._handle)
+        self._ticker = threading.Thread(
+            target=self._tick, name=f"{THREAD_PREFIX}controller", daemon=True
+        )
+        self._ticker.start()
 
     @property
     def live_claims(self) -> list[str]:
-        """Claims created, not deleted successfully, and not expired, in creation order."""
+        """Claims that exist and are not in ``cluster.expired``, in creation order."""
         expired = set(self.cluster.expired)
-        with self._state:
-            return [n for n in self._created if n not in self._deleted and n not in expired]
+        names = [c["metadata"]["name"] for c in self.store.objects(CLAIM_RESOURCE)]
+        return [name for name in names if name not in expired]
 
-    # ---- routing ---------------------------------------------------------------------
+    def files(self, claim_name: str) -> dict[str, bytes]:
+        """The files in ``claim_name``'s sandbox runtime, by path relative to its base."""
+        return self._router.files(claim_name)
+
+    def reconcile(self) -> None:
+        """Run one controller pass now (it also runs every 50 ms on its own)."""
+        self._apply_expired()
+        self.controller.reconcile()
+
+    def compact(self) -> None:
+        """Drop the watch history: a watch from an older resourceVersion gets 410 Gone."""
+        self.store.compact()
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+        if self._ticker is not threading.current_thread():
+            self._ticker.join()
+
+    # ---- the HTTP layer --------------------------------------------------------------
 
     def _handle(self, request: Request) -> Response:
         authorization = request.headers.get("Authorization")
         token = self.cluster.token
         if token is not None and authorization != f"Bearer {token}":
             return json_response(401, {"message": f"Unauthorized: {authorization or 'no token'}"})
-        if request.path == "/execute" and request.method == "POST":
-            return self._router(request)
-        match = _CLAIM_PATH.match(request.path)
-        if match is None:
-            return json_response(404, {})
-        name = match.group("name")
-        if name is None:
-            return self._collection(request, match.group("ns"))
-        return self._claim(request, name)
-
-    def _collection(self, request: Request, namespace: str) -> Response:
-        if request.method == "POST":
-            return self._create(request, namespace)
-        if request.method == "GET":
-            return json_response(200, {"items": []})
+        self._apply_expired()
+        match = _API_PATH.match(request.path)
+        if match is not None:
+            try:
+                return self._api(request, match)
+            except ApiError as error:
+                return json_response(error.code, error.status())
+        if request.path == "/healthz" and request.method == "GET":
+            return json_response(200, {"status": "ok"})
+        if _ROUTER_PATHS.match(request.path):
+            return _response(self._router.handle(_router_request(request)))
         return json_response(404, {})
+
+    def _api(self, request: Request, match: re.Match[str]) -> Response:
+        resource = _RESOURCES[match.group("plural")]
+        if resource.group != match.group("group"):
+            return json_response(404, {})
+        namespace, name = match.group("ns"), match.group("name")
+        method = request.method
+        if name is None:
+            if method == "GET":
+                return self._read_collection(request, resource, namespace)
+            if method == "POST" and resource is CLAIM_RESOURCE:
+                return self._create(request, namespace)
+        elif method == "GET":
+            obj = self.store.get(resource, namespace, name)
+            self._observed(resource, namespace, obj)
+            return json_response(200, obj)
+        elif resource is CLAIM_RESOURCE and method == "PATCH":
+            return self._patch(request, namespace, name, status=bool(match.group("status")))
+        elif resource is CLAIM_RESOURCE and method == "DELETE" and not match.group("status"):
+            return self._delete(request, namespace, name)
+        return json_response(
+            405,
+            ApiError(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            ).status(),
+        )
+
+    def _read_collection(self, request: Request, resource: Resource, namespace: str) -> Response:
+        args = request.args
+        name = field_selector_name(args.get("fieldSelector", ""), namespace)
+        if args.get("watch") in ("true", "1"):
+            return self._watch(request, resource, namespace, name)
+        items = self.store.objects(resource, namespace, args.get("labelSelector", ""))
+        items = [item for item in items if name is None or item["metadata"]["name"] == name]
+        for item in items:
+            self._observed(resource, namespace, item)
+        return json_response(
+            200,
+            {
+                "apiVersion": resource.api_version,
+                "kind": f"{resource.kind}List",
+                "metadata": {"resourceVersion": str(self.store.resource_version)},
+                "items": items,
+            },
+        )
 
     def _create(self, request: Request, namespace: str) -> Response:
         status = self.cluster.create_status
@@ -164,100 +289,129 @@ class KubernetesServer(RecordingServer):
                     f'"sandboxclaims" in namespace "{namespace}"',
                 },
             )
-        name = _claim_name(request.get_data())
-        if name is not None:
-            with self._state:
-                self._created.append(name)
-        return json_response(201, request.get_data())
+        body = json_object(request.get_data())
+        claim = self.store.create(CLAIM_RESOURCE, namespace, defaulted_claim(body))
+        self.controller.claim_created(namespace, claim)
+        return json_response(201, claim)
 
-    def _claim(self, request: Request, name: str) -> Response:
-        if request.method == "DELETE":
-            return self._delete(name)
-        if request.method == "PATCH":
-            gate = self.cluster.patch_gate
-            if gate is not None and not self.wait(gate):
-                raise DropConnection
-            return json_response(404 if name in self.cluster.expired else 200, {})
-        if name in self.cluster.expired:
-            return json_response(404, {})
-        return json_response(200, self._claim_status(name))
+    def _patch(self, request: Request, namespace: str, name: str, *, status: bool) -> Response:
+        gate = self.cluster.patch_gate
+        if gate is not None and not self.wait(gate):
+            raise DropConnection
+        self._apply_expired()
+        kind = request.headers.get("Content-Type", "").split(";")[0].strip()
+        if kind in ("application/strategic-merge-patch+json", "application/json-patch+json"):
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types "
+                "include: application/merge-patch+json",
+            )
+        patch = json_object(request.get_data())
+        claim = self.store.patch(CLAIM_RESOURCE, namespace, name, patch, subresource_status=status)
+        return json_response(200, claim)
 
-    def _delete(self, name: str) -> Response:
-        status = self.cluster.delete_status or 200
-        if status >= 400:
+    def _delete(self, request: Request, namespace: str, name: str) -> Response:
+        status = self.cluster.delete_status
+        if status is not None and status >= 400:
             return json_response(status, {"message": "etcd unavailable"})
-        with self._state:
-            self._deleted.add(name)
-        return json_response(status, {})
+        options = json_object(request.get_data()) if request.get_data() else {}
+        uid = (options.get("preconditions") or {}).get("uid")
+        deleted = self.store.delete(CLAIM_RESOURCE, namespace, name, uid)
+        self.controller.claim_deleted(namespace, deleted)
+        return json_response(status, {}) if status is not None else json_response(200, deleted)
 
-    def _claim_status(self, name: str) -> dict[str, Any]:
-        with self._state:
-            polls = self._polls[name] = self._polls.get(name, 0) + 1
-        if polls == 1 or self.cluster.never_ready:
-            return {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
-        sandbox: dict[str, Any] = {"name": SANDBOX_PREFIX + name}
-        if self.cluster.pod_ip is not None:
-            sandbox["podIPs"] = [self.cluster.pod_ip]
-        return {"status": {"conditions": [{"type": "Ready", "status": "True"}], "sandbox": sandbox}}
+    def _watch(
+        self, request: Request, resource: Resource, namespace: str, name: str | None
+    ) -> Response:
+        start = request.args.get("resourceVersion", "")
+        timeout = request.args.get("timeoutSeconds", "")
+        seconds = int(timeout) if timeout.isdigit() else _DEFAULT_WATCH_SECONDS
+        if start not in ("", "0") and self.cluster.gone_as_http:
+            self.store.events_after(resource, namespace, int(start), name)  # 410 when too old
+        chunks = self._watch_events(resource, namespace, name, start, time.monotonic() + seconds)
+        return self.stream(request, chunks, content_type="application/json")
 
-    # ---- router ----------------------------------------------------------------------
+    def _watch_events(
+        self, resource: Resource, namespace: str, name: str | None, start: str, deadline: float
+    ) -> Iterator[bytes]:
+        listener = threading.Event()
+        self.store.listen(listener)
+        try:
+            yield b""  # the status line and headers go out now, before any event
+            if start in ("", "0"):
+                current, rv = self.store.snapshot(resource, namespace)
+                for obj in current:
+                    if name is None or obj["metadata"]["name"] == name:
+                        yield _line("ADDED", obj)
+                        self._observed(resource, namespace, obj)
+            else:
+                rv = int(start)
+            while True:
+                listener.clear()
+                try:
+                    events = self.store.events_after(resource, namespace, rv, name)
+                except ApiError as gone:
+                    yield _line("ERROR", gone.status())
+                    return
+                for event in events:
+                    rv = event.rv
+                    yield _line(event.type, event.object)
+                    self._observed(resource, namespace, event.object)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                if not events and not self.wait(listener, remaining) and self.closing:
+                    raise DropConnection
+        finally:
+            self.store.unlisten(listener)
 
-    def _router(self, request: Request) -> Response:
-        sandbox = request.headers.get("X-Sandbox-ID", "")
-        if sandbox[len(SANDBOX_PREFIX) :] in self.cluster.expired | self.cluster.router_gone:
-            return self._unreachable(sandbox, real=404)
-        pod_ip = self.cluster.pod_ip
-        sent_ip = request.headers.get("X-Sandbox-Pod-IP")
-        if self.cluster.real_router and pod_ip and sent_ip != pod_ip:
-            return self._unreachable(sandbox, real=502)
-        command = json.loads(request.get_data())["command"]
-        if not isinstance(command, str):
-            raise ValueError("the /execute body has no command string")
-        answer = self._answer(command)
-        return self._respond(request, answer)
+    # ---- the cluster's own work ------------------------------------------------------
 
-    def _unreachable(self, sandbox: str, *, real: int) -> Response:
-        if not self.cluster.real_router:
-            return json_response(real, {})
-        detail = f"Could not connect to the backend sandbox: {sandbox}"
-        return json_response(502, {"detail": detail})
+    def _observed(self, resource: Resource, namespace: str, obj: dict[str, Any]) -> None:
+        if resource is CLAIM_RESOURCE:
+            self.controller.claim_observed(namespace, obj)
 
-    def _answer(self, command: str) -> ExecuteAnswer:
-        if CHECK_MARKER in command:
-            unlisted = "1" if "'PISHIP_PROBE_UNLISTED=" in command else "unset"
-            return {"stdout": f"{CHECK_MARKER} {unlisted}\n", "exit_code": 0}
-        answer = dict(self._execute(command)) if self._execute else {"stdout": "", "exit_code": 0}
-        unknown = set(answer) - _ANSWER_KEYS
-        if unknown:
-            raise ValueError(f"KubernetesServer: unknown execute answer keys {sorted(unknown)}")
-        return answer
+    def _apply_expired(self) -> None:
+        expired = set(self.cluster.expired)
+        if not expired:
+            return
+        for claim in self.store.objects(CLAIM_RESOURCE):
+            metadata = claim["metadata"]
+            if metadata["name"] in expired:
+                try:
+                    deleted = self.store.delete(
+                        CLAIM_RESOURCE, metadata["namespace"], metadata["name"]
+                    )
+                except ApiError:
+                    continue
+                self.controller.claim_deleted(metadata["namespace"], deleted)
 
-    def _respond(self, request: Request, answer: ExecuteAnswer) -> Response:
-        after = answer.get("after")
-        if after is not None and not self.wait(after):
-            raise DropConnection
-        if answer.get("hang"):
-            self.wait()
-            raise DropConnection
-        if answer.get("drop"):
-            raise DropConnection
-        status = answer.get("status")
-        if "body" in answer:
-            return json_response(int(status or 200), answer["body"])
-        if status is not None:
-            who = request.headers.get("Authorization") or "anonymous"
-            message = f"forbidden: {who} may not execute in this sandbox"
-            return json_response(int(status), {"message": message})
-        result = {"stderr": ""}
-        result.update({k: v for k, v in answer.items() if k not in _CONTROL_KEYS})
-        return json_response(200, result)
+    def _tick(self) -> None:
+        while not self._stop.wait(_RECONCILE_INTERVAL):
+            try:
+                self.reconcile()
+            except Exception:
+                _LOG.exception("the fake controller's pass failed")
 
 
-def _claim_name(body: bytes) -> str | None:
-    try:
-        claim = json.loads(body)
-    except ValueError:
-        return None
-    metadata = claim.get("metadata") if isinstance(claim, dict) else None
-    name = metadata.get("name") if isinstance(metadata, dict) else None
-    return name if isinstance(name, str) else None
+def _line(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+def _router_request(request: Request) -> RouterRequest:
+    headers = {name.lower(): value for name, value in request.headers.items()}
+    upload: tuple[str | None, bytes | None] = (None, None)
+    if request.path == "/upload" and request.mimetype == "multipart/form-data":
+        environ = {**request.environ, "wsgi.input": io.BytesIO(request.get_data())}
+        _, _, files = parse_form_data(environ)
+        part = files.get("file")
+        if part is not None:
+            upload = (part.filename, part.read())
+    return RouterRequest(request.method, request.path, headers, request.get_data(), upload)
+
+
+def _response(reply: Reply) -> Response:
+    if isinstance(reply.body, bytes) and reply.headers:
+        return Response(reply.body, status=reply.status, headers=dict(reply.headers))
+    return json_response(reply.status, reply.body)
