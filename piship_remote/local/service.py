@@ -39,6 +39,14 @@ from piship_remote.local.isolation import (
     isolation_problem,
     validate_workdir,
 )
+from piship_remote.local.containment import Containment, containment
+from piship_remote.local.limits import (
+    DEFAULT_DISK_MIB,
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_PROCESSES,
+    MIB,
+    Limits,
+)
 from piship_remote.local.sandboxes import Registry, remove_tree
 from piship_remote.local.server import HttpServer, Reply, Request
 
@@ -72,6 +80,9 @@ class LocalE2bService:
         root: str | os.PathLike[str] | None = None,
         max_sandboxes: int = 20,
         max_lifetime: int = 24 * 3600,
+        max_processes: int = DEFAULT_PROCESSES,
+        max_memory_mib: int = DEFAULT_MEMORY_MIB,
+        max_disk_mib: int = DEFAULT_DISK_MIB,
     ) -> None:
         _check_loopback(host)
         try:
@@ -82,6 +93,10 @@ class LocalE2bService:
         binary = find_bwrap(bwrap)
         if problem is not None or binary is None:
             raise _unavailable(problem or "the bubblewrap binary was not found")
+        try:
+            limits = Limits(max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime)
+        except ValueError as e:
+            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         directory = tempfile.mkdtemp(prefix="piship-local-", dir=root)
@@ -91,7 +106,7 @@ class LocalE2bService:
             workdir=self.workdir,
             user=user,
             max_sandboxes=max_sandboxes,
-            max_lifetime=max_lifetime,
+            limits=limits,
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
         self._envd = Envd(self._registry, user=user)
@@ -115,6 +130,11 @@ class LocalE2bService:
     def check(bwrap: str | os.PathLike[str] | None = None) -> str | None:
         """Why the service cannot run here (and how to fix it), or ``None`` when it can."""
         return isolation_problem(bwrap)
+
+    @property
+    def containment(self) -> Containment:
+        """What this service enforces on this host: limits, network, and what does not hold."""
+        return containment(self._registry.limits, self._registry.enforcement)
 
     @property
     def envd_url(self) -> str:
