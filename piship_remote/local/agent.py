@@ -68,14 +68,15 @@ class Agent:
 
     def run(self) -> None:
         while True:
-            readable, _, _ = select.select([self.control, self.wakeup_read, *self.draining], [], [])
+            watched = [self.control.fileno(), self.wakeup_read, *self.draining]
+            readable, _, _ = select.select(watched, [], [])
             if self.wakeup_read in readable:
                 os.read(self.wakeup_read, 4096)
             self.reap()
             for fd in readable:
                 if fd in self.draining:
                     self.drain(fd)
-            if self.control in readable and not self.receive():
+            if self.control.fileno() in readable and not self.receive():
                 return
 
     def receive(self) -> bool:

@@ -1,9 +1,9 @@
 """What the local service enforces on this host, said exactly.
 
-    summary = containment(Limits(), Enforcement.probe())
-    summary.held        # ("processes", "memory", "disk", "lifetime")
-    summary.warnings    # one sentence per thing that does not hold here
-    summary.lines()     # for ``serve`` and ``doctor``
+summary = containment(Limits(), Enforcement.probe())
+summary.held        # ("processes", "memory", "disk", "lifetime")
+summary.warnings    # one sentence per thing that does not hold here
+summary.lines()     # for ``serve`` and ``doctor``
 """
 
 from __future__ import annotations

@@ -117,7 +117,9 @@ def _trial(bwrap: str) -> str | None:
         for path in dirs:
             os.mkdir(path, 0o700)
         write_etc(dirs[3], user="user", workdir="/home/user")
-        jail = Jail(bwrap, home=dirs[0], tmp=dirs[1], shm=dirs[2], etc=dirs[3], workdir="/home/user")
+        jail = Jail(
+            bwrap, home=dirs[0], tmp=dirs[1], shm=dirs[2], etc=dirs[3], workdir="/home/user"
+        )
         options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
         argv = [bwrap, "--args", "{fd}", "--", "/bin/sh", "-c", "exit 0"]
         try:
@@ -231,9 +233,7 @@ class Jail:
     network: bool = False
     scratch_size: int | None = None
 
-    def options(
-        self, *, cwd: str, env: Mapping[str, str], binds: Sequence[str] = ()
-    ) -> list[str]:
+    def options(self, *, cwd: str, env: Mapping[str, str], binds: Sequence[str] = ()) -> list[str]:
         """The bwrap options (everything before ``--``) for a program in ``cwd`` with ``env``.
 
         ``binds`` are more mount options, applied before the root is made read-only.

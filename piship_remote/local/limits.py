@@ -29,7 +29,13 @@ __all__ = [
     "DEFAULT_LIFETIME",
     "DEFAULT_MEMORY_MIB",
     "DEFAULT_PROCESSES",
-    "MIB", "CgroupSet", "Enforcement", "Limits", "mount_tmpfs", "unmount"]
+    "MIB",
+    "CgroupSet",
+    "Enforcement",
+    "Limits",
+    "mount_tmpfs",
+    "unmount",
+]
 
 MIB = 1024 * 1024
 DEFAULT_PROCESSES = 512
@@ -129,7 +135,9 @@ class CgroupSet:
 
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files the sandbox's first process must join."""
-        return [os.path.join(p, "cgroup.procs") for p in dict.fromkeys((self.pids, self.memory)) if p]
+        return [
+            os.path.join(p, "cgroup.procs") for p in dict.fromkeys((self.pids, self.memory)) if p
+        ]
 
     def counters(self) -> tuple[int, int]:
         """How often the process limit and the memory limit were hit so far."""
@@ -221,12 +229,11 @@ def _probe_v1() -> tuple[str | None, str | None, str | None]:
     for controller, limit in (("pids", "pids.max"), ("memory", "memory.limit_in_bytes")):
         base = os.path.join(V1_ROOT, controller, _own_cgroup(controller).lstrip("/"))
         found[controller] = None
-        if os.path.isdir(base) and os.access(base, os.W_OK):
-            # The hierarchy's root has no limit file of its own; a child group will.
-            if base.rstrip("/") == os.path.join(V1_ROOT, controller) or os.path.exists(
-                os.path.join(base, limit)
-            ):
-                found[controller] = base
+        # The hierarchy's root has no limit file of its own; a child group will.
+        root = base.rstrip("/") == os.path.join(V1_ROOT, controller)
+        limited = root or os.path.exists(os.path.join(base, limit))
+        if os.path.isdir(base) and os.access(base, os.W_OK) and limited:
+            found[controller] = base
     if not any(found.values()):
         return None, None, None
     return "v1", found["pids"], found["memory"]

@@ -36,7 +36,7 @@ def find_slirp4netns() -> str | None:
 def egress_problem() -> str | None:
     """Why a sandbox cannot be given network egress here, or ``None`` when it can."""
     if find_slirp4netns() is None:
-        return f"network access needs a user-mode network stack and slirp4netns is missing; {SLIRP_HINT}"
+        return f"network access needs a user-mode network stack (slirp4netns); {SLIRP_HINT}"
     return None
 
 

@@ -174,12 +174,13 @@ class LocalProcess:
             for fd in (out_read, err_read, status_read):
                 os.close(fd)
             raise
-        if "pid" not in first:
+        pid = first.get("pid")
+        if not isinstance(pid, int):
             for fd in (out_read, err_read, status_read):
                 os.close(fd)
             raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
         pipes = (out_read, err_read, status_read)
-        return cls(link, ident, int(first["pid"]), pipes, tag, limit_check)
+        return cls(link, ident, pid, pipes, tag, limit_check)
 
     @property
     def finished(self) -> bool:

@@ -43,7 +43,9 @@ __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
 BOOT_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
 # Joins the sandbox's cgroups, then becomes bubblewrap: only paths in its argv.
-_JOIN_CGROUPS = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
+_JOIN_CGROUPS = (
+    'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
+)
 
 T = TypeVar("T")
 
@@ -103,9 +105,7 @@ class SandboxVm:
         self._closed = False
 
     @classmethod
-    def boot(
-        cls, jail: Jail, *, cgroups: CgroupSet, network: bool, spawner: Spawner
-    ) -> SandboxVm:
+    def boot(cls, jail: Jail, *, cgroups: CgroupSet, network: bool, spawner: Spawner) -> SandboxVm:
         """Start the sandbox and wait until its agent (and its network) is ready.
 
         ``OSError`` when it cannot be started; nothing is left running then.

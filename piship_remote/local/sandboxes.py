@@ -333,7 +333,9 @@ class Registry:
         self._spawner.close()
         remove_tree(self.root)
 
-    def _environment(self, sandbox_id: str, directory: str, network: bool) -> tuple[Jail, SandboxVm]:
+    def _environment(
+        self, sandbox_id: str, directory: str, network: bool
+    ) -> tuple[Jail, SandboxVm]:
         """The sandbox's files, cgroups and running environment; nothing is left on failure."""
         cgroups: CgroupSet | None = None
         try:

@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.local.containment import Containment, containment
 from piship_remote.local.control import ControlPlane
 from piship_remote.local.envd import PREFIX, Envd
 from piship_remote.local.isolation import (
@@ -39,7 +40,6 @@ from piship_remote.local.isolation import (
     isolation_problem,
     validate_workdir,
 )
-from piship_remote.local.containment import Containment, containment
 from piship_remote.local.limits import (
     DEFAULT_DISK_MIB,
     DEFAULT_MEMORY_MIB,
