@@ -217,6 +217,8 @@ def serve(
         print(f"endpoint: {service.url}", file=out)
         print(f"envd url: {service.envd_url}", file=out)
         print(f"api key:  {service.api_key}", file=out)
+        for line in service.containment.lines():
+            print(line, file=out)
         print("Press Ctrl-C to stop.", file=out, flush=True)
         try:
             while not stop.wait(0.5):
