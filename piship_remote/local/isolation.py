@@ -1,23 +1,24 @@
-"""How the local service confines a command: bubblewrap, and the view it builds.
+"""How the local service confines a sandbox: bubblewrap, and the view it builds.
 
-Every command runs as ``bwrap <options> -- <cmd> <args…>`` where the options give it:
+Each sandbox is one long-lived ``bwrap <options> -- python3 agent.py`` whose
+options give it:
 
-- new user, pid, mount, ipc, uts and cgroup namespaces, and a new network
-  namespace (loopback only) unless the sandbox may reach the internet;
+- new user, pid, mount, ipc, uts, cgroup and network namespaces (loopback only;
+  with network allowed a user-mode stack adds ``tap0``, see
+  :mod:`piship_remote.local.network`);
 - the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links or binds)
   read-only, a synthesised ``/etc`` (``passwd``, ``group``, ``hosts``, …) plus a
   few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
   certificates), a fresh ``/proc`` and ``/dev``;
-- the sandbox's private home directory at ``workdir`` and its private ``/tmp``,
-  both writable; everything else read-only;
-- an empty environment apart from the variables it is given, no capabilities,
-  its own session, and death when the service dies.
+- the sandbox's private home directory at ``workdir``, its private ``/tmp`` and
+  ``/dev/shm``, all writable (size-capped tmpfs); everything else read-only;
+- an empty environment, no capabilities, its own session, and death when the
+  service dies.
 
-The options travel through a memfd (``--args``), not the command line, so the
-environment values never show in the host's process list::
+The options travel through a memfd (``--args``), not the command line::
 
     problem = isolation_problem()          # None when bubblewrap works here
-    jail = Jail(bwrap=find_bwrap(), home=..., tmp=..., etc=..., workdir="/home/user")
+    jail = Jail(bwrap=find_bwrap(), home=..., tmp=..., shm=..., etc=..., workdir="/home/user")
     options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
 """
 
@@ -33,11 +34,15 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from piship_remote.local.network import DNS_SERVER
+
 __all__ = [
+    "AGENT_PATH",
     "DEFAULT_PATH",
     "INSTALL_HINT",
     "Jail",
     "find_bwrap",
+    "find_python",
     "isolation_problem",
     "validate_workdir",
     "write_etc",
@@ -66,7 +71,8 @@ _HOST_ETC = (
     "ca-certificates",
     "ca-certificates.conf",
 )
-_NETWORK_ETC = ("resolv.conf", "gai.conf")
+_NETWORK_ETC = ("gai.conf",)
+AGENT_PATH = "/run/piship/agent.py"
 _MOUNTED = ("/usr", *_SYSTEM_DIRS, "/etc", "/proc", "/dev", "/tmp", "/sys", "/run")
 
 
@@ -107,11 +113,13 @@ def isolation_problem(binary: str | os.PathLike[str] | None = None) -> str | Non
 
 def _trial(bwrap: str) -> str | None:
     with tempfile.TemporaryDirectory(prefix="piship-local-check-") as root:
-        dirs = [os.path.join(root, name) for name in ("home", "tmp", "etc")]
+        dirs = [os.path.join(root, name) for name in ("home", "tmp", "shm", "etc")]
         for path in dirs:
             os.mkdir(path, 0o700)
-        write_etc(dirs[2], user="user", workdir="/home/user")
-        jail = Jail(bwrap=bwrap, home=dirs[0], tmp=dirs[1], etc=dirs[2], workdir="/home/user")
+        write_etc(dirs[3], user="user", workdir="/home/user")
+        jail = Jail(
+            bwrap, home=dirs[0], tmp=dirs[1], shm=dirs[2], etc=dirs[3], workdir="/home/user"
+        )
         options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
         argv = [bwrap, "--args", "{fd}", "--", "/bin/sh", "-c", "exit 0"]
         try:
@@ -175,8 +183,11 @@ def uid_for(user: str) -> int:
     return 0 if user == "root" else SANDBOX_UID
 
 
-def write_etc(directory: str, *, user: str, workdir: str) -> None:
-    """Write the synthesised ``/etc`` files for ``user`` (home ``workdir``) into ``directory``."""
+def write_etc(directory: str, *, user: str, workdir: str, network: bool = False) -> None:
+    """Write the synthesised ``/etc`` files for ``user`` (home ``workdir``) into ``directory``.
+
+    With ``network``, ``resolv.conf`` names the user-mode stack's DNS forwarder.
+    """
     uid = uid_for(user)
     users = ["root:x:0:0:root:/root:/bin/bash"]
     groups = ["root:x:0:"]
@@ -194,6 +205,8 @@ def write_etc(directory: str, *, user: str, workdir: str) -> None:
         "hosts": ["127.0.0.1 localhost", "::1 localhost ip6-localhost", f"127.0.1.1 {HOSTNAME}"],
         "nsswitch.conf": ["passwd: files", "group: files", "hosts: files dns"],
     }
+    if network:
+        files["resolv.conf"] = [f"nameserver {DNS_SERVER}"]
     for name, lines in files.items():
         with open(os.path.join(directory, name), "w", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
@@ -201,26 +214,32 @@ def write_etc(directory: str, *, user: str, workdir: str) -> None:
 
 @attrs.frozen
 class Jail:
-    """One sandbox's confinement: its host directories and the bwrap options for a command.
+    """One sandbox's confinement: its host directories and the bwrap options.
 
-    ``home``, ``tmp`` and ``etc`` are host directories: the sandbox's home (mounted
-    at ``workdir``), its ``/tmp``, and the synthesised ``/etc`` files.
+    ``home``, ``tmp``, ``shm`` and ``etc`` are host directories: the sandbox's home
+    (mounted at ``workdir``), its ``/tmp`` and ``/dev/shm``, and the synthesised
+    ``/etc`` files. With ``scratch_size`` (bytes), ``/tmp`` and ``/dev/shm`` are
+    instead fresh tmpfs of that size each (for hosts where the service cannot
+    mount a size-capped tmpfs under all three itself).
     """
 
     bwrap: str
     home: str
     tmp: str
+    shm: str
     etc: str
     workdir: str = "/home/user"
     user: str = "user"
     network: bool = False
+    scratch_size: int | None = None
 
-    def options(self, *, cwd: str, env: Mapping[str, str]) -> list[str]:
-        """The bwrap options (everything before ``--``) for a command in ``cwd`` with ``env``."""
+    def options(self, *, cwd: str, env: Mapping[str, str], binds: Sequence[str] = ()) -> list[str]:
+        """The bwrap options (everything before ``--``) for a program in ``cwd`` with ``env``.
+
+        ``binds`` are more mount options, applied before the root is made read-only.
+        """
         uid = str(uid_for(self.user))
         options = ["--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid]
-        if self.network:
-            options.append("--share-net")
         options += ["--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv"]
         options += ["--hostname", HOSTNAME, "--ro-bind", "/usr", "/usr"]
         options += _system_dirs()
@@ -228,11 +247,26 @@ class Jail:
         # host uid 0, and /proc/sys would otherwise let it change host-wide sysctls.
         options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
         options += self._etc()
-        options += ["--bind", self.tmp, "/tmp", "--bind", self.home, self.workdir]
+        options += self._scratch()
+        options += ["--bind", self.home, self.workdir, *binds]
         options += ["--remount-ro", "/", "--chdir", cwd]
         for name, value in env.items():
             options += ["--setenv", name, value]
         return options
+
+    def agent_options(self, python: str) -> list[str]:
+        """Extra options that make the agent and the ``python`` running it visible inside."""
+        options = ["--ro-bind", agent_source(), AGENT_PATH]
+        prefix = python_prefix(python)
+        if prefix is not None:
+            options += ["--ro-bind", prefix, prefix]
+        return options
+
+    def _scratch(self) -> list[str]:
+        if self.scratch_size is None:
+            return ["--bind", self.tmp, "/tmp", "--bind", self.shm, "/dev/shm"]
+        size = str(self.scratch_size)
+        return ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm"]
 
     def directory(self, cwd: str) -> str:
         """The sandbox path for a requested ``cwd``: inside the home, and existing.
@@ -272,6 +306,26 @@ class Jail:
         for name in _HOST_ETC + (_NETWORK_ETC if self.network else ()):
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         return options
+
+
+def agent_source() -> str:
+    """The host path of the in-sandbox agent's source file."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+
+
+def find_python() -> str:
+    """The Python that runs the agent: the system's ``/usr/bin/python3``, else this one."""
+    for candidate in ("/usr/bin/python3", "/bin/python3"):
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return sys.executable
+
+
+def python_prefix(python: str) -> str | None:
+    """The installation directory to make visible for ``python``; ``None`` if under ``/usr``."""
+    if any(python.startswith(d + "/") for d in ("/usr", *_SYSTEM_DIRS)):
+        return None
+    return os.path.realpath(sys.base_prefix)
 
 
 def _system_dirs() -> list[str]:

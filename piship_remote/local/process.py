@@ -1,41 +1,50 @@
-"""One command running under bubblewrap: spawn it, follow its output, kill its tree.
+"""One command running in a sandbox: start it through the agent, follow its output, kill it.
 
-A :class:`LocalProcess` owns the ``bwrap`` child. Because bwrap gives the command a
-pid namespace of its own, killing bwrap (and the namespace's init) takes every
-process the command started with it, and when the command's main process ends,
-whatever it left in the background ends too::
+A :class:`LocalProcess` is a command the sandbox's agent started (see
+:mod:`piship_remote.local.agent`). The service holds the read ends of its
+stdout, stderr and status pipes. The command ends when its main process exits;
+whatever it left in the background keeps running in the sandbox (its output,
+if it still writes to the command's pipes, is read and dropped by the agent)::
 
-    process = LocalProcess.spawn(bwrap, options, ["/bin/bash", "-c", "echo hi"], tag="t")
+    process = LocalProcess.start(link, spec, tag="t")
     for event in process.events(deadline=None, keepalive=90.0):
         ...                       # Output(...), KEEPALIVE, then one Exited(...)
-    process.kill("signal")        # from any thread: SIGKILL to the whole tree
-
-The thread that spawns a process must outlive it: bwrap's ``--die-with-parent``
-fires when the *thread* that forked it ends. The service spawns on the request
-thread, which follows :meth:`LocalProcess.events` to the end.
+    process.kill("signal")        # from any thread: the command's process group
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+import select
 import selectors
 import signal
-import subprocess
+import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import IO, Literal
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Literal
 
 import attrs
 
 from piship_remote.local.isolation import options_fd
 
-__all__ = ["CHUNK_BYTES", "KEEPALIVE", "Exited", "Keepalive", "LocalProcess", "Output"]
+__all__ = [
+    "CHUNK_BYTES",
+    "KEEPALIVE",
+    "AgentLink",
+    "Exited",
+    "Keepalive",
+    "LocalProcess",
+    "Output",
+    "StartFailed",
+]
 
 CHUNK_BYTES = 32 * 1024
 REAP_TIMEOUT = 5.0
+START_TIMEOUT = 10.0
 
 Stream = Literal["stdout", "stderr"]
 
@@ -72,47 +81,106 @@ class Exited:
 Event = Output | Keepalive | Exited
 
 
-class LocalProcess:
-    """A running ``bwrap`` child and what the service knows about it."""
+class StartFailed(Exception):
+    """The agent could not start the program (its message is envd's wording)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], status: int, tag: str) -> None:
-        self.pid = popen.pid
-        self.tag = tag
-        self._popen = popen
-        self._status = status
+
+class AgentLink:
+    """The service's end of a sandbox agent's control socket; safe to share between threads."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self._control = control
         self._lock = threading.Lock()
-        self._init_pidfd: int | None = None
-        self._inner_exit: int | None = None
+        self._ids = itertools.count(1)
+
+    @property
+    def socket(self) -> socket.socket:
+        """The socket itself (for the agent's ready message)."""
+        return self._control
+
+    def next_id(self) -> int:
+        """A fresh command id."""
+        return next(self._ids)
+
+    def send(self, message: Mapping[str, object], fds: Sequence[int] = ()) -> None:
+        """One packet to the agent; ``OSError`` when the agent is gone."""
+        data = json.dumps(message).encode()
+        with self._lock:
+            socket.send_fds(self._control, [data], list(fds))
+
+    def close(self) -> None:
+        """Close the socket: the agent exits, and the sandbox with it."""
+        with self._lock:
+            self._control.close()
+
+
+class LocalProcess:
+    """A command started by a sandbox's agent, and what the service knows about it."""
+
+    def __init__(
+        self,
+        link: AgentLink,
+        ident: int,
+        pid: int,
+        pipes: tuple[int, int, int],
+        tag: str,
+        limit_check: Callable[[int], str | None],
+    ) -> None:
+        self.pid = pid
+        self.tag = tag
+        self._link = link
+        self._id = ident
+        self._stdout, self._stderr, self._status = pipes
+        self._limit_check = limit_check
+        self._lock = threading.Lock()
         self._killed: str | None = None
         self._signal: int | None = None
         self._done = threading.Event()
 
     @classmethod
-    def spawn(
-        cls, bwrap: str, options: Sequence[str], command: Sequence[str], *, tag: str = ""
+    def start(
+        cls,
+        link: AgentLink,
+        spec: Mapping[str, object],
+        *,
+        tag: str = "",
+        limit_check: Callable[[int], str | None] = lambda _: None,
     ) -> LocalProcess:
-        """Start ``command`` under ``bwrap`` with ``options`` (from :meth:`Jail.options`)."""
+        """Ask the agent to start ``spec`` (``cmd``, ``args``, ``env``, ``cwd``).
+
+        ``limit_check(exit_code)`` names a sandbox limit the command hit, if any.
+        :class:`StartFailed` when the program cannot be started, ``OSError`` when
+        the agent is gone.
+        """
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
         status_read, status_write = os.pipe()
+        spec_fd = options_fd([])
+        ident = link.next_id()
         try:
-            args = options_fd([*options, "--json-status-fd", str(status_write)])
-            try:
-                popen = subprocess.Popen(
-                    [bwrap, "--args", str(args), "--", *command],
-                    env={},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(args, status_write),
-                    start_new_session=True,
-                )
-            finally:
-                os.close(args)
+            os.write(spec_fd, json.dumps(dict(spec)).encode())
+            os.lseek(spec_fd, 0, os.SEEK_SET)
+            link.send({"op": "start", "id": ident}, [out_write, err_write, status_write, spec_fd])
         except BaseException:
-            os.close(status_read)
+            for fd in (out_read, err_read, status_read):
+                os.close(fd)
             raise
         finally:
-            os.close(status_write)
-        return cls(popen, status_read, tag)
+            for fd in (out_write, err_write, status_write, spec_fd):
+                os.close(fd)
+        try:
+            first = _first_status(status_read)
+        except BaseException:
+            for fd in (out_read, err_read, status_read):
+                os.close(fd)
+            raise
+        pid = first.get("pid")
+        if not isinstance(pid, int):
+            for fd in (out_read, err_read, status_read):
+                os.close(fd)
+            raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
+        pipes = (out_read, err_read, status_read)
+        return cls(link, ident, pid, pipes, tag, limit_check)
 
     @property
     def finished(self) -> bool:
@@ -120,55 +188,52 @@ class LocalProcess:
         return self._done.is_set()
 
     def kill(self, reason: str, sig: int = signal.SIGKILL) -> None:
-        """Signal the whole tree with ``sig``; the first ``reason`` given is the one reported."""
+        """Signal the command's process group with ``sig``; the first ``reason`` is reported."""
         with self._lock:
             if self._done.is_set():
                 return
             if self._killed is None:
                 self._killed, self._signal = reason, sig
-            if self._init_pidfd is not None:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
-            # bwrap dies of it; its --die-with-parent then kills the namespace's init.
-            with contextlib.suppress(OSError):
-                self._popen.send_signal(sig)
+        with contextlib.suppress(OSError):
+            self._link.send({"op": "kill", "id": self._id, "signal": int(sig)})
 
     def wait(self, timeout: float) -> bool:
-        """Wait until :meth:`events` has reaped the process; ``False`` on timeout."""
+        """Wait until :meth:`events` has seen the end; ``False`` on timeout."""
         return self._done.wait(timeout)
 
     def events(self, *, deadline: float | None, keepalive: float) -> Iterator[Event]:
         """Output as it is written, keepalives while quiet, and finally one :class:`Exited`.
 
-        ``deadline`` (``time.monotonic`` seconds) kills the tree with reason
-        ``"deadline"``. Closing the iterator early kills the tree too.
+        ``deadline`` (``time.monotonic`` seconds) kills the command with reason
+        ``"deadline"``. Closing the iterator early kills it too.
         """
         ended = False
         try:
-            yield from self._follow(deadline, keepalive)
-            yield self._exited()
+            status = yield from self._follow(deadline, keepalive)
+            limit = self._limit_check(_exit_code(status))
+            if limit is not None and self._killed is None:
+                yield Output("stderr", f"piship: {limit}\n".encode())
+            yield self._exited(status)
             ended = True
         finally:
             if not ended:
                 self.kill("abandoned")
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._popen.wait(REAP_TIMEOUT)
             self._close()
 
-    def _follow(self, deadline: float | None, keepalive: float) -> Iterator[Output | Keepalive]:
-        assert self._popen.stdout is not None and self._popen.stderr is not None
-        pipes: dict[int, Stream | None] = {
-            self._popen.stdout.fileno(): "stdout",
-            self._popen.stderr.fileno(): "stderr",
-            self._status: None,
-        }
+    def _follow(
+        self, deadline: float | None, keepalive: float
+    ) -> Generator[Output | Keepalive, None, dict[str, object]]:
+        """Yield output until the agent reports the main process's end; return that report."""
+        streams: dict[int, Stream] = {self._stdout: "stdout", self._stderr: "stderr"}
+        for fd in streams:
+            os.set_blocking(fd, False)
+        status: dict[str, object] = {}
         with selectors.DefaultSelector() as selector:
-            for fd, stream in pipes.items():
+            for fd, stream in streams.items():
                 selector.register(fd, selectors.EVENT_READ, stream)
+            selector.register(self._status, selectors.EVENT_READ, None)
             quiet_since = time.monotonic()
-            # All three close only when bwrap has exited, and with it every process
-            # of the namespace, so their end is the end of the command.
-            while selector.get_map():
+            while self._status in selector.get_map():
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     self.kill("deadline")
@@ -177,57 +242,91 @@ class LocalProcess:
                 if deadline is not None:
                     wait = min(wait, deadline - now)
                 for key, _ in selector.select(max(wait, 0.0)):
-                    chunk = os.read(key.fd, CHUNK_BYTES)
+                    if key.data is None:
+                        chunk = os.read(key.fd, CHUNK_BYTES)
+                        status.update(_status(chunk))
+                        if not chunk or "exit" in status or "signal" in status:
+                            selector.unregister(key.fd)
+                        continue
+                    chunk = _read(key.fd)
                     if not chunk:
                         selector.unregister(key.fd)
-                    elif key.data is None:
-                        self._note_status(chunk)
+                        streams.pop(key.fd)
                     else:
                         quiet_since = time.monotonic()
                         yield Output(key.data, chunk)
                 if time.monotonic() - quiet_since >= keepalive:
                     quiet_since = time.monotonic()
                     yield KEEPALIVE
+        # What the command wrote before it ended is in the pipes now; read it all.
+        for fd, stream in list(streams.items()):
+            while chunk := _read(fd):
+                yield Output(stream, chunk)
+        return status
 
-    def _note_status(self, chunk: bytes) -> None:
-        for line in chunk.splitlines():
-            try:
-                status = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                continue
-            if not isinstance(status, dict):
-                continue
-            if isinstance(status.get("child-pid"), int):
-                self._open_init(status["child-pid"])
-            if isinstance(status.get("exit-code"), int):
-                self._inner_exit = status["exit-code"]
-
-    def _open_init(self, pid: int) -> None:
-        with self._lock:
-            if self._init_pidfd is None:
-                with contextlib.suppress(OSError, AttributeError):
-                    self._init_pidfd = os.pidfd_open(pid)
-            if self._killed is not None and self._init_pidfd is not None:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
-
-    def _exited(self) -> Exited:
-        code = self._popen.wait()
+    def _exited(self, status: Mapping[str, object]) -> Exited:
         with self._lock:
             self._done.set()
-            if self._inner_exit is not None:
-                code = self._inner_exit
-            return Exited(code, self._killed, self._signal)
+            killed, sig = self._killed, self._signal
+        if "exit" not in status and "signal" not in status:
+            # The agent went away: the sandbox was deleted, expired or stopped.
+            return Exited(-1, killed or "stopped", sig or signal.SIGKILL)
+        return Exited(_exit_code(status), killed, sig)
 
     def _close(self) -> None:
         with self._lock:
             self._done.set()
-            if self._init_pidfd is not None:
-                os.close(self._init_pidfd)
-                self._init_pidfd = None
-        pipes: list[IO[bytes] | None] = [self._popen.stdout, self._popen.stderr]
-        for pipe in pipes:
-            if pipe is not None:
-                pipe.close()
         with contextlib.suppress(OSError):
             os.close(self._status)
+        # Background processes may still hold the pipes: the agent reads them to the end.
+        try:
+            self._link.send({"op": "drain"}, [self._stdout, self._stderr])
+        except OSError:
+            pass
+        finally:
+            os.close(self._stdout)
+            os.close(self._stderr)
+
+
+def _read(fd: int) -> bytes:
+    """What the pipe holds now (``b""`` at its end or when it is empty)."""
+    try:
+        return os.read(fd, CHUNK_BYTES)
+    except BlockingIOError:
+        return b""
+
+
+def _status(chunk: bytes) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for line in chunk.splitlines():
+        try:
+            value = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(value, dict):
+            found.update(value)
+    return found
+
+
+def _exit_code(status: Mapping[str, object]) -> int:
+    """The shell-style exit status: the code, or 128 plus the signal number."""
+    code, sig = status.get("exit"), status.get("signal")
+    if isinstance(sig, int):
+        return 128 + sig
+    return code if isinstance(code, int) else -1
+
+
+def _first_status(fd: int) -> dict[str, object]:
+    """The agent's first status line (the pid, or why the program did not start)."""
+    ready, _, _ = select.select([fd], [], [], START_TIMEOUT)
+    if not ready:
+        raise OSError("the sandbox agent did not answer in time")
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)  # one line only: the exit report may follow at once
+        if not chunk:
+            break
+        data += chunk
+    if not data:
+        raise OSError("the sandbox agent is gone")
+    return _status(data)

@@ -1,11 +1,13 @@
-"""The local service's sandboxes: their files, processes and lifetimes.
+"""The local service's sandboxes: their environments, files, processes and lifetimes.
 
-A :class:`Registry` creates sandboxes (a private home and ``/tmp`` each, under one
-service directory), finds them, renews and deletes them. A ``piship-local-reaper``
-thread deletes each sandbox when its lifetime ends. Deleting kills every process
-of the sandbox and removes its files::
+A :class:`Registry` creates sandboxes (a :class:`SandboxVm` each, with a private
+home, ``/tmp`` and ``/dev/shm`` on a size-capped tmpfs under one service
+directory, and cgroups holding its limits), finds them, renews and deletes
+them. A ``piship-local-reaper`` thread deletes each sandbox when its lifetime
+ends. Deleting ends every process of the sandbox and removes its files::
 
-    registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user")
+    registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user",
+                        limits=Limits(), enforcement=Enforcement.probe())
     sandbox = registry.create(template="base", lifetime=300, network=False, env_vars={})
     process = sandbox.start(ProcessConfig(cmd="/bin/bash", args=["-c", "id"]), tag="t1")
     registry.delete(sandbox.id)
@@ -24,14 +26,28 @@ import time
 from collections.abc import Callable, Mapping
 
 from piship_remote.local.isolation import DEFAULT_PATH, Jail, write_etc
-from piship_remote.local.process import REAP_TIMEOUT, LocalProcess
+from piship_remote.local.limits import MIB, CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
+from piship_remote.local.network import egress_problem
+from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed
+from piship_remote.local.sandbox_vm import SandboxVm, Spawner
 from piship_remote.local.wire import ProcessConfig
 
-__all__ = ["Registry", "Sandbox", "SandboxGone", "StartRefused", "TooManySandboxes"]
+__all__ = [
+    "Registry",
+    "Sandbox",
+    "SandboxGone",
+    "SandboxUnavailable",
+    "StartRefused",
+    "TooManySandboxes",
+]
 
 
 class SandboxGone(Exception):
     """The sandbox was deleted (or expired) meanwhile."""
+
+
+class SandboxUnavailable(SandboxGone):
+    """A sandbox cannot be created as asked here (the message says what to install or fix)."""
 
 
 class TooManySandboxes(Exception):
@@ -50,6 +66,8 @@ class Sandbox:
         sandbox_id: str,
         *,
         jail: Jail,
+        vm: SandboxVm,
+        limits: Limits,
         root: str,
         template: str,
         env_vars: Mapping[str, str],
@@ -63,6 +81,8 @@ class Sandbox:
         self.started_at = time.time()
         self.expires_at = expires_at
         self._jail = jail
+        self._vm = vm
+        self._limits = limits
         self._root = root
         self._env_vars = dict(env_vars)
         self._lock = threading.Lock()
@@ -77,8 +97,13 @@ class Sandbox:
 
     @property
     def network(self) -> bool:
-        """Whether this sandbox's commands share the host's network."""
+        """Whether this sandbox has network egress (through its user-mode stack)."""
         return self._jail.network
+
+    @property
+    def limits(self) -> Limits:
+        """The limits this sandbox was created with."""
+        return self._limits
 
     def environment(self, envs: Mapping[str, str]) -> dict[str, str]:
         """A process's environment: PATH, HOME, USER, LOGNAME, then envVars, then ``envs``."""
@@ -102,14 +127,15 @@ class Sandbox:
             raise StartRefused("the command must be a non-empty string without NUL bytes")
         if self._jail.missing_program(config.cmd):
             raise StartRefused(f"fork/exec {config.cmd}: no such file or directory")
-        options = self._jail.options(cwd=cwd, env=env)
+        spec = {"cmd": config.cmd, "args": list(config.args), "env": env, "cwd": cwd}
         with self._lock:
             if self._deleted is not None:
                 raise SandboxGone(self._deleted)
-            # Spawned under the lock so a concurrent delete cannot miss it.
-            process = LocalProcess.spawn(
-                self._jail.bwrap, options, [config.cmd, *config.args], tag=tag
-            )
+            # Started under the lock so a concurrent delete cannot miss it.
+            try:
+                process = self._vm.start(spec, tag=tag, limit_check=self._limit_check())
+            except StartFailed as e:
+                raise StartRefused(str(e)) from None
             self._processes[process.pid] = process
             self._configs[process.pid] = config
         return process
@@ -139,16 +165,44 @@ class Sandbox:
             return [(p, self._configs[pid]) for pid, p in self._processes.items()]
 
     def destroy(self, reason: str) -> None:
-        """Kill every process (reporting ``reason``), wait for them, and remove the files."""
+        """End every process (reporting ``reason``) and the environment; remove the files."""
         with self._lock:
             if self._deleted is None:
                 self._deleted = reason
             processes = list(self._processes.values())
         for process in processes:
             process.kill(reason)
+        self._vm.close()
         for process in processes:
             process.wait(REAP_TIMEOUT)
+        unmount(self._root)
         remove_tree(self._root)
+
+    def _limit_check(self) -> Callable[[int], str | None]:
+        """What names the limit a command hit, judged by the counters' change since now."""
+        cgroups = self._vm.cgroups
+        before = cgroups.counters()
+
+        def check(exit_code: int) -> str | None:
+            if exit_code == 0:
+                return None
+            limits = self._limits
+            breach = cgroups.breach(before)
+            if breach == "memory":
+                return (
+                    f"the sandbox's memory limit ({limits.memory // MIB} MiB) was reached;"
+                    " a process of the command was killed"
+                )
+            if breach == "processes":
+                return (
+                    f"the sandbox's process limit ({limits.processes}) was reached;"
+                    " no more processes could be started"
+                )
+            if _full(self._jail.home) or _full(self._jail.tmp):
+                return f"the sandbox's disk limit ({limits.disk // MIB} MiB) is full"
+            return None
+
+        return check
 
 
 class Registry:
@@ -162,19 +216,24 @@ class Registry:
         workdir: str,
         user: str,
         max_sandboxes: int = 20,
-        max_lifetime: int = 24 * 3600,
+        limits: Limits | None = None,
+        enforcement: Enforcement | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root
-        self.max_lifetime = max_lifetime
+        self.limits = limits or Limits()
+        self.enforcement = enforcement or Enforcement.probe()
+        self.max_lifetime = self.limits.lifetime
         self._bwrap = bwrap
         self._workdir = workdir
         self._user = user
         self._max = max_sandboxes
         self.clock = clock
         self._sandboxes: dict[str, Sandbox] = {}
+        self._booting = 0
         self._changed = threading.Condition()
         self._closed = False
+        self._spawner = Spawner()
         self._reaper = threading.Thread(target=self._reap, name="piship-local-reaper", daemon=True)
         self._reaper.start()
 
@@ -187,18 +246,39 @@ class Registry:
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str] | None = None,
     ) -> Sandbox:
-        """A new sandbox living ``lifetime`` seconds; :class:`TooManySandboxes` at the limit."""
+        """A new sandbox living ``lifetime`` seconds.
+
+        :class:`TooManySandboxes` at the limit; :class:`SandboxUnavailable` when
+        its environment cannot be made here (network asked for and no user-mode
+        stack installed, or the sandbox would not start).
+        """
+        problem = egress_problem() if network else None
+        if problem is not None:
+            raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
         directory = os.path.join(self.root, sandbox_id)
         with self._changed:
             if self._closed:
                 raise SandboxGone("the local sandbox service stopped")
-            if len(self._sandboxes) >= self._max:
+            if len(self._sandboxes) + self._booting >= self._max:
                 raise TooManySandboxes(f"the local service runs at most {self._max} sandboxes")
-            jail = self._jail(directory, network)
+            self._booting += 1
+        try:
+            jail, vm = self._environment(sandbox_id, directory, network)
+        finally:
+            with self._changed:
+                self._booting -= 1
+        with self._changed:
+            if self._closed:
+                vm.close()
+                unmount(directory)
+                remove_tree(directory)
+                raise SandboxGone("the local sandbox service stopped")
             sandbox = Sandbox(
                 sandbox_id,
                 jail=jail,
+                vm=vm,
+                limits=self.limits,
                 root=directory,
                 template=template,
                 env_vars=env_vars,
@@ -250,23 +330,45 @@ class Registry:
             sandbox.destroy("stopped")
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
+        self._spawner.close()
         remove_tree(self.root)
 
+    def _environment(
+        self, sandbox_id: str, directory: str, network: bool
+    ) -> tuple[Jail, SandboxVm]:
+        """The sandbox's files, cgroups and running environment; nothing is left on failure."""
+        cgroups: CgroupSet | None = None
+        try:
+            jail = self._jail(directory, network)
+            cgroups = CgroupSet.create(self.enforcement, f"piship-{sandbox_id}", self.limits)
+            vm = SandboxVm.boot(jail, cgroups=cgroups, network=network, spawner=self._spawner)
+        except OSError as e:
+            if cgroups is not None:
+                cgroups.remove()
+            unmount(directory)
+            remove_tree(directory)
+            raise SandboxUnavailable(f"the sandbox could not be started: {e}") from None
+        return jail, vm
+
     def _jail(self, directory: str, network: bool) -> Jail:
-        paths = [os.path.join(directory, name) for name in ("home", "tmp", "etc")]
+        paths = [os.path.join(directory, name) for name in ("home", "tmp", "shm", "etc")]
         os.mkdir(directory, 0o700)
+        if self.enforcement.disk:
+            mount_tmpfs(directory, self.limits.disk)
         for path in paths:
             # Inside, the sandbox's user is mapped onto the service's own uid: 0700 suffices.
             os.mkdir(path, 0o700)
-        write_etc(paths[2], user=self._user, workdir=self._workdir)
+        write_etc(paths[3], user=self._user, workdir=self._workdir, network=network)
         return Jail(
             bwrap=self._bwrap,
             home=paths[0],
             tmp=paths[1],
-            etc=paths[2],
+            shm=paths[2],
+            etc=paths[3],
             workdir=self._workdir,
             user=self._user,
             network=network,
+            scratch_size=None if self.enforcement.disk else self.limits.disk,
         )
 
     def _expiry(self, seconds: int) -> float:
@@ -293,6 +395,13 @@ class Registry:
             return None
         earliest = min(s.expires_at for s in self._sandboxes.values())
         return max(earliest - self.clock(), 0.0)
+
+
+def _full(path: str) -> bool:
+    try:
+        return os.statvfs(path).f_bavail == 0
+    except OSError:
+        return False
 
 
 def remove_tree(path: str) -> None:

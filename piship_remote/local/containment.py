@@ -1,0 +1,62 @@
+"""What the local service enforces on this host, said exactly.
+
+summary = containment(Limits(), Enforcement.probe())
+summary.held        # ("processes", "memory", "disk", "lifetime")
+summary.warnings    # one sentence per thing that does not hold here
+summary.lines()     # for ``serve`` and ``doctor``
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from piship_remote.local.limits import MIB, Enforcement, Limits
+from piship_remote.local.network import egress_problem
+
+__all__ = ["Containment", "containment"]
+
+NETWORK_DENY = "deny: loopback only, in the sandbox's own network namespace"
+NETWORK_ALLOW = (
+    "allow: egress through slirp4netns in the sandbox's own network namespace;"
+    " the host's loopback, its abstract Unix sockets and other sandboxes are out of reach"
+)
+
+
+@attrs.frozen
+class Containment:
+    """The limits that hold, the network modes offered, and what does not hold, with why."""
+
+    limits: Limits
+    held: tuple[str, ...]
+    network: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        """Human-readable lines, one per fact."""
+        limits = self.limits
+        shown = [
+            f"processes: {limits.processes}",
+            f"memory: {limits.memory // MIB} MiB",
+            f"disk: {limits.disk // MIB} MiB",
+            f"lifetime: at most {limits.lifetime} s",
+        ]
+        lines = [f"limits per sandbox: {', '.join(shown)} (held: {', '.join(self.held)})"]
+        lines += [f"network {mode}" for mode in self.network]
+        lines += [f"warning: {warning}" for warning in self.warnings]
+        return lines
+
+
+def containment(limits: Limits, enforcement: Enforcement) -> Containment:
+    """What a service with ``limits`` enforces on a host with ``enforcement``."""
+    warnings = list(enforcement.problems)
+    network = [NETWORK_DENY]
+    problem = egress_problem()
+    if problem is None:
+        network.append(NETWORK_ALLOW)
+        warnings.append(
+            "with network allowed, a sandbox can reach services listening on this host's"
+            " non-loopback addresses, as any outside host could"
+        )
+    else:
+        warnings.append(f"network allow is refused: {problem}")
+    return Containment(limits, enforcement.held(), tuple(network), tuple(warnings))

@@ -1,0 +1,274 @@
+"""Per-sandbox limits of the local service: processes, memory, disk and lifetime.
+
+Processes and memory are held by cgroups: v2 (``pids.max``, ``memory.max``) where
+the host has a unified hierarchy with those controllers, else v1 (``pids`` and
+``memory`` hierarchies, where root can create groups). Disk is a size-capped
+tmpfs holding the sandbox's home, ``/tmp`` and ``/dev/shm``, mounted by the
+service (root only). What this host can enforce is found once, at start::
+
+    limits = Limits(processes=256, memory=512 * MIB, disk=1024 * MIB, lifetime=3600)
+    support = Enforcement.probe()         # what holds here, and why not
+    group = CgroupSet.create(support, "piship-3f2a…", limits)
+    group.procs_files()                   # where the sandbox's first process is written
+    group.breach()                        # "memory" / "processes" after a command, or None
+    group.remove()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import time
+
+import attrs
+
+__all__ = [
+    "DEFAULT_DISK_MIB",
+    "DEFAULT_LIFETIME",
+    "DEFAULT_MEMORY_MIB",
+    "DEFAULT_PROCESSES",
+    "MIB",
+    "CgroupSet",
+    "Enforcement",
+    "Limits",
+    "mount_tmpfs",
+    "unmount",
+]
+
+MIB = 1024 * 1024
+DEFAULT_PROCESSES = 512
+DEFAULT_MEMORY_MIB = 2048
+DEFAULT_DISK_MIB = 1024
+DEFAULT_LIFETIME = 24 * 3600
+V1_ROOT = "/sys/fs/cgroup"
+REMOVE_TRIES = 50
+MNT_DETACH = 2
+
+
+@attrs.frozen
+class Limits:
+    """What one sandbox may use: processes, memory and disk (bytes), lifetime (seconds)."""
+
+    processes: int = DEFAULT_PROCESSES
+    memory: int = DEFAULT_MEMORY_MIB * MIB
+    disk: int = DEFAULT_DISK_MIB * MIB
+    lifetime: int = DEFAULT_LIFETIME
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("processes", "memory", "disk", "lifetime"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"the sandbox {name} limit must be positive")
+
+
+@attrs.frozen
+class Enforcement:
+    """Which limits this host enforces (``v1``/``v2`` cgroups, tmpfs), with reasons where not."""
+
+    cgroup: str | None
+    processes: str | None
+    memory: str | None
+    disk: bool
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def probe(cls) -> Enforcement:
+        """Look at this host's cgroup mounts and privileges."""
+        problems: list[str] = []
+        cgroup, processes, memory = _probe_v2()
+        if cgroup is None:
+            cgroup, processes, memory = _probe_v1()
+        if processes is None:
+            problems.append("the process limit is not enforced: no writable pids cgroup")
+        if memory is None:
+            problems.append("the memory limit is not enforced: no writable memory cgroup")
+        disk = os.geteuid() == 0 and _libc() is not None
+        if not disk:
+            problems.append(
+                "the disk limit covers /tmp and /dev/shm only: the home is on the host's"
+                " filesystem (a size-capped home needs the service to run as root)"
+            )
+        return cls(cgroup, processes, memory, disk, tuple(problems))
+
+    def held(self) -> tuple[str, ...]:
+        """The limits that hold, in a fixed order."""
+        names = [("processes", self.processes), ("memory", self.memory)]
+        held = [name for name, base in names if base is not None]
+        return (*held, "disk" if self.disk else "disk (/tmp, /dev/shm)", "lifetime")
+
+
+@attrs.frozen
+class CgroupSet:
+    """One sandbox's cgroup directories (one per v1 hierarchy, or one v2 group)."""
+
+    version: str | None
+    pids: str | None
+    memory: str | None
+
+    @classmethod
+    def create(cls, support: Enforcement, name: str, limits: Limits) -> CgroupSet:
+        """Make the groups for ``name`` and write ``limits`` into them."""
+        if support.cgroup == "v2":
+            base = support.processes or support.memory
+            assert base is not None
+            path = os.path.join(base, name)
+            os.mkdir(path)
+            group = cls("v2", path if support.processes else None, path if support.memory else None)
+            if group.pids:
+                _write(os.path.join(path, "pids.max"), str(limits.processes))
+            if group.memory:
+                _write(os.path.join(path, "memory.max"), str(limits.memory))
+                _write_try(os.path.join(path, "memory.swap.max"), "0")
+            return group
+        pids = memory = None
+        if support.processes is not None:
+            pids = os.path.join(support.processes, name)
+            os.mkdir(pids)
+            _write(os.path.join(pids, "pids.max"), str(limits.processes))
+        if support.memory is not None:
+            memory = os.path.join(support.memory, name)
+            os.mkdir(memory)
+            _write(os.path.join(memory, "memory.limit_in_bytes"), str(limits.memory))
+            _write_try(os.path.join(memory, "memory.memsw.limit_in_bytes"), str(limits.memory))
+        return cls(support.cgroup, pids, memory)
+
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files the sandbox's first process must join."""
+        return [
+            os.path.join(p, "cgroup.procs") for p in dict.fromkeys((self.pids, self.memory)) if p
+        ]
+
+    def counters(self) -> tuple[int, int]:
+        """How often the process limit and the memory limit were hit so far."""
+        return self._pids_hits(), self._memory_hits()
+
+    def breach(self, before: tuple[int, int]) -> str | None:
+        """``"processes"`` or ``"memory"`` when that limit was hit since ``before``."""
+        pids, memory = self.counters()
+        if memory > before[1]:
+            return "memory"
+        if pids > before[0]:
+            return "processes"
+        return None
+
+    def remove(self) -> None:
+        """Remove the groups once their processes are gone (retrying briefly)."""
+        for path in dict.fromkeys((self.pids, self.memory)):
+            if path is None:
+                continue
+            for _ in range(REMOVE_TRIES):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+    def _pids_hits(self) -> int:
+        if self.pids is None:
+            return 0
+        return _field(os.path.join(self.pids, "pids.events"), "max")
+
+    def _memory_hits(self) -> int:
+        if self.memory is None:
+            return 0
+        if self.version == "v2":
+            return _field(os.path.join(self.memory, "memory.events"), "oom_kill")
+        oom = _field(os.path.join(self.memory, "memory.oom_control"), "oom_kill", missing=-1)
+        return oom if oom >= 0 else _number(os.path.join(self.memory, "memory.failcnt"))
+
+
+def mount_tmpfs(path: str, size: int) -> None:
+    """Mount a tmpfs of ``size`` bytes (mode 0700) at ``path``; ``OSError`` if refused."""
+    libc = _libc()
+    if libc is None:
+        raise OSError("the C library cannot be loaded to mount a tmpfs")
+    options = f"size={size},mode=0700".encode()
+    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", 0, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mounting a tmpfs at {path}: {os.strerror(err)}")
+
+
+def unmount(path: str) -> None:
+    """Detach the mount at ``path``; nothing when there is none."""
+    libc = _libc()
+    if libc is not None and os.path.ismount(path):
+        libc.umount2(os.fsencode(path), MNT_DETACH)
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name, use_errno=True)
+    except OSError:
+        return None
+
+
+def _probe_v2() -> tuple[str | None, str | None, str | None]:
+    """A writable v2 group (ours) with pids/memory controllers, when the host is v2."""
+    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        return None, None, None
+    own = _own_cgroup("")
+    base = os.path.join("/sys/fs/cgroup", own.lstrip("/"))
+    try:
+        with open(os.path.join(base, "cgroup.subtree_control"), encoding="ascii") as handle:
+            enabled = handle.read().split()
+    except OSError:
+        return None, None, None
+    if not os.access(base, os.W_OK):
+        return None, None, None
+    return "v2", base if "pids" in enabled else None, base if "memory" in enabled else None
+
+
+def _probe_v1() -> tuple[str | None, str | None, str | None]:
+    found: dict[str, str | None] = {}
+    for controller, limit in (("pids", "pids.max"), ("memory", "memory.limit_in_bytes")):
+        base = os.path.join(V1_ROOT, controller, _own_cgroup(controller).lstrip("/"))
+        found[controller] = None
+        # The hierarchy's root has no limit file of its own; a child group will.
+        root = base.rstrip("/") == os.path.join(V1_ROOT, controller)
+        limited = root or os.path.exists(os.path.join(base, limit))
+        if os.path.isdir(base) and os.access(base, os.W_OK) and limited:
+            found[controller] = base
+    if not any(found.values()):
+        return None, None, None
+    return "v1", found["pids"], found["memory"]
+
+
+def _own_cgroup(controller: str) -> str:
+    """This process's group path in ``controller``'s hierarchy (``""`` for the v2 one)."""
+    with contextlib.suppress(OSError), open("/proc/self/cgroup", encoding="utf-8") as handle:
+        for line in handle:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if names.split(",") == [controller] if controller else names == "":
+                return path
+    return "/"
+
+
+def _field(path: str, name: str, *, missing: int = 0) -> int:
+    with contextlib.suppress(OSError, ValueError), open(path, encoding="ascii") as handle:
+        for line in handle:
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    return missing
+
+
+def _number(path: str) -> int:
+    with contextlib.suppress(OSError, ValueError), open(path, encoding="ascii") as handle:
+        return int(handle.read().strip())
+    return 0
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write(value)
+
+
+def _write_try(path: str, value: str) -> None:
+    with contextlib.suppress(OSError):
+        _write(path, value)

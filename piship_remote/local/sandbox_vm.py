@@ -1,0 +1,224 @@
+"""One sandbox's isolated environment, alive for the sandbox's whole life, like an E2B VM.
+
+A :class:`SandboxVm` is one long-lived bubblewrap (its own user, pid, mount,
+ipc, uts, cgroup and network namespaces) running the in-sandbox agent, placed in
+the sandbox's cgroups, with a user-mode network stack when the network is
+allowed. Every command is started by the agent inside it, so background
+processes outlive their command and answer later ones on the sandbox's
+loopback. Closing it ends every process of the sandbox at once (the pid
+namespace's init dies)::
+
+    spawner = Spawner()                            # the thread sandboxes are born on
+    vm = SandboxVm.boot(jail, cgroups=group, network=False, spawner=spawner)
+    process = vm.start({"cmd": "/bin/bash", "args": ["-c", "id"], "env": {}, "cwd": "/"})
+    vm.close()
+    spawner.close()
+
+It works unprivileged too: nothing here needs root but the cgroups and the
+size-capped home, which the service only uses where it may.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import TypeVar
+
+from piship_remote.local.isolation import AGENT_PATH, Jail, find_python, options_fd
+from piship_remote.local.limits import CgroupSet
+from piship_remote.local.network import UserModeNetwork
+from piship_remote.local.process import AgentLink, LocalProcess
+
+__all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
+
+BOOT_TIMEOUT = 15.0
+STOP_TIMEOUT = 5.0
+# Joins the sandbox's cgroups, then becomes bubblewrap: only paths in its argv.
+_JOIN_CGROUPS = (
+    'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
+)
+
+T = TypeVar("T")
+
+
+class Spawner:
+    """A ``piship-local-spawner`` thread that starts sandboxes.
+
+    bubblewrap's ``--die-with-parent`` fires when the *thread* that forked it
+    ends, so sandboxes are forked on this thread, which lives as long as the
+    service.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="piship-local-spawner", daemon=True)
+        self._thread.start()
+
+    def call(self, function: Callable[[], T]) -> T:
+        """Run ``function`` on the spawner thread and return what it returns (or raise)."""
+        future: Future[object] = Future()
+        self._jobs.put((function, future))
+        return future.result()  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the thread (after the jobs already queued)."""
+        self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(STOP_TIMEOUT)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            function, future = job
+            try:
+                future.set_result(function())
+            except BaseException as e:  # handed to the caller
+                future.set_exception(e)
+
+
+class SandboxVm:
+    """A running sandbox environment: its bubblewrap, agent link, network stack and cgroups."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        link: AgentLink,
+        status: int,
+        init_pid: int,
+        cgroups: CgroupSet,
+    ) -> None:
+        self._popen = popen
+        self._link = link
+        self._status = status
+        self._init_pid = init_pid
+        self.cgroups = cgroups
+        self.network: UserModeNetwork | None = None
+        self._closed = False
+
+    @classmethod
+    def boot(cls, jail: Jail, *, cgroups: CgroupSet, network: bool, spawner: Spawner) -> SandboxVm:
+        """Start the sandbox and wait until its agent (and its network) is ready.
+
+        ``OSError`` when it cannot be started; nothing is left running then.
+        """
+        vm = spawner.call(lambda: cls._spawn(jail, cgroups))
+        try:
+            vm._await_agent()
+            if network:
+                vm.network = UserModeNetwork.attach(vm._init_pid)
+        except BaseException:
+            vm.close()
+            raise
+        return vm
+
+    @classmethod
+    def _spawn(cls, jail: Jail, cgroups: CgroupSet) -> SandboxVm:
+        python = find_python()
+        service_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status_read, status_write = os.pipe()
+        try:
+            binds = jail.agent_options(python)
+            options = jail.options(cwd=jail.workdir, env={"PATH": "/usr/bin:/bin"}, binds=binds)
+            options += ["--json-status-fd", str(status_write)]
+            args = options_fd(options)
+            agent = [python, "-I", "-S", AGENT_PATH, str(agent_end.fileno())]
+            argv = [jail.bwrap, "--args", str(args), "--", *agent]
+            procs = cgroups.procs_files()
+            if procs:
+                argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *procs, "--", *argv]
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    env={},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(args, status_write, agent_end.fileno()),
+                    start_new_session=True,
+                )
+            finally:
+                os.close(args)
+        except BaseException:
+            service_end.close()
+            os.close(status_read)
+            raise
+        finally:
+            agent_end.close()
+            os.close(status_write)
+        return cls(popen, AgentLink(service_end), status_read, 0, cgroups)
+
+    def _await_agent(self) -> None:
+        """Read bubblewrap's child pid, then the agent's ready message."""
+        pid = self._status_pid()
+        if pid is None:
+            raise OSError(f"the sandbox did not start: {self._failure()}")
+        self._init_pid = pid
+        control = self._link.socket
+        ready, _, _ = select.select([control], [], [], BOOT_TIMEOUT)
+        data = control.recv(4096) if ready else b""
+        if not data or not json.loads(data).get("ready"):
+            raise OSError(f"the sandbox agent did not start: {self._failure()}")
+
+    def _status_pid(self) -> int | None:
+        buffer = b""
+        while b"\n" not in buffer:
+            ready, _, _ = select.select([self._status], [], [], BOOT_TIMEOUT)
+            chunk = os.read(self._status, 4096) if ready else b""
+            if not chunk:
+                return None
+            buffer += chunk
+        for line in buffer.splitlines():
+            with contextlib.suppress(ValueError):
+                pid = json.loads(line).get("child-pid")
+                if isinstance(pid, int):
+                    return pid
+        return None
+
+    def start(
+        self,
+        spec: Mapping[str, object],
+        *,
+        tag: str,
+        limit_check: Callable[[int], str | None],
+    ) -> LocalProcess:
+        """Have the agent start ``spec``; see :meth:`LocalProcess.start`."""
+        return LocalProcess.start(self._link, spec, tag=tag, limit_check=limit_check)
+
+    def close(self) -> None:
+        """End every process of the sandbox, its network stack and its cgroups; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._link.close()  # the agent exits, and with it the pid namespace
+        if self._init_pid > 0:
+            with contextlib.suppress(OSError):
+                os.kill(self._init_pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self._popen.kill()
+        try:
+            self._popen.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._popen.stderr is not None:
+            self._popen.stderr.close()
+        os.close(self._status)
+        if self.network is not None:
+            self.network.close()
+        self.cgroups.remove()
+
+    def _failure(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(1.0)
+        if self._popen.poll() is None or self._popen.stderr is None:
+            return "no answer in time"
+        lines = self._popen.stderr.read().decode(errors="replace").strip().splitlines()
+        return lines[-1][:300] if lines else f"exit status {self._popen.returncode}"
