@@ -31,6 +31,8 @@ from piship_remote.backends.common import exit_status
 from piship_remote.environment import command_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
+    CREDENTIAL_REQUIRED,
+    GATEWAY_UNREACHABLE,
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandFailed,
@@ -62,6 +64,11 @@ READY_MARKER = "piship-sandbox-ready"
 PROBE_VARIABLE = "PISHIP_PROBE_UNLISTED"
 CHECK_COMMAND = f"printf '%s %s\\n' {READY_MARKER} \"${{{PROBE_VARIABLE}:-unset}}\""
 CHECK_OUTPUT_LIMIT = 4096
+UNREACHABLE_ACTION = (
+    "Check that the sandbox service is running and reachable at the address named above, then retry"
+)
+# Causes whose own code and action say better what to do than SANDBOX_UNAVAILABLE.
+ACTIONABLE_CODES = frozenset({GATEWAY_UNREACHABLE, CREDENTIAL_REQUIRED})
 UNSANDBOXED_ACTION = (
     "Fix the sandbox backend reported above; PiShip does not fall back to running unsandboxed"
 )
@@ -284,7 +291,7 @@ class _Activation:
             report = self._checked(engine, self._report(capabilities), capabilities)
         except _Failure as failure:
             self._discard(instance, engine)
-            return self._unavailable(failure.reason)
+            return self._unavailable(failure)
         except BaseException:
             self._discard(instance, engine)
             raise
@@ -306,16 +313,23 @@ class _Activation:
         if isinstance(availability, _Failure):
             raise availability
         if not availability.available:
-            raise _Failure(reason_text(availability.reason or "unknown reason", backend.redactor))
+            reason = reason_text(availability.reason or "unknown reason", backend.redactor)
+            if availability.code == GATEWAY_UNREACHABLE:
+                raise _Failure(
+                    reason,
+                    code=GATEWAY_UNREACHABLE,
+                    retryable=True,
+                    user_action=UNREACHABLE_ACTION,
+                )
+            raise _Failure(reason)
         capabilities = _call_reporting(backend.capabilities, backend.redactor)
         if isinstance(capabilities, _Failure):
-            raise _Failure(
-                f"the {backend.id} sandbox backend reported no capabilities: {capabilities.reason}"
-            )
+            raise capabilities.within(f"the {backend.id} sandbox backend reported no capabilities")
         mismatch = capability_mismatch(capabilities, self.policy.network)
         if mismatch is not None:
             raise _Failure(
-                f"the {backend.id} sandbox backend cannot enforce this policy: {mismatch}"
+                f"the {backend.id} sandbox backend cannot enforce this policy: {mismatch}",
+                user_action=_mismatch_action(mismatch, self.policy.network),
             )
         return capabilities
 
@@ -324,8 +338,9 @@ class _Activation:
             lambda: self.backend.prepare(self.profile), self.backend.redactor
         )
         if isinstance(instance, _Failure):
-            what = f"the {self.backend.id} sandbox backend could not prepare a sandbox"
-            raise _Failure(f"{what}: {instance.reason}")
+            raise instance.within(
+                f"the {self.backend.id} sandbox backend could not prepare a sandbox"
+            )
         return instance
 
     def _report(self, capabilities: Capabilities) -> ContainmentReport:
@@ -395,14 +410,16 @@ class _Activation:
             return f"the sandbox check command failed: {reason}"
         return _verdict(exit_status(result), output.decode("utf-8", "replace"))
 
-    def _unavailable(self, reason: str) -> Sandbox:
+    def _unavailable(self, failure: _Failure) -> Sandbox:
         backend = self.backend
+        reason = failure.reason
         if self.policy.required:
             raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+                failure.code,
                 f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
                 component="sandbox",
-                user_action=UNSANDBOXED_ACTION,
+                retryable=failure.retryable,
+                user_action=failure.user_action,
                 redactor=backend.redactor,
             )
         report = ContainmentReport(
@@ -422,19 +439,61 @@ class _Activation:
 
 
 class _Failure(Exception):
-    """An activation step failed for ``reason`` (already redacted)."""
+    """An activation step failed for ``reason`` (already redacted).
 
-    def __init__(self, reason: str) -> None:
+    ``code``, ``retryable`` and ``user_action`` are kept from a cause that says better
+    than ``SANDBOX_UNAVAILABLE`` what to do (an unreachable service, a missing key).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        code: str = SANDBOX_UNAVAILABLE,
+        retryable: bool = False,
+        user_action: str = UNSANDBOXED_ACTION,
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
+        self.retryable = retryable
+        self.user_action = user_action
+
+    def within(self, context: str) -> _Failure:
+        """The same failure, its reason prefixed with ``context``."""
+        return _Failure(
+            f"{context}: {self.reason}",
+            code=self.code,
+            retryable=self.retryable,
+            user_action=self.user_action,
+        )
 
 
 def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure:
     """Run an activation step; an exception becomes a :class:`_Failure` with a redacted reason."""
     try:
         return step()
+    except PiShipError as e:
+        reason = reason_text(str(e) or type(e).__name__, redactor)
+        if e.code not in ACTIONABLE_CODES:
+            return _Failure(reason)
+        return _Failure(
+            reason,
+            code=e.code,
+            retryable=e.retryable,
+            user_action=e.user_action or UNSANDBOXED_ACTION,
+        )
     except Exception as e:
         return _Failure(reason_text(str(e) or type(e).__name__, redactor))
+
+
+def _mismatch_action(mismatch: str, network: str) -> str:
+    if network == "deny" and "network-deny" in mismatch:
+        return (
+            'Use network "allow" (piship-remote --network allow) and enforce egress rules'
+            " in the cluster: this backend cannot prove a deny policy"
+        )
+    return UNSANDBOXED_ACTION
 
 
 def _verdict(exit_code: int, output: str) -> str | None:

@@ -707,3 +707,15 @@ def test_32_concurrent_commands_share_one_claim_and_delete_it_once(
     assert mock.count("POST", CLAIMS) == 1
     instance.dispose()
     assert mock.count("DELETE") == 1
+
+
+def test_a_deny_policy_on_kubernetes_says_to_use_network_allow(tmp_path: Path) -> None:
+    with KubernetesServer() as mock:
+        backend = KubernetesAgentSandboxBackend(
+            endpoint=mock.url, router=mock.url, template="python-pool", namespace="agents"
+        )
+        with pytest.raises(PiShipError) as raised:
+            activate_sandbox({"required": True}, backend=backend, workspace=tmp_path)
+    assert raised.value.user_action is not None
+    assert 'network "allow"' in raised.value.user_action
+    assert "--network allow" in raised.value.user_action

@@ -3,14 +3,16 @@ nothing, never a command on this host."""
 
 from __future__ import annotations
 
+import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from piship_remote import E2bCompatibleBackend, PiShipError, Sandbox, activate_sandbox
 from piship_remote.report import describe_containment
+from piship_remote.testing import E2bServer
 
 POLICY = {"required": False, "network": {"mode": "deny"}}
 KEY = "e2b_0123456789abcdef0123456789abcdef"
@@ -66,3 +68,34 @@ def test_no_credential_reaches_the_report_or_the_error(unreachable: Sandbox) -> 
         unreachable.exec("echo hi")
     assert KEY not in str(caught.value)
     assert KEY not in describe_containment(unreachable.report)
+
+
+@pytest.mark.timeout(20)
+def test_a_refused_connection_at_activation_is_gateway_unreachable_and_retryable(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{holder.getsockname()[1]}"
+        backend = E2bCompatibleBackend(endpoint=url, envd_url=url)
+        with pytest.raises(PiShipError) as raised:
+            activate_sandbox({"required": True}, backend=backend, workspace=tmp_path)
+    error = raised.value
+    assert (error.code, error.retryable) == ("GATEWAY_UNREACHABLE", True)
+    assert url.removeprefix("http://") in str(error)
+    assert error.user_action is not None and "reachable" in error.user_action
+
+
+@pytest.mark.timeout(20)
+def test_a_missing_api_key_at_activation_names_the_variable(
+    tmp_path: Path, e2b_server: Callable[..., E2bServer]
+) -> None:
+    mock = e2b_server(api_key="e2b_needed_key_0123456789")
+    backend = E2bCompatibleBackend(
+        endpoint=mock.url, envd_url=mock.url, credential=lambda: os.environ["PISHIP_NO_SUCH_KEY"]
+    )
+    with pytest.raises(PiShipError) as raised:
+        activate_sandbox({"required": True}, backend=backend, workspace=tmp_path)
+    assert raised.value.code == "CREDENTIAL_REQUIRED"
+    assert "PISHIP_NO_SUCH_KEY is not set" in str(raised.value)
+    assert [r.path for r in mock.requests] == ["/health"]

@@ -56,10 +56,15 @@ class BackendResult:
 
 @attrs.frozen
 class Availability:
-    """Whether a service can be used now; ``reason`` says why not."""
+    """Whether a service can be used now; ``reason`` says why not, ``code`` how to act.
+
+    ``code`` is an error code when the cause has its own (``GATEWAY_UNREACHABLE`` for
+    a service that does not answer at all), else ``None``.
+    """
 
     available: bool
     reason: str | None = None
+    code: str | None = None
 
 
 @runtime_checkable

@@ -193,7 +193,9 @@ class ControlPlane:
             )
         except Exception as e:  # availability is reported, never raised
             text = self._redactor.redact(str(e) or type(e).__name__)[:DETAIL_LIMIT]
-            return Availability(False, f"the {BACKEND_ID} endpoint is unreachable: {text}")
+            return Availability(
+                False, f"the {BACKEND_ID} endpoint is unreachable: {text}", GATEWAY_UNREACHABLE
+            )
         response.close()
         if is_success(response.status):
             return Availability(True)

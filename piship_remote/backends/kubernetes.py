@@ -49,7 +49,7 @@ from piship_remote.backends.kubernetes_http import ClusterHttp
 from piship_remote.backends.kubernetes_router import Retire, Router
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
-from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.errors import GATEWAY_UNREACHABLE, CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
@@ -241,8 +241,9 @@ class KubernetesAgentSandboxBackend:
         try:
             response = self._claims.list()
         except PiShipError as error:
+            code = GATEWAY_UNREACHABLE if error.code == GATEWAY_UNREACHABLE else None
             return Availability(
-                False, f"the Kubernetes API is unreachable: {str(error)[:DETAIL_LIMIT]}"
+                False, f"the Kubernetes API is unreachable: {str(error)[:DETAIL_LIMIT]}", code
             )
         response.close()
         if is_success(response.status):
