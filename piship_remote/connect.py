@@ -143,6 +143,6 @@ def _decode(payload: bytes | memoryview) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(bytes(payload) if isinstance(payload, memoryview) else payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise ValueError("the sandbox sent a stream frame that is not JSON") from None
     return value if isinstance(value, dict) else {}
