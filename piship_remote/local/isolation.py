@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,13 @@ USERNS_HINT = (
     "enable unprivileged user namespaces (sysctl user.max_user_namespaces=15000, and "
     "kernel.unprivileged_userns_clone=1 or kernel.apparmor_restrict_unprivileged_userns=0 "
     "where those exist), or run where containers may create namespaces"
+)
+WORKING_BWRAP_HINT = (
+    "point bwrap= (or PATH) at a working bubblewrap ('bwrap --version' prints its version)"
+)
+_NAMESPACE_REFUSAL = re.compile(
+    r"namespace|uid map|gid map|Operation not permitted|Permission denied|No permissions",
+    re.IGNORECASE,
 )
 HOSTNAME = "sandbox"
 SANDBOX_UID = 1000
@@ -106,7 +114,10 @@ def isolation_problem(binary: str | os.PathLike[str] | None = None) -> str | Non
     bwrap = find_bwrap(binary)
     if bwrap is None:
         if binary is not None:
-            return f"the bubblewrap binary {os.fspath(binary)} does not exist or is not executable"
+            return (
+                f"the bubblewrap binary {os.fspath(binary)} does not exist or is not"
+                f" executable; {WORKING_BWRAP_HINT}"
+            )
         return f"the bubblewrap binary (bwrap) was not found; {INSTALL_HINT}"
     return _trial(bwrap)
 
@@ -129,8 +140,15 @@ def _trial(bwrap: str) -> str | None:
     if completed.returncode == 0:
         return None
     detail = completed.stderr.decode(errors="replace").strip().splitlines()
-    shown = detail[-1][:300] if detail else f"exit status {completed.returncode}"
-    return f"bubblewrap cannot create a sandbox here ({shown}); {USERNS_HINT}"
+    if not detail:
+        return (
+            f"the bubblewrap binary {bwrap} failed without saying why (exit status"
+            f" {completed.returncode}); {WORKING_BWRAP_HINT}"
+        )
+    shown = detail[-1][:300]
+    if _NAMESPACE_REFUSAL.search(shown):
+        return f"bubblewrap cannot create a sandbox here ({shown}); {USERNS_HINT}"
+    return f"bubblewrap failed its trial sandbox ({shown}); {WORKING_BWRAP_HINT}"
 
 
 def run_with_options(

@@ -37,7 +37,6 @@ from piship_remote.local.containment import Containment, containment
 from piship_remote.local.control import ControlPlane
 from piship_remote.local.envd import PREFIX, Envd
 from piship_remote.local.isolation import (
-    INSTALL_HINT,
     find_bwrap,
     isolation_problem,
     validate_workdir,
@@ -360,11 +359,14 @@ def _check_loopback(host: str) -> None:
         )
 
 
-def _unavailable(reason: str) -> PiShipError:
-    action = INSTALL_HINT if "not found" in reason else None
+def _unavailable(problem: str) -> PiShipError:
+    """The refusal to start: the problem in the message, its one fix as the action."""
+    reason, separator, hint = problem.rpartition("; ")
+    if not separator:
+        reason, hint = problem, ""
     return PiShipError(
         SANDBOX_UNAVAILABLE,
         f"the local sandbox service cannot isolate commands, so it will not run: {reason}",
-        user_action=action,
+        user_action=hint or None,
         component=COMPONENT,
     )
