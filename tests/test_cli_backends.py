@@ -218,3 +218,40 @@ def test_serve_answers_health_and_stops_cleanly_on_sigterm() -> None:
     assert process.returncode == 0, stderr
     assert f"endpoint: {url}" in stdout
     assert stdout.rstrip().endswith("stopped; every sandbox was deleted")
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
+def test_serve_prints_the_export_lines_for_a_given_api_key() -> None:
+    port = _free_loopback_port()
+    url = f"http://127.0.0.1:{port}"
+    key = "e2b_fixed_key_for_serve_0123456789"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "piship_remote",
+            "serve",
+            "--port",
+            str(port),
+            "--api-key",
+            key,
+            "--max-processes",
+            "64",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    try:
+        healthy = _wait_healthy(url, process, SERVE_READY_WITHIN)
+        process.terminate()
+        stdout, stderr = process.communicate(timeout=SERVE_STOP_WITHIN)
+    finally:
+        process.kill()
+        process.wait()
+    assert healthy, stderr
+    assert f"export PISHIP_E2B_ENDPOINT={url}" in stdout
+    assert f"export E2B_API_KEY={key}" in stdout
+    assert "processes: 64" in stdout

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from piship_remote import __version__
 from piship_remote.cli import _commands
 from piship_remote.cli._commands import EXIT_UNAVAILABLE
-from piship_remote.cli._parser import Parser, add_sandbox_options, port_number
+from piship_remote.cli._parser import Parser, add_sandbox_options, port_number, positive_int
 from piship_remote.errors import (
     CONFIG_INVALID,
     CONFIG_UNAVAILABLE,
@@ -92,5 +92,12 @@ def _parser() -> Parser:
     serve.add_argument(
         "--api-key", default=None, help="the API key clients must send (default: a new random one)"
     )
+    for option, what in (
+        ("--max-processes", "processes per sandbox"),
+        ("--max-memory-mib", "memory per sandbox, MiB"),
+        ("--max-disk-mib", "disk (home, /tmp, /dev/shm) per sandbox, MiB"),
+        ("--max-lifetime", "seconds a sandbox may live at most"),
+    ):
+        serve.add_argument(option, type=positive_int, default=None, help=what)
     serve.set_defaults(handler=_commands.serve)
     return parser

@@ -75,7 +75,12 @@ def serve(args: argparse.Namespace) -> int:
     """Serve the embedded local service in the foreground until Ctrl-C or SIGTERM."""
     from piship_remote import local
 
-    local.serve(host=args.host, port=args.port, api_key=args.api_key)
+    limits = {
+        name: getattr(args, name)
+        for name in ("max_processes", "max_memory_mib", "max_disk_mib", "max_lifetime")
+        if getattr(args, name) is not None
+    }
+    local.serve(host=args.host, port=args.port, api_key=args.api_key, **limits)
     return 0
 
 

@@ -8,7 +8,14 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["Parser", "add_sandbox_options", "existing_directory", "port_number", "suggest"]
+__all__ = [
+    "Parser",
+    "add_sandbox_options",
+    "existing_directory",
+    "port_number",
+    "positive_int",
+    "suggest",
+]
 
 BACKENDS = ("e2b", "kubernetes", "local")
 
@@ -88,6 +95,17 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is not between 0 and 65535")
     return port
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not above zero")
+    return value
 
 
 def existing_directory(text: str) -> str:

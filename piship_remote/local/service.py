@@ -239,16 +239,25 @@ def serve(
     out: IO[str] | None = None,
     stop: threading.Event | None = None,
     api_key: str | None = None,
+    **limits: Any,
 ) -> None:
     """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it.
 
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
+    ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
+    ``max_memory_mib``, ``max_disk_mib``, ``max_lifetime``).
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
     with (
         LocalE2bService(
-            host=host, port=port, workdir=workdir, user=user, bwrap=bwrap, api_key=api_key
+            host=host,
+            port=port,
+            workdir=workdir,
+            user=user,
+            bwrap=bwrap,
+            api_key=api_key,
+            **limits,
         ) as service,
         _stopped_by_sigterm(stop),
     ):
