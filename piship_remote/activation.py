@@ -27,7 +27,7 @@ import attrs
 
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
 from piship_remote.cancel import EventWatcher, bridge
-from piship_remote.environment import command_environment
+from piship_remote.environment import command_environment, screen_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
     SANDBOX_UNAVAILABLE,
@@ -200,7 +200,9 @@ class Sandbox:
             command=command,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
-            env=command_environment(self.profile.environment_allow, self._source(env)),
+            env=command_environment(
+                self.profile.environment_allow, self._source(env), secrets=self.redactor
+            ),
             timeout=timeout or None,
         )
         if timeout is not None and timeout < 0:
@@ -518,6 +520,9 @@ class _Activation:
         return instance
 
     def _report(self, capabilities: Capabilities) -> ContainmentReport:
+        screened = screen_environment(
+            self.profile.environment_allow, self.env, secrets=self.backend.redactor
+        )
         return ContainmentReport(
             level="enforced",
             adapter=self.backend.id,
@@ -527,7 +532,7 @@ class _Activation:
             network=self.policy.network,
             verification="backend-attested",
             local_processes=False,
-            warnings=tuple(self.profile.warnings),
+            warnings=(*self.profile.warnings, *screened.warnings),
             isolation="remote",
             workspace=snapshot_workspace_report(),
         )
@@ -620,7 +625,9 @@ def _readiness_failure(sandbox: Sandbox, env: Mapping[str, str], timeout: float)
         command=CHECK_COMMAND,
         cwd=sandbox._workspace_root,
         workspace_path=".",
-        env=command_environment(sandbox.profile.environment_allow, source),
+        env=command_environment(
+            sandbox.profile.environment_allow, source, secrets=sandbox.redactor
+        ),
     )
     instance = sandbox._usable_instance()
     try:
