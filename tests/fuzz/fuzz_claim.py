@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import atheris
 
-with atheris.instrument_imports():
+with atheris.instrument_imports(include=["piship_remote", "parsers"]):
     from parsers import as_object, check_claim
 
 from atheris_input import json_object, run

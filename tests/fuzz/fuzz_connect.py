@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import atheris
 
-with atheris.instrument_imports():
+with atheris.instrument_imports(include=["piship_remote", "parsers"]):
     from parsers import check_envelopes
 
 from atheris_input import run

@@ -7,7 +7,7 @@ import json
 
 import atheris
 
-with atheris.instrument_imports():
+with atheris.instrument_imports(include=["piship_remote", "parsers"]):
     from parsers import check_end_event, check_stream_payloads
 
 from atheris_input import json_object, json_value, run

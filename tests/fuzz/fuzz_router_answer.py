@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import atheris
 
-with atheris.instrument_imports():
+with atheris.instrument_imports(include=["piship_remote", "parsers"]):
     from parsers import check_router_answer, check_status_body
 
 from atheris_input import json_object, run
