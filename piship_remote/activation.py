@@ -28,7 +28,7 @@ import attrs
 
 from piship_remote.backends.base import Backend, ExecRequest, Instance
 from piship_remote.backends.common import exit_status
-from piship_remote.environment import command_environment
+from piship_remote.environment import command_environment, screen_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
     CREDENTIAL_REQUIRED,
@@ -195,7 +195,9 @@ class Sandbox:
             command=command,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
-            env=command_environment(self.profile.environment_allow, self._source(env)),
+            env=command_environment(
+                self.profile.environment_allow, self._source(env), secrets=self.redactor
+            ),
             timeout=timeout or None,
         )
         if timeout is not None and timeout < 0:
@@ -344,6 +346,9 @@ class _Activation:
         return instance
 
     def _report(self, capabilities: Capabilities) -> ContainmentReport:
+        screened = screen_environment(
+            self.profile.environment_allow, self.env, secrets=self.backend.redactor
+        )
         return ContainmentReport(
             level="enforced",
             adapter=self.backend.id,
@@ -353,7 +358,7 @@ class _Activation:
             network=self.policy.network,
             verification="backend-attested",
             local_processes=False,
-            warnings=tuple(self.profile.warnings),
+            warnings=(*self.profile.warnings, *screened.warnings),
             isolation="remote",
             workspace=snapshot_workspace_report(),
         )
@@ -398,7 +403,9 @@ class _Activation:
             cwd=_real_path(self.profile.workspace),
             workspace_path=".",
             env=command_environment(
-                self.profile.environment_allow, {**self.env, PROBE_VARIABLE: "1"}
+                self.profile.environment_allow,
+                {**self.env, PROBE_VARIABLE: "1"},
+                secrets=self.backend.redactor,
             ),
         )
         try:

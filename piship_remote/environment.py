@@ -12,6 +12,15 @@ A command's environment is built from an allow list, never copied wholesale::
 Credential-looking names are skipped even when listed, proxy/CA/TLS settings
 describe this host and are dropped unless asked for, and host-bound names
 (``PATH``, ``HOME``, ...) are dropped because the remote image has its own.
+
+Values are checked too: a value holding a secret the library was given (passed
+as ``secrets``, the backend's :class:`~piship_remote.redact.Redactor`), a
+self-identifying token (``ghp_...``, ``sk-...``, ``AKIA...``, a PEM private key)
+or a URL with a password in it is not sent under any name.
+:func:`screen_environment` also says which names were dropped for their value::
+
+    >>> screen_environment(["DATABASE_URL"], {"DATABASE_URL": "postgres://u:pw@db/app"}).warnings
+    ('DATABASE_URL was not sent to the sandbox: its value is a URL with a password in it',)
 """
 
 from __future__ import annotations
@@ -19,12 +28,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+import attrs
+
+from piship_remote.redact import Redactor, has_token_shape
+
 __all__ = [
     "HOST_BOUND_VARIABLES",
     "NETWORK_SETTING_VARIABLES",
+    "DroppedVariable",
+    "ScreenedEnvironment",
     "command_environment",
+    "credential_value_reason",
     "is_credential_name",
     "is_network_setting_name",
+    "screen_environment",
 ]
 
 HOST_BOUND_VARIABLES: frozenset[str] = frozenset(
@@ -96,6 +113,14 @@ _CREDENTIAL_PREFIXES = (
     "GH_TOKEN",
     "PI_",
 )
+# Anywhere in a name (PGPASSWORD, DBPASSWD, SSH_PRIVATE_KEY), or as its last segment (MYSQL_PWD).
+_CREDENTIAL_PARTS = ("PASSWORD", "PASSWD", "PRIVATE_KEY", "PRIVATEKEY")
+_CREDENTIAL_SUFFIXES = ("_PWD",)
+# scheme://user:password@ with a non-empty password; the scheme starts a word, so
+# a failed attempt never rescans it from inside.
+_URL_WITH_PASSWORD = re.compile(
+    r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]+@"
+)
 # Sockets and CA bundles: they name a credential mechanism but hold none.
 _NEVER_CREDENTIALS = frozenset({"SSH_AUTH_SOCK", "GPG_AGENT_INFO"})
 _CA_NAMES = frozenset({"NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR"})
@@ -104,8 +129,8 @@ _CA_NAMES = frozenset({"NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR"})
 def is_credential_name(name: str) -> bool:
     """Whether a variable name looks like it holds a credential.
 
-    >>> [is_credential_name(n) for n in ("GITHUB_TOKEN", "DB_PASSWORD_FILE", "MY_TOKENS")]
-    [True, True, False]
+    >>> [is_credential_name(n) for n in ("GITHUB_TOKEN", "PGPASSWORD", "MYSQL_PWD", "MY_TOKENS")]
+    [True, True, True, False]
     """
     upper = name.upper()
     if upper in _NEVER_CREDENTIALS:
@@ -114,7 +139,27 @@ def is_credential_name(name: str) -> bool:
         return True
     if upper in _CA_NAMES:
         return False
-    return bool(_CREDENTIAL_WORD.search(name)) or upper.startswith(_CREDENTIAL_PREFIXES)
+    return (
+        bool(_CREDENTIAL_WORD.search(name))
+        or upper.startswith(_CREDENTIAL_PREFIXES)
+        or any(part in upper for part in _CREDENTIAL_PARTS)
+        or upper.endswith(_CREDENTIAL_SUFFIXES)
+    )
+
+
+def credential_value_reason(value: str, secrets: Redactor | None = None) -> str | None:
+    """Why ``value`` must not be sent, or ``None`` when it holds no credential we can see.
+
+    >>> credential_value_reason("postgres://app:pw@db/app"), credential_value_reason("postgres://db/app")
+    ('a URL with a password in it', None)
+    """
+    if secrets is not None and secrets.appears_in(value):
+        return "a credential this library holds"
+    if has_token_shape(value):
+        return "a token-shaped credential"
+    if _URL_WITH_PASSWORD.search(value):
+        return "a URL with a password in it"
+    return None
 
 
 def is_network_setting_name(name: str) -> bool:
@@ -127,27 +172,77 @@ def is_network_setting_name(name: str) -> bool:
     return upper in NETWORK_SETTING_VARIABLES or upper.startswith(_NETWORK_SETTING_PREFIXES)
 
 
+@attrs.frozen
+class DroppedVariable:
+    """An allow-listed variable that was not sent because of its value (never the value itself)."""
+
+    name: str
+    reason: str
+
+    @property
+    def warning(self) -> str:
+        return f"{self.name} was not sent to the sandbox: its value is {self.reason}"
+
+
+@attrs.frozen
+class ScreenedEnvironment:
+    """The variables to send, in allow-list order, and the ones dropped for their value."""
+
+    env: dict[str, str]
+    dropped: tuple[DroppedVariable, ...] = ()
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(dropped.warning for dropped in self.dropped)
+
+
+def screen_environment(
+    allow: Sequence[str],
+    source: Mapping[str, str],
+    *,
+    secrets: Redactor | None = None,
+    allow_network_settings: bool = False,
+) -> ScreenedEnvironment:
+    """Apply the allow list to ``source``; see :func:`command_environment`.
+
+    Names dropped by name (credential-looking, host-bound, network settings) are
+    expected and not listed; names dropped for their value are.
+    """
+    env: dict[str, str] = {}
+    dropped: list[DroppedVariable] = []
+    for name in dict.fromkeys(allow):
+        if name not in source or not _name_may_pass(name, allow_network_settings):
+            continue
+        reason = credential_value_reason(source[name], secrets)
+        if reason is None:
+            env[name] = source[name]
+        else:
+            dropped.append(DroppedVariable(name, reason))
+    return ScreenedEnvironment(env, tuple(dropped))
+
+
+def _name_may_pass(name: str, allow_network_settings: bool) -> bool:
+    if is_credential_name(name) or name.upper() in HOST_BOUND_VARIABLES:
+        return False
+    return allow_network_settings or not is_network_setting_name(name)
+
+
 def command_environment(
     allow: Sequence[str],
     source: Mapping[str, str],
     *,
+    secrets: Redactor | None = None,
     allow_network_settings: bool = False,
 ) -> dict[str, str]:
     """The environment a remote command receives, in allow-list order.
 
     Each allowed name is looked up in ``source`` (exact case) and copied when
     present, except credential-looking names, host-bound names
-    (:data:`HOST_BOUND_VARIABLES`, any case) and, unless
-    ``allow_network_settings``, proxy/CA/TLS settings
-    (:func:`is_network_setting_name`). Values are not inspected.
+    (:data:`HOST_BOUND_VARIABLES`, any case), unless ``allow_network_settings``
+    proxy/CA/TLS settings (:func:`is_network_setting_name`), and any value
+    :func:`credential_value_reason` objects to (a secret registered with
+    ``secrets``, a token shape, a URL with a password).
     """
-    output: dict[str, str] = {}
-    for name in allow:
-        if name in output or name not in source or is_credential_name(name):
-            continue
-        if name.upper() in HOST_BOUND_VARIABLES:
-            continue
-        if not allow_network_settings and is_network_setting_name(name):
-            continue
-        output[name] = source[name]
-    return output
+    return screen_environment(
+        allow, source, secrets=secrets, allow_network_settings=allow_network_settings
+    ).env

@@ -28,7 +28,14 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["REDACTED", "SECRET_KEY_PATTERN", "Redactor", "redact", "redact_value"]
+__all__ = [
+    "REDACTED",
+    "SECRET_KEY_PATTERN",
+    "Redactor",
+    "has_token_shape",
+    "redact",
+    "redact_value",
+]
 
 REDACTED = "[REDACTED]"
 
@@ -53,6 +60,29 @@ def _rule(triggers: str, pattern: str, flags: int = 0, *, keep_label: bool = Fal
 # text fast). With keep_label the first group (a `name:` label) stays and only
 # what follows it is replaced; otherwise the whole match is replaced. No pattern
 # has nested unbounded repetition, so scanning is linear in the text length.
+#
+# Tokens that identify themselves by their shape (a vendor prefix, a JWT, a PEM
+# private-key block): a credential wherever they occur.
+_TOKEN_RULES: tuple[_Rule, ...] = (
+    _rule("sk-", rf"{_START}sk-[A-Za-z0-9_-]{{6,}}"),
+    # JWT shapes start only at the beginning of a token run, so a failed attempt
+    # never rescans the run from inside (quadratic on "ey-ey-ey-...").
+    _rule("ey", r"(?<![A-Za-z0-9_-])ey[A-Za-z0-9_-]{10,}\.ey[A-Za-z0-9_-]{10,}\.?[A-Za-z0-9_-]*"),
+    _rule("eyj", r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*"),
+    _rule(
+        "ghp_ gho_ ghu_ ghs_ ghr_ github_pat_",
+        rf"{_START}(?:gh[pousr]_[A-Za-z0-9]{{20,}}|github_pat_[A-Za-z0-9_]{{20,}})",
+    ),
+    _rule("xox", rf"{_START}xox[abposr]-[A-Za-z0-9-]{{10,}}"),
+    _rule("akia asia", rf"{_START}(?:AKIA|ASIA)[A-Z0-9]{{16}}{_END}"),
+    _rule("aiza", rf"{_START}AIza[A-Za-z0-9_-]{{30,}}"),
+    _rule("glpat-", rf"{_START}glpat-[A-Za-z0-9_-]{{16,}}"),
+    _rule(
+        "private",
+        r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
+    ),
+)
+
 _RULES: tuple[_Rule, ...] = (
     # Any Authorization scheme (Bearer, Basic, Token, ...) or a bare credential.
     _rule(
@@ -78,23 +108,7 @@ _RULES: tuple[_Rule, ...] = (
         rf"{_START}(?:[Bb]asic|BASIC)\s+"
         r"(?=[A-Za-z0-9+/]*(?:[0-9+/=]|[a-z][A-Z]))[A-Za-z0-9+/]{12,}={0,2}",
     ),
-    _rule("sk-", rf"{_START}sk-[A-Za-z0-9_-]{{6,}}"),
-    # JWT shapes start only at the beginning of a token run, so a failed attempt
-    # never rescans the run from inside (quadratic on "ey-ey-ey-...").
-    _rule("ey", r"(?<![A-Za-z0-9_-])ey[A-Za-z0-9_-]{10,}\.ey[A-Za-z0-9_-]{10,}\.?[A-Za-z0-9_-]*"),
-    _rule("eyj", r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*"),
-    _rule(
-        "ghp_ gho_ ghu_ ghs_ ghr_ github_pat_",
-        rf"{_START}(?:gh[pousr]_[A-Za-z0-9]{{20,}}|github_pat_[A-Za-z0-9_]{{20,}})",
-    ),
-    _rule("xox", rf"{_START}xox[abposr]-[A-Za-z0-9-]{{10,}}"),
-    _rule("akia asia", rf"{_START}(?:AKIA|ASIA)[A-Z0-9]{{16}}{_END}"),
-    _rule("aiza", rf"{_START}AIza[A-Za-z0-9_-]{{30,}}"),
-    _rule("glpat-", rf"{_START}glpat-[A-Za-z0-9_-]{{16,}}"),
-    _rule(
-        "private",
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
-    ),
+    *_TOKEN_RULES,
     # A key, header or query parameter whose name ends in a credential word, with
     # any separator (`X-Api-Key: v`, `client_secret=v`, `?token=v`, `"password":"v"`).
     # The match starts at the word, so the rest of a long name is never rescanned.
@@ -138,6 +152,21 @@ def redact(text: str) -> str:
         if any(word in lowered for word in triggers):
             text = pattern.sub(_keep_label if keep_label else REDACTED, text)
     return text
+
+
+def has_token_shape(text: str) -> bool:
+    """Whether ``text`` holds a self-identifying token (``sk-``, ``ghp_``, ``AKIA``, a JWT, a
+    PEM private key, ...), the shapes :func:`redact` removes whatever labels them.
+
+    >>> has_token_shape("ghp_" + "a" * 36), has_token_shape("C.UTF-8")
+    (True, False)
+    """
+    lowered = text.lower()
+    return any(
+        pattern.search(text) is not None
+        for triggers, pattern, _ in _TOKEN_RULES
+        if any(word in lowered for word in triggers)
+    )
 
 
 def _secret_forms(secret: str) -> set[str]:
@@ -192,6 +221,16 @@ class Redactor:
             if form in text:
                 text = text.replace(form, REDACTED)
         return redact(text)
+
+    def appears_in(self, text: str) -> bool:
+        """Whether any registered secret, in any of its encodings, occurs in ``text``.
+
+        >>> r = Redactor()
+        >>> r.register("s3cr3t-key")
+        >>> r.appears_in("prefix-s3cr3t-key"), r.appears_in("C.UTF-8")
+        (True, False)
+        """
+        return any(form in text for form in self._ordered)
 
     def __repr__(self) -> str:
         return f"Redactor({len(self._forms)} forms)"

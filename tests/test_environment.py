@@ -1,16 +1,27 @@
-"""Which environment variables reach a remote sandbox (reference §3)."""
+"""Which environment variables reach a remote sandbox: allowed names, then safe values."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
+from piship_remote.activation import activate_sandbox
+from piship_remote.backends.e2b import E2bCompatibleBackend
+from piship_remote.connect import EnvelopeReader
 from piship_remote.environment import (
     HOST_BOUND_VARIABLES,
     NETWORK_SETTING_VARIABLES,
+    DroppedVariable,
     command_environment,
     is_credential_name,
     is_network_setting_name,
+    screen_environment,
 )
+from piship_remote.redact import Redactor
+from piship_remote.testing import E2bServer
 
 # The seed's source environment and allow list.
 SEED_ENV = {
@@ -54,7 +65,7 @@ def test_lookup_is_case_sensitive() -> None:
     assert command_environment(["lang"], {"LANG": "C"}) == {}
 
 
-def test_values_are_not_inspected() -> None:
+def test_a_value_without_a_self_identifying_token_is_sent() -> None:
     env = command_environment(["NOTE"], {"NOTE": "Bearer abcdefgh12345678"})
     assert env == {"NOTE": "Bearer abcdefgh12345678"}
 
@@ -139,6 +150,15 @@ def test_network_setting_names() -> None:
         "GOOGLE_APPLICATION_CREDENTIALS",
         "NODE_TLS_REJECT_UNAUTHORIZED",
         "api_key",
+        "PGPASSWORD",
+        "DBPASSWORD",
+        "MYSQL_PWD",
+        "REDIS_PWD",
+        "LDAP_PASSWD",
+        "PRIVATE_KEY",
+        "SSH_PRIVATE_KEY",
+        "DEPLOY_PRIVATE_KEY_PATH",
+        "signing_privatekey",
     ],
 )
 def test_credential_names(name: str) -> None:
@@ -151,7 +171,7 @@ def test_credential_names(name: str) -> None:
         "TOKENIZERS_PARALLELISM",
         "MY_TOKENS",
         "OAUTH_URL",
-        "PRIVATE_KEY",
+        "OLDPWD",
         "SSH_AUTH_SOCK",
         "GPG_AGENT_INFO",
         "NODE_EXTRA_CA_CERTS",
@@ -170,3 +190,119 @@ def test_not_credential_names(name: str) -> None:
 def test_credential_names_are_skipped_even_when_listed() -> None:
     env = command_environment(["GITHUB_TOKEN", "LANG"], {"GITHUB_TOKEN": "t", "LANG": "C"})
     assert env == {"LANG": "C"}
+
+
+API_KEY = "e2b_live_key_4f1c9a7d2b"
+
+
+def _holding(secret: str) -> Redactor:
+    redactor = Redactor()
+    redactor.register(secret)
+    return redactor
+
+
+def test_a_planted_api_key_under_lang_is_dropped_and_reported() -> None:
+    screened = screen_environment(
+        ["LANG", "DOCS_MODE"], {"LANG": API_KEY, "DOCS_MODE": "demo"}, secrets=_holding(API_KEY)
+    )
+    assert screened.env == {"DOCS_MODE": "demo"}
+    assert screened.dropped == (DroppedVariable("LANG", "a credential this library holds"),)
+    assert screened.warnings == (
+        "LANG was not sent to the sandbox: its value is a credential this library holds",
+    )
+    assert API_KEY not in "".join(screened.warnings)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"prefix {API_KEY} suffix",
+        "ZTJiX2xpdmVfa2V5XzRmMWM5YTdkMmI=",  # base64
+        "https://api.example/?key=e2b_live_key_4f1c9a7d2b",
+    ],
+)
+def test_a_held_credential_is_found_inside_a_value_and_in_its_encodings(value: str) -> None:
+    assert command_environment(["NOTE"], {"NOTE": value}, secrets=_holding(API_KEY)) == {}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "ghp_" + "a1B2" * 9,
+        "github_pat_" + "x" * 30,
+        "sk-proj-abcdef123456",
+        "AKIAABCDEFGHIJKLMNOP",
+        "xoxb-1234567890-abcdef",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk=\n-----END OPENSSH PRIVATE KEY-----",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEow",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjMifQ.sig",
+    ],
+)
+def test_a_token_shaped_value_is_dropped_even_when_allow_listed(value: str) -> None:
+    screened = screen_environment(["LANG", "TZ"], {"LANG": value, "TZ": "UTC"})
+    assert screened.env == {"TZ": "UTC"}
+    assert screened.dropped == (DroppedVariable("LANG", "a token-shaped credential"),)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "postgres://u:p@h/db",
+        "mysql://root:hunter2@127.0.0.1:3306/app",
+        "redis://:secret@cache:6379/0",
+        "use amqp://guest:guest@rabbit/ for the queue",
+    ],
+)
+def test_a_url_with_a_password_is_dropped_under_any_name(value: str) -> None:
+    screened = screen_environment(["DATABASE_URL"], {"DATABASE_URL": value})
+    assert screened.env == {}
+    assert screened.warnings == (
+        "DATABASE_URL was not sent to the sandbox: its value is a URL with a password in it",
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["postgres://h/db", "postgres://user@h/db", "https://example.com/a:b@c", "C.UTF-8", "a:b@c"],
+)
+def test_a_url_without_a_password_is_sent(value: str) -> None:
+    assert command_environment(["DATABASE_URL"], {"DATABASE_URL": value}) == {"DATABASE_URL": value}
+
+
+def test_names_dropped_by_name_are_not_reported() -> None:
+    screened = screen_environment(
+        ["PATH", "GITHUB_TOKEN", "HTTPS_PROXY"],
+        {"PATH": "/bin", "GITHUB_TOKEN": "ghp_" + "a" * 36, "HTTPS_PROXY": "http://u:p@proxy"},
+    )
+    assert screened == screen_environment([], {})
+
+
+def test_a_value_check_needs_no_redactor() -> None:
+    assert command_environment(["LANG"], {"LANG": API_KEY}) == {"LANG": API_KEY}
+
+
+def test_activation_drops_and_reports_its_own_api_key_planted_under_lang(
+    e2b_server: Callable[..., E2bServer], workspace: Path, home: Path
+) -> None:
+    key = "fake-sandbox-key-SENTINEL-0017"
+    mock = e2b_server(api_key=key)
+    backend = E2bCompatibleBackend(
+        endpoint=mock.url, envd_url=mock.url, template="piship-workspace", credential=lambda: key
+    )
+    policy = {"required": True, "environment": {"allow": ["LANG", "DOCS_MODE"]}}
+    env = {"LANG": key, "DOCS_MODE": "demo"}
+    with activate_sandbox(
+        policy, backend=backend, workspace=workspace, home_dir=home, env=env
+    ) as sandbox:
+        sandbox.exec("env")
+        warnings = sandbox.report.warnings
+    assert "LANG was not sent to the sandbox: its value is a credential this library holds" in (
+        warnings
+    )
+    starts = [r for r in mock.requests if r.path == "/process.Process/Start"]
+    assert starts
+    for request in starts:
+        assert EnvelopeReader().push(request.body)[0].message["process"]["envs"] == {
+            "DOCS_MODE": "demo"
+        }
+    assert key not in json.dumps(sandbox.report.to_dict())

@@ -1,0 +1,250 @@
+"""What every parser of untrusted input must do, as checks both fuzzers drive.
+
+Each ``check_*`` function feeds one input to a parser and asserts its contract:
+it returns a well-formed value or raises the one typed error it documents;
+anything else (an ``IndexError``, a ``TypeError``, a wrong answer) is a finding.
+The hypothesis tests in ``test_fuzz_properties.py`` and the atheris targets
+``fuzz_*.py`` (coverage-guided, run by hand) call the same functions.
+
+Private entry points are used on purpose, each through a small adapter here:
+the E2B Start stream through ``_Outcome.handle_payload``, the create answer
+through ``E2bCompatibleBackend._create`` with its HTTP exchange replaced, and the
+Kubernetes claim and router answers through the functions that read them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from piship_remote.backends import e2b, kubernetes
+from piship_remote.backends.claims import ClaimGone
+from piship_remote.connect import EnvelopeReader, Frame
+from piship_remote.errors import PiShipError
+from piship_remote.redact import Redactor
+from piship_remote.transport import Credential, Transport
+
+# -- Connect envelopes -----------------------------------------------------------------------
+
+
+def check_envelopes(data: bytes, cuts: Sequence[int], max_frame_bytes: int) -> None:
+    """Frames read from ``data`` in pieces equal those read at once; errors are ValueError."""
+    try:
+        whole: list[Frame] | None = EnvelopeReader(max_frame_bytes).push(data)
+    except ValueError:
+        whole = None
+    reader = EnvelopeReader(max_frame_bytes)
+    pieces: list[Frame] = []
+    start = 0
+    try:
+        for cut in sorted({min(max(c, 0), len(data)) for c in cuts} | {len(data)}):
+            pieces += reader.push(data[start:cut])
+            start = cut
+    except ValueError:
+        # A piece may fail earlier than the whole (an oversized header is refused on
+        # arrival), but never when reading the whole succeeded.
+        assert whole is None, "a split stream failed where the whole one did not"
+        return
+    if whole is not None:
+        assert pieces == whole, "splitting the stream changed its frames"
+        assert reader.pending == _trailing(data, whole)
+    for frame in pieces:
+        assert isinstance(frame.message, dict)
+
+
+def _trailing(data: bytes, frames: list[Frame]) -> int:
+    """The bytes after the last whole frame (what a reader must still hold)."""
+    position = 0
+    for _ in frames:
+        position += 5 + int.from_bytes(data[position + 1 : position + 5], "big")
+    return len(data) - position
+
+
+# -- the E2B Start stream --------------------------------------------------------------------
+
+
+def _stream_outcome() -> tuple[e2b._Outcome, list[tuple[str, bytes]]]:
+    emitted: list[tuple[str, bytes]] = []
+    outcome = e2b._Outcome(
+        lambda chunk: emitted.append(("stdout", chunk)),
+        lambda chunk: emitted.append(("stderr", chunk)),
+        e2b._Errors(Redactor()),
+    )
+    return outcome, emitted
+
+
+def check_stream_payloads(payloads: Sequence[tuple[int, bytes]]) -> None:
+    """``handle_payload`` (with its data-event fast path) agrees with the plain JSON path.
+
+    Both see the same envelopes; they must emit the same chunks, reach the same
+    result and fail (with ``PiShipError`` only) at the same envelope.
+    """
+    fast, fast_out = _stream_outcome()
+    plain, plain_out = _stream_outcome()
+    for flags, payload in payloads:
+        fast_done = _step(lambda f=flags, p=payload: fast.handle_payload(f, p))
+        plain_done = _step(lambda f=flags, p=payload: plain.handle(Frame.parse(f, p)))
+        assert fast_out == plain_out, "the data-event fast path decoded output differently"
+        assert type(fast_done) is type(plain_done), (fast_done, plain_done)
+        if isinstance(fast_done, PiShipError) or fast_done is True:
+            break
+    assert fast.result == plain.result
+    if fast.result is not None:
+        code = fast.result.exit_code
+        assert code is None or (isinstance(code, int) and code >= 0)
+
+
+def _step(action: Any) -> bool | PiShipError:
+    try:
+        done = action()
+    except PiShipError as error:
+        return _typed(error)
+    except ValueError:  # Frame.parse on the plain path; handle_payload maps it
+        return PiShipError("SANDBOX_UNAVAILABLE", "not JSON")
+    assert isinstance(done, bool)
+    return done
+
+
+def _typed(error: PiShipError) -> PiShipError:
+    assert error.message and "\n" not in error.message.strip()
+    return error
+
+
+def check_end_event(end: Any) -> None:
+    """An end event gives an exit code ``>= 0`` or ``None``, or a ``PiShipError``."""
+    outcome, _ = _stream_outcome()
+    try:
+        outcome.handle(Frame(0, {"event": {"end": end}}))
+    except PiShipError as error:
+        _typed(error)
+        return
+    assert outcome.result is not None
+    code = outcome.result.exit_code
+    assert code is None or (type(code) is int and code >= 0)
+
+
+# -- the E2B create answer -------------------------------------------------------------------
+
+
+class _Answered:
+    """A 201 whose body is ``answer``, in place of the create request's HTTP exchange."""
+
+    status = 201
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self._answer = answer
+
+    def __enter__(self) -> _Answered:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def json_object(self, max_bytes: int) -> dict[str, Any]:
+        return self._answer
+
+
+class _Deletes:
+    lifetime = 300
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def delete(self, sandbox_id: str) -> None:
+        self.deleted.append(sandbox_id)
+
+
+_NEW_SANDBOX = e2b._NewSandbox("base", 300, {}, False)
+
+
+def check_create_answer(answer: dict[str, Any]) -> None:
+    """A create answer gives a valid ID, header-safe token and host-like domain, or an error.
+
+    A sandbox the answer named but that cannot be used is deleted.
+    """
+    backend = e2b.E2bCompatibleBackend(endpoint="http://127.0.0.1:9")
+    deletes = _Deletes()
+    backend._control = deletes  # type: ignore[assignment]
+    backend._create_response = lambda request: _Answered(answer)  # type: ignore[method-assign,return-value]
+    try:
+        created = backend._create(_NEW_SANDBOX)
+    except PiShipError as error:
+        _typed(error)
+        if deletes.deleted:
+            assert deletes.deleted == [answer["sandboxID"]]
+        return
+    finally:
+        backend.close()
+    assert e2b._SANDBOX_ID.match(created.sandbox_id)
+    assert created.access_token is None or e2b._HEADER_VALUE.match(created.access_token)
+    assert created.domain is None or e2b._DOMAIN.match(created.domain)
+    assert not deletes.deleted
+
+
+# -- Kubernetes claims and the router --------------------------------------------------------
+
+
+def check_claim(claim: dict[str, Any]) -> None:
+    """Reading a claim object: a condition, a name, a pod address; only ``ClaimGone`` raised."""
+    ready = kubernetes._ready_condition(claim)
+    assert isinstance(ready, dict)
+    assert isinstance(kubernetes._condition_text(ready), str)
+    name = kubernetes._sandbox_name(claim, "fallback")
+    assert name == "fallback" or kubernetes._RESOURCE_NAME.match(name)
+    address = kubernetes._pod_ip(claim)
+    if address is not None:
+        ipaddress.ip_address(address)
+    try:
+        kubernetes._raise_if_finished(claim)
+    except ClaimGone as gone:
+        assert str(gone)
+
+
+def _cluster() -> kubernetes._Cluster:
+    redactor = Redactor()
+    return kubernetes._Cluster(
+        Transport(redactor=redactor, component="sandbox"),
+        Credential(lambda: None, None, redactor),
+        endpoint="http://127.0.0.1:9",
+        router="http://127.0.0.1:9",
+        namespace="default",
+        template="t",
+        port=8888,
+        poll_interval=0.01,
+        ready_timeout=0.0,
+        monotonic=lambda: 0.0,
+    )
+
+
+_CLUSTER = _cluster()
+
+
+def check_router_answer(answer: dict[str, Any]) -> None:
+    """A router answer gives text output and an int-or-None exit code, or a ``PiShipError``."""
+    try:
+        result = _CLUSTER._answer(answer)
+    except PiShipError as error:
+        _typed(error)
+        return
+    assert isinstance(result.stdout, str) and isinstance(result.stderr, str)
+    assert result.exit_code is None or type(result.exit_code) is int
+
+
+def check_status_body(body: str) -> None:
+    """An error body's detail is a string or ``None``."""
+    detail = kubernetes._status_detail(body)
+    assert detail is None or isinstance(detail, str)
+
+
+# -- shared helpers --------------------------------------------------------------------------
+
+
+def as_object(data: bytes) -> dict[str, Any] | None:
+    """``data`` as a JSON object, as the transport parses a body; ``None`` when it is not one."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, Mapping) else None
