@@ -116,9 +116,11 @@ class RuntimeFiles:
                     entries = response.json_value(_LIST_LIMIT)
                 except ValueError as error:
                     raise self._http.errors(f"listing {path} failed: {error}") from None
-        return [_listed(path, entry) for entry in entries if _valid(entry)] if isinstance(
-            entries, list
-        ) else []
+        return (
+            [_listed(path, entry) for entry in entries if _valid(entry)]
+            if isinstance(entries, list)
+            else []
+        )
 
     def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
         q = shlex.quote(path)
@@ -403,4 +405,3 @@ def _listed(directory: str, entry: dict[str, Any]) -> FileInfo:
 
 def _not_found(path: str, what: str) -> PiShipError:
     return PiShipError(FILE_NOT_FOUND, f"no {what} at {path} in the sandbox", component="files")
-
