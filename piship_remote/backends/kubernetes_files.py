@@ -252,6 +252,10 @@ class RuntimeFiles:
                 if response.status == 404:
                     raise _not_found(path, "file")
                 self._check(response, f"reading {path}")
+                if "html" in response.headers.get("Content-Type", "").lower():
+                    raise self._http.errors(
+                        f"reading {path} failed: an HTML page came back instead of the file"
+                    )
                 try:
                     for chunk in response.iter_raw():
                         sink(bytes(chunk))
