@@ -40,6 +40,10 @@ _EXPORTS = {
     "EnvelopeReader": "piship_remote.connect",
     "Frame": "piship_remote.connect",
     "cleanup_on_signals": "piship_remote.lifecycle",
+    "SandboxFiles": "piship_remote.files",
+    "FileInfo": "piship_remote.transfer",
+    "TransferSummary": "piship_remote.transfer",
+    "SkippedPath": "piship_remote.transfer",
 }
 
 __all__ = [
@@ -54,13 +58,17 @@ __all__ = [
     "EnvelopeReader",
     "ExecRequest",
     "ExecResult",
+    "FileInfo",
     "Frame",
     "KubernetesAgentSandboxBackend",
     "NetworkDenial",
     "PiShipError",
     "Sandbox",
+    "SandboxFiles",
     "SandboxPolicy",
     "SandboxProfile",
+    "SkippedPath",
+    "TransferSummary",
     "WorkspaceReport",
     "__version__",
     "activate_sandbox",
@@ -77,6 +85,7 @@ if TYPE_CHECKING:
     from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, runtime_command
     from piship_remote.connect import EnvelopeReader, Frame, connect_envelope
     from piship_remote.errors import CommandCancelled, CommandFailed, CommandTimeout, PiShipError
+    from piship_remote.files import SandboxFiles
     from piship_remote.lifecycle import cleanup_on_signals
     from piship_remote.output import CommandResult
     from piship_remote.policy import SandboxPolicy, SandboxProfile
@@ -87,6 +96,7 @@ if TYPE_CHECKING:
         WorkspaceReport,
         describe_containment,
     )
+    from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
 
 
 def __getattr__(name: str) -> Any:

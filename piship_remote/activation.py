@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, Union
 
 import attrs
 
 from piship_remote.backends.base import Backend, ExecRequest, Instance
 from piship_remote.backends.common import exit_status
+from piship_remote.backends.file_protocol import SupportsFiles
 from piship_remote.environment import command_environment, screen_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -41,6 +42,7 @@ from piship_remote.errors import (
 )
 from piship_remote.exec_engine import CHANNEL_BYTES, ExecEngine, reason_text
 from piship_remote.exec_workers import Sink, Stream
+from piship_remote.files import SandboxFiles
 from piship_remote.output import OUTPUT_LIMIT, CommandResult, OutputCapture
 from piship_remote.policy import SandboxPolicy, SandboxProfile, resolve_profile
 from piship_remote.redact import Redactor
@@ -53,6 +55,8 @@ from piship_remote.report import (
     claimed_guarantees,
     snapshot_workspace_report,
 )
+from piship_remote.sandbox_transfers import SandboxTransfers, check_sync_mode
+from piship_remote.transfer import TransferSummary
 
 __all__ = ["CHANNEL_BYTES", "CommandResult", "ExecResult", "Sandbox", "activate_sandbox"]
 
@@ -109,6 +113,7 @@ class Sandbox:
         self._engine = engine
         self._env = dict(env)
         self._workspace_root = _real_path(profile.workspace)
+        self._transfers: SandboxTransfers | None = None
 
     @property
     def redactor(self) -> Redactor:
@@ -206,16 +211,62 @@ class Sandbox:
         return ExecResult(exit_code=exit_status(result))
 
     def workspace(self) -> WorkspaceReport | None:
-        """The live workspace report (a snapshot's never changes); ``None`` when not enforced."""
-        return self.report.workspace
+        """The live workspace report (a snapshot's never changes); ``None`` when not enforced.
+
+        With sync it says what the push sent and, once a pull ran, what came back.
+        """
+        synced = self._transfers.workspace_report() if self._transfers is not None else None
+        return synced if synced is not None else self.report.workspace
+
+    # -- files and workspace sync -------------------------------------------------------
+
+    @property
+    def files(self) -> SandboxFiles:
+        """Read, write, list and copy files in the sandbox (streamed, thread-safe)."""
+        return self._file_side().files
+
+    def push(self, paths: Iterable[PathLike] | None = None) -> TransferSummary:
+        """Send the workspace (or ``paths`` inside it) into the sandbox as one archive.
+
+        Never sent: paths under ``filesystem.read.deny``, ``.gitignore``d paths (unless
+        activated with ``sync_ignore=False``), symlinks leaving the workspace.
+        """
+        return self._file_side().push(paths)
+
+    def pull(
+        self, paths: Iterable[PathLike] | None = None, delete: bool = False
+    ) -> TransferSummary:
+        """Bring back what changed in the sandbox since the last push (deletions with
+        ``delete=True``), only where ``filesystem.write.allow`` permits."""
+        return self._file_side().pull(paths, delete=delete)
+
+    def _attach_transfers(self, transfers: SandboxTransfers) -> None:
+        self._transfers = transfers
+
+    def _file_side(self) -> SandboxTransfers:
+        self._usable_engine()
+        if self._transfers is None:
+            raise PiShipError(
+                SANDBOX_UNAVAILABLE,
+                f"the {self.report.adapter} sandbox cannot move files",
+                component="files",
+            )
+        return self._transfers
 
     def dispose(self) -> None:
         """Delete the remote sandbox or claim. Idempotent, thread-safe, never waits for commands.
 
         Commands still running end at once with an error that mentions "disposed".
+        With ``sync="push-pull"`` the first call pulls the workspace back first (a failure
+        is logged, not raised); concurrent calls return at once.
         """
-        if self._engine is not None:
-            self._engine.dispose()
+        if self._engine is None:
+            return
+        if self._transfers is not None:
+            if not self._transfers.begin_dispose():
+                return  # the first call pulls (push-pull) and then disposes
+            self._transfers.at_dispose()
+        self._engine.dispose()
 
     def _usable_engine(self) -> ExecEngine:
         if self._engine is None:
@@ -259,18 +310,28 @@ def activate_sandbox(
     env: Mapping[str, str] | None = None,
     settle_timeout: float = 5.0,
     probe_timeout: float = 60.0,
+    sync: str = "none",
+    sync_ignore: bool = True,
 ) -> Sandbox:
     """Prepare a sandbox on ``backend`` that enforces ``policy`` and check it works.
 
     A required policy that cannot be enforced raises ``PiShipError`` with code
     ``SANDBOX_UNAVAILABLE``; an optional one gives a sandbox whose report has
     level ``unavailable`` and whose ``exec`` refuses to run anything.
+
+    ``sync``: ``"none"`` (the remote working directory starts as the image has it),
+    ``"push"`` (the workspace is pushed once, after the readiness check) or
+    ``"push-pull"`` (also pulled back at ``dispose()``); ``sync_ignore=False`` pushes
+    ``.gitignore``d paths too. A failed push disposes the sandbox and raises.
     """
+    check_sync_mode(sync)
     if not isinstance(policy, SandboxPolicy):
         policy = SandboxPolicy.from_dict(policy)
     profile = resolve_profile(policy, workspace=workspace, home_dir=home_dir)
     source = dict(os.environ if env is None else env)
-    activation = _Activation(policy, profile, backend, source, settle_timeout, probe_timeout)
+    activation = _Activation(
+        policy, profile, backend, source, settle_timeout, probe_timeout, sync, sync_ignore
+    )
     return activation.run()
 
 
@@ -282,6 +343,8 @@ class _Activation:
     env: dict[str, str]
     settle_timeout: float
     probe_timeout: float
+    sync: str = "none"
+    sync_ignore: bool = True
 
     def run(self) -> Sandbox:
         instance: Instance | None = None
@@ -297,9 +360,34 @@ class _Activation:
         except BaseException:
             self._discard(instance, engine)
             raise
-        return Sandbox(
+        sandbox = Sandbox(
             report=report, profile=self.profile, backend=self.backend, engine=engine, env=self.env
         )
+        try:
+            self._with_files(sandbox, instance, engine)
+        except BaseException:
+            sandbox.dispose()
+            raise
+        return sandbox
+
+    def _with_files(self, sandbox: Sandbox, instance: Instance, engine: ExecEngine) -> None:
+        """Give the sandbox its file side (when the backend moves files) and push if asked."""
+        if not isinstance(instance, SupportsFiles):
+            if self.sync != "none":
+                raise PiShipError(
+                    CONFIG_INVALID,
+                    f"the {self.backend.id} sandbox backend cannot move files, so sync"
+                    f" {self.sync!r} is not possible",
+                    component="files",
+                )
+            return
+        transfers = SandboxTransfers(
+            instance, engine, self.profile, mode=self.sync, use_gitignore=self.sync_ignore
+        )
+        sandbox._attach_transfers(transfers)
+        if self.sync != "none":
+            transfers.push()
+            sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
 
     @staticmethod
     def _discard(instance: Instance | None, engine: ExecEngine | None) -> None:

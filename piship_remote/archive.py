@@ -118,6 +118,8 @@ class _Unpacker:
         self.members += 1
         if self.members > self.max_members:
             raise _bomb(f"more than {self.max_members} entries")
+        if member.isdir() and member.name.replace("\\", "/").strip("/") in ("", "."):
+            return  # the archive's root: the target directory itself
         target, reason = self._target(member)
         if reason is not None or target is None:
             self.skipped.append(SkippedPath(member.name, reason or "outside the workspace"))

@@ -44,16 +44,20 @@ __all__ = [
     "ContainmentReport",
     "NetworkDenial",
     "NetworkProbe",
+    "SyncedPath",
     "WorkspaceReport",
+    "WorkspaceSyncReport",
     "capability_mismatch",
     "claimed_guarantees",
     "declared_network_probe",
     "describe_containment",
+    "describe_sync",
     "describe_workspace",
     "initial_workspace_report",
     "network_probe_problem",
     "required_planes",
     "snapshot_workspace_report",
+    "synced_workspace_report",
 ]
 
 HOST_FILESYSTEM_ISOLATION = "host-filesystem-isolation"
@@ -150,6 +154,30 @@ class NetworkDenial:
 
 
 @attrs.frozen(kw_only=True)
+class SyncedPath:
+    """A path a push or pull left out, and why in words (``read-deny``, ``ignored``, ...)."""
+
+    path: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class WorkspaceSyncReport:
+    """What workspace sync did: the push at activation, and whether results come back.
+
+    ``pulled_files``/``pulled_bytes`` stay ``None`` until a pull ran.
+    """
+
+    pushed_files: int
+    pushed_bytes: int
+    skipped: tuple[SyncedPath, ...] = ()
+    results_return: bool = False
+    pulled_files: int | None = None
+    pulled_bytes: int | None = None
+    pull_skipped: tuple[SyncedPath, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
 class WorkspaceReport:
     """How the sandbox sees the workspace; for a snapshot always
     :func:`snapshot_workspace_report`."""
@@ -164,6 +192,7 @@ class WorkspaceReport:
     verified_at: str | None = None
     reason: str | None = None
     complete: bool = False
+    sync: WorkspaceSyncReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The camelCase JSON shape (``gitControlProtection``, ``windowMs``, ...)."""
@@ -302,8 +331,41 @@ def initial_workspace_report(mode: str) -> WorkspaceReport:
     )
 
 
+def synced_workspace_report(sync: WorkspaceSyncReport) -> WorkspaceReport:
+    """The workspace report of a sandbox whose workspace was pushed (and maybe pulled)."""
+    return WorkspaceReport(
+        declared="synced",
+        effective="synced",
+        verification="not-required",
+        git_control_protection="not-applicable",
+        complete=False,
+        sync=sync,
+    )
+
+
+def describe_sync(sync: WorkspaceSyncReport) -> str:
+    """The workspace sentence of a synced sandbox: what went in, what was left out, and back."""
+    files = "file" if sync.pushed_files == 1 else "files"
+    line = f"Workspace: synced (pushed {sync.pushed_files} {files}, {sync.pushed_bytes} bytes"
+    if sync.skipped:
+        reasons: dict[str, int] = {}
+        for skipped in sync.skipped:
+            reasons[skipped.reason] = reasons.get(skipped.reason, 0) + 1
+        left_out = ", ".join(f"{count} {reason}" for reason, count in reasons.items())
+        line += f"; left out: {left_out}"
+    line += ")."
+    if not sync.results_return:
+        return f"{line} Results stay in the sandbox unless pulled."
+    if sync.pulled_files is None:
+        return f"{line} Changed files come back when the sandbox is disposed."
+    pulled = "file" if sync.pulled_files == 1 else "files"
+    return f"{line} Pulled back {sync.pulled_files} changed {pulled}, {sync.pulled_bytes} bytes."
+
+
 def describe_workspace(report: WorkspaceReport) -> str:
     """The workspace sentence of the containment line."""
+    if report.sync is not None:
+        return describe_sync(report.sync)
     declared = report.declared
     if report.verification == "not-required":
         if declared == "snapshot":

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from piship_remote.errors import FILE_NOT_FOUND, CommandCancelled, PiShipError
+from piship_remote.testing.k8s_runtime import FileTree
 from piship_remote.transfer import FileInfo
 
 
@@ -91,3 +94,67 @@ def _info(path: str) -> FileInfo:
     )
     size = os.lstat(path).st_size if kind == "file" else 0
     return FileInfo(path=path, name=os.path.basename(path), type=kind, size=size)
+
+
+class DirectoryTree(FileTree):
+    """The fake runtime's file tree over a real directory, so helper commands see it too."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self.root = root
+
+    def snapshot(self) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        for directory, _dirs, names in os.walk(self.root):
+            for name in names:
+                path = os.path.join(directory, name)
+                with open(path, "rb") as handle:
+                    found[os.path.relpath(path, self.root)] = handle.read()
+        return found
+
+    def write(self, path: str, data: bytes) -> None:
+        target = os.path.join(self.root, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as out:
+            out.write(data)
+
+    def read(self, path: str) -> bytes | None:
+        target = os.path.join(self.root, path)
+        if not os.path.isfile(target):
+            return None
+        with open(target, "rb") as handle:
+            return handle.read()
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(os.path.join(self.root, path))
+
+    def entries(self, path: str) -> list[dict[str, Any]] | None:
+        target = os.path.join(self.root, path)
+        if not os.path.isdir(target):
+            return None
+        return [
+            {
+                "name": entry.name,
+                "size": entry.stat().st_size,
+                "type": "directory" if entry.is_dir() else "file",
+                "mod_time": entry.stat().st_mtime,
+            }
+            for entry in os.scandir(target)
+        ]
+
+
+def shell_execute(root: str) -> Callable[[str], dict[str, Any]]:
+    """An ``execute`` for ``KubernetesServer`` that runs the command in ``root``, like the runtime
+    (split like a POSIX shell, run without one)."""
+
+    def execute(command: str) -> dict[str, Any]:
+        done = subprocess.run(
+            shlex.split(command), cwd=root, capture_output=True, timeout=60, check=False
+        )
+        return {
+            "stdout": done.stdout.decode("utf-8", "replace"),
+            "stderr": done.stderr.decode("utf-8", "replace"),
+            "exit_code": done.returncode,
+        }
+
+    return execute

@@ -48,7 +48,9 @@ from piship_remote.backends.e2b_control import (
     wire_lifetime,
 )
 from piship_remote.backends.e2b_envd import ENVD_PORT, KEEPALIVE_INTERVAL, Envd, start_request
+from piship_remote.backends.e2b_files import EnvdFiles
 from piship_remote.backends.e2b_stream import read_stream
+from piship_remote.backends.file_protocol import RemoteFiles
 from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
@@ -185,17 +187,33 @@ class E2bCompatibleBackend:
     # -- one sandbox's clients --------------------------------------------------------------
 
     def _instance(self, created: Created) -> E2bInstance:
+        base = self._envd_base(created)
         envd = Envd(
             self._transport,
-            self._envd_base(created),
+            base,
             created.sandbox_id,
             created.access_token,
             self._user,
             self._idle_timeout,
             self._errors,
         )
-        return E2bInstance(
+        instance = E2bInstance(
             created.sandbox_id, self._workdir, self._control, envd, self._errors, self._open.forget
+        )
+        instance.attach_files(self._envd_files(created, base))
+        return instance
+
+    def _envd_files(self, created: Created, base: str) -> EnvdFiles:
+        headers = {"E2b-Sandbox-Id": created.sandbox_id, "E2b-Sandbox-Port": str(ENVD_PORT)}
+        if created.access_token is not None:
+            headers["X-Access-Token"] = created.access_token
+        return EnvdFiles(
+            self._transport,
+            base,
+            headers,
+            user=self._user,
+            workdir=self._workdir,
+            errors=self._errors,
         )
 
     def _envd_base(self, created: Created) -> str:
@@ -255,6 +273,7 @@ class E2bInstance:
         self._running: dict[CancelToken, Callable[[], None]] = {}
         self._signallers: set[threading.Thread] = set()
         self._cancels = CancelLinks()
+        self._files: RemoteFiles | None = None
 
     def __repr__(self) -> str:
         return f"<E2bInstance {self.sandbox_id}>"
@@ -262,6 +281,16 @@ class E2bInstance:
     def epoch(self) -> str | None:
         """The sandbox ID: it never changes for an instance."""
         return self.sandbox_id
+
+    def attach_files(self, files: RemoteFiles) -> None:
+        """Set the sandbox's file operations (envd's ``/files`` and Filesystem service)."""
+        self._files = files
+
+    def files(self) -> RemoteFiles:
+        """The sandbox's files; a call after dispose fails like a command."""
+        if self._files is None or self._closing.is_set():
+            raise self._errors("the sandbox was disposed")
+        return self._files
 
     def exec(
         self,

@@ -23,7 +23,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 import requests
@@ -34,7 +35,7 @@ from piship_remote.backends.base import (
     ExecRequest,
     OutputCallback,
 )
-from piship_remote.backends.claims import ClaimManager, disposed_error
+from piship_remote.backends.claims import ClaimManager, ClaimUse, disposed_error
 from piship_remote.backends.common import (
     DETAIL_LIMIT,
     CancelLinks,
@@ -44,7 +45,9 @@ from piship_remote.backends.common import (
     remote_directory,
 )
 from piship_remote.backends.credential import Credential
+from piship_remote.backends.file_protocol import RemoteFiles
 from piship_remote.backends.kubernetes_claims import RESOURCE_NAME, ClaimsApi
+from piship_remote.backends.kubernetes_files import RuntimeFiles
 from piship_remote.backends.kubernetes_http import ClusterHttp
 from piship_remote.backends.kubernetes_router import Retire, Router
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
@@ -97,12 +100,14 @@ class KubernetesInstance:
         manager: ClaimManager,
         workdir: str | None,
         on_disposed: Callable[[KubernetesInstance], None],
+        files: Callable[[KubernetesInstance], RuntimeFiles] | None = None,
     ) -> None:
         self._router = router
         self._manager = manager
         self._workdir = workdir
         self._on_disposed = on_disposed
         self._cancels = CancelLinks()
+        self._files = files(self) if files is not None else None
 
     def exec(
         self,
@@ -143,6 +148,28 @@ class KubernetesInstance:
     def epoch(self) -> str | None:
         """The claim name the latest command ran in (``None`` before the first)."""
         return self._manager.epoch()
+
+    def files(self) -> RemoteFiles:
+        """The sandbox's files, through the runtime's file endpoints and helper commands."""
+        if self._files is None:
+            raise disposed_error()
+        return self._files
+
+    @contextmanager
+    def claimed(self, cancel: threading.Event | None) -> Iterator[ClaimUse]:
+        """The current claim for one file call, held (and renewed) like a command's."""
+        with self._cancels.token_for(cancel) as user:
+            if user.is_set():
+                raise CommandCancelled()
+            if self._manager.disposed:
+                raise disposed_error()
+            with self._manager.command(user) as use:
+                try:
+                    yield use
+                except CommandCancelled:
+                    if not user.is_set() and self._manager.disposed:
+                        raise disposed_error() from None
+                    raise
 
     def dispose(self) -> None:
         """Delete the claim and create none later; commands in flight end at once."""
@@ -209,6 +236,8 @@ class KubernetesAgentSandboxBackend:
             monotonic=monotonic,
         )
         self._router = Router(http, router, namespace=namespace, port=port)
+        self._http, self._router_url = http, router
+        self._namespace, self._port = namespace, port
         self._open = OpenInstances()
 
     def __enter__(self) -> KubernetesAgentSandboxBackend:
@@ -262,7 +291,9 @@ class KubernetesAgentSandboxBackend:
             self._claims, self._clock, keepalive_every=keepalive_interval(self._lifetime)
         )
         manager.prepare()
-        instance = KubernetesInstance(self._router, manager, self._workdir, self._open.forget)
+        instance = KubernetesInstance(
+            self._router, manager, self._workdir, self._open.forget, self._runtime_files
+        )
         if self._open.admit(instance):
             return instance
         instance.dispose()
@@ -275,6 +306,17 @@ class KubernetesAgentSandboxBackend:
         """
         self._open.close()
         self._transport.close()
+
+    def _runtime_files(self, instance: KubernetesInstance) -> RuntimeFiles:
+        return RuntimeFiles(
+            self._http,
+            self._router,
+            self._router_url,
+            namespace=self._namespace,
+            port=self._port,
+            workdir=self._workdir,
+            claimed=instance.claimed,
+        )
 
     def _closed_error(self) -> PiShipError:
         return SandboxErrors(self.redactor)(f"the {PROVIDER} backend was closed; create a new one")

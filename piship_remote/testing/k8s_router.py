@@ -97,8 +97,10 @@ class Router:
         execute: Execute | None,
         wait: Wait,
         closing: Callable[[], bool],
+        file_tree: Callable[[str], FileTree] | None = None,
     ) -> None:
         self._store = store
+        self._file_tree = file_tree or (lambda _claim: FileTree())
         self._settings = settings
         self._execute = execute
         self._wait = wait
@@ -189,7 +191,9 @@ class Router:
 
     def _tree(self, claim: str) -> FileTree:
         with self._lock:
-            return self._trees.setdefault(claim, FileTree())
+            if claim not in self._trees:
+                self._trees[claim] = self._file_tree(claim)
+            return self._trees[claim]
 
     # ---- /execute ----------------------------------------------------------------------
 

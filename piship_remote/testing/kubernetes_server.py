@@ -71,6 +71,10 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
                 the result object, with ``status`` (default 200)
 ==============  =====================================================================
 
+``file_tree(claim)`` makes the runtime's file tree of a claim (default: an in-memory
+:class:`~piship_remote.testing.k8s_runtime.FileTree`); a test whose ``execute`` runs
+commands for real passes a tree over the directory they run in.
+
 Every event the server waits on (``after``, ``patch_gate``) is set when it closes.
 """
 
@@ -97,7 +101,7 @@ from piship_remote.testing.k8s_router import (
     Router,
     RouterRequest,
 )
-from piship_remote.testing.k8s_runtime import Reply
+from piship_remote.testing.k8s_runtime import FileTree, Reply
 from piship_remote.testing.k8s_schema import defaulted_claim, field_selector_name, json_object
 from piship_remote.testing.k8s_store import (
     CLAIMS as CLAIM_RESOURCE,
@@ -170,12 +174,20 @@ class Cluster:
 class KubernetesServer(RecordingServer):
     """The started fake cluster; see the module docstring for what it serves."""
 
-    def __init__(self, execute: Execute | None = None, cluster: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        execute: Execute | None = None,
+        cluster: Cluster | None = None,
+        *,
+        file_tree: Callable[[str], FileTree] | None = None,
+    ) -> None:
         self.cluster = cluster if cluster is not None else Cluster()
         self.store = Store()
         """The API server's objects (read them, or change them as a cluster would)."""
         self.controller = Controller(self.store, self.cluster, lambda c: SANDBOX_PREFIX + c)
-        self._router = Router(self.store, self.cluster, execute, self.wait, lambda: self.closing)
+        self._router = Router(
+            self.store, self.cluster, execute, self.wait, lambda: self.closing, file_tree
+        )
         self._stop = threading.Event()
         super().__init__(self._handle)
         self._ticker = threading.Thread(

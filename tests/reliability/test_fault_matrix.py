@@ -57,6 +57,7 @@ from reliability_support import (
 import piship_remote.backends.e2b_control as e2b_control
 import piship_remote.backends.e2b_envd as e2b_envd
 import piship_remote.backends.kubernetes_claims as k8s_claims
+import piship_remote.backends.kubernetes_files as k8s_files
 import piship_remote.backends.kubernetes_http as k8s_http
 from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import Backend
@@ -82,7 +83,13 @@ K8S_REQUESTS = (
     "patch",
     "execute",
     "claim-delete",
+    "upload",
+    "download",
+    "list-files",
+    "exists",
 )
+# The runtime's file endpoints: a file call never has an "unknown" outcome.
+FILE_REQUESTS = ("upload", "download", "list-files", "exists")
 # The step in which each request is faulted.
 PHASE = {
     "health": "activate",
@@ -98,6 +105,7 @@ PHASE = {
     "patch": "exec",
     "execute": "exec",
     "claim-delete": "dispose",
+    **dict.fromkeys(FILE_REQUESTS, "files"),
 }
 # For "refused": which door shuts, and after how many more connections (requests).
 REFUSE = {
@@ -114,6 +122,7 @@ REFUSE = {
     "patch": ("api", 0),
     "execute": ("router", 0),
     "claim-delete": ("api", 0),
+    **{request: ("router", 0) for request in FILE_REQUESTS},
 }
 # The proxy's name for the request a row faults.
 PROXY_KIND = {"claim-ready": "claim-get", "claim-check": "claim-get"}
@@ -152,6 +161,8 @@ class Expect:
 def expect(cell: Cell) -> Expect:
     """What the reference and the library's design promise for ``cell``."""
     request, fault = cell.request, cell.fault
+    if request in FILE_REQUESTS:
+        return _file_expect(request, fault)
     status = fault in STATUS_FAULTS
     garbage_2xx = fault in ("html", "nonjson")
     if request in ("delete", "claim-delete"):
@@ -188,6 +199,17 @@ def expect(cell: Cell) -> Expect:
     return Expect(ok=False)
 
 
+def _file_expect(request: str, fault: str) -> Expect:
+    if fault == "401" and request != "upload":
+        return Expect(ok=True)  # a GET is repeated once with the renewed credential
+    if request == "upload" and fault in ("html", "nonjson"):
+        return Expect(ok=True)  # the upload took effect; its answer's body is not needed
+    if request == "download" and fault == "nonjson":
+        # A 200 octet-stream body is the file, whatever it holds: no client can tell.
+        return Expect(ok=True)
+    return Expect(ok=False)
+
+
 class Leaked(AssertionError):
     """A sandbox or claim outlived dispose without a reason."""
 
@@ -217,6 +239,15 @@ _CLAIM_PATH = re.compile(r"^/apis/[^?]*/sandboxclaims(?P<one>/[^/?]+)?$")
 def k8s_kind(method: str, path: str) -> str | None:
     if path == "/execute":
         return "execute"
+    if path == "/upload" and method == "POST":
+        return "upload"
+    for prefix, kind in (
+        ("/download/", "download"),
+        ("/list/", "list-files"),
+        ("/exists/", "exists"),
+    ):
+        if path.startswith(prefix) and method == "GET":
+            return kind
     match = _CLAIM_PATH.match(path)
     if match is None:
         return None
@@ -333,6 +364,8 @@ def harness(
         (e2b_envd, "SIGNAL_TIMEOUT"),
         (k8s_http, "API_TIMEOUT"),
         (k8s_claims, "_AVAILABLE_TIMEOUT"),
+        (k8s_files, "FILE_TIMEOUT"),
+        (k8s_files, "TRANSFER_IDLE"),
     ):
         monkeypatch.setattr(module, name, STALL_DEADLINE)
     mock: E2bServer | KubernetesServer
@@ -340,9 +373,7 @@ def harness(
         mock = e2b_server(command=_e2b_command, api_key=API_KEY)
         planes = ("control", "envd")
     else:
-        mock = kubernetes_server(
-            lambda command: {"stdout": "ok\n", "exit_code": 0}, Cluster(token=BEARER)
-        )
+        mock = kubernetes_server(_k8s_command, Cluster(token=BEARER))
         planes = ("api", "router")
     proxy = FaultProxy(mock.url, e2b_kind if cell.backend == "e2b" else k8s_kind)
     doors = {plane: Door(proxy.url) for plane in planes} if cell.fault == "refused" else {}
@@ -380,6 +411,18 @@ def test_cell(harness: Harness) -> None:
         _check_outcome(outcome, want)
         sandbox = outcome.value if outcome.error is None else _reactivates(h)
         assert sandbox.exec(after).exit_code == 0
+    elif phase == "files":
+        sandbox = h.activate()
+        step = _file_step(sandbox, cell.request)
+        h.inject()
+        outcome = attempt(step)
+        h.restore()
+        _check_outcome(outcome, want)
+        if outcome.error is not None:
+            assert "unknown" not in str(outcome.error), str(outcome.error)
+        elif cell.fault not in ("nonjson", "html"):
+            assert outcome.value == _FILE_RESULT[cell.request], outcome.value
+        _follow_up(sandbox, after)
     elif phase == "exec":
         sandbox = h.activate()
         h.inject()
@@ -414,6 +457,36 @@ def test_cell(harness: Harness) -> None:
         f"library threads outlived dispose: {sorted(t.name for t in library_threads())}"
     )
     assert h.mock.errors == [] and h.proxy.errors == []
+
+
+_FILE_RESULT: dict[str, object] = {
+    "upload": None,
+    "download": b"data",
+    "list-files": ["f.txt"],
+    "exists": True,
+}
+
+
+def _file_step(sandbox: Sandbox, request: str) -> Callable[[], object]:
+    """The file call that sends ``request`` (its file written first where it needs one)."""
+    files = sandbox.files
+    if request == "upload":
+        return lambda: files.write("/app/f.txt", b"data") and None
+    files.write("/app/f.txt", b"data")
+    if request == "download":
+        return lambda: files.read("/app/f.txt")
+    if request == "list-files":
+        return lambda: [info.name for info in files.list("/app")]
+    return lambda: files.exists("/app/f.txt")
+
+
+def _k8s_command(command: str) -> dict[str, Any]:
+    """The runtime: ``pwd`` is its base ``/app``; a stat finds the 4-byte file."""
+    if command.endswith("-c 'pwd'"):
+        return {"stdout": "/app\n", "exit_code": 0}
+    if "echo symlink 0" in command:
+        return {"stdout": "file 4\n", "exit_code": 0}
+    return {"stdout": "ok\n", "exit_code": 0}
 
 
 # The command timeout of the faulted command, where one is needed.
