@@ -115,15 +115,25 @@ def _run(example: Example, env: dict[str, str], cwd: Path) -> None:
     if example.kind.startswith("python"):
         argv = [sys.executable, "-c", example.code]
         done = subprocess.run(
-            argv, cwd=cwd, env=environ, capture_output=True, text=True,
-            timeout=EXAMPLE_TIMEOUT, check=False,
+            argv,
+            cwd=cwd,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=EXAMPLE_TIMEOUT,
+            check=False,
         )
         assert done.returncode == 0, f"{example} failed:\n{done.stdout}\n{done.stderr}"
         return
     for command in _shell_lines(example.code):
         done = subprocess.run(
-            ["bash", "-c", command], cwd=cwd, env=environ, capture_output=True, text=True,
-            timeout=EXAMPLE_TIMEOUT, check=False,
+            ["bash", "-c", command],
+            cwd=cwd,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=EXAMPLE_TIMEOUT,
+            check=False,
         )
         assert done.returncode == 0, f"{example}: {command!r} failed:\n{done.stdout}\n{done.stderr}"
 
@@ -133,7 +143,13 @@ def _shell_lines(code: str) -> list[str]:
     for line in code.splitlines():
         if line.startswith("$ "):
             command = line[2:].split("  #", 1)[0].strip()
-            commands.append(command.replace("piship-remote ", f"{shlex.quote(sys.executable)} -m piship_remote ", 1) if command.startswith("piship-remote ") else command)
+            commands.append(
+                command.replace(
+                    "piship-remote ", f"{shlex.quote(sys.executable)} -m piship_remote ", 1
+                )
+                if command.startswith("piship-remote ")
+                else command
+            )
     return commands
 
 
