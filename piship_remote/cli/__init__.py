@@ -1,7 +1,9 @@
-"""The ``piship-remote`` command line: ``demo``, ``run``, ``doctor`` and ``serve``.
+"""The ``piship-remote`` command line: ``demo``, ``run``, ``cp``, ``doctor``, ``serve``, ``sweep``.
 
     piship-remote demo
-    piship-remote run --backend local -- make test
+    piship-remote run --backend local --sync -- make test
+    piship-remote run --keep -- true          # prints the sandbox id
+    piship-remote cp --attach ID data.csv :data/data.csv
     piship-remote doctor --backend kubernetes --network allow --json
 
 ``run -- CMD ARG...`` quotes each argument (``shlex.join``); a single argument is
@@ -78,8 +80,27 @@ def _parser() -> Parser:
     run.add_argument(
         "--timeout", type=float, default=None, help="seconds before the command is killed"
     )
+    run.add_argument(
+        "--sync",
+        action="store_true",
+        help="push the workspace first, pull back what the command changed after",
+    )
+    run.add_argument(
+        "--keep", action="store_true", help="keep the sandbox afterwards and print its id"
+    )
+    run.add_argument("--attach", metavar="ID", help="run in a sandbox kept earlier")
     run.add_argument("command", nargs="...", help="the command, after --")
     run.set_defaults(handler=_commands.run)
+
+    cp = parser.command(
+        "cp",
+        help="copy files between this host and a kept sandbox (LOCAL :REMOTE or :REMOTE LOCAL)",
+    )
+    add_sandbox_options(cp)
+    cp.add_argument("--attach", metavar="ID", help="the sandbox (kept with run --keep)")
+    cp.add_argument("source", help="LOCAL, or :REMOTE")
+    cp.add_argument("destination", help=":REMOTE, or LOCAL")
+    cp.set_defaults(handler=_commands.cp)
 
     doctor = parser.command("doctor", help="activate a sandbox and print its containment report")
     add_sandbox_options(doctor)

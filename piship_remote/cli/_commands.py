@@ -12,11 +12,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
 from piship_remote.activation import Sandbox, activate_sandbox
+from piship_remote.cli._files import copy, describe_transfer
 from piship_remote.cli._setup import backend_for, policy_for
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.report import describe_containment
+from piship_remote.transfer import TransferSummary
 
-__all__ = ["EXIT_UNAVAILABLE", "demo", "doctor", "exit_status", "run", "serve"]
+__all__ = ["EXIT_UNAVAILABLE", "cp", "demo", "doctor", "exit_status", "run", "serve"]
 
 EXIT_UNAVAILABLE = 3
 EXIT_OUT_OF_RANGE = 1
@@ -37,8 +39,37 @@ def run(args: argparse.Namespace) -> int:
         )
     with ExitStack() as stack:
         sandbox = stack.enter_context(_activated(args, stack))
+        if args.sync:
+            _report_transfer("pushed", sandbox.push())
         result = sandbox.run(_shell_line(command), timeout=args.timeout, echo=True)
+        if args.sync:
+            _report_transfer("pulled", sandbox.pull())
+        if args.keep:
+            print(f"kept sandbox {sandbox.detach()} (use it with --attach)", file=sys.stderr)
         return exit_status(result.exit_code)
+
+
+def cp(args: argparse.Namespace) -> int:
+    """Copy files between this host and the sandbox ``--attach`` names."""
+    if not args.attach:
+        raise PiShipError(
+            CONFIG_INVALID,
+            "cp needs a sandbox to copy to or from",
+            user_action="keep one with 'piship-remote run --keep -- true', then"
+            " 'piship-remote cp --attach ID LOCAL :REMOTE'",
+        )
+    with ExitStack() as stack:
+        sandbox = stack.enter_context(_activated(args, stack))
+        summary = copy(sandbox.files, args)
+        _report_transfer("copied", summary)
+        sandbox.detach()
+    return 0
+
+
+def _report_transfer(verb: str, summary: TransferSummary | None) -> None:
+    if summary is not None:
+        for line in describe_transfer(verb, summary):
+            print(line, file=sys.stderr)
 
 
 def exit_status(remote: int) -> int:
@@ -129,8 +160,19 @@ def _demo_commands(port: int) -> list[tuple[str, str]]:
 def _activated(args: argparse.Namespace, stack: ExitStack) -> Iterator[Sandbox]:
     backend = backend_for(args, stack)
     policy = policy_for(args)
-    with activate_sandbox(policy, backend=backend, workspace=args.workspace) as sandbox:
+    with activate_sandbox(
+        policy,
+        backend=backend,
+        workspace=args.workspace,
+        **_attach(args),
+    ) as sandbox:
         yield sandbox
+
+
+def _attach(args: argparse.Namespace) -> dict[str, str]:
+    """``attach=ID`` for activation when ``--attach`` was given (else nothing)."""
+    attach = getattr(args, "attach", None)
+    return {"attach": attach} if attach else {}
 
 
 def _shell_line(command: Sequence[str]) -> str:

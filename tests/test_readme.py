@@ -1,0 +1,203 @@
+"""Every example in README.rst still works: each one is run against the local service or a double.
+
+An example is a literal block (``::`` or ``.. code-block::``). The RST comment just
+before it says how it is checked, so none is left unchecked by accident:
+
+- ``.. readme-test: python-local`` — Python, run in a fresh interpreter with
+  ``PISHIP_E2B_ENDPOINT``, ``PISHIP_E2B_ENVD_URL`` and ``E2B_API_KEY`` pointing at a
+  local service, in a workspace holding a Makefile;
+- ``.. readme-test: python-e2b-double`` / ``python-k8s-double`` — the same against
+  ``E2bServer`` / ``KubernetesServer`` (``PISHIP_K8S_*`` set);
+- ``.. readme-test: shell-local`` — each ``$ `` line run with the same settings;
+- ``.. readme-test: not-run <reason>`` — shown, not run (an install line, output, a
+  cloud account), and the reason is required.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from piship_remote.local import LocalE2bService
+from piship_remote.testing import E2bServer, KubernetesServer
+
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.rst"
+MARK = re.compile(r"^\.\. readme-test: (\S+)(.*)$")
+KINDS = {"python-local", "python-e2b-double", "python-k8s-double", "shell-local", "not-run"}
+NEEDS_BWRAP = pytest.mark.skipif(
+    LocalE2bService.check() is not None, reason=f"no local service here: {LocalE2bService.check()}"
+)
+EXAMPLE_TIMEOUT = 120
+
+
+@attrs.frozen
+class Example:
+    line: int
+    kind: str
+    note: str
+    code: str
+
+    def __str__(self) -> str:
+        return f"README.rst:{self.line} ({self.kind})"
+
+
+def examples(text: str) -> Iterator[Example]:
+    lines = text.splitlines()
+    mark: tuple[str, str] | None = None
+    for number, line in enumerate(lines):
+        found = MARK.match(line)
+        if found:
+            mark = (found.group(1), found.group(2).strip())
+            continue
+        if not _opens_block(line):
+            continue
+        block = _block(lines, number + 1)
+        kind, note = mark if mark is not None else ("", "")
+        yield Example(number + 1, kind, note, block)
+        mark = None
+
+
+def _opens_block(line: str) -> bool:
+    stripped = line.rstrip()
+    if stripped.startswith(".. code-block::"):
+        return True
+    return stripped.endswith("::") and not stripped.lstrip().startswith("..")
+
+
+def _block(lines: list[str], start: int) -> str:
+    body: list[str] = []
+    for line in lines[start:]:
+        if line.strip() and not line.startswith((" ", "\t")):
+            break
+        body.append(line)
+    return textwrap.dedent("\n".join(body)).strip("\n")
+
+
+ALL = list(examples(README.read_text(encoding="utf-8")))
+
+
+def test_every_example_says_how_it_is_checked() -> None:
+    unmarked = [str(example) for example in ALL if example.kind not in KINDS]
+    assert unmarked == [], "add a '.. readme-test: KIND' comment before each example"
+
+
+def test_every_example_that_is_not_run_says_why() -> None:
+    silent = [str(e) for e in ALL if e.kind == "not-run" and not e.note]
+    assert silent == []
+
+
+def test_the_readme_gives_both_set_up_commands() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert "python -m pip install '.[local]' && python -m piship_remote demo" in text
+    assert "python -m pip install -e '.[test]' && python -m pytest" in text
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A newcomer's project: a Makefile whose test target writes a result file."""
+    path = tmp_path_factory.mktemp("project")
+    (path / "Makefile").write_text("test:\n\t@echo tests pass > result.txt\n\t@cat result.txt\n")
+    return path
+
+
+def _run(example: Example, env: dict[str, str], cwd: Path) -> None:
+    environ = {**_clean_environ(), **env}
+    if example.kind.startswith("python"):
+        argv = [sys.executable, "-c", example.code]
+        done = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=EXAMPLE_TIMEOUT,
+            check=False,
+        )
+        assert done.returncode == 0, f"{example} failed:\n{done.stdout}\n{done.stderr}"
+        return
+    for command in _shell_lines(example.code):
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=cwd,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=EXAMPLE_TIMEOUT,
+            check=False,
+        )
+        assert done.returncode == 0, f"{example}: {command!r} failed:\n{done.stdout}\n{done.stderr}"
+
+
+def _shell_lines(code: str) -> list[str]:
+    commands = []
+    for line in code.splitlines():
+        if line.startswith("$ "):
+            command = line[2:].split("  #", 1)[0].strip()
+            commands.append(
+                command.replace(
+                    "piship-remote ", f"{shlex.quote(sys.executable)} -m piship_remote ", 1
+                )
+                if command.startswith("piship-remote ")
+                else command
+            )
+    return commands
+
+
+def _clean_environ() -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "SYSTEMROOT", "TMPDIR")
+    env = {name: os.environ[name] for name in keep if name in os.environ}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "example", [e for e in ALL if e.kind in ("python-local", "shell-local")], ids=str
+)
+def test_a_local_example_runs(example: Example, project: Path) -> None:
+    with LocalE2bService() as service:
+        env = {
+            "PISHIP_E2B_ENDPOINT": service.url,
+            "PISHIP_E2B_ENVD_URL": service.envd_url,
+            "E2B_API_KEY": service.api_key,
+        }
+        _run(example, env, project)
+        assert service.sandboxes() == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("example", [e for e in ALL if e.kind == "python-e2b-double"], ids=str)
+def test_an_e2b_example_runs_against_the_double(example: Example, project: Path) -> None:
+    with E2bServer(api_key="e2b_readme_key_0123456789") as mock:
+        env = {
+            "PISHIP_E2B_ENDPOINT": mock.url,
+            "PISHIP_E2B_ENVD_URL": mock.url,
+            "E2B_API_KEY": "e2b_readme_key_0123456789",
+        }
+        _run(example, env, project)
+        assert mock.live_sandboxes == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("example", [e for e in ALL if e.kind == "python-k8s-double"], ids=str)
+def test_a_kubernetes_example_runs_against_the_double(example: Example, project: Path) -> None:
+    with KubernetesServer(lambda command: {"stdout": "Python 3.12.0\n", "exit_code": 0}) as mock:
+        env = {
+            "PISHIP_K8S_API": mock.url,
+            "PISHIP_K8S_ROUTER": mock.url,
+            "PISHIP_K8S_TEMPLATE": "python-pool",
+            "PISHIP_K8S_NAMESPACE": "agents",
+        }
+        _run(example, env, project)
+        assert mock.live_claims == []
