@@ -125,7 +125,7 @@ class KubernetesInstance:
                 raise disposed_error()
             with self._manager.command(user) as use:
                 try:
-                    answer = self._router.execute(use.claim, command, use.cancel)
+                    answer = self._router.execute(use.claim, command, use.cancel, request.timeout)
                 except CommandCancelled:
                     use.retire()
                     if not user.is_set() and self._manager.disposed:
