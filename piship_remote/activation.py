@@ -341,6 +341,7 @@ class _Activation:
             warnings=tuple(self.profile.warnings),
             isolation="remote",
             workspace=snapshot_workspace_report(),
+            execution=capabilities.execution,
         )
 
     def _engine(self, instance: Instance) -> ExecEngine:

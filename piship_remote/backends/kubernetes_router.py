@@ -79,12 +79,19 @@ class Router:
         self._port = port
 
     def execute(
-        self, claim: Claim, command: str, cancel: CancelToken, timeout: float | None = None
+        self,
+        claim: Claim,
+        command: str,
+        cancel: CancelToken,
+        timeout: float | None = None,
+        *,
+        read_timeout: float | None = None,
     ) -> RouterAnswer:
         """Run ``command`` once. Raises :class:`Retire` when the claim must not be reused.
 
         With a ``timeout`` the router is told (``X-Sandbox-Timeout``) to give up a few
         seconds after it, so a lost client cannot hold the request open for ever.
+        ``read_timeout`` bounds this client's own wait (None: the command's end).
         """
         headers = {
             "X-Sandbox-ID": claim.sandbox,
@@ -102,7 +109,7 @@ class Router:
                 cancel=cancel,
                 headers=headers,
                 json={"command": command},
-                timeout=None,
+                timeout=read_timeout,
                 stream=True,
             )
         except TransportError as error:
