@@ -114,16 +114,21 @@ def test_a_cancelled_command_is_killed_and_its_claim_stays_usable(
 
     marker = runtime.base / "survived"
     command = f"echo running; sleep 5; touch {marker}"
-    worker = threading.Thread(
-        target=lambda: pytest.raises(
-            CommandCancelled, run, instance, command, on_stdout, cancel=cancel
-        )
-    )
+    failures: list[BaseException] = []
+
+    def cancelled_run() -> None:
+        try:
+            run(instance, command, on_stdout, cancel=cancel)
+        except BaseException as error:
+            failures.append(error)
+
+    worker = threading.Thread(target=cancelled_run)
     worker.start()
     assert seen.wait(10)
     cancel.set()
     worker.join(10)
     assert not worker.is_alive()
+    assert [type(f) for f in failures] == [CommandCancelled]
     out: list[bytes] = []
     assert run(instance, "echo again", out.append) == BackendResult(0)
     assert out == [b"again\n"]
@@ -141,3 +146,35 @@ def test_a_command_that_fits_runs_detached_and_its_exit_code_comes_back(
     out: list[bytes] = []
     assert run(instance, "printf 'a\\377b'; kill -9 $$", out.append) == BackendResult(137)
     assert b"".join(out) == b"a\xffb"
+
+
+def test_the_report_says_commands_run_detached_and_direct_mode_adds_nothing() -> None:
+    from piship_remote.report import DETACHED_SENTENCE, ContainmentReport, describe_containment
+
+    def backend(execution: Any) -> KubernetesAgentSandboxBackend:
+        return KubernetesAgentSandboxBackend(
+            endpoint="http://127.0.0.1:1",
+            router="http://127.0.0.1:1",
+            template="python-pool",
+            execution=execution,
+        )
+
+    assert backend("detached").capabilities().execution == "detached"
+    assert backend("direct").capabilities() == backend("direct").capabilities()
+    assert backend("direct").capabilities().execution is None
+    assert "execution" not in backend("direct").capabilities().to_dict()
+    report = ContainmentReport(
+        level="enforced", adapter="k", provider="k", required=True, network="allow"
+    )
+    detached = ContainmentReport(
+        level="enforced",
+        adapter="k",
+        provider="k",
+        required=True,
+        network="allow",
+        execution="detached",
+    )
+    assert describe_containment(detached) == f"{describe_containment(report)} {DETACHED_SENTENCE}"
+    assert detached.to_dict()["execution"] == "detached"
+    with pytest.raises(ValueError, match="execution"):
+        backend("sometimes")
