@@ -449,6 +449,7 @@ class _Activation:
             warnings=(*self.profile.warnings, *screened.warnings),
             isolation="remote",
             workspace=snapshot_workspace_report(),
+            execution=capabilities.execution,
         )
 
     def _engine(self, instance: Instance) -> ExecEngine:

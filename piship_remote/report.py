@@ -126,6 +126,8 @@ class Capabilities:
     ``isolation`` is ``"local"`` or ``"remote"``; ``planes`` are guarantees from
     :data:`GUARANTEES`; ``network`` lists the modes it can enforce;
     ``network_probe`` (remote only, optional) is the target of the denial check.
+    ``execution`` names a way of running commands other than the usual one request
+    per command (``"detached"``: in the background, their output polled).
     """
 
     isolation: str
@@ -134,6 +136,7 @@ class Capabilities:
     local_processes: bool
     workspace_mode: str = "snapshot"
     network_probe: NetworkProbe | None = attrs.field(default=None, converter=_network_probe)
+    execution: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The camelCase JSON shape (``localProcesses``, ``workspace: {"mode"}``, ...)."""
@@ -221,6 +224,7 @@ class ContainmentReport:
     warnings: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     isolation: str | None = None
     workspace: WorkspaceReport | None = None
+    execution: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The camelCase JSON shape (``networkDenial``, ``localProcesses``, ...)."""
@@ -516,6 +520,12 @@ def capability_mismatch(capabilities: Capabilities, network: str) -> str | None:
 
 # ---------------------------------------------------------------- the doctor line
 
+DETACHED_SENTENCE = (
+    "Commands run detached: in the background in their own process group in the sandbox,"
+    " their output and exit status polled from files there."
+)
+"""What the line of a report says when commands run detached (``execution="detached"``)."""
+
 NOTHING_RUNS = "No command runs: piship_remote runs commands only in a sandbox"
 """What the line of a report without a sandbox says happens to commands (they are refused)."""
 
@@ -572,6 +582,8 @@ def _enforced_line(report: ContainmentReport, workspace: WorkspaceReport | None)
         f" network {report.network}{evidence}. {scope},"
         f" not the agent process or in-process extensions{'.' + paths if paths else ''}"
     )
+    if report.execution == "detached":
+        line = f"{line}{'' if line.endswith('.') else '.'} {DETACHED_SENTENCE}"
     if report.isolation != "remote" or workspace is None:
         return line
     return f"{line}{'' if line.endswith('.') else '.'} {describe_workspace(workspace)}"

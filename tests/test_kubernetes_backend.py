@@ -39,6 +39,8 @@ from piship_remote.testing import (
     RecordingServer,
     json_response,
 )
+from piship_remote.testing.k8s_store import CLAIMS as CLAIM_RESOURCE
+from piship_remote.testing.k8s_store import SANDBOXES
 
 KubernetesFactory = Callable[..., KubernetesServer]
 Answer = tuple[int, Any]
@@ -424,12 +426,16 @@ def test_the_pod_ip_is_sent_to_the_router(
     assert mock.find("POST", "/execute")[-1].headers["x-sandbox-pod-ip"] == "10.4.0.7"
 
 
-def test_no_pod_ip_header_without_pod_ips(
+def test_without_pod_ips_on_the_claim_the_pod_ip_comes_from_the_sandbox(
     kubernetes_server: KubernetesFactory, instances: list[KubernetesInstance]
 ) -> None:
     mock = kubernetes_server()
     prepared(instances, mock.url).exec(request())
-    assert "x-sandbox-pod-ip" not in mock.find("POST", "/execute")[-1].headers
+    [claim] = [r.json()["metadata"]["name"] for r in mock.find("POST", CLAIMS)]
+    sandbox = mock.store.get(SANDBOXES, "agents", f"pool-{claim}")
+    assert "podIPs" not in mock.store.get(CLAIM_RESOURCE, "agents", claim)["status"]["sandbox"]
+    sent = mock.find("POST", "/execute")[-1].headers["x-sandbox-pod-ip"]
+    assert sent == sandbox["status"]["podIPs"][0]
 
 
 @pytest.mark.parametrize(
@@ -446,7 +452,7 @@ def test_the_pod_ip_prefers_ipv4_and_ignores_junk(ips: Any, chosen: str | None) 
     assert _pod_ip({"status": {"sandbox": {"podIPs": ips}}}) == chosen
 
 
-def test_a_real_router_502_for_a_gone_sandbox_is_an_unknown_outcome(
+def test_a_real_router_502_for_a_gone_sandbox_is_a_command_that_never_ran(
     kubernetes_server: KubernetesFactory, instances: list[KubernetesInstance]
 ) -> None:
     cluster = Cluster(real_router=True)
@@ -456,10 +462,10 @@ def test_a_real_router_502_for_a_gone_sandbox_is_an_unknown_outcome(
     cluster.router_gone.add(first)
     error = failure_of(lambda: instance.exec(request("deploy")))
     assert isinstance(error, PiShipError)
-    assert error.retryable is False
+    assert error.retryable is True
     assert str(error).startswith(
-        "The command's outcome is unknown: the sandbox router answered HTTP 502: "
-        f"Could not connect to the backend sandbox: pool-{first} before its result arrived."
+        "the sandbox router could not connect to the sandbox, so the command did not run "
+        f"(HTTP 502: Could not connect to the backend sandbox: pool-{first})"
     )
     assert mock.count("DELETE", f"{CLAIMS}/{first}") == 1
     instance.exec(request("echo next"))
@@ -493,7 +499,7 @@ def test_a_router_answer_that_is_not_json_is_clear_and_sent_once(
         ({"exit_code": 3.0}, 3),
         ({"exit_code": True}, None),
         ({"exit_code": 2.5}, None),
-        ({"exit_code": -1}, -1),
+        ({"exit_code": -1}, 129),
     ],
 )
 def test_an_exit_code_that_is_not_an_integer_is_unknown(

@@ -487,11 +487,6 @@ def exec_request(command: str, timeout: float | None = None) -> Any:
     return ExecRequest(command, "/ws", ".", {}, timeout=timeout)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the backend reports the runtime's own timeout as 'could not run the command', "
-    "though the command ran and its side effects happened",
-)
 def test_our_backend_says_a_command_the_runtime_timed_out_ran(
     kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
 ) -> None:
@@ -505,10 +500,6 @@ def test_our_backend_says_a_command_the_runtime_timed_out_ran(
     assert "could not run" not in str(failure.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the backend returns the runtime's negative exit code for a signal (-9), not 128+n",
-)
 def test_our_backend_reports_a_signal_exit_as_128_plus_n(
     kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
 ) -> None:
@@ -518,12 +509,54 @@ def test_our_backend_reports_a_signal_exit_as_128_plus_n(
     assert backend_on(mock).exec(exec_request("kill -9 $$")).exit_code == 137
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the backend never sends X-Sandbox-Timeout, even when a timeout is set"
-)
 def test_our_backend_sends_x_sandbox_timeout_when_a_timeout_is_set(
     kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
 ) -> None:
     mock = kubernetes_server()
     backend_on(mock).exec(exec_request("true", timeout=5.0))
     assert "x-sandbox-timeout" in mock.find("POST", "/execute")[-1].headers
+
+
+def test_our_backend_keeps_the_claim_after_the_runtime_timed_out_a_command(
+    kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
+) -> None:
+    mock = kubernetes_server(
+        lambda command: {"hang": True} if "sleep" in command else {"exit_code": 0},
+        Cluster(runtime_timeout=0.2),
+    )
+    instance = backend_on(mock)
+    with pytest.raises(Exception) as failure:
+        instance.exec(exec_request("sleep 400"))
+    assert str(failure.value).startswith(
+        "the command ran, but the sandbox runtime stopped it at its own limit of 0.2 seconds"
+    )
+    assert instance.exec(exec_request("echo ok")).exit_code == 0
+    assert mock.count("POST", CLAIMS) == 1
+
+
+def test_our_backend_says_a_command_with_undecodable_output_ran(
+    kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
+) -> None:
+    mock = kubernetes_server(lambda command: {"stdout": b"\xff\xfe", "exit_code": 0})
+    with pytest.raises(Exception) as failure:
+        backend_on(mock).exec(exec_request("cat /bin/sh"))
+    assert str(failure.value).startswith("the command ran, but its output is not UTF-8 text")
+
+
+def test_our_backend_returns_a_real_exit_1_whatever_its_stderr_says(
+    kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
+) -> None:
+    stderr = "Failed to execute command: the tool's own message\n"
+    mock = kubernetes_server(lambda command: {"stderr": stderr, "exit_code": 1})
+    assert backend_on(mock).exec(exec_request("tool")).exit_code == 1
+
+
+def test_our_backend_gives_the_router_a_timeout_a_little_past_the_commands(
+    kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
+) -> None:
+    mock = kubernetes_server()
+    instance = backend_on(mock)
+    instance.exec(exec_request("true"))
+    assert "x-sandbox-timeout" not in mock.find("POST", "/execute")[-1].headers
+    instance.exec(exec_request("true", timeout=2.5))
+    assert mock.find("POST", "/execute")[-1].headers["x-sandbox-timeout"] == "8"

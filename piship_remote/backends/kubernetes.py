@@ -13,8 +13,11 @@ is in use, replaced when it expired or got lost, and deleted at the end
                                backend=backend, workspace=".")
 
 The router runs commands without a shell and returns their whole output at once,
-so :func:`runtime_command` wraps each one in ``env … /bin/sh -c``. A command whose
-outcome the router cannot tell (dropped connection, 502, 504) is never re-sent:
+so :func:`runtime_command` wraps each one in ``env … /bin/sh -c``. With
+``execution="detached"`` a command instead runs as a background job in the sandbox
+whose output is polled (:mod:`piship_remote.backends.kubernetes_jobs`): it outlives
+the router's proxy limit, streams its output, and a cancel kills it and keeps the claim.
+A command whose outcome the router cannot tell (dropped connection, 504) is never re-sent:
 its claim is retired and deleted, and the error says to check its effects first.
 """
 
@@ -26,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
+from typing import Literal
 
 import requests
 
@@ -49,6 +53,7 @@ from piship_remote.backends.file_protocol import RemoteFiles
 from piship_remote.backends.kubernetes_claims import RESOURCE_NAME, ClaimsApi
 from piship_remote.backends.kubernetes_files import RuntimeFiles
 from piship_remote.backends.kubernetes_http import ClusterHttp
+from piship_remote.backends.kubernetes_jobs import DetachedJobs
 from piship_remote.backends.kubernetes_router import Retire, Router
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
@@ -61,6 +66,7 @@ from piship_remote.transport import HttpClient, Transport, check_endpoint
 __all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "runtime_command"]
 
 PROVIDER = "kubernetes-agent-sandbox"
+EXECUTION_MODES = ("direct", "detached")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What a user sets for the bearer token, named when it is missing.
 _CREDENTIAL_NAME = "the Kubernetes bearer token (the credential option)"
@@ -101,8 +107,10 @@ class KubernetesInstance:
         workdir: str | None,
         on_disposed: Callable[[KubernetesInstance], None],
         files: Callable[[KubernetesInstance], RuntimeFiles] | None = None,
+        jobs: DetachedJobs | None = None,
     ) -> None:
         self._router = router
+        self._jobs = jobs
         self._manager = manager
         self._workdir = workdir
         self._on_disposed = on_disposed
@@ -117,12 +125,16 @@ class KubernetesInstance:
         on_stderr: OutputCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> BackendResult:
-        """Run one command through the router; stdout then stderr arrive once, at the end.
+        """Run one command through the router.
 
-        Raises ``CommandCancelled`` when ``cancel`` is set (the claim is retired:
-        the runtime cannot stop a running command) and ``PiShipError`` otherwise.
+        Direct: stdout then stderr arrive once, at the end; ``CommandCancelled`` when
+        ``cancel`` is set retires the claim (the runtime cannot stop the command).
+        Detached: output arrives as it grows; cancelling kills the command's process
+        group and keeps the claim. ``PiShipError`` otherwise.
         """
         command = runtime_command(request, self._workdir)
+        if self._jobs is not None:
+            return self._detached(self._jobs, command, on_stdout, on_stderr, cancel)
         with self._cancels.token_for(cancel) as user:
             if user.is_set():
                 raise CommandCancelled()
@@ -130,7 +142,7 @@ class KubernetesInstance:
                 raise disposed_error()
             with self._manager.command(user) as use:
                 try:
-                    answer = self._router.execute(use.claim, command, use.cancel)
+                    answer = self._router.execute(use.claim, command, use.cancel, request.timeout)
                 except CommandCancelled:
                     use.retire()
                     if not user.is_set() and self._manager.disposed:
@@ -144,6 +156,31 @@ class KubernetesInstance:
         if answer.stderr and on_stderr is not None:
             on_stderr(answer.stderr.encode())
         return BackendResult(exit_code=answer.exit_code)
+
+    def _detached(
+        self,
+        jobs: DetachedJobs,
+        command: str,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        cancel: threading.Event | None,
+    ) -> BackendResult:
+        with self._cancels.token_for(cancel) as user:
+            if user.is_set():
+                raise CommandCancelled()
+            if self._manager.disposed:
+                raise disposed_error()
+            with self._manager.command(user) as use:
+                try:
+                    code = jobs.run(use.claim, command, use.cancel, on_stdout, on_stderr)
+                except CommandCancelled:
+                    if not user.is_set() and self._manager.disposed:
+                        raise disposed_error() from None
+                    raise
+                except Retire as outcome:
+                    use.retire(gone=outcome.gone)
+                    raise outcome.error from None
+        return BackendResult(exit_code=code)
 
     def epoch(self) -> str | None:
         """The claim name the latest command ran in (``None`` before the first)."""
@@ -209,7 +246,10 @@ class KubernetesAgentSandboxBackend:
         credential_rejected: Callable[[], bool] | None = None,
         session: requests.Session | None = None,
         client: HttpClient | None = None,
+        execution: Literal["direct", "detached"] = "direct",
     ) -> None:
+        if execution not in EXECUTION_MODES:
+            raise ValueError('execution must be "direct" or "detached"')
         if not all(
             isinstance(name, str) and RESOURCE_NAME.match(name) for name in (namespace, template)
         ):
@@ -238,6 +278,8 @@ class KubernetesAgentSandboxBackend:
         self._router = Router(http, router, namespace=namespace, port=port)
         self._http, self._router_url = http, router
         self._namespace, self._port = namespace, port
+        self.execution = execution
+        self._jobs = DetachedJobs(self._router, http.errors) if execution == "detached" else None
         self._open = OpenInstances()
 
     def __enter__(self) -> KubernetesAgentSandboxBackend:
@@ -255,7 +297,8 @@ class KubernetesAgentSandboxBackend:
         """Remote isolation and the environment filter; network ``allow`` only.
 
         A claim selects a preconfigured warm pool whose NetworkPolicy this backend
-        cannot prove, so it never offers network deny.
+        cannot prove, so it never offers network deny. In detached mode it says so
+        (``execution``), and the containment report repeats it.
         """
         return Capabilities(
             isolation="remote",
@@ -263,6 +306,7 @@ class KubernetesAgentSandboxBackend:
             network=("allow",),
             local_processes=False,
             workspace_mode="snapshot",
+            execution="detached" if self.execution == "detached" else None,
         )
 
     def available(self) -> Availability:
@@ -292,7 +336,12 @@ class KubernetesAgentSandboxBackend:
         )
         manager.prepare()
         instance = KubernetesInstance(
-            self._router, manager, self._workdir, self._open.forget, self._runtime_files
+            self._router,
+            manager,
+            self._workdir,
+            self._open.forget,
+            self._runtime_files,
+            self._jobs,
         )
         if self._open.admit(instance):
             return instance

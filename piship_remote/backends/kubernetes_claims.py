@@ -33,6 +33,7 @@ from piship_remote.transport import HttpReply, TransportError
 __all__ = ["API_VERSION", "RESOURCE_NAME", "ClaimsApi"]
 
 API_VERSION = "extensions.agents.x-k8s.io/v1beta1"
+SANDBOX_API_VERSION = "agents.x-k8s.io/v1beta1"
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _AVAILABLE_TIMEOUT = 10.0
 _CREATE_ATTEMPTS = 3  # names taken (HTTP 409) before creation gives up
@@ -68,6 +69,7 @@ class ClaimsApi:
         self._http = http
         self._endpoint = endpoint
         self.claims = f"{endpoint}/apis/{API_VERSION}/namespaces/{namespace}/sandboxclaims"
+        self._sandboxes = f"{endpoint}/apis/{SANDBOX_API_VERSION}/namespaces/{namespace}/sandboxes"
         self._template = template
         self._poll = poll_interval
         self._ready_timeout = ready_timeout
@@ -180,7 +182,8 @@ class ClaimsApi:
                     raise self._http.errors(f"reading the SandboxClaim failed: {error}") from None
             ready = _ready_condition(claim)
             if ready.get("status") == "True":
-                return _sandbox_name(claim, name), _pod_ip(claim)
+                sandbox = _sandbox_name(claim, name)
+                return sandbox, _pod_ip(claim) or self._sandbox_pod_ip(sandbox, cancel)
             reason = ready.get("reason")
             if isinstance(reason, str) and reason in _TERMINAL_REASONS:
                 raise self._http.errors(f"the SandboxClaim failed: {reason}")
@@ -190,6 +193,22 @@ class ClaimsApi:
                 raise self._http.errors(f"the SandboxClaim did not become ready in time{suffix}")
             if cancel.wait(self._poll):
                 raise CommandCancelled()
+
+    def _sandbox_pod_ip(self, sandbox: str, cancel: CancelToken) -> str | None:
+        """The pod IP from the Sandbox object (claims mirror it only on some clusters).
+
+        Without it a router reaches the sandbox only by its Service, which warm-pool
+        sandboxes lack; a failed read leaves that to the router.
+        """
+        try:
+            response = self._http.call("GET", f"{self._sandboxes}/{sandbox}", cancel=cancel)
+        except TransportError:
+            return None
+        with response:
+            if not is_success(response.status):
+                return None
+            status = _mapping(_lenient_json(response).get("status"))
+        return _best_ip(status.get("podIPs"))
 
     def _delete_name(self, name: str) -> None:
         """Best effort: a failure leaves the claim to its shutdownTime."""
@@ -274,7 +293,11 @@ def _sandbox_name(claim: Mapping[str, Any], fallback: str) -> str:
 
 def _pod_ip(claim: Mapping[str, Any]) -> str | None:
     """The sandbox pod's address for ``X-Sandbox-Pod-IP`` (IPv4 preferred), if reported."""
-    ips = _mapping(_mapping(claim.get("status")).get("sandbox")).get("podIPs")
+    return _best_ip(_mapping(_mapping(claim.get("status")).get("sandbox")).get("podIPs"))
+
+
+def _best_ip(ips: object) -> str | None:
+    """The first IPv4 address of a ``podIPs`` list (IPv4-mapped IPv6 unwrapped), else IPv6."""
     addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
     for item in ips if isinstance(ips, list) else ():
         text = item.get("ip") if isinstance(item, dict) else item

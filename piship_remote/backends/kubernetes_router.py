@@ -7,12 +7,17 @@ the command ended::
     router = Router(http, router_url, namespace="agents", port=8888)
     answer = router.execute(claim, runtime_command(request, workdir), cancel)
 
-A command whose outcome the router cannot tell (dropped connection, 5xx) is
-never re-sent: :class:`Retire` says its claim must not run another command.
+Three kinds of failure are told apart: what never ran (the router could not
+connect to the sandbox, the runtime could not spawn the command), what ran but
+could not report (the runtime's own timeout, output that is not UTF-8), and what
+may have run (a dropped connection, any other 5xx). A command whose outcome is
+unknown is never re-sent: :class:`Retire` says its claim must not run another one.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,11 +30,19 @@ from piship_remote.cancel import CancelToken
 from piship_remote.errors import PiShipError
 from piship_remote.transport import TransportError
 
-__all__ = ["Retire", "Router", "RouterAnswer"]
+__all__ = ["TIMEOUT_SLACK", "Retire", "Router", "RouterAnswer", "runtime_failure"]
 
 _ROUTER_LIMIT = 16 * 1024 * 1024
-# The runtime reports every failure to start (and its own timeout) as exit 1 with this.
-_START_FAILURE = "Failed to execute command:"
+# The runtime reports each of its own failures as HTTP 200, exit 1, no stdout and a
+# one-line stderr (an exception's text, never newline-terminated) with this prefix; a
+# command's own stderr ends with a newline, or comes with stdout.
+_START_FAILURE = "Failed to execute command: "
+_RUNTIME_TIMEOUT = re.compile(r"^Command '\[.*\]' timed out after (?P<seconds>[0-9.]+) seconds$")
+_UNDECODABLE = re.compile(r"codec can't decode")
+# The router's 502 when it could not open a connection to the sandbox at all.
+_NOT_CONNECTED = "Could not connect to the backend sandbox"
+# Added to a command's timeout for the router, so the client's own deadline acts first.
+TIMEOUT_SLACK = 5.0
 _OUTCOME_UNKNOWN = (
     "The command's outcome is unknown: {reason} before its result arrived. It may have run "
     "in part or in full, or still be running; PiShip retired its sandbox, which is deleted "
@@ -65,8 +78,21 @@ class Router:
         self._namespace = namespace
         self._port = port
 
-    def execute(self, claim: Claim, command: str, cancel: CancelToken) -> RouterAnswer:
-        """Run ``command`` once. Raises :class:`Retire` when the claim must not be reused."""
+    def execute(
+        self,
+        claim: Claim,
+        command: str,
+        cancel: CancelToken,
+        timeout: float | None = None,
+        *,
+        read_timeout: float | None = None,
+    ) -> RouterAnswer:
+        """Run ``command`` once. Raises :class:`Retire` when the claim must not be reused.
+
+        With a ``timeout`` the router is told (``X-Sandbox-Timeout``) to give up a few
+        seconds after it, so a lost client cannot hold the request open for ever.
+        ``read_timeout`` bounds this client's own wait (None: the command's end).
+        """
         headers = {
             "X-Sandbox-ID": claim.sandbox,
             "X-Sandbox-Namespace": self._namespace,
@@ -74,6 +100,8 @@ class Router:
         }
         if claim.pod_ip is not None:
             headers["X-Sandbox-Pod-IP"] = claim.pod_ip
+        if timeout is not None:
+            headers["X-Sandbox-Timeout"] = str(math.ceil(max(timeout, 0.0) + TIMEOUT_SLACK))
         try:
             response = self._http.call(
                 "POST",
@@ -81,7 +109,7 @@ class Router:
                 cancel=cancel,
                 headers=headers,
                 json={"command": command},
-                timeout=None,
+                timeout=read_timeout,
                 stream=True,
             )
         except TransportError as error:
@@ -97,7 +125,18 @@ class Router:
                     self._http.errors("the sandbox router no longer knows this sandbox"), gone=True
                 )
             if response.status >= 500:
-                raise self._unknown(f"the sandbox router answered {self._http.failure(response)}")
+                failure = self._http.failure(response)
+                if response.status == 502 and _NOT_CONNECTED in failure:
+                    raise Retire(
+                        self._http.errors(
+                            "the sandbox router could not connect to the sandbox, so the "
+                            f"command did not run ({failure}); PiShip runs the next command "
+                            "in a new sandbox",
+                            retryable=True,
+                        ),
+                        gone=True,
+                    )
+                raise self._unknown(f"the sandbox router answered {failure}")
             if not is_success(response.status):
                 raise self._http.errors(
                     f"running the command failed: {self._http.failure(response)}"
@@ -117,16 +156,46 @@ class Router:
 
     def _answer(self, answer: Mapping[str, Any]) -> RouterAnswer:
         stdout, stderr = answer.get("stdout"), answer.get("stderr")
+        exit_code = exit_code_of(answer.get("exit_code"))
         result = RouterAnswer(
             stdout if isinstance(stdout, str) else "",
             stderr if isinstance(stderr, str) else "",
-            exit_code_of(answer.get("exit_code")),
+            128 - exit_code if exit_code is not None and exit_code < 0 else exit_code,
         )
-        if result.exit_code == 1 and result.stderr.startswith(_START_FAILURE):
-            detail = " ".join(result.stderr.split())[:DETAIL_LIMIT]
-            raise self._http.errors(f"the sandbox runtime could not run the command: {detail}")
-        return result
+        failure = runtime_failure(result)
+        if failure is None:
+            return result
+        detail = " ".join(result.stderr.split())[:DETAIL_LIMIT]
+        timed_out = _RUNTIME_TIMEOUT.match(failure)
+        if timed_out is not None:
+            raise self._http.errors(
+                "the command ran, but the sandbox runtime stopped it at its own limit of "
+                f"{timed_out['seconds']} seconds and kept none of its output; its effects "
+                "up to then happened"
+            )
+        if _UNDECODABLE.search(failure):
+            raise self._http.errors(
+                "the command ran, but its output is not UTF-8 text, which the sandbox "
+                f"runtime cannot return, so its output and exit code are lost: {detail}"
+            )
+        raise self._http.errors(f"the sandbox runtime could not run the command: {detail}")
 
     def _unknown(self, reason: str) -> Retire:
         """The command may have run: never retryable, and its claim is retired."""
         return Retire(self._http.errors(_OUTCOME_UNKNOWN.format(reason=reason)), gone=False)
+
+
+def runtime_failure(answer: RouterAnswer) -> str | None:
+    """The runtime's own failure text (after its prefix), or None for a command's result.
+
+    >>> runtime_failure(RouterAnswer("", "Failed to execute command: No closing quotation", 1))
+    'No closing quotation'
+    >>> runtime_failure(RouterAnswer("", "Failed to execute command: oops\\n", 1)) is None
+    True
+    """
+    stderr = answer.stderr
+    if answer.exit_code != 1 or answer.stdout or not stderr.startswith(_START_FAILURE):
+        return None
+    if "\n" in stderr:
+        return None
+    return stderr[len(_START_FAILURE) :]

@@ -255,12 +255,6 @@ def test_ours_status_list_and_delete(ours: KubernetesInstance, fake: KubernetesS
     assert fake.store.objects(SANDBOX_RESOURCE, NAMESPACE) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the backend takes X-Sandbox-Pod-IP only from the claim's status.sandbox.podIPs "
-    "and never reads the Sandbox object, so a router that cannot reach a warm-pool "
-    "sandbox by name answers 502",
-)
 def test_ours_reaches_a_sandbox_without_a_service_by_its_pod_ip(
     fake: KubernetesServer, cluster: Cluster
 ) -> None:
