@@ -26,7 +26,9 @@ from typing import Any, TypeVar, Union
 
 import attrs
 
+from piship_remote import lifecycle
 from piship_remote.backends.base import Backend, ExecRequest, Instance
+from piship_remote.backends.owned import Reattachable
 from piship_remote.backends.common import exit_status
 from piship_remote.environment import command_environment
 from piship_remote.errors import (
@@ -102,6 +104,7 @@ class Sandbox:
         self._engine = engine
         self._env = dict(env)
         self._workspace_root = _real_path(profile.workspace)
+        self._lifecycle = _track(self, engine)
 
     @property
     def redactor(self) -> Redactor:
@@ -207,6 +210,23 @@ class Sandbox:
         """
         if self._engine is not None:
             self._engine.dispose()
+        lifecycle.untrack(self._lifecycle)
+
+    @property
+    def id(self) -> str:
+        """The remote sandbox's id: the E2B sandbox id, or the current claim's name."""
+        sandbox_id = self._usable_engine().epoch()
+        if sandbox_id is None:
+            raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox has no id yet", component="sandbox")
+        return sandbox_id
+
+    def detach(self) -> str:
+        """Let go of the sandbox without deleting it: renewals stop, it is no longer
+        deleted at exit, and it lives until its lifetime ends. Returns its id, for
+        ``activate_sandbox(..., attach=id)`` (from this or another process)."""
+        sandbox_id = self._usable_engine().detach()
+        lifecycle.untrack(self._lifecycle)
+        return sandbox_id
 
     def _usable_engine(self) -> ExecEngine:
         if self._engine is None:
@@ -250,18 +270,23 @@ def activate_sandbox(
     env: Mapping[str, str] | None = None,
     settle_timeout: float = 5.0,
     probe_timeout: float = 60.0,
+    attach: str | None = None,
 ) -> Sandbox:
     """Prepare a sandbox on ``backend`` that enforces ``policy`` and check it works.
 
     A required policy that cannot be enforced raises ``PiShipError`` with code
     ``SANDBOX_UNAVAILABLE``; an optional one gives a sandbox whose report has
     level ``unavailable`` and whose ``exec`` refuses to run anything.
+    ``attach`` is the id of an existing sandbox (from :meth:`Sandbox.detach`) to use
+    instead of creating one; on Kubernetes only a claim labelled as this library's.
     """
     if not isinstance(policy, SandboxPolicy):
         policy = SandboxPolicy.from_dict(policy)
     profile = resolve_profile(policy, workspace=workspace, home_dir=home_dir)
     source = dict(os.environ if env is None else env)
-    activation = _Activation(policy, profile, backend, source, settle_timeout, probe_timeout)
+    activation = _Activation(
+        policy, profile, backend, source, settle_timeout, probe_timeout, attach
+    )
     return activation.run()
 
 
@@ -273,6 +298,7 @@ class _Activation:
     env: dict[str, str]
     settle_timeout: float
     probe_timeout: float
+    attach: str | None = None
 
     def run(self) -> Sandbox:
         instance: Instance | None = None
@@ -320,11 +346,23 @@ class _Activation:
         return capabilities
 
     def _prepare(self) -> Instance:
+        if self.attach is not None:
+            return self._attached(self.attach)
         instance = _call_reporting(
             lambda: self.backend.prepare(self.profile), self.backend.redactor
         )
         if isinstance(instance, _Failure):
             what = f"the {self.backend.id} sandbox backend could not prepare a sandbox"
+            raise _Failure(f"{what}: {instance.reason}")
+        return instance
+
+    def _attached(self, sandbox_id: str) -> Instance:
+        backend = self.backend
+        if not isinstance(backend, Reattachable):
+            raise _Failure(f"the {backend.id} sandbox backend cannot attach to a sandbox")
+        instance = _call_reporting(lambda: backend.attach(sandbox_id), backend.redactor)
+        if isinstance(instance, _Failure):
+            what = f"the {backend.id} sandbox backend could not attach to {sandbox_id}"
             raise _Failure(f"{what}: {instance.reason}")
         return instance
 
@@ -445,6 +483,13 @@ def _verdict(exit_code: int, output: str) -> str | None:
     if marker != f"{READY_MARKER} unset":
         return "an unapproved environment variable reached the sandboxed command"
     return None
+
+
+def _track(sandbox: Sandbox, engine: ExecEngine | None) -> int | None:
+    """Register an active sandbox for deletion at exit; the disposer holds the engine only."""
+    if engine is None:
+        return None
+    return lifecycle.track(sandbox, f"{sandbox.report.adapter} sandbox", engine.dispose)
 
 
 def _real_path(path: PathLike) -> str:
