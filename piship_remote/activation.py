@@ -28,8 +28,8 @@ import attrs
 
 from piship_remote import lifecycle
 from piship_remote.backends.base import Backend, ExecRequest, Instance
-from piship_remote.backends.owned import Reattachable
 from piship_remote.backends.common import exit_status
+from piship_remote.backends.owned import Reattachable
 from piship_remote.environment import command_environment
 from piship_remote.errors import (
     CONFIG_INVALID,

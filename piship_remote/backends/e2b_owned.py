@@ -16,7 +16,12 @@ import urllib.parse
 import attrs
 
 from piship_remote.backends.common import is_success
-from piship_remote.backends.e2b_control import BACKEND_ID, MAX_CONTROL_RESPONSE, ControlPlane, Created
+from piship_remote.backends.e2b_control import (
+    BACKEND_ID,
+    MAX_CONTROL_RESPONSE,
+    ControlPlane,
+    Created,
+)
 from piship_remote.backends.owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
 from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.transport import TransportError
@@ -100,7 +105,9 @@ def list_owned(control: ControlPlane) -> list[OwnedSandbox]:
                 )
             page = response.json_value(MAX_CONTROL_RESPONSE)
             token = response.headers.get("X-Next-Token")
-        owned.extend(_owned(item) for item in (page if isinstance(page, list) else ()) if _ours(item))
+        owned.extend(
+            _owned(item) for item in (page if isinstance(page, list) else ()) if _ours(item)
+        )
         if not token:
             break
     return owned

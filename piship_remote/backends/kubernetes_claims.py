@@ -163,9 +163,9 @@ class ClaimsApi:
                 f"{CREATED_BY_LABEL}={CREATOR} label), so it is not attached to",
                 code=CONFIG_INVALID,
             )
-        shutdown = parse_timestamp(_mapping(_mapping(found.get("spec")).get("lifecycle")).get(
-            "shutdownTime"
-        ))
+        shutdown = parse_timestamp(
+            _mapping(_mapping(found.get("spec")).get("lifecycle")).get("shutdownTime")
+        )
         try:
             _raise_if_finished(found)
             if shutdown is not None and shutdown * MICROS <= anchor.wall:

@@ -257,7 +257,8 @@ class E2bServer(RecordingServer):
                 self._live.remove(live)
             elif live is not None and action == "/timeout":
                 live.ends = time.time() + _lifetime(_body_object(request))
-        return Response(b"", status=204)
+        known = live is not None or sandbox_id == SANDBOX_ID
+        return Response(b"", status=204 if known else 404)
 
     def _create_sandbox(self, body: dict[str, Any]) -> Response:
         if self._create >= 400:
