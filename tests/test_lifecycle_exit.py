@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote.testing import E2bServer, KubernetesServer
+from piship_remote.testing import Cluster, E2bServer, KubernetesServer
 
 CHILD = Path(__file__).with_name("lifecycle_child.py")
 GONE_WITHIN = 5.0
@@ -32,7 +32,7 @@ def double(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Callable[
         with E2bServer() as e2b:
             yield "e2b", e2b.url, lambda: e2b.live_sandboxes
     else:
-        with KubernetesServer() as k8s:
+        with KubernetesServer(cluster=Cluster(clock=time.time)) as k8s:  # lifetimes honoured
             yield "k8s", k8s.url, lambda: k8s.live_claims
 
 
