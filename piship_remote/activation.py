@@ -26,9 +26,11 @@ from typing import Any, TypeVar, Union
 
 import attrs
 
+from piship_remote import lifecycle
 from piship_remote.backends.base import Backend, ExecRequest, Instance
 from piship_remote.backends.common import exit_status
 from piship_remote.backends.file_protocol import SupportsFiles
+from piship_remote.backends.owned import Reattachable
 from piship_remote.environment import command_environment, screen_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -114,6 +116,7 @@ class Sandbox:
         self._env = dict(env)
         self._workspace_root = _real_path(profile.workspace)
         self._transfers: SandboxTransfers | None = None
+        self._lifecycle = _track(self, engine)
 
     @property
     def redactor(self) -> Redactor:
@@ -261,12 +264,30 @@ class Sandbox:
         is logged, not raised); concurrent calls return at once.
         """
         if self._engine is None:
+            lifecycle.untrack(self._lifecycle)
             return
         if self._transfers is not None:
             if not self._transfers.begin_dispose():
                 return  # the first call pulls (push-pull) and then disposes
             self._transfers.at_dispose()
         self._engine.dispose()
+        lifecycle.untrack(self._lifecycle)
+
+    @property
+    def id(self) -> str:
+        """The remote sandbox's id: the E2B sandbox id, or the current claim's name."""
+        sandbox_id = self._usable_engine().epoch()
+        if sandbox_id is None:
+            raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox has no id yet", component="sandbox")
+        return sandbox_id
+
+    def detach(self) -> str:
+        """Let go of the sandbox without deleting it: renewals stop, it is no longer
+        deleted at exit, and it lives until its lifetime ends. Returns its id, for
+        ``activate_sandbox(..., attach=id)`` (from this or another process)."""
+        sandbox_id = self._usable_engine().detach()
+        lifecycle.untrack(self._lifecycle)
+        return sandbox_id
 
     def _usable_engine(self) -> ExecEngine:
         if self._engine is None:
@@ -312,6 +333,7 @@ def activate_sandbox(
     probe_timeout: float = 60.0,
     sync: str = "none",
     sync_ignore: bool = True,
+    attach: str | None = None,
 ) -> Sandbox:
     """Prepare a sandbox on ``backend`` that enforces ``policy`` and check it works.
 
@@ -323,6 +345,8 @@ def activate_sandbox(
     ``"push"`` (the workspace is pushed once, after the readiness check) or
     ``"push-pull"`` (also pulled back at ``dispose()``); ``sync_ignore=False`` pushes
     ``.gitignore``d paths too. A failed push disposes the sandbox and raises.
+    ``attach`` is the id of an existing sandbox (from :meth:`Sandbox.detach`) to use
+    instead of creating one; on Kubernetes only a claim labelled as this library's.
     """
     check_sync_mode(sync)
     if not isinstance(policy, SandboxPolicy):
@@ -330,7 +354,7 @@ def activate_sandbox(
     profile = resolve_profile(policy, workspace=workspace, home_dir=home_dir)
     source = dict(os.environ if env is None else env)
     activation = _Activation(
-        policy, profile, backend, source, settle_timeout, probe_timeout, sync, sync_ignore
+        policy, profile, backend, source, settle_timeout, probe_timeout, sync, sync_ignore, attach
     )
     return activation.run()
 
@@ -345,6 +369,7 @@ class _Activation:
     probe_timeout: float
     sync: str = "none"
     sync_ignore: bool = True
+    attach: str | None = None
 
     def run(self) -> Sandbox:
         instance: Instance | None = None
@@ -424,6 +449,8 @@ class _Activation:
         return capabilities
 
     def _prepare(self) -> Instance:
+        if self.attach is not None:
+            return self._attached(self.attach)
         instance = _call_reporting(
             lambda: self.backend.prepare(self.profile), self.backend.redactor
         )
@@ -431,6 +458,16 @@ class _Activation:
             raise instance.within(
                 f"the {self.backend.id} sandbox backend could not prepare a sandbox"
             )
+        return instance
+
+    def _attached(self, sandbox_id: str) -> Instance:
+        backend = self.backend
+        if not isinstance(backend, Reattachable):
+            raise _Failure(f"the {backend.id} sandbox backend cannot attach to a sandbox")
+        instance = _call_reporting(lambda: backend.attach(sandbox_id), backend.redactor)
+        if isinstance(instance, _Failure):
+            what = f"the {backend.id} sandbox backend could not attach to {sandbox_id}"
+            raise _Failure(f"{what}: {instance.reason}")
         return instance
 
     def _report(self, capabilities: Capabilities) -> ContainmentReport:
@@ -600,6 +637,13 @@ def _verdict(exit_code: int, output: str) -> str | None:
     if marker != f"{READY_MARKER} unset":
         return "an unapproved environment variable reached the sandboxed command"
     return None
+
+
+def _track(sandbox: Sandbox, engine: ExecEngine | None) -> int | None:
+    """Register an active sandbox for deletion at exit; the disposer holds the engine only."""
+    if engine is None:
+        return None
+    return lifecycle.track(sandbox, f"{sandbox.report.adapter} sandbox", engine.dispose)
 
 
 def _real_path(path: PathLike) -> str:

@@ -56,6 +56,7 @@ import time
 from collections.abc import Callable
 
 from piship_remote.backends.base import BackendResult, ExecRequest, Instance
+from piship_remote.backends.owned import Detachable
 from piship_remote.cancel import EventWatcher, when_cancelled
 from piship_remote.errors import (
     SANDBOX_UNAVAILABLE,
@@ -159,8 +160,44 @@ class ExecEngine:
             raise self._backend_error(outcome.error)
         return outcome.result
 
+    def epoch(self) -> str | None:
+        """The instance's current sandbox or claim id."""
+        return self._instance.epoch()
+
     def dispose(self) -> None:
         """Abort every running call, dispose the instance, stop the threads. Idempotent."""
+        self._shut(self._instance.dispose)
+
+    def detach(self) -> str:
+        """Like :meth:`dispose`, but the remote sandbox is left running; its id."""
+        instance = self._instance
+        if not isinstance(instance, Detachable):
+            raise PiShipError(
+                SANDBOX_UNAVAILABLE,
+                f"The {self._adapter} sandbox backend cannot detach from a sandbox",
+                component="sandbox",
+            )
+        with self._lock:
+            unusable = self._retired or self._disposed
+        if unusable:
+            raise self._retired_error()
+        kept: list[str] = []
+        error: list[Exception] = []
+
+        def let_go() -> None:
+            try:
+                kept.append(instance.detach())
+            except Exception as e:
+                error.append(e)
+
+        self._shut(let_go)
+        if error:
+            raise self._backend_error(error[0])
+        if not kept:
+            raise self._retired_error()
+        return kept[0]
+
+    def _shut(self, release: Callable[[], object]) -> None:
         with self._lock:
             if self._disposed:
                 return
@@ -170,7 +207,7 @@ class ExecEngine:
         for call in calls:
             call.abort("disposed")
         if not retired:
-            _quietly(self._instance.dispose)
+            _quietly(release)
         self._watcher.close()
         self._workers.close()
         self._timer.close()

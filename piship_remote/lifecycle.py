@@ -44,6 +44,7 @@ class _Registry:
         self._tokens = itertools.count(1)
         self._finalizers: dict[int, weakref.finalize[..., object]] = {}
         self._signals: dict[int, _Handler] = {}
+        self._reapers: set[threading.Thread] = set()  # disposing collected sandboxes
 
     def track(self, owner: object, name: str, disposer: Disposer) -> int:
         token = next(self._tokens)
@@ -54,7 +55,9 @@ class _Registry:
             self._finalizers[token] = finalizer
         return token
 
-    def untrack(self, token: int) -> None:
+    def untrack(self, token: int | None) -> None:
+        if token is None:
+            return
         with self._lock:
             self._live.pop(token, None)
             finalizer = self._finalizers.pop(token, None)
@@ -72,13 +75,15 @@ class _Registry:
             self._live.clear()
             finalizers = list(self._finalizers.values())
             self._finalizers.clear()
+            reapers = list(self._reapers)
         for finalizer in finalizers:
             finalizer.detach()
         threads = [_start(f"piship-exit-{token}", disposer) for token, (_, disposer) in entries]
         end = time.monotonic() + deadline
-        for thread in threads:
+        for thread in threads + reapers:  # a collected sandbox's deletion must finish too
             thread.join(max(0.0, end - time.monotonic()))
-        return [name for (_, (name, _)), t in zip(entries, threads, strict=True) if t.is_alive()]
+        left = [name for (_, (name, _)), t in zip(entries, threads, strict=True) if t.is_alive()]
+        return left + [f"a collected sandbox ({t.name})" for t in reapers if t.is_alive()]
 
     def _collected(self, token: int) -> None:
         with self._lock:
@@ -92,7 +97,19 @@ class _Registry:
             ResourceWarning,
             stacklevel=2,
         )
-        _start(f"piship-reap-{token}", disposer)
+        with self._lock:
+            reaper = _start(f"piship-reap-{token}", self._reaping(disposer))
+            self._reapers.add(reaper)
+
+    def _reaping(self, disposer: Disposer) -> Disposer:
+        def reap() -> None:
+            try:
+                disposer()
+            finally:
+                with self._lock:
+                    self._reapers.discard(threading.current_thread())
+
+        return reap
 
     def install(self, signals: Iterable[int]) -> None:
         for number in signals:
@@ -139,7 +156,7 @@ def track(owner: object, name: str, disposer: Disposer) -> int:
     return _REGISTRY.track(owner, name, disposer)
 
 
-def untrack(token: int) -> None:
+def untrack(token: int | None) -> None:
     """Stop tracking (the sandbox was disposed or detached); idempotent."""
     _REGISTRY.untrack(token)
 

@@ -49,8 +49,10 @@ from piship_remote.backends.e2b_control import (
 )
 from piship_remote.backends.e2b_envd import ENVD_PORT, KEEPALIVE_INTERVAL, Envd, start_request
 from piship_remote.backends.e2b_files import EnvdFiles
+from piship_remote.backends.e2b_owned import check_id, connect, list_owned
 from piship_remote.backends.e2b_stream import read_stream
 from piship_remote.backends.file_protocol import RemoteFiles
+from piship_remote.backends.owned import OwnedSandbox
 from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
@@ -175,6 +177,26 @@ class E2bCompatibleBackend:
             return instance
         instance.dispose()
         raise self._control.closed_error()
+
+    def attach(self, sandbox_id: str) -> E2bInstance:
+        """An instance for the existing sandbox ``sandbox_id`` (``connect``: a fresh envd token)."""
+        if self._open.closed.is_set():
+            raise self._control.closed_error()
+        created = connect(self._control, sandbox_id)
+        instance = self._instance(created)
+        if self._open.admit(instance):
+            return instance
+        instance.detach()
+        raise self._control.closed_error()
+
+    def list_owned(self) -> list[OwnedSandbox]:
+        """The live sandboxes whose metadata says this library created them."""
+        return list_owned(self._control)
+
+    def delete_owned(self, sandbox_id: str) -> None:
+        """Delete one sandbox this library created (best effort, like every delete)."""
+        check_id(sandbox_id)
+        self._control.delete(sandbox_id)
 
     def close(self) -> None:
         """Dispose every sandbox this backend still holds and release its connections.
@@ -329,6 +351,14 @@ class E2bInstance:
 
     def dispose(self) -> None:
         """Delete the sandbox. Idempotent and thread-safe; running commands end at once."""
+        self._shut(delete=True)
+
+    def detach(self) -> str:
+        """Let go of the sandbox without deleting it; its id, to attach to later."""
+        self._shut(delete=False)
+        return self.sandbox_id
+
+    def _shut(self, *, delete: bool) -> None:
         with self._lock:
             if self._disposed:
                 return
@@ -337,7 +367,8 @@ class E2bInstance:
         self._closing.set()
         for token in running:
             token.set()
-        self._control.delete(self.sandbox_id)
+        if delete:
+            self._control.delete(self.sandbox_id)
         with self._lock:
             signallers = list(self._signallers)
         for thread in signallers:

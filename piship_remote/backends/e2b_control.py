@@ -223,13 +223,18 @@ class ControlPlane:
                 raise self._lost_answer(f"the create answer was invalid: {e}") from None
             except TransportError as error:
                 raise self._lost_answer(error.message) from None
+        return self.sandbox_of(answer, delete_on_failure=True)
+
+    def sandbox_of(self, answer: Mapping[str, Any], *, delete_on_failure: bool) -> Created:
+        """The sandbox a create or connect answer names (its envd token registered as secret)."""
         sandbox_id = answer.get("sandboxID")
         if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
             raise self._errors("the sandbox service returned no valid sandbox ID")
         try:
             return Created(sandbox_id, self._access_token(answer), _domain(answer))
         except BaseException:
-            self.delete(sandbox_id)
+            if delete_on_failure:
+                self.delete(sandbox_id)
             raise
 
     def renew(self, sandbox_id: str, cancel: threading.Event) -> None:

@@ -50,6 +50,7 @@ from piship_remote.backends.common import (
 )
 from piship_remote.backends.credential import Credential
 from piship_remote.backends.file_protocol import RemoteFiles
+from piship_remote.backends.kubernetes_attach import KeptClaims
 from piship_remote.backends.kubernetes_claims import RESOURCE_NAME, ClaimsApi
 from piship_remote.backends.kubernetes_files import RuntimeFiles
 from piship_remote.backends.kubernetes_http import ClusterHttp
@@ -57,6 +58,7 @@ from piship_remote.backends.kubernetes_jobs import DetachedJobs
 from piship_remote.backends.kubernetes_router import Retire, Router
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
+from piship_remote.backends.owned import OwnedSandbox
 from piship_remote.errors import GATEWAY_UNREACHABLE, CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
@@ -108,10 +110,12 @@ class KubernetesInstance:
         on_disposed: Callable[[KubernetesInstance], None],
         files: Callable[[KubernetesInstance], RuntimeFiles] | None = None,
         jobs: DetachedJobs | None = None,
+        claims: KeptClaims | None = None,
     ) -> None:
         self._router = router
         self._jobs = jobs
         self._manager = manager
+        self._claims = claims
         self._workdir = workdir
         self._on_disposed = on_disposed
         self._cancels = CancelLinks()
@@ -213,6 +217,18 @@ class KubernetesInstance:
         self._manager.dispose()
         self._cancels.close()
         self._on_disposed(self)
+
+    def detach(self) -> str:
+        """Stop renewing and let go of the current claim without deleting it; its name.
+
+        Any earlier claim this sandbox replaced is still deleted.
+        """
+        name = self._manager.epoch()
+        if name is None or self._claims is None:
+            raise SandboxErrors()("the sandbox has no claim to detach from")
+        self._claims.keep(name)
+        self.dispose()
+        return name
 
 
 class KubernetesAgentSandboxBackend:
@@ -331,8 +347,27 @@ class KubernetesAgentSandboxBackend:
         """
         if self._open.closed.is_set():
             raise self._closed_error()
+        return self._instance(None)
+
+    def attach(self, claim_name: str) -> KubernetesInstance:
+        """An instance for the existing claim ``claim_name``, which must carry this library's
+        label (``agents.x-k8s.io/created-by: piship``) and still be within its lifetime."""
+        return self._instance(claim_name)
+
+    def list_owned(self) -> list[OwnedSandbox]:
+        """The claims in the namespace labelled as created by this library."""
+        return self._claims.list_owned()
+
+    def delete_owned(self, claim_name: str) -> None:
+        """Delete one claim this library created (best effort)."""
+        self._claims.delete_owned(claim_name)
+
+    def _instance(self, adopt: str | None) -> KubernetesInstance:
+        if self._open.closed.is_set():
+            raise self._closed_error()
+        claims = KeptClaims(self._claims, adopt=adopt)
         manager = ClaimManager(
-            self._claims, self._clock, keepalive_every=keepalive_interval(self._lifetime)
+            claims, self._clock, keepalive_every=keepalive_interval(self._lifetime)
         )
         manager.prepare()
         instance = KubernetesInstance(
@@ -342,6 +377,7 @@ class KubernetesAgentSandboxBackend:
             self._open.forget,
             self._runtime_files,
             self._jobs,
+            claims,
         )
         if self._open.admit(instance):
             return instance

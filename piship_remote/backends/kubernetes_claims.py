@@ -16,26 +16,37 @@ ready, is :class:`~piship_remote.backends.claims.ClaimGone`.
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
 import re
 import secrets
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from piship_remote.backends.claims import Claim, ClaimGone
 from piship_remote.backends.common import DETAIL_LIMIT, is_success
 from piship_remote.backends.kubernetes_http import ClusterHttp, transient
-from piship_remote.backends.lifetime import Anchor, rfc3339
+from piship_remote.backends.lifetime import MICROS, Anchor, rfc3339
+from piship_remote.backends.owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
 from piship_remote.cancel import CancelToken
-from piship_remote.errors import GATEWAY_UNREACHABLE, CommandCancelled, PiShipError
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    GATEWAY_UNREACHABLE,
+    CommandCancelled,
+    PiShipError,
+)
 from piship_remote.transport import HttpReply, TransportError
 
-__all__ = ["API_VERSION", "RESOURCE_NAME", "ClaimsApi"]
+__all__ = ["API_VERSION", "CREATED_BY_LABEL", "RESOURCE_NAME", "ClaimsApi"]
 
 API_VERSION = "extensions.agents.x-k8s.io/v1beta1"
 SANDBOX_API_VERSION = "agents.x-k8s.io/v1beta1"
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _AVAILABLE_TIMEOUT = 10.0
+# Every claim this backend creates carries it; attach and sweep touch no other claim.
+CREATED_BY_LABEL = f"agents.x-k8s.io/{CREATED_BY}"
+_OWNED_SELECTOR = urllib.parse.quote(f"{CREATED_BY_LABEL}={CREATOR}", safe="")
 _CREATE_ATTEMPTS = 3  # names taken (HTTP 409) before creation gives up
 # Ready=False reasons after which a claim never becomes ready (the official SDK's list).
 _TERMINAL_REASONS = frozenset(
@@ -83,6 +94,8 @@ class ClaimsApi:
         for _ in range(_CREATE_ATTEMPTS):
             name = f"piship-{secrets.token_hex(6)}"
             response = self._post_claim(name, anchor, cancel)
+            if response is None:  # the answer was lost, but the claim exists and is ours
+                return self._ready_claim(name, anchor, cancel)
             if response.status == 409:
                 response.close()
                 continue
@@ -92,12 +105,7 @@ class ClaimsApi:
                     retryable=transient(response.status),
                 )
             response.close()
-            try:
-                sandbox, pod_ip = self._wait_ready(name, cancel)
-            except BaseException:
-                self._delete_name(name)
-                raise
-            return Claim(name, sandbox, anchor, pod_ip)
+            return self._ready_claim(name, anchor, cancel)
         raise self._http.errors(
             "creating the SandboxClaim failed: HTTP 409: the generated names were taken",
             retryable=True,
@@ -140,11 +148,104 @@ class ClaimsApi:
     def delete(self, claim: Claim) -> None:
         self._delete_name(claim.name)
 
-    def _post_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> HttpReply:
+    def adopt(self, name: str, anchor: Anchor, cancel: CancelToken) -> Claim:
+        """Take over the existing claim ``name``: only one labelled as this library's,
+        not past its shutdownTime; its shutdownTime moves to ``anchor.expires``."""
+        if not RESOURCE_NAME.match(name):
+            raise self._http.errors(f"not a SandboxClaim name: {name!r}", code=CONFIG_INVALID)
+        found = self._read(name, cancel)
+        if found is None:
+            raise self._http.errors(
+                f"SandboxClaim {name} does not exist any more (deleted or expired); "
+                "activate a new one"
+            )
+        if not _ours(found):
+            raise self._http.errors(
+                f"SandboxClaim {name} was not created by piship_remote (it lacks the "
+                f"{CREATED_BY_LABEL}={CREATOR} label), so it is not attached to",
+                code=CONFIG_INVALID,
+            )
+        shutdown = parse_timestamp(
+            _mapping(_mapping(found.get("spec")).get("lifecycle")).get("shutdownTime")
+        )
+        try:
+            _raise_if_finished(found)
+            if shutdown is not None and shutdown * MICROS <= anchor.wall:
+                raise ClaimGone("its shutdownTime has passed")
+            self.renew(Claim(name, name, anchor), anchor.expires, cancel)
+        except ClaimGone as gone:
+            raise self._http.errors(f"SandboxClaim {name} cannot be attached to: {gone}") from None
+        sandbox, pod_ip = self._wait_ready(name, cancel)
+        return Claim(name, sandbox, anchor, pod_ip)
+
+    def list_owned(self) -> builtins.list[OwnedSandbox]:
+        """Every claim in the namespace labelled as created by this library."""
+        url = f"{self.claims}?labelSelector={_OWNED_SELECTOR}"
+        with self._api("listing the SandboxClaims", "GET", url, CancelToken()) as response:
+            if not is_success(response.status):
+                raise self._http.errors(
+                    f"listing the SandboxClaims failed: {self._http.failure(response)}"
+                )
+            items = response.json_object().get("items")
+        return [_owned(item) for item in (items if isinstance(items, list) else ()) if _ours(item)]
+
+    def delete_owned(self, name: str) -> None:
+        """Delete the claim ``name`` (best effort); nothing when the name is not a claim name."""
+        if RESOURCE_NAME.match(name):
+            self._delete_name(name)
+
+    def _ready_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> Claim:
+        try:
+            sandbox, pod_ip = self._wait_ready(name, cancel)
+        except BaseException:
+            self._delete_name(name)
+            raise
+        return Claim(name, sandbox, anchor, pod_ip)
+
+    def _read(self, name: str, cancel: CancelToken) -> dict[str, Any] | None:
+        """The claim ``name`` as the API has it; ``None`` when it does not exist."""
+        with self._api(
+            "reading the SandboxClaim", "GET", self._claim_url(name), cancel
+        ) as response:
+            if response.status == 404:
+                return None
+            if not is_success(response.status):
+                raise self._http.errors(
+                    f"reading the SandboxClaim failed: {self._http.failure(response)}",
+                    retryable=transient(response.status),
+                )
+            try:
+                return response.json_object()
+            except ValueError as error:
+                raise self._http.errors(f"reading the SandboxClaim failed: {error}") from None
+
+    def _resolve_lost_create(self, name: str, error: TransportError, cancel: CancelToken) -> None:
+        """The create was sent but its answer lost: read the claim by its (our) name.
+
+        Ours: return, and the caller uses it. Absent: nothing was created. Unreadable:
+        delete by name (best effort), so that nothing is left behind either way.
+        """
+        try:
+            found = self._read(name, CancelToken() if cancel.is_set() else cancel)
+        except (PiShipError, CommandCancelled):
+            found = None
+            self._delete_name(name)
+        else:
+            if found is not None and _ours(found) and not cancel.is_set():
+                return
+            if found is not None:
+                self._delete_name(name)
+        raise self._http.errors(
+            f"creating the SandboxClaim failed: {error}; no claim was left behind",
+            retryable=True,
+        )
+
+    def _post_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> HttpReply | None:
+        """The create's answer; ``None`` when it was lost but the claim turned out ours."""
         manifest = {
             "apiVersion": API_VERSION,
             "kind": "SandboxClaim",
-            "metadata": {"name": name, "labels": {"agents.x-k8s.io/created-by": "piship"}},
+            "metadata": {"name": name, "labels": {CREATED_BY_LABEL: CREATOR}},
             "spec": {
                 "warmPoolRef": {"name": self._template},
                 "lifecycle": {"shutdownTime": rfc3339(anchor.expires), "shutdownPolicy": "Delete"},
@@ -155,10 +256,8 @@ class ClaimsApi:
         except TransportError as error:
             if not error.request_sent:
                 raise self._unreachable("creating the SandboxClaim", error) from None
-            self._delete_name(name)  # it may have been created
-            raise self._http.errors(
-                f"creating the SandboxClaim failed: {error}", retryable=True
-            ) from None
+            self._resolve_lost_create(name, error, cancel)
+            return None
         except BaseException:
             self._delete_name(name)
             raise
@@ -248,6 +347,22 @@ def _lenient_json(response: HttpReply) -> dict[str, Any]:
         return response.json_object()
     except (ValueError, TransportError):
         return {}
+
+
+def _ours(claim: Mapping[str, Any]) -> bool:
+    labels = _mapping(_mapping(claim.get("metadata")).get("labels"))
+    return labels.get(CREATED_BY_LABEL) == CREATOR
+
+
+def _owned(claim: Mapping[str, Any]) -> OwnedSandbox:
+    metadata = _mapping(claim.get("metadata"))
+    lifecycle = _mapping(_mapping(claim.get("spec")).get("lifecycle"))
+    return OwnedSandbox(
+        id=str(metadata.get("name", "")),
+        created=parse_timestamp(metadata.get("creationTimestamp")) or 0.0,
+        backend="kubernetes-agent-sandbox",
+        expires=parse_timestamp(lifecycle.get("shutdownTime")),
+    )
 
 
 def _mapping(value: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ a shell line as given (``run -- 'echo $HOME | wc -c'``).
 Exit status: the command's own for ``run`` (1 when the remote code does not fit
 0-255); 2 for a configuration error, 3 when no sandbox can be had, 124 when
 ``--timeout`` expired, 130 after Ctrl-C (the remote command is killed first).
+SIGTERM and SIGHUP delete the sandbox first, then end the process (128+n).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from piship_remote import __version__
-from piship_remote.cli import _commands
+from piship_remote import __version__, lifecycle
+from piship_remote.cli import _commands, _sweep
 from piship_remote.cli._commands import EXIT_UNAVAILABLE
 from piship_remote.cli._parser import Parser, add_sandbox_options, port_number, positive_int
 from piship_remote.errors import (
@@ -45,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    lifecycle.cleanup_on_signals()
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_CONFIG
@@ -121,4 +123,19 @@ def _parser() -> Parser:
     ):
         serve.add_argument(option, type=positive_int, default=None, help=what)
     serve.set_defaults(handler=_commands.serve)
+
+    sweep = parser.command(
+        "sweep", help="list and delete the sandboxes and claims piship created (and only those)"
+    )
+    add_sandbox_options(sweep)
+    sweep.add_argument(
+        "--older-than",
+        type=_sweep.duration,
+        default=0.0,
+        metavar="DURATION",
+        help="only those created longer ago than this (30m, 2h, 1d; default: all)",
+    )
+    sweep.add_argument("--dry-run", action="store_true", help="list them, delete nothing")
+    sweep.add_argument("--json", action="store_true", help="print one JSON object")
+    sweep.set_defaults(handler=_sweep.sweep)
     return parser

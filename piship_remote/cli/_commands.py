@@ -164,15 +164,9 @@ def _activated(args: argparse.Namespace, stack: ExitStack) -> Iterator[Sandbox]:
         policy,
         backend=backend,
         workspace=args.workspace,
-        **_attach(args),
+        attach=getattr(args, "attach", None),
     ) as sandbox:
         yield sandbox
-
-
-def _attach(args: argparse.Namespace) -> dict[str, str]:
-    """``attach=ID`` for activation when ``--attach`` was given (else nothing)."""
-    attach = getattr(args, "attach", None)
-    return {"attach": attach} if attach else {}
 
 
 def _shell_line(command: Sequence[str]) -> str:

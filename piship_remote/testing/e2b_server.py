@@ -18,8 +18,16 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
 - ``POST /sandboxes`` (or ``/v2/sandboxes``, the official SDK's): status ``create``
   with sandbox ``sbx1``, envd token ``envd-token-1`` and ``"domain": null``, or, when
   ``create >= 400``, ``{"code":<create>,"message":"no capacity"}``.
-- ``/sandboxes/sbx1/timeout`` and ``/sandboxes/sbx1`` (any method): 204. A DELETE of
-  ``/sandboxes/sbx1`` ends one live sandbox.
+- ``/sandboxes/<id>/timeout`` and ``/sandboxes/<id>`` (any method): 204. A DELETE of
+  ``/sandboxes/<id>`` ends one live sandbox with that id; a renewal (``{"timeout": s}``)
+  moves its end to ``s`` seconds from now. A sandbox whose end has passed is gone
+  (the create's ``timeout``, 300 s when absent, is its first lifetime).
+- ``POST /sandboxes/<id>/connect`` (or ``/v2/…``): 200 with the sandbox, a fresh envd
+  token ``envd-token-<n>`` and ``"domain": null``, its end moved like a renewal;
+  404 ``{"code":404,"message":"sandbox <id> not found"}`` when it is not live.
+- ``GET /v2/sandboxes?metadata=<k%3Dv&…>``: the live sandboxes whose metadata has
+  every pair, as ``ListedSandbox`` objects (``startedAt``/``endAt`` RFC 3339).
+  :meth:`E2bServer.plant` adds a sandbox with any id and metadata (an orphan).
 - ``/process.Process/Start``: ``Authorization`` must be ``Basic base64("<user>:")``
   (absent is accepted as the service's default user, as the official SDK sends
   none); else 401 ``{"code":"unauthenticated","message":"invalid user"}``. The
@@ -60,10 +68,16 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
 from __future__ import annotations
 
 import base64
+import datetime
 import json
+import re
 import threading
+import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+
+import attrs
 
 from piship_remote.local.wire import (
     ApiError,
@@ -129,7 +143,19 @@ _ANSWER_KEYS = frozenset(
 )
 _CONTROL_PREFIXES = ("/sandboxes", "/v2/sandboxes")
 _CREATE_PATHS = ("/sandboxes", "/v2/sandboxes")
-_SANDBOX_PATHS = (f"/sandboxes/{SANDBOX_ID}", f"/sandboxes/{SANDBOX_ID}/timeout")
+_SANDBOX_PATH = re.compile(r"^(?:/v2)?/sandboxes/(?P<id>[^/]+)(?P<action>/timeout|/connect)?$")
+_LIST_PATHS = ("/v2/sandboxes", "/sandboxes")
+DEFAULT_LIFETIME = 300.0
+
+
+@attrs.define
+class _Live:
+    """One live sandbox of the fake service (wall-clock seconds)."""
+
+    sandbox_id: str
+    metadata: dict[str, str]
+    started: float
+    ends: float
 
 
 class E2bServer(RecordingServer):
@@ -152,16 +178,39 @@ class E2bServer(RecordingServer):
         self._health = health
         self._basic = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
         self._state = threading.Lock()
-        self._live: list[str] = []
+        self._live: list[_Live] = []
+        self._tokens = 1
         self._hung: list[tuple[str | None, threading.Event]] = []
         self._killed: set[str] = set()
         super().__init__(self._handle)
 
     @property
     def live_sandboxes(self) -> list[str]:
-        """Sandboxes created and not yet deleted (one ``"sbx1"`` per live creation)."""
+        """Sandboxes created, not deleted and not expired (one ``"sbx1"`` per live creation)."""
         with self._state:
-            return list(self._live)
+            return [live.sandbox_id for live in self._alive()]
+
+    def plant(
+        self,
+        sandbox_id: str,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        age: float = 0.0,
+        lifetime: float = 3600.0,
+    ) -> None:
+        """Add a live sandbox started ``age`` seconds ago, as another client could have."""
+        now = time.time()
+        with self._state:
+            self._live.append(_Live(sandbox_id, dict(metadata or {}), now - age, now + lifetime))
+
+    def _alive(self) -> list[_Live]:
+        """Drop the sandboxes whose end has passed; the rest. Called under the lock."""
+        now = time.time()
+        self._live = [live for live in self._live if live.ends > now]
+        return self._live
+
+    def _find(self, sandbox_id: str) -> _Live | None:
+        return next((live for live in self._alive() if live.sandbox_id == sandbox_id), None)
 
     # ---- routing ---------------------------------------------------------------------
 
@@ -193,22 +242,55 @@ class E2bServer(RecordingServer):
 
     def _control(self, request: Request, path: str) -> Response:
         if request.method == "POST" and path in _CREATE_PATHS:
-            return self._create_sandbox()
-        if path in _SANDBOX_PATHS:
-            if request.method == "DELETE" and path == _SANDBOX_PATHS[0]:
-                with self._state:
-                    if SANDBOX_ID in self._live:
-                        self._live.remove(SANDBOX_ID)
-            return Response(b"", status=204)
-        return Response(b"", status=404)
+            return self._create_sandbox(_body_object(request))
+        if request.method == "GET" and path in _LIST_PATHS:
+            return self._list(request)
+        match = _SANDBOX_PATH.match(path)
+        if match is None:
+            return Response(b"", status=404)
+        sandbox_id, action = match["id"], match["action"]
+        if action == "/connect" and request.method == "POST":
+            return self._connect(sandbox_id, _body_object(request))
+        with self._state:
+            live = self._find(sandbox_id)
+            if live is not None and request.method == "DELETE" and action is None:
+                self._live.remove(live)
+            elif live is not None and action == "/timeout":
+                live.ends = time.time() + _lifetime(_body_object(request))
+        known = live is not None or sandbox_id == SANDBOX_ID
+        return Response(b"", status=204 if known else 404)
 
-    def _create_sandbox(self) -> Response:
+    def _create_sandbox(self, body: dict[str, Any]) -> Response:
         if self._create >= 400:
             return _json(self._create, ApiError(self._create, "no capacity"))
+        metadata = {str(k): str(v) for k, v in _object(body.get("metadata")).items()}
+        now = time.time()
         with self._state:
-            self._live.append(SANDBOX_ID)
+            self._live.append(_Live(SANDBOX_ID, metadata, now, now + _lifetime(body)))
         info = SandboxInfo(SANDBOX_ID, TEMPLATE_ID, CLIENT_ID, ENVD_VERSION, ENVD_ACCESS_TOKEN)
         return _json(self._create, info)
+
+    def _connect(self, sandbox_id: str, body: dict[str, Any]) -> Response:
+        with self._state:
+            live = self._find(sandbox_id)
+            if live is None:
+                return _json(404, ApiError(404, f"sandbox {sandbox_id} not found"))
+            live.ends = max(live.ends, time.time() + _lifetime(body))
+            self._tokens += 1
+            token = f"envd-token-{self._tokens}"
+        return _json(200, SandboxInfo(sandbox_id, TEMPLATE_ID, CLIENT_ID, ENVD_VERSION, token))
+
+    def _list(self, request: Request) -> Response:
+        wanted = dict(
+            urllib.parse.parse_qsl(request.args.get("metadata", ""), keep_blank_values=True)
+        )
+        with self._state:
+            listed = [
+                _listed(live)
+                for live in self._alive()
+                if all(live.metadata.get(k) == v for k, v in wanted.items())
+            ]
+        return json_response(200, listed)
 
     # ---- envd ------------------------------------------------------------------------
 
@@ -315,6 +397,39 @@ def _signal_tag(body: bytes) -> str | None:
         return structure(json.loads(body), SignalRequest).process.tag
     except (ValueError, WireError):
         return None
+
+
+def _body_object(request: Request) -> dict[str, Any]:
+    try:
+        return _object(json.loads(request.get_data() or b"{}"))
+    except ValueError:
+        return {}
+
+
+def _lifetime(body: Mapping[str, Any]) -> float:
+    value = body.get("timeout")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else DEFAULT_LIFETIME
+
+
+def _rfc3339(seconds: float) -> str:
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def _listed(live: _Live) -> dict[str, Any]:
+    return {
+        "sandboxID": live.sandbox_id,
+        "templateID": TEMPLATE_ID,
+        "clientID": CLIENT_ID,
+        "startedAt": _rfc3339(live.started),
+        "endAt": _rfc3339(live.ends),
+        "cpuCount": 2,
+        "memoryMB": 512,
+        "diskSizeMB": 1024,
+        "state": "running",
+        "envdVersion": ENVD_VERSION,
+        "metadata": live.metadata,
+    }
 
 
 def _json(status: int, value: object) -> Response:
