@@ -89,9 +89,15 @@ class LocalProcess:
 
     @classmethod
     def spawn(
-        cls, bwrap: str, options: Sequence[str], command: Sequence[str], *, tag: str = ""
+        cls,
+        bwrap: str,
+        options: Sequence[str],
+        command: Sequence[str],
+        *,
+        tag: str = "",
+        stdin: bool = False,
     ) -> LocalProcess:
-        """Start ``command`` under ``bwrap`` with ``options`` (from :meth:`Jail.options`)."""
+        """Start ``command`` under ``bwrap`` with ``options``; ``stdin`` True gives it a pipe."""
         status_read, status_write = os.pipe()
         try:
             args = options_fd([*options, "--json-status-fd", str(status_write)])
@@ -99,7 +105,7 @@ class LocalProcess:
                 popen = subprocess.Popen(
                     [bwrap, "--args", str(args), "--", *command],
                     env={},
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     pass_fds=(args, status_write),
@@ -113,6 +119,11 @@ class LocalProcess:
         finally:
             os.close(status_write)
         return cls(popen, status_read, tag)
+
+    @property
+    def stdin(self) -> IO[bytes] | None:
+        """The pipe to the command's stdin (spawned with ``stdin=True``), else ``None``."""
+        return self._popen.stdin
 
     @property
     def finished(self) -> bool:

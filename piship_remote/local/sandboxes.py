@@ -91,7 +91,7 @@ class Sandbox:
                 raise StartRefused(f"invalid environment variable {name[:100]!r}")
         return env
 
-    def start(self, config: ProcessConfig, *, tag: str) -> LocalProcess:
+    def start(self, config: ProcessConfig, *, tag: str, stdin: bool = False) -> LocalProcess:
         """Spawn ``config`` in this sandbox; :class:`StartRefused` or :class:`SandboxGone`."""
         try:
             cwd = self._jail.directory(config.cwd)
@@ -108,7 +108,7 @@ class Sandbox:
                 raise SandboxGone(self._deleted)
             # Spawned under the lock so a concurrent delete cannot miss it.
             process = LocalProcess.spawn(
-                self._jail.bwrap, options, [config.cmd, *config.args], tag=tag
+                self._jail.bwrap, options, [config.cmd, *config.args], tag=tag, stdin=stdin
             )
             self._processes[process.pid] = process
             self._configs[process.pid] = config

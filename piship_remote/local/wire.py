@@ -37,9 +37,15 @@ from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 __all__ = [
     "ApiError",
     "ConnectError",
+    "ConnectRequest",
     "DataEvent",
     "EndEvent",
+    "EntryInfo",
+    "ListDirRequest",
+    "ListedSandbox",
+    "MoveRequest",
     "NewSandbox",
+    "PathRequest",
     "ProcessConfig",
     "ProcessInfo",
     "ProcessList",
@@ -47,6 +53,7 @@ __all__ = [
     "Refresh",
     "SandboxDetail",
     "SandboxInfo",
+    "SandboxMetric",
     "SignalRequest",
     "StartEvent",
     "StartRequest",
@@ -76,7 +83,8 @@ class NewSandbox:
     """``POST /sandboxes``: the fields the local service uses; others are ignored."""
 
     template_id: str
-    timeout: int = 15
+    timeout: int | None = None
+    """Seconds; absent means 300 on ``/v2/sandboxes`` and 15 on ``/sandboxes``, as E2B does."""
     allow_internet_access: bool | None = None
     env_vars: dict[str, str] = attrs.field(factory=dict)
     metadata: dict[str, str] = attrs.field(factory=dict)
@@ -87,6 +95,13 @@ class TimeoutRequest:
     """``POST /sandboxes/<id>/timeout``."""
 
     timeout: int
+
+
+@attrs.frozen
+class ConnectRequest:
+    """``POST /sandboxes/<id>/connect``: the lifetime from now (absent: 300 s)."""
+
+    timeout: int | None = None
 
 
 @attrs.frozen
@@ -124,6 +139,39 @@ class SandboxDetail:
     disk_size_mb: int
     state: str
     metadata: dict[str, str] = attrs.field(factory=dict)
+    domain: str | None = None
+
+
+@attrs.frozen
+class ListedSandbox:
+    """One entry of ``GET /sandboxes`` and ``GET /v2/sandboxes``."""
+
+    sandbox_id: str
+    template_id: str
+    client_id: str
+    started_at: str
+    end_at: str
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    state: str
+    envd_version: str
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class SandboxMetric:
+    """One sample of ``GET /sandboxes/<id>/metrics``."""
+
+    timestamp: str
+    timestamp_unix: int
+    cpu_count: int
+    cpu_used_pct: float
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    disk_used: int
+    disk_total: int
 
 
 @attrs.frozen
@@ -209,6 +257,45 @@ class ProcessList:
 
 
 @attrs.frozen
+class EntryInfo:
+    """``filesystem.EntryInfo``: ``size`` is an int64, so a JSON string; ``type`` an enum name."""
+
+    name: str
+    type: str
+    path: str
+    size: str = "0"
+    mode: int = 0
+    permissions: str = ""
+    owner: str = ""
+    group: str = ""
+    modified_time: str | None = None
+    symlink_target: str | None = None
+    is_symlink: bool = False
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class PathRequest:
+    """``Stat``, ``MakeDir``, ``Remove``: one ``path``."""
+
+    path: str = ""
+
+
+@attrs.frozen
+class ListDirRequest:
+    """``ListDir``: ``depth`` 0 means 1."""
+
+    path: str = ""
+    depth: int = 0
+
+
+@attrs.frozen
+class MoveRequest:
+    source: str = ""
+    destination: str = ""
+
+
+@attrs.frozen
 class ConnectError:
     """A Connect error: a lower_snake ``code`` string and a message."""
 
@@ -240,8 +327,38 @@ _RENAMES: Mapping[type, Mapping[str, str]] = {
         "disk_size_mb": "diskSizeMB",
     },
     EndEvent: {"exit_code": "exitCode"},
+    ListedSandbox: {
+        "sandbox_id": "sandboxID",
+        "template_id": "templateID",
+        "client_id": "clientID",
+        "started_at": "startedAt",
+        "end_at": "endAt",
+        "cpu_count": "cpuCount",
+        "memory_mb": "memoryMB",
+        "disk_size_mb": "diskSizeMB",
+        "envd_version": "envdVersion",
+    },
+    SandboxMetric: {
+        "timestamp_unix": "timestampUnix",
+        "cpu_count": "cpuCount",
+        "cpu_used_pct": "cpuUsedPct",
+        "mem_used": "memUsed",
+        "mem_total": "memTotal",
+        "mem_cache": "memCache",
+        "disk_used": "diskUsed",
+        "disk_total": "diskTotal",
+    },
+    EntryInfo: {
+        "modified_time": "modifiedTime",
+        "symlink_target": "symlinkTarget",
+        "is_symlink": "isSymlink",
+    },
 }
-_ALWAYS_SENT: Mapping[type, frozenset[str]] = {SandboxInfo: frozenset({"domain"})}
+_ALWAYS_SENT: Mapping[type, frozenset[str]] = {
+    SandboxInfo: frozenset({"domain"}),
+    SandboxMetric: frozenset(a.name for a in attrs.fields(SandboxMetric)),
+    ListedSandbox: frozenset({"metadata"}),
+}
 
 
 def _strict(kind: type, name: str) -> Callable[[object, type], object]:
