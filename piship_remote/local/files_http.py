@@ -19,8 +19,6 @@ exist``, 400 for a directory, 507 when the sandbox's disk is full::
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import mimetypes
 import posixpath
@@ -34,17 +32,15 @@ from piship_remote.local.http_model import BodyReader, DropConnection, Head, Rep
 from piship_remote.local.multipart import MultipartError, MultipartReader, boundary_of
 from piship_remote.local.sandbox_fs import (
     FEED_PIECE,
-    PathError,
     Ran,
     StreamBroken,
     open_stream,
-    resolve,
     run,
 )
 from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.wire import ApiError, to_json
+from piship_remote.local.wire import ApiError, PathError, resolve, signature, to_json
 
-__all__ = ["FILES_PATH", "FileEndpoints", "signature"]
+__all__ = ["FILES_PATH", "FileEndpoints"]
 
 FILES_PATH = "/files"
 _JSON = "application/json; charset=utf-8"
@@ -63,15 +59,6 @@ if ! mkdir -p -- "$d" 2>/dev/null; then
 fi
 exec cat > "$1"
 """
-
-
-def signature(path: str, operation: str, username: str, token: str, expiration: int | None) -> str:
-    """The signature envd expects for ``operation`` (``read``/``write``) on ``path``."""
-    text = f"{path}:{operation}:{username}:{token}"
-    if expiration is not None:
-        text += f":{expiration}"
-    digest = hashlib.sha256(text.encode()).digest()
-    return "v1_" + base64.b64encode(digest).decode().rstrip("=")
 
 
 class FileEndpoints:

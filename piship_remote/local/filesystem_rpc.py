@@ -15,15 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from piship_remote.local.http_model import Reply
-from piship_remote.local.sandbox_fs import ENTRY_FORMAT, PathError, Ran, parse_entries, resolve, run
+from piship_remote.local.sandbox_fs import ENTRY_FORMAT, Ran, parse_entries, run
 from piship_remote.local.sandboxes import Sandbox
 from piship_remote.local.wire import (
     ConnectError,
     ListDirRequest,
     MoveRequest,
+    PathError,
     PathRequest,
     WireError,
     parse,
+    resolve,
     to_json,
     unstructure,
 )

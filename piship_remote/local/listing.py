@@ -19,13 +19,12 @@ import shutil
 import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
-from urllib.parse import unquote
 
 import attrs
 
 from piship_remote.local.sandbox_fs import run
 from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.wire import SandboxMetric
+from piship_remote.local.wire import SandboxMetric, WireError, metadata_filter
 
 __all__ = ["ListError", "Page", "metadata_filter", "metric", "rfc3339"]
 
@@ -34,26 +33,13 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-class ListError(ValueError):
-    """A list query the API refuses (400)."""
+ListError = WireError
+"""A list query the API refuses (400)."""
 
 
 def rfc3339(timestamp: float) -> str:
     """``timestamp`` as RFC 3339 UTC with a ``Z``."""
     return datetime.fromtimestamp(timestamp, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def metadata_filter(raw: str | None) -> dict[str, str]:
-    """The pairs a ``metadata`` query value asks for; :class:`ListError` when malformed."""
-    if not raw:
-        return {}
-    wanted: dict[str, str] = {}
-    for pair in raw.split("&"):
-        parts = pair.split("=")
-        if len(parts) != 2:
-            raise ListError(f"Invalid metadata filter: {pair[:80]}")
-        wanted[unquote(parts[0])] = unquote(parts[1])
-    return wanted
 
 
 @attrs.frozen

@@ -26,7 +26,7 @@ import attrs
 
 from piship_remote.local.process import Exited, LocalProcess, Output
 from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.wire import EntryInfo, ProcessConfig
+from piship_remote.local.wire import EntryInfo, ProcessConfig, resolve
 
 __all__ = [
     "ENTRY_FORMAT",
@@ -54,10 +54,6 @@ _TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY"}
 Feed = Callable[[IO[bytes]], None]
 
 
-class PathError(ValueError):
-    """A path that cannot be resolved (``~user``, a NUL byte)."""
-
-
 @attrs.frozen
 class Ran:
     """How a helper script ended: its exit code and what it wrote (bounded)."""
@@ -77,23 +73,6 @@ class Streamed:
 
     chunks: Iterator[bytes] | None
     ended: Ran | None
-
-
-def resolve(path: str, home: str) -> str:
-    """envd's path rule: empty is the home, ``~`` expands, relative joins the home; cleaned."""
-    if "\0" in path:
-        raise PathError(f"path '{path[:200]}' contains a NUL byte")
-    if not path or path == "~":
-        return home
-    if path.startswith("~/"):
-        path = home + path[1:]
-    elif path.startswith("~"):
-        shown = path[:200]
-        raise PathError(f"error expanding and resolving path '{shown}': ~user is not supported")
-    elif not path.startswith("/"):
-        path = posixpath.join(home, path)
-    cleaned = posixpath.normpath(path)
-    return "/" + cleaned.lstrip("/")
 
 
 def _config(script: str, args: tuple[str, ...]) -> ProcessConfig:

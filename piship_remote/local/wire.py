@@ -24,9 +24,13 @@ way protojson does (``exitCode`` 0, empty ``error``, absent ``stdout``).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import posixpath
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import attrs
 import cattrs
@@ -45,6 +49,7 @@ __all__ = [
     "ListedSandbox",
     "MoveRequest",
     "NewSandbox",
+    "PathError",
     "PathRequest",
     "ProcessConfig",
     "ProcessInfo",
@@ -61,7 +66,10 @@ __all__ = [
     "WireError",
     "end_stream_frame",
     "event_frame",
+    "metadata_filter",
     "parse",
+    "resolve",
+    "signature",
     "start_message",
     "structure",
     "to_json",
@@ -73,6 +81,27 @@ T = TypeVar("T")
 
 class WireError(ValueError):
     """A request body that is not JSON or does not have the expected shape."""
+
+
+class PathError(ValueError):
+    """A sandbox path that cannot be resolved (``~user``, a NUL byte)."""
+
+
+def resolve(path: str, home: str) -> str:
+    """envd's path rule: empty is the home, ``~`` expands, relative joins the home; cleaned."""
+    if "\0" in path:
+        raise PathError(f"path '{path[:200]}' contains a NUL byte")
+    if not path or path == "~":
+        return home
+    if path.startswith("~/"):
+        path = home + path[1:]
+    elif path.startswith("~"):
+        shown = path[:200]
+        raise PathError(f"error expanding and resolving path '{shown}': ~user is not supported")
+    elif not path.startswith("/"):
+        path = posixpath.join(home, path)
+    cleaned = posixpath.normpath(path)
+    return "/" + cleaned.lstrip("/")
 
 
 # -- control plane -------------------------------------------------------------------
@@ -442,3 +471,28 @@ def start_message(body: bytes) -> dict[str, Any]:
     if not frames or frames[0].end_stream:
         raise WireError("the request holds no Start message")
     return frames[0].message
+
+
+# -- queries and signatures --------------------------------------------------------
+
+
+def metadata_filter(raw: str | None) -> dict[str, str]:
+    """The pairs a ``metadata`` query value asks for; :class:`ListError` when malformed."""
+    if not raw:
+        return {}
+    wanted: dict[str, str] = {}
+    for pair in raw.split("&"):
+        parts = pair.split("=")
+        if len(parts) != 2:
+            raise WireError(f"Invalid metadata filter: {pair[:80]}")
+        wanted[unquote(parts[0])] = unquote(parts[1])
+    return wanted
+
+
+def signature(path: str, operation: str, username: str, token: str, expiration: int | None) -> str:
+    """The signature envd expects for ``operation`` (``read``/``write``) on ``path``."""
+    text = f"{path}:{operation}:{username}:{token}"
+    if expiration is not None:
+        text += f":{expiration}"
+    digest = hashlib.sha256(text.encode()).digest()
+    return "v1_" + base64.b64encode(digest).decode().rstrip("=")
