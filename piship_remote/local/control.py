@@ -6,7 +6,7 @@
 ``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
 ``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``limit``…)
 ``GET /sandboxes/<id>``                    200 with the sandbox's details
-``POST /sandboxes/<id>/connect`` (+ v2)    200 with a fresh ``envdAccessToken``; 404 unknown
+``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 404 unknown
 ``GET /sandboxes/<id>/metrics``            200: one sample read from the sandbox's processes
 ``POST /sandboxes/<id>/timeout``           204: live ``timeout`` more seconds from now
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
@@ -29,7 +29,6 @@ from __future__ import annotations
 import hmac
 import os
 import re
-import secrets
 import shutil
 import time
 from collections.abc import Mapping
@@ -157,8 +156,8 @@ class ControlPlane:
             return _error(400, "Timeout must be greater than 0")
         if not self._registry.set_lifetime(sandbox.id, seconds, extend_only=True):
             return _error(404, f'sandbox "{sandbox.id}" not found')
-        # A fresh token for the new client; the previous one stops working.
-        sandbox.access_token = secrets.token_hex(16)
+        # The sandbox's own envd token, as E2B answers: rotating it would cut off every
+        # client already attached.
         return Reply(200, to_json(self._info(sandbox)), "application/json")
 
     def _info(self, sandbox: Sandbox) -> SandboxInfo:
