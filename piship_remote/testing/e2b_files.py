@@ -12,8 +12,11 @@ Each operation returns ``(status, json_value)``: the ``/files`` endpoints answer
 
 from __future__ import annotations
 
+import hmac
 import posixpath
 import threading
+import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,11 +29,12 @@ from piship_remote.local.wire import (
     PathRequest,
     WireError,
     resolve,
+    signature,
     structure,
     unstructure,
 )
 
-__all__ = ["HOME", "MemoryTree"]
+__all__ = ["HOME", "MemoryTree", "files_refusal"]
 
 HOME = "/home/user"
 _STATUS = {"not_found": 404, "already_exists": 409, "invalid_argument": 400, "unimplemented": 501}
@@ -206,3 +210,34 @@ def _under(candidate: str, directory: str, depth: int) -> bool:
     if not candidate.startswith(prefix) or candidate == directory:
         return False
     return candidate[len(prefix) :].count("/") < depth
+
+
+def files_refusal(
+    headers: Mapping[str, str], args: Mapping[str, str], operation: str, envd_token: str
+) -> str | None:
+    """Why envd refuses a ``/files`` request (``headers`` lower-cased), ``None`` if it passes.
+
+    envd needs ``envd_token`` in ``X-Access-Token`` or a URL signed with it.
+    """
+    token = headers.get("x-access-token")
+    if token is not None:
+        if hmac.compare_digest(token, envd_token):
+            return None
+        return "access token present in header but does not match"
+    given = args.get("signature")
+    if given is None:
+        return "missing signature query parameter"
+    raw = args.get("signature_expiration")
+    expiration = int(raw) if raw is not None and raw.lstrip("-").isdigit() else None
+    expected = signature(
+        args.get("path", ""),
+        operation,
+        args.get("username", ""),
+        envd_token,
+        expiration,
+    )
+    if not hmac.compare_digest(given, expected):
+        return "invalid signature"
+    if expiration is not None and expiration < time.time():
+        return "signature is already expired"
+    return None

@@ -78,7 +78,6 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
 from __future__ import annotations
 
 import base64
-import hmac
 import itertools
 import json
 import re
@@ -102,13 +101,12 @@ from piship_remote.local.wire import (
     end_stream_frame,
     event_frame,
     metadata_filter,
-    signature,
     start_message,
     structure,
     to_json,
     unstructure,
 )
-from piship_remote.testing.e2b_files import MemoryTree
+from piship_remote.testing.e2b_files import MemoryTree, files_refusal
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
@@ -341,7 +339,8 @@ class E2bServer(RecordingServer):
         operation = {"GET": "read", "POST": "write"}.get(request.method)
         if operation is None:
             return Response(b"", status=405)
-        refusal = _files_refusal(request, operation)
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        refusal = files_refusal(headers, request.args, operation, ENVD_ACCESS_TOKEN)
         if refusal is not None:
             return json_response(401, {"code": 401, "message": refusal})
         tree = self._tree(sandbox_id)
@@ -550,29 +549,3 @@ def _json_body(request: Request) -> Any:
         return json.loads(request.get_data() or b"{}")
     except ValueError:
         return {}
-
-
-def _files_refusal(request: Request, operation: str) -> str | None:
-    """envd's check of ``/files``: the envd token in the header, or a URL signed with it."""
-    token = request.headers.get("X-Access-Token")
-    if token is not None:
-        if hmac.compare_digest(token, ENVD_ACCESS_TOKEN):
-            return None
-        return "access token present in header but does not match"
-    given = request.args.get("signature")
-    if given is None:
-        return "missing signature query parameter"
-    raw = request.args.get("signature_expiration")
-    expiration = int(raw) if raw is not None and raw.lstrip("-").isdigit() else None
-    expected = signature(
-        request.args.get("path", ""),
-        operation,
-        request.args.get("username", ""),
-        ENVD_ACCESS_TOKEN,
-        expiration,
-    )
-    if not hmac.compare_digest(given, expected):
-        return "invalid signature"
-    if expiration is not None and expiration < time.time():
-        return "signature is already expired"
-    return None
