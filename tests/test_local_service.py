@@ -276,7 +276,8 @@ def test_create_answers_the_e2b_sandbox_shape(client: Client) -> None:
     sandbox = client.create(templateID="piship-workspace")
     assert re.fullmatch(r"[a-z0-9]{20}", sandbox["sandboxID"])
     assert sandbox["templateID"] == "piship-workspace"
-    assert sandbox["envdVersion"] == "0.4.0"
+    assert sandbox["envdVersion"] == "0.5.7"  # octet-stream and streamed uploads
+    assert sandbox["domain"] == f"localhost:{client.service.url.rsplit(':', 1)[1]}"
     assert sandbox["clientID"]
     assert len(sandbox["envdAccessToken"]) >= 32
 
@@ -654,7 +655,7 @@ def test_send_signal_to_an_unknown_tag_is_not_found(
 
 
 @needs_bwrap
-def test_envd_refuses_a_wrong_access_token_with_plain_json_401(
+def test_envd_refuses_a_wrong_access_token_on_start_with_a_connect_end_stream_error(
     client: Client, sandbox: dict[str, Any]
 ) -> None:
     response = client.session.post(
@@ -665,6 +666,21 @@ def test_envd_refuses_a_wrong_access_token_with_plain_json_401(
             "X-Access-Token": "wrong",
             "Content-Type": "application/connect+json",
         },
+        timeout=HTTP_TIMEOUT,
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/connect+json"
+    assert Stream(response).finish().trailer["error"]["code"] == "unauthenticated"
+
+
+@needs_bwrap
+def test_envd_refuses_a_wrong_access_token_on_a_unary_call_with_plain_json_401(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    response = client.session.post(
+        client.service.envd_url + "/process.Process/List",
+        json={},
+        headers={**client.envd_headers(sandbox), "X-Access-Token": "wrong"},
         timeout=HTTP_TIMEOUT,
     )
     assert response.status_code == 401
@@ -683,8 +699,9 @@ def test_envd_refuses_a_wrong_basic_user(client: Client, sandbox: dict[str, Any]
         },
         timeout=HTTP_TIMEOUT,
     )
-    assert response.status_code == 401
-    assert response.json() == {"code": "unauthenticated", "message": "invalid username: 'root'"}
+    assert response.status_code == 200
+    trailer = Stream(response).finish().trailer
+    assert trailer == {"error": {"code": "unauthenticated", "message": "invalid username: 'root'"}}
 
 
 @needs_bwrap

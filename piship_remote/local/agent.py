@@ -9,7 +9,7 @@ The service talks to it over a ``SOCK_SEQPACKET`` socket (its fd number is the
 agent's one argument), one JSON
 message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
 
-    {"op": "start", "id": 7}  + fds [stdout, stderr, status, spec]
+    {"op": "start", "id": 7}  + fds [stdout, stderr, status, spec, (stdin)]
     {"op": "kill", "id": 7, "signal": 9}
     {"op": "drain"}           + fds [stdout, stderr]   (read to EOF, then close)
 
@@ -36,7 +36,7 @@ import socket
 import subprocess
 import sys
 
-MAX_FDS = 4
+MAX_FDS = 5
 PACKET_BYTES = 65536
 SHELLS = ("/bin/bash", "/usr/bin/bash", "/bin/sh", "/usr/bin/sh", "bash", "sh")
 SCRIPT_VARIABLE = "PISHIP_SCRIPT"
@@ -102,7 +102,8 @@ class Agent:
         return True
 
     def start(self, ident: int, fds: list[int]) -> None:
-        stdout, stderr, status, spec_fd = fds
+        stdout, stderr, status, spec_fd = fds[:4]
+        stdin = fds[4] if len(fds) > 4 else subprocess.DEVNULL
         try:
             with os.fdopen(spec_fd, "rb") as spec_file:
                 spec = json.loads(spec_file.read())
@@ -112,7 +113,7 @@ class Agent:
                 executable=spec["cmd"],
                 env=env,
                 cwd=spec["cwd"],
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
@@ -127,6 +128,8 @@ class Agent:
         finally:
             os.close(stdout)
             os.close(stderr)
+            if stdin != subprocess.DEVNULL:
+                os.close(stdin)
 
     def kill(self, ident: int, sig: int) -> None:
         entry = self.children.get(ident)

@@ -3,13 +3,20 @@
 =========================================  ======================================
 ``GET /health``                            204, no key needed
 ``POST /sandboxes`` (and ``/v2/sandboxes``)  201 with ``sandboxID``, ``envdAccessToken``…
+``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
+``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``limit``…)
 ``GET /sandboxes/<id>``                    200 with the sandbox's details
+``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 404 unknown
+``GET /sandboxes/<id>/metrics``            200: one sample read from the sandbox's processes
 ``POST /sandboxes/<id>/timeout``           204: live ``timeout`` more seconds from now
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
 ``DELETE /sandboxes/<id>``                 204: kill its processes, remove its files
 =========================================  ======================================
 
-Every ``/sandboxes…`` request needs ``X-API-Key``. Errors are E2B's
+Every ``/sandboxes…`` request needs ``X-API-Key``. A create without ``timeout``
+lives 300 s on ``/v2/sandboxes`` (the current SDKs send none) and 15 s on
+``/sandboxes``, E2B's defaults. Create and connect answers carry ``domain``
+(``localhost:<port>``), so ``get_host(port)`` names a loopback host. Errors are E2B's
 ``{"code": <status>, "message": …}``. A sandbox may reach the internet only when
 created with ``"allow_internet_access": true`` (E2B's default is to allow)::
 
@@ -25,12 +32,15 @@ import re
 import shutil
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from urllib.parse import parse_qs, urlsplit
 
+from piship_remote.local.http_model import Head, Reply, Request
+from piship_remote.local.listing import ListError, Page, metadata_filter, metric, rfc3339
 from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, TooManySandboxes
-from piship_remote.local.server import Head, Reply, Request
 from piship_remote.local.wire import (
     ApiError,
+    ConnectRequest,
+    ListedSandbox,
     NewSandbox,
     Refresh,
     SandboxDetail,
@@ -43,19 +53,32 @@ from piship_remote.local.wire import (
 
 __all__ = ["CLIENT_ID", "ENVD_VERSION", "ControlPlane"]
 
-ENVD_VERSION = "0.4.0"
+ENVD_VERSION = "0.5.7"
 CLIENT_ID = "piship-local"
 MAX_REFRESH = 3600
 MIB = 1024 * 1024
-_SANDBOX_PATH = re.compile(r"/sandboxes/([A-Za-z0-9-]{1,128})(/timeout|/refreshes)?\Z")
+V2_TIMEOUT = 300
+V1_TIMEOUT = 15
+_SANDBOX_PATH = re.compile(
+    r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})(/timeout|/refreshes|/connect|/metrics)?\Z"
+)
+_ACTION_METHOD = {
+    None: ("GET", "DELETE"),
+    "/timeout": ("POST",),
+    "/refreshes": ("POST",),
+    "/connect": ("POST",),
+    "/metrics": ("GET",),
+}
 
 
 class ControlPlane:
     """Answers the REST requests for the sandboxes of a :class:`Registry`."""
 
-    def __init__(self, registry: Registry, *, api_key: str) -> None:
+    def __init__(self, registry: Registry, *, api_key: str, domain: str | None = None) -> None:
         self._registry = registry
         self._api_key = api_key
+        self.domain = domain
+        """What create and connect answers give as ``domain`` (the service's loopback host)."""
 
     def screen(self, head: Head) -> Reply | None:
         """The refusal of a request its headers already rule out (no key), before its body."""
@@ -70,14 +93,17 @@ class ControlPlane:
             return refusal
         try:
             return self._route(request)
-        except WireError as e:
+        except (WireError, ListError) as e:
             return _error(400, str(e))
 
     def _route(self, request: Request) -> Reply:
         if request.path in ("/sandboxes", "/v2/sandboxes"):
+            if request.method == "GET":
+                return self._list(request)
             if request.method != "POST":
                 return _error(405, f"{request.method} is not allowed on {request.path}")
-            return self._create(request.body)
+            default = V2_TIMEOUT if request.path.startswith("/v2/") else V1_TIMEOUT
+            return self._create(request.body, default)
         match = _SANDBOX_PATH.match(request.path)
         if match is None:
             return _error(404, "not found")
@@ -85,9 +111,12 @@ class ControlPlane:
         sandbox = self._registry.get(sandbox_id)
         if sandbox is None:
             return _error(404, f'sandbox "{sandbox_id}" not found')
-        allowed = ("POST",) if action else ("GET", "DELETE")
-        if request.method not in allowed:
+        if request.method not in _ACTION_METHOD[action]:
             return _error(405, f"{request.method} is not allowed on {request.path}")
+        if action == "/connect":
+            return self._connect(sandbox, request.body)
+        if action == "/metrics":
+            return Reply(200, to_json([metric(sandbox)]), "application/json")
         if action == "/timeout":
             seconds = parse(request.body, TimeoutRequest).timeout
             return self._lifetime(sandbox_id, seconds, extend_only=False)
@@ -95,19 +124,61 @@ class ControlPlane:
             duration = min(max(parse(request.body, Refresh).duration, 0), MAX_REFRESH)
             return self._lifetime(sandbox_id, duration, extend_only=True)
         if request.method == "GET":
-            left = max(sandbox.expires_at - self._registry.clock(), 0.0)
-            return Reply(200, to_json(_detail(sandbox, left)), "application/json")
+            detail = _detail(sandbox, self._left(sandbox), self.domain)
+            return Reply(200, to_json(detail), "application/json")
         self._registry.delete(sandbox_id)
         return Reply(204)
 
-    def _create(self, body: bytes) -> Reply:
+    def _left(self, sandbox: Sandbox) -> float:
+        return max(sandbox.expires_at - self._registry.clock(), 0.0)
+
+    def _list(self, request: Request) -> Reply:
+        query = {k: v[0] for k, v in parse_qs(urlsplit(request.target).query).items()}
+        sandboxes = [s for i in self._registry.ids() if (s := self._registry.get(i)) is not None]
+        headers: tuple[tuple[str, str], ...] = ()
+        if request.path == "/sandboxes":  # v1: running sandboxes, metadata filter, one page
+            wanted = metadata_filter(query.get("metadata"))
+            chosen = [
+                s for s in sandboxes if all(s.metadata.get(k) == v for k, v in wanted.items())
+            ]
+        else:
+            chosen, token = Page.of(query).select(sandboxes)
+            headers = (("X-Total-Running", str(len(sandboxes))),)
+            if token is not None:
+                headers += (("X-Next-Token", token),)
+        listed = [_listed(s, self._left(s)) for s in chosen]
+        return Reply(200, to_json(listed), "application/json", headers)
+
+    def _connect(self, sandbox: Sandbox, body: bytes) -> Reply:
+        timeout = parse(body, ConnectRequest).timeout
+        seconds = V2_TIMEOUT if timeout is None else timeout
+        if seconds <= 0:
+            return _error(400, "Timeout must be greater than 0")
+        if not self._registry.set_lifetime(sandbox.id, seconds, extend_only=True):
+            return _error(404, f'sandbox "{sandbox.id}" not found')
+        # The sandbox's own envd token, as E2B answers: rotating it would cut off every
+        # client already attached.
+        return Reply(200, to_json(self._info(sandbox)), "application/json")
+
+    def _info(self, sandbox: Sandbox) -> SandboxInfo:
+        return SandboxInfo(
+            sandbox_id=sandbox.id,
+            template_id=sandbox.template,
+            client_id=CLIENT_ID,
+            envd_version=ENVD_VERSION,
+            envd_access_token=sandbox.access_token,
+            domain=self.domain,
+        )
+
+    def _create(self, body: bytes, default_timeout: int) -> Reply:
         new = parse(body, NewSandbox)
-        if new.timeout < 0:
+        timeout = default_timeout if new.timeout is None else new.timeout
+        if timeout < 0:
             return _error(400, "timeout must not be negative")
         try:
             sandbox = self._registry.create(
                 template=new.template_id,
-                lifetime=new.timeout,
+                lifetime=timeout,
                 network=new.allow_internet_access is True,
                 env_vars=new.env_vars,
                 metadata=new.metadata,
@@ -116,14 +187,7 @@ class ControlPlane:
             return _error(429, str(e))
         except SandboxGone as e:
             return _error(503, str(e))
-        info = SandboxInfo(
-            sandbox_id=sandbox.id,
-            template_id=sandbox.template,
-            client_id=CLIENT_ID,
-            envd_version=ENVD_VERSION,
-            envd_access_token=sandbox.access_token,
-        )
-        return Reply(201, to_json(info), "application/json")
+        return Reply(201, to_json(self._info(sandbox)), "application/json")
 
     def _lifetime(self, sandbox_id: str, seconds: int, *, extend_only: bool) -> Reply:
         if seconds < 0:
@@ -143,26 +207,46 @@ class ControlPlane:
         return None
 
 
-def _detail(sandbox: Sandbox, left: float) -> SandboxDetail:
+def _detail(sandbox: Sandbox, left: float, domain: str | None) -> SandboxDetail:
+    size = _sizes(sandbox)
     return SandboxDetail(
         sandbox_id=sandbox.id,
         template_id=sandbox.template,
         client_id=CLIENT_ID,
         envd_version=ENVD_VERSION,
         envd_access_token=sandbox.access_token,
-        started_at=_rfc3339(sandbox.started_at),
-        end_at=_rfc3339(time.time() + left),
-        # No limits are enforced: these are the host's, which the sandbox shares.
-        cpu_count=os.cpu_count() or 1,
-        memory_mb=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB,
-        disk_size_mb=shutil.disk_usage(sandbox.home).total // MIB,
+        started_at=rfc3339(sandbox.started_at),
+        end_at=rfc3339(time.time() + left),
+        cpu_count=size[0],
+        memory_mb=size[1],
+        disk_size_mb=size[2],
         state="running",
+        metadata=sandbox.metadata,
+        domain=domain,
+    )
+
+
+def _listed(sandbox: Sandbox, left: float) -> ListedSandbox:
+    size = _sizes(sandbox)
+    return ListedSandbox(
+        sandbox_id=sandbox.id,
+        template_id=sandbox.template,
+        client_id=CLIENT_ID,
+        started_at=rfc3339(sandbox.started_at),
+        end_at=rfc3339(time.time() + left),
+        cpu_count=size[0],
+        memory_mb=size[1],
+        disk_size_mb=size[2],
+        state="running",
+        envd_version=ENVD_VERSION,
         metadata=sandbox.metadata,
     )
 
 
-def _rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat().replace("+00:00", "Z")
+def _sizes(sandbox: Sandbox) -> tuple[int, int, int]:
+    """CPUs, memory MiB and disk MiB: the host's, which the sandbox shares."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB
+    return os.cpu_count() or 1, memory, shutil.disk_usage(sandbox.home).total // MIB
 
 
 def _error(status: int, message: str) -> Reply:

@@ -1,8 +1,11 @@
-"""The envd side of the local service: the ``process.Process`` Connect RPCs.
+"""The envd side of the local service: the ``process.Process`` and ``filesystem.Filesystem``
+Connect RPCs, and the ``/files`` endpoints.
 
 Requests pick their sandbox with the ``E2b-Sandbox-Id`` header (what E2B's edge
-routes on) and must carry that sandbox's ``X-Access-Token``. ``Start`` streams
-Connect frames as the command writes; ``SendSignal`` kills a command's whole
+routes on), or a ``Host`` of ``49983-<id>.<domain>``, and must carry that sandbox's
+``X-Access-Token`` (``/files`` may carry a URL signature instead). A refusal on a
+streaming call (``Start``) is a Connect end-of-stream error, as Connect clients expect.
+``Start`` streams Connect frames as the command writes; ``SendSignal`` kills a command's whole
 process tree by ``tag`` or ``pid``; ``List`` shows the running commands::
 
     envd = Envd(registry, user="user")
@@ -23,9 +26,12 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from piship_remote.local.files_http import FILES_PATH, FileEndpoints
+from piship_remote.local.filesystem_rpc import FILESYSTEM_PREFIX, FilesystemRpc
+from piship_remote.local.http_model import Head, Reply, Request
 from piship_remote.local.process import Exited, LocalProcess, Output
+from piship_remote.local.sandbox_fs import TAG_PREFIX
 from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, StartRefused
-from piship_remote.local.server import Head, Reply, Request
 from piship_remote.local.wire import (
     ConnectError,
     DataEvent,
@@ -44,9 +50,10 @@ from piship_remote.local.wire import (
     to_json,
 )
 
-__all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "PREFIX", "Envd"]
+__all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "ENVD_PORT", "PREFIX", "Envd", "is_envd"]
 
 PREFIX = "/process.Process/"
+ENVD_PORT = 49983
 CONNECT_JSON = "application/connect+json"
 DEFAULT_KEEPALIVE = 90.0
 MAX_TIMEOUT_DIGITS = 10
@@ -70,25 +77,57 @@ _GONE = {
 }
 
 
-class Envd:
-    """Routes ``/process.Process/*`` requests to the sandboxes of a :class:`Registry`."""
+def is_envd(head: Head) -> bool:
+    """Whether a request is for envd (by its path, or a ``Host`` naming envd's port)."""
+    if head.path.startswith((PREFIX, FILESYSTEM_PREFIX)) or head.path == FILES_PATH:
+        return True
+    return _host_sandbox(head.headers) is not None
 
-    def __init__(self, registry: Registry, *, user: str) -> None:
+
+def _host_sandbox(headers: Mapping[str, str]) -> str | None:
+    label = headers.get("host", "").partition(".")[0]
+    port, _, sandbox_id = label.partition("-")
+    return sandbox_id if port == str(ENVD_PORT) and sandbox_id else None
+
+
+class Envd:
+    """Routes envd requests to the sandboxes of a :class:`Registry`."""
+
+    def __init__(self, registry: Registry, *, user: str, home: str) -> None:
         self._registry = registry
         self._user = user
+        self._files = FileEndpoints(user=user, home=home)
+        self._filesystem = FilesystemRpc(home=home)
 
     def screen(self, head: Head) -> Reply | None:
         """The refusal of a request for no sandbox or without its token, before its body."""
-        sandbox = self._sandbox(head.headers)
+        sandbox = self._sandbox(head)
         return sandbox if isinstance(sandbox, Reply) else None
 
+    def streams_body(self, head: Head) -> bool:
+        """Whether the request's body is read as it arrives (uploads), not whole."""
+        return head.path == FILES_PATH and head.method == "POST"
+
     def handle(self, request: Request) -> Reply:
-        """Answer one envd request (``request.path`` starts with :data:`PREFIX`)."""
-        sandbox = self._sandbox(request.headers)
+        """Answer one envd request (see :func:`is_envd`)."""
+        head = Head(request.method, request.target, request.path, request.headers)
+        sandbox = self._sandbox(head)
         if isinstance(sandbox, Reply):
             return sandbox
+        if request.path == FILES_PATH:
+            return self._files.handle(sandbox, request)
+        if request.path == "/health":
+            return Reply(204)
         if request.method != "POST":
             return Reply(405, headers=(("Allow", "POST"),))
+        if request.path.startswith(FILESYSTEM_PREFIX):
+            refusal = self._user_refusal(request.headers.get("authorization"))
+            if refusal is not None:
+                return _connect_error(401, "unauthenticated", refusal)
+            if _media_type(request) != "application/json":
+                return Reply(415, headers=(("Accept-Post", "application/json"),))
+            method = request.path[len(FILESYSTEM_PREFIX) :]
+            return self._filesystem.handle(sandbox, method, request.body)
         method = request.path[len(PREFIX) :]
         if method == "Start":
             return self._start(sandbox, request)
@@ -96,24 +135,45 @@ class Envd:
             return _unary(request, lambda body: _signal(sandbox, body))
         if method == "List":
             return _unary(request, lambda _: _list(sandbox))
-        return Reply(404)
+        return _connect_error(
+            501, "unimplemented", f"process.Process/{method[:60]} is not supported"
+        )
 
-    def _sandbox(self, headers: Mapping[str, str]) -> Sandbox | Reply:
-        """The sandbox ``headers`` name and hold the token of, or the refusal."""
-        sandbox_id = headers.get("e2b-sandbox-id", "")
+    def _sandbox(self, head: Head) -> Sandbox | Reply:
+        """The sandbox the request names and holds the token of, or the refusal."""
+        headers = head.headers
+        sandbox_id = headers.get("e2b-sandbox-id") or _host_sandbox(headers) or ""
+        if not sandbox_id and head.path == FILES_PATH:
+            sandbox_id = self._signed_by(head)
         sandbox = self._registry.get(sandbox_id)
         if sandbox is None:
             gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
             return _json(502, {**gone, "code": 502})
+        if head.path == FILES_PATH:
+            return sandbox  # a token or a URL signature, checked by the file endpoints
         token = headers.get("x-access-token", "")
         if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
+            if head.path == PREFIX + "Start":
+                return _stream_error("unauthenticated", UNAUTHORIZED)
             return _json(401, {"code": 401, "message": UNAUTHORIZED})
         return sandbox
+
+    def _signed_by(self, head: Head) -> str:
+        """The sandbox whose token signs a ``/files`` URL that names no sandbox (else ``""``).
+
+        An SDK given one URL for every sandbox makes ``download_url``/``upload_url``
+        without the sandbox's id; the signature is what tells them apart.
+        """
+        for sandbox_id in self._registry.ids():
+            sandbox = self._registry.get(sandbox_id)
+            if sandbox is not None and self._files.signed_for(sandbox, head):
+                return sandbox_id
+        return ""
 
     def _start(self, sandbox: Sandbox, request: Request) -> Reply:
         refusal = self._user_refusal(request.headers.get("authorization"))
         if refusal is not None:
-            return _connect_error(401, "unauthenticated", refusal)
+            return _stream_error("unauthenticated", refusal)
         if _media_type(request) != CONNECT_JSON:
             return Reply(415, headers=(("Accept-Post", CONNECT_JSON),))
         encoding = request.headers.get("connect-content-encoding", "identity")
@@ -237,7 +297,11 @@ def _signal(sandbox: Sandbox, body: bytes) -> Reply:
 
 
 def _list(sandbox: Sandbox) -> Reply:
-    infos = [ProcessInfo(config, process.pid, process.tag) for process, config in sandbox.listing()]
+    infos = [
+        ProcessInfo(config, process.pid, process.tag)
+        for process, config in sandbox.listing()
+        if not process.tag.startswith(TAG_PREFIX)
+    ]
     return Reply(200, to_json(ProcessList(infos)), "application/json")
 
 

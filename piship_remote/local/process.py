@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Literal
+from typing import IO, Literal
 
 import attrs
 
@@ -125,9 +125,11 @@ class LocalProcess:
         pipes: tuple[int, int, int],
         tag: str,
         limit_check: Callable[[int], str | None],
+        stdin: IO[bytes] | None = None,
     ) -> None:
         self.pid = pid
         self.tag = tag
+        self._stdin = stdin
         self._link = link
         self._id = ident
         self._stdout, self._stderr, self._status = pipes
@@ -145,29 +147,34 @@ class LocalProcess:
         *,
         tag: str = "",
         limit_check: Callable[[int], str | None] = lambda _: None,
+        stdin: bool = False,
     ) -> LocalProcess:
         """Ask the agent to start ``spec`` (``cmd``, ``args``, ``env``, ``cwd``).
 
-        ``limit_check(exit_code)`` names a sandbox limit the command hit, if any.
+        ``limit_check(exit_code)`` names a sandbox limit the command hit, if any;
+        ``stdin`` True gives the command a pipe (:attr:`stdin`), else ``/dev/null``.
         :class:`StartFailed` when the program cannot be started, ``OSError`` when
         the agent is gone.
         """
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         status_read, status_write = os.pipe()
+        in_read, in_write = os.pipe() if stdin else (-1, -1)
         spec_fd = options_fd([])
         ident = link.next_id()
+        sent = [out_write, err_write, status_write, spec_fd] + ([in_read] if stdin else [])
         try:
             os.write(spec_fd, json.dumps(dict(spec)).encode())
             os.lseek(spec_fd, 0, os.SEEK_SET)
-            link.send({"op": "start", "id": ident}, [out_write, err_write, status_write, spec_fd])
+            link.send({"op": "start", "id": ident}, sent)
         except BaseException:
-            for fd in (out_read, err_read, status_read):
+            for fd in (out_read, err_read, status_read) + ((in_write,) if stdin else ()):
                 os.close(fd)
             raise
         finally:
-            for fd in (out_write, err_write, status_write, spec_fd):
+            for fd in sent:
                 os.close(fd)
+        pipe = os.fdopen(in_write, "wb") if stdin else None
         try:
             first = _first_status(status_read)
         except BaseException:
@@ -178,9 +185,16 @@ class LocalProcess:
         if not isinstance(pid, int):
             for fd in (out_read, err_read, status_read):
                 os.close(fd)
+            if pipe is not None:
+                pipe.close()
             raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
         pipes = (out_read, err_read, status_read)
-        return cls(link, ident, pid, pipes, tag, limit_check)
+        return cls(link, ident, pid, pipes, tag, limit_check, pipe)
+
+    @property
+    def stdin(self) -> IO[bytes] | None:
+        """The pipe to the command's stdin (started with ``stdin=True``), else ``None``."""
+        return self._stdin
 
     @property
     def finished(self) -> bool:

@@ -189,9 +189,10 @@ class SandboxVm:
         *,
         tag: str,
         limit_check: Callable[[int], str | None],
+        stdin: bool = False,
     ) -> LocalProcess:
         """Have the agent start ``spec``; see :meth:`LocalProcess.start`."""
-        return LocalProcess.start(self._link, spec, tag=tag, limit_check=limit_check)
+        return LocalProcess.start(self._link, spec, tag=tag, limit_check=limit_check, stdin=stdin)
 
     def close(self) -> None:
         """End every process of the sandbox, its network stack and its cgroups; idempotent."""

@@ -116,7 +116,7 @@ class Sandbox:
                 raise StartRefused(f"invalid environment variable {name[:100]!r}")
         return env
 
-    def start(self, config: ProcessConfig, *, tag: str) -> LocalProcess:
+    def start(self, config: ProcessConfig, *, tag: str, stdin: bool = False) -> LocalProcess:
         """Spawn ``config`` in this sandbox; :class:`StartRefused` or :class:`SandboxGone`."""
         try:
             cwd = self._jail.directory(config.cwd)
@@ -133,7 +133,9 @@ class Sandbox:
                 raise SandboxGone(self._deleted)
             # Started under the lock so a concurrent delete cannot miss it.
             try:
-                process = self._vm.start(spec, tag=tag, limit_check=self._limit_check())
+                process = self._vm.start(
+                    spec, tag=tag, limit_check=self._limit_check(), stdin=stdin
+                )
             except StartFailed as e:
                 raise StartRefused(str(e)) from None
             self._processes[process.pid] = process

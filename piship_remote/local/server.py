@@ -20,7 +20,11 @@ service refuses a request without its key). :class:`Limits` bounds what a client
 can hold: the size of the head and of the body, how long a read may stall or a
 connection idle, and how many connections are open at once (when full, the
 longest-idle connection is closed to admit a new one, else the new one gets an
-immediate 503).
+immediate 503). ``streamed(head)`` names the routes that read their body themselves
+(``request.stream``), of any size, instead of getting it whole.
+
+The values live in :mod:`piship_remote.local.http_model` and each connection's
+handling in :mod:`piship_remote.local.connection`; both are re-exported here.
 
 Threads: ``<prefix>http`` accepts, ``<prefix>conn-N`` serves one connection; all
 daemons, all joined by :meth:`HttpServer.close`, which also releases every
@@ -30,25 +34,35 @@ daemons, all joined by :meth:`HttpServer.close`, which also releases every
 from __future__ import annotations
 
 import contextlib
-import http.client
 import itertools
-import json
 import logging
 import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
-import attrs
+from piship_remote.local.connection import ConnectionHandler, cut
+from piship_remote.local.http_model import (
+    MAX_BODY_BYTES,
+    MAX_HEADER_BYTES,
+    BodyReader,
+    DropConnection,
+    Head,
+    Limits,
+    Recorded,
+    Reply,
+    Request,
+    Router,
+    Screen,
+)
 
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_HEADER_BYTES",
+    "BodyReader",
     "DropConnection",
     "Head",
     "HttpServer",
@@ -60,97 +74,13 @@ __all__ = [
     "Screen",
 ]
 
-MAX_BODY_BYTES = 16 * 1024 * 1024 + 5
-MAX_HEADER_BYTES = 64 * 1024
-WRITE_TIMEOUT = 30.0
 POLL_INTERVAL = 0.02
 ADMIT_WAIT = 0.2
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-_READ_PIECE = 64 * 1024
 
 _log = logging.getLogger("piship_remote.http")
 _S = TypeVar("_S", bound="HttpServer")
-
-
-@attrs.frozen
-class Head:
-    """A request before its body: ``target`` as sent (query included), ``path`` without it."""
-
-    method: str
-    target: str
-    path: str
-    headers: Mapping[str, str]
-    """Header names lower-cased."""
-
-
-@attrs.frozen
-class Request:
-    """A whole request: ``path`` without the query, ``headers`` with lower-case names."""
-
-    method: str
-    path: str
-    headers: Mapping[str, str]
-    body: bytes
-    target: str = ""
-    """The request target as sent, query included."""
-
-
-@attrs.frozen
-class Reply:
-    """An answer: a whole ``body``, or a ``stream`` of chunks sent as they come."""
-
-    status: int
-    body: bytes = b""
-    content_type: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    stream: Iterator[bytes] | None = None
-
-
-@attrs.frozen
-class Recorded:
-    """One request as it arrived: ``path`` includes the query string, header names are lower-case.
-
-    >>> Recorded("GET", "/a?b=1", {"accept": "*/*"}, b"").path
-    '/a?b=1'
-    """
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        """The body parsed as JSON (``ValueError`` when it is not JSON)."""
-        return json.loads(self.body)
-
-
-@attrs.frozen
-class Limits:
-    """What one client may hold; ``None`` means unbounded."""
-
-    header_bytes: int = MAX_HEADER_BYTES
-    """The request line and headers together."""
-    body_bytes: int = MAX_BODY_BYTES
-    read_timeout: float | None = None
-    """A read that stalls this long, or a connection idle this long, is dropped."""
-    body_seconds: float | None = None
-    """The whole body must arrive within this (a trickling client is dropped)."""
-    connections: int | None = None
-    """Open connections at most (one thread each)."""
-
-
-class DropConnection(Exception):
-    """Raise in a router (or a reply's stream) to cut the connection without answering."""
-
-
-Router = Callable[[Request], Reply]
-Screen = Callable[[Head], "Reply | None"]
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+_NO_LIMITS = Limits()
 
 
 class HttpServer:
@@ -167,7 +97,8 @@ class HttpServer:
         host: str = "127.0.0.1",
         port: int = 0,
         screen: Screen | None = None,
-        limits: Limits = Limits(),
+        limits: Limits = _NO_LIMITS,
+        streamed: Callable[[Head], bool] | None = None,
         record: bool = False,
         keep_alive: bool = True,
         thread_prefix: str = "piship-http-",
@@ -176,6 +107,7 @@ class HttpServer:
         self.router = router
         self.screen = screen
         self.limits = limits
+        self.streamed = streamed
         self.keep_alive = keep_alive
         self._record = record
         self._prefix = thread_prefix
@@ -283,7 +215,7 @@ class HttpServer:
             self._thread.join(self._join_timeout)
         self._listener.server_close()
         for connection in connections:
-            _cut(connection)
+            cut(connection)
         deadline = time.monotonic() + self._join_timeout
         for thread in connections.values():
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -325,7 +257,7 @@ class HttpServer:
         if cap is None or len(self._connections) < cap:
             return True
         if self._idle_since:
-            _cut(min(self._idle_since, key=self._idle_since.__getitem__))
+            cut(min(self._idle_since, key=self._idle_since.__getitem__))
         deadline = time.monotonic() + ADMIT_WAIT
         while len(self._connections) >= cap and not self._closed:
             remaining = deadline - time.monotonic()
@@ -366,16 +298,11 @@ def _matches(recorded: Recorded, method: str | None, path: str | None) -> bool:
     return (method is None or recorded.method == method) and (path is None or recorded.path == path)
 
 
-def _cut(connection: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        connection.shutdown(socket.SHUT_RDWR)
-
-
 def _refuse(connection: socket.socket) -> None:
     with contextlib.suppress(OSError):
         connection.setblocking(False)
         connection.send(_BUSY)
-    _cut(connection)
+    cut(connection)
     connection.close()
 
 
@@ -386,218 +313,7 @@ class _Listener(socketserver.TCPServer):
     def __init__(self, owner: HttpServer, address: tuple[str, int]) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.owner = owner
-        super().__init__(address, _Handler)
+        super().__init__(address, ConnectionHandler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.owner._admit(request, client_address)
-
-
-class _HeadBudget:
-    """``rfile`` for header parsing: refuses a head longer than its budget."""
-
-    def __init__(self, rfile: Any, budget: int) -> None:
-        self._rfile = rfile
-        self._left = budget
-
-    def readline(self, size: int = -1) -> bytes:
-        limit = self._left + 1 if size < 0 else min(size, self._left + 1)
-        line: bytes = self._rfile.readline(limit)
-        self._left -= len(line)
-        if self._left < 0:
-            raise http.client.LineTooLong("request headers")
-        return line
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Listener
-    owner: HttpServer
-
-    def setup(self) -> None:
-        self.owner = self.server.owner
-        super().setup()
-        # StreamRequestHandler's class-wide ``timeout``, per server instead.
-        self.connection.settimeout(self.owner.limits.read_timeout)
-
-    def handle_one_request(self) -> None:
-        try:
-            self._handle_one()
-        except TimeoutError:  # a stalled read: drop the connection
-            self.close_connection = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        _log.debug("%s " + format, self.address_string(), *args)
-
-    def _handle_one(self) -> None:
-        limit = self.owner.limits.header_bytes
-        self.owner._set_idle(self.connection, True)
-        try:
-            self.raw_requestline = self.rfile.readline(limit + 1)
-        finally:
-            self.owner._set_idle(self.connection, False)
-        if not self.raw_requestline:
-            self.close_connection = True
-            return
-        if len(self.raw_requestline) > limit:
-            self.requestline, self.request_version, self.command = "", "", ""
-            self.send_error(414)
-            self.close_connection = True
-            return
-        rfile = self.rfile
-        self.rfile = _HeadBudget(rfile, limit - len(self.raw_requestline))  # type: ignore[assignment]
-        try:
-            parsed = self.parse_request()
-        finally:
-            self.rfile = rfile
-        if parsed:
-            self._dispatch()
-            self.wfile.flush()
-
-    def _dispatch(self) -> None:
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        head = Head(self.command, self.path, urlsplit(self.path).path, headers)
-        rejected = self.owner.screen(head) if self.owner.screen is not None else None
-        if rejected is not None:
-            self.close_connection = True  # its body, if any, is never read
-            self._send(rejected)
-            return
-        try:
-            body = self._body()
-        except _Refused as e:
-            self.close_connection = True
-            self._send(Reply(e.status, str(e).encode(), "text/plain; charset=utf-8"))
-            return
-        request = Request(head.method, head.path, headers, body, head.target)
-        self.owner._arrived(request)
-        try:
-            reply = self.owner.router(request)
-        except DropConnection:
-            self._drop()
-            return
-        except Exception:  # answer 500 rather than drop the connection
-            _log.exception("the server failed on %s %s", self.command, request.path)
-            reply = Reply(500, b'{"code":500,"message":"internal error"}', "application/json")
-        self._send(reply)
-
-    # ---- the body ----------------------------------------------------------------
-
-    def _body(self) -> bytes:
-        limits = self.owner.limits
-        deadline = None if limits.body_seconds is None else time.monotonic() + limits.body_seconds
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._chunked_body(deadline)
-        length = self.headers.get("Content-Length")
-        if length is None:
-            return b""
-        if not length.isdigit():
-            raise _Refused(400, "bad Content-Length")
-        if int(length) > limits.body_bytes:
-            raise _Refused(413, "request body too large")
-        return self._read(int(length), deadline)
-
-    def _chunked_body(self, deadline: float | None) -> bytes:
-        body = bytearray()
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _Refused(400, "bad chunk size") from None
-            if size == 0:
-                break
-            if len(body) + size > self.owner.limits.body_bytes:
-                raise _Refused(413, "request body too large")
-            body += self._read(size, deadline)
-            self.rfile.readline(16)
-        while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
-            pass  # trailers
-        return bytes(body)
-
-    def _read(self, size: int, deadline: float | None) -> bytes:
-        if deadline is None:
-            data: bytes = self.rfile.read(size)
-        else:
-            data = self._read_by(size, deadline)
-        if len(data) != size:
-            raise _Refused(400, "the request body ended early")
-        return data
-
-    def _read_by(self, size: int, deadline: float) -> bytes:
-        data = bytearray()
-        read_timeout = self.owner.limits.read_timeout
-        while len(data) < size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the request body took too long")
-            self.connection.settimeout(left if read_timeout is None else min(left, read_timeout))
-            piece = self.rfile.read1(min(size - len(data), _READ_PIECE))
-            if not piece:
-                break
-            data += piece
-        self.connection.settimeout(read_timeout)
-        return bytes(data)
-
-    # ---- the answer --------------------------------------------------------------
-
-    def _send(self, reply: Reply) -> None:
-        if not self.owner.keep_alive:
-            self.close_connection = True
-        self.send_response(reply.status)
-        if reply.content_type is not None:
-            self.send_header("Content-Type", reply.content_type)
-        for name, value in reply.headers:
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        if reply.stream is None:
-            self.send_header("Content-Length", str(len(reply.body)))
-            self.end_headers()
-            self.wfile.write(reply.body)
-            return
-        chunked = not any(name.lower() == "content-length" for name, _ in reply.headers)
-        if chunked:
-            self.send_header("Transfer-Encoding", "chunked")
-        try:
-            self.end_headers()
-        except OSError:
-            self._stream(reply.stream, alive=False, chunked=chunked)
-        else:
-            self._stream(reply.stream, alive=True, chunked=chunked)
-
-    def _stream(self, chunks: Iterator[bytes], *, alive: bool, chunked: bool) -> None:
-        """Send ``chunks``; once the client is gone, keep consuming them unsent."""
-        # A client that stops reading must not stall the stream's producer forever.
-        self.connection.settimeout(WRITE_TIMEOUT)
-        try:
-            for chunk in chunks:
-                if alive and chunk:
-                    alive = self._write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-            if alive and chunked:
-                alive = self._write(b"0\r\n\r\n")
-        except DropConnection:
-            alive = False
-            self._drop()
-        except Exception:
-            alive = False
-            _log.exception("the server's stream failed on %s %s", self.command, self.path)
-            self._drop()
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-        if alive:
-            self.connection.settimeout(self.owner.limits.read_timeout)
-        else:
-            self.close_connection = True
-
-    def _write(self, data: bytes) -> bool:
-        try:
-            self.wfile.write(data)
-            self.wfile.flush()
-        except OSError:
-            return False
-        return True
-
-    def _drop(self) -> None:
-        self.close_connection = True
-        _cut(self.connection)

@@ -35,7 +35,7 @@ from typing import IO, TYPE_CHECKING, Any
 from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.local.containment import Containment, containment
 from piship_remote.local.control import ControlPlane
-from piship_remote.local.envd import PREFIX, Envd
+from piship_remote.local.envd import Envd, is_envd
 from piship_remote.local.isolation import (
     find_bwrap,
     isolation_problem,
@@ -130,7 +130,7 @@ class LocalE2bService:
             limits=limits,
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
-        self._envd = Envd(self._registry, user=user)
+        self._envd = Envd(self._registry, user=user, home=self.workdir)
         self._lock = threading.Lock()
         self._closed = False
         try:
@@ -140,6 +140,7 @@ class LocalE2bService:
                 port=port,
                 screen=self._screen,
                 limits=http_limits,
+                streamed=self._envd.streams_body,
                 thread_prefix="piship-local-",
             )
         except OSError as e:
@@ -150,6 +151,7 @@ class LocalE2bService:
                 f"the local sandbox service cannot listen on {host}:{port}: {e.strerror}",
                 component=COMPONENT,
             ) from None
+        self._control.domain = f"localhost:{self._server.port}"
         self._server.start()
         atexit.register(self.close)
         self.url = self._server.url
@@ -219,12 +221,12 @@ class LocalE2bService:
         return f"LocalE2bService(url={self.url!r})"
 
     def _screen(self, head: Head) -> Reply | None:
-        if head.path.startswith(PREFIX):
+        if is_envd(head):
             return self._envd.screen(head)
         return self._control.screen(head)
 
     def _route(self, request: Request) -> Reply:
-        if request.path.startswith(PREFIX):
+        if is_envd(Head(request.method, request.target, request.path, request.headers)):
             return self._envd.handle(request)
         return self._control.handle(request)
 

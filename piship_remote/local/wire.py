@@ -24,9 +24,13 @@ way protojson does (``exitCode`` 0, empty ``error``, absent ``stdout``).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import posixpath
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import attrs
 import cattrs
@@ -37,9 +41,16 @@ from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 __all__ = [
     "ApiError",
     "ConnectError",
+    "ConnectRequest",
     "DataEvent",
     "EndEvent",
+    "EntryInfo",
+    "ListDirRequest",
+    "ListedSandbox",
+    "MoveRequest",
     "NewSandbox",
+    "PathError",
+    "PathRequest",
     "ProcessConfig",
     "ProcessInfo",
     "ProcessList",
@@ -47,6 +58,7 @@ __all__ = [
     "Refresh",
     "SandboxDetail",
     "SandboxInfo",
+    "SandboxMetric",
     "SignalRequest",
     "StartEvent",
     "StartRequest",
@@ -54,7 +66,10 @@ __all__ = [
     "WireError",
     "end_stream_frame",
     "event_frame",
+    "metadata_filter",
     "parse",
+    "resolve",
+    "signature",
     "start_message",
     "structure",
     "to_json",
@@ -68,6 +83,27 @@ class WireError(ValueError):
     """A request body that is not JSON or does not have the expected shape."""
 
 
+class PathError(ValueError):
+    """A sandbox path that cannot be resolved (``~user``, a NUL byte)."""
+
+
+def resolve(path: str, home: str) -> str:
+    """envd's path rule: empty is the home, ``~`` expands, relative joins the home; cleaned."""
+    if "\0" in path:
+        raise PathError(f"path '{path[:200]}' contains a NUL byte")
+    if not path or path == "~":
+        return home
+    if path.startswith("~/"):
+        path = home + path[1:]
+    elif path.startswith("~"):
+        shown = path[:200]
+        raise PathError(f"error expanding and resolving path '{shown}': ~user is not supported")
+    elif not path.startswith("/"):
+        path = posixpath.join(home, path)
+    cleaned = posixpath.normpath(path)
+    return "/" + cleaned.lstrip("/")
+
+
 # -- control plane -------------------------------------------------------------------
 
 
@@ -76,7 +112,8 @@ class NewSandbox:
     """``POST /sandboxes``: the fields the local service uses; others are ignored."""
 
     template_id: str
-    timeout: int = 15
+    timeout: int | None = None
+    """Seconds; absent means 300 on ``/v2/sandboxes`` and 15 on ``/sandboxes``, as E2B does."""
     allow_internet_access: bool | None = None
     env_vars: dict[str, str] = attrs.field(factory=dict)
     metadata: dict[str, str] = attrs.field(factory=dict)
@@ -87,6 +124,13 @@ class TimeoutRequest:
     """``POST /sandboxes/<id>/timeout``."""
 
     timeout: int
+
+
+@attrs.frozen
+class ConnectRequest:
+    """``POST /sandboxes/<id>/connect``: the lifetime from now (absent: 300 s)."""
+
+    timeout: int | None = None
 
 
 @attrs.frozen
@@ -124,6 +168,39 @@ class SandboxDetail:
     disk_size_mb: int
     state: str
     metadata: dict[str, str] = attrs.field(factory=dict)
+    domain: str | None = None
+
+
+@attrs.frozen
+class ListedSandbox:
+    """One entry of ``GET /sandboxes`` and ``GET /v2/sandboxes``."""
+
+    sandbox_id: str
+    template_id: str
+    client_id: str
+    started_at: str
+    end_at: str
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    state: str
+    envd_version: str
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class SandboxMetric:
+    """One sample of ``GET /sandboxes/<id>/metrics``."""
+
+    timestamp: str
+    timestamp_unix: int
+    cpu_count: int
+    cpu_used_pct: float
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    disk_used: int
+    disk_total: int
 
 
 @attrs.frozen
@@ -209,6 +286,45 @@ class ProcessList:
 
 
 @attrs.frozen
+class EntryInfo:
+    """``filesystem.EntryInfo``: ``size`` is an int64, so a JSON string; ``type`` an enum name."""
+
+    name: str
+    type: str
+    path: str
+    size: str = "0"
+    mode: int = 0
+    permissions: str = ""
+    owner: str = ""
+    group: str = ""
+    modified_time: str | None = None
+    symlink_target: str | None = None
+    is_symlink: bool = False
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class PathRequest:
+    """``Stat``, ``MakeDir``, ``Remove``: one ``path``."""
+
+    path: str = ""
+
+
+@attrs.frozen
+class ListDirRequest:
+    """``ListDir``: ``depth`` 0 means 1."""
+
+    path: str = ""
+    depth: int = 0
+
+
+@attrs.frozen
+class MoveRequest:
+    source: str = ""
+    destination: str = ""
+
+
+@attrs.frozen
 class ConnectError:
     """A Connect error: a lower_snake ``code`` string and a message."""
 
@@ -240,8 +356,38 @@ _RENAMES: Mapping[type, Mapping[str, str]] = {
         "disk_size_mb": "diskSizeMB",
     },
     EndEvent: {"exit_code": "exitCode"},
+    ListedSandbox: {
+        "sandbox_id": "sandboxID",
+        "template_id": "templateID",
+        "client_id": "clientID",
+        "started_at": "startedAt",
+        "end_at": "endAt",
+        "cpu_count": "cpuCount",
+        "memory_mb": "memoryMB",
+        "disk_size_mb": "diskSizeMB",
+        "envd_version": "envdVersion",
+    },
+    SandboxMetric: {
+        "timestamp_unix": "timestampUnix",
+        "cpu_count": "cpuCount",
+        "cpu_used_pct": "cpuUsedPct",
+        "mem_used": "memUsed",
+        "mem_total": "memTotal",
+        "mem_cache": "memCache",
+        "disk_used": "diskUsed",
+        "disk_total": "diskTotal",
+    },
+    EntryInfo: {
+        "modified_time": "modifiedTime",
+        "symlink_target": "symlinkTarget",
+        "is_symlink": "isSymlink",
+    },
 }
-_ALWAYS_SENT: Mapping[type, frozenset[str]] = {SandboxInfo: frozenset({"domain"})}
+_ALWAYS_SENT: Mapping[type, frozenset[str]] = {
+    SandboxInfo: frozenset({"domain"}),
+    SandboxMetric: frozenset(a.name for a in attrs.fields(SandboxMetric)),
+    ListedSandbox: frozenset({"metadata"}),
+}
 
 
 def _strict(kind: type, name: str) -> Callable[[object, type], object]:
@@ -325,3 +471,28 @@ def start_message(body: bytes) -> dict[str, Any]:
     if not frames or frames[0].end_stream:
         raise WireError("the request holds no Start message")
     return frames[0].message
+
+
+# -- queries and signatures --------------------------------------------------------
+
+
+def metadata_filter(raw: str | None) -> dict[str, str]:
+    """The pairs a ``metadata`` query value asks for; :class:`ListError` when malformed."""
+    if not raw:
+        return {}
+    wanted: dict[str, str] = {}
+    for pair in raw.split("&"):
+        parts = pair.split("=")
+        if len(parts) != 2:
+            raise WireError(f"Invalid metadata filter: {pair[:80]}")
+        wanted[unquote(parts[0])] = unquote(parts[1])
+    return wanted
+
+
+def signature(path: str, operation: str, username: str, token: str, expiration: int | None) -> str:
+    """The signature envd expects for ``operation`` (``read``/``write``) on ``path``."""
+    text = f"{path}:{operation}:{username}:{token}"
+    if expiration is not None:
+        text += f":{expiration}"
+    digest = hashlib.sha256(text.encode()).digest()
+    return "v1_" + base64.b64encode(digest).decode().rstrip("=")

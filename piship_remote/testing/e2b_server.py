@@ -18,16 +18,8 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
 - ``POST /sandboxes`` (or ``/v2/sandboxes``, the official SDK's): status ``create``
   with sandbox ``sbx1``, envd token ``envd-token-1`` and ``"domain": null``, or, when
   ``create >= 400``, ``{"code":<create>,"message":"no capacity"}``.
-- ``/sandboxes/<id>/timeout`` and ``/sandboxes/<id>`` (any method): 204. A DELETE of
-  ``/sandboxes/<id>`` ends one live sandbox with that id; a renewal (``{"timeout": s}``)
-  moves its end to ``s`` seconds from now. A sandbox whose end has passed is gone
-  (the create's ``timeout``, 300 s when absent, is its first lifetime).
-- ``POST /sandboxes/<id>/connect`` (or ``/v2/…``): 200 with the sandbox, a fresh envd
-  token ``envd-token-<n>`` and ``"domain": null``, its end moved like a renewal;
-  404 ``{"code":404,"message":"sandbox <id> not found"}`` when it is not live.
-- ``GET /v2/sandboxes?metadata=<k%3Dv&…>``: the live sandboxes whose metadata has
-  every pair, as ``ListedSandbox`` objects (``startedAt``/``endAt`` RFC 3339).
-  :meth:`E2bServer.plant` adds a sandbox with any id and metadata (an orphan).
+- ``/sandboxes/sbx1/timeout`` and ``/sandboxes/sbx1`` (any method): 204. A DELETE of
+  ``/sandboxes/sbx1`` ends one live sandbox.
 - ``/process.Process/Start``: ``Authorization`` must be ``Basic base64("<user>:")``
   (absent is accepted as the service's default user, as the official SDK sends
   none); else 401 ``{"code":"unauthenticated","message":"invalid user"}``. The
@@ -38,6 +30,24 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
   ``process.tag`` (every hung stream when it names no tag) with an end-of-stream
   frame ``{}``, and remembers the tag, so a Start with that tag that arrives later
   does not hang. Answers 200 ``{}``.
+- ``GET /sandboxes`` and ``GET /v2/sandboxes``: the live sandboxes (``metadata``
+  query filter, ``k=v&k2=v2``), each with the metadata it was created with.
+- ``POST /sandboxes/<id>/connect`` (and ``/v2/…``): 200 with the sandbox (the same
+  envd token) and a lifetime of at least ``timeout`` (default 300) seconds; 404
+  ``{"code":404,…}`` for a sandbox not alive.
+- Lifetimes: a sandbox lives its create ``timeout`` (absent: 300 s on
+  ``/v2/sandboxes``, 15 s on ``/sandboxes``, E2B's defaults), renewed by
+  ``/timeout``, measured on ``clock`` (inject one to move time in tests). Once it
+  passed, the sandbox is gone: its control paths answer 404 and envd 502
+  ``{"sandboxId":…,"message":"The sandbox was not found","code":502}``.
+- Files, one in-memory tree per sandbox (``files(sandbox_id)`` shows it):
+  ``GET /files?path=`` (404 ``path '<p>' does not exist``, 400 for a directory),
+  ``POST /files`` with an ``application/octet-stream`` body (``path`` required) or
+  multipart ``file`` parts (the filename is the path unless ``path`` is given), and
+  ``/filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``,
+  ``Remove`` with envd's Connect errors. ``/files`` needs ``X-Access-Token`` or a
+  URL ``signature`` made with the envd token, as envd does.
+- ``distinct_ids=True``: the n-th create is ``sbx<n>`` instead of always ``sbx1``.
 - anything else: 404.
 
 ``command(start)`` gets the parsed StartRequest and returns a mapping with any of:
@@ -68,13 +78,13 @@ Routes (the seed's mock, reference e2b-backend.md §13.4):
 from __future__ import annotations
 
 import base64
-import datetime
+import itertools
 import json
 import re
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 import attrs
@@ -90,11 +100,13 @@ from piship_remote.local.wire import (
     WireError,
     end_stream_frame,
     event_frame,
+    metadata_filter,
     start_message,
     structure,
     to_json,
     unstructure,
 )
+from piship_remote.testing.e2b_files import MemoryTree, files_refusal
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
@@ -143,19 +155,20 @@ _ANSWER_KEYS = frozenset(
 )
 _CONTROL_PREFIXES = ("/sandboxes", "/v2/sandboxes")
 _CREATE_PATHS = ("/sandboxes", "/v2/sandboxes")
-_SANDBOX_PATH = re.compile(r"^(?:/v2)?/sandboxes/(?P<id>[^/]+)(?P<action>/timeout|/connect)?$")
-_LIST_PATHS = ("/v2/sandboxes", "/sandboxes")
-DEFAULT_LIFETIME = 300.0
+_SANDBOX_PATH = re.compile(r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})(/timeout|/connect)?\Z")
+_FILESYSTEM = "/filesystem.Filesystem/"
+DEFAULT_TIMEOUT = {"/sandboxes": 15, "/v2/sandboxes": 300}
+CONNECT_TIMEOUT = 300
 
 
 @attrs.define
 class _Live:
-    """One live sandbox of the fake service (wall-clock seconds)."""
+    """One live creation: its id, metadata, when it started and when its lifetime ends."""
 
     sandbox_id: str
     metadata: dict[str, str]
-    started: float
-    ends: float
+    started_at: float
+    expires_at: float
 
 
 class E2bServer(RecordingServer):
@@ -170,6 +183,8 @@ class E2bServer(RecordingServer):
         create: int = 201,
         health: int = 204,
         user: str = "user",
+        clock: Callable[[], float] = time.monotonic,
+        distinct_ids: bool = False,
     ) -> None:
         self._command = command
         self._api_key = api_key
@@ -178,8 +193,12 @@ class E2bServer(RecordingServer):
         self._health = health
         self._basic = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
         self._state = threading.Lock()
+        self._clock = clock
+        self._distinct = distinct_ids
+        self._numbers = itertools.count(1)
         self._live: list[_Live] = []
-        self._tokens = 1
+        self._gone: set[str] = set()
+        self._trees: dict[str, MemoryTree] = {}
         self._hung: list[tuple[str | None, threading.Event]] = []
         self._killed: set[str] = set()
         super().__init__(self._handle)
@@ -188,7 +207,8 @@ class E2bServer(RecordingServer):
     def live_sandboxes(self) -> list[str]:
         """Sandboxes created, not deleted and not expired (one ``"sbx1"`` per live creation)."""
         with self._state:
-            return [live.sandbox_id for live in self._alive()]
+            self._prune()
+            return [live.sandbox_id for live in self._live]
 
     def plant(
         self,
@@ -199,18 +219,35 @@ class E2bServer(RecordingServer):
         lifetime: float = 3600.0,
     ) -> None:
         """Add a live sandbox started ``age`` seconds ago, as another client could have."""
-        now = time.time()
         with self._state:
-            self._live.append(_Live(sandbox_id, dict(metadata or {}), now - age, now + lifetime))
+            self._live.append(
+                _Live(sandbox_id, dict(metadata or {}), time.time() - age, self._clock() + lifetime)
+            )
+            self._gone.discard(sandbox_id)
 
-    def _alive(self) -> list[_Live]:
-        """Drop the sandboxes whose end has passed; the rest. Called under the lock."""
-        now = time.time()
-        self._live = [live for live in self._live if live.ends > now]
-        return self._live
+    def files(self, sandbox_id: str = SANDBOX_ID) -> dict[str, bytes]:
+        """The files of ``sandbox_id``'s tree by absolute path (empty for one never written)."""
+        with self._state:
+            tree = self._trees.get(sandbox_id)
+        return tree.snapshot() if tree is not None else {}
 
-    def _find(self, sandbox_id: str) -> _Live | None:
-        return next((live for live in self._alive() if live.sandbox_id == sandbox_id), None)
+    def _tree(self, sandbox_id: str) -> MemoryTree:
+        with self._state:
+            return self._trees.setdefault(sandbox_id, MemoryTree())
+
+    def _prune(self) -> None:
+        """With the state lock held: forget creations whose lifetime has passed."""
+        now = self._clock()
+        for live in [live for live in self._live if live.expires_at <= now]:
+            self._live.remove(live)
+            if not any(other.sandbox_id == live.sandbox_id for other in self._live):
+                self._gone.add(live.sandbox_id)
+                self._trees.pop(live.sandbox_id, None)
+
+    def _is_gone(self, sandbox_id: str) -> bool:
+        with self._state:
+            self._prune()
+            return sandbox_id in self._gone
 
     # ---- routing ---------------------------------------------------------------------
 
@@ -220,6 +257,14 @@ class E2bServer(RecordingServer):
             return Response(b"", status=self._health)
         if path.startswith(_CONTROL_PREFIXES):
             return self._rejection(request, path) or self._control(request, path)
+        sandbox_id = request.headers.get("E2b-Sandbox-Id", SANDBOX_ID)
+        if self._is_gone(sandbox_id):
+            gone = {"sandboxId": sandbox_id, "message": "The sandbox was not found", "code": 502}
+            return json_response(502, gone)
+        if path == "/files":
+            return self._files_endpoint(request, sandbox_id)
+        if path.startswith(_FILESYSTEM):
+            return self._filesystem(request, sandbox_id, path[len(_FILESYSTEM) :])
         if path == "/process.Process/SendSignal":
             return self._send_signal(request)
         if path == "/process.Process/Start":
@@ -241,56 +286,112 @@ class E2bServer(RecordingServer):
             return False
 
     def _control(self, request: Request, path: str) -> Response:
-        if request.method == "POST" and path in _CREATE_PATHS:
-            return self._create_sandbox(_body_object(request))
-        if request.method == "GET" and path in _LIST_PATHS:
-            return self._list(request)
+        if path in _CREATE_PATHS:
+            if request.method == "GET":
+                return self._list(request)
+            if request.method == "POST":
+                return self._create_sandbox(_object(_json_body(request)), DEFAULT_TIMEOUT[path])
         match = _SANDBOX_PATH.match(path)
         if match is None:
             return Response(b"", status=404)
-        sandbox_id, action = match["id"], match["action"]
-        if action == "/connect" and request.method == "POST":
-            return self._connect(sandbox_id, _body_object(request))
+        sandbox_id, action = match.group(1), match.group(2)
         with self._state:
-            live = self._find(sandbox_id)
-            if live is not None and request.method == "DELETE" and action is None:
-                self._live.remove(live)
-            elif live is not None and action == "/timeout":
-                live.ends = time.time() + _lifetime(_body_object(request))
-        known = live is not None or sandbox_id == SANDBOX_ID
-        return Response(b"", status=204 if known else 404)
+            self._prune()
+            lives = [live for live in self._live if live.sandbox_id == sandbox_id]
+            if sandbox_id in self._gone or (action == "/connect" and not lives):
+                return _json(404, ApiError(404, f'sandbox "{sandbox_id}" not found'))
+            if not lives and sandbox_id != SANDBOX_ID:
+                return Response(b"", status=404)
+            if action is not None and request.method == "POST" and lives:
+                body = _object(_json_body(request))
+                self._renew(lives, body.get("timeout"), connect=action == "/connect")
+            if action is None and request.method == "DELETE" and lives:
+                self._live.remove(lives[0])
+        if action == "/connect":
+            return _json(200, _info(sandbox_id))
+        return Response(b"", status=204)
 
-    def _create_sandbox(self, body: dict[str, Any]) -> Response:
+    def _renew(self, lives: list[_Live], seconds: object, *, connect: bool) -> None:
+        """With the state lock held: a connect extends to ``seconds``, a timeout sets it."""
+        if not isinstance(seconds, int):
+            if not connect:
+                return  # a /timeout without one leaves the lifetime as it is
+            seconds = CONNECT_TIMEOUT
+        end = self._clock() + seconds
+        for live in lives:
+            live.expires_at = max(live.expires_at, end) if connect else end
+
+    def _create_sandbox(self, body: dict[str, Any], default_timeout: int) -> Response:
         if self._create >= 400:
             return _json(self._create, ApiError(self._create, "no capacity"))
-        metadata = {str(k): str(v) for k, v in _object(body.get("metadata")).items()}
-        now = time.time()
+        timeout = body.get("timeout", default_timeout)
+        metadata = body.get("metadata")
         with self._state:
-            self._live.append(_Live(SANDBOX_ID, metadata, now, now + _lifetime(body)))
-        info = SandboxInfo(SANDBOX_ID, TEMPLATE_ID, CLIENT_ID, ENVD_VERSION, ENVD_ACCESS_TOKEN)
-        return _json(self._create, info)
-
-    def _connect(self, sandbox_id: str, body: dict[str, Any]) -> Response:
-        with self._state:
-            live = self._find(sandbox_id)
-            if live is None:
-                return _json(404, ApiError(404, f"sandbox {sandbox_id} not found"))
-            live.ends = max(live.ends, time.time() + _lifetime(body))
-            self._tokens += 1
-            token = f"envd-token-{self._tokens}"
-        return _json(200, SandboxInfo(sandbox_id, TEMPLATE_ID, CLIENT_ID, ENVD_VERSION, token))
+            number = next(self._numbers)
+            sandbox_id = f"sbx{number}" if self._distinct else SANDBOX_ID
+            now = self._clock()
+            lifetime = timeout if isinstance(timeout, int) else default_timeout
+            kept = (
+                {str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {}
+            )
+            self._live.append(_Live(sandbox_id, kept, time.time(), now + lifetime))
+            self._gone.discard(sandbox_id)
+        return _json(self._create, _info(sandbox_id))
 
     def _list(self, request: Request) -> Response:
-        wanted = dict(
-            urllib.parse.parse_qsl(request.args.get("metadata", ""), keep_blank_values=True)
-        )
+        try:
+            wanted = metadata_filter(request.args.get("metadata"))
+        except WireError as e:
+            return _json(400, ApiError(400, str(e)))
         with self._state:
-            listed = [
-                _listed(live)
-                for live in self._alive()
-                if all(live.metadata.get(k) == v for k, v in wanted.items())
-            ]
-        return json_response(200, listed)
+            self._prune()
+            lives = [live for live in self._live if _has(live.metadata, wanted)]
+        return json_response(200, [_listed(live, self._clock()) for live in lives])
+
+    # ---- envd files ------------------------------------------------------------------
+
+    def _files_endpoint(self, request: Request, sandbox_id: str) -> Response:
+        operation = {"GET": "read", "POST": "write"}.get(request.method)
+        if operation is None:
+            return Response(b"", status=405)
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        refusal = files_refusal(headers, request.args, operation, ENVD_ACCESS_TOKEN)
+        if refusal is not None:
+            return json_response(401, {"code": 401, "message": refusal})
+        tree = self._tree(sandbox_id)
+        path = request.args.get("path")
+        if request.method == "GET":
+            status, value = tree.read(path or "")
+            if status == 200:
+                return Response(value, status=200, content_type="application/octet-stream")
+            return json_response(status, value)
+        media = (request.mimetype or "").lower()
+        if media == "application/octet-stream":
+            if path is None:
+                message = "path query parameter is required for raw body upload"
+                return json_response(400, {"code": 400, "message": message})
+            return json_response(*tree.write(path, request.get_data()))
+        if media.startswith("multipart/"):
+            return self._multipart(tree, request, path)
+        expected = "expected multipart/form-data or application/octet-stream"
+        message = f"unsupported content type: {media}, {expected}"
+        return json_response(400, {"code": 400, "message": message})
+
+    def _multipart(self, tree: MemoryTree, request: Request, path: str | None) -> Response:
+        written: list[Any] = []
+        for part in request.files.getlist("file"):
+            status, value = tree.write(path or part.filename or "", part.read())
+            if status != 200:
+                return json_response(status, value)
+            written += value
+        return json_response(200, written)
+
+    def _filesystem(self, request: Request, sandbox_id: str, method: str) -> Response:
+        try:
+            body = json.loads(request.get_data() or b"{}")
+        except ValueError:
+            return _json(400, ConnectError("invalid_argument", "the body is not JSON"))
+        return json_response(*self._tree(sandbox_id).rpc(method, body))
 
     # ---- envd ------------------------------------------------------------------------
 
@@ -399,39 +500,6 @@ def _signal_tag(body: bytes) -> str | None:
         return None
 
 
-def _body_object(request: Request) -> dict[str, Any]:
-    try:
-        return _object(json.loads(request.get_data() or b"{}"))
-    except ValueError:
-        return {}
-
-
-def _lifetime(body: Mapping[str, Any]) -> float:
-    value = body.get("timeout")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else DEFAULT_LIFETIME
-
-
-def _rfc3339(seconds: float) -> str:
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
-    return moment.isoformat().replace("+00:00", "Z")
-
-
-def _listed(live: _Live) -> dict[str, Any]:
-    return {
-        "sandboxID": live.sandbox_id,
-        "templateID": TEMPLATE_ID,
-        "clientID": CLIENT_ID,
-        "startedAt": _rfc3339(live.started),
-        "endAt": _rfc3339(live.ends),
-        "cpuCount": 2,
-        "memoryMB": 512,
-        "diskSizeMB": 1024,
-        "state": "running",
-        "envdVersion": ENVD_VERSION,
-        "metadata": live.metadata,
-    }
-
-
 def _json(status: int, value: object) -> Response:
     return json_response(status, to_json(value))
 
@@ -460,3 +528,39 @@ def _end(answer: CommandAnswer) -> EndEvent | dict[str, Any]:
     if code == 0 and not answer.get("omit_zero_exit", True):
         return {"exitCode": 0, **unstructure(end)}
     return end
+
+
+def _info(sandbox_id: str) -> SandboxInfo:
+    return SandboxInfo(sandbox_id, TEMPLATE_ID, CLIENT_ID, ENVD_VERSION, ENVD_ACCESS_TOKEN)
+
+
+def _listed(live: _Live, now: float) -> dict[str, Any]:
+    end = time.time() + max(live.expires_at - now, 0.0)
+    return {
+        "sandboxID": live.sandbox_id,
+        "templateID": TEMPLATE_ID,
+        "clientID": CLIENT_ID,
+        "startedAt": _rfc3339(live.started_at),
+        "endAt": _rfc3339(end),
+        "cpuCount": 2,
+        "memoryMB": 512,
+        "diskSizeMB": 1024,
+        "state": "running",
+        "envdVersion": ENVD_VERSION,
+        "metadata": live.metadata,
+    }
+
+
+def _rfc3339(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _has(metadata: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    return all(metadata.get(k) == v for k, v in wanted.items())
+
+
+def _json_body(request: Request) -> Any:
+    try:
+        return json.loads(request.get_data() or b"{}")
+    except ValueError:
+        return {}

@@ -1,0 +1,319 @@
+"""One connection of the HTTP server: read each request's head and body, route it, answer.
+
+:class:`ConnectionHandler` is the ``socketserver`` handler :class:`HttpServer` runs on
+each connection's thread. It reads the head within the head budget, asks the
+server's ``screen`` before any body byte, then either reads the whole body (within
+the body limits) or, for a route the server streams, hands the router a
+:class:`StreamedBody` that reads ``Content-Length`` or chunked bodies as the router
+asks. A streamed body the router left unread closes the connection after the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from piship_remote.local.http_model import DropConnection, Head, Reply, Request
+
+if TYPE_CHECKING:
+    from piship_remote.local.server import HttpServer, _Listener
+
+__all__ = ["ConnectionHandler", "StreamedBody", "cut"]
+
+WRITE_TIMEOUT = 30.0
+_READ_PIECE = 64 * 1024
+
+_log = logging.getLogger("piship_remote.http")
+
+
+def cut(connection: socket.socket) -> None:
+    """Shut both directions of ``connection`` down (the peer sees the connection end)."""
+    with contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_RDWR)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _HeadBudget:
+    """``rfile`` for header parsing: refuses a head longer than its budget."""
+
+    def __init__(self, rfile: Any, budget: int) -> None:
+        self._rfile = rfile
+        self._left = budget
+
+    def readline(self, size: int = -1) -> bytes:
+        limit = self._left + 1 if size < 0 else min(size, self._left + 1)
+        line: bytes = self._rfile.readline(limit)
+        self._left -= len(line)
+        if self._left < 0:
+            raise http.client.LineTooLong("request headers")
+        return line
+
+
+class ConnectionHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Listener
+    owner: HttpServer
+    """The server this connection belongs to."""
+
+    def setup(self) -> None:
+        self.owner = self.server.owner
+        super().setup()
+        # StreamRequestHandler's class-wide ``timeout``, per server instead.
+        self.connection.settimeout(self.owner.limits.read_timeout)
+
+    def handle_one_request(self) -> None:
+        try:
+            self._handle_one()
+        except TimeoutError:  # a stalled read: drop the connection
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _log.debug("%s " + format, self.address_string(), *args)
+
+    def _handle_one(self) -> None:
+        limit = self.owner.limits.header_bytes
+        self.owner._set_idle(self.connection, True)
+        try:
+            self.raw_requestline = self.rfile.readline(limit + 1)
+        finally:
+            self.owner._set_idle(self.connection, False)
+        if not self.raw_requestline:
+            self.close_connection = True
+            return
+        if len(self.raw_requestline) > limit:
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.send_error(414)
+            self.close_connection = True
+            return
+        rfile = self.rfile
+        self.rfile = _HeadBudget(rfile, limit - len(self.raw_requestline))  # type: ignore[assignment]
+        try:
+            parsed = self.parse_request()
+        finally:
+            self.rfile = rfile
+        if parsed:
+            self._dispatch()
+            self.wfile.flush()
+
+    def _dispatch(self) -> None:
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        head = Head(self.command, self.path, urlsplit(self.path).path, headers)
+        rejected = self.owner.screen(head) if self.owner.screen is not None else None
+        if rejected is not None:
+            self.close_connection = True  # its body, if any, is never read
+            self._send(rejected)
+            return
+        streamed = self.owner.streamed is not None and self.owner.streamed(head)
+        try:
+            stream = self._streamed_body() if streamed else None
+            body = b"" if streamed else self._body()
+        except _Refused as e:
+            self._refuse(e)
+            return
+        request = Request(head.method, head.path, headers, body, head.target, stream)
+        self.owner._arrived(request)
+        try:
+            reply = self.owner.router(request)
+        except DropConnection:
+            self._drop()
+            return
+        except _Refused as e:  # a streamed body that broke while the router read it
+            self._refuse(e)
+            return
+        except Exception:  # answer 500 rather than drop the connection
+            _log.exception("the server failed on %s %s", self.command, request.path)
+            reply = Reply(500, b'{"code":500,"message":"internal error"}', "application/json")
+        if stream is not None and not stream.exhausted:
+            self.close_connection = True  # the unread rest of the body is never read
+        self._send(reply)
+
+    def _refuse(self, refused: _Refused) -> None:
+        self.close_connection = True
+        self._send(Reply(refused.status, str(refused).encode(), "text/plain; charset=utf-8"))
+
+    # ---- the body ----------------------------------------------------------------
+
+    def _body(self) -> bytes:
+        limits = self.owner.limits
+        deadline = None if limits.body_seconds is None else time.monotonic() + limits.body_seconds
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._chunked_body(deadline)
+        length = self.headers.get("Content-Length")
+        if length is None:
+            return b""
+        if not length.isdigit():
+            raise _Refused(400, "bad Content-Length")
+        if int(length) > limits.body_bytes:
+            raise _Refused(413, "request body too large")
+        return self._read(int(length), deadline)
+
+    def _streamed_body(self) -> StreamedBody:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return StreamedBody(self.rfile, None)
+        length = self.headers.get("Content-Length", "0")
+        if not length.isdigit():
+            raise _Refused(400, "bad Content-Length")
+        return StreamedBody(self.rfile, int(length))
+
+    def _chunked_body(self, deadline: float | None) -> bytes:
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise _Refused(400, "bad chunk size") from None
+            if size == 0:
+                break
+            if len(body) + size > self.owner.limits.body_bytes:
+                raise _Refused(413, "request body too large")
+            body += self._read(size, deadline)
+            self.rfile.readline(16)
+        while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+            pass  # trailers
+        return bytes(body)
+
+    def _read(self, size: int, deadline: float | None) -> bytes:
+        if deadline is None:
+            data: bytes = self.rfile.read(size)
+        else:
+            data = self._read_by(size, deadline)
+        if len(data) != size:
+            raise _Refused(400, "the request body ended early")
+        return data
+
+    def _read_by(self, size: int, deadline: float) -> bytes:
+        data = bytearray()
+        read_timeout = self.owner.limits.read_timeout
+        while len(data) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request body took too long")
+            self.connection.settimeout(left if read_timeout is None else min(left, read_timeout))
+            piece = self.rfile.read1(min(size - len(data), _READ_PIECE))
+            if not piece:
+                break
+            data += piece
+        self.connection.settimeout(read_timeout)
+        return bytes(data)
+
+    # ---- the answer --------------------------------------------------------------
+
+    def _send(self, reply: Reply) -> None:
+        if not self.owner.keep_alive:
+            self.close_connection = True
+        self.send_response(reply.status)
+        if reply.content_type is not None:
+            self.send_header("Content-Type", reply.content_type)
+        for name, value in reply.headers:
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        if reply.stream is None:
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            self.wfile.write(reply.body)
+            return
+        chunked = not any(name.lower() == "content-length" for name, _ in reply.headers)
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        try:
+            self.end_headers()
+        except OSError:
+            self._stream(reply.stream, alive=False, chunked=chunked)
+        else:
+            self._stream(reply.stream, alive=True, chunked=chunked)
+
+    def _stream(self, chunks: Iterator[bytes], *, alive: bool, chunked: bool) -> None:
+        """Send ``chunks``; once the client is gone, keep consuming them unsent."""
+        # A client that stops reading must not stall the stream's producer forever.
+        self.connection.settimeout(WRITE_TIMEOUT)
+        try:
+            for chunk in chunks:
+                if alive and chunk:
+                    alive = self._write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+            if alive and chunked:
+                alive = self._write(b"0\r\n\r\n")
+        except DropConnection:
+            alive = False
+            self._drop()
+        except Exception:
+            alive = False
+            _log.exception("the server's stream failed on %s %s", self.command, self.path)
+            self._drop()
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        if alive:
+            self.connection.settimeout(self.owner.limits.read_timeout)
+        else:
+            self.close_connection = True
+
+    def _write(self, data: bytes) -> bool:
+        try:
+            self.wfile.write(data)
+            self.wfile.flush()
+        except OSError:
+            return False
+        return True
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        cut(self.connection)
+
+
+class StreamedBody:
+    """A request body read on demand: ``length`` bytes, or chunked when ``length`` is None."""
+
+    def __init__(self, rfile: Any, length: int | None) -> None:
+        self._rfile = rfile
+        self._chunked = length is None
+        self._left = 0 if length is None else length
+        self._ended = length == 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self._ended
+
+    def read(self, size: int) -> bytes:
+        if self._ended:
+            return b""
+        if self._left == 0 and self._chunked and not self._next_chunk():
+            return b""
+        piece: bytes = self._rfile.read1(min(size, self._left, _READ_PIECE))
+        if not piece:
+            raise _Refused(400, "the request body ended early")
+        self._left -= len(piece)
+        if self._left == 0:
+            if self._chunked:
+                self._rfile.readline(16)
+            else:
+                self._ended = True
+        return piece
+
+    def _next_chunk(self) -> bool:
+        line = self._rfile.readline(1024)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            raise _Refused(400, "bad chunk size") from None
+        if size == 0:
+            while self._rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            self._ended = True
+            return False
+        self._left = size
+        return True

@@ -1,0 +1,323 @@
+"""envd's HTTP file endpoints on the local service: ``GET /files`` and ``POST /files``.
+
+``GET /files?path=<p>[&username=<u>]`` streams the file out of the sandbox;
+``POST /files`` streams an ``application/octet-stream`` body (``path`` required) or a
+``multipart/form-data`` body (each ``file`` part's filename is its path, unless
+``path`` is given) into it, creating missing parent directories. Bodies of any
+size pass through in pieces (chunked request bodies too), and every byte is read
+and written by a process inside the sandbox (see :mod:`piship_remote.local.sandbox_fs`).
+
+A request carrying ``X-Access-Token`` must carry the sandbox's; one without it must
+carry a valid ``signature`` (``v1_`` + unpadded base64 of SHA-256 over
+``path:op:username:token[:expiration]``), as the SDKs' ``download_url``/``upload_url``
+make. Errors are ``{"code": <status>, "message": …}``: 404 ``path '<p>' does not
+exist``, 400 for a directory, 507 when the sandbox's disk is full::
+
+    files = FileEndpoints(user="user", home="/home/user")
+    reply = files.handle(sandbox, request)
+"""
+
+from __future__ import annotations
+
+import hmac
+import mimetypes
+import posixpath
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO
+from urllib.parse import parse_qs, urlsplit
+
+from piship_remote.local.http_model import BodyReader, DropConnection, Head, Reply, Request
+from piship_remote.local.multipart import MultipartError, MultipartReader, boundary_of
+from piship_remote.local.sandbox_fs import (
+    FEED_PIECE,
+    Ran,
+    StreamBroken,
+    open_stream,
+    run,
+)
+from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.wire import ApiError, PathError, resolve, signature, to_json
+
+__all__ = ["FILES_PATH", "FileEndpoints"]
+
+FILES_PATH = "/files"
+_JSON = "application/json; charset=utf-8"
+_MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE = 10, 11, 12, 13
+_READ_SCRIPT = f"""
+[ -e "$1" ] || exit {_MISSING}
+[ -d "$1" ] && exit {_DIRECTORY}
+exec cat -- "$1"
+"""
+_WRITE_SCRIPT = f"""
+[ -d "$1" ] && exit {_DIRECTORY}
+d=$(dirname -- "$1")
+if ! mkdir -p -- "$d" 2>/dev/null; then
+  p=$d; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname -- "$p"); done
+  printf %s "$p" >&2; exit {_PARENT_BLOCKED}
+fi
+exec cat > "$1"
+"""
+
+
+class FileEndpoints:
+    """``/files`` for the sandboxes of one service (all run as ``user``, home ``home``)."""
+
+    def __init__(self, *, user: str, home: str, clock: Callable[[], float] = time.time) -> None:
+        self._user = user
+        self._home = home
+        self._clock = clock
+
+    def signed_for(self, sandbox: Sandbox, head: Head) -> bool:
+        """Whether ``head``'s URL carries a signature made with ``sandbox``'s token."""
+        operation = {"GET": "read", "POST": "write"}.get(head.method)
+        if operation is None:
+            return False
+        query = _query(head.target)
+        if "signature" not in query:
+            return False
+        problem = self._signature_problem(sandbox, query, operation)
+        return problem is None or problem == "signature is already expired"
+
+    def handle(self, sandbox: Sandbox, request: Request) -> Reply:
+        query = _query(request.target)
+        operation = {"GET": "read", "POST": "write"}.get(request.method)
+        if operation is None:
+            return Reply(405, headers=(("Allow", "GET, POST"),))
+        refusal = self._refusal(sandbox, request.headers, query, operation)
+        if refusal is not None:
+            return refusal
+        if request.method == "GET":
+            return self._download(sandbox, query.get("path", ""))
+        return self._upload(sandbox, request, query)
+
+    def _refusal(
+        self, sandbox: Sandbox, headers: Mapping[str, str], query: dict[str, str], operation: str
+    ) -> Reply | None:
+        token = headers.get("x-access-token")
+        if token is not None:
+            if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
+                return error(401, "access token present in header but does not match")
+        else:
+            problem = self._signature_problem(sandbox, query, operation)
+            if problem is not None:
+                return error(401, problem)
+        username = query.get("username", self._user)
+        if username != self._user:
+            shown = username[:64]
+            return error(401, f"error looking up user '{shown}': user: unknown user {shown}")
+        return None
+
+    def _signature_problem(
+        self, sandbox: Sandbox, query: dict[str, str], operation: str
+    ) -> str | None:
+        given = query.get("signature")
+        if given is None:
+            return "missing signature query parameter"
+        raw_expiration = query.get("signature_expiration")
+        expiration = None
+        if raw_expiration is not None:
+            if not raw_expiration.lstrip("-").isdigit():
+                return "invalid signature"
+            expiration = int(raw_expiration)
+        expected = signature(
+            query.get("path", ""),
+            operation,
+            query.get("username", ""),
+            sandbox.access_token,
+            expiration,
+        )
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return "invalid signature"
+        if expiration is not None and expiration < self._clock():
+            return "signature is already expired"
+        return None
+
+    # ---- download ----------------------------------------------------------------
+
+    def _download(self, sandbox: Sandbox, raw_path: str) -> Reply:
+        try:
+            path = resolve(raw_path, self._home)
+        except PathError as e:
+            return error(400, str(e))
+        opened = open_stream(sandbox, _READ_SCRIPT, path)
+        name = posixpath.basename(path)
+        headers = (("Vary", "Accept-Encoding"), ("Content-Disposition", f"inline; filename={name}"))
+        if opened.ended is not None:
+            ended = opened.ended
+            if ended.exit_code == 0:
+                return Reply(200, b"", _content_type(path), headers)
+            if ended.exit_code == _MISSING:
+                return error(404, f"path '{path}' does not exist")
+            if ended.exit_code == _DIRECTORY:
+                return error(400, f"path '{path}' is a directory")
+            return error(500, f"error reading file: {ended.error_text or 'failed'}")
+        assert opened.chunks is not None
+        return Reply(
+            200,
+            content_type=_content_type(path),
+            headers=headers,
+            stream=_cut_on_failure(opened.chunks),
+        )
+
+    # ---- upload ------------------------------------------------------------------
+
+    def _upload(self, sandbox: Sandbox, request: Request, query: dict[str, str]) -> Reply:
+        body = _body_of(request)
+        encoding = request.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity", "gzip"):
+            supported = "unsupported Content-Encoding: "
+            return error(
+                400,
+                f"error decompressing request body: {supported}{encoding[:40]}, supported: [gzip]",
+            )
+        if encoding == "gzip":
+            body = _Gunzipped(body)
+        content_type = request.headers.get("content-type", "")
+        media = content_type.partition(";")[0].strip().lower()
+        if media == "application/octet-stream":
+            if "path" not in query:
+                return error(400, "path query parameter is required for raw body upload")
+            return self._write_raw(sandbox, body, query["path"])
+        if media.startswith("multipart/"):
+            try:
+                return self._write_multipart(sandbox, body, content_type, query.get("path"))
+            except MultipartError as e:
+                return error(500, f"error parsing multipart form: {e}")
+        return error(
+            400,
+            f"unsupported content type: {media[:80]}, "
+            "expected multipart/form-data or application/octet-stream",
+        )
+
+    def _write_raw(self, sandbox: Sandbox, body: BodyReader, raw_path: str) -> Reply:
+        try:
+            path = resolve(raw_path, self._home)
+        except PathError as e:
+            return error(400, str(e))
+        failure = self._write(sandbox, path, body.read)
+        if failure is not None:
+            return failure
+        return _written([path])
+
+    def _write_multipart(
+        self, sandbox: Sandbox, body: BodyReader, content_type: str, fixed: str | None
+    ) -> Reply:
+        reader = MultipartReader(body, boundary_of(content_type))
+        written: list[str] = []
+        while (part := reader.next_part()) is not None:
+            if part.name != "file":
+                continue
+            raw = fixed if fixed is not None else part.filename
+            if raw is None:
+                return error(
+                    400,
+                    "error getting multipart custom part file name: "
+                    "filename not found in Content-Disposition header",
+                )
+            try:
+                path = resolve(raw, self._home)
+            except PathError as e:
+                return error(400, str(e))
+            if path in written:
+                return error(
+                    400,
+                    f"you cannot upload multiple files to the same path '{path}' in one upload "
+                    "request, only the first specified file was uploaded",
+                )
+            failure = self._write(sandbox, path, reader.read)
+            if failure is not None:
+                return failure
+            written.append(path)
+        return _written(written)
+
+    def _write(self, sandbox: Sandbox, path: str, source: Callable[[int], bytes]) -> Reply | None:
+        def feed(pipe: IO[bytes]) -> None:
+            while piece := source(FEED_PIECE):
+                pipe.write(piece)
+
+        ran = run(sandbox, _WRITE_SCRIPT, path, feed=feed)
+        return None if ran.exit_code == 0 else _write_failure(path, ran)
+
+
+def _write_failure(path: str, ran: Ran) -> Reply:
+    if ran.exit_code == _DIRECTORY:
+        return error(400, f"path is a directory: {path}")
+    if ran.exit_code == _PARENT_BLOCKED:
+        return error(500, f"error ensuring directories: path is a file: {ran.error_text}")
+    text = ran.error_text
+    if "No space left" in text:
+        return error(507, "not enough disk space available")
+    if "quota" in text.lower():
+        return error(507, "not enough inodes available")
+    return error(500, f"error writing file: {text[-300:] or 'failed'}")
+
+
+def _query(target: str) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(urlsplit(target).query, keep_blank_values=True).items()}
+
+
+def _written(paths: list[str]) -> Reply:
+    entries = [{"path": p, "name": posixpath.basename(p), "type": "file"} for p in paths]
+    return Reply(200, to_json(entries), "application/json")
+
+
+def _cut_on_failure(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    try:
+        yield from chunks
+    except StreamBroken:
+        raise DropConnection from None  # the client sees a cut body, never a short "success"
+
+
+def _content_type(path: str) -> str:
+    guessed = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    return guessed + "; charset=utf-8" if guessed.startswith("text/") else guessed
+
+
+def _body_of(request: Request) -> BodyReader:
+    return request.stream if request.stream is not None else _WholeBody(request.body)
+
+
+class _WholeBody:
+    """A body already read, behind the :class:`BodyReader` interface."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._data
+
+    def read(self, size: int) -> bytes:
+        piece, self._data = self._data[:size], self._data[size:]
+        return bytes(piece)
+
+
+class _Gunzipped:
+    """A gzip-encoded body, decompressed in pieces (output bounded per read)."""
+
+    def __init__(self, body: BodyReader) -> None:
+        self._body = body
+        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    @property
+    def exhausted(self) -> bool:
+        return self._body.exhausted and not self._inflate.unconsumed_tail
+
+    def read(self, size: int) -> bytes:
+        while True:
+            data = self._inflate.unconsumed_tail or self._body.read(size)
+            if not data:
+                return self._inflate.flush()
+            try:
+                out = self._inflate.decompress(data, size)
+            except zlib.error:
+                raise MultipartError("the gzip body is corrupt") from None
+            if out:
+                return out
+
+
+def error(status: int, message: str) -> Reply:
+    """envd's ``/files`` error: the status and ``{"code": status, "message": message}``."""
+    return Reply(status, to_json(ApiError(status, message)), _JSON)

@@ -1,0 +1,167 @@
+"""envd's ``filesystem.Filesystem`` Connect RPCs on the local service: Stat, ListDir, MakeDir,
+Move, Remove (unary, JSON codec).
+
+Each runs as a script inside the sandbox (see :mod:`piship_remote.local.sandbox_fs`),
+and answers envd's shapes: ``{"entry": EntryInfo}``, ``{"entries": [...]}``, ``{}``;
+errors are Connect's ``{"code": "not_found", "message": …}`` with the matching HTTP
+status and envd's wording::
+
+    rpc = FilesystemRpc(home="/home/user")
+    reply = rpc.handle(sandbox, "Stat", b'{"path": "a.txt"}')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from piship_remote.local.http_model import Reply
+from piship_remote.local.sandbox_fs import ENTRY_FORMAT, Ran, parse_entries, run
+from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.wire import (
+    ConnectError,
+    ListDirRequest,
+    MoveRequest,
+    PathError,
+    PathRequest,
+    WireError,
+    parse,
+    resolve,
+    to_json,
+    unstructure,
+)
+
+__all__ = ["FILESYSTEM_PREFIX", "FilesystemRpc", "connect_error"]
+
+FILESYSTEM_PREFIX = "/filesystem.Filesystem/"
+MAX_DEPTH = 64
+STATUS = {
+    "invalid_argument": 400,
+    "failed_precondition": 400,
+    "unauthenticated": 401,
+    "permission_denied": 403,
+    "not_found": 404,
+    "already_exists": 409,
+    "resource_exhausted": 429,
+    "internal": 500,
+    "unknown": 500,
+    "unimplemented": 501,
+    "unavailable": 503,
+}
+_A, _B, _C = 10, 11, 12
+_PRINT = f"find \"$1\" -maxdepth 0 -printf '{ENTRY_FORMAT}'"
+_STAT = f"""[ -e "$1" ] || [ -L "$1" ] || exit {_A}
+exec {_PRINT}"""
+_LIST = f"""[ -e "$1" ] || exit {_A}
+[ -d "$1" ] || exit {_B}
+find -H "$1" -mindepth 1 -maxdepth "$2" -printf '{ENTRY_FORMAT}' 2>/dev/null
+exit 0"""
+_MAKE = f"""[ -d "$1" ] && exit {_A}
+[ -e "$1" ] || [ -L "$1" ] && exit {_B}
+mkdir -p -- "$1" || exit {_C}
+exec {_PRINT}"""
+_MOVE = f"""[ -e "$1" ] || [ -L "$1" ] || exit {_A}
+mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2" || exit {_C}
+set -- "$2"
+exec {_PRINT}"""
+_REMOVE = 'rm -rf -- "$1"'
+
+
+class FilesystemRpc:
+    """Answers the Filesystem RPCs for sandboxes whose user's home is ``home``."""
+
+    def __init__(self, *, home: str) -> None:
+        self._home = home
+        self._methods: dict[str, Callable[[Sandbox, bytes], Reply]] = {
+            "Stat": self._stat,
+            "ListDir": self._list_dir,
+            "MakeDir": self._make_dir,
+            "Move": self._move,
+            "Remove": self._remove,
+        }
+
+    def handle(self, sandbox: Sandbox, method: str, body: bytes) -> Reply:
+        """Answer the unary RPC ``method`` with the JSON request ``body``."""
+        answer = self._methods.get(method)
+        if answer is None:
+            return connect_error(
+                "unimplemented", f"filesystem.Filesystem/{method[:60]} is not supported"
+            )
+        try:
+            return answer(sandbox, body)
+        except (WireError, PathError) as e:
+            return connect_error("invalid_argument", str(e))
+
+    def _path(self, raw: str) -> str:
+        return resolve(raw, self._home)
+
+    def _stat(self, sandbox: Sandbox, body: bytes) -> Reply:
+        path = self._path(parse(body, PathRequest).path)
+        ran = run(sandbox, _STAT, path)
+        if ran.exit_code == _A:
+            return connect_error(
+                "not_found", f"file not found: lstat {path}: no such file or directory"
+            )
+        return _entry(ran)
+
+    def _list_dir(self, sandbox: Sandbox, body: bytes) -> Reply:
+        request = parse(body, ListDirRequest)
+        path = self._path(request.path)
+        depth = min(max(request.depth, 1), MAX_DEPTH)
+        ran = run(sandbox, _LIST, path, str(depth))
+        if ran.exit_code == _A:
+            return connect_error(
+                "not_found", f"path not found: stat {path}: no such file or directory"
+            )
+        if ran.exit_code == _B:
+            return connect_error("invalid_argument", f"path is not a directory: {path}")
+        if ran.exit_code != 0:
+            return _internal("listing the directory", ran)
+        entries = [unstructure(e) for e in parse_entries(ran.stdout)]
+        return _ok({"entries": entries})
+
+    def _make_dir(self, sandbox: Sandbox, body: bytes) -> Reply:
+        path = self._path(parse(body, PathRequest).path)
+        ran = run(sandbox, _MAKE, path)
+        if ran.exit_code == _A:
+            return connect_error("already_exists", f"directory already exists: {path}")
+        if ran.exit_code == _B:
+            return connect_error(
+                "invalid_argument", f"path already exists but it is not a directory: {path}"
+            )
+        return _entry(ran, "creating the directory")
+
+    def _move(self, sandbox: Sandbox, body: bytes) -> Reply:
+        request = parse(body, MoveRequest)
+        source, destination = self._path(request.source), self._path(request.destination)
+        ran = run(sandbox, _MOVE, source, destination)
+        if ran.exit_code == _A:
+            return connect_error(
+                "not_found", f"source file not found: rename {source}: no such file or directory"
+            )
+        return _entry(ran, "moving the file")
+
+    def _remove(self, sandbox: Sandbox, body: bytes) -> Reply:
+        path = self._path(parse(body, PathRequest).path)
+        ran = run(sandbox, _REMOVE, path)
+        return _ok({}) if ran.exit_code == 0 else _internal("removing the path", ran)
+
+
+def _entry(ran: Ran, doing: str = "reading the entry") -> Reply:
+    entries = parse_entries(ran.stdout) if ran.exit_code == 0 else []
+    if not entries:
+        return _internal(doing, ran)
+    return _ok({"entry": unstructure(entries[0])})
+
+
+def _internal(doing: str, ran: Ran) -> Reply:
+    text = ran.error_text[-300:] or f"exit status {ran.exit_code}"
+    return connect_error("internal", f"error {doing}: {text}")
+
+
+def _ok(value: object) -> Reply:
+    return Reply(200, to_json(value), "application/json")
+
+
+def connect_error(code: str, message: str) -> Reply:
+    """A unary Connect error: the code's HTTP status and ``{"code", "message"}``."""
+    return Reply(STATUS.get(code, 500), to_json(ConnectError(code, message)), "application/json")

@@ -1,0 +1,128 @@
+"""The HTTP server's values: a request's head, the whole request, the reply, the limits.
+
+Routers get a :class:`Request` and answer a :class:`Reply`; a reply's ``stream`` is
+sent as it is produced. A request whose route streams its body (the server's
+``streamed`` predicate said so on its :class:`Head`) carries a :class:`BodyReader`
+instead of ``body`` bytes::
+
+    def route(request: Request) -> Reply:
+        if request.stream is not None:
+            while piece := request.stream.read(65536):
+                sink.write(piece)
+        return Reply(200, b"{}", "application/json")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_HEADER_BYTES",
+    "BodyReader",
+    "DropConnection",
+    "Head",
+    "Limits",
+    "Recorded",
+    "Reply",
+    "Request",
+    "Router",
+    "Screen",
+]
+
+MAX_BODY_BYTES = 16 * 1024 * 1024 + 5
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class BodyReader(Protocol):
+    """A request body read as it arrives (``Content-Length`` or chunked)."""
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes; ``b""`` once the body has ended."""
+        ...
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the whole body has been read."""
+        ...
+
+
+@attrs.frozen
+class Head:
+    """A request before its body: ``target`` as sent (query included), ``path`` without it."""
+
+    method: str
+    target: str
+    path: str
+    headers: Mapping[str, str]
+    """Header names lower-cased."""
+
+
+@attrs.frozen
+class Request:
+    """A whole request: ``path`` without the query, ``headers`` with lower-case names."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: bytes
+    target: str = ""
+    """The request target as sent, query included."""
+    stream: BodyReader | None = None
+    """For a route the server was told streams its body: the body, unread (``body`` is empty)."""
+
+
+@attrs.frozen
+class Reply:
+    """An answer: a whole ``body``, or a ``stream`` of chunks sent as they come."""
+
+    status: int
+    body: bytes = b""
+    content_type: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    stream: Iterator[bytes] | None = None
+
+
+@attrs.frozen
+class Recorded:
+    """One request as it arrived: ``path`` includes the query string, header names are lower-case.
+
+    >>> Recorded("GET", "/a?b=1", {"accept": "*/*"}, b"").path
+    '/a?b=1'
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body parsed as JSON (``ValueError`` when it is not JSON)."""
+        return json.loads(self.body)
+
+
+@attrs.frozen
+class Limits:
+    """What one client may hold; ``None`` means unbounded."""
+
+    header_bytes: int = MAX_HEADER_BYTES
+    """The request line and headers together."""
+    body_bytes: int = MAX_BODY_BYTES
+    read_timeout: float | None = None
+    """A read that stalls this long, or a connection idle this long, is dropped."""
+    body_seconds: float | None = None
+    """The whole body must arrive within this (a trickling client is dropped)."""
+    connections: int | None = None
+    """Open connections at most (one thread each)."""
+
+
+class DropConnection(Exception):
+    """Raise in a router (or a reply's stream) to cut the connection without answering."""
+
+
+Router = Callable[[Request], Reply]
+Screen = Callable[[Head], "Reply | None"]

@@ -1,0 +1,169 @@
+"""What the control plane reports about sandboxes: lists (filtered, paged) and metrics.
+
+``GET /v2/sandboxes`` takes ``metadata`` (``k=v&k2=v2``, each key and value
+percent-encoded once more), ``state`` (comma-separated), ``order``, ``limit`` (at
+most 100) and ``nextToken`` (base64url of ``<startedAt>__<sandboxID>``; the next
+page's token is sent in ``X-Next-Token`` only when more remain). Metrics are read
+from ``/proc`` for the sandbox's processes and from a ``du`` run inside it::
+
+    page = Page.of(query)                       # WireError-free: ListError on bad input
+    chosen, token = page.select(sandboxes)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+
+import attrs
+
+from piship_remote.local.sandbox_fs import run
+from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.wire import SandboxMetric, WireError, metadata_filter
+
+__all__ = ["ListError", "Page", "metadata_filter", "metric", "rfc3339"]
+
+MAX_LIMIT = 100
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+ListError = WireError
+"""A list query the API refuses (400)."""
+
+
+def rfc3339(timestamp: float) -> str:
+    """``timestamp`` as RFC 3339 UTC with a ``Z``."""
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@attrs.frozen
+class Page:
+    """One page request: states, metadata pairs, order, size and where it starts."""
+
+    states: frozenset[str]
+    metadata: dict[str, str]
+    descending: bool
+    limit: int
+    after: tuple[str, str] | None
+
+    @classmethod
+    def of(cls, query: dict[str, str]) -> Page:
+        states = frozenset(s.strip() for s in query.get("state", "running,paused").split(","))
+        raw_limit = query.get("limit", str(MAX_LIMIT))
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+            raise ListError(f"limit must be between 1 and {MAX_LIMIT}")
+        order = query.get("order", "desc").lower()
+        if order not in ("asc", "desc"):
+            raise ListError("order must be asc or desc")
+        token = query.get("nextToken")
+        return cls(
+            states,
+            metadata_filter(query.get("metadata")),
+            order == "desc",
+            int(raw_limit),
+            _decode_token(token) if token else None,
+        )
+
+    def select(self, sandboxes: Iterable[Sandbox]) -> tuple[list[Sandbox], str | None]:
+        """The sandboxes of this page, and the next page's token (``None`` at the end)."""
+        matching = [s for s in sandboxes if self.matches(s)]
+        matching.sort(key=_key, reverse=self.descending)
+        if self.after is not None:
+            after = self.after
+            matching = [s for s in matching if (_key(s) < after) == self.descending]
+            matching = [s for s in matching if _key(s) != after]
+        chosen = matching[: self.limit]
+        more = len(matching) > self.limit
+        return chosen, _encode_token(_key(chosen[-1])) if more and chosen else None
+
+    def matches(self, sandbox: Sandbox) -> bool:
+        if "running" not in self.states:
+            return False
+        return all(sandbox.metadata.get(k) == v for k, v in self.metadata.items())
+
+
+def _key(sandbox: Sandbox) -> tuple[str, str]:
+    started = datetime.fromtimestamp(sandbox.started_at, timezone.utc)
+    return started.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), sandbox.id
+
+
+def _encode_token(key: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(f"{key[0]}__{key[1]}".encode()).decode()
+
+
+def _decode_token(token: str) -> tuple[str, str]:
+    try:
+        text = base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise ListError("Invalid next token") from None
+    started, sep, sandbox_id = text.partition("__")
+    if not sep or not sandbox_id:
+        raise ListError("Invalid next token")
+    return started, sandbox_id.removesuffix("__asc")
+
+
+# ---- metrics -------------------------------------------------------------------------
+
+
+def metric(sandbox: Sandbox) -> SandboxMetric:
+    """One sample: the sandbox's processes' CPU and memory, its disk use and size."""
+    now = time.time()
+    cpu_seconds, rss = _tree_usage({p.pid for p in sandbox.processes()})
+    cpus = os.cpu_count() or 1
+    elapsed = max(now - sandbox.started_at, 1e-3)
+    return SandboxMetric(
+        timestamp=rfc3339(now),
+        timestamp_unix=int(now),
+        cpu_count=cpus,
+        cpu_used_pct=round(min(100.0, 100.0 * cpu_seconds / elapsed / cpus), 2),
+        mem_used=rss,
+        mem_total=_PAGE * os.sysconf("SC_PHYS_PAGES"),
+        mem_cache=0,
+        disk_used=_disk_used(sandbox),
+        disk_total=shutil.disk_usage(sandbox.home).total,
+    )
+
+
+def _tree_usage(roots: set[int]) -> tuple[float, int]:
+    """CPU seconds and resident bytes of ``roots`` and all their descendants."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (fields := _stat_fields(int(name))) is not None:
+            parents[int(name)] = int(fields[1])
+    members = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in members and pid not in members:
+                members.add(pid)
+                grew = True
+    cpu, rss = 0.0, 0
+    for pid in members:
+        fields = _stat_fields(pid)
+        if fields is not None:
+            cpu += (int(fields[11]) + int(fields[12])) / _TICKS
+            rss += int(fields[21]) * _PAGE
+    return cpu, rss
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, … (``None`` once gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def _disk_used(sandbox: Sandbox) -> int:
+    ran = run(sandbox, 'du -sxbc -- "$HOME" /tmp 2>/dev/null | tail -n 1')
+    text = ran.stdout.decode(errors="replace").split()
+    return int(text[0]) if text and text[0].isdigit() else 0

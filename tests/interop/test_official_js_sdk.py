@@ -1,0 +1,85 @@
+"""The official E2B JavaScript SDK (npm ``e2b`` 2.51.0, run by Node) against the local service.
+
+``.ci/run`` installs the package into the repository's ``.interop-node/``
+(gitignored); without Node or that install the test is skipped, saying which. The
+script ``js/files.mjs`` gets the service's URL as both ``apiUrl`` and ``sandboxUrl``,
+so every request stays on loopback, and prints which calls behaved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_MODULES = ROOT / ".interop-node" / "node_modules"
+SCRIPT = Path(__file__).with_name("js") / "files.mjs"
+INSTALL = "npm install --prefix .interop-node e2b@2.51.0"
+RUN_TIMEOUT = 60
+CALLS = [
+    "files.write",
+    "files.read",
+    "files.list",
+    "files.exists",
+    "files.getInfo",
+    "files.makeDir",
+    "files.rename",
+    "files.remove",
+    "files.read missing is FileNotFoundError",
+    "uploadUrl",
+    "downloadUrl",
+    "Sandbox.list",
+    "Sandbox.connect",
+    "getHost",
+    "commands.run",
+]
+
+
+@pytest.fixture
+def node() -> str:
+    found = shutil.which("node")
+    if found is None:
+        pytest.skip("node is not installed, so the JavaScript SDK cannot be run")
+    if not (NODE_MODULES / "e2b" / "package.json").is_file():
+        pytest.skip(f"the npm package e2b is not installed; run: {INSTALL}")
+    return found
+
+
+@pytest.fixture
+def service() -> Iterator[object]:
+    local = pytest.importorskip("piship_remote.local")
+    problem = local.LocalE2bService.check()
+    if problem is not None:
+        pytest.skip(f"LocalE2bService cannot run here: {problem}")
+    with local.LocalE2bService() as running:
+        yield running
+
+
+def test_the_javascript_sdk_file_and_sandbox_calls_work_on_the_local_service(
+    node: str, service: object, tmp_path: Path
+) -> None:
+    (tmp_path / "node_modules").symlink_to(NODE_MODULES, target_is_directory=True)
+    script = tmp_path / SCRIPT.name
+    shutil.copyfile(SCRIPT, script)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    environment["NO_PROXY"] = "127.0.0.1,localhost"
+    completed = subprocess.run(
+        [node, str(script), service.url, service.api_key],  # type: ignore[attr-defined]
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        env=environment,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert results == dict.fromkeys(CALLS, True)
