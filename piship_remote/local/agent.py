@@ -40,7 +40,8 @@ MAX_FDS = 5
 PACKET_BYTES = 65536
 SHELLS = ("/bin/bash", "/usr/bin/bash", "/bin/sh", "/usr/bin/sh", "bash", "sh")
 SCRIPT_VARIABLE = "PISHIP_SCRIPT"
-HIDDEN_SCRIPT = 'export -n PISHIP_SCRIPT; eval "$PISHIP_SCRIPT"'
+# Portable sh (dash has no `export -n`): copy into an unexported variable, unset, eval.
+HIDDEN_SCRIPT = '__piship_script=$PISHIP_SCRIPT; unset PISHIP_SCRIPT; eval "$__piship_script"'
 
 
 def hide_script(cmd: str, args: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
