@@ -32,6 +32,7 @@ from piship_remote.workspace_tree import inside, select_tree
 __all__ = ["CHUNK", "CommandRunner", "Progress", "SandboxFiles"]
 
 CHUNK = 1024 * 1024
+ARCHIVE_DIRECTORY = "/tmp"  # where a directory download is packed in the sandbox
 CommandRunner = Callable[[str], "tuple[int, str]"]
 Progress = Callable[[int], None]
 
@@ -152,7 +153,8 @@ class SandboxFiles:
 
     def upload_archive(self, chunks: Iterator[bytes], target: str) -> None:
         """Send a tar stream and unpack it into the remote directory ``target``."""
-        archive = posixpath.join(posixpath.dirname(target) or "/", f".piship-{_token()}.tar")
+        # Inside the target: the one place sure to be writable (its parent may not be).
+        archive = posixpath.join(target, f".piship-{_token()}.tar")
         self._remote.write(archive, chunks, cancel=self._cancel)
         self.run_checked(
             f"mkdir -p {shlex.quote(target)} && tar -xf {shlex.quote(archive)}"
@@ -196,7 +198,7 @@ class SandboxFiles:
     def _download_tree(
         self, source: str, target: str, progress: Progress | None
     ) -> TransferSummary:
-        archive = posixpath.join(posixpath.dirname(source) or "/", f".piship-{_token()}.tar")
+        archive = posixpath.join(ARCHIVE_DIRECTORY, f".piship-{_token()}.tar")
         create = f"tar -cf {shlex.quote(archive)} -C {shlex.quote(source)} ."
         return self.download_archive(create, archive, target, progress)
 

@@ -6,8 +6,8 @@ before it says how it is checked, so none is left unchecked by accident:
 - ``.. readme-test: python-local`` — Python, run in a fresh interpreter with
   ``PISHIP_E2B_ENDPOINT``, ``PISHIP_E2B_ENVD_URL`` and ``E2B_API_KEY`` pointing at a
   local service, in a workspace holding a Makefile;
-- ``.. readme-test: python-e2b-double`` / ``python-k8s-double`` — the same against
-  ``E2bServer`` / ``KubernetesServer`` (``PISHIP_K8S_*`` set);
+- ``.. readme-test: python-k8s-double`` — the same against ``KubernetesServer``
+  (``PISHIP_K8S_*`` set);
 - ``.. readme-test: shell-local`` — each ``$ `` line run with the same settings;
 - ``.. readme-test: not-run <reason>`` — shown, not run (an install line, output, a
   cloud account), and the reason is required.
@@ -28,12 +28,12 @@ import attrs
 import pytest
 
 from piship_remote.local import LocalE2bService
-from piship_remote.testing import E2bServer, KubernetesServer
+from piship_remote.testing import KubernetesServer
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.rst"
 MARK = re.compile(r"^\.\. readme-test: (\S+)(.*)$")
-KINDS = {"python-local", "python-e2b-double", "python-k8s-double", "shell-local", "not-run"}
+KINDS = {"python-local", "python-k8s-double", "shell-local", "not-run"}
 NEEDS_BWRAP = pytest.mark.skipif(
     LocalE2bService.check() is not None, reason=f"no local service here: {LocalE2bService.check()}"
 )
@@ -174,19 +174,6 @@ def test_a_local_example_runs(example: Example, project: Path) -> None:
         }
         _run(example, env, project)
         assert service.sandboxes() == []
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("example", [e for e in ALL if e.kind == "python-e2b-double"], ids=str)
-def test_an_e2b_example_runs_against_the_double(example: Example, project: Path) -> None:
-    with E2bServer(api_key="e2b_readme_key_0123456789") as mock:
-        env = {
-            "PISHIP_E2B_ENDPOINT": mock.url,
-            "PISHIP_E2B_ENVD_URL": mock.url,
-            "E2B_API_KEY": "e2b_readme_key_0123456789",
-        }
-        _run(example, env, project)
-        assert mock.live_sandboxes == []
 
 
 @pytest.mark.timeout(120)
