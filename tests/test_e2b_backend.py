@@ -554,7 +554,16 @@ def test_a_rejected_create_is_never_repeated(
 # -- renewal ---------------------------------------------------------------------------------------
 
 
-def test_renewal_failure_stops_before_start(
+def assert_every_start_was_killed(server: RecordingServer) -> None:
+    """Start overlaps the renewal: after a refused renewal, the command it started is killed."""
+    tags = [frame["tag"] for frame in start_bodies(server)]
+    assert len(tags) <= 1
+    for tag in tags:
+        signal = server.wait_for("POST", "/process.Process/SendSignal", timeout=2.0)
+        assert signal.json() == {"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}
+
+
+def test_renewal_failure_reports_no_result_and_kills_the_started_command(
     raw_server: Callable[..., RecordingServer], profile: SandboxProfile
 ) -> None:
     server = raw_server(renew=answer(404, {"code": 404, "message": "sandbox not found"}))
@@ -564,7 +573,29 @@ def test_renewal_failure_stops_before_start(
     assert str(caught.value) == (
         'the sandbox is no longer available: HTTP 404: {"code":404,"message":"sandbox not found"}'
     )
-    assert server.count(path="/process.Process/Start") == 0
+    assert_every_start_was_killed(server)
+    instance.dispose()
+
+
+def test_the_renewal_is_on_the_wire_before_start(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    answered = threading.Event()
+
+    def slow_renewal(_server: RecordingServer, _request: Request) -> Response:
+        # Start arrives while the renewal is still unanswered: one round trip, not two.
+        assert server_holder[0].wait_for(path="/process.Process/Start", timeout=5.0)
+        answered.set()
+        return Response(b"", status=204)
+
+    server_holder: list[RecordingServer] = []
+    server = raw_server(renew=slow_renewal)
+    server_holder.append(server)
+    instance = prepare_raw(server, profile)
+    assert run(instance).exit_code == 0
+    assert answered.is_set()
+    paths = [r.path for r in server.requests if r.path != "/health"][1:]
+    assert paths == ["/sandboxes/sbx1/timeout", "/process.Process/Start"]
     instance.dispose()
 
 
@@ -578,7 +609,7 @@ def test_renewal_dropped_says_the_renewal_failed(
     instance = prepare_raw(server, profile)
     with pytest.raises(TransportError, match=r"^renewing the sandbox failed: .* failed: "):
         run(instance)
-    assert server.count(path="/process.Process/Start") == 0
+    assert_every_start_was_killed(server)
     instance.dispose()
 
 
@@ -1557,5 +1588,7 @@ def test_commands_reuse_one_connection_once_each_stream_has_ended(
         assert run(instance, output=output).exit_code == 0
     assert output.stdout == [b"hi\n"] * 3
     assert len(keepalive_e2b.ports) == 7  # create, then a renewal and a Start per command
-    assert len(set(keepalive_e2b.ports)) == 1
+    # The renewal and Start overlap, so they need one connection each; never a new one
+    # per command.
+    assert len(set(keepalive_e2b.ports)) <= 2
     instance.dispose()

@@ -47,13 +47,21 @@ from piship_remote.backends.e2b_control import (
     NewSandbox,
     wire_lifetime,
 )
-from piship_remote.backends.e2b_envd import ENVD_PORT, KEEPALIVE_INTERVAL, Envd, start_request
+from piship_remote.backends.e2b_envd import (
+    ENVD_PORT,
+    KEEPALIVE_INTERVAL,
+    Envd,
+    StartRequest,
+    start_request,
+)
+from piship_remote.backends.e2b_lease import Renewal, SandboxLease
 from piship_remote.backends.e2b_stream import read_stream
+from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interval
 from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
-from piship_remote.transport import HttpClient, Transport, check_endpoint
+from piship_remote.transport import HttpClient, HttpReply, Transport, TransportError, check_endpoint
 
 if TYPE_CHECKING:
     import requests
@@ -122,6 +130,7 @@ class E2bCompatibleBackend:
         self._user = user
         self._envd_url = envd_url
         self._idle_timeout = stream_idle_timeout
+        self._clock = ClaimClock.for_lifetime(self._control.lifetime)
         self._open = OpenInstances()
 
     def __repr__(self) -> str:
@@ -155,6 +164,9 @@ class E2bCompatibleBackend:
         """Create a sandbox for ``profile`` (only its network mode is used)."""
         if self._open.closed.is_set():
             raise self._control.closed_error()
+        read = self._clock.anchor()
+        # The service counts the lifetime from when the create arrived: later than this.
+        anchor = Anchor(read.wall, read.monotonic, read.wall + self._clock.lifetime)
         created = self._control.create(
             NewSandbox(
                 template_id=self._template,
@@ -165,7 +177,7 @@ class E2bCompatibleBackend:
             self._open.closed,
         )
         try:
-            instance = self._instance(created)
+            instance = self._instance(created, anchor)
         except BaseException:
             self._control.delete(created.sandbox_id)
             raise
@@ -184,7 +196,16 @@ class E2bCompatibleBackend:
 
     # -- one sandbox's clients --------------------------------------------------------------
 
-    def _instance(self, created: Created) -> E2bInstance:
+    def _instance(self, created: Created, anchor: Anchor) -> E2bInstance:
+        sandbox_id = created.sandbox_id
+        lease = SandboxLease(
+            lambda cancel: self._control.renew(sandbox_id, cancel),
+            self._clock,
+            anchor,
+            keepalive_every=keepalive_interval(self._control.lifetime),
+            name=sandbox_id,
+            errors=self._errors,
+        )
         envd = Envd(
             self._transport,
             self._envd_base(created),
@@ -194,9 +215,11 @@ class E2bCompatibleBackend:
             self._idle_timeout,
             self._errors,
         )
-        return E2bInstance(
-            created.sandbox_id, self._workdir, self._control, envd, self._errors, self._open.forget
+        instance = E2bInstance(
+            sandbox_id, self._workdir, self._control, lease, envd, self._errors, self._open.forget
         )
+        lease.start()
+        return instance
 
     def _envd_base(self, created: Created) -> str:
         try:
@@ -239,6 +262,7 @@ class E2bInstance:
         sandbox_id: str,
         workdir: str,
         control: ControlPlane,
+        lease: SandboxLease,
         envd: Envd,
         errors: SandboxErrors,
         on_disposed: Callable[[E2bInstance], None],
@@ -246,6 +270,7 @@ class E2bInstance:
         self.sandbox_id = sandbox_id
         self._workdir = workdir
         self._control = control
+        self._lease = lease
         self._envd = envd
         self._errors = errors
         self._on_disposed = on_disposed
@@ -308,6 +333,7 @@ class E2bInstance:
         self._closing.set()
         for token in running:
             token.set()
+        self._lease.dispose()
         self._control.delete(self.sandbox_id)
         with self._lock:
             signallers = list(self._signallers)
@@ -345,13 +371,16 @@ class E2bInstance:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> BackendResult:
-        self._control.renew(self.sandbox_id, token)
+        renewal = self._lease.begin()
+        # Start follows the renewal onto the wire without waiting for its answer.
+        renewal.wait_sent(token)
         tag = f"piship-{secrets.token_hex(8)}"
-        # Armed only after the renewal: a cancel during it aborts just the renewal.
         forget_kill = token.on_cancel(lambda: self._signal(tag))
         try:
             start = start_request(request.command, request.env, cwd, tag)
-            with self._envd.start(start, token, request.timeout) as response:
+            response = self._start(start, renewal, token, request.timeout)
+            with response:
+                self._confirm(renewal, token, tag)
                 try:
                     return read_stream(response, on_stdout, on_stderr, self._errors)
                 except PiShipError:
@@ -362,6 +391,26 @@ class E2bInstance:
                     raise
         finally:
             forget_kill()
+
+    def _start(
+        self, start: StartRequest, renewal: Renewal, token: CancelToken, timeout: float | None
+    ) -> HttpReply:
+        """Send Start; when it fails, a refused renewal is the better explanation."""
+        failure: BaseException
+        try:
+            return self._envd.start(start, token, timeout)
+        except (PiShipError, TransportError) as error:
+            failure = error
+        renewal.result(token)
+        raise failure
+
+    def _confirm(self, renewal: Renewal, token: CancelToken, tag: str) -> None:
+        """Wait for the renewal before anything is reported; a refusal kills the command."""
+        try:
+            renewal.result(token)
+        except (PiShipError, TransportError):
+            self._signal(tag)
+            raise
 
     # -- SendSignal, in the background ------------------------------------------------------
 
