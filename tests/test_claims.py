@@ -341,7 +341,7 @@ def test_a_renewal_never_moves_the_shutdown_time_earlier(
 # -- the keepalive --------------------------------------------------------------------
 
 
-def test_the_keepalive_renews_while_a_command_runs_and_stops_after(
+def test_the_keepalive_renews_while_a_command_runs_and_idles_after(
     make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
     manager = make_manager(lifetime=1, keepalive_every=0.25)
@@ -354,8 +354,38 @@ def test_the_keepalive_renews_while_a_command_runs_and_stops_after(
         assert all(t.daemon for t in keepalives)
     name = cluster.created[0]
     assert cluster.renewals_of(name) == [micros(T + 2), micros(T + 2)]
+    # Idle with more than half its lifetime left: the keepalive ticks, renews nothing.
     manager.keepalive_now()
     assert len(cluster.renewals_of(name)) == 2
+    manager.dispose()
+    assert not keepalive_threads()
+
+
+def test_an_idle_claim_is_renewed_once_half_its_lifetime_has_passed(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=1)  # ticks driven by keepalive_now()
+    manager.prepare()
+    [name] = cluster.created
+    assert [t.name for t in keepalive_threads()] == [f"piship-keepalive-{name}"]
+    clocks.advance(0.6)
+    manager.keepalive_now()
+    assert cluster.renewals_of(name) == [micros(T + 2)]
+    manager.dispose()
+    assert not keepalive_threads()
+
+
+def test_an_idle_claim_past_its_committed_end_is_never_renewed(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=1)  # ticks driven by keepalive_now()
+    manager.prepare()
+    [name] = cluster.created
+    clocks.advance(1.5)
+    manager.keepalive_now()
+    manager.keepalive_now()
+    assert cluster.renewals_of(name) == []
+    manager.dispose()
     assert not keepalive_threads()
 
 
@@ -443,13 +473,14 @@ def test_a_claim_whose_delete_failed_is_never_renewed_again(
     assert cluster.deleted == [first, cluster.created[1]]
 
 
-def test_leaving_aborts_a_keepalive_renewal_still_in_flight_after_a_grace(
+def test_dispose_aborts_a_keepalive_renewal_still_in_flight(
     make_manager: MakeManager, cluster: FakeCluster
 ) -> None:
     manager = make_manager(lifetime=60, keepalive_every=0.01)
     cluster.renew_gate = threading.Event()
     with manager.command(CancelToken()):
         cluster.wait_for_a_renewal()
+    manager.dispose()
     assert not keepalive_threads()
 
 
