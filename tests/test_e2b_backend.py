@@ -15,11 +15,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from loopback_http import LoopbackHttp
+from seed_support import Clocks
 from werkzeug import Request, Response
 
 from piship_remote.backends import e2b_stream
@@ -1592,3 +1594,91 @@ def test_commands_reuse_one_connection_once_each_stream_has_ended(
     # per command.
     assert len(set(keepalive_e2b.ports)) <= 2
     instance.dispose()
+
+
+# -- the lease: shared renewals, the idle keepalive, the committed end -------------------------
+
+
+def test_commands_that_start_during_a_renewal_share_it(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    both_started = threading.Event()
+    held = threading.Event()
+    starts: list[Request] = []
+
+    def start(server: RecordingServer, request: Request) -> Response:
+        starts.append(request)
+        if len(starts) == 2:
+            both_started.set()
+        return server.stream(request, [START, END_OK, EOS], content_type="application/connect+json")
+
+    def renew(_server: RecordingServer, _request: Request) -> Response:
+        held.set()
+        assert both_started.wait(5.0)
+        return Response(b"", status=204)
+
+    server = raw_server(start=start, renew=renew)
+    instance = prepare_raw(server, profile)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(run, instance)
+        assert held.wait(5.0)
+        second = pool.submit(run, instance)
+        assert first.result(10).exit_code == 0
+        assert second.result(10).exit_code == 0
+    assert server.count(path="/sandboxes/sbx1/timeout") == 1
+    assert server.count(path="/process.Process/Start") == 2
+    # Sequential commands still renew once each.
+    run(instance)
+    assert server.count(path="/sandboxes/sbx1/timeout") == 2
+    instance.dispose()
+
+
+def test_an_idle_sandbox_is_kept_alive_every_quarter_lifetime(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server()
+    instance = prepare_raw(server, profile, lifetime_seconds=1)
+    renewal = server.wait_for(path="/sandboxes/sbx1/timeout", timeout=5.0)
+    assert renewal.json() == {"timeout": 1}
+    keepalives = [t for t in library_threads() if t.name == "piship-e2b-lease-sbx1"]
+    assert len(keepalives) == 1
+    assert keepalives[0].daemon
+    instance.dispose()
+    assert not [t for t in library_threads() if t.name.startswith("piship-e2b-lease-")]
+
+
+def test_a_sandbox_past_its_committed_end_is_never_renewed(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, clocks: Clocks
+) -> None:
+    server = raw_server()
+    instance = prepare_raw(
+        server, profile, lifetime_seconds=60, now=clocks.now, monotonic=clocks.monotonic
+    )
+    assert run(instance).exit_code == 0
+    clocks.advance(61)
+    with pytest.raises(PiShipError, match="lifetime ended"):
+        run(instance)
+    assert server.count(path="/sandboxes/sbx1/timeout") == 1
+    assert server.count(path="/process.Process/Start") == 1
+    instance.dispose()
+
+
+def test_the_committed_end_follows_a_renewal_even_when_the_wall_clock_moves_back(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, clocks: Clocks
+) -> None:
+    server = raw_server()
+    instance = prepare_raw(
+        server, profile, lifetime_seconds=60, now=clocks.now, monotonic=clocks.monotonic
+    )
+    clocks.advance(50)
+    assert run(instance).exit_code == 0  # renewed at 50 s: it lives until 110 s
+    clocks.wall -= 3600
+    clocks.advance(50)
+    assert run(instance).exit_code == 0
+    assert server.count(path="/sandboxes/sbx1/timeout") == 2
+    instance.dispose()
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()

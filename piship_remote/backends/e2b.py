@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from types import TracebackType
@@ -89,6 +90,11 @@ class E2bCompatibleBackend:
     sends a keepalive every 50 s) before it counts as lost. ``client`` replaces the
     HTTP client (any :class:`~piship_remote.transport.HttpClient`, e.g. a recording
     wrapper around :class:`~piship_remote.transport.Transport`); ``session`` is then unused.
+
+    Every command renews the sandbox's lifetime, and an idle sandbox is renewed every
+    quarter lifetime, so a short ``lifetime_seconds`` is safe; a sandbox past the end
+    last committed (by the wall clock or the monotonic clock, ``now`` and ``monotonic``,
+    whichever advanced more) is never renewed again.
     """
 
     id = BACKEND_ID
@@ -108,6 +114,8 @@ class E2bCompatibleBackend:
         session: requests.Session | None = None,
         stream_idle_timeout: float = 2.0 * KEEPALIVE_INTERVAL,
         client: HttpClient | None = None,
+        now: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.redactor = Redactor()
         self._errors = SandboxErrors(self.redactor)
@@ -130,7 +138,7 @@ class E2bCompatibleBackend:
         self._user = user
         self._envd_url = envd_url
         self._idle_timeout = stream_idle_timeout
-        self._clock = ClaimClock.for_lifetime(self._control.lifetime)
+        self._clock = ClaimClock.for_lifetime(self._control.lifetime, now=now, monotonic=monotonic)
         self._open = OpenInstances()
 
     def __repr__(self) -> str:
