@@ -131,6 +131,7 @@ class _Lease:
     expires: int = 0  # the latest shutdownTime the cluster accepted (µs)
     keepalive: _Keepalive | None = None
     creator: threading.Thread | None = None
+    checking: Future[None] | None = None  # the check commands starting now share
 
 
 @attrs.frozen
@@ -336,7 +337,46 @@ class ClaimManager:
             raise ClaimGone("the SandboxClaim expired")
         if freshness is Freshness.DUE:
             self._renew(lease, claim, cancel)
-        self._api.check(claim, cancel)
+        self._check(lease, claim, cancel)
+
+    def _check(self, lease: _Lease, claim: Claim, cancel: CancelToken) -> None:
+        """Check the claim, or share the check in flight when this command started.
+
+        A check that ended before the command started never counts for it. When
+        the command that sent the shared check was cancelled, the others check again.
+        """
+        while True:
+            with self._lock:
+                shared = lease.checking
+                if shared is None:
+                    mine: Future[None] = Future()
+                    lease.checking = mine
+            if shared is None:
+                self._send_check(lease, claim, cancel, mine)
+                return
+            _wait_for(shared, cancel)
+            error = shared.exception()
+            if error is None:
+                return
+            if not isinstance(error, CommandCancelled):
+                raise error.with_traceback(None)
+
+    def _send_check(
+        self, lease: _Lease, claim: Claim, cancel: CancelToken, mine: Future[None]
+    ) -> None:
+        failure: BaseException | None = None
+        try:
+            self._api.check(claim, cancel)
+        except BaseException as error:
+            failure = error
+        with self._lock:
+            if lease.checking is mine:
+                lease.checking = None
+        if failure is None:
+            mine.set_result(None)
+            return
+        mine.set_exception(failure)
+        raise failure
 
     def _join(self, lease: _Lease, claim: Claim) -> bool:
         """Count the command in; ``False`` when the lease was retired meanwhile."""
@@ -424,6 +464,21 @@ class ClaimManager:
             self._api.delete(claim)
         except Exception:
             pass
+
+
+def _wait_for(future: Future[None], cancel: CancelToken) -> None:
+    """Wait until ``future`` is done; ``CommandCancelled`` when ``cancel`` fires first."""
+    if future.done():
+        return
+    woken = threading.Event()
+    future.add_done_callback(lambda _future: woken.set())
+    forget = cancel.on_cancel(woken.set)
+    try:
+        woken.wait()
+    finally:
+        forget()
+    if not future.done():
+        raise CommandCancelled()
 
 
 def _failed(lease: _Lease) -> bool:
