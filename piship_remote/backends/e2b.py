@@ -24,6 +24,7 @@ HTML errors from the edge proxy, and 429 on create.
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 import time
@@ -288,6 +289,9 @@ class E2bInstance:
         self._running: dict[CancelToken, Callable[[], None]] = {}
         self._signallers: set[threading.Thread] = set()
         self._cancels = CancelLinks()
+        # Tags only need to be unique in this sandbox: a random prefix and a counter.
+        self._tag_prefix = f"piship-{secrets.token_hex(4)}"
+        self._tag_numbers = itertools.count()
 
     def __repr__(self) -> str:
         return f"<E2bInstance {self.sandbox_id}>"
@@ -382,7 +386,7 @@ class E2bInstance:
         renewal = self._lease.begin()
         # Start follows the renewal onto the wire without waiting for its answer.
         renewal.wait_sent(token)
-        tag = f"piship-{secrets.token_hex(8)}"
+        tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
         forget_kill = token.on_cancel(lambda: self._signal(tag))
         try:
             start = start_request(request.command, request.env, cwd, tag)
