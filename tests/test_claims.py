@@ -29,6 +29,8 @@ class FakeCluster:
         self.gone: set[str] = set()
         self.create_gate: threading.Event | None = None
         self.renew_gate: threading.Event | None = None
+        self.check_gate: threading.Event | None = None
+        self.checking = threading.Event()
         self.create_error: Exception | None = None
         self.delete_error: Exception | None = None
         self.creating = threading.Event()
@@ -53,6 +55,8 @@ class FakeCluster:
     def check(self, claim: Claim, cancel: CancelToken) -> None:
         with self.lock:
             self.checked.append(claim.name)
+        self.checking.set()
+        self._wait(self.check_gate, cancel)
         if claim.name in self.gone:
             raise ClaimGone("the SandboxClaim no longer exists")
 
@@ -341,7 +345,7 @@ def test_a_renewal_never_moves_the_shutdown_time_earlier(
 # -- the keepalive --------------------------------------------------------------------
 
 
-def test_the_keepalive_renews_while_a_command_runs_and_stops_after(
+def test_the_keepalive_renews_while_a_command_runs_and_idles_after(
     make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
 ) -> None:
     manager = make_manager(lifetime=1, keepalive_every=0.25)
@@ -354,8 +358,38 @@ def test_the_keepalive_renews_while_a_command_runs_and_stops_after(
         assert all(t.daemon for t in keepalives)
     name = cluster.created[0]
     assert cluster.renewals_of(name) == [micros(T + 2), micros(T + 2)]
+    # Idle with more than half its lifetime left: the keepalive ticks, renews nothing.
     manager.keepalive_now()
     assert len(cluster.renewals_of(name)) == 2
+    manager.dispose()
+    assert not keepalive_threads()
+
+
+def test_an_idle_claim_is_renewed_once_half_its_lifetime_has_passed(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=1)  # ticks driven by keepalive_now()
+    manager.prepare()
+    [name] = cluster.created
+    assert [t.name for t in keepalive_threads()] == [f"piship-keepalive-{name}"]
+    clocks.advance(0.6)
+    manager.keepalive_now()
+    assert cluster.renewals_of(name) == [micros(T + 2)]
+    manager.dispose()
+    assert not keepalive_threads()
+
+
+def test_an_idle_claim_past_its_committed_end_is_never_renewed(
+    make_manager: MakeManager, cluster: FakeCluster, clocks: Clocks
+) -> None:
+    manager = make_manager(lifetime=1)  # ticks driven by keepalive_now()
+    manager.prepare()
+    [name] = cluster.created
+    clocks.advance(1.5)
+    manager.keepalive_now()
+    manager.keepalive_now()
+    assert cluster.renewals_of(name) == []
+    manager.dispose()
     assert not keepalive_threads()
 
 
@@ -443,13 +477,14 @@ def test_a_claim_whose_delete_failed_is_never_renewed_again(
     assert cluster.deleted == [first, cluster.created[1]]
 
 
-def test_leaving_aborts_a_keepalive_renewal_still_in_flight_after_a_grace(
+def test_dispose_aborts_a_keepalive_renewal_still_in_flight(
     make_manager: MakeManager, cluster: FakeCluster
 ) -> None:
     manager = make_manager(lifetime=60, keepalive_every=0.01)
     cluster.renew_gate = threading.Event()
     with manager.command(CancelToken()):
         cluster.wait_for_a_renewal()
+    manager.dispose()
     assert not keepalive_threads()
 
 
@@ -517,3 +552,58 @@ def test_a_creation_that_failed_while_nobody_waited_is_tried_again(
     cluster.create_error = None
     assert run(manager) == cluster.created[1]
     assert len(cluster.created) == 2
+
+
+# -- the check before a command ------------------------------------------------------
+
+
+def test_commands_that_start_during_a_check_share_it(
+    manager: ClaimManager, cluster: FakeCluster
+) -> None:
+    manager.prepare()
+    cluster.check_gate = threading.Event()
+    entered = threading.Barrier(3)
+
+    def command(_: int) -> str:
+        with manager.command(CancelToken()) as use:
+            entered.wait(5)
+            return use.claim.name
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(command, 0)
+        assert cluster.checking.wait(5)
+        second = pool.submit(command, 1)
+        # No event says the second command waits for the shared check: give it the time.
+        threading.Event().wait(0.1)
+        cluster.check_gate.set()
+        entered.wait(5)
+        assert first.result(5) == second.result(5)
+    assert len(cluster.checked) == 1
+    # Sequential commands still check once each.
+    with manager.command(CancelToken()):
+        pass
+    assert len(cluster.checked) == 2
+
+
+def test_a_command_sharing_a_cancelled_check_checks_again(
+    manager: ClaimManager, cluster: FakeCluster
+) -> None:
+    manager.prepare()
+    cluster.check_gate = threading.Event()
+    cancel = CancelToken()
+
+    def command(token: CancelToken) -> str:
+        with manager.command(token) as use:
+            return use.claim.name
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(command, cancel)
+        assert cluster.checking.wait(5)
+        second = pool.submit(command, CancelToken())
+        threading.Event().wait(0.1)  # as above: the second command waits for the first's check
+        cancel.set()
+        with pytest.raises(CommandCancelled):
+            first.result(5)
+        cluster.check_gate.set()
+        assert second.result(5) == cluster.created[0]
+    assert len(cluster.checked) == 2

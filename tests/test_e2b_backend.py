@@ -15,11 +15,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from loopback_http import LoopbackHttp
+from seed_support import Clocks
 from werkzeug import Request, Response
 
 from piship_remote.backends import e2b_stream
@@ -554,7 +556,16 @@ def test_a_rejected_create_is_never_repeated(
 # -- renewal ---------------------------------------------------------------------------------------
 
 
-def test_renewal_failure_stops_before_start(
+def assert_every_start_was_killed(server: RecordingServer) -> None:
+    """Start overlaps the renewal: after a refused renewal, the command it started is killed."""
+    tags = [frame["tag"] for frame in start_bodies(server)]
+    assert len(tags) <= 1
+    for tag in tags:
+        signal = server.wait_for("POST", "/process.Process/SendSignal", timeout=2.0)
+        assert signal.json() == {"process": {"tag": tag}, "signal": "SIGNAL_SIGKILL"}
+
+
+def test_renewal_failure_reports_no_result_and_kills_the_started_command(
     raw_server: Callable[..., RecordingServer], profile: SandboxProfile
 ) -> None:
     server = raw_server(renew=answer(404, {"code": 404, "message": "sandbox not found"}))
@@ -564,7 +575,29 @@ def test_renewal_failure_stops_before_start(
     assert str(caught.value) == (
         'the sandbox is no longer available: HTTP 404: {"code":404,"message":"sandbox not found"}'
     )
-    assert server.count(path="/process.Process/Start") == 0
+    assert_every_start_was_killed(server)
+    instance.dispose()
+
+
+def test_the_renewal_is_on_the_wire_before_start(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    answered = threading.Event()
+
+    def slow_renewal(_server: RecordingServer, _request: Request) -> Response:
+        # Start arrives while the renewal is still unanswered: one round trip, not two.
+        assert server_holder[0].wait_for(path="/process.Process/Start", timeout=5.0)
+        answered.set()
+        return Response(b"", status=204)
+
+    server_holder: list[RecordingServer] = []
+    server = raw_server(renew=slow_renewal)
+    server_holder.append(server)
+    instance = prepare_raw(server, profile)
+    assert run(instance).exit_code == 0
+    assert answered.is_set()
+    paths = [r.path for r in server.requests if r.path != "/health"][1:]
+    assert paths == ["/sandboxes/sbx1/timeout", "/process.Process/Start"]
     instance.dispose()
 
 
@@ -578,7 +611,7 @@ def test_renewal_dropped_says_the_renewal_failed(
     instance = prepare_raw(server, profile)
     with pytest.raises(TransportError, match=r"^renewing the sandbox failed: .* failed: "):
         run(instance)
-    assert server.count(path="/process.Process/Start") == 0
+    assert_every_start_was_killed(server)
     instance.dispose()
 
 
@@ -1213,7 +1246,7 @@ def test_a_cancel_set_before_exec_sends_nothing(
     assert len(mock.requests) == before
 
 
-def test_a_cancel_during_renewal_sends_no_signal_and_no_start(
+def test_a_cancel_during_renewal_raises_and_kills_what_it_started(
     raw_server: Callable[..., RecordingServer], profile: SandboxProfile
 ) -> None:
     renewing = threading.Event()
@@ -1225,13 +1258,15 @@ def test_a_cancel_during_renewal_sends_no_signal_and_no_start(
 
     server = raw_server(renew=renew)
     instance = prepare_raw(server, profile)
-    cancel = CancelToken()
-    cancel_when(renewing, cancel)
-    with pytest.raises(CommandCancelled):
-        run(instance, cancel=cancel)
-    assert server.count(path="/process.Process/SendSignal") == 0
-    assert server.count(path="/process.Process/Start") == 0
-    instance.dispose()
+    try:
+        cancel = CancelToken()
+        cancel_when(renewing, cancel)
+        with pytest.raises(CommandCancelled):
+            run(instance, cancel=cancel)
+        # Start follows the renewal without waiting for its answer: what it started is killed.
+        assert_every_start_was_killed(server)
+    finally:
+        instance.dispose()
 
 
 # -- credentials on renewal and delete ----------------------------------------------------------
@@ -1557,5 +1592,95 @@ def test_commands_reuse_one_connection_once_each_stream_has_ended(
         assert run(instance, output=output).exit_code == 0
     assert output.stdout == [b"hi\n"] * 3
     assert len(keepalive_e2b.ports) == 7  # create, then a renewal and a Start per command
-    assert len(set(keepalive_e2b.ports)) == 1
+    # The renewal and Start overlap, so they need one connection each; never a new one
+    # per command.
+    assert len(set(keepalive_e2b.ports)) <= 2
     instance.dispose()
+
+
+# -- the lease: shared renewals, the idle keepalive, the committed end -------------------------
+
+
+def test_commands_that_start_during_a_renewal_share_it(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    both_started = threading.Event()
+    held = threading.Event()
+    starts: list[Request] = []
+
+    def start(server: RecordingServer, request: Request) -> Response:
+        starts.append(request)
+        if len(starts) == 2:
+            both_started.set()
+        return server.stream(request, [START, END_OK, EOS], content_type="application/connect+json")
+
+    def renew(_server: RecordingServer, _request: Request) -> Response:
+        held.set()
+        assert both_started.wait(5.0)
+        return Response(b"", status=204)
+
+    server = raw_server(start=start, renew=renew)
+    instance = prepare_raw(server, profile)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(run, instance)
+        assert held.wait(5.0)
+        second = pool.submit(run, instance)
+        assert first.result(10).exit_code == 0
+        assert second.result(10).exit_code == 0
+    assert server.count(path="/sandboxes/sbx1/timeout") == 1
+    assert server.count(path="/process.Process/Start") == 2
+    # Sequential commands still renew once each.
+    run(instance)
+    assert server.count(path="/sandboxes/sbx1/timeout") == 2
+    instance.dispose()
+
+
+def test_an_idle_sandbox_is_kept_alive_every_quarter_lifetime(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    server = raw_server()
+    instance = prepare_raw(server, profile, lifetime_seconds=1)
+    renewal = server.wait_for(path="/sandboxes/sbx1/timeout", timeout=5.0)
+    assert renewal.json() == {"timeout": 1}
+    keepalives = [t for t in library_threads() if t.name == "piship-e2b-lease-sbx1"]
+    assert len(keepalives) == 1
+    assert keepalives[0].daemon
+    instance.dispose()
+    assert not [t for t in library_threads() if t.name.startswith("piship-e2b-lease-")]
+
+
+def test_a_sandbox_past_its_committed_end_is_never_renewed(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, clocks: Clocks
+) -> None:
+    server = raw_server()
+    instance = prepare_raw(
+        server, profile, lifetime_seconds=60, now=clocks.now, monotonic=clocks.monotonic
+    )
+    assert run(instance).exit_code == 0
+    clocks.advance(61)
+    with pytest.raises(PiShipError, match="lifetime ended"):
+        run(instance)
+    assert server.count(path="/sandboxes/sbx1/timeout") == 1
+    assert server.count(path="/process.Process/Start") == 1
+    instance.dispose()
+
+
+def test_the_committed_end_follows_a_renewal_even_when_the_wall_clock_moves_back(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, clocks: Clocks
+) -> None:
+    server = raw_server()
+    instance = prepare_raw(
+        server, profile, lifetime_seconds=60, now=clocks.now, monotonic=clocks.monotonic
+    )
+    clocks.advance(50)
+    assert run(instance).exit_code == 0  # renewed at 50 s: it lives until 110 s
+    clocks.wall -= 3600
+    clocks.advance(50)
+    assert run(instance).exit_code == 0
+    assert server.count(path="/sandboxes/sbx1/timeout") == 2
+    instance.dispose()
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()

@@ -7,8 +7,11 @@ Commands share one live SandboxClaim (a *lease*). The manager
   does not cancel the creation the others wait for);
 - before a command, replaces a claim that expired locally or that the cluster
   lost, and renews one with less than half its lifetime left;
-- counts the commands running in each lease and, while there are any, renews it
-  every ``max(0.25, lifetime / 4)`` seconds on a ``piship-keepalive-…`` timer;
+- counts the commands running in each lease and ticks a ``piship-keepalive-…``
+  timer every ``max(0.25, lifetime / 4)`` seconds from the first claim on: a tick
+  renews a lease commands run in, and an idle one once less than half its lifetime
+  is left (never one past its committed shutdownTime), so a short lifetime is
+  safe between commands;
 - deletes a *retired* lease (cancelled in, outcome unknown, gone) once its last
   command has left, and never renews it again;
 - on :meth:`ClaimManager.dispose` aborts everything in flight, deletes every
@@ -128,6 +131,7 @@ class _Lease:
     expires: int = 0  # the latest shutdownTime the cluster accepted (µs)
     keepalive: _Keepalive | None = None
     creator: threading.Thread | None = None
+    checking: Future[None] | None = None  # the check commands starting now share
 
 
 @attrs.frozen
@@ -177,10 +181,13 @@ class ClaimManager:
         """Create the first claim and wait until it is ready; on failure nothing is left."""
         try:
             lease = self._obtain()
-            self._claim_of(lease, CancelToken())
+            claim = self._claim_of(lease, CancelToken())
         except BaseException:
             self.dispose()
             raise
+        with self._lock:
+            if not self._disposed and not lease.retired:
+                self._arm(lease, claim)
 
     @contextmanager
     def command(self, cancel: CancelToken) -> Iterator[ClaimUse]:
@@ -330,7 +337,46 @@ class ClaimManager:
             raise ClaimGone("the SandboxClaim expired")
         if freshness is Freshness.DUE:
             self._renew(lease, claim, cancel)
-        self._api.check(claim, cancel)
+        self._check(lease, claim, cancel)
+
+    def _check(self, lease: _Lease, claim: Claim, cancel: CancelToken) -> None:
+        """Check the claim, or share the check in flight when this command started.
+
+        A check that ended before the command started never counts for it. When
+        the command that sent the shared check was cancelled, the others check again.
+        """
+        while True:
+            with self._lock:
+                shared = lease.checking
+                if shared is None:
+                    mine: Future[None] = Future()
+                    lease.checking = mine
+            if shared is None:
+                self._send_check(lease, claim, cancel, mine)
+                return
+            _wait_for(shared, cancel)
+            error = shared.exception()
+            if error is None:
+                return
+            if not isinstance(error, CommandCancelled):
+                raise error.with_traceback(None)
+
+    def _send_check(
+        self, lease: _Lease, claim: Claim, cancel: CancelToken, mine: Future[None]
+    ) -> None:
+        failure: BaseException | None = None
+        try:
+            self._api.check(claim, cancel)
+        except BaseException as error:
+            failure = error
+        with self._lock:
+            if lease.checking is mine:
+                lease.checking = None
+        if failure is None:
+            mine.set_result(None)
+            return
+        mine.set_exception(failure)
+        raise failure
 
     def _join(self, lease: _Lease, claim: Claim) -> bool:
         """Count the command in; ``False`` when the lease was retired meanwhile."""
@@ -341,14 +387,18 @@ class ClaimManager:
                 return False
             lease.users += 1
             self._last = claim.name
-            if lease.keepalive is None:
-                lease.keepalive = _Keepalive(
-                    self._every,
-                    lambda keepalive: self._tick(lease, keepalive),
-                    f"piship-keepalive-{claim.name}",
-                )
-                lease.keepalive.start()
+            self._arm(lease, claim)
             return True
+
+    def _arm(self, lease: _Lease, claim: Claim) -> None:
+        """Start the lease's keepalive if it has none (under the lock)."""
+        if lease.keepalive is None and not lease.deleted:
+            lease.keepalive = _Keepalive(
+                self._every,
+                lambda keepalive: self._tick(lease, keepalive),
+                f"piship-keepalive-{claim.name}",
+            )
+            lease.keepalive.start()
 
     # -- renewal ----------------------------------------------------------------
 
@@ -366,7 +416,10 @@ class ClaimManager:
         with self._lock:
             if lease.keepalive is not keepalive or lease.gone or lease.deleted:
                 return
+            idle, committed = lease.users == 0, lease.expires
         claim = lease.future.result()
+        if idle and self._clock.before_command(claim.anchor, committed) is Freshness.FRESH:
+            return  # an idle lease is renewed only once half its lifetime has passed
         try:
             self._renew(lease, claim, keepalive.abort)
         except ClaimGone:
@@ -387,21 +440,19 @@ class ClaimManager:
     def _leave(self, lease: _Lease) -> None:
         with self._lock:
             lease.users -= 1
-            keepalive = None
-            if lease.users == 0:
-                keepalive, lease.keepalive = lease.keepalive, None
-        if keepalive is not None:
-            keepalive.stop(_TICK_GRACE)
         self._release(lease)
 
     def _release(self, lease: _Lease) -> None:
-        """Delete a retired lease nobody uses any more (at most once)."""
+        """Delete a retired lease nobody uses any more (at most once), and stop its keepalive."""
         with self._lock:
             if lease.users > 0 or not lease.retired or lease.deleted:
                 return
             lease.deleted = True
+            keepalive, lease.keepalive = lease.keepalive, None
             if lease in self._leases:
                 self._leases.remove(lease)
+        if keepalive is not None:
+            keepalive.stop(_TICK_GRACE)
         self._delete(lease)
 
     def _delete(self, lease: _Lease) -> None:
@@ -413,6 +464,21 @@ class ClaimManager:
             self._api.delete(claim)
         except Exception:
             pass
+
+
+def _wait_for(future: Future[None], cancel: CancelToken) -> None:
+    """Wait until ``future`` is done; ``CommandCancelled`` when ``cancel`` fires first."""
+    if future.done():
+        return
+    woken = threading.Event()
+    future.add_done_callback(lambda _future: woken.set())
+    forget = cancel.on_cancel(woken.set)
+    try:
+        woken.wait()
+    finally:
+        forget()
+    if not future.done():
+        raise CommandCancelled()
 
 
 def _failed(lease: _Lease) -> bool:

@@ -24,8 +24,10 @@ HTML errors from the edge proxy, and 429 on create.
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from types import TracebackType
@@ -47,17 +49,25 @@ from piship_remote.backends.e2b_control import (
     NewSandbox,
     wire_lifetime,
 )
-from piship_remote.backends.e2b_envd import ENVD_PORT, KEEPALIVE_INTERVAL, Envd, start_request
+from piship_remote.backends.e2b_envd import (
+    ENVD_PORT,
+    KEEPALIVE_INTERVAL,
+    Envd,
+    StartRequest,
+    start_request,
+)
 from piship_remote.backends.e2b_files import EnvdFiles
+from piship_remote.backends.e2b_lease import Renewal, SandboxLease
 from piship_remote.backends.e2b_owned import check_id, connect, list_owned
 from piship_remote.backends.e2b_stream import read_stream
 from piship_remote.backends.file_protocol import RemoteFiles
+from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interval
 from piship_remote.backends.owned import OwnedSandbox
 from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
-from piship_remote.transport import HttpClient, Transport, check_endpoint
+from piship_remote.transport import HttpClient, HttpReply, Transport, TransportError, check_endpoint
 
 if TYPE_CHECKING:
     import requests
@@ -85,6 +95,11 @@ class E2bCompatibleBackend:
     sends a keepalive every 50 s) before it counts as lost. ``client`` replaces the
     HTTP client (any :class:`~piship_remote.transport.HttpClient`, e.g. a recording
     wrapper around :class:`~piship_remote.transport.Transport`); ``session`` is then unused.
+
+    Every command renews the sandbox's lifetime, and an idle sandbox is renewed every
+    quarter lifetime, so a short ``lifetime_seconds`` is safe; a sandbox past the end
+    last committed (by the wall clock or the monotonic clock, ``now`` and ``monotonic``,
+    whichever advanced more) is never renewed again.
     """
 
     id = BACKEND_ID
@@ -104,6 +119,8 @@ class E2bCompatibleBackend:
         session: requests.Session | None = None,
         stream_idle_timeout: float = 2.0 * KEEPALIVE_INTERVAL,
         client: HttpClient | None = None,
+        now: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.redactor = Redactor()
         self._errors = SandboxErrors(self.redactor)
@@ -126,6 +143,7 @@ class E2bCompatibleBackend:
         self._user = user
         self._envd_url = envd_url
         self._idle_timeout = stream_idle_timeout
+        self._clock = ClaimClock.for_lifetime(self._control.lifetime, now=now, monotonic=monotonic)
         self._open = OpenInstances()
 
     def __repr__(self) -> str:
@@ -159,6 +177,9 @@ class E2bCompatibleBackend:
         """Create a sandbox for ``profile`` (only its network mode is used)."""
         if self._open.closed.is_set():
             raise self._control.closed_error()
+        read = self._clock.anchor()
+        # The service counts the lifetime from when the create arrived: later than this.
+        anchor = Anchor(read.wall, read.monotonic, read.wall + self._clock.lifetime)
         created = self._control.create(
             NewSandbox(
                 template_id=self._template,
@@ -169,7 +190,7 @@ class E2bCompatibleBackend:
             self._open.closed,
         )
         try:
-            instance = self._instance(created)
+            instance = self._instance(created, anchor)
         except BaseException:
             self._control.delete(created.sandbox_id)
             raise
@@ -182,8 +203,10 @@ class E2bCompatibleBackend:
         """An instance for the existing sandbox ``sandbox_id`` (``connect``: a fresh envd token)."""
         if self._open.closed.is_set():
             raise self._control.closed_error()
+        read = self._clock.anchor()
         created = connect(self._control, sandbox_id)
-        instance = self._instance(created)
+        anchor = Anchor(read.wall, read.monotonic, read.wall + self._clock.lifetime)
+        instance = self._instance(created, anchor)
         if self._open.admit(instance):
             return instance
         instance.detach()
@@ -208,7 +231,16 @@ class E2bCompatibleBackend:
 
     # -- one sandbox's clients --------------------------------------------------------------
 
-    def _instance(self, created: Created) -> E2bInstance:
+    def _instance(self, created: Created, anchor: Anchor) -> E2bInstance:
+        sandbox_id = created.sandbox_id
+        lease = SandboxLease(
+            lambda cancel: self._control.renew(sandbox_id, cancel),
+            self._clock,
+            anchor,
+            keepalive_every=keepalive_interval(self._control.lifetime),
+            name=sandbox_id,
+            errors=self._errors,
+        )
         base = self._envd_base(created)
         envd = Envd(
             self._transport,
@@ -220,9 +252,10 @@ class E2bCompatibleBackend:
             self._errors,
         )
         instance = E2bInstance(
-            created.sandbox_id, self._workdir, self._control, envd, self._errors, self._open.forget
+            sandbox_id, self._workdir, self._control, lease, envd, self._errors, self._open.forget
         )
         instance.attach_files(self._envd_files(created, base))
+        lease.start()
         return instance
 
     def _envd_files(self, created: Created, base: str) -> EnvdFiles:
@@ -279,6 +312,7 @@ class E2bInstance:
         sandbox_id: str,
         workdir: str,
         control: ControlPlane,
+        lease: SandboxLease,
         envd: Envd,
         errors: SandboxErrors,
         on_disposed: Callable[[E2bInstance], None],
@@ -286,6 +320,7 @@ class E2bInstance:
         self.sandbox_id = sandbox_id
         self._workdir = workdir
         self._control = control
+        self._lease = lease
         self._envd = envd
         self._errors = errors
         self._on_disposed = on_disposed
@@ -296,6 +331,9 @@ class E2bInstance:
         self._signallers: set[threading.Thread] = set()
         self._cancels = CancelLinks()
         self._files: RemoteFiles | None = None
+        # Tags only need to be unique in this sandbox: a random prefix and a counter.
+        self._tag_prefix = f"piship-{secrets.token_hex(4)}"
+        self._tag_numbers = itertools.count()
 
     def __repr__(self) -> str:
         return f"<E2bInstance {self.sandbox_id}>"
@@ -367,6 +405,7 @@ class E2bInstance:
         self._closing.set()
         for token in running:
             token.set()
+        self._lease.dispose()
         if delete:
             self._control.delete(self.sandbox_id)
         with self._lock:
@@ -405,13 +444,16 @@ class E2bInstance:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> BackendResult:
-        self._control.renew(self.sandbox_id, token)
-        tag = f"piship-{secrets.token_hex(8)}"
-        # Armed only after the renewal: a cancel during it aborts just the renewal.
+        renewal = self._lease.begin()
+        # Start follows the renewal onto the wire without waiting for its answer.
+        renewal.wait_sent(token)
+        tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
         forget_kill = token.on_cancel(lambda: self._signal(tag))
         try:
             start = start_request(request.command, request.env, cwd, tag)
-            with self._envd.start(start, token, request.timeout) as response:
+            response = self._start(start, renewal, token, request.timeout)
+            with response:
+                self._confirm(renewal, token, tag)
                 try:
                     return read_stream(response, on_stdout, on_stderr, self._errors)
                 except PiShipError:
@@ -422,6 +464,26 @@ class E2bInstance:
                     raise
         finally:
             forget_kill()
+
+    def _start(
+        self, start: StartRequest, renewal: Renewal, token: CancelToken, timeout: float | None
+    ) -> HttpReply:
+        """Send Start; when it fails, a refused renewal is the better explanation."""
+        failure: BaseException
+        try:
+            return self._envd.start(start, token, timeout)
+        except (PiShipError, TransportError) as error:
+            failure = error
+        renewal.result(token)
+        raise failure
+
+    def _confirm(self, renewal: Renewal, token: CancelToken, tag: str) -> None:
+        """Wait for the renewal before anything is reported; a refusal kills the command."""
+        try:
+            renewal.result(token)
+        except (PiShipError, TransportError):
+            self._signal(tag)
+            raise
 
     # -- SendSignal, in the background ------------------------------------------------------
 

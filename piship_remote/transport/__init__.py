@@ -19,6 +19,7 @@ The modules, one concept each:
 """
 
 from piship_remote.transport._dechunk import Dechunker as _Dechunker  # noqa: F401 (tests)
+from piship_remote.transport._scope import when_sent
 from piship_remote.transport.client import Transport
 from piship_remote.transport.endpoint import check_endpoint
 from piship_remote.transport.failures import TransportError
@@ -32,5 +33,6 @@ __all__ = [
     "Transport",
     "TransportError",
     "check_endpoint",
+    "when_sent",
     "window_text",
 ]

@@ -24,7 +24,7 @@ import urllib3.response
 from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
-from piship_remote.transport._scope import CURRENT, CallScope, DeadlineReader
+from piship_remote.transport._scope import CURRENT, ON_SENT, CallScope, DeadlineReader
 from piship_remote.transport._urllib3_internals import SocketFactoryHook, record_retired
 
 __all__ = ["CancellableAdapter"]
@@ -84,6 +84,9 @@ class _Connection(SocketFactoryHook):
                 self.connect()  # connect first, so `sent` means "past the connect"
             scope.sent = True
         super().request(*args, **kwargs)
+        on_sent = ON_SENT.get()
+        if on_sent is not None:
+            on_sent()
 
     def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
         scope = CURRENT.get()

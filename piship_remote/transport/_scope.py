@@ -23,6 +23,7 @@ import io
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -36,7 +37,7 @@ from piship_remote.transport.failures import (
     timed_out,
 )
 
-__all__ = ["CURRENT", "Call", "CallScope", "DeadlineReader"]
+__all__ = ["CURRENT", "ON_SENT", "Call", "CallScope", "DeadlineReader", "when_sent"]
 
 
 class CallScope:
@@ -144,6 +145,25 @@ def shut(sock: socket.socket) -> None:
 CURRENT: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
     "piship_transport_call", default=None
 )
+
+# Called by the connection once a request's headers and body are written (see when_sent).
+ON_SENT: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "piship_on_sent", default=None
+)
+
+
+@contextlib.contextmanager
+def when_sent(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` as soon as the requests sent in this block are on the wire.
+
+    It fires after the connection wrote the request, before the answer is read,
+    so another request can follow without waiting for it.
+    """
+    token = ON_SENT.set(callback)
+    try:
+        yield
+    finally:
+        ON_SENT.reset(token)
 
 
 class Call:
