@@ -10,6 +10,7 @@ from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer
+from piship_remote.testing.e2b_server import ENVD_ACCESS_TOKEN
 
 pytestmark = pytest.mark.timeout(30)
 E2B_POLICY = {"required": True, "network": {"mode": "deny"}}
@@ -34,14 +35,16 @@ def test_attaching_to_a_gone_e2b_sandbox_says_so(tmp_path) -> None:
         assert server.live_sandboxes == []
 
 
-def test_an_attached_e2b_sandbox_gets_a_fresh_envd_token(tmp_path) -> None:
+def test_an_attached_e2b_sandbox_uses_the_envd_token_its_connect_answer_gives(tmp_path) -> None:
     with E2bServer() as server, e2b(server) as backend:
         server.plant("kept1", metadata={"created-by": "piship"})
         with activate_sandbox(E2B_POLICY, backend=backend, workspace=tmp_path, attach="kept1"):
             pass
-        starts = [r for r in server.requests if r.path == "/process.Process/Start"]
-        assert starts and starts[-1].headers.get("x-access-token", "").startswith("envd-token-")
-        assert starts[-1].headers["x-access-token"] != "envd-token-1"
+        paths = [r.path for r in server.requests]
+        assert "/sandboxes/kept1/connect" in paths
+        connected = paths.index("/sandboxes/kept1/connect")
+        starts = [r for r in server.requests[connected:] if r.path == "/process.Process/Start"]
+        assert starts and starts[-1].headers.get("x-access-token") == ENVD_ACCESS_TOKEN
         assert server.live_sandboxes == []
 
 
