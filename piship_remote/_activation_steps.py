@@ -19,6 +19,10 @@ from piship_remote.backends.base import Backend, ExecRequest, Instance
 from piship_remote.backends.common import exit_status
 from piship_remote.backends.file_protocol import SupportsFiles
 from piship_remote.backends.owned import Reattachable
+from piship_remote.capability_rules import (
+    capability_mismatch,
+    claimed_guarantees,
+)
 from piship_remote.environment import command_environment, screen_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -37,8 +41,6 @@ from piship_remote.report import (
     Capabilities,
     ContainmentReport,
     NetworkDenial,
-    capability_mismatch,
-    claimed_guarantees,
     snapshot_workspace_report,
 )
 from piship_remote.sandbox_transfers import SandboxTransfers

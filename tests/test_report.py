@@ -7,6 +7,13 @@ from typing import Any
 import attrs
 import pytest
 
+from piship_remote.capability_rules import (
+    capability_mismatch,
+    claimed_guarantees,
+    declared_network_probe,
+    network_probe_problem,
+    required_planes,
+)
 from piship_remote.report import (
     GUARANTEES,
     Capabilities,
@@ -14,14 +21,9 @@ from piship_remote.report import (
     NetworkDenial,
     NetworkProbe,
     WorkspaceReport,
-    capability_mismatch,
-    claimed_guarantees,
-    declared_network_probe,
     describe_containment,
     describe_workspace,
     initial_workspace_report,
-    network_probe_problem,
-    required_planes,
     snapshot_workspace_report,
 )
 
