@@ -16,6 +16,9 @@ from piship_remote.policy import SandboxPolicy
 __all__ = ["DEFAULT_ALLOW", "backend_for", "env_reader", "policy_for"]
 
 DEFAULT_ALLOW = ("LANG", "LC_ALL", "TERM", "TZ")
+# The CLI's sandboxes live on a short lease the library renews while the CLI runs, so one
+# whose CLI was killed (SIGKILL, a lost machine) ends on its own within five minutes.
+CLI_LEASE_SECONDS = 300.0
 
 
 def policy_for(args: argparse.Namespace) -> SandboxPolicy:
@@ -35,7 +38,7 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
     if args.backend == "local":
         from piship_remote.local import LocalE2bService
 
-        return stack.enter_context(LocalE2bService()).backend()
+        return stack.enter_context(LocalE2bService()).backend(lifetime_seconds=CLI_LEASE_SECONDS)
     if args.backend == "kubernetes":
         return _kubernetes(args)
     from piship_remote.backends.e2b import E2bCompatibleBackend
@@ -46,6 +49,7 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
         user=args.user,
         envd_url=args.envd_url,
         credential=env_reader("E2B_API_KEY"),
+        lifetime_seconds=CLI_LEASE_SECONDS,
     )
 
 
@@ -72,6 +76,7 @@ def _kubernetes(args: argparse.Namespace) -> Backend:
             template=args.pool,
             namespace=args.namespace,
             credential=env_reader("PISHIP_K8S_TOKEN"),
+            lifetime_seconds=CLI_LEASE_SECONDS,
         )
     except ValueError as e:
         raise PiShipError(CONFIG_INVALID, str(e)) from None
