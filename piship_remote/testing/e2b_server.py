@@ -6,7 +6,7 @@
         assert mock.requests[-1].path == "/sandboxes/sbx1"      # the DELETE
         assert mock.live_sandboxes == []
 
-Routes (the seed's mock, reference e2b-backend.md §13.4):
+Routes:
 
 - ``/health`` (any method): status ``health``, empty body.
 - ``/sandboxes…`` and ``/v2/sandboxes…`` are control paths. With ``api_key`` set, a
