@@ -84,10 +84,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import datetime, timezone
 from typing import Any
-
-import attrs
 
 from piship_remote.local.wire import (
     ApiError,
@@ -107,6 +104,14 @@ from piship_remote.local.wire import (
     unstructure,
 )
 from piship_remote.testing.e2b_files import MemoryTree, files_refusal
+from piship_remote.testing.e2b_listing import (
+    CLIENT_ID,
+    ENVD_VERSION,
+    TEMPLATE_ID,
+    LiveSandbox,
+    has_metadata,
+    listed,
+)
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
@@ -122,9 +127,6 @@ __all__ = [
 
 SANDBOX_ID = "sbx1"
 ENVD_ACCESS_TOKEN = "envd-token-1"
-CLIENT_ID = "client1"
-TEMPLATE_ID = "piship-workspace"
-ENVD_VERSION = "0.4.0"
 PID = 42
 CHECK_MARKER = "piship-sandbox-ready"
 CONNECT_JSON = "application/connect+json"
@@ -161,16 +163,6 @@ DEFAULT_TIMEOUT = {"/sandboxes": 15, "/v2/sandboxes": 300}
 CONNECT_TIMEOUT = 300
 
 
-@attrs.define
-class _Live:
-    """One live creation: its id, metadata, when it started and when its lifetime ends."""
-
-    sandbox_id: str
-    metadata: dict[str, str]
-    started_at: float
-    expires_at: float
-
-
 class E2bServer(RecordingServer):
     """The started fake service; see the module docstring for its routes and answers."""
 
@@ -196,7 +188,7 @@ class E2bServer(RecordingServer):
         self._clock = clock
         self._distinct = distinct_ids
         self._numbers = itertools.count(1)
-        self._live: list[_Live] = []
+        self._live: list[LiveSandbox] = []
         self._gone: set[str] = set()
         self._trees: dict[str, MemoryTree] = {}
         self._hung: list[tuple[str | None, threading.Event]] = []
@@ -221,7 +213,9 @@ class E2bServer(RecordingServer):
         """Add a live sandbox started ``age`` seconds ago, as another client could have."""
         with self._state:
             self._live.append(
-                _Live(sandbox_id, dict(metadata or {}), time.time() - age, self._clock() + lifetime)
+                LiveSandbox(
+                    sandbox_id, dict(metadata or {}), time.time() - age, self._clock() + lifetime
+                )
             )
             self._gone.discard(sandbox_id)
 
@@ -311,7 +305,7 @@ class E2bServer(RecordingServer):
             return _json(200, _info(sandbox_id))
         return Response(b"", status=204)
 
-    def _renew(self, lives: list[_Live], seconds: object, *, connect: bool) -> None:
+    def _renew(self, lives: list[LiveSandbox], seconds: object, *, connect: bool) -> None:
         """With the state lock held: a connect extends to ``seconds``, a timeout sets it."""
         if not isinstance(seconds, int):
             if not connect:
@@ -334,7 +328,7 @@ class E2bServer(RecordingServer):
             kept = (
                 {str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {}
             )
-            self._live.append(_Live(sandbox_id, kept, time.time(), now + lifetime))
+            self._live.append(LiveSandbox(sandbox_id, kept, time.time(), now + lifetime))
             self._gone.discard(sandbox_id)
         return _json(self._create, _info(sandbox_id))
 
@@ -345,8 +339,8 @@ class E2bServer(RecordingServer):
             return _json(400, ApiError(400, str(e)))
         with self._state:
             self._prune()
-            lives = [live for live in self._live if _has(live.metadata, wanted)]
-        return json_response(200, [_listed(live, self._clock()) for live in lives])
+            lives = [live for live in self._live if has_metadata(live.metadata, wanted)]
+        return json_response(200, [listed(live, self._clock()) for live in lives])
 
     # ---- envd files ------------------------------------------------------------------
 
@@ -532,31 +526,6 @@ def _end(answer: CommandAnswer) -> EndEvent | dict[str, Any]:
 
 def _info(sandbox_id: str) -> SandboxInfo:
     return SandboxInfo(sandbox_id, TEMPLATE_ID, CLIENT_ID, ENVD_VERSION, ENVD_ACCESS_TOKEN)
-
-
-def _listed(live: _Live, now: float) -> dict[str, Any]:
-    end = time.time() + max(live.expires_at - now, 0.0)
-    return {
-        "sandboxID": live.sandbox_id,
-        "templateID": TEMPLATE_ID,
-        "clientID": CLIENT_ID,
-        "startedAt": _rfc3339(live.started_at),
-        "endAt": _rfc3339(end),
-        "cpuCount": 2,
-        "memoryMB": 512,
-        "diskSizeMB": 1024,
-        "state": "running",
-        "envdVersion": ENVD_VERSION,
-        "metadata": live.metadata,
-    }
-
-
-def _rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _has(metadata: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
-    return all(metadata.get(k) == v for k, v in wanted.items())
 
 
 def _json_body(request: Request) -> Any:
