@@ -19,7 +19,7 @@ _EXPORTS = {
     "activate_sandbox": "piship_remote.activation",
     "Sandbox": "piship_remote.activation",
     "ExecResult": "piship_remote.activation",
-    "CommandResult": "piship_remote.output",
+    "CommandResult": "piship_remote._output",
     "describe_containment": "piship_remote.report",
     "ContainmentReport": "piship_remote.report",
     "NetworkDenial": "piship_remote.report",
@@ -79,6 +79,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from piship_remote._output import CommandResult
     from piship_remote.activation import ExecResult, Sandbox, activate_sandbox
     from piship_remote.backends.base import BackendResult, ExecRequest
     from piship_remote.backends.e2b import E2bCompatibleBackend
@@ -87,7 +88,6 @@ if TYPE_CHECKING:
     from piship_remote.errors import CommandCancelled, CommandFailed, CommandTimeout, PiShipError
     from piship_remote.files import SandboxFiles
     from piship_remote.lifecycle import cleanup_on_signals
-    from piship_remote.output import CommandResult
     from piship_remote.policy import SandboxPolicy, SandboxProfile
     from piship_remote.report import (
         Capabilities,

@@ -15,14 +15,17 @@ from typing import TYPE_CHECKING, TypeVar, Union
 
 import attrs
 
-from piship_remote.backends.base import Backend, ExecRequest, Instance
-from piship_remote.backends.common import exit_status
-from piship_remote.backends.file_protocol import SupportsFiles
-from piship_remote.backends.owned import Reattachable
-from piship_remote.capability_rules import (
+from piship_remote._capability_rules import (
     capability_mismatch,
     claimed_guarantees,
 )
+from piship_remote._exec_engine import ExecEngine, reason_text
+from piship_remote._exec_workers import Stream
+from piship_remote._sandbox_transfers import SandboxTransfers
+from piship_remote.backends._common import exit_status
+from piship_remote.backends._file_protocol import SupportsFiles
+from piship_remote.backends._owned import Reattachable
+from piship_remote.backends.base import Backend, ExecRequest, Instance
 from piship_remote.environment import command_environment, screen_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -33,8 +36,6 @@ from piship_remote.errors import (
     CommandTimeout,
     PiShipError,
 )
-from piship_remote.exec_engine import ExecEngine, reason_text
-from piship_remote.exec_workers import Stream
 from piship_remote.policy import SandboxPolicy, SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.report import (
@@ -43,7 +44,6 @@ from piship_remote.report import (
     NetworkDenial,
     snapshot_workspace_report,
 )
-from piship_remote.sandbox_transfers import SandboxTransfers
 
 if TYPE_CHECKING:
     from piship_remote.activation import Sandbox

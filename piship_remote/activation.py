@@ -9,7 +9,7 @@ Activation runs these steps in order: availability, the capability check (before
 anything is created), prepare, the readiness check command, the network-denial
 evidence, then the report. ``Sandbox`` turns a call into an ``ExecRequest``
 (working directory, filtered environment) and hands it to the
-:class:`~piship_remote.exec_engine.ExecEngine`, which runs it under the
+:class:`~piship_remote._exec_engine.ExecEngine`, which runs it under the
 deadline, the cancel event and Ctrl-C.
 
 A policy that is not required and cannot be enforced gives a ``Sandbox`` with no
@@ -28,8 +28,12 @@ import attrs
 
 from piship_remote import lifecycle
 from piship_remote._activation_steps import Activation, real_path
+from piship_remote._exec_engine import CHANNEL_BYTES, ExecEngine
+from piship_remote._exec_workers import Sink
+from piship_remote._output import OUTPUT_LIMIT, CommandResult, OutputCapture
+from piship_remote._sandbox_transfers import SandboxTransfers, check_sync_mode
+from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import Backend, ExecRequest
-from piship_remote.backends.common import exit_status
 from piship_remote.environment import command_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -38,17 +42,13 @@ from piship_remote.errors import (
     CommandFailed,
     PiShipError,
 )
-from piship_remote.exec_engine import CHANNEL_BYTES, ExecEngine
-from piship_remote.exec_workers import Sink
 from piship_remote.files import SandboxFiles
-from piship_remote.output import OUTPUT_LIMIT, CommandResult, OutputCapture
 from piship_remote.policy import SandboxPolicy, SandboxProfile, resolve_profile
 from piship_remote.redact import Redactor
 from piship_remote.report import (
     ContainmentReport,
     WorkspaceReport,
 )
-from piship_remote.sandbox_transfers import SandboxTransfers, check_sync_mode
 from piship_remote.transfer import TransferSummary
 
 __all__ = ["CHANNEL_BYTES", "CommandResult", "ExecResult", "Sandbox", "activate_sandbox"]

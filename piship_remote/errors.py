@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from piship_remote.redact import redact
 
 if TYPE_CHECKING:
-    from piship_remote.output import CommandResult
+    from piship_remote._output import CommandResult
     from piship_remote.redact import Redactor
 
 __all__ = [

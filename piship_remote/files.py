@@ -23,11 +23,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
-from piship_remote.archive import tar_stream, unpack_tar
-from piship_remote.backends.file_protocol import RemoteFiles
+from piship_remote._archive import tar_stream, unpack_tar
+from piship_remote._workspace_tree import inside, select_tree
+from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
-from piship_remote.workspace_tree import inside, select_tree
 
 __all__ = ["CHUNK", "CommandRunner", "Progress", "SandboxFiles"]
 

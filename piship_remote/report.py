@@ -1,7 +1,7 @@
 """What a sandbox backend declares, and the containment report an activation produces.
 
 A backend declares its :class:`Capabilities`; the activation compares them with
-the policy (``piship_remote.capability_rules``) and, when they suffice, reports only
+the policy (``piship_remote._capability_rules``) and, when they suffice, reports only
 what the backend enforces in a :class:`ContainmentReport`. Every report has a
 one-line human description::
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote.archive import tar_stream, unpack_tar
+from piship_remote._archive import tar_stream, unpack_tar
+from piship_remote._workspace_tree import select_tree
 from piship_remote.errors import PiShipError
 from piship_remote.transfer import SkippedPath
-from piship_remote.workspace_tree import select_tree
 
 
 def hostile(*members: tuple[tarfile.TarInfo, bytes]) -> io.BytesIO:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from seed_support import kubernetes
 
+from piship_remote.backends._common import exit_code_of, exit_status, remote_directory
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.common import exit_code_of, exit_status, remote_directory
 from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
 from piship_remote.errors import (

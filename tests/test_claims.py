@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from seed_support import Clocks, T
 
+from piship_remote._cancel import CancelToken
 from piship_remote.backends.claims import Claim, ClaimGone, ClaimManager
 from piship_remote.backends.lifetime import Anchor, micros
-from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 
 pytestmark = pytest.mark.timeout(10)

@@ -9,7 +9,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from piship_remote.backends.credential import Credential, send_credentialed
+from piship_remote.backends._credential import Credential, send_credentialed
 from piship_remote.errors import CREDENTIAL_REQUIRED, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.transport import HttpResponse, Transport

@@ -640,8 +640,11 @@ def test_k8s_lists_no_claims(kubernetes_server: Any) -> None:
 
 def test_k8s_create_stores_the_claim_and_it_lives_until_deleted(kubernetes_server: Any) -> None:
     mock = kubernetes_server()
-    created = requests.post(mock.url + CLAIMS, data=b'{"metadata":{"name":"c1"},"spec":'
-                            b'{"warmPoolRef":{"name":"p"}},"x":1}', timeout=TIMEOUT)
+    created = requests.post(
+        mock.url + CLAIMS,
+        data=b'{"metadata":{"name":"c1"},"spec":{"warmPoolRef":{"name":"p"}},"x":1}',
+        timeout=TIMEOUT,
+    )
     assert created.status_code == 201
     assert (created.json()["metadata"]["name"], created.json()["x"]) == ("c1", 1)
     assert mock.live_claims == ["c1"]

@@ -24,7 +24,8 @@ from loopback_http import LoopbackHttp
 from seed_support import Clocks
 from werkzeug import Request, Response
 
-from piship_remote.backends import e2b_stream
+from piship_remote._cancel import CancelToken
+from piship_remote.backends import _e2b_stream as e2b_stream
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
 from piship_remote.backends.e2b import (
     CreateRetry,
@@ -32,7 +33,6 @@ from piship_remote.backends.e2b import (
     E2bInstance,
     remote_directory,
 )
-from piship_remote.cancel import CancelToken
 from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from piship_remote._workspace_sync import WorkspaceSync
 from piship_remote.errors import PiShipError
 from piship_remote.files import SandboxFiles
 from piship_remote.transfer import SkippedPath
-from piship_remote.workspace_sync import WorkspaceSync
 from tests.files_support import DirectoryFiles, bash_runner
 
 

@@ -21,13 +21,13 @@ from seed_support import Clocks, Rejections, assert_no_library_thread_left, fail
 from werkzeug import Request, Response
 
 from piship_remote.activation import activate_sandbox
+from piship_remote.backends._kubernetes_claims import _pod_ip
 from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.backends.kubernetes import (
     KubernetesAgentSandboxBackend,
     KubernetesInstance,
     runtime_command,
 )
-from piship_remote.backends.kubernetes_claims import _pod_ip
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import pytest
 
-from piship_remote.capability_rules import (
+from piship_remote._capability_rules import (
     capability_mismatch,
     claimed_guarantees,
     declared_network_probe,

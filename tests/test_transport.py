@@ -22,7 +22,7 @@ from loopback_http import LoopbackHttp
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from piship_remote.cancel import CancelToken
+from piship_remote._cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.transport import (

@@ -95,7 +95,7 @@ def test_a_dripped_body_fails_json_object_on_time(
 def test_a_dripped_header_fails_a_credentialed_request_on_time(
     transport: Transport, drip: Callable[..., DripServer]
 ) -> None:
-    from piship_remote.backends.credential import Credential, send_credentialed
+    from piship_remote.backends._credential import Credential, send_credentialed
 
     server = drip(HEAD, b"X-Slow: 1\r\n" * 100)
     started = time.monotonic()

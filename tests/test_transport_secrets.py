@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from drip_server import DripServer
 
-from piship_remote.backends.credential import Credential, send_credentialed
+from piship_remote.backends._credential import Credential, send_credentialed
 from piship_remote.errors import PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.transport import Transport, TransportError

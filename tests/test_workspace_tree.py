@@ -6,8 +6,8 @@ import os
 import socket
 from pathlib import Path
 
+from piship_remote._workspace_tree import select_tree
 from piship_remote.transfer import SkippedPath
-from piship_remote.workspace_tree import select_tree
 
 
 def sent(root: Path, **options: object) -> list[str]:

@@ -37,9 +37,9 @@ from typing import Protocol
 
 import attrs
 
-from piship_remote.backends.common import SandboxErrors
+from piship_remote._cancel import CancelToken
+from piship_remote.backends._common import SandboxErrors
 from piship_remote.backends.lifetime import Anchor, ClaimClock, Freshness
-from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 
 __all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "disposed_error"]

@@ -2,10 +2,10 @@
 
 A REST control plane (E2B, CubeSandbox, ...) creates the sandbox
 (``POST /sandboxes``), renews its lifetime before every command and deletes it
-at the end (:mod:`~piship_remote.backends.e2b_control`); each command is one
+at the end (:mod:`~piship_remote.backends._e2b_control`); each command is one
 Connect server stream (``POST /process.Process/Start``) from the sandbox's
-``envd`` daemon (:mod:`~piship_remote.backends.e2b_envd`), decoded by
-:mod:`~piship_remote.backends.e2b_stream`::
+``envd`` daemon (:mod:`~piship_remote.backends._e2b_envd`), decoded by
+:mod:`~piship_remote.backends._e2b_stream`::
 
     with E2bCompatibleBackend(
         endpoint="https://api.e2b.app", credential=lambda: os.environ["E2B_API_KEY"]
@@ -33,15 +33,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from piship_remote.backends.base import Availability, BackendResult, ExecRequest, OutputCallback
-from piship_remote.backends.common import (
+from piship_remote._cancel import CancelToken
+from piship_remote.backends._common import (
     CancelLinks,
     OpenInstances,
     SandboxErrors,
     remote_directory,
 )
-from piship_remote.backends.credential import Credential
-from piship_remote.backends.e2b_control import (
+from piship_remote.backends._credential import Credential
+from piship_remote.backends._e2b_control import (
     BACKEND_ID,
     ControlPlane,
     Created,
@@ -49,21 +49,21 @@ from piship_remote.backends.e2b_control import (
     NewSandbox,
     wire_lifetime,
 )
-from piship_remote.backends.e2b_envd import (
+from piship_remote.backends._e2b_envd import (
     ENVD_PORT,
     KEEPALIVE_INTERVAL,
     Envd,
     StartRequest,
     start_request,
 )
-from piship_remote.backends.e2b_files import EnvdFiles
-from piship_remote.backends.e2b_lease import Renewal, SandboxLease
-from piship_remote.backends.e2b_owned import check_id, connect, list_owned
-from piship_remote.backends.e2b_stream import read_stream
-from piship_remote.backends.file_protocol import RemoteFiles
+from piship_remote.backends._e2b_files import EnvdFiles
+from piship_remote.backends._e2b_lease import Renewal, SandboxLease
+from piship_remote.backends._e2b_owned import check_id, connect, list_owned
+from piship_remote.backends._e2b_stream import read_stream
+from piship_remote.backends._file_protocol import RemoteFiles
+from piship_remote.backends._owned import OwnedSandbox
+from piship_remote.backends.base import Availability, BackendResult, ExecRequest, OutputCallback
 from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interval
-from piship_remote.backends.owned import OwnedSandbox
-from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities

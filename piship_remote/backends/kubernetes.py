@@ -15,7 +15,7 @@ is in use, replaced when it expired or got lost, and deleted at the end
 The router runs commands without a shell and returns their whole output at once,
 so :func:`runtime_command` wraps each one in ``env … /bin/sh -c``. With
 ``execution="detached"`` a command instead runs as a background job in the sandbox
-whose output is polled (:mod:`piship_remote.backends.kubernetes_jobs`): it outlives
+whose output is polled (:mod:`piship_remote.backends._kubernetes_jobs`): it outlives
 the router's proxy limit, streams its output, and a cancel kills it and keeps the claim.
 A command whose outcome the router cannot tell (dropped connection, 504) is never re-sent:
 its claim is retired and deleted, and the error says to check its effects first.
@@ -33,14 +33,7 @@ from typing import Literal
 
 import requests
 
-from piship_remote.backends.base import (
-    Availability,
-    BackendResult,
-    ExecRequest,
-    OutputCallback,
-)
-from piship_remote.backends.claims import ClaimManager, ClaimUse, disposed_error
-from piship_remote.backends.common import (
+from piship_remote.backends._common import (
     DETAIL_LIMIT,
     CancelLinks,
     OpenInstances,
@@ -48,17 +41,24 @@ from piship_remote.backends.common import (
     is_success,
     remote_directory,
 )
-from piship_remote.backends.credential import Credential
-from piship_remote.backends.file_protocol import RemoteFiles
-from piship_remote.backends.kubernetes_attach import KeptClaims
-from piship_remote.backends.kubernetes_claims import RESOURCE_NAME, ClaimsApi
-from piship_remote.backends.kubernetes_files import RuntimeFiles
-from piship_remote.backends.kubernetes_http import ClusterHttp
-from piship_remote.backends.kubernetes_jobs import DetachedJobs
-from piship_remote.backends.kubernetes_router import Retire, Router
+from piship_remote.backends._credential import Credential
+from piship_remote.backends._file_protocol import RemoteFiles
+from piship_remote.backends._kubernetes_attach import KeptClaims
+from piship_remote.backends._kubernetes_claims import RESOURCE_NAME, ClaimsApi
+from piship_remote.backends._kubernetes_files import RuntimeFiles
+from piship_remote.backends._kubernetes_http import ClusterHttp
+from piship_remote.backends._kubernetes_jobs import DetachedJobs
+from piship_remote.backends._kubernetes_router import Retire, Router
+from piship_remote.backends._owned import OwnedSandbox
+from piship_remote.backends.base import (
+    Availability,
+    BackendResult,
+    ExecRequest,
+    OutputCallback,
+)
+from piship_remote.backends.claims import ClaimManager, ClaimUse, disposed_error
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
-from piship_remote.backends.owned import OwnedSandbox
 from piship_remote.errors import GATEWAY_UNREACHABLE, CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor

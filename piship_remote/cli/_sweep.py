@@ -16,7 +16,7 @@ import sys
 import time
 from contextlib import ExitStack
 
-from piship_remote.backends.owned import OwnedSandbox, Reattachable
+from piship_remote.backends._owned import OwnedSandbox, Reattachable
 from piship_remote.cli._setup import backend_for
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 

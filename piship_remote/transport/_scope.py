@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
-from piship_remote.cancel import CancelToken, EventWatcher, bridge
+from piship_remote._cancel import CancelToken, EventWatcher, bridge
 from piship_remote.errors import CommandCancelled
 from piship_remote.redact import Redactor
 from piship_remote.transport.failures import (

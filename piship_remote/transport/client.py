@@ -16,7 +16,7 @@ What it guarantees:
   request is never re-sent automatically (a POST may have created something);
 - ``timeout`` is a deadline for the whole exchange (a server dripping bytes cannot
   stretch it); a stream's body is bounded by ``idle_timeout`` and its reader instead;
-- ``cancel`` (a :class:`~piship_remote.cancel.CancelToken` or a plain ``threading.Event``)
+- ``cancel`` (a :class:`~piship_remote._cancel.CancelToken` or a plain ``threading.Event``)
   shuts down the socket of *that* call only, so a connect, a wait for headers or a body
   read ends within milliseconds with :class:`~piship_remote.errors.CommandCancelled`;
 - a transport failure is a :class:`~piship_remote.transport.TransportError` whose
@@ -40,7 +40,7 @@ import urllib3.connectionpool
 import urllib3.response
 from urllib3.util.timeout import Timeout
 
-from piship_remote.cancel import EventWatcher
+from piship_remote._cancel import EventWatcher
 from piship_remote.errors import (
     CONFIG_INVALID,
     TLS_POLICY_VIOLATION,

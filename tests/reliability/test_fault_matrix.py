@@ -54,11 +54,11 @@ from reliability_support import (
     settled,
 )
 
-import piship_remote.backends.e2b_control as e2b_control
-import piship_remote.backends.e2b_envd as e2b_envd
-import piship_remote.backends.kubernetes_claims as k8s_claims
-import piship_remote.backends.kubernetes_files as k8s_files
-import piship_remote.backends.kubernetes_http as k8s_http
+import piship_remote.backends._e2b_control as e2b_control
+import piship_remote.backends._e2b_envd as e2b_envd
+import piship_remote.backends._kubernetes_claims as k8s_claims
+import piship_remote.backends._kubernetes_files as k8s_files
+import piship_remote.backends._kubernetes_http as k8s_http
 from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import Backend
 from piship_remote.backends.e2b import E2bCompatibleBackend

@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, BinaryIO
 
+from piship_remote._workspace_tree import TreeEntry, inside
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.transfer import SkippedPath, TransferSummary
-from piship_remote.workspace_tree import TreeEntry, inside
 
 __all__ = ["MAX_MEMBERS", "MAX_UNPACKED_BYTES", "tar_stream", "unpack_tar"]
 

@@ -24,11 +24,11 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from piship_remote.archive import tar_stream
+from piship_remote._archive import tar_stream
+from piship_remote._workspace_tree import inside, select_tree
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.files import SandboxFiles
 from piship_remote.transfer import SkippedPath, TransferSummary
-from piship_remote.workspace_tree import inside, select_tree
 
 __all__ = ["SYNC_MODES", "SyncRecord", "WorkspaceSync"]
 

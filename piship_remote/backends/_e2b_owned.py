@@ -15,14 +15,14 @@ import urllib.parse
 
 import attrs
 
-from piship_remote.backends.common import is_success
-from piship_remote.backends.e2b_control import (
+from piship_remote.backends._common import is_success
+from piship_remote.backends._e2b_control import (
     BACKEND_ID,
     MAX_CONTROL_RESPONSE,
     ControlPlane,
     Created,
 )
-from piship_remote.backends.owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
+from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
 from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.transport import TransportError
 

@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from piship_remote.backends._common import SandboxErrors, exit_code_of
 from piship_remote.backends.base import BackendResult, OutputCallback
-from piship_remote.backends.common import SandboxErrors, exit_code_of
 from piship_remote.connect import EnvelopeReader, Frame
 from piship_remote.errors import PiShipError
 from piship_remote.transport import HttpReply, TransportError

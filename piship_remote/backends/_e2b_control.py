@@ -26,14 +26,14 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
-from piship_remote.backends.base import Availability
-from piship_remote.backends.common import (
+from piship_remote.backends._common import (
     DETAIL_LIMIT,
     SandboxErrors,
     is_success,
     retry_after_seconds,
 )
-from piship_remote.backends.credential import Credential, send_credentialed
+from piship_remote.backends._credential import Credential, send_credentialed
+from piship_remote.backends.base import Availability
 from piship_remote.backends.lifetime import lifetime_seconds
 from piship_remote.errors import GATEWAY_UNREACHABLE, PiShipError
 from piship_remote.redact import Redactor

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, overload
 
 import attrs
 
-from piship_remote.cancel import CancelToken, EventWatcher, bridge
+from piship_remote._cancel import CancelToken, EventWatcher, bridge
 from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
 if TYPE_CHECKING:
+    from piship_remote._cancel import Callback
     from piship_remote.backends.base import BackendResult, Instance
-    from piship_remote.cancel import Callback
     from piship_remote.redact import Redactor
 
 __all__ = [

@@ -23,11 +23,11 @@ import base64
 import binascii
 import secrets
 
+from piship_remote._cancel import CancelToken
+from piship_remote.backends._common import SandboxErrors
+from piship_remote.backends._kubernetes_router import Retire, Router
 from piship_remote.backends.base import OutputCallback
 from piship_remote.backends.claims import Claim
-from piship_remote.backends.common import SandboxErrors
-from piship_remote.backends.kubernetes_router import Retire, Router
-from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 
 __all__ = ["DetachedJobs", "job_script"]

@@ -5,13 +5,13 @@
 the threads that needs. There are two paths:
 
 - **The main thread** hands the backend call to a reusable ``piship-exec-N``
-  worker (:class:`~piship_remote.exec_workers.WorkerCall`) and drains its
+  worker (:class:`~piship_remote._exec_workers.WorkerCall`) and drains its
   bounded channel, forwarding output to the sink on the main thread. It wakes
   every ``INTERRUPT_POLL`` seconds, because a signal delivered while another
   thread runs does not wake a blocked wait, and that is when Python raises
   ``KeyboardInterrupt``. It watches the deadline itself.
 - **Any other thread** makes the call itself
-  (:class:`~piship_remote.exec_workers.DirectCall`); the
+  (:class:`~piship_remote._exec_workers.DirectCall`); the
   ``piship-exec-timer`` thread fires its deadline.
 
 An abort (timeout, cancel, dispose, Ctrl-C, a failing sink) sets the call's
@@ -25,9 +25,9 @@ How a cancel travels, on the main thread, from ``Sandbox.exec(..., cancel=event)
 to the socket (an E2B-compatible backend):
 
 1. The engine registers ``call.abort("cancel")`` with
-   :func:`~piship_remote.cancel.when_cancelled`: a plain ``threading.Event`` is
+   :func:`~piship_remote._cancel.when_cancelled`: a plain ``threading.Event`` is
    polled every 2 ms by this engine's ``piship-cancel-watch`` thread, a
-   :class:`~piship_remote.cancel.CancelToken` runs it from its own ``set()``.
+   :class:`~piship_remote._cancel.CancelToken` runs it from its own ``set()``.
 2. ``WorkerCall.abort`` marks the channel aborted, which wakes the main thread
    (it raises :class:`CommandCancelled` after settling) and any worker blocked
    writing output, then sets the call's token, the ``cancel`` argument the
@@ -55,16 +55,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from piship_remote.backends.base import BackendResult, ExecRequest, Instance
-from piship_remote.backends.owned import Detachable
-from piship_remote.cancel import EventWatcher, when_cancelled
-from piship_remote.errors import (
-    SANDBOX_UNAVAILABLE,
-    CommandCancelled,
-    CommandTimeout,
-    PiShipError,
-)
-from piship_remote.exec_workers import (
+from piship_remote._cancel import EventWatcher, when_cancelled
+from piship_remote._exec_workers import (
     Aborted,
     AbortKind,
     DeadlineTimer,
@@ -75,6 +67,14 @@ from piship_remote.exec_workers import (
     Sink,
     WorkerCall,
     WorkerPool,
+)
+from piship_remote.backends._owned import Detachable
+from piship_remote.backends.base import BackendResult, ExecRequest, Instance
+from piship_remote.errors import (
+    SANDBOX_UNAVAILABLE,
+    CommandCancelled,
+    CommandTimeout,
+    PiShipError,
 )
 from piship_remote.redact import Redactor
 

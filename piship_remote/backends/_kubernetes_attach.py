@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import threading
 
+from piship_remote._cancel import CancelToken
+from piship_remote.backends._kubernetes_claims import ClaimsApi
 from piship_remote.backends.claims import Claim
-from piship_remote.backends.kubernetes_claims import ClaimsApi
 from piship_remote.backends.lifetime import Anchor
-from piship_remote.cancel import CancelToken
 
 __all__ = ["KeptClaims"]
 

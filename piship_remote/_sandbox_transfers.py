@@ -18,12 +18,13 @@ import os
 import threading
 from collections.abc import Iterable
 
+from piship_remote._exec_engine import ExecEngine
+from piship_remote._exec_workers import Stream
+from piship_remote._workspace_sync import SYNC_MODES, WorkspaceSync
+from piship_remote.backends._common import exit_status
+from piship_remote.backends._file_protocol import SupportsFiles
 from piship_remote.backends.base import ExecRequest, Instance
-from piship_remote.backends.common import exit_status
-from piship_remote.backends.file_protocol import SupportsFiles
 from piship_remote.errors import SANDBOX_UNAVAILABLE, PiShipError
-from piship_remote.exec_engine import ExecEngine
-from piship_remote.exec_workers import Stream
 from piship_remote.files import SandboxFiles
 from piship_remote.policy import SandboxProfile
 from piship_remote.report import (
@@ -33,7 +34,6 @@ from piship_remote.report import (
     synced_workspace_report,
 )
 from piship_remote.transfer import TransferSummary
-from piship_remote.workspace_sync import SYNC_MODES, WorkspaceSync
 
 __all__ = ["HELPER_OUTPUT_LIMIT", "SYNC_MODES", "SandboxTransfers", "check_sync_mode"]
 

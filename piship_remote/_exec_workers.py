@@ -28,8 +28,8 @@ from typing import Literal, TypeAlias
 
 import attrs
 
+from piship_remote._cancel import CancelToken
 from piship_remote.backends.base import BackendResult, ExecRequest, Instance
-from piship_remote.cancel import CancelToken
 
 __all__ = [
     "AbortKind",

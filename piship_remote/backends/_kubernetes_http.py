@@ -16,8 +16,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from piship_remote.backends.common import DETAIL_LIMIT, SandboxErrors
-from piship_remote.backends.credential import Credential, send_credentialed
+from piship_remote.backends._common import DETAIL_LIMIT, SandboxErrors
+from piship_remote.backends._credential import Credential, send_credentialed
 from piship_remote.errors import CommandCancelled
 from piship_remote.redact import Redactor
 from piship_remote.transport import HttpClient, HttpReply, TransportError, window_text

@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from piship_remote.backends._common import is_success
+from piship_remote.backends._file_protocol import ChunkSink
+from piship_remote.backends._kubernetes_http import ClusterHttp
+from piship_remote.backends._kubernetes_router import Retire, Router, RouterAnswer
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.claims import Claim, ClaimUse
-from piship_remote.backends.common import is_success
-from piship_remote.backends.file_protocol import ChunkSink
-from piship_remote.backends.kubernetes_http import ClusterHttp
-from piship_remote.backends.kubernetes_router import Retire, Router, RouterAnswer
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND, CommandCancelled, PiShipError
 from piship_remote.transfer import FileInfo
 from piship_remote.transport import HttpReply, TransportError

@@ -24,12 +24,12 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from piship_remote._cancel import CancelToken
+from piship_remote.backends._common import DETAIL_LIMIT, is_success
+from piship_remote.backends._kubernetes_http import ClusterHttp, transient
+from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
 from piship_remote.backends.claims import Claim, ClaimGone
-from piship_remote.backends.common import DETAIL_LIMIT, is_success
-from piship_remote.backends.kubernetes_http import ClusterHttp, transient
 from piship_remote.backends.lifetime import MICROS, Anchor, rfc3339
-from piship_remote.backends.owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
-from piship_remote.cancel import CancelToken
 from piship_remote.errors import (
     CONFIG_INVALID,
     GATEWAY_UNREACHABLE,

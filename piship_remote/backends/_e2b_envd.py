@@ -19,12 +19,12 @@ from collections.abc import Mapping
 import attrs
 import cattrs
 
-from piship_remote.backends.common import (
+from piship_remote.backends._common import (
     SandboxErrors,
     is_success,
     retry_after_seconds,
 )
-from piship_remote.backends.e2b_stream import UNKNOWN_OUTCOME
+from piship_remote.backends._e2b_stream import UNKNOWN_OUTCOME
 from piship_remote.connect import connect_envelope
 from piship_remote.errors import PiShipError
 from piship_remote.transport import HttpClient, HttpReply, TransportError

@@ -24,9 +24,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from piship_remote.backends.common import SandboxErrors
+from piship_remote._cancel import CancelToken
+from piship_remote.backends._common import SandboxErrors
 from piship_remote.backends.lifetime import Anchor, ClaimClock
-from piship_remote.cancel import CancelToken
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.transport import when_sent
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import attrs
 
+from piship_remote._cancel import CancelToken
+from piship_remote.backends._common import DETAIL_LIMIT, exit_code_of, is_success
+from piship_remote.backends._kubernetes_http import ClusterHttp
 from piship_remote.backends.claims import Claim
-from piship_remote.backends.common import DETAIL_LIMIT, exit_code_of, is_success
-from piship_remote.backends.kubernetes_http import ClusterHttp
-from piship_remote.cancel import CancelToken
 from piship_remote.errors import PiShipError
 from piship_remote.transport import TransportError
 

@@ -17,7 +17,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from piship_remote.backends.file_protocol import ChunkSink
+from piship_remote.backends._file_protocol import ChunkSink
 from piship_remote.errors import FILE_NOT_FOUND, PiShipError
 from piship_remote.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
