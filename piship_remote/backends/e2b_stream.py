@@ -115,9 +115,11 @@ class StreamOutcome:
         if error:
             code = error.get("code")
             text = error.get("message")
-            code_text = "unknown" if code is None else str(code)
-            detail = "" if text is None else str(text)
-            raise self._errors(f"the command stream failed: {code_text} {detail}".strip())
+            code_text = "unknown" if code is None else _one_line(str(code))
+            detail = "" if text is None else _one_line(str(text))
+            raise self._errors(
+                f"the command stream failed: {code_text or 'unknown'} {detail}".strip()
+            )
         if self.result is None:
             raise self._errors("the command stream ended without an exit status")
 
@@ -238,6 +240,11 @@ def _data_output(payload: bytes | memoryview) -> tuple[int, bytes] | None:
     except (binascii.Error, ValueError):
         return None
     return (0 if head.group(1) == b"stdout" else 1), data
+
+
+def _one_line(text: str) -> str:
+    """Server-sent text with every run of whitespace (newlines included) as one space."""
+    return " ".join(text.split())
 
 
 def _object(value: object) -> Mapping[str, Any]:

@@ -70,7 +70,7 @@ def _trailing(data: bytes, frames: list[Frame]) -> int:
 # -- the E2B Start stream --------------------------------------------------------------------
 
 
-def _stream_outcome() -> tuple[StreamOutcome, list[tuple[str, bytes]]]:
+def stream_outcome() -> tuple[StreamOutcome, list[tuple[str, bytes]]]:
     emitted: list[tuple[str, bytes]] = []
     outcome = StreamOutcome(
         lambda chunk: emitted.append(("stdout", chunk)),
@@ -86,8 +86,8 @@ def check_stream_payloads(payloads: Sequence[tuple[int, bytes]]) -> None:
     Both see the same envelopes; they must emit the same chunks, reach the same
     result and fail (with ``PiShipError`` only) at the same envelope.
     """
-    fast, fast_out = _stream_outcome()
-    plain, plain_out = _stream_outcome()
+    fast, fast_out = stream_outcome()
+    plain, plain_out = stream_outcome()
     for flags, payload in payloads:
         fast_done = _step(lambda f=flags, p=payload: fast.handle_payload(f, p))
         plain_done = _step(lambda f=flags, p=payload: plain.handle(Frame.parse(f, p)))
@@ -119,7 +119,7 @@ def _typed(error: PiShipError) -> PiShipError:
 
 def check_end_event(end: Any) -> None:
     """An end event gives an exit code ``>= 0`` or ``None``, or a ``PiShipError``."""
-    outcome, _ = _stream_outcome()
+    outcome, _ = stream_outcome()
     try:
         outcome.handle(Frame(0, {"event": {"end": end}}))
     except PiShipError as error:
