@@ -134,15 +134,12 @@ class Envd:
         With a ``timeout`` envd is told the deadline too (``Connect-Timeout-Ms``), a
         little later than ours, so it ends the command even if this client is gone.
         """
-        headers = self._start_headers
-        if timeout is not None:
-            deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
-            headers = {**headers, "Connect-Timeout-Ms": str(max(1, deadline_ms))}
         try:
             response = self._transport.request(
                 "POST",
                 f"{self._base}/process.Process/Start",
-                headers=headers,
+                # Built in the call, so no frame of an error raised here holds the token.
+                headers=self._start_headers_within(timeout),
                 data=connect_envelope(_WIRE.unstructure(start)),
                 timeout=self._idle_timeout,
                 idle_timeout=self._idle_timeout,
@@ -173,6 +170,12 @@ class Envd:
             timeout=SIGNAL_TIMEOUT,
             cancel=cancel,
         ).close()
+
+    def _start_headers_within(self, timeout: float | None) -> Mapping[str, str]:
+        if timeout is None:
+            return self._start_headers
+        deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
+        return {**self._start_headers, "Connect-Timeout-Ms": str(max(1, deadline_ms))}
 
     def _check_started(self, response: HttpReply) -> None:
         status = response.status

@@ -23,7 +23,7 @@ from typing import Any
 from piship_remote.backends._common import SandboxErrors, exit_code_of
 from piship_remote.backends.base import BackendResult, OutputCallback
 from piship_remote.connect import EnvelopeReader, Frame
-from piship_remote.errors import PiShipError
+from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
 
 _FAST_B64: Callable[..., bytes] | None
@@ -115,9 +115,11 @@ class StreamOutcome:
         if error:
             code = error.get("code")
             text = error.get("message")
-            code_text = "unknown" if code is None else str(code)
-            detail = "" if text is None else str(text)
-            raise self._errors(f"the command stream failed: {code_text} {detail}".strip())
+            code_text = "unknown" if code is None else _one_line(str(code))
+            detail = "" if text is None else _one_line(str(text))
+            raise self._errors(
+                f"the command stream failed: {code_text or 'unknown'} {detail}".strip()
+            )
         if self.result is None:
             raise self._errors("the command stream ended without an exit status")
 
@@ -146,9 +148,24 @@ def read_stream(
     on_stderr: OutputCallback | None,
     errors: SandboxErrors,
 ) -> BackendResult:
-    """Decode frames as they arrive, until the end-of-stream frame."""
+    """Decode frames as they arrive, until the end-of-stream frame.
+
+    A failure is raised from this frame alone, without the frames below it or a
+    chained context: those hold the body's bytes, into which a hostile server can
+    echo a credential, and a traceback printed with its locals would show them.
+    """
+    try:
+        return _decode_frames(response, StreamOutcome(on_stdout, on_stderr, errors), errors)
+    except (PiShipError, CommandCancelled) as error:
+        failure = error
+    failure.__context__ = None
+    raise failure.with_traceback(None)
+
+
+def _decode_frames(
+    response: HttpReply, outcome: StreamOutcome, errors: SandboxErrors
+) -> BackendResult:
     reader = EnvelopeReader()
-    outcome = StreamOutcome(on_stdout, on_stderr, errors)
     try:
         for chunk in response.iter_raw():
             try:
@@ -238,6 +255,11 @@ def _data_output(payload: bytes | memoryview) -> tuple[int, bytes] | None:
     except (binascii.Error, ValueError):
         return None
     return (0 if head.group(1) == b"stdout" else 1), data
+
+
+def _one_line(text: str) -> str:
+    """Server-sent text with every run of whitespace (newlines included) as one space."""
+    return " ".join(text.split())
 
 
 def _object(value: object) -> Mapping[str, Any]:

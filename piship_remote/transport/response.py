@@ -101,9 +101,10 @@ class HttpResponse:
         ``... is not a JSON object``), :class:`TransportError` or ``CommandCancelled``.
         """
         value = self.json_value(max_bytes)
-        if not isinstance(value, dict):
-            raise ValueError("the response is not a JSON object")
-        return value
+        if isinstance(value, dict):
+            return value
+        del value  # what a hostile server sent (an echoed credential) stays out of the traceback
+        raise ValueError("the response is not a JSON object")
 
     def json_value(self, max_bytes: int = 1 << 20) -> Any:
         """Read and parse the body as any JSON value of at most ``max_bytes`` bytes."""
@@ -116,7 +117,11 @@ class HttpResponse:
         try:
             return jsonlib.loads(body)
         except (ValueError, RecursionError):
-            raise ValueError("the response is not JSON") from None
+            pass
+        # Raised outside the handler and without the body, so neither this frame nor a
+        # chained context (the parser's frames) holds what the server sent.
+        del body
+        raise ValueError("the response is not JSON")
 
     def failure(self) -> str:
         """``HTTP <status>``, plus ``: <start of the body>`` (one line, redacted) if any."""

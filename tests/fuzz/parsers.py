@@ -7,8 +7,8 @@ The hypothesis tests in ``test_fuzz_properties.py`` and the atheris targets
 ``fuzz_*.py`` (coverage-guided, run by hand) call the same functions.
 
 Private entry points are used on purpose, each through a small adapter here:
-the E2B Start stream through ``_Outcome.handle_payload``, the create answer
-through ``E2bCompatibleBackend._create`` with its HTTP exchange replaced, and the
+the E2B Start stream through ``StreamOutcome.handle_payload``, the create answer
+through ``ControlPlane.create`` with its HTTP exchange replaced, and the
 Kubernetes claim and router answers through the functions that read them.
 """
 
@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from piship_remote.backends import e2b, kubernetes
+from piship_remote.backends import e2b_control, kubernetes_claims, kubernetes_http
 from piship_remote.backends.claims import ClaimGone
+from piship_remote.backends.common import SandboxErrors
+from piship_remote.backends.credential import Credential
+from piship_remote.backends.e2b_stream import StreamOutcome
+from piship_remote.backends.kubernetes_router import Router
 from piship_remote.connect import EnvelopeReader, Frame
 from piship_remote.errors import PiShipError
 from piship_remote.redact import Redactor
-from piship_remote.transport import Credential, Transport
+from piship_remote.transport import Transport
 
 # -- Connect envelopes -----------------------------------------------------------------------
 
@@ -65,12 +70,12 @@ def _trailing(data: bytes, frames: list[Frame]) -> int:
 # -- the E2B Start stream --------------------------------------------------------------------
 
 
-def _stream_outcome() -> tuple[e2b._Outcome, list[tuple[str, bytes]]]:
+def stream_outcome() -> tuple[StreamOutcome, list[tuple[str, bytes]]]:
     emitted: list[tuple[str, bytes]] = []
-    outcome = e2b._Outcome(
+    outcome = StreamOutcome(
         lambda chunk: emitted.append(("stdout", chunk)),
         lambda chunk: emitted.append(("stderr", chunk)),
-        e2b._Errors(Redactor()),
+        SandboxErrors(Redactor()),
     )
     return outcome, emitted
 
@@ -81,8 +86,8 @@ def check_stream_payloads(payloads: Sequence[tuple[int, bytes]]) -> None:
     Both see the same envelopes; they must emit the same chunks, reach the same
     result and fail (with ``PiShipError`` only) at the same envelope.
     """
-    fast, fast_out = _stream_outcome()
-    plain, plain_out = _stream_outcome()
+    fast, fast_out = stream_outcome()
+    plain, plain_out = stream_outcome()
     for flags, payload in payloads:
         fast_done = _step(lambda f=flags, p=payload: fast.handle_payload(f, p))
         plain_done = _step(lambda f=flags, p=payload: plain.handle(Frame.parse(f, p)))
@@ -114,7 +119,7 @@ def _typed(error: PiShipError) -> PiShipError:
 
 def check_end_event(end: Any) -> None:
     """An end event gives an exit code ``>= 0`` or ``None``, or a ``PiShipError``."""
-    outcome, _ = _stream_outcome()
+    outcome, _ = stream_outcome()
     try:
         outcome.handle(Frame(0, {"event": {"end": end}}))
     except PiShipError as error:
@@ -147,8 +152,6 @@ class _Answered:
 
 
 class _Deletes:
-    lifetime = 300
-
     def __init__(self) -> None:
         self.deleted: list[str] = []
 
@@ -156,7 +159,20 @@ class _Deletes:
         self.deleted.append(sandbox_id)
 
 
-_NEW_SANDBOX = e2b._NewSandbox("base", 300, {}, False)
+_NEW_SANDBOX = e2b_control.NewSandbox("base", 300, {}, False)
+_REDACTOR = Redactor()
+# Never sends: every adapter below replaces the HTTP exchange it would make.
+_TRANSPORT = Transport(redactor=_REDACTOR, component="sandbox")
+
+
+def _control_plane(answer: dict[str, Any], deletes: _Deletes) -> e2b_control.ControlPlane:
+    redactor = Redactor()  # a fresh one: the answer's token is registered with it
+    control = e2b_control.ControlPlane(
+        _TRANSPORT, "http://127.0.0.1:9", Credential(lambda: None, None, redactor), 300, redactor
+    )
+    control._create_response = lambda request, closed: _Answered(answer)  # type: ignore[method-assign,assignment,return-value]
+    control.delete = deletes.delete  # type: ignore[method-assign]
+    return control
 
 
 def check_create_answer(answer: dict[str, Any]) -> None:
@@ -164,22 +180,18 @@ def check_create_answer(answer: dict[str, Any]) -> None:
 
     A sandbox the answer named but that cannot be used is deleted.
     """
-    backend = e2b.E2bCompatibleBackend(endpoint="http://127.0.0.1:9")
     deletes = _Deletes()
-    backend._control = deletes  # type: ignore[assignment]
-    backend._create_response = lambda request: _Answered(answer)  # type: ignore[method-assign,return-value]
+    control = _control_plane(answer, deletes)
     try:
-        created = backend._create(_NEW_SANDBOX)
+        created = control.create(_NEW_SANDBOX, threading.Event())
     except PiShipError as error:
         _typed(error)
         if deletes.deleted:
             assert deletes.deleted == [answer["sandboxID"]]
         return
-    finally:
-        backend.close()
-    assert e2b._SANDBOX_ID.match(created.sandbox_id)
-    assert created.access_token is None or e2b._HEADER_VALUE.match(created.access_token)
-    assert created.domain is None or e2b._DOMAIN.match(created.domain)
+    assert e2b_control._SANDBOX_ID.match(created.sandbox_id)
+    assert created.access_token is None or e2b_control._HEADER_VALUE.match(created.access_token)
+    assert created.domain is None or e2b_control._DOMAIN.match(created.domain)
     assert not deletes.deleted
 
 
@@ -188,43 +200,32 @@ def check_create_answer(answer: dict[str, Any]) -> None:
 
 def check_claim(claim: dict[str, Any]) -> None:
     """Reading a claim object: a condition, a name, a pod address; only ``ClaimGone`` raised."""
-    ready = kubernetes._ready_condition(claim)
+    ready = kubernetes_claims._ready_condition(claim)
     assert isinstance(ready, dict)
-    assert isinstance(kubernetes._condition_text(ready), str)
-    name = kubernetes._sandbox_name(claim, "fallback")
-    assert name == "fallback" or kubernetes._RESOURCE_NAME.match(name)
-    address = kubernetes._pod_ip(claim)
+    assert isinstance(kubernetes_claims._condition_text(ready), str)
+    name = kubernetes_claims._sandbox_name(claim, "fallback")
+    assert name == "fallback" or kubernetes_claims.RESOURCE_NAME.match(name)
+    address = kubernetes_claims._pod_ip(claim)
     if address is not None:
         ipaddress.ip_address(address)
     try:
-        kubernetes._raise_if_finished(claim)
+        kubernetes_claims._raise_if_finished(claim)
     except ClaimGone as gone:
         assert str(gone)
 
 
-def _cluster() -> kubernetes._Cluster:
-    redactor = Redactor()
-    return kubernetes._Cluster(
-        Transport(redactor=redactor, component="sandbox"),
-        Credential(lambda: None, None, redactor),
-        endpoint="http://127.0.0.1:9",
-        router="http://127.0.0.1:9",
-        namespace="default",
-        template="t",
-        port=8888,
-        poll_interval=0.01,
-        ready_timeout=0.0,
-        monotonic=lambda: 0.0,
-    )
-
-
-_CLUSTER = _cluster()
+_ROUTER = Router(
+    kubernetes_http.ClusterHttp(_TRANSPORT, Credential(lambda: None, None, _REDACTOR), _REDACTOR),
+    "http://127.0.0.1:9",
+    namespace="default",
+    port=8888,
+)
 
 
 def check_router_answer(answer: dict[str, Any]) -> None:
     """A router answer gives text output and an int-or-None exit code, or a ``PiShipError``."""
     try:
-        result = _CLUSTER._answer(answer)
+        result = _ROUTER._answer(answer)
     except PiShipError as error:
         _typed(error)
         return
@@ -234,7 +235,7 @@ def check_router_answer(answer: dict[str, Any]) -> None:
 
 def check_status_body(body: str) -> None:
     """An error body's detail is a string or ``None``."""
-    detail = kubernetes._status_detail(body)
+    detail = kubernetes_http._status_detail(body)
     assert detail is None or isinstance(detail, str)
 
 

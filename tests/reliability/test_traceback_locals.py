@@ -5,11 +5,14 @@ locals and the whole ``__cause__``/``__context__`` chain. For each cell of the
 fault matrix whose faulted step raises, the error is rendered that way
 (``traceback.TracebackException(capture_locals=True)``) and the text is swept for
 every registered secret in every encoding the redactor knows (raw, base64 with and
-without padding, base64url, percent-encoded, JSON-escaped).
+without padding, base64url, percent-encoded, JSON-escaped); the frames of a
+suppressed context (``raise ... from None``) are swept as well, as some error
+trackers send it.
 """
 
 from __future__ import annotations
 
+import json
 import traceback
 
 import pytest
@@ -20,31 +23,10 @@ from piship_remote.redact import Redactor
 
 pytestmark = pytest.mark.timeout(30)
 
-# Where a credential is still held in a frame when the error is raised: the cells
-# whose fix lands with the transport/backend changes (each reason names the frame).
-ENVD_HEADERS = (
-    "the envd access token is in the `headers` local of backends/e2b.py _Envd.start "
-    "(and transport.py request/_send, urllib3 urlopen) when the Start request fails"
-)
-_START_FAULTS = (
-    *("400", "401", "403", "404", "409", "429", "500", "502", "503", "504"),
-    *("html", "nonjson", "refused", "drop-before"),
-)
-KNOWN_LEAKS: dict[str, str] = {f"e2b-start-{fault}": ENVD_HEADERS for fault in _START_FAULTS}
-
 
 def _error_cells() -> list[object]:
     cells = [cell for cell in CELLS if not expect(cell).ok and cell.request != "signal"]
-    return [
-        pytest.param(
-            cell,
-            id=cell.id,
-            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_LEAKS[cell.id])]
-            if cell.id in KNOWN_LEAKS
-            else [],
-        )
-        for cell in cells
-    ]
+    return [pytest.param(cell, id=cell.id) for cell in cells]
 
 
 def rendered_with_locals(error: BaseException) -> str:
@@ -110,6 +92,7 @@ def test_an_error_rendered_with_its_locals_holds_no_secret(harness: Harness) -> 
     assert error is not None, f"{harness.cell.id}: the faulted step did not fail"
     text = rendered_with_locals(error)
     assert secret_forms_in(text) == [], "\n".join(leaking_frames(error))
+    assert leaking_frames(error) == []
 
 
 def test_the_sweep_finds_a_secret_in_a_local_and_in_the_context() -> None:
@@ -133,3 +116,20 @@ def test_the_sweep_finds_a_secret_in_a_local_and_in_the_context() -> None:
             raise RuntimeError("the request failed")  # noqa: B904
     except RuntimeError as error:
         assert bearer in secret_forms_in(rendered_with_locals(error))
+
+
+def test_the_sweep_finds_a_secret_in_a_suppressed_context() -> None:
+    def decode(body: str) -> object:
+        return json.loads(body)
+
+    def read() -> None:
+        try:
+            decode(f"not JSON: {BEARER}")
+        except ValueError:
+            raise RuntimeError("the answer could not be read") from None
+
+    try:
+        read()
+    except RuntimeError as error:
+        assert secret_forms_in(rendered_with_locals(error)) == []
+        assert any(line.endswith(" in decode: body") for line in leaking_frames(error))
