@@ -7,22 +7,34 @@ same files the runtime's endpoints serve.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from piship_remote import PiShipError, Sandbox, SkippedPath, activate_sandbox
+from piship_remote.backends.base import Backend
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND
+from piship_remote.local import LocalE2bService
 from piship_remote.testing import KubernetesServer
 from tests.files_support import DirectoryTree, shell_execute
 from tests.seed_support import kubernetes
 
-LOCALSDK = "the service's envd file endpoints arrive with the localsdk branch"
 Activate = Callable[..., Sandbox]
+
+
+@attrs.frozen
+class Service:
+    """One service under test: how to activate a sandbox on it, and an absolute directory
+    in that sandbox outside its working directory."""
+
+    activate: Activate
+    elsewhere: str
 
 
 @pytest.fixture
@@ -32,35 +44,61 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(
-    params=[
-        "kubernetes",
-        pytest.param("local", marks=pytest.mark.skip(reason=LOCALSDK)),
-        pytest.param("e2b", marks=pytest.mark.skip(reason=LOCALSDK)),
-    ]
-)
-def activate(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Activate]:
+def _starter(backend: Backend, workspace: Path, sandboxes: list[Sandbox]) -> Activate:
+    def start(policy: dict[str, Any] | None = None, **options: Any) -> Sandbox:
+        sandbox = activate_sandbox(
+            policy or {"required": True, "network": {"mode": "allow"}},
+            backend=backend,
+            workspace=workspace,
+            env={"SECRET_TOKEN": "s3cr3t-value"},
+            **options,
+        )
+        sandboxes.append(sandbox)
+        return sandbox
+
+    return start
+
+
+@contextlib.contextmanager
+def _kubernetes(tmp_path: Path, workspace: Path) -> Iterator[Service]:
     runtime = tmp_path / "runtime"
     runtime.mkdir()
     sandboxes: list[Sandbox] = []
     with KubernetesServer(
         shell_execute(str(runtime)), file_tree=lambda _claim: DirectoryTree(str(runtime))
     ) as server:
-
-        def start(policy: dict[str, Any] | None = None, **options: Any) -> Sandbox:
-            sandbox = activate_sandbox(
-                policy or {"required": True, "network": {"mode": "allow"}},
-                backend=kubernetes(server.url),
-                workspace=workspace,
-                env={"SECRET_TOKEN": "s3cr3t-value"},
-                **options,
-            )
-            sandboxes.append(sandbox)
-            return sandbox
-
-        yield start
+        yield Service(
+            _starter(kubernetes(server.url), workspace, sandboxes), str(tmp_path / "elsewhere")
+        )
         for sandbox in sandboxes:
             sandbox.dispose()
+
+
+@contextlib.contextmanager
+def _local(workspace: Path) -> Iterator[Service]:
+    problem = LocalE2bService.check()
+    if problem is not None:
+        pytest.skip(f"LocalE2bService cannot run here: {problem}")
+    sandboxes: list[Sandbox] = []
+    with LocalE2bService() as service:
+        yield Service(_starter(service.backend(), workspace, sandboxes), "/tmp/elsewhere")
+        for sandbox in sandboxes:
+            sandbox.dispose()
+
+
+@pytest.fixture(params=["kubernetes", "local"])
+def service(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Service]:
+    if request.param == "local":
+        with _local(workspace) as local:
+            yield local
+    else:
+        with _kubernetes(tmp_path, workspace) as cluster:
+            yield cluster
+
+
+@pytest.fixture
+def activate(service: Service) -> Activate:
+    return service.activate
 
 
 @pytest.fixture
@@ -118,12 +156,16 @@ def test_exists_remove_and_make_dir(sandbox: Sandbox) -> None:
     files.remove("made")  # a missing path is fine
 
 
-def test_an_absolute_path_outside_the_working_directory(sandbox: Sandbox, tmp_path: Path) -> None:
-    outside = tmp_path / "elsewhere" / "note.txt"
-    sandbox.files.write(str(outside), b"far")
-    assert outside.read_bytes() == b"far"
-    assert sandbox.files.read(str(outside)) == b"far"
-    assert [i.name for i in sandbox.files.list(str(outside.parent))] == ["note.txt"]
+def test_an_absolute_path_outside_the_working_directory(
+    sandbox: Sandbox, service: Service
+) -> None:
+    outside = f"{service.elsewhere}/note.txt"
+    sandbox.files.write(outside, b"far")
+    seen = bytearray()
+    assert sandbox.exec(f"cat {outside}", on_data=seen.extend).exit_code == 0
+    assert bytes(seen) == b"far"
+    assert sandbox.files.read(outside) == b"far"
+    assert [i.name for i in sandbox.files.list(service.elsewhere)] == ["note.txt"]
 
 
 # -- copies ----------------------------------------------------------------------------

@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+
+import attrs
 
 from piship_remote.backends.file_protocol import ChunkSink
 from piship_remote.errors import FILE_NOT_FOUND, PiShipError
@@ -26,7 +28,14 @@ __all__ = ["FILE_TIMEOUT", "EnvdFiles"]
 
 FILE_TIMEOUT = 60.0  # a unary call or the headers of a transfer
 TRANSFER_IDLE = 60.0  # silence allowed in the middle of a streamed body
-_TYPES = {"FILE_TYPE_FILE": "file", "FILE_TYPE_DIRECTORY": "dir", "FILE_TYPE_SYMLINK": "symlink"}
+_TYPES = {
+    "FILE_TYPE_FILE": "file",
+    "FILE_TYPE_DIRECTORY": "dir",
+    "FILE_TYPE_SYMLINK": "symlink",
+    # the ``/files`` upload answer names its entries' types in lower case
+    "file": "file",
+    "dir": "dir",
+}
 
 ErrorFactory = Callable[..., PiShipError]
 
@@ -85,11 +94,12 @@ class EnvdFiles:
         self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
     ) -> FileInfo:
         headers = {**self._headers, "Content-Type": "application/octet-stream"}
+        sent = _Counted(chunks)
         response = self._transport.request(
             "POST",
             self._files_url(path),
             headers=headers,
-            data=chunks,
+            data=sent,
             timeout=None,
             idle_timeout=TRANSFER_IDLE,
             cancel=cancel,
@@ -101,7 +111,9 @@ class EnvdFiles:
         first = answer[0] if isinstance(answer, list) and answer else None
         if not isinstance(first, dict):
             raise self._errors(f"writing {path} failed: envd did not describe the written file")
-        return _entry(first, path)
+        # envd's answer names the file but gives no size: the bytes sent are its size.
+        written = _entry(first, path)
+        return attrs.evolve(written, size=sent.total) if written.type == "file" else written
 
     def read(self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None) -> int:
         headers = {**self._headers, "Accept-Encoding": "identity"}
@@ -171,6 +183,19 @@ _VERBS = {"Stat": "checking", "ListDir": "listing", "MakeDir": "making", "Remove
 
 class _AlreadyExists(Exception):
     pass
+
+
+class _Counted:
+    """The upload's chunks, passed through while their bytes are counted."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.total = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.total += len(chunk)
+            yield chunk
 
 
 def _not_found(path: str) -> PiShipError:
