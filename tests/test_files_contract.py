@@ -1,8 +1,8 @@
 """One contract for ``Sandbox.files``, ``push`` and ``pull``, run against every service.
 
-The Kubernetes double's runtime serves a real directory there, and its ``/execute``
-runs the command in it, so the helper commands (tar, find, mkdir, rm) act on the
-same files the runtime's endpoints serve.
+The doubles serve a real directory: the Kubernetes runtime's ``/execute`` and the E2B
+double's ``Start`` run the command in it, so the helper commands (tar, find, mkdir, rm)
+act on the same files their file endpoints serve. The local service is the real thing.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import pytest
 
 from piship_remote import PiShipError, Sandbox, SkippedPath, activate_sandbox
 from piship_remote.backends.base import Backend
+from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND
 from piship_remote.local import LocalE2bService
-from piship_remote.testing import KubernetesServer
-from tests.files_support import DirectoryTree, shell_execute
+from piship_remote.testing import E2bServer, KubernetesServer
+from tests.files_support import DirectoryTree, EnvdDirectoryTree, bash_command, shell_execute
 from tests.seed_support import kubernetes
 
 Activate = Callable[..., Sandbox]
@@ -86,14 +87,34 @@ def _local(workspace: Path) -> Iterator[Service]:
             sandbox.dispose()
 
 
-@pytest.fixture(params=["kubernetes", "local"])
+@contextlib.contextmanager
+def _e2b(tmp_path: Path, workspace: Path) -> Iterator[Service]:
+    home = tmp_path / "home"
+    home.mkdir()
+    sandboxes: list[Sandbox] = []
+    with E2bServer(
+        command=bash_command(str(home)), file_tree=lambda _id: EnvdDirectoryTree(str(home))
+    ) as server:
+        backend = E2bCompatibleBackend(
+            endpoint=server.url,
+            envd_url=server.url,
+            credential=lambda: "e2b-key-000001",
+            workdir=str(home),
+        )
+        yield Service(_starter(backend, workspace, sandboxes), str(tmp_path / "elsewhere"))
+        for sandbox in sandboxes:
+            sandbox.dispose()
+
+
+@pytest.fixture(params=["kubernetes", "local", "e2b"])
 def service(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Service]:
-    if request.param == "local":
-        with _local(workspace) as local:
-            yield local
-    else:
-        with _kubernetes(tmp_path, workspace) as cluster:
-            yield cluster
+    services = {
+        "kubernetes": lambda: _kubernetes(tmp_path, workspace),
+        "local": lambda: _local(workspace),
+        "e2b": lambda: _e2b(tmp_path, workspace),
+    }
+    with services[request.param]() as chosen:
+        yield chosen
 
 
 @pytest.fixture
@@ -156,9 +177,7 @@ def test_exists_remove_and_make_dir(sandbox: Sandbox) -> None:
     files.remove("made")  # a missing path is fine
 
 
-def test_an_absolute_path_outside_the_working_directory(
-    sandbox: Sandbox, service: Service
-) -> None:
+def test_an_absolute_path_outside_the_working_directory(sandbox: Sandbox, service: Service) -> None:
     outside = f"{service.elsewhere}/note.txt"
     sandbox.files.write(outside, b"far")
     seen = bytearray()
