@@ -82,13 +82,13 @@ class EnvdFiles:
 
     def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
         try:
-            self._rpc("MakeDir", {"path": path}, cancel)
+            self._rpc("MakeDir", {"path": path}, cancel, answer_needed=False)
         except _AlreadyExists:
             return False
         return True
 
     def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
-        self._rpc("Remove", {"path": path}, cancel, missing_ok=True)
+        self._rpc("Remove", {"path": path}, cancel, missing_ok=True, answer_needed=False)
 
     def write(
         self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
@@ -107,7 +107,7 @@ class EnvdFiles:
         with response:
             if response.status != 200:
                 raise self._file_failure(response, path, "writing")
-            answer = response.json_value()
+            answer = self._parsed(response.json_value, f"writing {path}")
         first = answer[0] if isinstance(answer, list) and answer else None
         if not isinstance(first, dict):
             raise self._errors(f"writing {path} failed: envd did not describe the written file")
@@ -146,6 +146,7 @@ class EnvdFiles:
         cancel: threading.Event | None,
         *,
         missing_ok: bool = False,
+        answer_needed: bool = True,
     ) -> dict[str, Any] | None:
         response = self._transport.request(
             "POST",
@@ -155,11 +156,13 @@ class EnvdFiles:
             timeout=FILE_TIMEOUT,
             cancel=cancel,
         )
+        path = str(body.get("path", ""))
         with response:
             if response.status == 200:
-                return response.json_object()
+                if not answer_needed:
+                    return {}  # it took effect; what the answer says is not used
+                return self._parsed(response.json_object, f"{_VERBS.get(method, method)} {path}")
             code, message = _connect_error(response)
-        path = str(body.get("path", ""))
         if code == "not_found":
             if missing_ok:
                 return None
@@ -167,6 +170,12 @@ class EnvdFiles:
         if code == "already_exists":
             raise _AlreadyExists()
         raise self._errors(f"{_VERBS.get(method, method)} {path} failed: {code}: {message}")
+
+    def _parsed(self, parse: Callable[[], Any], what: str) -> Any:
+        try:
+            return parse()
+        except ValueError as e:
+            raise self._errors(f"{what} failed: envd's answer was unreadable ({e})") from None
 
     def _file_failure(self, response: HttpReply, path: str, verb: str) -> PiShipError:
         status = response.status
