@@ -161,7 +161,10 @@ class EnvdFiles:
             if response.status == 200:
                 if not answer_needed:
                     return {}  # it took effect; what the answer says is not used
-                return self._parsed(response.json_object, f"{_VERBS.get(method, method)} {path}")
+                answer: dict[str, Any] = self._parsed(
+                    response.json_object, f"{_VERBS.get(method, method)} {path}"
+                )
+                return answer
             code, message = _connect_error(response)
         if code == "not_found":
             if missing_ok:
