@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -330,3 +331,39 @@ def test_a_cut_download_leaves_no_half_file(
     with pytest.raises(PiShipError, match="connection reset"):
         sandbox.files.download("whole.bin", workspace / "whole.bin")
     assert os.listdir(workspace) == []
+
+
+# -- bounded memory --------------------------------------------------------------------
+
+STREAMED = 64 * 1024 * 1024
+PIECE_LIMIT = 1024 * 1024  # what one read or write may hold
+HELD_LIMIT = 8 * 1024 * 1024  # what the whole process may allocate beyond its start
+
+
+@pytest.fixture
+def local_sandbox(workspace: Path) -> Iterator[Sandbox]:
+    with _local(workspace) as local:
+        yield local.activate()
+
+
+def test_64_mib_moves_both_ways_in_bounded_pieces(local_sandbox: Sandbox, workspace: Path) -> None:
+    source = workspace / "big.bin"
+    with open(source, "wb") as out:
+        out.truncate(STREAMED)  # sparse: no page of it is ever in memory at once
+    sent: list[int] = []
+    received: list[int] = []
+    tracemalloc.start()
+    try:
+        up = local_sandbox.files.upload(source, "big.bin", progress=sent.append)
+        _, upload_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        down = local_sandbox.files.download(
+            "big.bin", workspace / "back.bin", progress=received.append
+        )
+        _, download_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert up.bytes == down.bytes == sum(sent) == sum(received) == STREAMED
+    assert max(sent) <= PIECE_LIMIT and max(received) <= PIECE_LIMIT
+    assert upload_peak <= HELD_LIMIT and download_peak <= HELD_LIMIT, (upload_peak, download_peak)
+    assert (workspace / "back.bin").stat().st_size == STREAMED
