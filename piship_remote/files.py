@@ -32,7 +32,7 @@ from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
 __all__ = ["CHUNK", "CommandRunner", "Progress", "SandboxFiles"]
 
 CHUNK = 1024 * 1024
-ARCHIVE_DIRECTORY = "/tmp"  # where a directory download is packed in the sandbox
+STAGING_DIRECTORY = "/tmp"
 CommandRunner = Callable[[str], "tuple[int, str]"]
 Progress = Callable[[int], None]
 
@@ -153,8 +153,7 @@ class SandboxFiles:
 
     def upload_archive(self, chunks: Iterator[bytes], target: str) -> None:
         """Send a tar stream and unpack it into the remote directory ``target``."""
-        # Inside the target: the one place sure to be writable (its parent may not be).
-        archive = posixpath.join(target, f".piship-{_token()}.tar")
+        archive = _staged_archive()
         self._remote.write(archive, chunks, cancel=self._cancel)
         self.run_checked(
             f"mkdir -p {shlex.quote(target)} && tar -xf {shlex.quote(archive)}"
@@ -198,7 +197,7 @@ class SandboxFiles:
     def _download_tree(
         self, source: str, target: str, progress: Progress | None
     ) -> TransferSummary:
-        archive = posixpath.join(ARCHIVE_DIRECTORY, f".piship-{_token()}.tar")
+        archive = _staged_archive()
         create = f"tar -cf {shlex.quote(archive)} -C {shlex.quote(source)} ."
         return self.download_archive(create, archive, target, progress)
 
@@ -278,6 +277,12 @@ def _existing_parent(path: str) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     return parent
+
+
+def _staged_archive() -> str:
+    """Where an archive waits in the sandbox: its ``/tmp``, writable on every service, where
+    the directory above the working directory (``/home``) may be read-only."""
+    return posixpath.join(STAGING_DIRECTORY, f".piship-{_token()}.tar")
 
 
 def _token() -> str:

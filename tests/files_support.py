@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from piship_remote.errors import FILE_NOT_FOUND, CommandCancelled, PiShipError
+from piship_remote.local.wire import ConnectError, EntryInfo, resolve, unstructure
+from piship_remote.testing.e2b_files import MemoryTree
 from piship_remote.testing.k8s_runtime import FileTree
 from piship_remote.transfer import FileInfo
 
@@ -158,3 +160,105 @@ def shell_execute(root: str) -> Callable[[str], dict[str, Any]]:
         }
 
     return execute
+
+
+class EnvdDirectoryTree(MemoryTree):
+    """``E2bServer``'s file tree over a real directory: sandbox paths are host paths and the
+    home is ``root``, so commands run by :func:`bash_command` see the same files."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.root = root
+
+    def snapshot(self) -> dict[str, bytes]:
+        return {
+            os.path.join(self.root, k): v for k, v in DirectoryTree(self.root).snapshot().items()
+        }
+
+    def read(self, raw: str) -> tuple[int, Any]:
+        path = resolve(raw, self.root)
+        if os.path.isdir(path):
+            return _api_error(400, f"path '{path}' is a directory")
+        if not os.path.isfile(path):
+            return _api_error(404, f"path '{path}' does not exist")
+        with open(path, "rb") as handle:
+            return 200, handle.read()
+
+    def write(self, raw: str, data: bytes) -> tuple[int, Any]:
+        path = resolve(raw, self.root)
+        if os.path.isdir(path):
+            return _api_error(400, f"path is a directory: {path}")
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            return _api_error(500, f"error ensuring directories: path is a file: {path}")
+        with open(path, "wb") as out:
+            out.write(data)
+        return 200, [{"path": path, "name": os.path.basename(path), "type": "file"}]
+
+    def rpc(self, method: str, body: Any) -> tuple[int, Any]:
+        request = body if isinstance(body, dict) else {}
+        path = resolve(str(request.get("path", "")), self.root)
+        if method == "Stat":
+            if not os.path.lexists(path):
+                return _rpc_error("not_found", f"file not found: lstat {path}: no such file")
+            return 200, {"entry": _envd_entry(path)}
+        if method == "ListDir":
+            if not os.path.isdir(path):
+                return _rpc_error("not_found", f"path not found: stat {path}: no such file")
+            names = sorted(os.listdir(path))
+            return 200, {"entries": [_envd_entry(os.path.join(path, name)) for name in names]}
+        if method == "MakeDir":
+            if os.path.isdir(path):
+                return _rpc_error("already_exists", f"directory already exists: {path}")
+            os.makedirs(path)
+            return 200, {"entry": _envd_entry(path)}
+        if method == "Remove":
+            subprocess.run(["rm", "-rf", "--", path], check=True)
+            return 200, {}
+        return _rpc_error("unimplemented", f"filesystem.Filesystem/{method} is not supported")
+
+
+def _api_error(status: int, message: str) -> tuple[int, Any]:
+    return status, {"code": status, "message": message}
+
+
+def _rpc_error(code: str, message: str) -> tuple[int, Any]:
+    status = {"not_found": 404, "already_exists": 409}.get(code, 501)
+    return status, unstructure(ConnectError(code, message))
+
+
+def _envd_entry(path: str) -> Any:
+    linked = os.path.islink(path)
+    is_dir = os.path.isdir(path)
+    kind = "FILE_TYPE_DIRECTORY" if is_dir else "FILE_TYPE_FILE"
+    entry = EntryInfo(
+        name=os.path.basename(path),
+        type=kind if os.path.exists(path) else "FILE_TYPE_UNSPECIFIED",
+        path=path,
+        size=str(os.lstat(path).st_size),
+        symlink_target=os.readlink(path) if linked else None,
+    )
+    return unstructure(entry)
+
+
+def bash_command(root: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A ``command`` for ``E2bServer`` that runs the Start request's process (``/bin/bash -l
+    -c <script>``) in its ``cwd`` (default ``root``) with the request's environment."""
+
+    def command(start: dict[str, Any]) -> dict[str, Any]:
+        process = start.get("process") or {}
+        argv = [str(process.get("cmd", "/bin/bash")), *map(str, process.get("args") or [])]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": root}
+        env.update({str(k): str(v) for k, v in (process.get("envs") or {}).items()})
+        done = subprocess.run(
+            argv,
+            cwd=process.get("cwd") or root,
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        return {"stdout": done.stdout, "stderr": done.stderr, "exit_code": done.returncode}
+
+    return command

@@ -1,28 +1,42 @@
 """One contract for ``Sandbox.files``, ``push`` and ``pull``, run against every service.
 
-The Kubernetes double's runtime serves a real directory there, and its ``/execute``
-runs the command in it, so the helper commands (tar, find, mkdir, rm) act on the
-same files the runtime's endpoints serve.
+The doubles serve a real directory: the Kubernetes runtime's ``/execute`` and the E2B
+double's ``Start`` run the command in it, so the helper commands (tar, find, mkdir, rm)
+act on the same files their file endpoints serve. The local service is the real thing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from piship_remote import PiShipError, Sandbox, SkippedPath, activate_sandbox
+from piship_remote.backends.base import Backend
+from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND
-from piship_remote.testing import KubernetesServer
-from tests.files_support import DirectoryTree, shell_execute
+from piship_remote.local import LocalE2bService
+from piship_remote.testing import E2bServer, KubernetesServer
+from tests.files_support import DirectoryTree, EnvdDirectoryTree, bash_command, shell_execute
 from tests.seed_support import kubernetes
 
-LOCALSDK = "the service's envd file endpoints arrive with the localsdk branch"
 Activate = Callable[..., Sandbox]
+
+
+@attrs.frozen
+class Service:
+    """One service under test: how to activate a sandbox on it, and an absolute directory
+    in that sandbox outside its working directory."""
+
+    activate: Activate
+    elsewhere: str
 
 
 @pytest.fixture
@@ -32,35 +46,81 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(
-    params=[
-        "kubernetes",
-        pytest.param("local", marks=pytest.mark.skip(reason=LOCALSDK)),
-        pytest.param("e2b", marks=pytest.mark.skip(reason=LOCALSDK)),
-    ]
-)
-def activate(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Activate]:
+def _starter(backend: Backend, workspace: Path, sandboxes: list[Sandbox]) -> Activate:
+    def start(policy: dict[str, Any] | None = None, **options: Any) -> Sandbox:
+        sandbox = activate_sandbox(
+            policy or {"required": True, "network": {"mode": "allow"}},
+            backend=backend,
+            workspace=workspace,
+            env={"SECRET_TOKEN": "s3cr3t-value"},
+            **options,
+        )
+        sandboxes.append(sandbox)
+        return sandbox
+
+    return start
+
+
+@contextlib.contextmanager
+def _kubernetes(tmp_path: Path, workspace: Path) -> Iterator[Service]:
     runtime = tmp_path / "runtime"
     runtime.mkdir()
     sandboxes: list[Sandbox] = []
     with KubernetesServer(
         shell_execute(str(runtime)), file_tree=lambda _claim: DirectoryTree(str(runtime))
     ) as server:
-
-        def start(policy: dict[str, Any] | None = None, **options: Any) -> Sandbox:
-            sandbox = activate_sandbox(
-                policy or {"required": True, "network": {"mode": "allow"}},
-                backend=kubernetes(server.url),
-                workspace=workspace,
-                env={"SECRET_TOKEN": "s3cr3t-value"},
-                **options,
-            )
-            sandboxes.append(sandbox)
-            return sandbox
-
-        yield start
+        yield Service(
+            _starter(kubernetes(server.url), workspace, sandboxes), str(tmp_path / "elsewhere")
+        )
         for sandbox in sandboxes:
             sandbox.dispose()
+
+
+@contextlib.contextmanager
+def _local(workspace: Path) -> Iterator[Service]:
+    problem = LocalE2bService.check()
+    if problem is not None:
+        pytest.skip(f"LocalE2bService cannot run here: {problem}")
+    sandboxes: list[Sandbox] = []
+    with LocalE2bService() as service:
+        yield Service(_starter(service.backend(), workspace, sandboxes), "/tmp/elsewhere")
+        for sandbox in sandboxes:
+            sandbox.dispose()
+
+
+@contextlib.contextmanager
+def _e2b(tmp_path: Path, workspace: Path) -> Iterator[Service]:
+    home = tmp_path / "home"
+    home.mkdir()
+    sandboxes: list[Sandbox] = []
+    with E2bServer(
+        command=bash_command(str(home)), file_tree=lambda _id: EnvdDirectoryTree(str(home))
+    ) as server:
+        backend = E2bCompatibleBackend(
+            endpoint=server.url,
+            envd_url=server.url,
+            credential=lambda: "e2b-key-000001",
+            workdir=str(home),
+        )
+        yield Service(_starter(backend, workspace, sandboxes), str(tmp_path / "elsewhere"))
+        for sandbox in sandboxes:
+            sandbox.dispose()
+
+
+@pytest.fixture(params=["kubernetes", "local", "e2b"])
+def service(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Service]:
+    services = {
+        "kubernetes": lambda: _kubernetes(tmp_path, workspace),
+        "local": lambda: _local(workspace),
+        "e2b": lambda: _e2b(tmp_path, workspace),
+    }
+    with services[request.param]() as chosen:
+        yield chosen
+
+
+@pytest.fixture
+def activate(service: Service) -> Activate:
+    return service.activate
 
 
 @pytest.fixture
@@ -118,12 +178,14 @@ def test_exists_remove_and_make_dir(sandbox: Sandbox) -> None:
     files.remove("made")  # a missing path is fine
 
 
-def test_an_absolute_path_outside_the_working_directory(sandbox: Sandbox, tmp_path: Path) -> None:
-    outside = tmp_path / "elsewhere" / "note.txt"
-    sandbox.files.write(str(outside), b"far")
-    assert outside.read_bytes() == b"far"
-    assert sandbox.files.read(str(outside)) == b"far"
-    assert [i.name for i in sandbox.files.list(str(outside.parent))] == ["note.txt"]
+def test_an_absolute_path_outside_the_working_directory(sandbox: Sandbox, service: Service) -> None:
+    outside = f"{service.elsewhere}/note.txt"
+    sandbox.files.write(outside, b"far")
+    seen = bytearray()
+    assert sandbox.exec(f"cat {outside}", on_data=seen.extend).exit_code == 0
+    assert bytes(seen) == b"far"
+    assert sandbox.files.read(outside) == b"far"
+    assert [i.name for i in sandbox.files.list(service.elsewhere)] == ["note.txt"]
 
 
 # -- copies ----------------------------------------------------------------------------
@@ -269,3 +331,39 @@ def test_a_cut_download_leaves_no_half_file(
     with pytest.raises(PiShipError, match="connection reset"):
         sandbox.files.download("whole.bin", workspace / "whole.bin")
     assert os.listdir(workspace) == []
+
+
+# -- bounded memory --------------------------------------------------------------------
+
+STREAMED = 64 * 1024 * 1024
+PIECE_LIMIT = 1024 * 1024  # what one read or write may hold
+HELD_LIMIT = 8 * 1024 * 1024  # what the whole process may allocate beyond its start
+
+
+@pytest.fixture
+def local_sandbox(workspace: Path) -> Iterator[Sandbox]:
+    with _local(workspace) as local:
+        yield local.activate()
+
+
+def test_64_mib_moves_both_ways_in_bounded_pieces(local_sandbox: Sandbox, workspace: Path) -> None:
+    source = workspace / "big.bin"
+    with open(source, "wb") as out:
+        out.truncate(STREAMED)  # sparse: no page of it is ever in memory at once
+    sent: list[int] = []
+    received: list[int] = []
+    tracemalloc.start()
+    try:
+        up = local_sandbox.files.upload(source, "big.bin", progress=sent.append)
+        _, upload_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        down = local_sandbox.files.download(
+            "big.bin", workspace / "back.bin", progress=received.append
+        )
+        _, download_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert up.bytes == down.bytes == sum(sent) == sum(received) == STREAMED
+    assert max(sent) <= PIECE_LIMIT and max(received) <= PIECE_LIMIT
+    assert upload_peak <= HELD_LIMIT and download_peak <= HELD_LIMIT, (upload_peak, download_peak)
+    assert (workspace / "back.bin").stat().st_size == STREAMED

@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+
+import attrs
 
 from piship_remote.backends._file_protocol import ChunkSink
 from piship_remote.errors import FILE_NOT_FOUND, PiShipError
@@ -26,7 +28,14 @@ __all__ = ["FILE_TIMEOUT", "EnvdFiles"]
 
 FILE_TIMEOUT = 60.0  # a unary call or the headers of a transfer
 TRANSFER_IDLE = 60.0  # silence allowed in the middle of a streamed body
-_TYPES = {"FILE_TYPE_FILE": "file", "FILE_TYPE_DIRECTORY": "dir", "FILE_TYPE_SYMLINK": "symlink"}
+_TYPES = {
+    "FILE_TYPE_FILE": "file",
+    "FILE_TYPE_DIRECTORY": "dir",
+    "FILE_TYPE_SYMLINK": "symlink",
+    # the ``/files`` upload answer names its entries' types in lower case
+    "file": "file",
+    "dir": "dir",
+}
 
 ErrorFactory = Callable[..., PiShipError]
 
@@ -73,23 +82,24 @@ class EnvdFiles:
 
     def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
         try:
-            self._rpc("MakeDir", {"path": path}, cancel)
+            self._rpc("MakeDir", {"path": path}, cancel, answer_needed=False)
         except _AlreadyExists:
             return False
         return True
 
     def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
-        self._rpc("Remove", {"path": path}, cancel, missing_ok=True)
+        self._rpc("Remove", {"path": path}, cancel, missing_ok=True, answer_needed=False)
 
     def write(
         self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
     ) -> FileInfo:
         headers = {**self._headers, "Content-Type": "application/octet-stream"}
+        sent = _Counted(chunks)
         response = self._transport.request(
             "POST",
             self._files_url(path),
             headers=headers,
-            data=chunks,
+            data=sent,
             timeout=None,
             idle_timeout=TRANSFER_IDLE,
             cancel=cancel,
@@ -97,11 +107,13 @@ class EnvdFiles:
         with response:
             if response.status != 200:
                 raise self._file_failure(response, path, "writing")
-            answer = response.json_value()
+            answer = self._parsed(response.json_value, f"writing {path}")
         first = answer[0] if isinstance(answer, list) and answer else None
         if not isinstance(first, dict):
             raise self._errors(f"writing {path} failed: envd did not describe the written file")
-        return _entry(first, path)
+        # envd's answer names the file but gives no size: the bytes sent are its size.
+        written = _entry(first, path)
+        return attrs.evolve(written, size=sent.total) if written.type == "file" else written
 
     def read(self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None) -> int:
         headers = {**self._headers, "Accept-Encoding": "identity"}
@@ -134,6 +146,7 @@ class EnvdFiles:
         cancel: threading.Event | None,
         *,
         missing_ok: bool = False,
+        answer_needed: bool = True,
     ) -> dict[str, Any] | None:
         response = self._transport.request(
             "POST",
@@ -143,11 +156,16 @@ class EnvdFiles:
             timeout=FILE_TIMEOUT,
             cancel=cancel,
         )
+        path = str(body.get("path", ""))
         with response:
             if response.status == 200:
-                return response.json_object()
+                if not answer_needed:
+                    return {}  # it took effect; what the answer says is not used
+                answer: dict[str, Any] = self._parsed(
+                    response.json_object, f"{_VERBS.get(method, method)} {path}"
+                )
+                return answer
             code, message = _connect_error(response)
-        path = str(body.get("path", ""))
         if code == "not_found":
             if missing_ok:
                 return None
@@ -155,6 +173,12 @@ class EnvdFiles:
         if code == "already_exists":
             raise _AlreadyExists()
         raise self._errors(f"{_VERBS.get(method, method)} {path} failed: {code}: {message}")
+
+    def _parsed(self, parse: Callable[[], Any], what: str) -> Any:
+        try:
+            return parse()
+        except ValueError as e:
+            raise self._errors(f"{what} failed: envd's answer was unreadable ({e})") from None
 
     def _file_failure(self, response: HttpReply, path: str, verb: str) -> PiShipError:
         status = response.status
@@ -171,6 +195,19 @@ _VERBS = {"Stat": "checking", "ListDir": "listing", "MakeDir": "making", "Remove
 
 class _AlreadyExists(Exception):
     pass
+
+
+class _Counted:
+    """The upload's chunks, passed through while their bytes are counted."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.total = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.total += len(chunk)
+            yield chunk
 
 
 def _not_found(path: str) -> PiShipError:

@@ -47,6 +47,9 @@ Routes:
   ``/filesystem.Filesystem/`` ``Stat``, ``ListDir``, ``MakeDir``, ``Move``,
   ``Remove`` with envd's Connect errors. ``/files`` needs ``X-Access-Token`` or a
   URL ``signature`` made with the envd token, as envd does.
+- ``file_tree(sandbox_id)`` makes a sandbox's tree (default: an empty
+  :class:`MemoryTree`); a subclass over a real directory, with a ``command`` that
+  runs the Start request's script there, lets tar-based transfers run for real.
 - ``distinct_ids=True``: the n-th create is ``sbx<n>`` instead of always ``sbx1``.
 - anything else: 404.
 
@@ -177,8 +180,10 @@ class E2bServer(RecordingServer):
         user: str = "user",
         clock: Callable[[], float] = time.monotonic,
         distinct_ids: bool = False,
+        file_tree: Callable[[str], MemoryTree] | None = None,
     ) -> None:
         self._command = command
+        self._file_tree = file_tree or (lambda _sandbox_id: MemoryTree())
         self._api_key = api_key
         self._reject_once = list(reject_once)
         self._create = create
@@ -227,7 +232,10 @@ class E2bServer(RecordingServer):
 
     def _tree(self, sandbox_id: str) -> MemoryTree:
         with self._state:
-            return self._trees.setdefault(sandbox_id, MemoryTree())
+            tree = self._trees.get(sandbox_id)
+            if tree is None:
+                tree = self._trees[sandbox_id] = self._file_tree(sandbox_id)
+            return tree
 
     def _prune(self) -> None:
         """With the state lock held: forget creations whose lifetime has passed."""

@@ -20,12 +20,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from piship_remote.backends import e2b_control, kubernetes_claims, kubernetes_http
+from piship_remote.backends import _e2b_control as e2b_control
+from piship_remote.backends import _kubernetes_claims as kubernetes_claims
+from piship_remote.backends import _kubernetes_http as kubernetes_http
+from piship_remote.backends._common import SandboxErrors
+from piship_remote.backends._credential import Credential
+from piship_remote.backends._e2b_stream import StreamOutcome
+from piship_remote.backends._kubernetes_router import Router
 from piship_remote.backends.claims import ClaimGone
-from piship_remote.backends.common import SandboxErrors
-from piship_remote.backends.credential import Credential
-from piship_remote.backends.e2b_stream import StreamOutcome
-from piship_remote.backends.kubernetes_router import Router
 from piship_remote.connect import EnvelopeReader, Frame
 from piship_remote.errors import PiShipError
 from piship_remote.redact import Redactor

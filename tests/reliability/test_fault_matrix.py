@@ -34,6 +34,7 @@ its stall is ended by the command's ``timeout=``.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,6 +57,7 @@ from reliability_support import (
 
 import piship_remote.backends._e2b_control as e2b_control
 import piship_remote.backends._e2b_envd as e2b_envd
+import piship_remote.backends._e2b_files as e2b_files
 import piship_remote.backends._kubernetes_claims as k8s_claims
 import piship_remote.backends._kubernetes_files as k8s_files
 import piship_remote.backends._kubernetes_http as k8s_http
@@ -74,7 +76,8 @@ PROMPT = 3.0  # "promptly": a follow-up that fails must fail within this
 HANG_TIMEOUT = 0.2  # the command timeout that makes the E2B cells send SendSignal
 T = 1790618400.0
 
-E2B_REQUESTS = ("health", "create", "renew", "start", "signal", "delete")
+E2B_FILE_REQUESTS = ("files-get", "files-post", "stat", "list-dir", "make-dir", "remove")
+E2B_REQUESTS = ("health", "create", "renew", "start", "signal", "delete", *E2B_FILE_REQUESTS)
 K8S_REQUESTS = (
     "list",
     "claim-create",
@@ -106,6 +109,7 @@ PHASE = {
     "execute": "exec",
     "claim-delete": "dispose",
     **dict.fromkeys(FILE_REQUESTS, "files"),
+    **dict.fromkeys(E2B_FILE_REQUESTS, "files"),
 }
 # For "refused": which door shuts, and after how many more connections (requests).
 REFUSE = {
@@ -123,6 +127,7 @@ REFUSE = {
     "execute": ("router", 0),
     "claim-delete": ("api", 0),
     **{request: ("router", 0) for request in FILE_REQUESTS},
+    **{request: ("envd", 0) for request in E2B_FILE_REQUESTS},
 }
 # The proxy's name for the request a row faults.
 PROXY_KIND = {"claim-ready": "claim-get", "claim-check": "claim-get"}
@@ -163,6 +168,8 @@ def expect(cell: Cell) -> Expect:
     request, fault = cell.request, cell.fault
     if request in FILE_REQUESTS:
         return _file_expect(request, fault)
+    if request in E2B_FILE_REQUESTS:
+        return _envd_file_expect(request, fault)
     status = fault in STATUS_FAULTS
     garbage_2xx = fault in ("html", "nonjson")
     if request in ("delete", "claim-delete"):
@@ -212,6 +219,17 @@ def _file_expect(request: str, fault: str) -> Expect:
     return Expect(ok=False)
 
 
+def _envd_file_expect(request: str, fault: str) -> Expect:
+    garbage_2xx = fault in ("html", "nonjson")
+    if request == "files-get" and garbage_2xx:
+        # envd serves a file with the type its name suggests, so a 200 of any type is the
+        # file's bytes: no client can tell a page in its place.
+        return Expect(ok=True)
+    if request in ("make-dir", "remove") and garbage_2xx:
+        return Expect(ok=True)  # it took effect; its answer's body is not needed
+    return Expect(ok=False)
+
+
 class Leaked(AssertionError):
     """A sandbox or claim outlived dispose without a reason."""
 
@@ -232,7 +250,19 @@ def e2b_kind(method: str, path: str) -> str | None:
         return "start"
     if path == "/process.Process/SendSignal":
         return "signal"
+    if path == "/files":
+        return {"GET": "files-get", "POST": "files-post"}.get(method)
+    if path.startswith("/filesystem.Filesystem/"):
+        return _FILESYSTEM_KINDS.get(path.rsplit("/", 1)[-1])
     return None
+
+
+_FILESYSTEM_KINDS = {
+    "Stat": "stat",
+    "ListDir": "list-dir",
+    "MakeDir": "make-dir",
+    "Remove": "remove",
+}
 
 
 _CLAIM_PATH = re.compile(r"^/apis/[^?]*/sandboxclaims(?P<one>/[^/?]+)?$")
@@ -368,6 +398,8 @@ def harness(
         (k8s_claims, "_AVAILABLE_TIMEOUT"),
         (k8s_files, "FILE_TIMEOUT"),
         (k8s_files, "TRANSFER_IDLE"),
+        (e2b_files, "FILE_TIMEOUT"),
+        (e2b_files, "TRANSFER_IDLE"),
     ):
         monkeypatch.setattr(module, name, STALL_DEADLINE)
     mock: E2bServer | KubernetesServer
@@ -415,11 +447,13 @@ def test_cell(harness: Harness) -> None:
         assert sandbox.exec(after).exit_code == 0
     elif phase == "files":
         sandbox = h.activate()
-        step = _file_step(sandbox, cell.request)
+        step = _file_step(sandbox, cell.request, h.workspace)
+        before = sorted(os.listdir(h.workspace))
         h.inject()
         outcome = attempt(step)
         h.restore()
         _check_outcome(outcome, want)
+        _check_host_whole(h.workspace, before, outcome)
         if outcome.error is not None:
             assert "unknown" not in str(outcome.error), str(outcome.error)
         elif cell.fault not in ("nonjson", "html"):
@@ -466,12 +500,21 @@ _FILE_RESULT: dict[str, object] = {
     "download": b"data",
     "list-files": ["f.txt"],
     "exists": True,
+    "files-post": None,
+    "files-get": b"data",
+    "stat": True,
+    "list-dir": ["f.txt"],
+    "make-dir": True,
+    "remove": False,
 }
+DOWNLOADED = "got.txt"
 
 
-def _file_step(sandbox: Sandbox, request: str) -> Callable[[], object]:
+def _file_step(sandbox: Sandbox, request: str, workspace: Path) -> Callable[[], object]:
     """The file call that sends ``request`` (its file written first where it needs one)."""
     files = sandbox.files
+    if request in E2B_FILE_REQUESTS:
+        return _envd_file_step(sandbox, request, workspace)
     if request == "upload":
         return lambda: files.write("/app/f.txt", b"data") and None
     files.write("/app/f.txt", b"data")
@@ -480,6 +523,32 @@ def _file_step(sandbox: Sandbox, request: str) -> Callable[[], object]:
     if request == "list-files":
         return lambda: [info.name for info in files.list("/app")]
     return lambda: files.exists("/app/f.txt")
+
+
+def _envd_file_step(sandbox: Sandbox, request: str, workspace: Path) -> Callable[[], object]:
+    files = sandbox.files
+    if request == "files-post":
+        return lambda: files.write("f.txt", b"data") and None
+    files.write("f.txt", b"data")
+    if request == "files-get":
+        got = workspace / DOWNLOADED
+        return lambda: files.download("f.txt", got) and got.read_bytes()
+    if request == "stat":
+        return lambda: files.exists("f.txt")
+    if request == "list-dir":
+        return lambda: [info.name for info in files.list(".")]
+    if request == "make-dir":
+        return lambda: files.make_dir("made")
+    return lambda: files.remove("f.txt") or files.exists("f.txt")
+
+
+def _check_host_whole(workspace: Path, before: list[str], outcome: Outcome) -> None:
+    """A failed file call leaves the host workspace as it was: no half file, no temporary."""
+    after = sorted(os.listdir(workspace))
+    if outcome.error is not None:
+        assert after == before, f"the failed call left {sorted(set(after) - set(before))}"
+    else:
+        assert set(after) <= {*before, DOWNLOADED}, after
 
 
 def _k8s_command(command: str) -> dict[str, Any]:
