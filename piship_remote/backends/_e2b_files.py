@@ -93,12 +93,13 @@ class EnvdFiles:
     def write(
         self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
     ) -> FileInfo:
-        headers = {**self._headers, "Content-Type": "application/octet-stream"}
         sent = _Counted(chunks)
+        # The headers (with the access token) are built in the call, so no frame of a
+        # raised error's traceback holds them.
         response = self._transport.request(
             "POST",
             self._files_url(path),
-            headers=headers,
+            headers={**self._headers, "Content-Type": "application/octet-stream"},
             data=sent,
             timeout=None,
             idle_timeout=TRANSFER_IDLE,
@@ -116,11 +117,10 @@ class EnvdFiles:
         return attrs.evolve(written, size=sent.total) if written.type == "file" else written
 
     def read(self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None) -> int:
-        headers = {**self._headers, "Accept-Encoding": "identity"}
         response = self._transport.request(
             "GET",
             self._files_url(path),
-            headers=headers,
+            headers={**self._headers, "Accept-Encoding": "identity"},
             timeout=FILE_TIMEOUT,
             idle_timeout=TRANSFER_IDLE,
             cancel=cancel,

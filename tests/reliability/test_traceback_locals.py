@@ -17,7 +17,15 @@ import traceback
 
 import pytest
 from reliability_support import API_KEY, BEARER, ENVD_TOKEN, attempt
-from test_fault_matrix import CELL_TIMEOUT, CELLS, PHASE, Harness, expect, harness  # noqa: F401
+from test_fault_matrix import (  # noqa: F401
+    CELL_TIMEOUT,
+    CELLS,
+    PHASE,
+    Harness,
+    _file_step,
+    expect,
+    harness,
+)
 
 from piship_remote.redact import Redactor
 
@@ -75,11 +83,14 @@ def _faulted_step(h: Harness) -> BaseException | None:
         h.inject()
         return attempt(h.activate).error
     sandbox = h.activate()
+    step = _file_step(sandbox, h.cell.request, h.workspace) if phase == "files" else None
     try:
         h.inject()
         if phase == "exec":
             timeout = CELL_TIMEOUT.get(h.cell.request, {}).get(h.cell.fault)
             return attempt(lambda: sandbox.exec(f"deploy-{h.cell.id}", timeout=timeout)).error
+        if phase == "files":
+            return attempt(step).error
         return attempt(sandbox.dispose).error
     finally:
         h.restore()
