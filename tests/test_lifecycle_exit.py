@@ -57,6 +57,16 @@ def ready(child: subprocess.Popen[str]) -> str:
     return line.split()[1]
 
 
+def rest(child: subprocess.Popen[str]) -> tuple[str, str]:
+    """The rest of the child's output once it ends. Not ``communicate()``: that reads the
+    pipes' descriptors directly and would miss what ``readline()`` already buffered."""
+    assert child.stdout is not None and child.stderr is not None
+    out = child.stdout.read()
+    err = child.stderr.read()
+    child.wait(timeout=30)
+    return out, err
+
+
 def none_left(live: Callable[[], list[str]], within: float) -> list[str]:
     deadline = time.monotonic() + within
     while live() and time.monotonic() < deadline:
@@ -101,11 +111,11 @@ def test_a_detached_sandbox_is_reattached_from_another_process(double) -> None:
     kind, url, live = double
     first = start(kind, url, "detach")
     sandbox_id = ready(first)
-    out, err = first.communicate(timeout=30)
+    out, err = rest(first)
     assert f"detached {sandbox_id}" in out, err
     assert live(), "detach must not delete the sandbox"
     second = start(kind, url, "attach", "3600", sandbox_id)
     assert ready(second) == sandbox_id
-    out, err = second.communicate(timeout=30)
+    out, err = rest(second)
     assert "ran" in out, err
     assert none_left(live, GONE_WITHIN) == []
