@@ -151,6 +151,12 @@ class _Unpacker:
 
     def _target(self, member: tarfile.TarInfo) -> tuple[str | None, str | None]:
         name = member.name
+        if "\0" in name:  # a pax name may hold one; no path can
+            raise PiShipError(
+                CONFIG_INVALID,
+                "the archive from the sandbox is malformed: an entry's name holds a NUL byte",
+                component="files",
+            )
         parts = [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
         if name.startswith("/") or ".." in parts or not parts or os.path.isabs(name):
             return None, "outside the workspace"

@@ -49,3 +49,9 @@ def test_a_refused_entry_declaring_a_huge_size_fails_at_once_as_a_bomb(kind: byt
     archive = tar_bytes([entry])
     with pytest.raises(PiShipError, match="more than 68719476736 bytes"):
         unpack_tar(io.BytesIO(archive), tempfile.mkdtemp(prefix="piship-fuzz-"))
+
+
+def test_an_archive_entry_whose_name_holds_a_nul_byte_fails_typed() -> None:
+    # atheris, fuzz_archive: crash-d92356fc94fe1262cf37967eda0d966cc320c35a (a pax path
+    # with a NUL made os.lstat raise ValueError)
+    check_unpack_tar(tar_bytes([Member("a\0b", tarfile.REGTYPE, b"x", format=tarfile.PAX_FORMAT)]))
