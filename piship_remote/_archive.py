@@ -110,6 +110,7 @@ class _Unpacker:
         self.max_members = max_members
         self.max_bytes = max_bytes
         self.members = 0
+        self.declared = 0
         self.files = 0
         self.bytes = 0
         self.skipped: list[SkippedPath] = []
@@ -120,15 +121,28 @@ class _Unpacker:
             raise _bomb(f"more than {self.max_members} entries")
         if member.isdir() and member.name.replace("\\", "/").strip("/") in ("", "."):
             return  # the archive's root: the target directory itself
+        # Counted for refused entries too: tarfile reads past what each one declares.
+        self.declared += _declared_bytes(archive, member)
+        if self.declared > self.max_bytes:
+            raise _bomb(f"more than {self.max_bytes} bytes")
         target, reason = self._target(member)
         if reason is not None or target is None:
             self.skipped.append(SkippedPath(member.name, reason or "outside the workspace"))
             return
+        try:
+            self._unpack(archive, member, target)
+        except OSError as e:  # a name too long, a file where a directory is named, a full disk
+            raise PiShipError(
+                CONFIG_INVALID,
+                f"the archive from the sandbox has an entry that cannot be unpacked here: "
+                f"{member.name[:200]!r}: {e.strerror or e}",
+                component="files",
+            ) from None
+
+    def _unpack(self, archive: tarfile.TarFile, member: tarfile.TarInfo, target: str) -> None:
         if member.isdir():
             os.makedirs(target, exist_ok=True)
             return
-        if self.bytes + member.size > self.max_bytes:
-            raise _bomb(f"more than {self.max_bytes} bytes")
         stream = archive.extractfile(member)
         if stream is None:
             self.skipped.append(SkippedPath(member.name, "not a regular file"))
@@ -139,6 +153,12 @@ class _Unpacker:
 
     def _target(self, member: tarfile.TarInfo) -> tuple[str | None, str | None]:
         name = member.name
+        if "\0" in name:  # a pax name may hold one; no path can
+            raise PiShipError(
+                CONFIG_INVALID,
+                "the archive from the sandbox is malformed: an entry's name holds a NUL byte",
+                component="files",
+            )
         parts = [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
         if name.startswith("/") or ".." in parts or not parts or os.path.isabs(name):
             return None, "outside the workspace"
@@ -155,6 +175,12 @@ class _Unpacker:
         if not self.may_write(target):
             return None, "write not allowed"
         return target, None
+
+
+def _declared_bytes(archive: tarfile.TarFile, member: tarfile.TarInfo) -> int:
+    """The data bytes ``member`` declares: its size or, for a sparse entry whose header
+    says more, what tarfile reads past to reach the next entry (less block padding)."""
+    return max(member.size, archive.offset - member.offset_data - (BLOCK - 1))
 
 
 def _is_link(path: str) -> bool:

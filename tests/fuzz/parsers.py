@@ -10,16 +10,22 @@ Private entry points are used on purpose, each through a small adapter here:
 the E2B Start stream through ``StreamOutcome.handle_payload``, the create answer
 through ``ControlPlane.create`` with its HTTP exchange replaced, and the
 Kubernetes claim and router answers through the functions that read them.
+Archives go through the public ``unpack_tar``, each into a new temporary directory.
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
+import os
+import stat
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from piship_remote._archive import unpack_tar
 from piship_remote.backends import _e2b_control as e2b_control
 from piship_remote.backends import _kubernetes_claims as kubernetes_claims
 from piship_remote.backends import _kubernetes_http as kubernetes_http
@@ -29,7 +35,7 @@ from piship_remote.backends._e2b_stream import StreamOutcome
 from piship_remote.backends._kubernetes_router import Router
 from piship_remote.backends.claims import ClaimGone
 from piship_remote.connect import EnvelopeReader, Frame
-from piship_remote.errors import PiShipError
+from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.transport import Transport
 
@@ -239,6 +245,62 @@ def check_status_body(body: str) -> None:
     """An error body's detail is a string or ``None``."""
     detail = kubernetes_http._status_detail(body)
     assert detail is None or isinstance(detail, str)
+
+
+# -- archives from the sandbox ---------------------------------------------------------------
+
+
+# Limits low enough that both bombs are within the fuzzers' reach.
+ARCHIVE_MEMBERS = 64
+ARCHIVE_BYTES = 1 << 24
+
+
+def check_unpack_tar(data: bytes) -> None:
+    """Unpacking any bytes writes only regular files and directories inside the destination.
+
+    It returns a summary or raises ``PiShipError(CONFIG_INVALID)``; nothing is
+    written beside the destination, no link, device or half-written file is left,
+    and a path ``may_write`` refuses is never written.
+    """
+    with tempfile.TemporaryDirectory(prefix="piship-fuzz-") as parent:
+        destination = os.path.join(parent, "destination")
+        os.mkdir(destination)
+        try:
+            summary = unpack_tar(
+                io.BytesIO(data),
+                destination,
+                may_write=_may_write,
+                max_members=ARCHIVE_MEMBERS,
+                max_bytes=ARCHIVE_BYTES,
+            )
+        except PiShipError as error:
+            assert error.code == CONFIG_INVALID, error
+            _typed(error)
+            summary = None
+        assert os.listdir(parent) == ["destination"], "the archive wrote beside its destination"
+        files = _unpacked_files(destination)
+        if summary is not None:
+            assert len(files) <= summary.files
+
+
+def _may_write(path: str) -> bool:
+    return os.path.basename(path) != "deny"
+
+
+def _unpacked_files(destination: str) -> list[str]:
+    """The regular files below ``destination``, after checking nothing else is there."""
+    files = []
+    for directory, subdirectories, names in os.walk(destination):
+        for name in subdirectories:
+            assert not os.path.islink(os.path.join(directory, name)), "a link was unpacked"
+        for name in names:
+            path = os.path.join(directory, name)
+            mode = os.lstat(path).st_mode
+            assert stat.S_ISREG(mode), f"{path}: not a regular file ({stat.filemode(mode)})"
+            assert not name.endswith(".part"), f"{path}: a half-written file was left"
+            assert _may_write(path), f"{path}: written although may_write refused it"
+            files.append(path)
+    return files
 
 
 # -- shared helpers --------------------------------------------------------------------------

@@ -27,6 +27,7 @@ def test_every_parser_has_a_target() -> None:
         "fuzz_create_answer",
         "fuzz_claim",
         "fuzz_router_answer",
+        "fuzz_archive",
     }
 
 
