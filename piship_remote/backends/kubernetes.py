@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Literal
+from typing import Literal, TypeVar
 
 import requests
 
@@ -70,6 +70,7 @@ __all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "r
 PROVIDER = "kubernetes-agent-sandbox"
 EXECUTION_MODES = ("direct", "detached")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_T = TypeVar("_T")
 # What a user sets for the bearer token, named when it is missing.
 _CREDENTIAL_NAME = "the Kubernetes bearer token (the credential option)"
 
@@ -137,38 +138,34 @@ class KubernetesInstance:
         group and keeps the claim. ``PiShipError`` otherwise.
         """
         command = runtime_command(request, self._workdir)
-        if self._jobs is not None:
-            return self._detached(self._jobs, command, on_stdout, on_stderr, cancel)
-        with self._cancels.token_for(cancel) as user:
-            if user.is_set():
-                raise CommandCancelled()
-            if self._manager.disposed:
-                raise disposed_error()
-            with self._manager.command(user) as use:
-                try:
-                    answer = self._router.execute(use.claim, command, use.cancel, request.timeout)
-                except CommandCancelled:
-                    use.retire()
-                    if not user.is_set() and self._manager.disposed:
-                        raise disposed_error() from None
-                    raise
-                except Retire as outcome:
-                    use.retire(gone=outcome.gone)
-                    raise outcome.error from None
+        jobs = self._jobs
+        if jobs is not None:
+            code = self._in_claim(
+                cancel,
+                lambda use: jobs.run(use.claim, command, use.cancel, on_stdout, on_stderr),
+                retire_on_cancel=False,
+            )
+            return BackendResult(exit_code=code)
+        answer = self._in_claim(
+            cancel,
+            lambda use: self._router.execute(use.claim, command, use.cancel, request.timeout),
+            retire_on_cancel=True,
+        )
         if answer.stdout and on_stdout is not None:
             on_stdout(answer.stdout.encode())
         if answer.stderr and on_stderr is not None:
             on_stderr(answer.stderr.encode())
         return BackendResult(exit_code=answer.exit_code)
 
-    def _detached(
+    def _in_claim(
         self,
-        jobs: DetachedJobs,
-        command: str,
-        on_stdout: OutputCallback | None,
-        on_stderr: OutputCallback | None,
         cancel: threading.Event | None,
-    ) -> BackendResult:
+        run: Callable[[ClaimUse], _T],
+        *,
+        retire_on_cancel: bool,
+    ) -> _T:
+        """``run`` inside one use of the claim; a cancelled direct command retires the claim
+        (the runtime cannot stop it), a detached one is killed and keeps it."""
         with self._cancels.token_for(cancel) as user:
             if user.is_set():
                 raise CommandCancelled()
@@ -176,15 +173,16 @@ class KubernetesInstance:
                 raise disposed_error()
             with self._manager.command(user) as use:
                 try:
-                    code = jobs.run(use.claim, command, use.cancel, on_stdout, on_stderr)
+                    return run(use)
                 except CommandCancelled:
+                    if retire_on_cancel:
+                        use.retire()
                     if not user.is_set() and self._manager.disposed:
                         raise disposed_error() from None
                     raise
                 except Retire as outcome:
                     use.retire(gone=outcome.gone)
                     raise outcome.error from None
-        return BackendResult(exit_code=code)
 
     def epoch(self) -> str | None:
         """The claim name the latest command ran in (``None`` before the first)."""
