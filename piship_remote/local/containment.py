@@ -20,6 +20,12 @@ NETWORK_ALLOW = (
     "allow: egress through slirp4netns in the sandbox's own network namespace;"
     " the host's loopback, its abstract Unix sockets and other sandboxes are out of reach"
 )
+COMMAND_LINES = (
+    "a command's shell script and environment are not in any host process's command line or"
+    " environment, but the programs a script starts show their own arguments to every user"
+    " of this host (/proc), as any process does: pass secrets in the environment, not as"
+    " arguments"
+)
 
 
 @attrs.frozen
@@ -48,7 +54,7 @@ class Containment:
 
 def containment(limits: Limits, enforcement: Enforcement) -> Containment:
     """What a service with ``limits`` enforces on a host with ``enforcement``."""
-    warnings = list(enforcement.problems)
+    warnings = [*enforcement.problems, COMMAND_LINES]
     network = [NETWORK_DENY]
     problem = egress_problem()
     if problem is None:
