@@ -143,6 +143,17 @@ def test_a_shell_script_is_not_in_any_host_command_line(client: Client) -> None:
     client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}")
 
 
+@needs_bwrap
+@pytest.mark.timeout(20)
+def test_an_environment_value_is_not_in_any_host_command_line(client: Client) -> None:
+    sandbox = client.create()
+    secret = "piship-secret-env-41c9d2"
+    stream = client.start(sandbox, "sleep 5 & echo ready; wait", envs={"DBPASS": secret})
+    stream.until(lambda s: "ready" in s.stdout)
+    assert marked(secret) == []
+    client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}")
+
+
 # -- network ----------------------------------------------------------------------------
 
 
