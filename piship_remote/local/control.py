@@ -161,9 +161,7 @@ class ControlPlane:
 
     def _list(self, request: Request) -> Reply:
         query = {k: v[0] for k, v in parse_qs(urlsplit(request.target).query).items()}
-        sandboxes = [
-            s for i in self._registry.ids() if (s := self._registry.lookup(i)) is not None
-        ]
+        sandboxes = [s for i in self._registry.ids() if (s := self._registry.lookup(i)) is not None]
         running = [s for s in sandboxes if not s.pause_state.paused]
         headers: tuple[tuple[str, str], ...] = ()
         if request.path == "/sandboxes":  # v1: running sandboxes, metadata filter, one page

@@ -161,9 +161,10 @@ class CgroupSet:
     def members(self) -> list[int]:
         """The host pids of every process in the group (empty without any group)."""
         for path in self._paths():
-            with contextlib.suppress(OSError, ValueError), open(
-                os.path.join(path, "cgroup.procs"), encoding="ascii"
-            ) as handle:
+            with (
+                contextlib.suppress(OSError, ValueError),
+                open(os.path.join(path, "cgroup.procs"), encoding="ascii") as handle,
+            ):
                 return [int(line) for line in handle if line.strip()]
         return []
 
