@@ -197,3 +197,15 @@ def test_no_watch_thread_is_left_once_the_sandbox_is_deleted(
     assert [t for t in threading.enumerate() if t.name == "piship-local-watch"]
     client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}")
     assert gone(lambda: not [t for t in threading.enumerate() if t.name == "piship-local-watch"])
+
+
+def test_a_directory_moved_within_a_recursive_watch_is_named_by_its_new_path(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    client.run(sandbox, "mkdir -p ~/old")
+    watcher_id = watcher(client, sandbox, "", recursive=True)
+    client.run(sandbox, "mv ~/old ~/new && echo x > ~/new/f")
+    wanted = {("old", RENAME), ("new", CREATE), ("new/f", CREATE)}
+    seen = events_until(client, sandbox, watcher_id, wanted)
+    assert wanted <= set(seen)
+    assert not [name for name, _ in seen if name.startswith("old/")]

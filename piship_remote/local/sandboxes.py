@@ -10,8 +10,13 @@ ends. Deleting ends every process of the sandbox and removes its files::
                         limits=Limits(), enforcement=Enforcement.probe())
     sandbox = registry.create(template="base", lifetime=300, network=False, env_vars={})
     process = sandbox.start(ProcessConfig(cmd="/bin/bash", args=["-c", "id"]), tag="t1")
+    registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
     registry.delete(sandbox.id)
     registry.close()
+
+A paused sandbox (its processes frozen, see :mod:`piship_remote.local.pause`) is
+found by :meth:`Registry.lookup` but not by :meth:`Registry.get`, so envd does not
+serve it; its lifetime stops until it is resumed with a new one.
 """
 
 from __future__ import annotations

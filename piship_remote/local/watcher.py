@@ -98,6 +98,7 @@ class DirWatch:
         self._root_fd = root_fd
         self._recursive = recursive
         self._dirs: dict[int, str] = {}
+        self._moving: dict[int, str] = {}
         self._lock = threading.Condition()
         self._pending: deque[WatchEvent] = deque(maxlen=MAX_EVENTS)
         self._closed = False
@@ -175,13 +176,16 @@ class DirWatch:
     def _consume(self, data: bytes) -> None:
         offset = 0
         while offset + _HEADER.size <= len(data):
-            wd, mask, _, length = _HEADER.unpack_from(data, offset)
+            wd, mask, cookie, length = _HEADER.unpack_from(data, offset)
             offset += _HEADER.size
             raw = data[offset : offset + length].rstrip(b"\0")
             offset += length
-            self._event(wd, mask, os.fsdecode(raw))
+            self._event(wd, mask, cookie, os.fsdecode(raw))
+        for path in self._moving.values():
+            self._forget_below(path)  # moved out of the watched tree
+        self._moving.clear()
 
-    def _event(self, wd: int, mask: int, name: str) -> None:
+    def _event(self, wd: int, mask: int, cookie: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:
             return
         base = self._dirs.get(wd)
@@ -197,10 +201,30 @@ class DirWatch:
         for bits, kind in _TYPES:
             if mask & bits:
                 self._pending.append(WatchEvent(path, kind))
-        if self._recursive and mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+        if not (self._recursive and mask & IN_ISDIR):
+            return
+        if mask & IN_MOVED_FROM:
+            self._moving[cookie] = path
+        elif mask & IN_MOVED_TO and cookie in self._moving:
+            self._rename_below(self._moving.pop(cookie), path)
+        elif mask & (IN_CREATE | IN_MOVED_TO):
+            # A new directory's early entries are reported; a moved-in one's were not new.
             with contextlib.suppress(OSError):
                 dir_fd = _open_below(self._root_fd, path)
-                self._add(path, dir_fd, report=True)
+                self._add(path, dir_fd, report=bool(mask & IN_CREATE))
+
+    def _rename_below(self, old: str, new: str) -> None:
+        """A directory moved within the tree: its watches (and those below) keep their wd."""
+        for wd, relative in list(self._dirs.items()):
+            if relative == old or relative.startswith(old + "/"):
+                self._dirs[wd] = new + relative[len(old) :]
+
+    def _forget_below(self, path: str) -> None:
+        """Stop watching ``path`` and what is below it (moved away: its names are stale)."""
+        for wd, relative in list(self._dirs.items()):
+            if relative == path or relative.startswith(path + "/"):
+                _libc().inotify_rm_watch(self._fd, wd)
+                del self._dirs[wd]
 
     def _add(self, relative: str, dir_fd: int, *, report: bool) -> None:
         """Watch the open directory ``dir_fd`` (and, recursively, those below); closes it."""
@@ -325,6 +349,7 @@ def _libc() -> ctypes.CDLL:
         libc = ctypes.CDLL(name, use_errno=True)
         libc.inotify_init1.argtypes = [ctypes.c_int]
         libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
         _LIBC.append(libc)
     return _LIBC[0]
 
