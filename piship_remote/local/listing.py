@@ -51,8 +51,9 @@ RESUME_TIMEOUT = 15
 
 @attrs.frozen
 class PauseRequest:
-    """``POST /sandboxes/<id>/pause``: ``memory`` (false for filesystem-only) is accepted;
-    ``requireHealthyGuest`` is ignored (the agent answering is what a pause needs)."""
+    """``POST /sandboxes/<id>/pause``: ``memory`` (false asks for filesystem-only) is accepted
+    and the sandbox is paused whole either way; ``requireHealthyGuest`` is ignored, since
+    freezing a local sandbox needs no answer from inside it."""
 
     memory: bool | None = None
 
