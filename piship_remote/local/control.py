@@ -5,13 +5,22 @@
 ``POST /sandboxes`` (and ``/v2/sandboxes``)  201 with ``sandboxID``, ``envdAccessToken``…
 ``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
 ``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``limit``…)
-``GET /sandboxes/<id>``                    200 with the sandbox's details
-``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 404 unknown
-``GET /sandboxes/<id>/metrics``            200: one sample read from the sandbox's processes
+``GET /sandboxes/<id>``                    200 with the sandbox's details (``state``)
+``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 201 if it resumed
+``POST /sandboxes/<id>/pause``             204: its processes frozen; 409 if already paused
+``POST /sandboxes/<id>/resume``            201: thawed, to live ``timeout`` (15) s; 409 running
+``GET /sandboxes/<id>/metrics``            200: one sample read from its processes (``[]`` paused)
 ``POST /sandboxes/<id>/timeout``           204: live ``timeout`` more seconds from now
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
 ``DELETE /sandboxes/<id>``                 204: kill its processes, remove its files
 =========================================  ======================================
+
+A paused sandbox keeps its files and its frozen processes; envd answers for it as
+for a sandbox that is not there (502), its lifetime stops (it is kept up to the
+service's maximum lifetime), and the timeout calls answer 404 for it, as E2B's
+do. Resuming (``resume``, or ``connect`` with its ``timeout``, 300 s on v2 when
+absent) gives it a new lifetime from then. ``memory: false`` on pause (E2B's
+filesystem-only snapshot) is accepted and pauses it whole.
 
 Every ``/sandboxes…`` request needs ``X-API-Key``. A create without ``timeout``
 lives 300 s on ``/v2/sandboxes`` (the current SDKs send none) and 15 s on
@@ -35,7 +44,16 @@ from collections.abc import Mapping
 from urllib.parse import parse_qs, urlsplit
 
 from piship_remote.local.http_model import Head, Reply, Request
-from piship_remote.local.listing import ListError, Page, metadata_filter, metric, rfc3339
+from piship_remote.local.listing import (
+    ListError,
+    Page,
+    PauseRequest,
+    ResumeRequest,
+    metadata_filter,
+    metric,
+    rfc3339,
+    state,
+)
 from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, TooManySandboxes
 from piship_remote.local.wire import (
     ApiError,
@@ -60,7 +78,8 @@ MIB = 1024 * 1024
 V2_TIMEOUT = 300
 V1_TIMEOUT = 15
 _SANDBOX_PATH = re.compile(
-    r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})(/timeout|/refreshes|/connect|/metrics)?\Z"
+    r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})"
+    r"(/timeout|/refreshes|/connect|/metrics|/pause|/resume)?\Z"
 )
 _ACTION_METHOD = {
     None: ("GET", "DELETE"),
@@ -68,7 +87,10 @@ _ACTION_METHOD = {
     "/refreshes": ("POST",),
     "/connect": ("POST",),
     "/metrics": ("GET",),
+    "/pause": ("POST",),
+    "/resume": ("POST",),
 }
+_RUNNING_ONLY = ("/timeout", "/refreshes")
 
 
 class ControlPlane:
@@ -108,15 +130,20 @@ class ControlPlane:
         if match is None:
             return _error(404, "not found")
         sandbox_id, action = match.group(1), match.group(2)
-        sandbox = self._registry.get(sandbox_id)
-        if sandbox is None:
+        sandbox = self._registry.lookup(sandbox_id)
+        if sandbox is None or (action in _RUNNING_ONLY and sandbox.pause_state.paused):
             return _error(404, f'sandbox "{sandbox_id}" not found')
         if request.method not in _ACTION_METHOD[action]:
             return _error(405, f"{request.method} is not allowed on {request.path}")
         if action == "/connect":
             return self._connect(sandbox, request.body)
+        if action == "/pause":
+            return self._pause(sandbox, request.body)
+        if action == "/resume":
+            return self._resume(sandbox, request.body)
         if action == "/metrics":
-            return Reply(200, to_json([metric(sandbox)]), "application/json")
+            samples = [] if sandbox.pause_state.paused else [metric(sandbox)]
+            return Reply(200, to_json(samples), "application/json")
         if action == "/timeout":
             seconds = parse(request.body, TimeoutRequest).timeout
             return self._lifetime(sandbox_id, seconds, extend_only=False)
@@ -134,16 +161,17 @@ class ControlPlane:
 
     def _list(self, request: Request) -> Reply:
         query = {k: v[0] for k, v in parse_qs(urlsplit(request.target).query).items()}
-        sandboxes = [s for i in self._registry.ids() if (s := self._registry.get(i)) is not None]
+        sandboxes = [s for i in self._registry.ids() if (s := self._registry.lookup(i)) is not None]
+        running = [s for s in sandboxes if not s.pause_state.paused]
         headers: tuple[tuple[str, str], ...] = ()
         if request.path == "/sandboxes":  # v1: running sandboxes, metadata filter, one page
             wanted = metadata_filter(query.get("metadata"))
-            chosen = [
-                s for s in sandboxes if all(s.metadata.get(k) == v for k, v in wanted.items())
-            ]
+            chosen = [s for s in running if all(s.metadata.get(k) == v for k, v in wanted.items())]
         else:
-            chosen, token = Page.of(query).select(sandboxes)
-            headers = (("X-Total-Running", str(len(sandboxes))),)
+            page = Page.of(query)
+            chosen, token = page.select(sandboxes)
+            if "running" in page.states:
+                headers = (("X-Total-Running", str(len(running))),)
             if token is not None:
                 headers += (("X-Next-Token", token),)
         listed = [_listed(s, self._left(s)) for s in chosen]
@@ -154,11 +182,39 @@ class ControlPlane:
         seconds = V2_TIMEOUT if timeout is None else timeout
         if seconds <= 0:
             return _error(400, "Timeout must be greater than 0")
+        if self._registry.resume(sandbox.id, seconds):
+            return Reply(201, to_json(self._info(sandbox)), "application/json")
         if not self._registry.set_lifetime(sandbox.id, seconds, extend_only=True):
             return _error(404, f'sandbox "{sandbox.id}" not found')
         # The sandbox's own envd token, as E2B answers: rotating it would cut off every
         # client already attached.
         return Reply(200, to_json(self._info(sandbox)), "application/json")
+
+    def _pause(self, sandbox: Sandbox, body: bytes) -> Reply:
+        parse(body, PauseRequest)
+        try:
+            paused = self._registry.pause(sandbox.id)
+        except OSError as e:
+            return _error(500, f"the sandbox could not be paused: {e}")
+        if paused is None:
+            return _error(404, f'sandbox "{sandbox.id}" not found')
+        if not paused:
+            return _error(409, f'sandbox "{sandbox.id}" is already paused')
+        return Reply(204)
+
+    def _resume(self, sandbox: Sandbox, body: bytes) -> Reply:
+        seconds = parse(body, ResumeRequest).timeout
+        if seconds <= 0:
+            return _error(400, "Timeout must be greater than 0")
+        try:
+            resumed = self._registry.resume(sandbox.id, seconds)
+        except OSError as e:
+            return _error(500, f"the sandbox could not be resumed: {e}")
+        if resumed is None:
+            return _error(404, f'sandbox "{sandbox.id}" not found')
+        if not resumed:
+            return _error(409, f'sandbox "{sandbox.id}" is already running')
+        return Reply(201, to_json(self._info(sandbox)), "application/json")
 
     def _info(self, sandbox: Sandbox) -> SandboxInfo:
         return SandboxInfo(
@@ -216,11 +272,11 @@ def _detail(sandbox: Sandbox, left: float, domain: str | None) -> SandboxDetail:
         envd_version=ENVD_VERSION,
         envd_access_token=sandbox.access_token,
         started_at=rfc3339(sandbox.started_at),
-        end_at=rfc3339(time.time() + left),
+        end_at=_end_at(sandbox, left),
         cpu_count=size[0],
         memory_mb=size[1],
         disk_size_mb=size[2],
-        state="running",
+        state=state(sandbox),
         metadata=sandbox.metadata,
         domain=domain,
     )
@@ -233,14 +289,20 @@ def _listed(sandbox: Sandbox, left: float) -> ListedSandbox:
         template_id=sandbox.template,
         client_id=CLIENT_ID,
         started_at=rfc3339(sandbox.started_at),
-        end_at=rfc3339(time.time() + left),
+        end_at=_end_at(sandbox, left),
         cpu_count=size[0],
         memory_mb=size[1],
         disk_size_mb=size[2],
-        state="running",
+        state=state(sandbox),
         envd_version=ENVD_VERSION,
         metadata=sandbox.metadata,
     )
+
+
+def _end_at(sandbox: Sandbox, left: float) -> str:
+    """When its lifetime ends; for a paused sandbox, when it was paused (its clock stopped)."""
+    paused_at = sandbox.pause_state.paused_at
+    return rfc3339(paused_at if paused_at is not None else time.time() + left)
 
 
 def _sizes(sandbox: Sandbox) -> tuple[int, int, int]:

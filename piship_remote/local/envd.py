@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from piship_remote.local.envd_http import ENVD_HTTP_PATHS, envd_http
 from piship_remote.local.files_http import FILES_PATH, FileEndpoints
 from piship_remote.local.filesystem_rpc import FILESYSTEM_PREFIX, FilesystemRpc
 from piship_remote.local.http_model import Head, Reply, Request
@@ -81,6 +82,8 @@ def is_envd(head: Head) -> bool:
     """Whether a request is for envd (by its path, or a ``Host`` naming envd's port)."""
     if head.path.startswith((PREFIX, FILESYSTEM_PREFIX)) or head.path == FILES_PATH:
         return True
+    if head.path in ENVD_HTTP_PATHS and "e2b-sandbox-id" in head.headers:
+        return True
     return _host_sandbox(head.headers) is not None
 
 
@@ -116,18 +119,13 @@ class Envd:
             return sandbox
         if request.path == FILES_PATH:
             return self._files.handle(sandbox, request)
-        if request.path == "/health":
-            return Reply(204)
+        if request.path in ENVD_HTTP_PATHS:
+            return envd_http(sandbox, request)
         if request.method != "POST":
             return Reply(405, headers=(("Allow", "POST"),))
         if request.path.startswith(FILESYSTEM_PREFIX):
             refusal = self._user_refusal(request.headers.get("authorization"))
-            if refusal is not None:
-                return _connect_error(401, "unauthenticated", refusal)
-            if _media_type(request) != "application/json":
-                return Reply(415, headers=(("Accept-Post", "application/json"),))
-            method = request.path[len(FILESYSTEM_PREFIX) :]
-            return self._filesystem.handle(sandbox, method, request.body)
+            return self._filesystem.handle(sandbox, request, refusal)
         method = request.path[len(PREFIX) :]
         if method == "Start":
             return self._start(sandbox, request)

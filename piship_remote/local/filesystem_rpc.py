@@ -1,22 +1,26 @@
 """envd's ``filesystem.Filesystem`` Connect RPCs on the local service: Stat, ListDir, MakeDir,
-Move, Remove (unary, JSON codec).
+Move, Remove, the watcher RPCs (unary, JSON codec), and WatchDir (a server stream).
 
-Each runs as a script inside the sandbox (see :mod:`piship_remote.local.sandbox_fs`),
-and answers envd's shapes: ``{"entry": EntryInfo}``, ``{"entries": [...]}``, ``{}``;
-errors are Connect's ``{"code": "not_found", "message": …}`` with the matching HTTP
-status and envd's wording::
+Stat … Remove each run as a script inside the sandbox (see
+:mod:`piship_remote.local.sandbox_fs`), and answer envd's shapes: ``{"entry":
+EntryInfo}``, ``{"entries": [...]}``, ``{}``; the watchers are
+:mod:`piship_remote.local.watch_rpc`'s. Unary errors are Connect's ``{"code":
+"not_found", "message": …}`` with the matching HTTP status and envd's wording;
+WatchDir's are an end-of-stream error on HTTP 200, as Connect streams' are::
 
     rpc = FilesystemRpc(home="/home/user")
-    reply = rpc.handle(sandbox, "Stat", b'{"path": "a.txt"}')
+    reply = rpc.handle(sandbox, request, refusal=None)   # refusal: why the Basic user is not
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 
-from piship_remote.local.http_model import Reply
+from piship_remote.local.http_model import Reply, Request
 from piship_remote.local.sandbox_fs import ENTRY_FORMAT, Ran, parse_entries, run
 from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.watch_rpc import CONNECT_JSON, Watches, WatchFailed
 from piship_remote.local.wire import (
     ConnectError,
     ListDirRequest,
@@ -24,8 +28,10 @@ from piship_remote.local.wire import (
     PathError,
     PathRequest,
     WireError,
+    end_stream_frame,
     parse,
     resolve,
+    start_message,
     to_json,
     unstructure,
 )
@@ -34,6 +40,7 @@ __all__ = ["FILESYSTEM_PREFIX", "FilesystemRpc", "connect_error"]
 
 FILESYSTEM_PREFIX = "/filesystem.Filesystem/"
 MAX_DEPTH = 64
+DEFAULT_KEEPALIVE = 90.0
 STATUS = {
     "invalid_argument": 400,
     "failed_precondition": 400,
@@ -71,25 +78,53 @@ class FilesystemRpc:
 
     def __init__(self, *, home: str) -> None:
         self._home = home
+        self._watches = Watches(home=home)
         self._methods: dict[str, Callable[[Sandbox, bytes], Reply]] = {
             "Stat": self._stat,
             "ListDir": self._list_dir,
             "MakeDir": self._make_dir,
             "Move": self._move,
             "Remove": self._remove,
+            "CreateWatcher": lambda s, b: self._watches.create(s, _json(b)),
+            "GetWatcherEvents": lambda s, b: self._watches.events(s, _json(b)),
+            "RemoveWatcher": lambda s, b: self._watches.remove(s, _json(b)),
         }
 
-    def handle(self, sandbox: Sandbox, method: str, body: bytes) -> Reply:
-        """Answer the unary RPC ``method`` with the JSON request ``body``."""
+    def handle(self, sandbox: Sandbox, request: Request, refusal: str | None) -> Reply:
+        """Answer the RPC ``request`` names; ``refusal`` says why its Basic user is refused."""
+        method = request.path[len(FILESYSTEM_PREFIX) :]
+        if method == "WatchDir":
+            return self._watch_dir(sandbox, request, refusal)
+        if refusal is not None:
+            return connect_error("unauthenticated", refusal)
+        if _media_type(request) != "application/json":
+            return Reply(415, headers=(("Accept-Post", "application/json"),))
         answer = self._methods.get(method)
         if answer is None:
             return connect_error(
                 "unimplemented", f"filesystem.Filesystem/{method[:60]} is not supported"
             )
         try:
-            return answer(sandbox, body)
+            return answer(sandbox, request.body)
         except (WireError, PathError) as e:
             return connect_error("invalid_argument", str(e))
+        except WatchFailed as e:
+            return connect_error(e.error.code, e.error.message)
+
+    def _watch_dir(self, sandbox: Sandbox, request: Request, refusal: str | None) -> Reply:
+        if refusal is not None:
+            return _stream_error(ConnectError("unauthenticated", refusal))
+        if _media_type(request) != CONNECT_JSON:
+            return Reply(415, headers=(("Accept-Post", CONNECT_JSON),))
+        try:
+            message = start_message(request.body)
+            keepalive = _keepalive(request.headers)
+            stream = self._watches.stream(sandbox, message, keepalive=keepalive)
+        except WireError as e:
+            return _stream_error(ConnectError("invalid_argument", str(e)))
+        except WatchFailed as e:
+            return _stream_error(e.error)
+        return Reply(200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS, stream=stream)
 
     def _path(self, raw: str) -> str:
         return resolve(raw, self._home)
@@ -160,6 +195,31 @@ def _internal(doing: str, ran: Ran) -> Reply:
 
 def _ok(value: object) -> Reply:
     return Reply(200, to_json(value), "application/json")
+
+
+_STREAM_HEADERS = (("Connect-Content-Encoding", "identity"),)
+
+
+def _stream_error(error: ConnectError) -> Reply:
+    return Reply(200, end_stream_frame(error), CONNECT_JSON, _STREAM_HEADERS)
+
+
+def _json(body: bytes) -> object:
+    try:
+        return json.loads(body) if body.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise WireError("the request body is not JSON") from None
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+def _keepalive(headers: Mapping[str, str]) -> float:
+    value = headers.get("keepalive-ping-interval", "").strip()
+    if value.isdigit() and 0 < int(value) <= 3600:
+        return float(value)
+    return DEFAULT_KEEPALIVE
 
 
 def connect_error(code: str, message: str) -> Reply:

@@ -1,16 +1,20 @@
-"""Per-sandbox limits of the local service: processes, memory, disk and lifetime.
+"""Per-sandbox limits of the local service: processes, memory, disk and lifetime; and the
+freezer that pauses a sandbox.
 
 Processes and memory are held by cgroups: v2 (``pids.max``, ``memory.max``) where
 the host has a unified hierarchy with those controllers, else v1 (``pids`` and
-``memory`` hierarchies, where root can create groups). Disk is a size-capped
-tmpfs holding the sandbox's home, ``/tmp`` and ``/dev/shm``, mounted by the
-service (root only). What this host can enforce is found once, at start::
+``memory`` hierarchies, where root can create groups). A paused sandbox's
+processes are frozen by its cgroup: v2's ``cgroup.freeze``, or the v1
+``freezer`` hierarchy's ``freezer.state``. Disk is a size-capped tmpfs holding
+the sandbox's home, ``/tmp`` and ``/dev/shm``, mounted by the service (root
+only). What this host can enforce is found once, at start::
 
     limits = Limits(processes=256, memory=512 * MIB, disk=1024 * MIB, lifetime=3600)
     support = Enforcement.probe()         # what holds here, and why not
     group = CgroupSet.create(support, "piship-3f2a…", limits)
     group.procs_files()                   # where the sandbox's first process is written
     group.breach()                        # "memory" / "processes" after a command, or None
+    group.freeze(); group.thaw()          # False when this host has no freezer
     group.remove()
 """
 
@@ -45,6 +49,7 @@ DEFAULT_LIFETIME = 24 * 3600
 V1_ROOT = "/sys/fs/cgroup"
 REMOVE_TRIES = 50
 MNT_DETACH = 2
+FREEZE_TIMEOUT = 5.0
 
 
 @attrs.frozen
@@ -71,6 +76,8 @@ class Enforcement:
     memory: str | None
     disk: bool
     problems: tuple[str, ...] = ()
+    freezer: str | None = None
+    """The v1 freezer hierarchy's group sandboxes are made under (v2 freezes in its own group)."""
 
     @classmethod
     def probe(cls) -> Enforcement:
@@ -83,13 +90,21 @@ class Enforcement:
             problems.append("the process limit is not enforced: no writable pids cgroup")
         if memory is None:
             problems.append("the memory limit is not enforced: no writable memory cgroup")
+        freezer = _probe_v1_freezer() if cgroup == "v1" else None
         disk = os.geteuid() == 0 and _libc() is not None
         if not disk:
             problems.append(
                 "the disk limit covers /tmp and /dev/shm only: the home is on the host's"
                 " filesystem (a size-capped home needs the service to run as root)"
             )
-        return cls(cgroup, processes, memory, disk, tuple(problems))
+        return cls(cgroup, processes, memory, disk, tuple(problems), freezer)
+
+    @property
+    def freezes(self) -> bool:
+        """Whether a paused sandbox is frozen by its cgroup (else by stopping its processes)."""
+        return self.freezer is not None or (
+            self.cgroup == "v2" and (self.processes or self.memory) is not None
+        )
 
     def held(self) -> tuple[str, ...]:
         """The limits that hold, in a fixed order."""
@@ -105,6 +120,7 @@ class CgroupSet:
     version: str | None
     pids: str | None
     memory: str | None
+    freezer: str | None = None
 
     @classmethod
     def create(cls, support: Enforcement, name: str, limits: Limits) -> CgroupSet:
@@ -114,7 +130,8 @@ class CgroupSet:
             assert base is not None
             path = os.path.join(base, name)
             os.mkdir(path)
-            group = cls("v2", path if support.processes else None, path if support.memory else None)
+            pids_path = path if support.processes else None
+            group = cls("v2", pids_path, path if support.memory else None, path)
             if group.pids:
                 _write(os.path.join(path, "pids.max"), str(limits.processes))
             if group.memory:
@@ -131,13 +148,55 @@ class CgroupSet:
             os.mkdir(memory)
             _write(os.path.join(memory, "memory.limit_in_bytes"), str(limits.memory))
             _write_try(os.path.join(memory, "memory.memsw.limit_in_bytes"), str(limits.memory))
-        return cls(support.cgroup, pids, memory)
+        freezer = None
+        if support.freezer is not None:
+            freezer = os.path.join(support.freezer, name)
+            os.mkdir(freezer)
+        return cls(support.cgroup, pids, memory, freezer)
 
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files the sandbox's first process must join."""
-        return [
-            os.path.join(p, "cgroup.procs") for p in dict.fromkeys((self.pids, self.memory)) if p
-        ]
+        return [os.path.join(p, "cgroup.procs") for p in self._paths()]
+
+    def members(self) -> list[int]:
+        """The host pids of every process in the group (empty without any group)."""
+        for path in self._paths():
+            with (
+                contextlib.suppress(OSError, ValueError),
+                open(os.path.join(path, "cgroup.procs"), encoding="ascii") as handle,
+            ):
+                return [int(line) for line in handle if line.strip()]
+        return []
+
+    def freeze(self) -> bool:
+        """Freeze every process of the group, waiting until it is; ``False`` without a freezer."""
+        return self._set_frozen(True)
+
+    def thaw(self) -> bool:
+        """Let the group's processes run again; ``False`` without a freezer."""
+        return self._set_frozen(False)
+
+    def _set_frozen(self, frozen: bool) -> bool:
+        if self.version == "v2" and self.freezer is not None:
+            _write(os.path.join(self.freezer, "cgroup.freeze"), "1" if frozen else "0")
+            events = os.path.join(self.freezer, "cgroup.events")
+            done = ("frozen 1" if frozen else "frozen 0", events)
+        elif self.freezer is not None:
+            state = "FROZEN" if frozen else "THAWED"
+            _write(os.path.join(self.freezer, "freezer.state"), state)
+            done = (state, os.path.join(self.freezer, "freezer.state"))
+        else:
+            return False
+        deadline = time.monotonic() + FREEZE_TIMEOUT
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), open(done[1], encoding="ascii") as handle:
+                if done[0] in handle.read():
+                    return True
+            time.sleep(0.005)
+        raise OSError(f"the sandbox's processes did not {'freeze' if frozen else 'thaw'} in time")
+
+    def _paths(self) -> list[str]:
+        return [p for p in dict.fromkeys((self.pids, self.memory, self.freezer)) if p]
 
     def counters(self) -> tuple[int, int]:
         """How often the process limit and the memory limit were hit so far."""
@@ -154,9 +213,7 @@ class CgroupSet:
 
     def remove(self) -> None:
         """Remove the groups once their processes are gone (retrying briefly)."""
-        for path in dict.fromkeys((self.pids, self.memory)):
-            if path is None:
-                continue
+        for path in self._paths():
             for _ in range(REMOVE_TRIES):
                 try:
                     os.rmdir(path)
@@ -237,6 +294,14 @@ def _probe_v1() -> tuple[str | None, str | None, str | None]:
     if not any(found.values()):
         return None, None, None
     return "v1", found["pids"], found["memory"]
+
+
+def _probe_v1_freezer() -> str | None:
+    """This process's group in the v1 freezer hierarchy, when there is one root may write."""
+    base = os.path.join(V1_ROOT, "freezer", _own_cgroup("freezer").lstrip("/"))
+    if os.path.isdir(base) and os.access(base, os.W_OK):
+        return base
+    return None
 
 
 def _own_cgroup(controller: str) -> str:

@@ -1,7 +1,9 @@
-"""What the control plane reports about sandboxes: lists (filtered, paged) and metrics.
+"""What the control plane reports about sandboxes: lists (filtered, paged), states and
+metrics, and the pause and resume request bodies.
 
 ``GET /v2/sandboxes`` takes ``metadata`` (``k=v&k2=v2``, each key and value
-percent-encoded once more), ``state`` (comma-separated), ``order``, ``limit`` (at
+percent-encoded once more), ``state`` (comma-separated ``running``/``paused``;
+both when absent), ``order``, ``limit`` (at
 most 100) and ``nextToken`` (base64url of ``<startedAt>__<sandboxID>``; the next
 page's token is sent in ``X-Next-Token`` only when more remain). Metrics are read
 from ``/proc`` for the sandbox's processes and from a ``du`` run inside it::
@@ -26,7 +28,16 @@ from piship_remote.local.sandbox_fs import run
 from piship_remote.local.sandboxes import Sandbox
 from piship_remote.local.wire import SandboxMetric, WireError, metadata_filter
 
-__all__ = ["ListError", "Page", "metadata_filter", "metric", "rfc3339"]
+__all__ = [
+    "ListError",
+    "Page",
+    "PauseRequest",
+    "ResumeRequest",
+    "metadata_filter",
+    "metric",
+    "rfc3339",
+    "state",
+]
 
 MAX_LIMIT = 100
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -35,6 +46,28 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 ListError = WireError
 """A list query the API refuses (400)."""
+RESUME_TIMEOUT = 15
+
+
+@attrs.frozen
+class PauseRequest:
+    """``POST /sandboxes/<id>/pause``: ``memory`` (false asks for filesystem-only) is accepted
+    and the sandbox is paused whole either way; ``requireHealthyGuest`` is ignored, since
+    freezing a local sandbox needs no answer from inside it."""
+
+    memory: bool | None = None
+
+
+@attrs.frozen
+class ResumeRequest:
+    """``POST /sandboxes/<id>/resume``: the new lifetime (E2B's default 15 s)."""
+
+    timeout: int = RESUME_TIMEOUT
+
+
+def state(sandbox: Sandbox) -> str:
+    """E2B's ``state`` of a sandbox: ``"paused"`` or ``"running"``."""
+    return "paused" if sandbox.pause_state.paused else "running"
 
 
 def rfc3339(timestamp: float) -> str:
@@ -83,7 +116,7 @@ class Page:
         return chosen, _encode_token(_key(chosen[-1])) if more and chosen else None
 
     def matches(self, sandbox: Sandbox) -> bool:
-        if "running" not in self.states:
+        if state(sandbox) not in self.states:
             return False
         return all(sandbox.metadata.get(k) == v for k, v in self.metadata.items())
 

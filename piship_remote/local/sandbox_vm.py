@@ -183,6 +183,11 @@ class SandboxVm:
                     return pid
         return None
 
+    @property
+    def init_pid(self) -> int:
+        """The host pid of the sandbox's first process (0 before it is known)."""
+        return self._init_pid
+
     def start(
         self,
         spec: Mapping[str, object],

@@ -10,8 +10,13 @@ ends. Deleting ends every process of the sandbox and removes its files::
                         limits=Limits(), enforcement=Enforcement.probe())
     sandbox = registry.create(template="base", lifetime=300, network=False, env_vars={})
     process = sandbox.start(ProcessConfig(cmd="/bin/bash", args=["-c", "id"]), tag="t1")
+    registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
     registry.delete(sandbox.id)
     registry.close()
+
+A paused sandbox (its processes frozen, see :mod:`piship_remote.local.pause`) is
+found by :meth:`Registry.lookup` but not by :meth:`Registry.get`, so envd does not
+serve it; its lifetime stops until it is resumed with a new one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable, Mapping
 from piship_remote.local.isolation import DEFAULT_PATH, Jail, write_etc
 from piship_remote.local.limits import MIB, CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
 from piship_remote.local.network import egress_problem
+from piship_remote.local.pause import PauseState
 from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
 from piship_remote.local.wire import ProcessConfig
@@ -89,6 +95,9 @@ class Sandbox:
         self._processes: dict[int, LocalProcess] = {}
         self._configs: dict[int, ProcessConfig] = {}
         self._deleted: str | None = None
+        self._ended: list[Callable[[], None]] = []
+        self.pause_state = PauseState(vm.cgroups, lambda: vm.init_pid)
+        """Whether the sandbox is paused (its processes frozen), and pausing it."""
 
     @property
     def home(self) -> str:
@@ -104,6 +113,25 @@ class Sandbox:
     def limits(self) -> Limits:
         """The limits this sandbox was created with."""
         return self._limits
+
+    @property
+    def env_vars(self) -> dict[str, str]:
+        """The variables the sandbox was created with (``envVars``)."""
+        return dict(self._env_vars)
+
+    @property
+    def host_dirs(self) -> dict[str, str]:
+        """The sandbox's writable directories (home, ``/tmp``, ``/dev/shm``) by their host paths."""
+        jail = self._jail
+        return {jail.workdir: jail.home, "/tmp": jail.tmp, "/dev/shm": jail.shm}
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once when the sandbox ends (at once if it has ended)."""
+        with self._lock:
+            if self._deleted is None:
+                self._ended.append(callback)
+                return
+        callback()
 
     def environment(self, envs: Mapping[str, str]) -> dict[str, str]:
         """A process's environment: PATH, HOME, USER, LOGNAME, then envVars, then ``envs``."""
@@ -172,6 +200,10 @@ class Sandbox:
             if self._deleted is None:
                 self._deleted = reason
             processes = list(self._processes.values())
+            ended, self._ended = self._ended, []
+        for callback in ended:
+            callback()
+        self.pause_state.release()  # a frozen process cannot take its SIGKILL
         for process in processes:
             process.kill(reason)
         self._vm.close()
@@ -292,9 +324,41 @@ class Registry:
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox | None:
-        """The live sandbox ``sandbox_id``, if any."""
+        """The running sandbox ``sandbox_id``, if any (a paused one is not served)."""
+        sandbox = self.lookup(sandbox_id)
+        return None if sandbox is None or sandbox.pause_state.paused else sandbox
+
+    def lookup(self, sandbox_id: str) -> Sandbox | None:
+        """The sandbox ``sandbox_id``, running or paused, if any."""
         with self._changed:
             return self._sandboxes.get(sandbox_id)
+
+    def pause(self, sandbox_id: str) -> bool | None:
+        """Freeze the sandbox; ``False`` if it is paused already, ``None`` if unknown.
+
+        A paused sandbox's lifetime stops: it is kept (up to the service's maximum
+        lifetime) until it is resumed with a new one, or deleted.
+        """
+        sandbox = self.lookup(sandbox_id)
+        if sandbox is None:
+            return None
+        if not sandbox.pause_state.pause():
+            return False if self.lookup(sandbox_id) is sandbox else None
+        self.set_lifetime(sandbox_id, self.max_lifetime)
+        return True
+
+    def resume(self, sandbox_id: str, seconds: int) -> bool | None:
+        """Thaw the sandbox to live ``seconds`` more.
+
+        ``False`` if it was running, ``None`` if unknown.
+        """
+        sandbox = self.lookup(sandbox_id)
+        if sandbox is None:
+            return None
+        if not sandbox.pause_state.resume():
+            return False
+        self.set_lifetime(sandbox_id, seconds)
+        return True
 
     def ids(self) -> list[str]:
         """The live sandboxes' IDs."""

@@ -3,7 +3,8 @@
 ``.ci/run`` installs the package into the repository's ``.interop-node/``
 (gitignored); without Node or that install the test is skipped, saying which. The
 script ``js/files.mjs`` gets the service's URL as both ``apiUrl`` and ``sandboxUrl``,
-so every request stays on loopback, and prints which calls behaved.
+so every request stays on loopback, and prints which calls behaved; ``js/lifecycle.mjs``
+does the same for pause, resume (by connect), metrics and watching.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 ROOT = Path(__file__).resolve().parents[2]
 NODE_MODULES = ROOT / ".interop-node" / "node_modules"
 SCRIPT = Path(__file__).with_name("js") / "files.mjs"
+LIFECYCLE_SCRIPT = Path(__file__).with_name("js") / "lifecycle.mjs"
 INSTALL = "npm install --prefix .interop-node e2b@2.51.0"
 RUN_TIMEOUT = 60
 CALLS = [
@@ -40,6 +42,18 @@ CALLS = [
     "Sandbox.connect",
     "getHost",
     "commands.run",
+]
+LIFECYCLE_CALLS = [
+    "files.watchDir",
+    "getMetrics",
+    "pause",
+    "pause again is false",
+    "isRunning while paused",
+    "Sandbox.list paused",
+    "getInfo paused",
+    "Sandbox.connect resumes",
+    "files kept",
+    "background process survives",
 ]
 
 
@@ -63,12 +77,11 @@ def service() -> Iterator[object]:
         yield running
 
 
-def test_the_javascript_sdk_file_and_sandbox_calls_work_on_the_local_service(
-    node: str, service: object, tmp_path: Path
-) -> None:
+def run_script(node: str, service: object, tmp_path: Path, source: Path) -> dict[str, bool]:
+    """Run one SDK script against ``service``; the results it printed."""
     (tmp_path / "node_modules").symlink_to(NODE_MODULES, target_is_directory=True)
-    script = tmp_path / SCRIPT.name
-    shutil.copyfile(SCRIPT, script)
+    script = tmp_path / source.name
+    shutil.copyfile(source, script)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     environment["NO_PROXY"] = "127.0.0.1,localhost"
     completed = subprocess.run(
@@ -81,5 +94,18 @@ def test_the_javascript_sdk_file_and_sandbox_calls_work_on_the_local_service(
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
-    results = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert results == dict.fromkeys(CALLS, True)
+    results: dict[str, bool] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return results
+
+
+def test_the_javascript_sdk_file_and_sandbox_calls_work_on_the_local_service(
+    node: str, service: object, tmp_path: Path
+) -> None:
+    assert run_script(node, service, tmp_path, SCRIPT) == dict.fromkeys(CALLS, True)
+
+
+def test_the_javascript_sdk_pause_resume_metrics_and_watch_work_on_the_local_service(
+    node: str, service: object, tmp_path: Path
+) -> None:
+    results = run_script(node, service, tmp_path, LIFECYCLE_SCRIPT)
+    assert results == dict.fromkeys(LIFECYCLE_CALLS, True)

@@ -1,0 +1,120 @@
+"""Pausing a local sandbox: every process of it held still, its files kept, until resumed.
+
+A :class:`PauseState` belongs to one sandbox. :meth:`~PauseState.pause` freezes
+the sandbox's cgroup (v2 ``cgroup.freeze`` or the v1 freezer) where the host
+has one; elsewhere it stops every process of the sandbox with ``SIGSTOP``
+(walking the tree from the sandbox's first process) and :meth:`~PauseState.resume`
+continues them with ``SIGCONT``. Either way a process running before the pause
+(a background server included) carries on after it where it stopped. A paused
+sandbox must be released before it is destroyed, since a frozen process cannot
+take its ``SIGKILL``::
+
+    state = PauseState(vm.cgroups, lambda: vm.init_pid)
+    state.pause()          # True; False when it was already paused
+    state.paused_at        # time.time() of the pause, or None
+    state.resume()         # True; False when it was not paused
+    state.release()        # before the sandbox's processes are killed: thaw, refuse more
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from piship_remote.local.limits import CgroupSet
+
+__all__ = ["PauseState", "tree_pids"]
+
+STOP_ROUNDS = 8
+
+
+class PauseState:
+    """Whether one sandbox is paused, and the means by which its processes are held."""
+
+    def __init__(self, cgroups: CgroupSet, init_pid: Callable[[], int]) -> None:
+        self._cgroups = cgroups
+        self._init_pid = init_pid
+        self._lock = threading.Lock()
+        self._stopped: list[int] = []
+        self._released = False
+        self.paused_at: float | None = None
+        """When the sandbox was paused (``time.time()``), or ``None`` while it runs."""
+
+    @property
+    def paused(self) -> bool:
+        """Whether the sandbox is paused now."""
+        return self.paused_at is not None
+
+    def pause(self) -> bool:
+        """Hold every process of the sandbox still; ``False`` if paused already or released."""
+        with self._lock:
+            if self.paused_at is not None or self._released:
+                return False
+            if not self._cgroups.freeze():
+                self._stopped = self._signal_tree(signal.SIGSTOP)
+            self.paused_at = time.time()
+            return True
+
+    def resume(self) -> bool:
+        """Let the sandbox's processes run again; ``False`` if it was not paused."""
+        with self._lock:
+            if self.paused_at is None:
+                return False
+            self._let_go()
+            return True
+
+    def release(self) -> None:
+        """Let the processes go for good (the sandbox is ending); later pauses are refused."""
+        with self._lock:
+            self._released = True
+            if self.paused_at is not None:
+                self._let_go()
+
+    def _let_go(self) -> None:
+        if not self._cgroups.thaw():
+            for pid in self._stopped:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+            self._stopped = []
+        self.paused_at = None
+
+    def _signal_tree(self, sig: int) -> list[int]:
+        """Send ``sig`` to every process of the sandbox (parents first); the pids reached.
+
+        The walk is repeated until it finds no new process, so a child forked while
+        its parent was being reached is stopped too.
+        """
+        reached: list[int] = []
+        for _ in range(STOP_ROUNDS):
+            pids = self._cgroups.members() or tree_pids(self._init_pid())
+            new = [pid for pid in pids if pid not in reached]
+            if not new:
+                break
+            for pid in new:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+                    reached.append(pid)
+        return reached
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and all its descendants (host pids), parents before children."""
+    if root <= 0:
+        return []
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rpartition(b")")[2].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+    order, index = [root], 0
+    while index < len(order):
+        order.extend(children.get(order[index], ()))
+        index += 1
+    return order

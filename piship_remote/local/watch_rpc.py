@@ -1,0 +1,228 @@
+"""envd's watcher RPCs on the local service: ``WatchDir`` (a server stream), and
+``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` (unary, polled).
+
+The path is resolved inside the sandbox first (``cd -P``, so a symlink means what
+it means there, and envd's errors: ``path <p> not found``, ``path <p> not a
+directory``), then watched on the host through :class:`DirWatch`. Only the
+sandbox's own writable places can be watched (its home, ``/tmp``, ``/dev/shm``);
+other paths are refused with ``invalid_argument``. A sandbox holds at most
+:data:`MAX_WATCHERS` watchers; they all end with it (a ``WatchDir`` stream then
+ends with ``unavailable``)::
+
+    watches = Watches(home="/home/user")
+    reply = watches.create(sandbox, b'{"path": "src", "recursive": true}')  # {"watcherId"}
+    reply = watches.events(sandbox, b'{"watcherId": "…"}')                  # {"events": [...]}
+    reply = watches.stream(sandbox, body, keepalive=50.0)                    # Connect stream
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, override
+
+from piship_remote.connect import connect_envelope
+from piship_remote.local.http_model import Reply
+from piship_remote.local.sandbox_fs import run
+from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.watcher import DirWatch, WatchEvent, WatchPump
+from piship_remote.local.wire import (
+    ConnectError,
+    PathError,
+    WireError,
+    end_stream_frame,
+    resolve,
+    to_json,
+)
+
+__all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
+
+MAX_WATCHERS = 64
+CONNECT_JSON = "application/connect+json"
+T = TypeVar("T")
+_A, _B = 10, 11
+_CANONICAL = f"""[ -e "$1" ] || exit {_A}
+cd -P -- "$1" 2>/dev/null || exit {_B}
+pwd -P"""
+
+
+class WatchFailed(Exception):
+    """A watch request envd refuses: its Connect code and message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.error = ConnectError(code, message)
+
+
+@attrs.frozen
+class WatchRequest:
+    """``WatchDir``/``CreateWatcher``: the directory and whether to watch below it."""
+
+    path: str = ""
+    recursive: bool = False
+
+
+@attrs.frozen
+class WatcherRequest:
+    """``GetWatcherEvents``/``RemoveWatcher``: which watcher."""
+
+    watcher_id: str = ""
+
+
+def _converter() -> cattrs.Converter:
+    converter = cattrs.Converter()
+    fields = {"watcher_id": override(rename="watcherId")}
+    hook = make_dict_structure_fn(WatcherRequest, converter, **fields)  # type: ignore[arg-type]
+    converter.register_structure_hook(WatcherRequest, hook)
+    for kind in (str, bool):
+        converter.register_structure_hook(kind, _strict(kind))
+    return converter
+
+
+def _strict(kind: type) -> Callable[[object, type], object]:
+    def structure(value: object, _: type) -> object:
+        if type(value) is not kind:
+            raise ValueError(f"invalid value for type, expected {kind.__name__}")
+        return value
+
+    return structure
+
+
+_CONVERTER = _converter()
+
+
+def _structure(data: object, cls: type[T]) -> T:
+    if not isinstance(data, dict):
+        raise WireError("the request body is not a JSON object")
+    try:
+        return _CONVERTER.structure(data, cls)
+    except cattrs.BaseValidationError as e:
+        messages = cattrs.transform_error(e)
+        raise WireError(messages[0] if messages else "the request body is invalid") from None
+
+
+class Watches:
+    """The watchers of every sandbox of one service, by id."""
+
+    def __init__(self, *, home: str) -> None:
+        self._home = home
+        self._lock = threading.Lock()
+        self._watchers: dict[str, tuple[str, DirWatch]] = {}
+        self._pump = WatchPump()
+
+    def create(self, sandbox: Sandbox, request: object) -> Reply:
+        """``CreateWatcher``: ``{"watcherId"}``."""
+        watch = self._open(sandbox, _structure(request, WatchRequest))
+        watcher_id = self._keep(sandbox, watch)
+        return _ok({"watcherId": watcher_id})
+
+    def events(self, sandbox: Sandbox, request: object) -> Reply:
+        """``GetWatcherEvents``: the events since the last call."""
+        watch = self._find(sandbox, _structure(request, WatcherRequest).watcher_id)
+        return _ok({"events": [_event(e) for e in watch.take()]})
+
+    def remove(self, sandbox: Sandbox, request: object) -> Reply:
+        """``RemoveWatcher``: ``{}``."""
+        watcher_id = _structure(request, WatcherRequest).watcher_id
+        self._find(sandbox, watcher_id)
+        self._forget(watcher_id)
+        return _ok({})
+
+    def stream(self, sandbox: Sandbox, request: object, *, keepalive: float) -> Iterator[bytes]:
+        """``WatchDir``: start, then each event (or a keepalive), until the sandbox ends.
+
+        :class:`WatchFailed` before the stream starts when the path cannot be watched.
+        """
+        watch = self._open(sandbox, _structure(request, WatchRequest))
+        return self._frames(self._keep(sandbox, watch), watch, keepalive)
+
+    def _frames(self, stream_id: str, watch: DirWatch, keepalive: float) -> Iterator[bytes]:
+        try:
+            yield connect_envelope({"start": {}})
+            while True:
+                if not watch.wait(keepalive):
+                    yield connect_envelope({"keepalive": {}})
+                    continue
+                for event in watch.take():
+                    yield connect_envelope({"filesystem": _event(event)})
+                if watch.closed:
+                    yield end_stream_frame(ConnectError("unavailable", "the sandbox was deleted"))
+                    return
+        finally:
+            self._forget(stream_id)
+
+    def _keep(self, sandbox: Sandbox, watch: DirWatch) -> str:
+        """Register ``watch`` under a new id; it ends with the sandbox."""
+        watcher_id = secrets.token_hex(8)
+        with self._lock:
+            self._watchers[watcher_id] = (sandbox.id, watch)
+        self._pump.add(watch)
+        sandbox.on_end(lambda: self._forget(watcher_id))
+        return watcher_id
+
+    def _open(self, sandbox: Sandbox, request: WatchRequest) -> DirWatch:
+        with self._lock:
+            owned = sum(1 for owner, _ in self._watchers.values() if owner == sandbox.id)
+        if owned >= MAX_WATCHERS:
+            raise WatchFailed(
+                "resource_exhausted", f"a sandbox may hold at most {MAX_WATCHERS} watchers"
+            )
+        try:
+            path = resolve(request.path, self._home)
+        except PathError as e:
+            raise WatchFailed("invalid_argument", str(e)) from None
+        ran = run(sandbox, _CANONICAL, path)
+        if ran.exit_code == _A:
+            raise WatchFailed("not_found", f"path {path} not found: no such file or directory")
+        if ran.exit_code == _B:
+            raise WatchFailed("invalid_argument", f"path {path} not a directory: not a directory")
+        if ran.exit_code != 0:
+            raise WatchFailed("internal", f"error resolving {path}: {ran.error_text[-300:]}")
+        canonical = ran.stdout.decode(errors="replace").strip()
+        host_root, relative = _host_place(sandbox, canonical)
+        if host_root is None:
+            places = ", ".join(sandbox.host_dirs)
+            raise WatchFailed(
+                "invalid_argument",
+                f"cannot watch {path}: the local service watches directories under {places} only",
+            )
+        try:
+            return DirWatch.open(
+                host_root=host_root, relative=relative, recursive=request.recursive
+            )
+        except OSError as e:
+            raise WatchFailed("invalid_argument", f"cannot watch {path}: {e.strerror}") from None
+
+    def _find(self, sandbox: Sandbox, watcher_id: str) -> DirWatch:
+        with self._lock:
+            found = self._watchers.get(watcher_id)
+        if found is None or found[0] != sandbox.id:
+            raise WatchFailed("not_found", f"watcher with id {watcher_id[:64]} not found")
+        return found[1]
+
+    def _forget(self, watcher_id: str) -> None:
+        with self._lock:
+            found = self._watchers.pop(watcher_id, None)
+        if found is not None:
+            self._pump.remove(found[1])
+
+
+def _host_place(sandbox: Sandbox, canonical: str) -> tuple[str | None, str]:
+    """The host directory holding the sandbox path ``canonical``, and the path below it."""
+    for inside, host in sorted(sandbox.host_dirs.items(), key=lambda kv: -len(kv[0])):
+        if canonical == inside or canonical.startswith(inside.rstrip("/") + "/"):
+            return host, canonical[len(inside) :].lstrip("/")
+    return None, ""
+
+
+def _event(event: WatchEvent) -> dict[str, str]:
+    return {"name": event.name, "type": event.type}
+
+
+def _ok(value: object) -> Reply:
+    return Reply(200, to_json(value), "application/json")
