@@ -83,3 +83,45 @@ def test_the_javascript_sdk_file_and_sandbox_calls_work_on_the_local_service(
     assert completed.returncode == 0, completed.stderr[-2000:]
     results = json.loads(completed.stdout.strip().splitlines()[-1])
     assert results == dict.fromkeys(CALLS, True)
+
+
+PROCESS_SCRIPT = Path(__file__).with_name("js") / "process.mjs"
+PROCESS_CALLS = [
+    "commands.sendStdin",
+    "commands.closeStdin",
+    "commands.connect",
+    "commands.connect unknown pid is NotFoundError",
+    "commands.list",
+    "commands.kill",
+    "commands.kill ends with CommandExitError",
+    "commands.run cwd /tmp",
+    "commands.run unknown user is AuthenticationError",
+    "pty.create",
+    "pty.sendInput",
+    "pty.resize",
+    "pty.connect",
+    "pty.kill",
+    "pty.kill ends the terminal",
+]
+
+
+def test_the_javascript_sdk_command_and_pty_calls_work_on_the_local_service(
+    node: str, service: object, tmp_path: Path
+) -> None:
+    (tmp_path / "node_modules").symlink_to(NODE_MODULES, target_is_directory=True)
+    script = tmp_path / PROCESS_SCRIPT.name
+    shutil.copyfile(PROCESS_SCRIPT, script)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    environment["NO_PROXY"] = "127.0.0.1,localhost"
+    completed = subprocess.run(
+        [node, str(script), service.url, service.api_key],  # type: ignore[attr-defined]
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        env=environment,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert results == dict.fromkeys(PROCESS_CALLS, True)
