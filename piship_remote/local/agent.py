@@ -183,13 +183,24 @@ class Agent:
             _write(status, {"pid": child.pid})
 
     def kill(self, ident: int, sig: int) -> None:
+        """Signal the command's process group and every process of its session.
+
+        An interactive shell (a pty's) puts each job in a group of its own, all in
+        the command's session.
+        """
         entry = self.children.get(ident)
         if entry is None:
             return
+        leader = entry[0].pid
         try:
-            os.killpg(entry[0].pid, sig)
+            os.killpg(leader, sig)
         except OSError:
             pass
+        for pid in _session_members(leader):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
     def reap(self) -> None:
         for ident, (child, status) in list(self.children.items()):
@@ -210,6 +221,20 @@ class Agent:
             pass
         self.draining.discard(fd)
         os.close(fd)
+
+
+def _session_members(session: int) -> list[int]:
+    """The sandbox's processes in session ``session`` (read from its own ``/proc``)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == session:
+                members.append(int(entry))
+        except OSError:
+            continue
+    return members
 
 
 def _read_spec(fd: int) -> dict[str, Any]:

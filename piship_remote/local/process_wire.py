@@ -69,12 +69,17 @@ class StreamData:
 
 
 @attrs.frozen
+class StreamKeepalive:
+    """An empty message that only keeps the stream open."""
+
+
+@attrs.frozen
 class StreamInputMessage:
     """One message of a StreamInput request: its ``start``, then ``data`` or ``keepalive``."""
 
     start: StreamStart | None = None
     data: StreamData | None = None
-    keepalive: dict[str, object] | None = None
+    keepalive: StreamKeepalive | None = None
 
 
 def decoded(value: str) -> bytes:
