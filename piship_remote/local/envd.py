@@ -12,11 +12,14 @@ error on a streaming call. The Process RPCs are
     envd = Envd(registry, user="user", home="/home/user")
     reply = envd.handle(request)     # a server.Reply; Start's carries a stream
 
-What differs from envd, deliberately: a kill takes the whole tree (envd kills the
-leader only); ``StreamInput`` is read whole, so its input reaches the command
-when the client ends the stream, not message by message; ``root`` is refused
-unless it is the service's user: a sandbox's user namespace maps one uid only,
-and mapping a second one would need a writable ``/proc`` inside.
+What differs from envd: a kill takes the command's whole process group and
+session (envd signals the leader only); ``StreamInput`` is read whole, so its
+input reaches the command when the client ends the stream, not message by
+message; a ``Connect`` after the command ended is ``not_found`` (envd keeps the
+end a moment longer); and ``root`` is refused unless it is the service's user,
+because a sandbox's user namespace maps one uid only and mapping a second one
+from inside would need a writable ``/proc`` there, which would let the sandbox
+reach host-wide settings.
 """
 
 from __future__ import annotations
