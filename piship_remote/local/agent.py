@@ -10,13 +10,18 @@ agent's one argument), one JSON
 message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
 
     {"op": "start", "id": 7}  + fds [stdout, stderr, status, spec, (stdin)]
+    {"op": "start", "id": 8, "pty": true}  + fds [channel, status, spec]
     {"op": "kill", "id": 7, "signal": 9}
     {"op": "drain"}           + fds [stdout, stderr]   (read to EOF, then close)
 
-``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}``, so command text and
-environment values never appear in any host process's argv or environ. On the
+``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}`` (and ``"size"``,
+``{"cols", "rows"}``, for a pty), so command text and environment values never
+appear in any host process's argv or environ. A pty command runs on a fresh
+pseudo-terminal opened here, inside the sandbox; the agent sends its master end
+back over ``channel`` (a socket) and keeps nothing of it. On the
 ``status`` pipe the agent writes one JSON line ``{"pid": n}`` (or ``{"error": …}``
-when the program cannot be started), then ``{"exit": code}`` or
+when the program cannot be started, with ``"cwd": true`` when the working
+directory is missing), then ``{"exit": code}`` or
 ``{"signal": n}`` when the command's main process ends. The agent exits when
 the socket closes, and with it (bubblewrap's init being pid 1) the whole sandbox.
 
@@ -28,13 +33,17 @@ in the shell's argv either, where any host user could read it in ``/proc``.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
+from typing import Any
 
 MAX_FDS = 5
 PACKET_BYTES = 65536
@@ -90,7 +99,7 @@ class Agent:
         message = json.loads(data)
         op = message.get("op")
         if op == "start":
-            self.start(int(message["id"]), fds)
+            self.start(int(message["id"]), fds, bool(message.get("pty")))
         elif op == "kill":
             self.kill(int(message["id"]), int(message["signal"]))
         elif op == "drain":
@@ -102,44 +111,96 @@ class Agent:
                 os.close(fd)
         return True
 
-    def start(self, ident: int, fds: list[int]) -> None:
+    def start(self, ident: int, fds: list[int], pty: bool) -> None:
+        if pty:
+            self.start_pty(ident, fds)
+            return
         stdout, stderr, status, spec_fd = fds[:4]
         stdin = fds[4] if len(fds) > 4 else subprocess.DEVNULL
         try:
-            with os.fdopen(spec_fd, "rb") as spec_file:
-                spec = json.loads(spec_file.read())
-            args, env = hide_script(spec["cmd"], list(spec["args"]), dict(spec["env"]))
-            child = subprocess.Popen(
-                [spec["cmd"], *args],
-                executable=spec["cmd"],
-                env=env,
-                cwd=spec["cwd"],
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as e:
-            _write(status, {"error": _start_error(spec.get("cmd", ""), e)})
-            os.close(status)
-        else:
-            self.children[ident] = (child, status)
-            _write(status, {"pid": child.pid})
+            spec = _read_spec(spec_fd)
+            self.spawn(ident, spec, status, (stdin, stdout, stderr))
         finally:
             os.close(stdout)
             os.close(stderr)
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
 
+    def start_pty(self, ident: int, fds: list[int]) -> None:
+        channel, status, spec_fd = fds[:3]
+        master, slave = os.openpty()
+        try:
+            spec = _read_spec(spec_fd)
+            size = spec.get("size") or {}
+            winsize = struct.pack("HHHH", int(size.get("rows", 0)), int(size.get("cols", 0)), 0, 0)
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, winsize)
+            # The master goes first: the service reads it once it has the pid.
+            with socket.socket(fileno=channel) as sender:
+                channel = -1
+                socket.send_fds(sender, [b"pty"], [master])
+            self.spawn(ident, spec, status, (slave, slave, slave), terminal=True)
+        finally:
+            os.close(master)
+            os.close(slave)
+            if channel >= 0:
+                os.close(channel)
+
+    def spawn(
+        self,
+        ident: int,
+        spec: dict[str, Any],
+        status: int,
+        stdio: tuple[int, int, int],
+        *,
+        terminal: bool = False,
+    ) -> None:
+        """Start ``spec`` with ``stdio``; report its pid (or why not) on ``status``."""
+        cmd = str(spec.get("cmd", ""))
+        cwd = str(spec.get("cwd", "/"))
+        if not os.path.isdir(cwd):
+            _write(status, {"error": f"cwd '{cwd}' does not exist", "cwd": True})
+            os.close(status)
+            return
+        try:
+            args, env = hide_script(cmd, list(spec["args"]), dict(spec["env"]))
+            child = subprocess.Popen(
+                [cmd, *args],
+                executable=cmd,
+                env=env,
+                cwd=cwd,
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_take_terminal if terminal else None,
+            )
+        except OSError as e:
+            _write(status, {"error": _start_error(cmd, e)})
+            os.close(status)
+        else:
+            self.children[ident] = (child, status)
+            _write(status, {"pid": child.pid})
+
     def kill(self, ident: int, sig: int) -> None:
+        """Signal the command's process group and every process of its session.
+
+        An interactive shell (a pty's) puts each job in a group of its own, all in
+        the command's session.
+        """
         entry = self.children.get(ident)
         if entry is None:
             return
+        leader = entry[0].pid
         try:
-            os.killpg(entry[0].pid, sig)
+            os.killpg(leader, sig)
         except OSError:
             pass
+        for pid in _session_members(leader):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
     def reap(self) -> None:
         for ident, (child, status) in list(self.children.items()):
@@ -160,6 +221,31 @@ class Agent:
             pass
         self.draining.discard(fd)
         os.close(fd)
+
+
+def _session_members(session: int) -> list[int]:
+    """The sandbox's processes in session ``session`` (read from its own ``/proc``)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == session:
+                members.append(int(entry))
+        except OSError:
+            continue
+    return members
+
+
+def _read_spec(fd: int) -> dict[str, Any]:
+    with os.fdopen(fd, "rb") as spec_file:
+        spec = json.loads(spec_file.read())
+    return spec if isinstance(spec, dict) else {}
+
+
+def _take_terminal() -> None:
+    """In the child, after its new session: make the pty on stdin its controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def _start_error(cmd: str, error: OSError) -> str:

@@ -3,17 +3,26 @@ Connect RPCs, and the ``/files`` endpoints.
 
 Requests pick their sandbox with the ``E2b-Sandbox-Id`` header (what E2B's edge
 routes on), or a ``Host`` of ``49983-<id>.<domain>``, and must carry that sandbox's
-``X-Access-Token`` (``/files`` may carry a URL signature instead). A refusal on a
-streaming call (``Start``) is a Connect end-of-stream error, as Connect clients expect.
-``Start`` streams Connect frames as the command writes; ``SendSignal`` kills a command's whole
-process tree by ``tag`` or ``pid``; ``List`` shows the running commands::
+``X-Access-Token`` (``/files`` may carry a URL signature instead). A Basic
+``Authorization`` user must be the service's user (a missing header means it);
+any other name is refused with envd's ``unauthenticated``, as an end-of-stream
+error on a streaming call. The Process RPCs are
+:class:`~piship_remote.local.process_rpc.ProcessRpc`; the Filesystem RPCs, directory
+watchers included, :class:`~piship_remote.local.filesystem_rpc.FilesystemRpc`; ``/health``,
+``/envs`` and ``/metrics`` are answered by :mod:`~piship_remote.local.envd_http`. A paused
+sandbox is not found (502), as on E2B::
 
-    envd = Envd(registry, user="user")
+    envd = Envd(registry, user="user", home="/home/user")
     reply = envd.handle(request)     # a server.Reply; Start's carries a stream
 
-What differs from envd, deliberately: a kill takes the whole tree (envd kills the
-leader only), processes never outlive the command that started them, and
-``stdin`` is always ``/dev/null``.
+What differs from envd: a kill takes the command's whole process group and
+session (envd signals the leader only); ``StreamInput`` is read whole, so its
+input reaches the command when the client ends the stream, not message by
+message; a ``Connect`` after the command ended is ``not_found`` (envd keeps the
+end a moment longer); and ``root`` is refused unless it is the service's user,
+because a sandbox's user namespace maps one uid only and mapping a second one
+from inside would need a writable ``/proc`` there, which would let the sandbox
+reach host-wide settings.
 """
 
 from __future__ import annotations
@@ -22,60 +31,31 @@ import base64
 import binascii
 import hmac
 import json
-import signal
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
+
+import attrs
 
 from piship_remote.local.envd_http import ENVD_HTTP_PATHS, envd_http
 from piship_remote.local.files_http import FILES_PATH, FileEndpoints
 from piship_remote.local.filesystem_rpc import FILESYSTEM_PREFIX, FilesystemRpc
 from piship_remote.local.http_model import Head, Reply, Request
-from piship_remote.local.process import Exited, LocalProcess, Output
-from piship_remote.local.sandbox_fs import TAG_PREFIX
-from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, StartRefused
-from piship_remote.local.wire import (
-    ConnectError,
-    DataEvent,
-    EndEvent,
-    ProcessInfo,
-    ProcessList,
-    SignalRequest,
-    StartEvent,
-    StartRequest,
-    WireError,
-    end_stream_frame,
-    event_frame,
-    parse,
-    start_message,
-    structure,
-    to_json,
+from piship_remote.local.process_rpc import (
+    CONNECT_JSON,
+    DEFAULT_KEEPALIVE,
+    STREAMING,
+    ProcessRpc,
+    connect_error,
+    stream_error,
 )
+from piship_remote.local.sandboxes import Registry, Sandbox
 
 __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "ENVD_PORT", "PREFIX", "Envd", "is_envd"]
 
 PREFIX = "/process.Process/"
 ENVD_PORT = 49983
-CONNECT_JSON = "application/connect+json"
-DEFAULT_KEEPALIVE = 90.0
-MAX_TIMEOUT_DIGITS = 10
 UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
 )
-_SIGNALS: dict[object, int] = {
-    "SIGNAL_SIGKILL": signal.SIGKILL,
-    "SIGNAL_SIGTERM": signal.SIGTERM,
-    9: signal.SIGKILL,
-    15: signal.SIGTERM,
-}
-_SIGNAL_STATUS: dict[int, str] = {
-    signal.SIGKILL: "signal: killed",
-    signal.SIGTERM: "signal: terminated",
-}
-_GONE = {
-    "deleted": "the sandbox was deleted",
-    "expired": "the sandbox's lifetime ended",
-    "stopped": "the local sandbox service stopped",
-}
 
 
 def is_envd(head: Head) -> bool:
@@ -98,9 +78,10 @@ class Envd:
 
     def __init__(self, registry: Registry, *, user: str, home: str) -> None:
         self._registry = registry
-        self._user = user
+        self._user_name = user
         self._files = FileEndpoints(user=user, home=home)
         self._filesystem = FilesystemRpc(home=home)
+        self._process = ProcessRpc()
 
     def screen(self, head: Head) -> Reply | None:
         """The refusal of a request for no sandbox or without its token, before its body."""
@@ -123,19 +104,16 @@ class Envd:
             return envd_http(sandbox, request)
         if request.method != "POST":
             return Reply(405, headers=(("Allow", "POST"),))
+        user = self._user(request.headers.get("authorization"))
         if request.path.startswith(FILESYSTEM_PREFIX):
-            refusal = self._user_refusal(request.headers.get("authorization"))
+            refusal = user.message if isinstance(user, Refusal) else None
             return self._filesystem.handle(sandbox, request, refusal)
         method = request.path[len(PREFIX) :]
-        if method == "Start":
-            return self._start(sandbox, request)
-        if method == "SendSignal":
-            return _unary(request, lambda body: _signal(sandbox, body))
-        if method == "List":
-            return _unary(request, lambda _: _list(sandbox))
-        return _connect_error(
-            501, "unimplemented", f"process.Process/{method[:60]} is not supported"
-        )
+        if isinstance(user, Refusal):
+            if method in STREAMING:
+                return stream_error("unauthenticated", user.message)
+            return connect_error(401, "unauthenticated", user.message)
+        return self._process.handle(sandbox, method, request)
 
     def _sandbox(self, head: Head) -> Sandbox | Reply:
         """The sandbox the request names and holds the token of, or the refusal."""
@@ -151,8 +129,8 @@ class Envd:
             return sandbox  # a token or a URL signature, checked by the file endpoints
         token = headers.get("x-access-token", "")
         if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
-            if head.path == PREFIX + "Start":
-                return _stream_error("unauthenticated", UNAUTHORIZED)
+            if head.path.startswith(PREFIX) and head.path[len(PREFIX) :] in STREAMING:
+                return stream_error("unauthenticated", UNAUTHORIZED)
             return _json(401, {"code": 401, "message": UNAUTHORIZED})
         return sandbox
 
@@ -168,156 +146,32 @@ class Envd:
                 return sandbox_id
         return ""
 
-    def _start(self, sandbox: Sandbox, request: Request) -> Reply:
-        refusal = self._user_refusal(request.headers.get("authorization"))
-        if refusal is not None:
-            return _stream_error("unauthenticated", refusal)
-        if _media_type(request) != CONNECT_JSON:
-            return Reply(415, headers=(("Accept-Post", CONNECT_JSON),))
-        encoding = request.headers.get("connect-content-encoding", "identity")
-        if encoding.lower() != "identity":
-            return _stream_error("unimplemented", f"unsupported compression {encoding[:40]!r}")
-        try:
-            start = _start_request(request.body)
-        except WireError as e:
-            return _stream_error("invalid_argument", str(e))
-        if start.pty is not None:
-            return _stream_error("unimplemented", "the local service does not provide a pty")
-        try:
-            process = sandbox.start(start.process, tag=start.tag)
-        except StartRefused as e:
-            return _stream_error("invalid_argument", str(e))
-        except SandboxGone:
-            return _stream_error("unavailable", "the sandbox was deleted")
-        except OSError as e:
-            return _stream_error("internal", f"starting the process failed: {e.strerror}")
-        headers = request.headers
-        stream = _frames(
-            sandbox, process, deadline=_deadline(headers), keepalive=_keepalive(headers)
-        )
-        return Reply(200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS, stream=stream)
-
-    def _user_refusal(self, authorization: str | None) -> str | None:
-        """Why the Basic user is refused; a missing header means the default user."""
+    def _user(self, authorization: str | None) -> str | Refusal:
+        """The Basic user (a missing header means the default user), or why it is refused."""
         if authorization is None:
-            return None
+            return self._user_name
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() != "basic":
-            return "invalid authorization scheme"
+            return Refusal("invalid authorization scheme")
         try:
             decoded = base64.b64decode(value.strip(), validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
-            return "invalid authorization header"
+            return Refusal("invalid authorization header")
         name = decoded.partition(":")[0]
-        if name != self._user:
-            return f"invalid username: '{name[:64]}'"
-        return None
+        if name != self._user_name:
+            return Refusal(f"invalid username: '{name[:64]}'")
+        return name
 
 
-_STREAM_HEADERS = (("Connect-Content-Encoding", "identity"),)
+@attrs.frozen
+class Refusal:
+    """Why a request's user is refused."""
 
-
-def _frames(
-    sandbox: Sandbox, process: LocalProcess, *, deadline: float | None, keepalive: float
-) -> Iterator[bytes]:
-    """The Start stream: start, data and keepalive events, then end and end-of-stream."""
-    try:
-        yield event_frame("start", StartEvent(process.pid))
-        for event in process.events(deadline=deadline, keepalive=keepalive):
-            if isinstance(event, Output):
-                data = base64.b64encode(event.data).decode()
-                out = DataEvent(stdout=data) if event.stream == "stdout" else DataEvent(stderr=data)
-                yield event_frame("data", out)
-            elif isinstance(event, Exited):
-                yield from _ending(event)
-            else:
-                yield event_frame("keepalive", {})
-    finally:
-        sandbox.forget(process)
-
-
-def _ending(exited: Exited) -> Iterator[bytes]:
-    if exited.killed == "deadline":
-        yield end_stream_frame(ConnectError("deadline_exceeded", "context deadline exceeded"))
-        return
-    if exited.killed in _GONE:
-        yield end_stream_frame(ConnectError("unavailable", _GONE[exited.killed]))
-        return
-    if exited.killed is not None:
-        status = _SIGNAL_STATUS.get(exited.signal or signal.SIGKILL, "signal: killed")
-        yield event_frame("end", EndEvent(exit_code=-1, exited=False, status=status, error=status))
-    else:
-        code = exited.exit_code
-        status = f"exit status {code}"
-        yield event_frame("end", EndEvent(code, True, status, status if code else ""))
-    yield end_stream_frame()
-
-
-def _stream_error(code: str, message: str) -> Reply:
-    """A Connect stream that fails before it starts: HTTP 200 and one error frame."""
-    body = end_stream_frame(ConnectError(code, message))
-    return Reply(200, body, CONNECT_JSON, _STREAM_HEADERS)
-
-
-def _start_request(body: bytes) -> StartRequest:
-    return structure(start_message(body), StartRequest)
-
-
-def _deadline(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("connect-timeout-ms", "").strip()
-    if not value.isdigit() or len(value) > MAX_TIMEOUT_DIGITS or int(value) <= 0:
-        return None
-    return time.monotonic() + int(value) / 1000
-
-
-def _keepalive(headers: Mapping[str, str]) -> float:
-    for name in ("keepalive-ping-interval", "x-keepalive-interval"):
-        value = headers.get(name, "").strip()
-        if value.isdigit() and 0 < int(value) <= 3600:
-            return float(value)
-    return DEFAULT_KEEPALIVE
-
-
-def _signal(sandbox: Sandbox, body: bytes) -> Reply:
-    request = parse(body, SignalRequest)
-    sig = _SIGNALS.get(request.signal) if isinstance(request.signal, (str, int)) else None
-    if sig is None:
-        return _connect_error(400, "invalid_argument", f"unsupported signal {request.signal!r}")
-    selector = request.process
-    if selector.pid is None and not selector.tag:
-        return _connect_error(400, "invalid_argument", "a process pid or tag is required")
-    process = sandbox.find(pid=selector.pid, tag=selector.tag)
-    if process is None:
-        which = f"tag '{selector.tag}'" if selector.tag else f"pid {selector.pid}"
-        return _connect_error(404, "not_found", f"process with {which} not found")
-    process.kill("signal", sig)
-    return _json(200, {})
-
-
-def _list(sandbox: Sandbox) -> Reply:
-    infos = [
-        ProcessInfo(config, process.pid, process.tag)
-        for process, config in sandbox.listing()
-        if not process.tag.startswith(TAG_PREFIX)
-    ]
-    return Reply(200, to_json(ProcessList(infos)), "application/json")
-
-
-def _unary(request: Request, answer: Callable[[bytes], Reply]) -> Reply:
-    if _media_type(request) != "application/json":
-        return Reply(415, headers=(("Accept-Post", "application/json"),))
-    try:
-        return answer(request.body)
-    except WireError as e:
-        return _connect_error(400, "invalid_argument", str(e))
+    message: str
 
 
 def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").partition(";")[0].strip().lower()
-
-
-def _connect_error(status: int, code: str, message: str) -> Reply:
-    return Reply(status, to_json(ConnectError(code, message)), "application/json")
 
 
 def _json(status: int, value: Mapping[str, object]) -> Reply:

@@ -10,11 +10,17 @@ if it still writes to the command's pipes, is read and dropped by the agent)::
     for event in process.events(deadline=None, keepalive=90.0):
         ...                       # Output(...), KEEPALIVE, then one Exited(...)
     process.kill("signal")        # from any thread: the command's process group
+
+Started with ``size`` the command runs on a pseudo-terminal of the sandbox: its
+output arrives as ``Output("pty", ...)``, :meth:`LocalProcess.send_input` types
+into it and :meth:`LocalProcess.resize` changes its window size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import itertools
 import json
 import os
@@ -22,6 +28,8 @@ import select
 import selectors
 import signal
 import socket
+import struct
+import termios
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -36,17 +44,28 @@ __all__ = [
     "KEEPALIVE",
     "AgentLink",
     "Exited",
+    "InputFailed",
     "Keepalive",
     "LocalProcess",
     "Output",
     "StartFailed",
+    "WindowSize",
 ]
 
 CHUNK_BYTES = 32 * 1024
 REAP_TIMEOUT = 5.0
 START_TIMEOUT = 10.0
+INPUT_TIMEOUT = 10.0
 
-Stream = Literal["stdout", "stderr"]
+Stream = Literal["stdout", "stderr", "pty"]
+
+
+@attrs.frozen
+class WindowSize:
+    """A terminal's size in character cells."""
+
+    cols: int
+    rows: int
 
 
 @attrs.frozen
@@ -83,6 +102,10 @@ Event = Output | Keepalive | Exited
 
 class StartFailed(Exception):
     """The agent could not start the program (its message is envd's wording)."""
+
+
+class InputFailed(Exception):
+    """Input could not be delivered (no stdin pipe or terminal, or it is closed or full)."""
 
 
 class AgentLink:
@@ -126,10 +149,14 @@ class LocalProcess:
         tag: str,
         limit_check: Callable[[int], str | None],
         stdin: IO[bytes] | None = None,
+        terminal: bool = False,
     ) -> None:
         self.pid = pid
         self.tag = tag
+        self.terminal = terminal
         self._stdin = stdin
+        self._input_lock = threading.Lock()
+        self._input_closed = False
         self._link = link
         self._id = ident
         self._stdout, self._stderr, self._status = pipes
@@ -148,53 +175,106 @@ class LocalProcess:
         tag: str = "",
         limit_check: Callable[[int], str | None] = lambda _: None,
         stdin: bool = False,
+        size: WindowSize | None = None,
     ) -> LocalProcess:
         """Ask the agent to start ``spec`` (``cmd``, ``args``, ``env``, ``cwd``).
 
         ``limit_check(exit_code)`` names a sandbox limit the command hit, if any;
-        ``stdin`` True gives the command a pipe (:attr:`stdin`), else ``/dev/null``.
+        ``stdin`` True gives the command a pipe (:attr:`stdin`), else ``/dev/null``;
+        ``size`` runs it on a new pseudo-terminal of that size instead.
         :class:`StartFailed` when the program cannot be started, ``OSError`` when
         the agent is gone.
         """
+        if size is not None:
+            return cls._start_terminal(link, spec, tag, limit_check, size)
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        status_read, status_write = os.pipe()
         in_read, in_write = os.pipe() if stdin else (-1, -1)
-        spec_fd = options_fd([])
-        ident = link.next_id()
-        sent = [out_write, err_write, status_write, spec_fd] + ([in_read] if stdin else [])
-        try:
-            os.write(spec_fd, json.dumps(dict(spec)).encode())
-            os.lseek(spec_fd, 0, os.SEEK_SET)
-            link.send({"op": "start", "id": ident}, sent)
-        except BaseException:
-            for fd in (out_read, err_read, status_read) + ((in_write,) if stdin else ()):
-                os.close(fd)
-            raise
-        finally:
-            for fd in sent:
-                os.close(fd)
+        kept = [out_read, err_read] + ([in_write] if stdin else [])
+        sent = [out_write, err_write]
+        ident, status_read = _send_start(link, spec, {}, sent, [in_read] if stdin else [], kept)
         pipe = os.fdopen(in_write, "wb") if stdin else None
         try:
-            first = _first_status(status_read)
+            pid = _started_pid(status_read)
         except BaseException:
-            for fd in (out_read, err_read, status_read):
-                os.close(fd)
-            raise
-        pid = first.get("pid")
-        if not isinstance(pid, int):
-            for fd in (out_read, err_read, status_read):
+            for fd in (out_read, err_read):
                 os.close(fd)
             if pipe is not None:
                 pipe.close()
-            raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
+            raise
         pipes = (out_read, err_read, status_read)
         return cls(link, ident, pid, pipes, tag, limit_check, pipe)
+
+    @classmethod
+    def _start_terminal(
+        cls,
+        link: AgentLink,
+        spec: Mapping[str, object],
+        tag: str,
+        limit_check: Callable[[int], str | None],
+        size: WindowSize,
+    ) -> LocalProcess:
+        """Start ``spec`` on a pty the agent opens inside the sandbox; hold its master end."""
+        receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with receiver:
+            try:
+                extra = {"size": {"cols": size.cols, "rows": size.rows}}
+                ident, status_read = _send_start(
+                    link, {**spec, **extra}, {"pty": True}, [sender.detach()], [], []
+                )
+            finally:
+                sender.close()
+            try:
+                pid = _started_pid(status_read)
+                master = _received_fd(receiver)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    link.send({"op": "kill", "id": ident, "signal": int(signal.SIGKILL)})
+                raise
+        os.set_blocking(master, False)
+        return cls(link, ident, pid, (master, -1, status_read), tag, limit_check, terminal=True)
 
     @property
     def stdin(self) -> IO[bytes] | None:
         """The pipe to the command's stdin (started with ``stdin=True``), else ``None``."""
         return self._stdin
+
+    def send_input(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin pipe, or type it into its terminal.
+
+        :class:`InputFailed` when it has neither (or it was closed) or the
+        command does not take the bytes within a few seconds.
+        """
+        with self._input_lock:
+            if self._input_closed:
+                raise InputFailed("stdin is closed")
+            if self.terminal:
+                fd = self._stdout
+            elif self._stdin is not None:
+                fd = self._stdin.fileno()
+            else:
+                raise InputFailed("the process was started without stdin")
+            _write_all(fd, data)
+
+    def close_stdin(self) -> None:
+        """Close the command's stdin pipe (it reads end of file); :class:`InputFailed` if none."""
+        with self._input_lock:
+            if self.terminal or self._stdin is None:
+                raise InputFailed("the process was started without a stdin pipe")
+            if not self._input_closed:
+                self._input_closed = True
+                self._stdin.close()
+
+    def resize(self, size: WindowSize) -> None:
+        """Set the terminal's window size (the command gets ``SIGWINCH``)."""
+        with self._input_lock:
+            if not self.terminal or self._input_closed:
+                raise InputFailed("the process has no terminal")
+            winsize = struct.pack("HHHH", size.rows, size.cols, 0, 0)
+            try:
+                fcntl.ioctl(self._stdout, termios.TIOCSWINSZ, winsize)
+            except OSError as e:
+                raise InputFailed(e.strerror or str(e)) from None
 
     @property
     def finished(self) -> bool:
@@ -239,6 +319,8 @@ class LocalProcess:
     ) -> Generator[Output | Keepalive, None, dict[str, object]]:
         """Yield output until the agent reports the main process's end; return that report."""
         streams: dict[int, Stream] = {self._stdout: "stdout", self._stderr: "stderr"}
+        if self.terminal:
+            streams = {self._stdout: "pty"}
         for fd in streams:
             os.set_blocking(fd, False)
         status: dict[str, object] = {}
@@ -292,6 +374,14 @@ class LocalProcess:
             self._done.set()
         with contextlib.suppress(OSError):
             os.close(self._status)
+        with self._input_lock:
+            self._input_closed = True
+            if self._stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._stdin.close()
+            if self.terminal:
+                os.close(self._stdout)  # the terminal hangs up
+                return
         # Background processes may still hold the pipes: the agent reads them to the end.
         try:
             self._link.send({"op": "drain"}, [self._stdout, self._stderr])
@@ -303,11 +393,90 @@ class LocalProcess:
 
 
 def _read(fd: int) -> bytes:
-    """What the pipe holds now (``b""`` at its end or when it is empty)."""
+    """What the pipe (or pty master) holds now (``b""`` at its end or when it is empty)."""
     try:
         return os.read(fd, CHUNK_BYTES)
     except BlockingIOError:
         return b""
+    except OSError as e:
+        if e.errno == errno.EIO:  # a pty master once every slave end is closed
+            return b""
+        raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``, waiting at most :data:`INPUT_TIMEOUT` for room."""
+    view = memoryview(data)
+    deadline = time.monotonic() + INPUT_TIMEOUT
+    while view:
+        _, writable, _ = select.select([], [fd], [], max(deadline - time.monotonic(), 0.0))
+        if not writable:
+            raise InputFailed("the process does not read its input")
+        try:
+            view = view[os.write(fd, view[:CHUNK_BYTES]) :]
+        except BlockingIOError:
+            continue
+        except OSError as e:
+            raise InputFailed(e.strerror or str(e)) from None
+
+
+def _send_start(
+    link: AgentLink,
+    spec: Mapping[str, object],
+    flags: Mapping[str, object],
+    sent: list[int],
+    trailing: list[int],
+    kept: list[int],
+) -> tuple[int, int]:
+    """Send a start packet (``sent`` + status + spec + ``trailing`` fds, all closed here).
+
+    Returns the command's id and the read end of its status pipe; on failure the
+    ``kept`` descriptors are closed too.
+    """
+    status_read, status_write = os.pipe()
+    spec_fd = options_fd([])
+    ident = link.next_id()
+    fds = [*sent, status_write, spec_fd, *trailing]
+    try:
+        os.write(spec_fd, json.dumps(dict(spec)).encode())
+        os.lseek(spec_fd, 0, os.SEEK_SET)
+        link.send({"op": "start", "id": ident, **flags}, fds)
+    except BaseException:
+        for fd in (*kept, status_read):
+            os.close(fd)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return ident, status_read
+
+
+def _started_pid(status_read: int) -> int:
+    """The pid the agent reports on the status pipe; :class:`StartFailed` when it did not start.
+
+    The status pipe is closed on failure.
+    """
+    try:
+        first = _first_status(status_read)
+    except BaseException:
+        os.close(status_read)
+        raise
+    pid = first.get("pid")
+    if not isinstance(pid, int):
+        os.close(status_read)
+        raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
+    return pid
+
+
+def _received_fd(receiver: socket.socket) -> int:
+    """The one descriptor (a pty master) the agent sends over ``receiver``."""
+    ready, _, _ = select.select([receiver], [], [], START_TIMEOUT)
+    if not ready:
+        raise OSError("the sandbox agent did not hand over the terminal")
+    _, fds, _, _ = socket.recv_fds(receiver, 16, 1)
+    if not fds:
+        raise OSError("the sandbox agent did not hand over the terminal")
+    return fds[0]
 
 
 def _status(chunk: bytes) -> dict[str, object]:

@@ -36,7 +36,7 @@ from typing import TypeVar
 from piship_remote.local.isolation import AGENT_PATH, Jail, find_python, options_fd
 from piship_remote.local.limits import CgroupSet
 from piship_remote.local.network import UserModeNetwork
-from piship_remote.local.process import AgentLink, LocalProcess
+from piship_remote.local.process import AgentLink, LocalProcess, WindowSize
 
 __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
 
@@ -195,9 +195,12 @@ class SandboxVm:
         tag: str,
         limit_check: Callable[[int], str | None],
         stdin: bool = False,
+        size: WindowSize | None = None,
     ) -> LocalProcess:
         """Have the agent start ``spec``; see :meth:`LocalProcess.start`."""
-        return LocalProcess.start(self._link, spec, tag=tag, limit_check=limit_check, stdin=stdin)
+        return LocalProcess.start(
+            self._link, spec, tag=tag, limit_check=limit_check, stdin=stdin, size=size
+        )
 
     def close(self) -> None:
         """End every process of the sandbox, its network stack and its cgroups; idempotent."""

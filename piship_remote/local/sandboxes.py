@@ -34,9 +34,9 @@ from piship_remote.local.isolation import DEFAULT_PATH, Jail, write_etc
 from piship_remote.local.limits import MIB, CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
 from piship_remote.local.network import egress_problem
 from piship_remote.local.pause import PauseState
-from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed
+from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
-from piship_remote.local.wire import ProcessConfig
+from piship_remote.local.wire import PathError, ProcessConfig, resolve
 
 __all__ = [
     "Registry",
@@ -144,11 +144,22 @@ class Sandbox:
                 raise StartRefused(f"invalid environment variable {name[:100]!r}")
         return env
 
-    def start(self, config: ProcessConfig, *, tag: str, stdin: bool = False) -> LocalProcess:
-        """Spawn ``config`` in this sandbox; :class:`StartRefused` or :class:`SandboxGone`."""
+    def start(
+        self,
+        config: ProcessConfig,
+        *,
+        tag: str,
+        stdin: bool = False,
+        size: WindowSize | None = None,
+    ) -> LocalProcess:
+        """Spawn ``config`` in this sandbox (on a terminal of ``size``, if given).
+
+        ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
+        ``~`` are taken from the home). :class:`StartRefused` or :class:`SandboxGone`.
+        """
         try:
-            cwd = self._jail.directory(config.cwd)
-        except ValueError as e:
+            cwd = resolve(config.cwd, self._jail.workdir)
+        except PathError as e:
             raise StartRefused(str(e)) from None
         env = self.environment(config.envs)
         if not config.cmd or "\0" in config.cmd or any("\0" in arg for arg in config.args):
@@ -162,7 +173,7 @@ class Sandbox:
             # Started under the lock so a concurrent delete cannot miss it.
             try:
                 process = self._vm.start(
-                    spec, tag=tag, limit_check=self._limit_check(), stdin=stdin
+                    spec, tag=tag, limit_check=self._limit_check(), stdin=stdin, size=size
                 )
             except StartFailed as e:
                 raise StartRefused(str(e)) from None

@@ -55,6 +55,8 @@ __all__ = [
     "ProcessInfo",
     "ProcessList",
     "ProcessSelector",
+    "Pty",
+    "PtySize",
     "Refresh",
     "SandboxDetail",
     "SandboxInfo",
@@ -225,13 +227,24 @@ class ProcessConfig:
 
 
 @attrs.frozen
+class PtySize:
+    cols: int = 0
+    rows: int = 0
+
+
+@attrs.frozen
+class Pty:
+    size: PtySize = attrs.field(factory=PtySize)
+
+
+@attrs.frozen
 class StartRequest:
-    """``/process.Process/Start``; ``pty`` is refused, ``stdin`` is always ``/dev/null``."""
+    """``/process.Process/Start``: a pipe for stdin unless ``stdin`` is false; or a ``pty``."""
 
     process: ProcessConfig
     tag: str = ""
     stdin: bool | None = None
-    pty: dict[str, Any] | None = None
+    pty: Pty | None = None
 
 
 @attrs.frozen
@@ -261,6 +274,7 @@ class DataEvent:
 
     stdout: str | None = None
     stderr: str | None = None
+    pty: str | None = None
 
 
 @attrs.frozen

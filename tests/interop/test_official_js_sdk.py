@@ -109,3 +109,30 @@ def test_the_javascript_sdk_pause_resume_metrics_and_watch_work_on_the_local_ser
 ) -> None:
     results = run_script(node, service, tmp_path, LIFECYCLE_SCRIPT)
     assert results == dict.fromkeys(LIFECYCLE_CALLS, True)
+
+
+PROCESS_SCRIPT = Path(__file__).with_name("js") / "process.mjs"
+PROCESS_CALLS = [
+    "commands.sendStdin",
+    "commands.closeStdin",
+    "commands.connect",
+    "commands.connect unknown pid is NotFoundError",
+    "commands.list",
+    "commands.kill",
+    "commands.kill ends with CommandExitError",
+    "commands.run cwd /tmp",
+    "commands.run unknown user is AuthenticationError",
+    "pty.create",
+    "pty.sendInput",
+    "pty.resize",
+    "pty.connect",
+    "pty.kill",
+    "pty.kill ends the terminal",
+]
+
+
+def test_the_javascript_sdk_command_and_pty_calls_work_on_the_local_service(
+    node: str, service: object, tmp_path: Path
+) -> None:
+    results = run_script(node, service, tmp_path, PROCESS_SCRIPT)
+    assert results == dict.fromkeys(PROCESS_CALLS, True)

@@ -1,0 +1,376 @@
+"""envd's ``process.Process`` service for the local sandboxes.
+
+``Start`` runs a command (stdin a pipe unless ``stdin`` is false, or a pty with
+``pty``) and streams its events; ``Connect`` follows a running command from
+that moment, a start event first; ``SendInput``/``StreamInput`` write to its
+stdin or terminal, ``CloseStdin`` closes its stdin, ``Update`` resizes its
+terminal, ``SendSignal`` signals its whole process tree, ``List`` shows the
+running commands. A command is chosen by ``pid`` or ``tag``; an unknown one is
+``not_found``, as a unary 404 or, for ``Connect``, an end-of-stream error::
+
+    rpc = ProcessRpc()
+    reply = rpc.handle(sandbox, "Start", request)
+"""
+
+from __future__ import annotations
+
+import base64
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from piship_remote.connect import EnvelopeReader, connect_envelope
+from piship_remote.local.http_model import Reply, Request
+from piship_remote.local.process import Exited, InputFailed, LocalProcess, WindowSize
+from piship_remote.local.process_feed import Follower, ProcessFeed
+from piship_remote.local.process_wire import (
+    CloseStdinRequest,
+    ConnectProcessRequest,
+    ProcessInput,
+    SendInputRequest,
+    StreamInputMessage,
+    UpdateRequest,
+    decoded,
+)
+from piship_remote.local.sandbox_fs import TAG_PREFIX
+from piship_remote.local.sandboxes import Sandbox, SandboxGone, StartRefused
+from piship_remote.local.wire import (
+    ConnectError,
+    DataEvent,
+    EndEvent,
+    ProcessInfo,
+    ProcessList,
+    ProcessSelector,
+    SignalRequest,
+    StartEvent,
+    StartRequest,
+    WireError,
+    end_stream_frame,
+    event_frame,
+    parse,
+    start_message,
+    structure,
+    to_json,
+)
+
+__all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "STREAMING", "ProcessRpc", "stream_error"]
+
+CONNECT_JSON = "application/connect+json"
+DEFAULT_KEEPALIVE = 90.0
+MAX_TIMEOUT_DIGITS = 10
+STREAMING = frozenset({"Start", "Connect", "StreamInput"})
+_SIGNALS: dict[object, int] = {
+    "SIGNAL_SIGKILL": signal.SIGKILL,
+    "SIGNAL_SIGTERM": signal.SIGTERM,
+    9: signal.SIGKILL,
+    15: signal.SIGTERM,
+}
+_SIGNAL_STATUS: dict[int, str] = {
+    signal.SIGKILL: "signal: killed",
+    signal.SIGTERM: "signal: terminated",
+}
+_GONE = {
+    "deleted": "the sandbox was deleted",
+    "expired": "the sandbox's lifetime ended",
+    "stopped": "the local sandbox service stopped",
+}
+_STREAM_HEADERS = (("Connect-Content-Encoding", "identity"),)
+_DEADLINE_FRAME = end_stream_frame(ConnectError("deadline_exceeded", "context deadline exceeded"))
+
+
+class NotFound(Exception):
+    """No running command matches the selector (the message is envd's)."""
+
+
+class ProcessRpc:
+    """The Process RPCs; keeps one :class:`ProcessFeed` per command started through it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._feeds: dict[tuple[str, int], ProcessFeed] = {}
+
+    def handle(self, sandbox: Sandbox, method: str, request: Request) -> Reply:
+        """Answer ``/process.Process/<method>`` (the caller checked token and user)."""
+        if method in STREAMING:
+            refusal = _stream_refusal(request)
+            if refusal is not None:
+                return refusal
+            if method == "Start":
+                return self._start(sandbox, request)
+            if method == "Connect":
+                return self._connect(sandbox, request)
+            return self._stream_input(sandbox, request)
+        unary: dict[str, Callable[[bytes], Reply]] = {
+            "SendSignal": lambda body: self._signal(sandbox, body),
+            "List": lambda _: self._list(sandbox),
+            "SendInput": lambda body: self._send_input(sandbox, body),
+            "CloseStdin": lambda body: self._close_stdin(sandbox, body),
+            "Update": lambda body: self._update(sandbox, body),
+        }
+        answer = unary.get(method)
+        if answer is None:
+            return connect_error(
+                501, "unimplemented", f"process.Process/{method[:60]} is not supported"
+            )
+        return _unary(request, answer)
+
+    # -- streams ---------------------------------------------------------------------
+
+    def _start(self, sandbox: Sandbox, request: Request) -> Reply:
+        try:
+            start = structure(start_message(request.body), StartRequest)
+        except WireError as e:
+            return stream_error("invalid_argument", str(e))
+        size = None
+        if start.pty is not None:
+            size = WindowSize(start.pty.size.cols, start.pty.size.rows)
+        try:
+            process = sandbox.start(
+                start.process, tag=start.tag, stdin=start.stdin is not False, size=size
+            )
+        except StartRefused as e:
+            return stream_error("invalid_argument", str(e))
+        except SandboxGone:
+            return stream_error("unavailable", "the sandbox was deleted")
+        except OSError as e:
+            return stream_error("internal", f"starting the process failed: {e.strerror}")
+        key = (sandbox.id, process.pid)
+        feed = ProcessFeed(process, on_end=lambda: self._ended(sandbox, process, key))
+        with self._lock:
+            self._feeds[key] = feed
+        follower = feed.subscribe()
+        feed.start()
+        stream = _frames(follower, process, _deadline(request.headers), _keepalive(request.headers))
+        return _stream(stream)
+
+    def _connect(self, sandbox: Sandbox, request: Request) -> Reply:
+        try:
+            selector = structure(start_message(request.body), ConnectProcessRequest).process
+            feed = self._feed(sandbox, selector)
+        except WireError as e:
+            return stream_error("invalid_argument", str(e))
+        except NotFound as e:
+            return stream_error("not_found", str(e))
+        follower = feed.subscribe()
+        headers = request.headers
+        stream = _frames(follower, None, _deadline(headers), _keepalive(headers))
+        return _stream(stream)
+
+    def _stream_input(self, sandbox: Sandbox, request: Request) -> Reply:
+        """The client stream, read whole: its start names the command, then input in order."""
+        try:
+            frames = EnvelopeReader().push(request.body)
+            messages = [
+                structure(f.message, StreamInputMessage) for f in frames if not f.end_stream
+            ]
+            if not messages or messages[0].start is None:
+                raise WireError("the stream does not begin with a start message")
+            process = _select(sandbox, messages[0].start.process)
+            for message in messages[1:]:
+                if message.data is not None:
+                    _write_input(process, message.data.input)
+        except (WireError, ValueError) as e:
+            return stream_error("invalid_argument", str(e))
+        except NotFound as e:
+            return stream_error("not_found", str(e))
+        except InputFailed as e:
+            return stream_error("internal", str(e))
+        body = connect_envelope({}) + end_stream_frame()
+        return Reply(200, body, CONNECT_JSON, _STREAM_HEADERS)
+
+    def _feed(self, sandbox: Sandbox, selector: ProcessSelector) -> ProcessFeed:
+        process = _select(sandbox, selector)
+        with self._lock:
+            feed = self._feeds.get((sandbox.id, process.pid))
+        if feed is None:
+            raise NotFound(_not_found(selector))
+        return feed
+
+    def _ended(self, sandbox: Sandbox, process: LocalProcess, key: tuple[str, int]) -> None:
+        sandbox.forget(process)
+        with self._lock:
+            self._feeds.pop(key, None)
+
+    # -- unary -----------------------------------------------------------------------
+
+    def _signal(self, sandbox: Sandbox, body: bytes) -> Reply:
+        request = parse(body, SignalRequest)
+        sig = _SIGNALS.get(request.signal) if isinstance(request.signal, (str, int)) else None
+        if sig is None:
+            return connect_error(400, "invalid_argument", f"unsupported signal {request.signal!r}")
+        return _on_process(sandbox, request.process, lambda p: p.kill("signal", sig))
+
+    def _list(self, sandbox: Sandbox) -> Reply:
+        infos = [
+            ProcessInfo(config, process.pid, process.tag)
+            for process, config in sandbox.listing()
+            if not process.tag.startswith(TAG_PREFIX)
+        ]
+        return Reply(200, to_json(ProcessList(infos)), "application/json")
+
+    def _send_input(self, sandbox: Sandbox, body: bytes) -> Reply:
+        request = parse(body, SendInputRequest)
+        return _on_process(sandbox, request.process, lambda p: _write_input(p, request.input))
+
+    def _close_stdin(self, sandbox: Sandbox, body: bytes) -> Reply:
+        request = parse(body, CloseStdinRequest)
+        return _on_process(sandbox, request.process, lambda p: p.close_stdin())
+
+    def _update(self, sandbox: Sandbox, body: bytes) -> Reply:
+        request = parse(body, UpdateRequest)
+        if request.pty is None:
+            return Reply(200, b"{}", "application/json")
+        size = WindowSize(request.pty.size.cols, request.pty.size.rows)
+        return _on_process(sandbox, request.process, lambda p: p.resize(size))
+
+
+def _select(sandbox: Sandbox, selector: ProcessSelector) -> LocalProcess:
+    if selector.pid is None and not selector.tag:
+        raise WireError("a process pid or tag is required")
+    process = sandbox.find(pid=selector.pid, tag=selector.tag)
+    if process is None or process.tag.startswith(TAG_PREFIX):
+        raise NotFound(_not_found(selector))
+    return process
+
+
+def _not_found(selector: ProcessSelector) -> str:
+    which = f"tag '{selector.tag}'" if selector.tag else f"pid {selector.pid}"
+    return f"process with {which} not found"
+
+
+def _on_process(
+    sandbox: Sandbox, selector: ProcessSelector, action: Callable[[LocalProcess], None]
+) -> Reply:
+    """Do ``action`` to the selected command; ``{}``, or envd's error."""
+    try:
+        action(_select(sandbox, selector))
+    except NotFound as e:
+        return connect_error(404, "not_found", str(e))
+    except InputFailed as e:
+        return connect_error(500, "internal", str(e))
+    return Reply(200, b"{}", "application/json")
+
+
+def _write_input(process: LocalProcess, given: ProcessInput) -> None:
+    if given.pty is not None:
+        if not process.terminal:
+            raise InputFailed("error writing to tty: tty not assigned to process")
+        data = decoded(given.pty)
+    elif given.stdin is not None:
+        if process.terminal:
+            raise InputFailed("error writing to stdin: stdin not enabled or closed")
+        data = decoded(given.stdin)
+    else:
+        return
+    which = "tty" if process.terminal else "stdin"
+    try:
+        process.send_input(data)
+    except InputFailed as e:
+        raise InputFailed(f"error writing to {which}: {e}") from None
+
+
+def _frames(
+    follower: Follower, owned: LocalProcess | None, deadline: float | None, keepalive: float
+) -> Iterator[bytes]:
+    """A Start (``owned`` is its process) or Connect stream: start, events, end, end-of-stream.
+
+    At ``deadline`` a Start stream kills its command; a Connect stream just ends.
+    """
+    try:
+        yield event_frame("start", StartEvent(follower.pid))
+        quiet_since = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if owned is None:
+                    yield _DEADLINE_FRAME
+                    return
+                owned.kill("deadline")
+                deadline = None
+            wait = quiet_since + keepalive - now
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            event = follower.next(wait)
+            if event is None:
+                if time.monotonic() - quiet_since >= keepalive:
+                    quiet_since = time.monotonic()
+                    yield event_frame("keepalive", {})
+                continue
+            if isinstance(event, Exited):
+                yield from _ending(event, own_deadline=owned is not None)
+                return
+            quiet_since = time.monotonic()
+            data = base64.b64encode(event.data).decode()
+            yield event_frame("data", DataEvent(**{event.stream: data}))
+    finally:
+        follower.close()
+
+
+def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
+    if exited.killed == "deadline" and own_deadline:
+        yield _DEADLINE_FRAME
+        return
+    if exited.killed in _GONE:
+        yield end_stream_frame(ConnectError("unavailable", _GONE[exited.killed]))
+        return
+    if exited.killed is not None:
+        status = _SIGNAL_STATUS.get(exited.signal or signal.SIGKILL, "signal: killed")
+        yield event_frame("end", EndEvent(exit_code=-1, exited=False, status=status, error=status))
+    else:
+        code = exited.exit_code
+        status = f"exit status {code}"
+        yield event_frame("end", EndEvent(code, True, status, status if code else ""))
+    yield end_stream_frame()
+
+
+def _stream(frames: Iterator[bytes]) -> Reply:
+    return Reply(200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS, stream=frames)
+
+
+def _stream_refusal(request: Request) -> Reply | None:
+    if _media_type(request) != CONNECT_JSON:
+        return Reply(415, headers=(("Accept-Post", CONNECT_JSON),))
+    encoding = request.headers.get("connect-content-encoding", "identity")
+    if encoding.lower() != "identity":
+        return stream_error("unimplemented", f"unsupported compression {encoding[:40]!r}")
+    return None
+
+
+def stream_error(code: str, message: str) -> Reply:
+    """A Connect stream that fails before it starts: HTTP 200 and one error frame."""
+    body = end_stream_frame(ConnectError(code, message))
+    return Reply(200, body, CONNECT_JSON, _STREAM_HEADERS)
+
+
+def connect_error(status: int, code: str, message: str) -> Reply:
+    """A unary Connect error: ``status`` and ``{"code", "message"}``."""
+    return Reply(status, to_json(ConnectError(code, message)), "application/json")
+
+
+def _deadline(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("connect-timeout-ms", "").strip()
+    if not value.isdigit() or len(value) > MAX_TIMEOUT_DIGITS or int(value) <= 0:
+        return None
+    return time.monotonic() + int(value) / 1000
+
+
+def _keepalive(headers: Mapping[str, str]) -> float:
+    for name in ("keepalive-ping-interval", "x-keepalive-interval"):
+        value = headers.get(name, "").strip()
+        if value.isdigit() and 0 < int(value) <= 3600:
+            return float(value)
+    return DEFAULT_KEEPALIVE
+
+
+def _unary(request: Request, answer: Callable[[bytes], Reply]) -> Reply:
+    if _media_type(request) != "application/json":
+        return Reply(415, headers=(("Accept-Post", "application/json"),))
+    try:
+        return answer(request.body)
+    except WireError as e:
+        return connect_error(400, "invalid_argument", str(e))
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").partition(";")[0].strip().lower()
