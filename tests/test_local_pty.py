@@ -61,7 +61,7 @@ def test_update_resizes_the_terminal_and_the_shell_gets_sigwinch(
 ) -> None:
     stream = start_pty(client, sandbox, 80, 24)
     pid = pid_of(stream)
-    type_line(client, sandbox, pid, "trap 'echo winch-$(stty size | tr \" \" x)' WINCH; echo armed")
+    type_line(client, sandbox, pid, "trap 'echo winch-$(stty size | tr \" \" x)' WINCH; echo ar''med")
     stream.until(pty_shows("armed\r\n"))
     size = {"size": {"cols": 132, "rows": 43}}
     response = unary(client, sandbox, "Update", {"process": {"pid": pid}, "pty": size})
@@ -91,7 +91,7 @@ def test_send_signal_kills_the_terminal_and_what_runs_in_it(
     mark = marker()
     stream = start_pty(client, sandbox, 80, 24)
     pid = pid_of(stream)
-    type_line(client, sandbox, pid, f"sleep {mark} & echo bg-started")
+    type_line(client, sandbox, pid, f"sleep {mark} & echo bg-''started")
     stream.until(pty_shows("bg-started\r\n"))
     assert gone(lambda: bool(marked(mark)))  # the job has exec'd sleep
     response = unary(
