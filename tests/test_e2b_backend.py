@@ -1635,6 +1635,44 @@ def test_commands_that_start_during_a_renewal_share_it(
     instance.dispose()
 
 
+def test_a_command_sharing_a_cancelled_commands_renewal_renews_on_its_own(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    both_started = threading.Event()
+    cancel = CancelToken()
+    renewals: list[Request] = []
+    starts: list[Request] = []
+
+    def start(server: RecordingServer, request: Request) -> Response:
+        starts.append(request)
+        if len(starts) == 2:
+            both_started.set()
+        return server.stream(request, [START, END_OK, EOS], content_type="application/connect+json")
+
+    def renew(_server: RecordingServer, request: Request) -> Response:
+        renewals.append(request)
+        if len(renewals) == 1:
+            assert both_started.wait(5.0)
+            cancel.set()  # the command that sent this renewal gives up before its answer
+            assert cancel.wait(5.0)
+        return Response(b"", status=204)
+
+    server = raw_server(start=start, renew=renew)
+    instance = prepare_raw(server, profile)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(run, instance, cancel=cancel)
+            assert server.wait_for(path="/sandboxes/sbx1/timeout", timeout=5.0)
+            second = pool.submit(run, instance)
+            with pytest.raises(CommandCancelled):
+                first.result(10)
+            assert second.result(10).exit_code == 0
+        # The shared renewal's answer never reached the second command: it renewed itself.
+        assert server.count(path="/sandboxes/sbx1/timeout") == 2
+    finally:
+        instance.dispose()
+
+
 def test_an_idle_sandbox_is_kept_alive_every_quarter_lifetime(
     raw_server: Callable[..., RecordingServer], profile: SandboxProfile
 ) -> None:
