@@ -279,16 +279,19 @@ class SandboxLease:
         """Send ``renewal`` on this thread, ``send()`` as soon as it is written."""
         follow = _Follow(renewal, send)
         error = self._renew_now(renewal, cancel, follow.on_sent)
-        follow.run()  # a client that never reports the write: send after the answer
-        started = follow.started
+        if error is None:
+            follow.run()  # a client that never reports the write: send after the answer
+        started, failure = follow.started, follow.failure
+        if failure is not None and not isinstance(failure, (*_REFUSALS, CommandCancelled)):
+            raise failure  # Ctrl-C or a bug while sending: not hidden by the renewal's outcome
         if error is not None:
             if started is not None:
                 started.close()
                 if isinstance(error, _REFUSALS):
                     refused()
             raise error.with_traceback(None)
-        if follow.failure is not None:
-            raise follow.failure
+        if failure is not None:
+            raise failure
         return started  # type: ignore[return-value]
 
     def _renew_now(
