@@ -36,9 +36,10 @@ from piship_remote.backends.e2b import (
 from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
+from piship_remote.redact import Redactor
 from piship_remote.testing import THREAD_PREFIX, E2bServer, RecordingServer, json_response
 from piship_remote.testing.recorder import DropConnection
-from piship_remote.transport import TransportError
+from piship_remote.transport import HttpReply, Transport, TransportError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -613,6 +614,32 @@ def test_renewal_dropped_says_the_renewal_failed(
         run(instance)
     assert_every_start_was_killed(server)
     instance.dispose()
+
+
+def test_a_renewal_that_never_reached_the_service_sends_no_start(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    transport = Transport(redactor=Redactor())
+
+    class Unreachable:
+        """Renewals fail before anything is written (a refused connection)."""
+
+        def request(self, method: str, url: str, **kwargs: Any) -> HttpReply:
+            if url.endswith("/timeout"):
+                raise TransportError("refused", request_sent=False, component="sandbox")
+            return transport.request(method, url, **kwargs)
+
+        def close(self) -> None:
+            transport.close()
+
+    server = raw_server()
+    instance = prepare_raw(server, profile, client=Unreachable())
+    try:
+        with pytest.raises(TransportError, match=r"^renewing the sandbox failed: refused$"):
+            run(instance)
+        assert server.count(path="/process.Process/Start") == 0
+    finally:
+        instance.dispose()
 
 
 def test_renewal_429_is_not_retried(
