@@ -36,9 +36,10 @@ from piship_remote.backends.e2b import (
 from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.policy import SandboxProfile
+from piship_remote.redact import Redactor
 from piship_remote.testing import THREAD_PREFIX, E2bServer, RecordingServer, json_response
 from piship_remote.testing.recorder import DropConnection
-from piship_remote.transport import TransportError
+from piship_remote.transport import HttpReply, Transport, TransportError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -613,6 +614,32 @@ def test_renewal_dropped_says_the_renewal_failed(
         run(instance)
     assert_every_start_was_killed(server)
     instance.dispose()
+
+
+def test_a_renewal_that_never_reached_the_service_sends_no_start(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    transport = Transport(redactor=Redactor())
+
+    class Unreachable:
+        """Renewals fail before anything is written (a refused connection)."""
+
+        def request(self, method: str, url: str, **kwargs: Any) -> HttpReply:
+            if url.endswith("/timeout"):
+                raise TransportError("refused", request_sent=False, component="sandbox")
+            return transport.request(method, url, **kwargs)
+
+        def close(self) -> None:
+            transport.close()
+
+    server = raw_server()
+    instance = prepare_raw(server, profile, client=Unreachable())
+    try:
+        with pytest.raises(TransportError, match=r"^renewing the sandbox failed: refused$"):
+            run(instance)
+        assert server.count(path="/process.Process/Start") == 0
+    finally:
+        instance.dispose()
 
 
 def test_renewal_429_is_not_retried(
@@ -1633,6 +1660,44 @@ def test_commands_that_start_during_a_renewal_share_it(
     run(instance)
     assert server.count(path="/sandboxes/sbx1/timeout") == 2
     instance.dispose()
+
+
+def test_a_command_sharing_a_cancelled_commands_renewal_renews_on_its_own(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    both_started = threading.Event()
+    cancel = CancelToken()
+    renewals: list[Request] = []
+    starts: list[Request] = []
+
+    def start(server: RecordingServer, request: Request) -> Response:
+        starts.append(request)
+        if len(starts) == 2:
+            both_started.set()
+        return server.stream(request, [START, END_OK, EOS], content_type="application/connect+json")
+
+    def renew(_server: RecordingServer, request: Request) -> Response:
+        renewals.append(request)
+        if len(renewals) == 1:
+            assert both_started.wait(5.0)
+            cancel.set()  # the command that sent this renewal gives up before its answer
+            assert cancel.wait(5.0)
+        return Response(b"", status=204)
+
+    server = raw_server(start=start, renew=renew)
+    instance = prepare_raw(server, profile)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(run, instance, cancel=cancel)
+            assert server.wait_for(path="/sandboxes/sbx1/timeout", timeout=5.0)
+            second = pool.submit(run, instance)
+            with pytest.raises(CommandCancelled):
+                first.result(10)
+            assert second.result(10).exit_code == 0
+        # The shared renewal's answer never reached the second command: it renewed itself.
+        assert server.count(path="/sandboxes/sbx1/timeout") == 2
+    finally:
+        instance.dispose()
 
 
 def test_an_idle_sandbox_is_kept_alive_every_quarter_lifetime(

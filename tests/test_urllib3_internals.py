@@ -21,6 +21,7 @@ from loopback_http import LoopbackHttp
 
 from piship_remote.transport._urllib3_internals import (
     RETIRED,
+    SingleWriteRequest,
     SocketFactoryHook,
     chunked_source,
     record_retired,
@@ -108,3 +109,46 @@ def test_a_response_exposes_its_http_client_response_and_chunk_state(chunked_url
         raw.read()
         assert chunked_source(raw) is None
         raw.release_conn()
+
+
+class _RecordingSocket:
+    """What a connection writes, one entry per ``sendall``."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def settimeout(self, timeout: float | None) -> None:
+        pass
+
+
+def _recording_connection() -> tuple[SingleWriteRequest, _RecordingSocket]:
+    conn = SingleWriteRequest("127.0.0.1", 8080, timeout=5)
+    sock = _RecordingSocket()
+    conn.sock = sock  # type: ignore[assignment]
+    return conn, sock
+
+
+def test_a_request_with_a_bytes_body_goes_out_in_one_write() -> None:
+    conn, sock = _recording_connection()
+    conn.request("POST", "/run", body=b"{}", headers={"Content-Length": "2", "User-Agent": "t"})
+    assert sock.writes == [
+        b"POST /run HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAccept-Encoding: identity\r\n"
+        b"Content-Length: 2\r\nUser-Agent: t\r\n\r\n{}"
+    ]
+
+
+def test_a_chunked_request_goes_through_urllib3s_own_writes() -> None:
+    conn, sock = _recording_connection()
+    conn.request("POST", "/run", body=[b"ab"], headers={"User-Agent": "t"}, chunked=True)
+    assert sock.writes[1:] == [b"2\r\nab\r\n", b"0\r\n\r\n"]
+    assert b"Transfer-Encoding: chunked" in sock.writes[0]
+
+
+def test_a_header_with_a_line_break_is_refused_as_urllib3_refuses_it() -> None:
+    conn, sock = _recording_connection()
+    with pytest.raises(ValueError):
+        conn.request("POST", "/run", body=b"", headers={"Content-Length": "0", "X": "a\r\nB: c"})
+    assert sock.writes == []

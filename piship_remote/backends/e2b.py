@@ -53,11 +53,10 @@ from piship_remote.backends._e2b_envd import (
     ENVD_PORT,
     KEEPALIVE_INTERVAL,
     Envd,
-    StartRequest,
     start_request,
 )
 from piship_remote.backends._e2b_files import EnvdFiles
-from piship_remote.backends._e2b_lease import Renewal, SandboxLease
+from piship_remote.backends._e2b_lease import SandboxLease
 from piship_remote.backends._e2b_owned import check_id, connect, list_owned
 from piship_remote.backends._e2b_stream import read_stream
 from piship_remote.backends._file_protocol import RemoteFiles
@@ -67,7 +66,7 @@ from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interv
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
-from piship_remote.transport import HttpClient, HttpReply, Transport, TransportError, check_endpoint
+from piship_remote.transport import HttpClient, Transport, check_endpoint
 
 if TYPE_CHECKING:
     import requests
@@ -444,16 +443,17 @@ class E2bInstance:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> BackendResult:
-        renewal = self._lease.begin()
-        # Start follows the renewal onto the wire without waiting for its answer.
-        renewal.wait_sent(token)
         tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
         forget_kill = token.on_cancel(lambda: self._signal(tag))
         try:
             start = start_request(request.command, request.env, cwd, tag)
-            response = self._start(start, renewal, token, request.timeout)
+            # Start follows the renewal onto the wire; it is read once the renewal answered.
+            response = self._lease.cover(
+                lambda: self._envd.start(start, token, request.timeout),
+                token,
+                refused=lambda: self._signal(tag),
+            )
             with response:
-                self._confirm(renewal, token, tag)
                 try:
                     return read_stream(response, on_stdout, on_stderr, self._errors)
                 except PiShipError:
@@ -464,26 +464,6 @@ class E2bInstance:
                     raise
         finally:
             forget_kill()
-
-    def _start(
-        self, start: StartRequest, renewal: Renewal, token: CancelToken, timeout: float | None
-    ) -> HttpReply:
-        """Send Start; when it fails, a refused renewal is the better explanation."""
-        failure: BaseException
-        try:
-            return self._envd.start(start, token, timeout)
-        except (PiShipError, TransportError) as error:
-            failure = error
-        renewal.result(token)
-        raise failure
-
-    def _confirm(self, renewal: Renewal, token: CancelToken, tag: str) -> None:
-        """Wait for the renewal before anything is reported; a refusal kills the command."""
-        try:
-            renewal.result(token)
-        except (PiShipError, TransportError):
-            self._signal(tag)
-            raise
 
     # -- SendSignal, in the background ------------------------------------------------------
 

@@ -25,7 +25,11 @@ from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
 from piship_remote.transport._scope import CURRENT, ON_SENT, CallScope, DeadlineReader
-from piship_remote.transport._urllib3_internals import SocketFactoryHook, record_retired
+from piship_remote.transport._urllib3_internals import (
+    SingleWriteRequest,
+    SocketFactoryHook,
+    record_retired,
+)
 
 __all__ = ["CancellableAdapter"]
 
@@ -55,7 +59,7 @@ class _DeadlineSocket:
         return io.BufferedReader(DeadlineReader(self._sock, self._scope))
 
 
-class _Connection(SocketFactoryHook):
+class _Connection(SocketFactoryHook, SingleWriteRequest):
     """An HTTP connection that registers its socket with the calling thread's scope."""
 
     response_class = _DeadlineResponse
