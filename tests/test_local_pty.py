@@ -61,7 +61,8 @@ def test_update_resizes_the_terminal_and_the_shell_gets_sigwinch(
 ) -> None:
     stream = start_pty(client, sandbox, 80, 24)
     pid = pid_of(stream)
-    type_line(client, sandbox, pid, "trap 'echo winch-$(stty size | tr \" \" x)' WINCH; echo ar''med")
+    trap = "trap 'echo winch-$(stty size | tr \" \" x)' WINCH"
+    type_line(client, sandbox, pid, f"{trap}; echo ar''med")
     stream.until(pty_shows("armed\r\n"))
     size = {"size": {"cols": 132, "rows": 43}}
     response = unary(client, sandbox, "Update", {"process": {"pid": pid}, "pty": size})
