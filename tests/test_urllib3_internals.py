@@ -23,7 +23,9 @@ from piship_remote.transport._urllib3_internals import (
     RETIRED,
     SocketFactoryHook,
     chunked_source,
+    connected_from_pool,
     record_retired,
+    return_to_pool,
 )
 
 
@@ -108,3 +110,17 @@ def test_a_response_exposes_its_http_client_response_and_chunk_state(chunked_url
         raw.read()
         assert chunked_source(raw) is None
         raw.release_conn()
+
+
+def test_a_pool_lends_and_takes_back_connections_outside_urlopen() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(2)
+        pool = urllib3.HTTPConnectionPool("127.0.0.1", listener.getsockname()[1], maxsize=2)
+        try:
+            conn = connected_from_pool(pool, 5)
+            assert conn.sock is not None
+            return_to_pool(pool, conn)
+            assert pool._get_conn(timeout=0) is conn
+        finally:
+            pool.close()
