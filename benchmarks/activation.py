@@ -12,15 +12,27 @@ and ``Sandbox.exec("true")``. Reference: the official SDK's ``Sandbox.create`` a
 (the double answers "not ready" to the first poll of every claim) and on the fast
 loopback server (ready at once).
 
-The SDK keeps its HTTP connections for the whole process, so once warmed up its
-activations reuse one; the ``new connection`` rows give ours and the SDK, after the
-same warm-up, an address neither has a connection to (a delay proxy of its own per
-run, 0 ms each way at 0 RTT), as the first activation of a fresh process would.
+The SDK keeps its HTTP connections for the whole process and ours for the backend's
+life, so the kept rows reuse, after the warm-up, the SDK's process-wide pool and one
+backend of ours for every run. The ``new connection`` rows give ours (a new backend)
+and the SDK an address neither has a connection to (a delay proxy of its own per run,
+0 ms each way at 0 RTT). The ``fresh process`` rows go further, as a new user's first
+activation: each run is a child process (``python -m benchmarks.activation --child
+ours|sdk``) that has imported everything but made no request before, on a proxy of
+its own; the child times from the backend's construction (the SDK's
+``Sandbox.create``) to the first command's result.
+
+The delay proxy charges a new TCP connection its handshake (one round trip before
+the first bytes reach the server), so every client pays for the connections it opens.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -35,9 +47,11 @@ from benchmarks.clients import (
     ours_backend,
     sdk_sandbox,
 )
+from benchmarks.loopback import ROOT, readline_within
 from benchmarks.proxy import ProxyProcess
 from benchmarks.report import Role, Row, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context
+from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer, Recorded
 
 __all__ = ["NAME", "run"]
@@ -45,9 +59,13 @@ __all__ = ["NAME", "run"]
 NAME = "activation"
 
 NEW_CONNECTION = "new connection"
+FRESH_PROCESS = "fresh process"
+_CHILD_TIMEOUT = 60.0
+_GO = "go"
 
-Activate = Callable[[contextlib.ExitStack, str], None]
-"""Activate against the service at the URL given, releasing everything on the stack."""
+Activate = Callable[[contextlib.ExitStack, str], "float | None"]
+"""Activate against the service at the URL given, releasing everything on the stack;
+the seconds it took when it timed itself (in a child process), else ``None``."""
 
 
 def run(context: Context) -> ScenarioResult:
@@ -60,6 +78,16 @@ def run(context: Context) -> ScenarioResult:
 
     def ours(stack: contextlib.ExitStack, url: str) -> None:
         sandbox = activate_e2b(ours_backend(url, stack), workspace)
+        stack.callback(sandbox.dispose)
+        sandbox.exec("true")
+
+    kept_backends = contextlib.ExitStack()
+    backends: dict[str, E2bCompatibleBackend] = {}
+
+    def ours_kept(stack: contextlib.ExitStack, url: str) -> None:
+        if url not in backends:
+            backends[url] = ours_backend(url, kept_backends)
+        sandbox = activate_e2b(backends[url], workspace)
         stack.callback(sandbox.dispose)
         sandbox.exec("true")
 
@@ -91,15 +119,19 @@ def run(context: Context) -> ScenarioResult:
             group,
         )
 
-    with E2bServer() as doubles, KubernetesServer() as cluster:
+    with E2bServer() as doubles, KubernetesServer() as cluster, kept_backends:
         cases = [
-            on_loopback("loopback", "ours-sandbox", "ours", ours),
+            on_loopback("loopback", "ours-sandbox", "ours", ours_kept),
             on_loopback("loopback", "ours-sandbox", "ours", ours, NEW_CONNECTION),
+            on_loopback("loopback", "ours-sandbox", "ours", _in_child("ours"), FRESH_PROCESS),
             on_loopback("kubernetes-loopback", "ours-sandbox", "ours", kubernetes),
         ]
         if has_sdk:
             cases.append(on_loopback("loopback", "e2b-sdk", "reference", sdk))
             cases.append(on_loopback("loopback", "e2b-sdk", "reference", sdk, NEW_CONNECTION))
+            cases.append(
+                on_loopback("loopback", "e2b-sdk", "reference", _in_child("sdk"), FRESH_PROCESS)
+            )
         if not context.rtt_ms:
             cases += _double_cases(doubles, cluster, ours, kubernetes, sdk if has_sdk else None)
         notes: list[str] = [
@@ -154,7 +186,8 @@ class _Case:
     requests: Callable[[], int]
     connections: Callable[[], int] | None = None
     group: str = ""
-    """``NEW_CONNECTION``: each run on an address no client has a connection to yet."""
+    """``NEW_CONNECTION``: each run on an address no client has a connection to yet;
+    ``FRESH_PROCESS``: the same, from a process that has made no request before."""
 
 
 def _double_cases(
@@ -194,20 +227,99 @@ def _time(
     for _ in range(runs):
         with contextlib.ExitStack() as stack:
             url = case.url
-            if case.group == NEW_CONNECTION:
+            if case.group in (NEW_CONNECTION, FRESH_PROCESS):
                 fresh = ProxyProcess(context.loopback.url, delay_ms=context.rtt_ms / 2)
                 url = stack.enter_context(fresh).url
             requests = case.requests()
             connections = case.connections() if case.connections is not None else 0
             start = time.perf_counter_ns()
-            case.activate(stack, url)
-            seconds.append((time.perf_counter_ns() - start) / 1e9)
+            timed = case.activate(stack, url)
+            seconds.append((time.perf_counter_ns() - start) / 1e9 if timed is None else timed)
             extra["requests"] = case.requests() - requests
             if case.connections is not None:
                 extra["connections"] = case.connections() - connections
     return seconds, extra
 
 
+def _in_child(client: str) -> Activate:
+    """Activate in a fresh child process, which reports the seconds it took.
+
+    The child imports everything, says it is ready, and on ``go`` times one activation
+    and its first command; the counters are read while it waits to tear down.
+    """
+
+    def activate(stack: contextlib.ExitStack, url: str) -> float:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.activation", "--child", client, "--url", url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        stack.callback(_reap, child)
+        assert child.stdin is not None and child.stdout is not None
+        if readline_within(child.stdout, _CHILD_TIMEOUT) != "ready":
+            raise RuntimeError(f"the {client} child did not start")
+        child.stdin.write(f"{_GO}\n")
+        child.stdin.flush()
+        answer = readline_within(child.stdout, _CHILD_TIMEOUT)
+        try:
+            return float(answer)
+        except ValueError:
+            raise RuntimeError(f"the {client} child failed: {answer!r}") from None
+
+    return activate
+
+
+def _reap(child: subprocess.Popen[str]) -> None:
+    """Let the child tear down (its stdin closes) and wait for it."""
+    if child.stdin is not None:
+        with contextlib.suppress(OSError):
+            child.stdin.close()
+    try:
+        child.wait(_CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    if child.stdout is not None:
+        child.stdout.close()
+
+
+def _child(client: str, url: str) -> None:
+    """One first activation in this process: print its seconds, tear down at EOF."""
+    load_sdk()  # imported before the clock starts, as for ours
+    with tempfile.TemporaryDirectory() as workspace, contextlib.ExitStack() as stack:
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != _GO:
+            return
+        try:
+            start = time.perf_counter_ns()
+            if client == "sdk":
+                sdk_sandbox(url, stack).commands.run("true")
+            else:
+                sandbox = activate_e2b(ours_backend(url, stack), workspace)
+                stack.callback(sandbox.dispose)
+                sandbox.exec("true")
+            seconds = (time.perf_counter_ns() - start) / 1e9
+        except Exception as error:
+            print(f"{type(error).__name__}: {error}", flush=True)
+            return
+        print(seconds, flush=True)
+        sys.stdin.read()  # the parent has read its counters: tear down
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.activation")
+    parser.add_argument("--child", choices=("ours", "sdk"), required=True)
+    parser.add_argument("--url", required=True)
+    args = parser.parse_args()
+    _child(args.child, args.url)
+
+
 def _line(recorded: Recorded) -> str:
     path = recorded.path.split("?")[0]
     return f"{recorded.method} {path.replace(CLAIMS, '<claims>')}"
+
+
+if __name__ == "__main__":
+    _main()

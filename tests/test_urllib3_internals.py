@@ -24,7 +24,9 @@ from piship_remote.transport._urllib3_internals import (
     SingleWriteRequest,
     SocketFactoryHook,
     chunked_source,
+    connected_from_pool,
     record_retired,
+    return_to_pool,
 )
 
 
@@ -152,3 +154,17 @@ def test_a_header_with_a_line_break_is_refused_as_urllib3_refuses_it() -> None:
     with pytest.raises(ValueError):
         conn.request("POST", "/run", body=b"", headers={"Content-Length": "0", "X": "a\r\nB: c"})
     assert sock.writes == []
+
+
+def test_a_pool_lends_and_takes_back_connections_outside_urlopen() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(2)
+        pool = urllib3.HTTPConnectionPool("127.0.0.1", listener.getsockname()[1], maxsize=2)
+        try:
+            conn = connected_from_pool(pool, 5)
+            assert conn.sock is not None
+            return_to_pool(pool, conn)
+            assert pool._get_conn(timeout=0) is conn
+        finally:
+            pool.close()

@@ -15,12 +15,13 @@ was created; lifetimes travel as whole seconds, rounded up.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import cattrs
@@ -62,6 +63,15 @@ _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}\Z")
 _DOMAIN = re.compile(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?\Z")
 # What may travel in an HTTP header value: visible ASCII, nothing that ends a line.
 _HEADER_VALUE = re.compile(r"[\x21-\x7e]+\Z")
+
+
+@runtime_checkable
+class _ExtraConnection(Protocol):
+    """A client that can open a connection while a request is in flight (``Transport``)."""
+
+    def extra_connection(
+        self, url: str, timeout: float
+    ) -> contextlib.AbstractContextManager[None]: ...
 
 
 @attrs.frozen
@@ -185,8 +195,23 @@ class ControlPlane:
             cancel=cancel,
         )
 
-    def health(self) -> Availability:
-        """``GET /health`` without credentials; any 2xx means available. Never raises."""
+    def health(self, spare: str | None = None) -> Availability:
+        """``GET /health`` without credentials; any 2xx means available. Never raises.
+
+        ``spare`` is the envd base URL when it is known before the create answers:
+        while the health check is in flight, one more connection to it is opened, so
+        the readiness command's renewal and Start go out together on open connections.
+        """
+        with self._extra_connection(spare):
+            return self._health()
+
+    def _extra_connection(self, url: str | None) -> contextlib.AbstractContextManager[None]:
+        client = self._transport
+        if url is None or not isinstance(client, _ExtraConnection):
+            return contextlib.nullcontext()
+        return client.extra_connection(url, HEALTH_TIMEOUT)
+
+    def _health(self) -> Availability:
         try:
             response = self._transport.request(
                 "GET", f"{self.endpoint}/health", timeout=HEALTH_TIMEOUT

@@ -170,7 +170,8 @@ class E2bCompatibleBackend:
 
     def available(self) -> Availability:
         """``GET /health`` without credentials; any 2xx means available. Never raises."""
-        return self._control.health()
+        known = self._envd_url if isinstance(self._envd_url, str) else None
+        return self._control.health(spare=known)
 
     def prepare(self, profile: SandboxProfile) -> E2bInstance:
         """Create a sandbox for ``profile`` (only its network mode is used)."""

@@ -19,6 +19,9 @@ of these, ``tests/test_urllib3_internals.py`` fails before anything here misbeha
   write (request line, headers and body), as http.client itself sends a bytes body
   with the headers; urllib3 writes the headers and the body separately and checks every
   header again, which costs a system call and more CPU than the rest of a short request.
+- ``HTTPConnectionPool._get_conn`` / ``._put_conn``: a connection is opened ahead of
+  the request that will use it (while another request is in flight), which urllib3
+  only does inside ``urlopen``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ __all__ = [
     "SingleWriteRequest",
     "SocketFactoryHook",
     "chunked_source",
+    "connected_from_pool",
     "record_retired",
+    "return_to_pool",
 ]
 
 
@@ -179,3 +184,32 @@ def chunked_source(
     if inner.chunk_left is not None or not isinstance(fp, io.BufferedReader):
         return None
     return inner, fp
+
+
+def connected_from_pool(
+    pool: urllib3.connectionpool.HTTPConnectionPool, timeout: float
+) -> urllib3.connection.HTTPConnection:
+    """A connection taken out of ``pool`` (an idle one, else a new one), connected
+    within ``timeout`` seconds.
+
+    It stays out of the pool until :func:`return_to_pool`; a connect failure closes it
+    and puts its slot back.
+    """
+    conn = pool._get_conn(timeout=0)
+    assert isinstance(conn, urllib3.connection.HTTPConnection)
+    try:
+        if conn.sock is None:
+            conn.timeout = timeout
+            conn.connect()
+    except BaseException:
+        conn.close()
+        pool._put_conn(None)
+        raise
+    return conn
+
+
+def return_to_pool(
+    pool: urllib3.connectionpool.HTTPConnectionPool, conn: urllib3.connection.HTTPConnection
+) -> None:
+    """Put ``conn`` back as an idle connection (closed if the pool was closed meanwhile)."""
+    pool._put_conn(conn)

@@ -26,12 +26,13 @@ What it guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import json as jsonlib
 import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import requests
@@ -51,6 +52,7 @@ from piship_remote.redact import Redactor
 from piship_remote.transport._connection import HOSTS, CancellableAdapter
 from piship_remote.transport._prepared import Outgoing, Route, Target
 from piship_remote.transport._scope import CURRENT, Call
+from piship_remote.transport._urllib3_internals import connected_from_pool, return_to_pool
 from piship_remote.transport.endpoint import (
     check_endpoint,
     check_url,
@@ -194,6 +196,38 @@ class Transport:
                 raise  # a bug or a bad argument: its traceback is for debugging
             mapped.__traceback__ = mapped.__context__ = mapped.__cause__ = None
             return mapped
+
+    @contextlib.contextmanager
+    def extra_connection(self, url: str, timeout: float) -> Iterator[None]:
+        """While the block runs, hold one more connection to ``url``'s origin open.
+
+        A ``piship-connect`` thread takes a connection out of the pool (an idle one,
+        else a new one it connects: TCP, and TLS for https) and holds it until the
+        block ends, so requests made in the block use others; then it goes back to the
+        pool, and two requests there can start at once without a connection set-up.
+        The set-up overlaps the block's own requests. Best effort: a failure to connect
+        is the next request's to report. The thread is joined before the block returns.
+        """
+        try:
+            pool = self._route(self._target(url)).pool
+        except Exception:
+            pool = None
+        if pool is None:
+            yield
+            return
+        done = threading.Event()
+        thread = threading.Thread(
+            target=_hold_connection,
+            args=(pool, timeout, done),
+            name="piship-connect",
+            daemon=True,
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _log(self, method: str, url: str, outcome: object, started: float) -> None:
         """One DEBUG line per request: method, path (redacted), outcome, time taken."""
@@ -371,3 +405,15 @@ class Transport:
                 self._session.cookies, outgoing.prepared(), opened
             )
         return opened
+
+
+def _hold_connection(
+    pool: urllib3.connectionpool.HTTPConnectionPool, timeout: float, done: threading.Event
+) -> None:
+    """Connect one of ``pool``'s connections, hold it until ``done``, give it back."""
+    try:
+        conn = connected_from_pool(pool, timeout)
+    except Exception:
+        return  # the request that needs it connects (and reports) by itself
+    done.wait()
+    return_to_pool(pool, conn)
