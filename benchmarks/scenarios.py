@@ -20,6 +20,7 @@ from benchmarks import (
     cancellation,
     concurrency,
     exec_latency,
+    file_transfer,
     memory,
     stream_throughput,
 )
@@ -46,6 +47,7 @@ _REGISTERED = (
     Scenario(cancellation.NAME, cancellation.run),
     Scenario(memory.NAME, memory.run),
     Scenario(activation.NAME, activation.run, round_trips=True),
+    Scenario(file_transfer.NAME, file_transfer.run, round_trips=True),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}
