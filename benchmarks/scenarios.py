@@ -22,6 +22,7 @@ from benchmarks import (
     exec_latency,
     file_transfer,
     memory,
+    push,
     stream_throughput,
 )
 from benchmarks.report import ScenarioResult
@@ -48,6 +49,7 @@ _REGISTERED = (
     Scenario(memory.NAME, memory.run),
     Scenario(activation.NAME, activation.run, round_trips=True),
     Scenario(file_transfer.NAME, file_transfer.run, round_trips=True),
+    Scenario(push.NAME, push.run, round_trips=True),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}
