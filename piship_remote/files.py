@@ -151,13 +151,18 @@ class SandboxFiles:
         size = self._download_file(source, target, progress)
         return TransferSummary(1, size)
 
-    def upload_archive(self, chunks: Iterator[bytes], target: str) -> None:
-        """Send a tar stream and unpack it into the remote directory ``target``."""
+    def upload_archive(self, chunks: Iterator[bytes], target: str, *, then: str = "") -> None:
+        """Send a tar stream and unpack it into the remote directory ``target``.
+
+        ``then`` is a shell line run after a successful unpack in the same command
+        (one round trip fewer than a command of its own).
+        """
         archive = _staged_archive()
         self._remote.write(archive, chunks, cancel=self._cancel)
+        after = f" && {then}" if then else ""
         self.run_checked(
             f"mkdir -p {shlex.quote(target)} && tar -xf {shlex.quote(archive)}"
-            f" -C {shlex.quote(target)} --no-same-owner; status=$?;"
+            f" -C {shlex.quote(target)} --no-same-owner{after}; status=$?;"
             f" rm -f {shlex.quote(archive)}; exit $status",
             f"unpacking into {target}",
         )
