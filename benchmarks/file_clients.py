@@ -22,7 +22,7 @@ import contextlib
 import os
 import socket
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import requests
@@ -223,7 +223,7 @@ def file_clients(
     url: str, api_key: str, workspace: str, stack: contextlib.ExitStack
 ) -> tuple[list[FileClient], list[str]]:
     """Ours, the SDK and the raw socket on the service at ``url``; who could not be set up."""
-    makers = {
+    makers: dict[str, Callable[[], FileClient]] = {
         "ours-sandbox": lambda: OursFiles(ours_sandbox(url, api_key, workspace, stack)),
         "e2b-sdk": lambda: _sdk(url, api_key, stack),
         "socket-raw": lambda: raw_sandbox(url, api_key, stack),

@@ -26,8 +26,8 @@ from typing import Any
 
 from benchmarks.file_clients import FileClient, OursFiles, file_clients, ours_sandbox
 from benchmarks.file_sizes import FILE_SIZES, MIB
-from benchmarks.loopback import ROOT
 from benchmarks.local_service import HOME, LocalServiceProcess, unavailable
+from benchmarks.loopback import ROOT
 from benchmarks.proxy import ProxyProcess
 from benchmarks.report import Row, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context, alternate

@@ -32,7 +32,7 @@ _STOP_TIMEOUT = 20.0
 
 
 def service_backend(url: str, api_key: str, stack: contextlib.ExitStack) -> E2bCompatibleBackend:
-    """Our E2B backend for the service at ``url`` (or a proxy in front of it), closed by ``stack``."""
+    """Our E2B backend for the service at ``url`` (or a proxy before it), closed by ``stack``."""
     backend = E2bCompatibleBackend(
         endpoint=url, envd_url=url, credential=lambda: api_key, workdir=HOME, user=USER
     )

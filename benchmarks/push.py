@@ -95,8 +95,11 @@ def run(context: Context) -> ScenarioResult:
     ):
         make_tree(tree, size.tree_files, size.tree_bytes)
         ours = OursPush(ours_sandbox(url, service.api_key, tree, stack))
-        clients: list[OursPush | TarPost] = [ours, TarPost(raw_sandbox(url, service.api_key, stack))]
-        samples = alternate(clients, rounds=size.push_rounds, measure=lambda c: [timed(c.push, tree)])
+        floor = TarPost(raw_sandbox(url, service.api_key, stack))
+        clients: list[OursPush | TarPost] = [ours, floor]
+        samples = alternate(
+            clients, rounds=size.push_rounds, measure=lambda client: [timed(client.push, tree)]
+        )
         counted: list[bytes] = []
         ours.sandbox.exec("find . -type f | wc -l", on_data=counted.append)
         arrived = b"".join(counted).decode().strip()
