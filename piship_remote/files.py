@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 from piship_remote._archive import tar_stream, unpack_tar
 from piship_remote._workspace_tree import inside, select_tree
-from piship_remote.backends._file_protocol import RemoteFiles
+from piship_remote.backends._file_protocol import RemoteFiles, SizedChunks
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
 
@@ -131,7 +131,9 @@ class SandboxFiles:
         if not os.path.isfile(source):
             raise _missing_host(os.fspath(local))
         with open(source, "rb") as handle:
-            info = self._remote.write(target, _chunks(handle, progress), cancel=self._cancel)
+            size = os.fstat(handle.fileno()).st_size
+            chunks = SizedChunks(_chunks(handle, progress), size)
+            info = self._remote.write(target, chunks, cancel=self._cancel)
         return TransferSummary(1, info.size or os.path.getsize(source))
 
     def download(
