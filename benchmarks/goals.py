@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from benchmarks.activation import NEW_CONNECTION
+from benchmarks.file_goals import file_goals
 from benchmarks.report import Goal, Row, ScenarioResult
 
 __all__ = ["ROUND_TRIP_MS", "evaluate"]
@@ -67,7 +68,8 @@ def _reference(row: Row | None) -> float | None:
 
 def evaluate(scenarios: Iterable[ScenarioResult]) -> tuple[Goal, ...]:
     """One goal per target and client of ours (unmeasured ones have ``passed=None``)."""
-    rows = _Rows([row for scenario in scenarios for row in scenario.rows])
+    flat = [row for scenario in scenarios for row in scenario.rows]
+    rows = _Rows(flat)
     at = ROUND_TRIP_MS
     goals = [
         _goal(
@@ -137,4 +139,5 @@ def evaluate(scenarios: Iterable[ScenarioResult]) -> tuple[Goal, ...]:
                 lambda v: v <= 32,
             )
         )
+    goals.extend(file_goals(flat))
     return tuple(goals)

@@ -20,7 +20,9 @@ from benchmarks import (
     cancellation,
     concurrency,
     exec_latency,
+    file_transfer,
     memory,
+    push,
     stream_throughput,
 )
 from benchmarks.report import ScenarioResult
@@ -46,6 +48,8 @@ _REGISTERED = (
     Scenario(cancellation.NAME, cancellation.run),
     Scenario(memory.NAME, memory.run),
     Scenario(activation.NAME, activation.run, round_trips=True),
+    Scenario(file_transfer.NAME, file_transfer.run, round_trips=True),
+    Scenario(push.NAME, push.run, round_trips=True),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}

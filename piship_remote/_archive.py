@@ -32,24 +32,35 @@ MAX_UNPACKED_BYTES = 64 * 1024**3
 
 
 def tar_stream(entries: Iterable[TreeEntry], chunk: int = CHUNK) -> Iterator[bytes]:
-    """A POSIX (pax) tar of ``entries``, produced as it is read: one file open at a time."""
+    """A POSIX (pax) tar of ``entries``, produced as it is read: one file open at a time.
+
+    Headers, small files and padding are gathered into pieces of about ``chunk``
+    bytes, so a tree of many small files goes out in few sends, not three per file.
+    """
+    pending = bytearray()
     for entry in entries:
-        yield from _member(entry, chunk)
-    yield b"\0" * (2 * BLOCK)
+        for piece in _member(entry, chunk):
+            if pending and len(pending) + len(piece) > chunk:
+                yield bytes(pending)
+                pending.clear()
+            if len(piece) >= chunk:
+                yield piece
+            else:
+                pending += piece
+    end = b"\0" * (2 * BLOCK)
+    if pending and len(pending) + len(end) > chunk:
+        yield bytes(pending)
+        pending.clear()
+    yield bytes(pending + end)
 
 
 def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
-    info = tarfile.TarInfo(entry.relative)
-    info.mode = entry.mode
-    info.mtime = int(entry.mtime)
     if entry.kind == "dir":
-        info.type = tarfile.DIRTYPE
-        yield info.tobuf(tarfile.PAX_FORMAT)
+        yield _header(entry.relative, entry.mode, int(entry.mtime), tarfile.DIRTYPE)
         return
     if entry.kind == "symlink":
-        info.type = tarfile.SYMTYPE
-        info.linkname = entry.link_target or ""
-        yield info.tobuf(tarfile.PAX_FORMAT)
+        yield _header(entry.relative, entry.mode, int(entry.mtime), tarfile.SYMTYPE, 0,
+                      entry.link_target or "")
         return
     try:
         handle = open(entry.absolute, "rb")  # noqa: SIM115 - closed below, after the header
@@ -57,11 +68,51 @@ def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
         return  # vanished or unreadable since it was selected: not sent
     with handle:
         size = os.fstat(handle.fileno()).st_size
-        info.size = size
-        yield info.tobuf(tarfile.PAX_FORMAT)
+        yield _header(entry.relative, entry.mode, int(entry.mtime), tarfile.REGTYPE, size)
         yield from _exactly(handle, size, chunk)
     if size % BLOCK:
         yield b"\0" * (BLOCK - size % BLOCK)
+
+
+_USTAR_TAIL = tarfile.POSIX_MAGIC + b"\0" * (32 + 32 + 8 + 8 + 155 + 12)
+
+
+def _header(
+    name: str, mode: int, mtime: int, kind: bytes, size: int = 0, link: str = ""
+) -> bytes:
+    """The member's header block(s): the bytes ``TarInfo.tobuf(PAX_FORMAT)`` gives, built
+    directly when every field fits a plain ustar header (the common case), else by tarfile."""
+    if kind == tarfile.DIRTYPE and not name.endswith("/"):
+        name += "/"
+    if not (
+        name.isascii()
+        and len(name) <= 100
+        and link.isascii()
+        and len(link) <= 100
+        and 0 <= size < 8**11
+        and 0 <= mtime < 8**11
+    ):
+        return _pax_header(name, mode, mtime, kind, size, link)
+    block = b"".join(
+        (
+            name.encode("ascii").ljust(100, b"\0"),
+            b"%07o\0%07o\0%07o\0%011o\0%011o\0        " % (mode & 0o7777, 0, 0, size, mtime),
+            kind,
+            link.encode("ascii").ljust(100, b"\0"),
+            _USTAR_TAIL,
+        )
+    )
+    return block[:148] + b"%06o\0" % sum(block) + block[155:]
+
+
+def _pax_header(name: str, mode: int, mtime: int, kind: bytes, size: int, link: str) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.mode = mode
+    info.mtime = mtime
+    info.type = kind
+    info.size = size
+    info.linkname = link
+    return info.tobuf(tarfile.PAX_FORMAT)
 
 
 def _exactly(handle: BinaryIO, size: int, chunk: int) -> Iterator[bytes]:

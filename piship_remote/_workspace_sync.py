@@ -86,8 +86,9 @@ class WorkspaceSync:
             self._root, read_deny=self._read_deny, paths=starts, use_gitignore=self._use_gitignore
         )
         target = self._files.working_directory()
-        self._files.upload_archive(tar_stream(selection.entries), target)
-        self._files.run_checked(f"touch {shlex.quote(self._stamp)}", "marking the push")
+        self._files.upload_archive(
+            tar_stream(selection.entries), target, then=f"touch {shlex.quote(self._stamp)}"
+        )
         summary = TransferSummary(selection.files, selection.bytes, selection.skipped)
         pushed = {entry.relative for entry in selection.entries if entry.kind == "file"}
         with self._lock:

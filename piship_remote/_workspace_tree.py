@@ -73,7 +73,10 @@ def select_tree(
     use_gitignore: bool = True,
 ) -> TreeSelection:
     """Walk ``root`` (or only ``paths`` below it, absolute) and decide what a push sends."""
-    walker = _Walker(os.path.realpath(root), tuple(read_deny), use_gitignore)
+    real = os.path.realpath(root)
+    # Every visited path is below the root, so only denials below it or above it can apply.
+    relevant = tuple(path for path in read_deny if inside(path, real) or inside(real, path))
+    walker = _Walker(real, relevant, use_gitignore)
     starts = [walker.root] if paths is None else [os.path.abspath(path) for path in paths]
     for start in starts:
         walker.visit_start(start)
@@ -158,18 +161,20 @@ class _Walker:
             return None
         if relative.split("/")[-1] == GIT_DIRECTORY:
             return "ignored"
-        if self.use_gitignore and self._ignored(relative, os.path.isdir(absolute)):
+        if self.use_gitignore and self._ignored(relative, absolute):
             return "ignored"
         return None
 
-    def _ignored(self, relative: str, is_dir: bool) -> bool:
+    def _ignored(self, relative: str, absolute: str) -> bool:
         parts = relative.split("/")
-        candidate = relative + ("/" if is_dir else "")
+        candidate: str | None = None  # stat only once a .gitignore applies
         for depth in range(len(parts) - 1, -1, -1):
             base = "/".join(parts[:depth])
             spec = self._spec(base)
             if spec is None:
                 continue
+            if candidate is None:
+                candidate = relative + ("/" if os.path.isdir(absolute) else "")
             below = candidate[len(base) + 1 :] if base else candidate
             verdict = spec.check_file(below).include
             if verdict is not None:

@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 from piship_remote._archive import tar_stream, unpack_tar
 from piship_remote._workspace_tree import inside, select_tree
-from piship_remote.backends._file_protocol import RemoteFiles
+from piship_remote.backends._file_protocol import RemoteFiles, SizedChunks
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
 
@@ -131,7 +131,9 @@ class SandboxFiles:
         if not os.path.isfile(source):
             raise _missing_host(os.fspath(local))
         with open(source, "rb") as handle:
-            info = self._remote.write(target, _chunks(handle, progress), cancel=self._cancel)
+            size = os.fstat(handle.fileno()).st_size
+            chunks = SizedChunks(_chunks(handle, progress), size)
+            info = self._remote.write(target, chunks, cancel=self._cancel)
         return TransferSummary(1, info.size or os.path.getsize(source))
 
     def download(
@@ -141,23 +143,57 @@ class SandboxFiles:
         source = self.resolve(remote)
         target = os.path.abspath(local)
         self._check_writable(target)
-        info = self._remote.stat(source, cancel=self._cancel)
+        # Most downloads are of a file: its bytes are fetched while the Stat that says
+        # what the path is runs beside them, and kept only once it says "file".
+        stat = _Beside(lambda: self._remote.stat(source, cancel=self._cancel))
+        try:
+            fetched = self._fetch_file(source, target, progress)
+        except PiShipError:
+            info = stat.result()
+            if info is not None and info.type == "file":
+                raise
+            return self._download_other(info, remote, source, target, progress)
+        except BaseException:
+            stat.result_quietly()
+            raise
+        temporary, size = fetched
+        try:
+            info = stat.result()
+            if info is None or info.type != "file":
+                _unlink_quietly(temporary)
+                return self._download_other(info, remote, source, target, progress)
+            os.replace(temporary, target)
+        except BaseException:
+            _unlink_quietly(temporary)
+            raise
+        return TransferSummary(1, size)
+
+    def _download_other(
+        self,
+        info: FileInfo | None,
+        remote: str,
+        source: str,
+        target: str,
+        progress: Progress | None,
+    ) -> TransferSummary:
         if info is None:
             raise _missing_remote(remote)
         if info.type == "dir":
             return self._download_tree(source, target, progress)
-        if info.type != "file":
-            return TransferSummary(skipped=(SkippedPath(remote, "not a regular file"),))
-        size = self._download_file(source, target, progress)
-        return TransferSummary(1, size)
+        return TransferSummary(skipped=(SkippedPath(remote, "not a regular file"),))
 
-    def upload_archive(self, chunks: Iterator[bytes], target: str) -> None:
-        """Send a tar stream and unpack it into the remote directory ``target``."""
+    def upload_archive(self, chunks: Iterator[bytes], target: str, *, then: str = "") -> None:
+        """Send a tar stream and unpack it into the remote directory ``target``.
+
+        ``then`` is a shell line run after a successful unpack in the same command
+        (one round trip fewer than a command of its own).
+        """
         archive = _staged_archive()
         self._remote.write(archive, chunks, cancel=self._cancel)
+        after = f" && {then}" if then else ""
         self.run_checked(
             f"mkdir -p {shlex.quote(target)} && tar -xf {shlex.quote(archive)}"
-            f" -C {shlex.quote(target)} --no-same-owner; status=$?;"
+            f" -C {shlex.quote(target)} --no-same-owner{after}; status=$?;"
             f" rm -f {shlex.quote(archive)}; exit $status",
             f"unpacking into {target}",
         )
@@ -201,7 +237,10 @@ class SandboxFiles:
         create = f"tar -cf {shlex.quote(archive)} -C {shlex.quote(source)} ."
         return self.download_archive(create, archive, target, progress)
 
-    def _download_file(self, source: str, target: str, progress: Progress | None) -> int:
+    def _fetch_file(
+        self, source: str, target: str, progress: Progress | None
+    ) -> tuple[str, int]:
+        """The remote file in a temporary file beside ``target``: its path and size."""
         directory = _existing_parent(target)
         handle, temporary = tempfile.mkstemp(prefix=".piship-", suffix=".part", dir=directory)
         try:
@@ -209,11 +248,10 @@ class SandboxFiles:
                 size = self._remote.read(
                     source, _counting(out.write, progress), cancel=self._cancel
                 )
-            os.replace(temporary, target)
         except BaseException:
             _unlink_quietly(temporary)
             raise
-        return size
+        return temporary, size
 
     def _default_remote(self, source: str) -> str:
         """The same path relative to the workspace, or the base name for a path outside it."""
@@ -235,6 +273,36 @@ class SandboxFiles:
     def _may_write(self, path: str) -> bool:
         real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
         return not self._write_allow or any(inside(real, place) for place in self._write_allow)
+
+
+class _Beside:
+    """``action()`` run on a thread of its own while the caller does something else."""
+
+    def __init__(self, action: Callable[[], FileInfo | None]) -> None:
+        self._action = action
+        self._value: FileInfo | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="piship-files-stat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._action()
+        except BaseException as error:  # handed to the caller by result()
+            self._error = error
+
+    def result(self) -> FileInfo | None:
+        """What ``action()`` returned (or raised), once it is done."""
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._value
+
+    def result_quietly(self) -> None:
+        """Wait for ``action()`` and drop what it gave (the caller is failing already)."""
+        self._thread.join()
+        self._error = None
 
 
 def _chunks(data: bytes | str | BinaryIO, progress: Progress | None = None) -> Iterator[bytes]:

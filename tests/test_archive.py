@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote._archive import tar_stream, unpack_tar
+from piship_remote._archive import _header, tar_stream, unpack_tar
 from piship_remote._workspace_tree import select_tree
 from piship_remote.errors import PiShipError
 from piship_remote.transfer import SkippedPath
@@ -55,6 +55,36 @@ def test_the_stream_is_produced_in_bounded_chunks(tmp_path: Path) -> None:
     chunks = list(tar_stream(select_tree(str(tmp_path)).entries, chunk=64 * 1024))
     assert max(len(chunk) for chunk in chunks) <= 64 * 1024
     assert sum(len(chunk) for chunk in chunks) % tarfile.BLOCKSIZE == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "size", "link", "mtime", "mode"),
+    [
+        ("a.txt", tarfile.REGTYPE, 5, "", 1_700_000_000, 0o644),
+        ("dir/sub", tarfile.DIRTYPE, 0, "", 0, 0o755),
+        ("link", tarfile.SYMTYPE, 0, "dir/a.txt", 123, 0o777),
+        ("n" * 100, tarfile.REGTYPE, 8**11 - 1, "", 8**11 - 1, 0o4755),
+        ("d" * 100, tarfile.DIRTYPE, 0, "", 1, 0o700),  # 101 with its slash: pax
+        ("é.txt", tarfile.REGTYPE, 9, "", 5, 0o600),
+        ("long/" * 30, tarfile.REGTYPE, 8**11, "", 1, 0o644),
+        ("old", tarfile.REGTYPE, 1, "", -5, 0o644),
+        ("far", tarfile.SYMTYPE, 0, "t" * 101, 1, 0o777),
+    ],
+)
+def test_member_headers_are_the_bytes_tarfile_writes(
+    name: str, kind: bytes, size: int, link: str, mtime: int, mode: int
+) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.linkname, info.mtime, info.mode = kind, size, link, mtime, mode
+    assert _header(name, mode, mtime, kind, size, link) == info.tobuf(tarfile.PAX_FORMAT)
+
+
+def test_many_small_files_go_out_in_few_pieces(tmp_path: Path) -> None:
+    for index in range(200):
+        (tmp_path / f"f{index}").write_bytes(b"x" * 100)
+    chunks = list(tar_stream(select_tree(str(tmp_path)).entries, chunk=64 * 1024))
+    assert len(chunks) == 4  # 200 x (512 header + 512 data) + the end: 3.1 x 64 KiB
+    assert max(len(chunk) for chunk in chunks) <= 64 * 1024
 
 
 @pytest.mark.parametrize(

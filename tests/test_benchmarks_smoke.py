@@ -24,6 +24,8 @@ SCENARIOS = {
     "cancellation",
     "memory",
     "activation",
+    "file_transfer",
+    "push",
 }
 ROW_KEYS = {
     "scenario",
@@ -43,6 +45,8 @@ ROW_KEYS = {
     "rtt_ms",
 }
 ROUND_TRIP_SCENARIOS = {"exec_latency", "concurrency", "activation"}
+FILE_SCENARIOS = {"file_transfer", "push"}  # measured at every round trip too
+NO_LOCAL_SERVICE = "the local service cannot run here"
 
 
 def _bench(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -89,6 +93,8 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
     assert set(scenarios) == SCENARIOS
     for scenario in scenarios.values():
         assert not [s for s in scenario["skipped"] if s.startswith("the scenario failed")]
+        if scenario["name"] in FILE_SCENARIOS and _without_local_service(scenario):
+            continue
         assert scenario["rows"], scenario["name"]
         for row in scenario["rows"]:
             assert set(row) == ROW_KEYS
@@ -124,7 +130,53 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
         "stream MB/s vs SDK",
         "stream MB/s vs raw socket",
         "RSS growth while streaming",
+        *(
+            f"{what} at {rtt} ms RTT"
+            for rtt in (0, 20)
+            for what in (
+                "file upload MB/s vs SDK",
+                "file upload MB/s vs raw socket",
+                "file download MB/s vs SDK",
+                "file download MB/s vs raw socket",
+                "push vs tar c into one raw POST",
+                "RSS growth moving a file up and back",
+            )
+        ),
     } == names
+
+
+def _without_local_service(scenario: dict[str, Any]) -> bool:
+    return any(reason.startswith(NO_LOCAL_SERVICE) for reason in scenario["skipped"])
+
+
+@pytest.mark.timeout(180)
+def test_file_transfer_rows_compare_ours_the_sdk_and_the_socket_both_ways(
+    tiny_report: dict[str, Any],
+) -> None:
+    for scenario in tiny_report["scenarios"]:
+        if scenario["name"] != "file_transfer" or _without_local_service(scenario):
+            continue
+        assert not [s for s in scenario["skipped"] if "differs" in s]
+        rows = {(row["group"], row["client"]): row for row in scenario["rows"]}
+        clients = {"ours-sandbox", "socket-raw"} | (
+            {"e2b-sdk"} if importlib.util.find_spec("e2b") is not None else set()
+        )
+        for direction in ("upload", "download"):
+            assert {client for group, client in rows if group == direction} == clients
+            assert rows[(direction, "ours-sandbox")]["unit"] == "MB/s"
+            assert rows[(direction, "ours-sandbox")]["ratio_floor"] is not None
+        assert rows[("RSS upload+download", "ours-sandbox")]["unit"] == "MiB"
+
+
+@pytest.mark.timeout(180)
+def test_push_rows_compare_ours_with_tar_into_one_post(tiny_report: dict[str, Any]) -> None:
+    for scenario in tiny_report["scenarios"]:
+        if scenario["name"] != "push" or _without_local_service(scenario):
+            continue
+        assert not scenario["skipped"]  # every pushed file arrived
+        clients = {row["client"]: row for row in scenario["rows"]}
+        assert set(clients) == {"ours-sandbox", "tar-post-raw"}
+        assert clients["ours-sandbox"]["ratio_floor"] is not None
 
 
 @pytest.mark.timeout(180)
@@ -133,8 +185,9 @@ def test_round_trip_scenarios_ran_straight_and_behind_the_proxy(
 ) -> None:
     assert tiny_report["rtts_ms"] == [0, 20]
     ran = {(s["name"], s["rtt_ms"]) for s in tiny_report["scenarios"]}
-    assert {(name, 20) for name in ROUND_TRIP_SCENARIOS} <= ran
-    assert not {(name, 20) for name in SCENARIOS - ROUND_TRIP_SCENARIOS} & ran
+    every_rtt = ROUND_TRIP_SCENARIOS | FILE_SCENARIOS
+    assert {(name, 20) for name in every_rtt} <= ran
+    assert not {(name, 20) for name in SCENARIOS - every_rtt} & ran
     for scenario in tiny_report["scenarios"]:
         assert {row["rtt_ms"] for row in scenario["rows"]} == {scenario["rtt_ms"]}
 

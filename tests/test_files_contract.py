@@ -19,6 +19,7 @@ import attrs
 import pytest
 
 from piship_remote import PiShipError, Sandbox, SkippedPath, activate_sandbox
+from piship_remote.backends._file_protocol import SizedChunks
 from piship_remote.backends.base import Backend
 from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND
@@ -198,6 +199,25 @@ def test_upload_and_download_a_file(sandbox: Sandbox, workspace: Path) -> None:
     assert sandbox.files.read("in.txt") == b"payload"
     back = sandbox.files.download("in.txt", workspace / "out.txt")
     assert (back.files, (workspace / "out.txt").read_bytes()) == (1, b"payload")
+
+
+@pytest.fixture(params=["local", "e2b"])
+def envd_sandbox(
+    request: pytest.FixtureRequest, tmp_path: Path, workspace: Path
+) -> Iterator[Sandbox]:
+    services = {"local": lambda: _local(workspace), "e2b": lambda: _e2b(tmp_path, workspace)}
+    with services[request.param]() as chosen:
+        yield chosen.activate()
+
+
+def test_a_sized_upload_sends_exactly_its_declared_length(envd_sandbox: Sandbox) -> None:
+    remote = envd_sandbox.files._remote  # the envd client: a known size goes as Content-Length
+    path = envd_sandbox.files.resolve("sized.txt")
+    info = remote.write(path, SizedChunks(iter([b"abc", b"def"]), 4))  # the source grew
+    assert (info.size, envd_sandbox.files.read("sized.txt")) == (4, b"abcd")
+    with pytest.raises(PiShipError, match="ended after 3 of its 10 bytes"):
+        remote.write(path, SizedChunks(iter([b"abc"]), 10))  # the source came up short
+    assert envd_sandbox.files.write("next.txt", b"after").size == 5  # the client carries on
 
 
 def test_directories_copy_like_cp_r(sandbox: Sandbox, workspace: Path) -> None:

@@ -131,6 +131,18 @@ def test_two_parts_for_one_path_are_refused_after_the_first(
     assert _download(service, sandbox, "same.txt").content == b"first"
 
 
+@pytest.mark.parametrize("data", [b"", b"hello\n", os.urandom(300 * 1024)])
+def test_a_download_names_its_length_as_envd_does(
+    service: LocalE2bService, sandbox: dict[str, Any], data: bytes
+) -> None:
+    assert _upload(service, sandbox, "sized.bin", data).status_code == 200
+    answer = _download(service, sandbox, "sized.bin")
+    assert answer.status_code == 200
+    assert answer.headers["Content-Length"] == str(len(data))
+    assert "Transfer-Encoding" not in answer.headers
+    assert answer.content == data
+
+
 def test_file_errors_have_envds_statuses_and_json_bodies(
     service: LocalE2bService, sandbox: dict[str, Any]
 ) -> None:

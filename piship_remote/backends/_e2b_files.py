@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from piship_remote.backends._file_protocol import ChunkSink
+from piship_remote.backends._file_protocol import ChunkSink, SizedChunks
 from piship_remote.errors import FILE_NOT_FOUND, PiShipError
 from piship_remote.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
@@ -93,13 +93,22 @@ class EnvdFiles:
     def write(
         self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
     ) -> FileInfo:
-        sent = _Counted(chunks)
-        # The headers (with the access token) are built in the call, so no frame of a
-        # raised error's traceback holds them.
+        sent: _Counted = _Counted(chunks)
+        length: dict[str, str] = {}
+        if isinstance(chunks, SizedChunks):
+            sent = _Exact(chunks, chunks.size, path, self._errors)
+            length = {"Content-Length": str(chunks.size)}
+        # With its length known the body goes out as it is, without chunked framing
+        # (which copies every piece once more). The headers (with the access token) are
+        # built in the call, so no frame of a raised error's traceback holds them.
         response = self._transport.request(
             "POST",
             self._files_url(path),
-            headers={**self._headers, "Content-Type": "application/octet-stream"},
+            headers={
+                **self._headers,
+                "Content-Type": "application/octet-stream",
+                **length,
+            },
             data=sent,
             timeout=None,
             idle_timeout=TRANSFER_IDLE,
@@ -208,6 +217,35 @@ class _Counted:
         for chunk in self._chunks:
             self.total += len(chunk)
             yield chunk
+
+
+class _Exact(_Counted):
+    """Exactly ``size`` bytes of the chunks: cut where the source grew, a failure where it
+    came up short (the declared length must match what is sent)."""
+
+    def __init__(
+        self, chunks: Iterable[bytes], size: int, path: str, errors: ErrorFactory
+    ) -> None:
+        super().__init__(chunks)
+        self._size = size
+        self._path = path
+        self._errors = errors
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            room = self._size - self.total
+            if len(chunk) >= room:
+                self.total += room
+                if room:
+                    yield chunk[:room]
+                return
+            self.total += len(chunk)
+            yield chunk
+        if self.total < self._size:
+            raise self._errors(
+                f"writing {self._path} failed: the source ended after {self.total} of its"
+                f" {self._size} bytes"
+            )
 
 
 def _not_found(path: str) -> PiShipError:

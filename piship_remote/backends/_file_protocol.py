@@ -14,14 +14,30 @@ memory stays bounded whatever the file's size::
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
 from piship_remote.transfer import FileInfo
 
-__all__ = ["ChunkSink", "RemoteFiles", "SupportsFiles"]
+__all__ = ["ChunkSink", "RemoteFiles", "SizedChunks", "SupportsFiles"]
 
 ChunkSink = Callable[[bytes], None]
+
+
+class SizedChunks:
+    """An upload's chunks with the byte count they add up to, when it is known beforehand.
+
+    A backend may then send the body with its length instead of chunked; exactly
+    ``size`` bytes are sent (a source that grew is cut at ``size``; one that came up
+    short fails the upload).
+    """
+
+    def __init__(self, chunks: Iterable[bytes], size: int) -> None:
+        self.chunks = chunks
+        self.size = size
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.chunks)
 
 
 @runtime_checkable

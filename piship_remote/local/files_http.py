@@ -48,6 +48,8 @@ _MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE = 10, 11, 12, 13
 _READ_SCRIPT = f"""
 [ -e "$1" ] || exit {_MISSING}
 [ -d "$1" ] && exit {_DIRECTORY}
+[ -r "$1" ] || exec cat -- "$1"
+stat -L -c %s -- "$1" || exit 1
 exec cat -- "$1"
 """
 _WRITE_SCRIPT = f"""
@@ -154,11 +156,14 @@ class FileEndpoints:
                 return error(400, f"path '{path}' is a directory")
             return error(500, f"error reading file: {ended.error_text or 'failed'}")
         assert opened.chunks is not None
+        size, chunks = _sized(opened.chunks)
+        if size is None:
+            return error(500, "error reading file: its size could not be read")
         return Reply(
             200,
             content_type=_content_type(path),
-            headers=headers,
-            stream=_cut_on_failure(opened.chunks),
+            headers=(*headers, ("Content-Length", str(size))),
+            stream=_exactly(chunks, size),
         )
 
     # ---- upload ------------------------------------------------------------------
@@ -263,11 +268,58 @@ def _written(paths: list[str]) -> Reply:
     return Reply(200, to_json(entries), "application/json")
 
 
-def _cut_on_failure(chunks: Iterator[bytes]) -> Iterator[bytes]:
+def _sized(chunks: Iterator[bytes]) -> tuple[int | None, Iterator[bytes]]:
+    """The size line the read script prints first, and the file's bytes after it.
+
+    Sending the size as ``Content-Length`` (as envd does) spares every client the
+    decoding of a chunked body.
+    """
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        line, newline, rest = head.partition(b"\n")
+        if newline:
+            if not line.strip().isdigit():
+                _close(chunks)
+                return None, iter(())
+            return int(line), _after(rest, chunks)
+        if len(head) > 32:
+            break
+    _close(chunks)
+    return None, iter(())
+
+
+def _after(first: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from chunks
+
+
+def _exactly(chunks: Iterator[bytes], size: int) -> Iterator[bytes]:
+    """``size`` bytes: a file that grew while read is cut at its size; one that shrank, or a
+    read that failed, drops the connection (the client sees a cut body, never a short
+    "success")."""
+    left = size
     try:
-        yield from chunks
+        for chunk in chunks:
+            if len(chunk) >= left:
+                yield chunk[:left]
+                left = 0
+                break
+            left -= len(chunk)
+            yield chunk
     except StreamBroken:
-        raise DropConnection from None  # the client sees a cut body, never a short "success"
+        raise DropConnection from None
+    finally:
+        _close(chunks)
+    if left:
+        raise DropConnection
+
+
+def _close(chunks: Iterator[bytes]) -> None:
+    close = getattr(chunks, "close", None)
+    if close is not None:
+        close()
 
 
 def _content_type(path: str) -> str:
