@@ -136,3 +136,24 @@ def test_the_javascript_sdk_command_and_pty_calls_work_on_the_local_service(
 ) -> None:
     results = run_script(node, service, tmp_path, PROCESS_SCRIPT)
     assert results == dict.fromkeys(PROCESS_CALLS, True)
+
+
+SANDBOX_SCRIPT = Path(__file__).with_name("js") / "sandbox.mjs"
+SANDBOX_CALLS = [
+    "commands.run envs",
+    "commands.run stderr",
+    "commands.run onStdout",
+    "commands.run non-zero is CommandExitError",
+    "commands.run background + wait",
+    "commands.run timeoutMs ends the command",
+    "setTimeout",
+    "getInfo",
+    "kill",
+]
+
+
+def test_the_javascript_sdk_sandbox_and_command_basics_work_on_the_local_service(
+    node: str, service: object, tmp_path: Path
+) -> None:
+    results = run_script(node, service, tmp_path, SANDBOX_SCRIPT)
+    assert results == dict.fromkeys(SANDBOX_CALLS, True)
