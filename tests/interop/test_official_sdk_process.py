@@ -187,3 +187,26 @@ def test_stream_input_feeds_a_command_in_order(sandbox: Sandbox) -> None:
     handle = sandbox.commands.run("head -n 2", background=True, stdin=True)
     sandbox.commands.stream_input(handle.pid, iter(["one\n", b"two\n"]))
     assert handle.wait().stdout == "one\ntwo\n"
+
+
+def test_create_envs_reach_every_command(service: object) -> None:
+    url, key = service.url, service.api_key  # type: ignore[attr-defined]
+    sandbox = Sandbox.create(
+        api_key=key, api_url=url, sandbox_url=url, request_timeout=10, envs={"GREETING": "hi"}
+    )
+    try:
+        assert sandbox.commands.run('echo "$GREETING"').stdout == "hi\n"
+    finally:
+        sandbox.kill()
+
+
+def test_a_sandbox_created_without_internet_has_loopback_only(service: object) -> None:
+    url, key = service.url, service.api_key  # type: ignore[attr-defined]
+    sandbox = Sandbox.create(
+        api_key=key, api_url=url, sandbox_url=url, request_timeout=10, allow_internet_access=False
+    )
+    try:
+        links = sandbox.commands.run("ip -o link").stdout
+        assert "1: lo:" in links and "tap0" not in links
+    finally:
+        sandbox.kill()
