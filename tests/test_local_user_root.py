@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -232,6 +233,28 @@ def test_filesystem_rpcs_as_root_see_root_home(client: Client, sandbox: dict[str
     entries = {e["name"]: e for e in listed.json()["entries"]}
     assert entries["listed"]["path"] == "/root/listed"
     assert entries["listed"]["owner"] == "root"
+
+
+def test_a_watcher_as_root_sees_root_home(client: Client, sandbox: dict[str, Any]) -> None:
+    created = client.session.post(
+        client.service.envd_url + "/filesystem.Filesystem/CreateWatcher",
+        json={"path": "~"},
+        headers=client.envd_headers(sandbox, Authorization=basic("root")),
+        timeout=HTTP_TIMEOUT,
+    )
+    assert created.status_code == 200, created.text
+    run_as(client, sandbox, "root", "echo x > /root/watched")
+    seen: list[str] = []
+    deadline = time.monotonic() + 10
+    while "watched" not in seen and time.monotonic() < deadline:
+        polled = client.session.post(
+            client.service.envd_url + "/filesystem.Filesystem/GetWatcherEvents",
+            json={"watcherId": created.json()["watcherId"]},
+            headers=client.envd_headers(sandbox),
+            timeout=HTTP_TIMEOUT,
+        )
+        seen += [e["name"] for e in polled.json().get("events", [])]
+    assert "watched" in seen
 
 
 # -- where root cannot be mapped -------------------------------------------------------------
