@@ -137,6 +137,12 @@ def test_root_home_is_roots_alone(client: Client, sandbox: dict[str, Any]) -> No
     assert "Permission denied" in refused.stderr
 
 
+def test_a_users_command_cannot_start_in_root_home(client: Client, sandbox: dict[str, Any]) -> None:
+    stream = start_as(client, sandbox, "user", "pwd", process={"cwd": "/root"}).finish()
+    assert stream.trailer is not None and stream.trailer["error"]["code"] == "invalid_argument"
+    assert stream.stdout == ""
+
+
 def test_root_reads_a_file_only_its_user_may_read(client: Client, sandbox: dict[str, Any]) -> None:
     run_as(client, sandbox, "user", "echo secret > ~/s && chmod 600 ~/s")
     assert run_as(client, sandbox, "root", "cat /home/user/s").stdout == "secret\n"

@@ -26,9 +26,12 @@ directory is missing), then ``{"exit": code}`` or
 the socket closes, and with it (bubblewrap's init being pid 1) the whole sandbox.
 
 A sandbox with a root beside its user (see ``user_map.py``) starts the agent as
-the user with a few ambient capabilities. A spec's ``"uid"`` then picks who runs
-it: ``0`` is root (with exactly those capabilities, no supplementary groups), and
-``1000`` (or none) is the user, whose command starts with no capabilities at all.
+the user with a few ambient capabilities, which it keeps to itself (no ambient or
+inheritable ones). A spec's ``"uid"`` then picks who runs it: ``0`` is root (with
+exactly those capabilities, no supplementary groups), and ``1000`` (or none) is the
+user, whose program starts with no capabilities at all: an exec by a non-root uid
+keeps none but ambient ones and those of file capabilities, which the sandbox's
+mounts (all ``nosuid``) ignore.
 
 A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
 variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
@@ -78,6 +81,8 @@ class Agent:
     def __init__(self, control: socket.socket) -> None:
         self.control = control
         self.capable = _has_capabilities()
+        if self.capable:
+            _keep_capabilities_to_myself()
         self.children: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
         self.draining: set[int] = set()
         self.wakeup_read, wakeup_write = os.pipe()
@@ -172,33 +177,29 @@ class Agent:
             os.close(status)
             return
         root = uid == ROOT_UID
-        if not os.path.isdir(cwd):
+        # The agent's capabilities let it see and enter any directory; the user may not.
+        if not os.path.isdir(cwd) or (self.capable and not root and not os.access(cwd, os.X_OK)):
             _write(status, {"error": f"cwd '{cwd}' does not exist", "cwd": True})
             os.close(status)
             return
         identity: dict[str, Any] = {}
         if root:
             identity = {"user": ROOT_UID, "group": ROOT_UID, "extra_groups": []}
-        drop = self.capable and not root
-        prepare = _preparation(terminal=terminal, drop=drop, cwd=cwd)
         try:
             args, env = hide_script(cmd, list(spec["args"]), dict(spec["env"]))
             child = subprocess.Popen(
                 [cmd, *args],
                 executable=cmd,
                 env=env,
-                cwd=None if drop else cwd,  # a user enters it only once without capabilities
+                cwd=cwd,
                 stdin=stdio[0],
                 stdout=stdio[1],
                 stderr=stdio[2],
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=prepare,
+                preexec_fn=_take_terminal if terminal else None,
                 **identity,
             )
-        except subprocess.SubprocessError:  # the user may not enter the cwd
-            _write(status, {"error": f"cwd '{cwd}' does not exist", "cwd": True})
-            os.close(status)
         except OSError as e:
             _write(status, {"error": _start_error(cmd, e)})
             os.close(status)
@@ -276,37 +277,26 @@ def _has_capabilities() -> bool:
     """Whether the agent was given capabilities (a sandbox with a root beside its user)."""
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("CapAmb:"):
+            if line.startswith("CapPrm:"):
                 return int(line.split()[1], 16) != 0
     return False
 
 
-_LIBC: list[Any] = []
+def _keep_capabilities_to_myself() -> None:
+    """Clear the ambient and inheritable sets: what the agent starts gets no capability
+    across its exec but a root's (permitted, effective) ones."""
+    import ctypes  # only in a sandbox with a root
 
-
-def _preparation(*, terminal: bool, drop: bool, cwd: str) -> Any:
-    """What the child runs before its program: take the terminal; with ``drop``, drop every
-    capability, then enter ``cwd`` as the user."""
-    if not drop:
-        return _take_terminal if terminal else None
-    if not _LIBC:
-        import ctypes  # only in a sandbox with a root: the others start no slower
-
-        header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
-        _LIBC.extend((ctypes.CDLL(None, use_errno=True), header, (ctypes.c_uint32 * 6)()))
-    libc, header, nothing = _LIBC
-
-    def prepare() -> None:
-        if terminal:
-            _take_terminal()
-        # No ambient capabilities to carry over exec, and none permitted or effective now.
-        if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
-            raise OSError("dropping the ambient capabilities failed")
-        if libc.capset(header, nothing) != 0:
-            raise OSError("dropping the capabilities failed")
-        os.chdir(cwd)
-
-    return prepare
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "clearing the ambient capabilities failed")
+    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
+    sets = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; twice (64 bits)
+    if libc.capget(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "reading the capabilities failed")
+    sets[2] = sets[5] = 0
+    if libc.capset(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "clearing the inheritable capabilities failed")
 
 
 def _start_error(cmd: str, error: OSError) -> str:

@@ -11,9 +11,11 @@ options give it:
   few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
   certificates), a fresh ``/proc`` and ``/dev``;
 - the sandbox's private home directory at ``workdir``, its private ``/tmp`` and
-  ``/dev/shm``, all writable (size-capped tmpfs); everything else read-only;
-- an empty environment, no capabilities, its own session, and death when the
-  service dies.
+  ``/dev/shm`` (and, with a root beside the user, root's home at ``/root``), all
+  writable (size-capped tmpfs); everything else read-only;
+- an empty environment, no capabilities (with a root beside the user, the agent
+  keeps the few of :mod:`piship_remote.local.user_map`, which user commands drop
+  and root commands get), its own session, and death when the service dies.
 
 The options travel through a memfd (``--args``), not the command line::
 
