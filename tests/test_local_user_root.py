@@ -23,11 +23,7 @@ from piship_remote.connect import connect_envelope
 from piship_remote.local import LocalE2bService, sandboxes
 from piship_remote.local.user_map import CAPABILITIES, ROOT_HOST_UID
 
-pytestmark = [
-    needs_bwrap,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a root beside the user needs host root"),
-    pytest.mark.timeout(30),
-]
+pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 
 # Linux capability numbers of the names user_map.CAPABILITIES lists.
 CAPABILITY_BITS = {
@@ -49,6 +45,8 @@ def basic(user: str) -> str:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[LocalE2bService]:
+    if os.geteuid() != 0:
+        pytest.skip("a root beside the user needs the service run as host root")
     with LocalE2bService() as running:
         yield running
 

@@ -123,7 +123,7 @@ class Sandbox:
 
     @property
     def host_dirs(self) -> dict[str, str]:
-        """The sandbox's writable directories (home, ``/tmp``, ``/dev/shm``) by their host paths."""
+        """The sandbox's writable places (home, ``/tmp``, ``/dev/shm``, root's) by host path."""
         jail = self._jail
         places = {jail.workdir: jail.home, "/tmp": jail.tmp, "/dev/shm": jail.shm}
         return {**places, **jail.root_place()}
