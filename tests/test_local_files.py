@@ -202,12 +202,12 @@ def test_a_wrong_token_or_username_is_refused(
     assert unsigned.json() == {"code": 401, "message": "missing signature query parameter"}
     other = requests.get(
         service.url + "/files",
-        params={"path": "a", "username": "root"},
+        params={"path": "a", "username": "mallory"},
         headers=_envd(sandbox),
         timeout=TIMEOUT,
     )
     assert other.status_code == 401
-    assert other.json()["message"] == "error looking up user 'root': user: unknown user root"
+    assert other.json()["message"] == "error looking up user 'mallory': user: unknown user mallory"
 
 
 def test_an_expired_signature_is_refused_with_envds_message(

@@ -25,6 +25,14 @@ directory is missing), then ``{"exit": code}`` or
 ``{"signal": n}`` when the command's main process ends. The agent exits when
 the socket closes, and with it (bubblewrap's init being pid 1) the whole sandbox.
 
+A sandbox with a root beside its user (see ``user_map.py``) starts the agent as
+the user with a few ambient capabilities, which it keeps to itself (no ambient or
+inheritable ones). A spec's ``"uid"`` then picks who runs it: ``0`` is root (with
+exactly those capabilities, no supplementary groups), and ``1000`` (or none) is the
+user, whose program starts with no capabilities at all: an exec by a non-root uid
+keeps none but ambient ones and those of file capabilities, which the sandbox's
+mounts (all ``nosuid``) ignore.
+
 A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
 variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
 in the shell's argv either, where any host user could read it in ``/proc``.
@@ -49,6 +57,9 @@ MAX_FDS = 5
 PACKET_BYTES = 65536
 SHELLS = ("/bin/bash", "/usr/bin/bash", "/bin/sh", "/usr/bin/sh", "bash", "sh")
 SCRIPT_VARIABLE = "PISHIP_SCRIPT"
+ROOT_UID, USER_UID = 0, 1000
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+CAPABILITY_VERSION_3 = 0x20080522
 # Portable sh (dash has no `export -n`): copy into an unexported variable, unset, eval.
 HIDDEN_SCRIPT = '__piship_script=$PISHIP_SCRIPT; unset PISHIP_SCRIPT; eval "$__piship_script"'
 
@@ -69,6 +80,9 @@ class Agent:
 
     def __init__(self, control: socket.socket) -> None:
         self.control = control
+        self.capable = _has_capabilities()
+        if self.capable:
+            _keep_capabilities_to_myself()
         self.children: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
         self.draining: set[int] = set()
         self.wakeup_read, wakeup_write = os.pipe()
@@ -157,10 +171,20 @@ class Agent:
         """Start ``spec`` with ``stdio``; report its pid (or why not) on ``status``."""
         cmd = str(spec.get("cmd", ""))
         cwd = str(spec.get("cwd", "/"))
-        if not os.path.isdir(cwd):
+        uid = spec.get("uid", USER_UID)
+        if uid not in (ROOT_UID, USER_UID) or (uid == ROOT_UID and not self.capable):
+            _write(status, {"error": f"fork/exec {cmd}: no such user (uid {uid!r})"})
+            os.close(status)
+            return
+        root = uid == ROOT_UID
+        # The agent's capabilities let it see and enter any directory; the user may not.
+        if not os.path.isdir(cwd) or (self.capable and not root and not os.access(cwd, os.X_OK)):
             _write(status, {"error": f"cwd '{cwd}' does not exist", "cwd": True})
             os.close(status)
             return
+        identity: dict[str, Any] = {}
+        if root:
+            identity = {"user": ROOT_UID, "group": ROOT_UID, "extra_groups": []}
         try:
             args, env = hide_script(cmd, list(spec["args"]), dict(spec["env"]))
             child = subprocess.Popen(
@@ -174,6 +198,7 @@ class Agent:
                 start_new_session=True,
                 close_fds=True,
                 preexec_fn=_take_terminal if terminal else None,
+                **identity,
             )
         except OSError as e:
             _write(status, {"error": _start_error(cmd, e)})
@@ -246,6 +271,32 @@ def _read_spec(fd: int) -> dict[str, Any]:
 def _take_terminal() -> None:
     """In the child, after its new session: make the pty on stdin its controlling terminal."""
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _has_capabilities() -> bool:
+    """Whether the agent was given capabilities (a sandbox with a root beside its user)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("CapPrm:"):
+                return int(line.split()[1], 16) != 0
+    return False
+
+
+def _keep_capabilities_to_myself() -> None:
+    """Clear the ambient and inheritable sets: what the agent starts gets no capability
+    across its exec but a root's (permitted, effective) ones."""
+    import ctypes  # only in a sandbox with a root
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "clearing the ambient capabilities failed")
+    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
+    sets = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; twice (64 bits)
+    if libc.capget(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "reading the capabilities failed")
+    sets[2] = sets[5] = 0
+    if libc.capset(header, sets) != 0:
+        raise OSError(ctypes.get_errno(), "clearing the inheritable capabilities failed")
 
 
 def _start_error(cmd: str, error: OSError) -> str:

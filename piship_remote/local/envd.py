@@ -4,25 +4,27 @@ Connect RPCs, and the ``/files`` endpoints.
 Requests pick their sandbox with the ``E2b-Sandbox-Id`` header (what E2B's edge
 routes on), or a ``Host`` of ``49983-<id>.<domain>``, and must carry that sandbox's
 ``X-Access-Token`` (``/files`` may carry a URL signature instead). A Basic
-``Authorization`` user must be the service's user (a missing header means it);
-any other name is refused with envd's ``unauthenticated``, as an end-of-stream
-error on a streaming call. The Process RPCs are
+``Authorization`` user must be the service's user (a missing header means it), or
+``root`` where the sandboxes have a root beside it (the service runs as host root,
+see :mod:`~piship_remote.local.user_map`): root's commands and file operations
+run as uid 0 with home ``/root``. Any other name is refused with envd's
+``unauthenticated``, as an end-of-stream error on a streaming call. The Process RPCs are
 :class:`~piship_remote.local.process_rpc.ProcessRpc`; the Filesystem RPCs, directory
 watchers included, :class:`~piship_remote.local.filesystem_rpc.FilesystemRpc`; ``/health``,
 ``/envs`` and ``/metrics`` are answered by :mod:`~piship_remote.local.envd_http`. A paused
 sandbox is not found (502), as on E2B::
 
-    envd = Envd(registry, user="user", home="/home/user")
+    envd = Envd(registry)            # its users: registry.users
     reply = envd.handle(request)     # a server.Reply; Start's carries a stream
 
 What differs from envd: a kill takes the command's whole process group and
 session (envd signals the leader only); ``StreamInput`` is read whole, so its
 input reaches the command when the client ends the stream, not message by
 message; a ``Connect`` after the command ended is ``not_found`` (envd keeps the
-end a moment longer); and ``root`` is refused unless it is the service's user,
-because a sandbox's user namespace maps one uid only and mapping a second one
-from inside would need a writable ``/proc`` there, which would let the sandbox
-reach host-wide settings.
+end a moment longer); and where the service does not run as host root, ``root``
+is refused unless it is the service's user: a sandbox's user namespace then maps
+one uid only, and mapping a second one from inside would need a writable
+``/proc`` there, which would let the sandbox reach host-wide settings.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from piship_remote.local.process_rpc import (
     stream_error,
 )
 from piship_remote.local.sandboxes import Registry, Sandbox
+from piship_remote.local.user_map import Identity
 
 __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "ENVD_PORT", "PREFIX", "Envd", "is_envd"]
 
@@ -76,11 +79,11 @@ def _host_sandbox(headers: Mapping[str, str]) -> str | None:
 class Envd:
     """Routes envd requests to the sandboxes of a :class:`Registry`."""
 
-    def __init__(self, registry: Registry, *, user: str, home: str) -> None:
+    def __init__(self, registry: Registry) -> None:
         self._registry = registry
-        self._user_name = user
-        self._files = FileEndpoints(user=user, home=home)
-        self._filesystem = FilesystemRpc(home=home)
+        self._users = registry.users
+        self._files = FileEndpoints(users=registry.users)
+        self._filesystem = FilesystemRpc(home=registry.users.default.home)
         self._process = ProcessRpc()
 
     def screen(self, head: Head) -> Reply | None:
@@ -106,14 +109,15 @@ class Envd:
             return Reply(405, headers=(("Allow", "POST"),))
         user = self._user(request.headers.get("authorization"))
         if request.path.startswith(FILESYSTEM_PREFIX):
-            refusal = user.message if isinstance(user, Refusal) else None
-            return self._filesystem.handle(sandbox, request, refusal)
+            if isinstance(user, Refusal):
+                return self._filesystem.handle(sandbox, request, user.message)
+            return self._filesystem.handle(sandbox, request, None, user)
         method = request.path[len(PREFIX) :]
         if isinstance(user, Refusal):
             if method in STREAMING:
                 return stream_error("unauthenticated", user.message)
             return connect_error(401, "unauthenticated", user.message)
-        return self._process.handle(sandbox, method, request)
+        return self._process.handle(sandbox, method, request, user)
 
     def _sandbox(self, head: Head) -> Sandbox | Reply:
         """The sandbox the request names and holds the token of, or the refusal."""
@@ -146,10 +150,10 @@ class Envd:
                 return sandbox_id
         return ""
 
-    def _user(self, authorization: str | None) -> str | Refusal:
+    def _user(self, authorization: str | None) -> Identity | Refusal:
         """The Basic user (a missing header means the default user), or why it is refused."""
         if authorization is None:
-            return self._user_name
+            return self._users.default
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() != "basic":
             return Refusal("invalid authorization scheme")
@@ -158,9 +162,8 @@ class Envd:
         except (binascii.Error, UnicodeDecodeError):
             return Refusal("invalid authorization header")
         name = decoded.partition(":")[0]
-        if name != self._user_name:
-            return Refusal(f"invalid username: '{name[:64]}'")
-        return name
+        user = self._users.named(name)
+        return Refusal(self._users.refusal(name)) if user is None else user
 
 
 @attrs.frozen

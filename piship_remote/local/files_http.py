@@ -10,10 +10,12 @@ and written by a process inside the sandbox (see :mod:`piship_remote.local.sandb
 A request carrying ``X-Access-Token`` must carry the sandbox's; one without it must
 carry a valid ``signature`` (``v1_`` + unpadded base64 of SHA-256 over
 ``path:op:username:token[:expiration]``), as the SDKs' ``download_url``/``upload_url``
-make. Errors are ``{"code": <status>, "message": …}``: 404 ``path '<p>' does not
-exist``, 400 for a directory, 507 when the sandbox's disk is full::
+make. ``username`` picks who reads or writes (the sandbox's user by default;
+``root`` where the sandboxes have one, relative paths then from ``/root``). Errors
+are ``{"code": <status>, "message": …}``: 404 ``path '<p>' does not exist``, 400
+for a directory, 507 when the sandbox's disk is full::
 
-    files = FileEndpoints(user="user", home="/home/user")
+    files = FileEndpoints(users=SandboxUsers.of(user="user", workdir="/home/user", root=True))
     reply = files.handle(sandbox, request)
 """
 
@@ -38,6 +40,7 @@ from piship_remote.local.sandbox_fs import (
     run,
 )
 from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.user_map import ROOT_REFUSAL, Identity, SandboxUsers
 from piship_remote.local.wire import ApiError, PathError, resolve, signature, to_json
 
 __all__ = ["FILES_PATH", "FileEndpoints"]
@@ -64,11 +67,10 @@ exec cat > "$1"
 
 
 class FileEndpoints:
-    """``/files`` for the sandboxes of one service (all run as ``user``, home ``home``)."""
+    """``/files`` for the sandboxes of one service, read and written as one of ``users``."""
 
-    def __init__(self, *, user: str, home: str, clock: Callable[[], float] = time.time) -> None:
-        self._user = user
-        self._home = home
+    def __init__(self, *, users: SandboxUsers, clock: Callable[[], float] = time.time) -> None:
+        self._users = users
         self._clock = clock
 
     def signed_for(self, sandbox: Sandbox, head: Head) -> bool:
@@ -87,16 +89,17 @@ class FileEndpoints:
         operation = {"GET": "read", "POST": "write"}.get(request.method)
         if operation is None:
             return Reply(405, headers=(("Allow", "GET, POST"),))
-        refusal = self._refusal(sandbox, request.headers, query, operation)
-        if refusal is not None:
-            return refusal
+        user = self._user(sandbox, request.headers, query, operation)
+        if isinstance(user, Reply):
+            return user
         if request.method == "GET":
-            return self._download(sandbox, query.get("path", ""))
-        return self._upload(sandbox, request, query)
+            return self._download(sandbox, query.get("path", ""), user)
+        return self._upload(sandbox, request, query, user)
 
-    def _refusal(
+    def _user(
         self, sandbox: Sandbox, headers: Mapping[str, str], query: dict[str, str], operation: str
-    ) -> Reply | None:
+    ) -> Identity | Reply:
+        """Who the request reads or writes as, or its refusal (a bad token, signature, user)."""
         token = headers.get("x-access-token")
         if token is not None:
             if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
@@ -105,11 +108,13 @@ class FileEndpoints:
             problem = self._signature_problem(sandbox, query, operation)
             if problem is not None:
                 return error(401, problem)
-        username = query.get("username", self._user)
-        if username != self._user:
+        username = query.get("username", self._users.default.name)
+        user = self._users.named(username)
+        if user is None:
             shown = username[:64]
-            return error(401, f"error looking up user '{shown}': user: unknown user {shown}")
-        return None
+            reason = f"error looking up user '{shown}': user: unknown user {shown}"
+            return error(401, f"{reason}; {ROOT_REFUSAL}" if username == "root" else reason)
+        return user
 
     def _signature_problem(
         self, sandbox: Sandbox, query: dict[str, str], operation: str
@@ -138,12 +143,12 @@ class FileEndpoints:
 
     # ---- download ----------------------------------------------------------------
 
-    def _download(self, sandbox: Sandbox, raw_path: str) -> Reply:
+    def _download(self, sandbox: Sandbox, raw_path: str, user: Identity) -> Reply:
         try:
-            path = resolve(raw_path, self._home)
+            path = resolve(raw_path, user.home)
         except PathError as e:
             return error(400, str(e))
-        opened = open_stream(sandbox, _READ_SCRIPT, path)
+        opened = open_stream(sandbox, _READ_SCRIPT, path, user=user)
         name = posixpath.basename(path)
         headers = (("Vary", "Accept-Encoding"), ("Content-Disposition", f"inline; filename={name}"))
         if opened.ended is not None:
@@ -168,7 +173,9 @@ class FileEndpoints:
 
     # ---- upload ------------------------------------------------------------------
 
-    def _upload(self, sandbox: Sandbox, request: Request, query: dict[str, str]) -> Reply:
+    def _upload(
+        self, sandbox: Sandbox, request: Request, query: dict[str, str], user: Identity
+    ) -> Reply:
         body = _body_of(request)
         encoding = request.headers.get("content-encoding", "").strip().lower()
         if encoding not in ("", "identity", "gzip"):
@@ -184,10 +191,10 @@ class FileEndpoints:
         if media == "application/octet-stream":
             if "path" not in query:
                 return error(400, "path query parameter is required for raw body upload")
-            return self._write_raw(sandbox, body, query["path"])
+            return self._write_raw(sandbox, body, query["path"], user)
         if media.startswith("multipart/"):
             try:
-                return self._write_multipart(sandbox, body, content_type, query.get("path"))
+                return self._write_multipart(sandbox, body, content_type, query.get("path"), user)
             except MultipartError as e:
                 return error(500, f"error parsing multipart form: {e}")
         return error(
@@ -196,18 +203,25 @@ class FileEndpoints:
             "expected multipart/form-data or application/octet-stream",
         )
 
-    def _write_raw(self, sandbox: Sandbox, body: BodyReader, raw_path: str) -> Reply:
+    def _write_raw(
+        self, sandbox: Sandbox, body: BodyReader, raw_path: str, user: Identity
+    ) -> Reply:
         try:
-            path = resolve(raw_path, self._home)
+            path = resolve(raw_path, user.home)
         except PathError as e:
             return error(400, str(e))
-        failure = self._write(sandbox, path, body.read)
+        failure = self._write(sandbox, path, body.read, user)
         if failure is not None:
             return failure
         return _written([path])
 
     def _write_multipart(
-        self, sandbox: Sandbox, body: BodyReader, content_type: str, fixed: str | None
+        self,
+        sandbox: Sandbox,
+        body: BodyReader,
+        content_type: str,
+        fixed: str | None,
+        user: Identity,
     ) -> Reply:
         reader = MultipartReader(body, boundary_of(content_type))
         written: list[str] = []
@@ -222,7 +236,7 @@ class FileEndpoints:
                     "filename not found in Content-Disposition header",
                 )
             try:
-                path = resolve(raw, self._home)
+                path = resolve(raw, user.home)
             except PathError as e:
                 return error(400, str(e))
             if path in written:
@@ -231,18 +245,20 @@ class FileEndpoints:
                     f"you cannot upload multiple files to the same path '{path}' in one upload "
                     "request, only the first specified file was uploaded",
                 )
-            failure = self._write(sandbox, path, reader.read)
+            failure = self._write(sandbox, path, reader.read, user)
             if failure is not None:
                 return failure
             written.append(path)
         return _written(written)
 
-    def _write(self, sandbox: Sandbox, path: str, source: Callable[[int], bytes]) -> Reply | None:
+    def _write(
+        self, sandbox: Sandbox, path: str, source: Callable[[int], bytes], user: Identity
+    ) -> Reply | None:
         def feed(pipe: IO[bytes]) -> None:
             while piece := source(FEED_PIECE):
                 pipe.write(piece)
 
-        ran = run(sandbox, _WRITE_SCRIPT, path, feed=feed)
+        ran = run(sandbox, _WRITE_SCRIPT, path, feed=feed, user=user)
         return None if ran.exit_code == 0 else _write_failure(path, ran)
 
 

@@ -10,6 +10,9 @@ WatchDir's are an end-of-stream error on HTTP 200, as Connect streams' are::
 
     rpc = FilesystemRpc(home="/home/user")
     reply = rpc.handle(sandbox, request, refusal=None)   # refusal: why the Basic user is not
+    reply = rpc.handle(sandbox, request, None, root)     # as another user (an Identity)
+
+Each operation runs as the requesting user, its relative paths from that user's home.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Mapping
 from piship_remote.local.http_model import Reply, Request
 from piship_remote.local.sandbox_fs import ENTRY_FORMAT, Ran, parse_entries, run
 from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.user_map import Identity
 from piship_remote.local.watch_rpc import CONNECT_JSON, Watches, WatchFailed
 from piship_remote.local.wire import (
     ConnectError,
@@ -79,22 +83,29 @@ class FilesystemRpc:
     def __init__(self, *, home: str) -> None:
         self._home = home
         self._watches = Watches(home=home)
-        self._methods: dict[str, Callable[[Sandbox, bytes], Reply]] = {
+        self._methods: dict[str, Callable[[Sandbox, bytes, Identity | None], Reply]] = {
             "Stat": self._stat,
             "ListDir": self._list_dir,
             "MakeDir": self._make_dir,
             "Move": self._move,
             "Remove": self._remove,
-            "CreateWatcher": lambda s, b: self._watches.create(s, _json(b)),
-            "GetWatcherEvents": lambda s, b: self._watches.events(s, _json(b)),
-            "RemoveWatcher": lambda s, b: self._watches.remove(s, _json(b)),
+            "CreateWatcher": lambda s, b, u: self._watches.create(s, _json(b), u),
+            "GetWatcherEvents": lambda s, b, _: self._watches.events(s, _json(b)),
+            "RemoveWatcher": lambda s, b, _: self._watches.remove(s, _json(b)),
         }
 
-    def handle(self, sandbox: Sandbox, request: Request, refusal: str | None) -> Reply:
-        """Answer the RPC ``request`` names; ``refusal`` says why its Basic user is refused."""
+    def handle(
+        self,
+        sandbox: Sandbox,
+        request: Request,
+        refusal: str | None,
+        user: Identity | None = None,
+    ) -> Reply:
+        """Answer the RPC ``request`` names as ``user`` (default: the sandbox's);
+        ``refusal`` says why its Basic user is refused."""
         method = request.path[len(FILESYSTEM_PREFIX) :]
         if method == "WatchDir":
-            return self._watch_dir(sandbox, request, refusal)
+            return self._watch_dir(sandbox, request, refusal, user)
         if refusal is not None:
             return connect_error("unauthenticated", refusal)
         if _media_type(request) != "application/json":
@@ -105,13 +116,15 @@ class FilesystemRpc:
                 "unimplemented", f"filesystem.Filesystem/{method[:60]} is not supported"
             )
         try:
-            return answer(sandbox, request.body)
+            return answer(sandbox, request.body, user)
         except (WireError, PathError) as e:
             return connect_error("invalid_argument", str(e))
         except WatchFailed as e:
             return connect_error(e.error.code, e.error.message)
 
-    def _watch_dir(self, sandbox: Sandbox, request: Request, refusal: str | None) -> Reply:
+    def _watch_dir(
+        self, sandbox: Sandbox, request: Request, refusal: str | None, user: Identity | None
+    ) -> Reply:
         if refusal is not None:
             return _stream_error(ConnectError("unauthenticated", refusal))
         if _media_type(request) != CONNECT_JSON:
@@ -119,30 +132,30 @@ class FilesystemRpc:
         try:
             message = start_message(request.body)
             keepalive = _keepalive(request.headers)
-            stream = self._watches.stream(sandbox, message, keepalive=keepalive)
+            stream = self._watches.stream(sandbox, message, keepalive=keepalive, user=user)
         except WireError as e:
             return _stream_error(ConnectError("invalid_argument", str(e)))
         except WatchFailed as e:
             return _stream_error(e.error)
         return Reply(200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS, stream=stream)
 
-    def _path(self, raw: str) -> str:
-        return resolve(raw, self._home)
+    def _path(self, raw: str, user: Identity | None) -> str:
+        return resolve(raw, self._home if user is None else user.home)
 
-    def _stat(self, sandbox: Sandbox, body: bytes) -> Reply:
-        path = self._path(parse(body, PathRequest).path)
-        ran = run(sandbox, _STAT, path)
+    def _stat(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
+        path = self._path(parse(body, PathRequest).path, user)
+        ran = run(sandbox, _STAT, path, user=user)
         if ran.exit_code == _A:
             return connect_error(
                 "not_found", f"file not found: lstat {path}: no such file or directory"
             )
         return _entry(ran)
 
-    def _list_dir(self, sandbox: Sandbox, body: bytes) -> Reply:
+    def _list_dir(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         request = parse(body, ListDirRequest)
-        path = self._path(request.path)
+        path = self._path(request.path, user)
         depth = min(max(request.depth, 1), MAX_DEPTH)
-        ran = run(sandbox, _LIST, path, str(depth))
+        ran = run(sandbox, _LIST, path, str(depth), user=user)
         if ran.exit_code == _A:
             return connect_error(
                 "not_found", f"path not found: stat {path}: no such file or directory"
@@ -154,9 +167,9 @@ class FilesystemRpc:
         entries = [unstructure(e) for e in parse_entries(ran.stdout)]
         return _ok({"entries": entries})
 
-    def _make_dir(self, sandbox: Sandbox, body: bytes) -> Reply:
-        path = self._path(parse(body, PathRequest).path)
-        ran = run(sandbox, _MAKE, path)
+    def _make_dir(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
+        path = self._path(parse(body, PathRequest).path, user)
+        ran = run(sandbox, _MAKE, path, user=user)
         if ran.exit_code == _A:
             return connect_error("already_exists", f"directory already exists: {path}")
         if ran.exit_code == _B:
@@ -165,19 +178,20 @@ class FilesystemRpc:
             )
         return _entry(ran, "creating the directory")
 
-    def _move(self, sandbox: Sandbox, body: bytes) -> Reply:
+    def _move(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         request = parse(body, MoveRequest)
-        source, destination = self._path(request.source), self._path(request.destination)
-        ran = run(sandbox, _MOVE, source, destination)
+        source = self._path(request.source, user)
+        destination = self._path(request.destination, user)
+        ran = run(sandbox, _MOVE, source, destination, user=user)
         if ran.exit_code == _A:
             return connect_error(
                 "not_found", f"source file not found: rename {source}: no such file or directory"
             )
         return _entry(ran, "moving the file")
 
-    def _remove(self, sandbox: Sandbox, body: bytes) -> Reply:
-        path = self._path(parse(body, PathRequest).path)
-        ran = run(sandbox, _REMOVE, path)
+    def _remove(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
+        path = self._path(parse(body, PathRequest).path, user)
+        ran = run(sandbox, _REMOVE, path, user=user)
         return _ok({}) if ran.exit_code == 0 else _internal("removing the path", ran)
 
 

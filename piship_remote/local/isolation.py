@@ -11,9 +11,11 @@ options give it:
   few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
   certificates), a fresh ``/proc`` and ``/dev``;
 - the sandbox's private home directory at ``workdir``, its private ``/tmp`` and
-  ``/dev/shm``, all writable (size-capped tmpfs); everything else read-only;
-- an empty environment, no capabilities, its own session, and death when the
-  service dies.
+  ``/dev/shm`` (and, with a root beside the user, root's home at ``/root``), all
+  writable (size-capped tmpfs); everything else read-only;
+- an empty environment, no capabilities (with a root beside the user, the agent
+  keeps the few of :mod:`piship_remote.local.user_map`, which user commands drop
+  and root commands get), its own session, and death when the service dies.
 
 The options travel through a memfd (``--args``), not the command line::
 
@@ -36,6 +38,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from piship_remote.local.network import DNS_SERVER
+from piship_remote.local.user_map import ROOT_HOME, SANDBOX_UID, capability_options
 
 __all__ = [
     "AGENT_PATH",
@@ -64,7 +67,6 @@ _NAMESPACE_REFUSAL = re.compile(
     re.IGNORECASE,
 )
 HOSTNAME = "sandbox"
-SANDBOX_UID = 1000
 CHECK_TIMEOUT = 10.0
 
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -238,7 +240,10 @@ class Jail:
     (mounted at ``workdir``), its ``/tmp`` and ``/dev/shm``, and the synthesised
     ``/etc`` files. With ``scratch_size`` (bytes), ``/tmp`` and ``/dev/shm`` are
     instead fresh tmpfs of that size each (for hosts where the service cannot
-    mount a size-capped tmpfs under all three itself).
+    mount a size-capped tmpfs under all three itself). With ``root_home``, the
+    sandbox has a root beside its user (see :mod:`piship_remote.local.user_map`):
+    that host directory is mounted at ``/root`` and the agent keeps the
+    capabilities to run commands as root.
     """
 
     bwrap: str
@@ -250,6 +255,7 @@ class Jail:
     user: str = "user"
     network: bool = False
     scratch_size: int | None = None
+    root_home: str | None = None
 
     def options(self, *, cwd: str, env: Mapping[str, str], binds: Sequence[str] = ()) -> list[str]:
         """The bwrap options (everything before ``--``) for a program in ``cwd`` with ``env``.
@@ -258,7 +264,10 @@ class Jail:
         """
         uid = str(uid_for(self.user))
         options = ["--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid]
-        options += ["--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv"]
+        options += ["--cap-drop", "ALL"]
+        if self.root_home is not None:
+            options += capability_options()
+        options += ["--die-with-parent", "--new-session", "--clearenv"]
         options += ["--hostname", HOSTNAME, "--ro-bind", "/usr", "/usr"]
         options += _system_dirs()
         # Read-only /proc: where the service runs as root, the sandbox's user maps onto
@@ -266,11 +275,21 @@ class Jail:
         options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
         options += self._etc()
         options += self._scratch()
-        options += ["--bind", self.home, self.workdir, *binds]
+        options += ["--bind", self.home, self.workdir]
+        for inside, host in self.root_place().items():
+            options += ["--bind", host, inside]
+        # After /root: a Python prefix under /root (the agent's) stays visible.
+        options += binds
         options += ["--remount-ro", "/", "--chdir", cwd]
         for name, value in env.items():
             options += ["--setenv", name, value]
         return options
+
+    def root_place(self) -> dict[str, str]:
+        """``{"/root": host directory}`` when root's home is mounted there, else ``{}``."""
+        if self.root_home is None or _nested(self.workdir, ROOT_HOME):
+            return {}
+        return {ROOT_HOME: self.root_home}
 
     def agent_options(self, python: str) -> list[str]:
         """Extra options that make the agent and the ``python`` running it visible inside."""
@@ -324,6 +343,11 @@ class Jail:
         for name in _HOST_ETC + (_NETWORK_ETC if self.network else ()):
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         return options
+
+
+def _nested(a: str, b: str) -> bool:
+    """Whether one of two absolute paths is the other or below it."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
 def agent_source() -> str:

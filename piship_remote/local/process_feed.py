@@ -99,10 +99,17 @@ class ProcessFeed:
                 if isinstance(event, Exited):
                     with self._lock:
                         self._ended = event
+                    # Before any follower hears of the end: a List after it no longer shows it.
+                    self._end()
                 if isinstance(event, (Output, Exited)):
                     with self._lock:
                         followers = list(self._followers)
                     for follower in followers:
                         follower.put(event)
         finally:
-            self._on_end()
+            self._end()
+
+    def _end(self) -> None:
+        """Call ``on_end`` (once)."""
+        on_end, self._on_end = self._on_end, lambda: None
+        on_end()

@@ -35,6 +35,7 @@ from piship_remote.local.process_wire import (
 )
 from piship_remote.local.sandbox_fs import TAG_PREFIX
 from piship_remote.local.sandboxes import Sandbox, SandboxGone, StartRefused
+from piship_remote.local.user_map import Identity
 from piship_remote.local.wire import (
     ConnectError,
     DataEvent,
@@ -90,14 +91,17 @@ class ProcessRpc:
         self._lock = threading.Lock()
         self._feeds: dict[tuple[str, int], ProcessFeed] = {}
 
-    def handle(self, sandbox: Sandbox, method: str, request: Request) -> Reply:
-        """Answer ``/process.Process/<method>`` (the caller checked token and user)."""
+    def handle(
+        self, sandbox: Sandbox, method: str, request: Request, user: Identity | None = None
+    ) -> Reply:
+        """Answer ``/process.Process/<method>`` (the caller checked token and ``user``, whom
+        ``Start`` runs its command as; default: the sandbox's user)."""
         if method in STREAMING:
             refusal = _stream_refusal(request)
             if refusal is not None:
                 return refusal
             if method == "Start":
-                return self._start(sandbox, request)
+                return self._start(sandbox, request, user)
             if method == "Connect":
                 return self._connect(sandbox, request)
             return self._stream_input(sandbox, request)
@@ -117,7 +121,7 @@ class ProcessRpc:
 
     # -- streams ---------------------------------------------------------------------
 
-    def _start(self, sandbox: Sandbox, request: Request) -> Reply:
+    def _start(self, sandbox: Sandbox, request: Request, user: Identity | None) -> Reply:
         try:
             start = structure(start_message(request.body), StartRequest)
         except WireError as e:
@@ -126,9 +130,8 @@ class ProcessRpc:
         if start.pty is not None:
             size = WindowSize(start.pty.size.cols, start.pty.size.rows)
         try:
-            process = sandbox.start(
-                start.process, tag=start.tag, stdin=start.stdin is not False, size=size
-            )
+            stdin = start.stdin is not False
+            process = sandbox.start(start.process, tag=start.tag, stdin=stdin, size=size, user=user)
         except StartRefused as e:
             return stream_error("invalid_argument", str(e))
         except SandboxGone:

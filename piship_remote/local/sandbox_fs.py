@@ -1,4 +1,5 @@
-"""File operations run inside a sandbox, as its user, through the same entry point as commands.
+"""File operations run inside a sandbox, as the requesting user (default: the sandbox's), through
+the same entry point as commands.
 
 A hostile sandbox can plant symlinks to host files, so no sandbox path is ever
 resolved on the host: each operation is a small ``/bin/sh`` script (``cat``,
@@ -7,6 +8,7 @@ sees exactly the sandbox's own view. Output and input are streamed through pipes
 nothing holds a whole file::
 
     ran = run(sandbox, 'rm -rf -- "$1"', "/home/user/x")      # Ran(exit_code, stdout, stderr)
+    ran = run(sandbox, 'cat -- "$1"', "/root/x", user=root)   # as root (an Identity)
     opened = open_stream(sandbox, CAT_SCRIPT, "/home/user/big.bin")
     entries = parse_entries(ran.stdout)                        # from find -printf ENTRY_FORMAT
 
@@ -26,6 +28,7 @@ import attrs
 
 from piship_remote.local.process import Exited, LocalProcess, Output
 from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.user_map import Identity
 from piship_remote.local.wire import EntryInfo, ProcessConfig, resolve
 
 __all__ = [
@@ -79,13 +82,23 @@ def _config(script: str, args: tuple[str, ...]) -> ProcessConfig:
     return ProcessConfig(cmd="/bin/sh", args=["-c", script, "sh", *args])
 
 
-def _start(sandbox: Sandbox, script: str, args: tuple[str, ...], stdin: bool) -> LocalProcess:
-    return sandbox.start(_config(script, args), tag=TAG_PREFIX + script[:24], stdin=stdin)
+def _start(
+    sandbox: Sandbox, script: str, args: tuple[str, ...], stdin: bool, user: Identity | None
+) -> LocalProcess:
+    config = _config(script, args)
+    return sandbox.start(config, tag=TAG_PREFIX + script[:24], stdin=stdin, user=user)
 
 
-def run(sandbox: Sandbox, script: str, *args: str, feed: Feed | None = None) -> Ran:
-    """Run ``script`` with ``args`` in the sandbox; ``feed`` writes its stdin (then closed)."""
-    process = _start(sandbox, script, args, feed is not None)
+def run(
+    sandbox: Sandbox,
+    script: str,
+    *args: str,
+    feed: Feed | None = None,
+    user: Identity | None = None,
+) -> Ran:
+    """Run ``script`` with ``args`` in the sandbox as ``user``; ``feed`` writes its stdin
+    (then closed)."""
+    process = _start(sandbox, script, args, feed is not None, user)
     try:
         if feed is not None:
             _feed(process, feed)
@@ -116,9 +129,11 @@ def _feed(process: LocalProcess, feed: Feed) -> None:
             pipe.close()
 
 
-def open_stream(sandbox: Sandbox, script: str, *args: str) -> Streamed:
-    """Start ``script``; wait for its first stdout bytes (streamed on) or its end."""
-    process = _start(sandbox, script, args, False)
+def open_stream(
+    sandbox: Sandbox, script: str, *args: str, user: Identity | None = None
+) -> Streamed:
+    """Start ``script`` as ``user``; wait for its first stdout bytes (streamed on) or its end."""
+    process = _start(sandbox, script, args, False, user)
     events = process.events(deadline=None, keepalive=_QUIET)
     err = bytearray()
     try:

@@ -14,8 +14,10 @@ namespace's init dies)::
     vm.close()
     spawner.close()
 
-It works unprivileged too: nothing here needs root but the cgroups and the
-size-capped home, which the service only uses where it may.
+It works unprivileged too: nothing here needs root but the cgroups, the
+size-capped home and a root beside the user (a jail with ``root_home``: the
+service writes the namespace's two-uid map itself, see
+:mod:`piship_remote.local.user_map`), which the service only uses where it may.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from piship_remote.local.isolation import AGENT_PATH, Jail, find_python, options
 from piship_remote.local.limits import CgroupSet
 from piship_remote.local.network import UserModeNetwork
 from piship_remote.local.process import AgentLink, LocalProcess, WindowSize
+from piship_remote.local.user_map import bwrap_options, write_maps
 
 __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
 
@@ -95,10 +98,12 @@ class SandboxVm:
         status: int,
         init_pid: int,
         cgroups: CgroupSet,
+        mapping: tuple[int, int] | None = None,
     ) -> None:
         self._popen = popen
         self._link = link
         self._status = status
+        self._mapping = mapping  # bwrap's info fd (read) and userns block fd (write)
         self._init_pid = init_pid
         self.cgroups = cgroups
         self.network: UserModeNetwork | None = None
@@ -125,10 +130,18 @@ class SandboxVm:
         python = find_python()
         service_end, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         status_read, status_write = os.pipe()
+        child_ends = [status_write]  # closed here once bubblewrap has them
+        mapping: tuple[int, int] | None = None
         try:
             binds = jail.agent_options(python)
             options = jail.options(cwd=jail.workdir, env={"PATH": "/usr/bin:/bin"}, binds=binds)
             options += ["--json-status-fd", str(status_write)]
+            if jail.root_home is not None:
+                info_read, info_write = os.pipe()
+                block_read, block_write = os.pipe()
+                mapping = (info_read, block_write)
+                child_ends += [info_write, block_read]
+                options += bwrap_options(block_read, info_write)
             args = options_fd(options)
             agent = [python, "-I", "-S", AGENT_PATH, str(agent_end.fileno())]
             argv = [jail.bwrap, "--args", str(args), "--", *agent]
@@ -142,22 +155,26 @@ class SandboxVm:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
-                    pass_fds=(args, status_write, agent_end.fileno()),
+                    pass_fds=(args, agent_end.fileno(), *child_ends),
                     start_new_session=True,
                 )
             finally:
                 os.close(args)
         except BaseException:
             service_end.close()
-            os.close(status_read)
+            for fd in (status_read, *(mapping or ())):
+                os.close(fd)
             raise
         finally:
             agent_end.close()
-            os.close(status_write)
-        return cls(popen, AgentLink(service_end), status_read, 0, cgroups)
+            for fd in child_ends:
+                os.close(fd)
+        return cls(popen, AgentLink(service_end), status_read, 0, cgroups, mapping)
 
     def _await_agent(self) -> None:
-        """Read bubblewrap's child pid, then the agent's ready message."""
+        """Map the users (with a root), read bubblewrap's child pid, then the agent's ready."""
+        if self._mapping is not None:
+            self._map_users()
         pid = self._status_pid()
         if pid is None:
             raise OSError(f"the sandbox did not start: {self._failure()}")
@@ -167,6 +184,31 @@ class SandboxVm:
         data = control.recv(4096) if ready else b""
         if not data or not json.loads(data).get("ready"):
             raise OSError(f"the sandbox agent did not start: {self._failure()}")
+
+    def _map_users(self) -> None:
+        """Write the two-uid map for bwrap's child (its pid from the info fd), then release it."""
+        assert self._mapping is not None
+        info, block = self._mapping
+        buffer, info_pid = b"", None
+        while info_pid is None:
+            ready, _, _ = select.select([info], [], [], BOOT_TIMEOUT)
+            chunk = os.read(info, 4096) if ready else b""
+            if not chunk:
+                raise OSError(f"the sandbox did not start: {self._failure()}")
+            buffer += chunk
+            with contextlib.suppress(ValueError):
+                found = json.loads(buffer).get("child-pid")
+                info_pid = found if isinstance(found, int) else -1
+        if info_pid <= 0:
+            raise OSError("the sandbox did not start: bubblewrap reported no child pid")
+        write_maps(info_pid)
+        os.write(block, b"m")
+        self._close_mapping()
+
+    def _close_mapping(self) -> None:
+        for fd in self._mapping or ():
+            os.close(fd)
+        self._mapping = None
 
     def _status_pid(self) -> int | None:
         buffer = b""
@@ -220,6 +262,7 @@ class SandboxVm:
         if self._popen.stderr is not None:
             self._popen.stderr.close()
         os.close(self._status)
+        self._close_mapping()
         if self.network is not None:
             self.network.close()
         self.cgroups.remove()

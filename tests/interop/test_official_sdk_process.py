@@ -7,6 +7,7 @@ each as a user of the SDK writes it. The SDK is pointed at loopback with
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 
@@ -137,6 +138,26 @@ def test_a_cwd_outside_the_home_is_used(sandbox: Sandbox) -> None:
 def test_an_unknown_user_is_refused_as_authentication(sandbox: Sandbox) -> None:
     with pytest.raises(AuthenticationException, match="invalid username"):
         sandbox.commands.run("id", user="mallory")  # type: ignore[arg-type]
+
+
+needs_host_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the local service maps a root beside the user only as host root"
+)
+
+
+@needs_host_root
+def test_user_root_runs_commands_as_uid_0_in_root_home(sandbox: Sandbox) -> None:
+    assert sandbox.commands.run("id -u", user="root").stdout == "0\n"
+    assert sandbox.commands.run('pwd; echo "$HOME"', user="root").stdout == "/root\n/root\n"
+    assert sandbox.commands.run("id -u").stdout == "1000\n"
+
+
+@needs_host_root
+def test_files_as_root_are_written_and_read_in_root_home(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("/root/sdk.txt", "from the sdk", user="root")
+    assert info.path == "/root/sdk.txt"
+    assert sandbox.files.read("/root/sdk.txt", user="root") == "from the sdk"
+    assert sandbox.commands.run("stat -c %U /root/sdk.txt", user="root").stdout == "root\n"
 
 
 def test_pty_create_runs_an_interactive_shell_on_a_terminal(sandbox: Sandbox) -> None:

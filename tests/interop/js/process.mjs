@@ -59,6 +59,14 @@ try {
   check('commands.run cwd /tmp', (await sandbox.commands.run('pwd', { cwd: '/tmp' })).stdout === '/tmp\n')
   check('commands.run unknown user is AuthenticationError',
     (await errorName(() => sandbox.commands.run('id', { user: 'mallory' }))) === 'AuthenticationError')
+  check('commands.run user root is uid 0',
+    (await sandbox.commands.run('id -u', { user: 'root' })).stdout === '0\n')
+  check('commands.run user root starts in /root',
+    (await sandbox.commands.run('pwd; echo "$HOME"', { user: 'root' })).stdout === '/root\n/root\n')
+  const rootFile = await sandbox.files.write('/root/js.txt', 'from js', { user: 'root' })
+  const rootOwner = (await sandbox.commands.run('stat -c %U /root/js.txt', { user: 'root' })).stdout
+  check('files.write user root', rootFile.path === '/root/js.txt' && rootOwner === 'root\n')
+  check('files.read user root', (await sandbox.files.read('/root/js.txt', { user: 'root' })) === 'from js')
 
   const out = terminalOutput()
   const terminal = await sandbox.pty.create({ cols: 80, rows: 24, onData: out.onData })

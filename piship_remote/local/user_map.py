@@ -1,0 +1,130 @@
+"""Who a sandbox command runs as: its user (uid 1000) and, where it can be mapped, ``root``.
+
+A sandbox's user namespace maps its user (uid 1000) onto the service's own host
+uid, so the sandbox's files need no ``chown``. Where the service runs as host
+root, a second uid is mapped too: the sandbox's ``root`` (uid 0) onto
+:data:`ROOT_HOST_UID`, an unprivileged host uid that owns nothing, so a sandbox's
+root is nobody on the host. Mapping it needs the service's own ``CAP_SETUID`` in
+the host namespace (``/proc/<pid>/uid_map`` written from outside, while bubblewrap
+waits on ``--userns-block-fd``); elsewhere a sandbox has one user and ``root``
+is refused with :data:`ROOT_REFUSAL`::
+
+    users = SandboxUsers.of(user="user", workdir="/home/user", root=root_mappable())
+    identity = users.named("root")      # Identity("root", 0, "/root"), or None
+    options = capability_options() + bwrap_options(block_fd, info_fd)
+    write_maps(child_pid)
+
+The agent keeps :data:`CAPABILITIES` (ambient), to switch to root and to signal
+root's processes; a user command starts with none, a root command with exactly
+these (see ``agent.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+
+__all__ = [
+    "CAPABILITIES",
+    "ROOT_HOME",
+    "ROOT_HOST_UID",
+    "ROOT_REFUSAL",
+    "Identity",
+    "SandboxUsers",
+    "bwrap_options",
+    "capability_options",
+    "make_root_home",
+    "root_mappable",
+    "write_maps",
+]
+
+SANDBOX_UID = 1000
+ROOT_HOME = "/root"
+# The host uid (and gid) a sandbox's root maps onto: unused by any account, below the
+# 2**31 - 1 limit of 32-bit ids and far above where distributions allocate users and
+# containers' subordinate ranges (100000 + 65536 * n), so sandbox root owns nothing here.
+ROOT_HOST_UID = 2_147_000_000
+# What root needs to act as root on the sandbox's own files, and what the agent needs to
+# become it (SETUID, SETGID) and to signal its processes (KILL). Nothing more: no
+# CAP_SYS_ADMIN (mounts), CAP_NET_* or CAP_SYS_PTRACE.
+CAPABILITIES = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+)
+ROOT_REFUSAL = "root needs the local service run as root (host uid 0): its sandboxes map one uid"
+
+
+def root_mappable() -> bool:
+    """Whether this service can map a sandbox root beside its user (it runs as host root)."""
+    return os.geteuid() == 0
+
+
+@attrs.frozen
+class Identity:
+    """A sandbox user: its name, uid inside the sandbox, and home directory."""
+
+    name: str
+    uid: int
+    home: str
+
+
+@attrs.frozen
+class SandboxUsers:
+    """The users a service's sandboxes have: the service's user, and root when mapped."""
+
+    default: Identity
+    root: Identity | None = None
+
+    @classmethod
+    def of(cls, *, user: str, workdir: str, root: bool) -> SandboxUsers:
+        """The service's ``user`` (home ``workdir``); ``root`` beside it if ``root`` is true."""
+        if user == "root":
+            return cls(Identity("root", 0, workdir))  # the sandbox's only user
+        second = Identity("root", 0, ROOT_HOME) if root else None
+        return cls(Identity(user, SANDBOX_UID, workdir), second)
+
+    def named(self, name: str) -> Identity | None:
+        """The user called ``name``, if the sandboxes have it."""
+        if name == self.default.name:
+            return self.default
+        if self.root is not None and name == self.root.name:
+            return self.root
+        return None
+
+    def refusal(self, name: str) -> str:
+        """Why ``name`` is not a user of the sandboxes (with envd's ``invalid username``)."""
+        shown = f"invalid username: '{name[:64]}'"
+        return f"{shown}: {ROOT_REFUSAL}" if name == "root" else shown
+
+
+def make_root_home(directory: str) -> str:
+    """Make the host directory of a sandbox root's home in ``directory``: 0700, root's."""
+    home = os.path.join(directory, "root")
+    os.mkdir(home, 0o700)
+    os.chown(home, ROOT_HOST_UID, ROOT_HOST_UID)  # uid 0 inside the sandbox, nobody here
+    return home
+
+
+def capability_options() -> list[str]:
+    """The bwrap options (after ``--cap-drop ALL``) that leave the agent :data:`CAPABILITIES`."""
+    return [option for capability in CAPABILITIES for option in ("--cap-add", capability)]
+
+
+def bwrap_options(block_fd: int, info_fd: int) -> list[str]:
+    """bubblewrap writes no map, its pid goes to ``info_fd``, and it waits on ``block_fd``."""
+    return ["--userns-block-fd", str(block_fd), "--info-fd", str(info_fd)]
+
+
+def write_maps(pid: int) -> None:
+    """Map sandbox 0 onto :data:`ROOT_HOST_UID` and 1000 onto this uid, for process ``pid``."""
+    uid, gid = os.geteuid(), os.getegid()
+    for name, own in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as handle:
+            handle.write(f"0 {ROOT_HOST_UID} 1\n{SANDBOX_UID} {own} 1\n")
