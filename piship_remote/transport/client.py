@@ -316,6 +316,8 @@ class Transport:
                 )
             except requests.exceptions.InvalidHeader:
                 return None
+            if data is not None and not isinstance(data, bytes) and "Content-Length" in headers:
+                prepared.headers.pop("Transfer-Encoding", None)  # one framing, the caller's
             return Outgoing(method, prepared.url or target.url, prepared.headers, data, prepared)
         merged: dict[str, str | bytes] = {}
         names: dict[str, str] = {}  # lower-case name -> the spelling in `merged`
@@ -334,7 +336,7 @@ class Transport:
         if isinstance(data, bytes):
             merged["Content-Length"] = str(len(data))
         elif data is not None:
-            pass  # streamed: urllib3 sends it chunked
+            pass  # streamed: chunked, unless the caller gave its Content-Length
         elif method not in ("GET", "HEAD"):
             merged["Content-Length"] = "0"
         return Outgoing(method, target.url, merged, data, None, target.path)
@@ -397,7 +399,7 @@ class Transport:
             decode_content=False,
             retries=self._adapter.max_retries,
             timeout=Timeout(connect=remaining, read=remaining),
-            chunked=outgoing.body is not None and not isinstance(outgoing.body, bytes),
+            chunked=_sent_chunked(outgoing),
         )
         assert isinstance(opened, urllib3.response.HTTPResponse)
         if "set-cookie" in opened.headers:
@@ -405,6 +407,18 @@ class Transport:
                 self._session.cookies, outgoing.prepared(), opened
             )
         return opened
+
+
+def _sent_chunked(outgoing: Outgoing) -> bool:
+    """Whether the body goes out chunked: a streamed body whose length the caller did not give.
+
+    A request never carries both framings: with ``Content-Length`` and
+    ``Transfer-Encoding: chunked`` together, servers and proxies may reject it as a
+    smuggling attempt or read the body by the wrong one.
+    """
+    if outgoing.body is None or isinstance(outgoing.body, bytes):
+        return False
+    return not any(name.lower() == "content-length" for name in outgoing.headers)
 
 
 def _hold_connection(
