@@ -1,8 +1,10 @@
 """One command running in a sandbox: start it through the agent, follow its output, kill it.
 
 A :class:`LocalProcess` is a command the sandbox's agent started (see
-:mod:`piship_remote.local.agent`). The service holds the read ends of its
-stdout, stderr and status pipes. The command ends when its main process exits;
+:mod:`piship_remote.local.agent`) through its :class:`AgentLink` (the control
+socket and start handshake, :mod:`piship_remote.local.agent_link`; ``AgentLink``
+and ``StartFailed`` are importable from here too). The service holds the read
+ends of its stdout, stderr and status pipes. The command ends when its main process exits;
 whatever it left in the background keeps running in the sandbox (its output,
 if it still writes to the command's pipes, is read and dropped by the agent)::
 
@@ -21,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import itertools
-import json
 import os
 import select
 import selectors
@@ -32,12 +32,19 @@ import struct
 import termios
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import IO, Literal
 
 import attrs
 
-from piship_remote.local.isolation import options_fd
+from piship_remote.local.agent_link import (
+    AgentLink,
+    StartFailed,
+    parse_status,
+    received_fd,
+    send_start,
+    started_pid,
+)
 
 __all__ = [
     "CHUNK_BYTES",
@@ -54,7 +61,6 @@ __all__ = [
 
 CHUNK_BYTES = 32 * 1024
 REAP_TIMEOUT = 5.0
-START_TIMEOUT = 10.0
 INPUT_TIMEOUT = 10.0
 
 Stream = Literal["stdout", "stderr", "pty"]
@@ -100,41 +106,8 @@ class Exited:
 Event = Output | Keepalive | Exited
 
 
-class StartFailed(Exception):
-    """The agent could not start the program (its message is envd's wording)."""
-
-
 class InputFailed(Exception):
     """Input could not be delivered (no stdin pipe or terminal, or it is closed or full)."""
-
-
-class AgentLink:
-    """The service's end of a sandbox agent's control socket; safe to share between threads."""
-
-    def __init__(self, control: socket.socket) -> None:
-        self._control = control
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
-
-    @property
-    def socket(self) -> socket.socket:
-        """The socket itself (for the agent's ready message)."""
-        return self._control
-
-    def next_id(self) -> int:
-        """A fresh command id."""
-        return next(self._ids)
-
-    def send(self, message: Mapping[str, object], fds: Sequence[int] = ()) -> None:
-        """One packet to the agent; ``OSError`` when the agent is gone."""
-        data = json.dumps(message).encode()
-        with self._lock:
-            socket.send_fds(self._control, [data], list(fds))
-
-    def close(self) -> None:
-        """Close the socket: the agent exits, and the sandbox with it."""
-        with self._lock:
-            self._control.close()
 
 
 class LocalProcess:
@@ -192,10 +165,10 @@ class LocalProcess:
         in_read, in_write = os.pipe() if stdin else (-1, -1)
         kept = [out_read, err_read] + ([in_write] if stdin else [])
         sent = [out_write, err_write]
-        ident, status_read = _send_start(link, spec, {}, sent, [in_read] if stdin else [], kept)
+        ident, status_read = send_start(link, spec, {}, sent, [in_read] if stdin else [], kept)
         pipe = os.fdopen(in_write, "wb") if stdin else None
         try:
-            pid = _started_pid(status_read)
+            pid = started_pid(status_read)
         except BaseException:
             for fd in (out_read, err_read):
                 os.close(fd)
@@ -219,14 +192,14 @@ class LocalProcess:
         with receiver:
             try:
                 extra = {"size": {"cols": size.cols, "rows": size.rows}}
-                ident, status_read = _send_start(
+                ident, status_read = send_start(
                     link, {**spec, **extra}, {"pty": True}, [sender.detach()], [], []
                 )
             finally:
                 sender.close()
             try:
-                pid = _started_pid(status_read)
-                master = _received_fd(receiver)
+                pid = started_pid(status_read)
+                master = received_fd(receiver)
             except BaseException:
                 with contextlib.suppress(OSError):
                     link.send({"op": "kill", "id": ident, "signal": int(signal.SIGKILL)})
@@ -340,7 +313,7 @@ class LocalProcess:
                 for key, _ in selector.select(max(wait, 0.0)):
                     if key.data is None:
                         chunk = os.read(key.fd, CHUNK_BYTES)
-                        status.update(_status(chunk))
+                        status.update(parse_status(chunk))
                         if not chunk or "exit" in status or "signal" in status:
                             selector.unregister(key.fd)
                         continue
@@ -420,96 +393,9 @@ def _write_all(fd: int, data: bytes) -> None:
             raise InputFailed(e.strerror or str(e)) from None
 
 
-def _send_start(
-    link: AgentLink,
-    spec: Mapping[str, object],
-    flags: Mapping[str, object],
-    sent: list[int],
-    trailing: list[int],
-    kept: list[int],
-) -> tuple[int, int]:
-    """Send a start packet (``sent`` + status + spec + ``trailing`` fds, all closed here).
-
-    Returns the command's id and the read end of its status pipe; on failure the
-    ``kept`` descriptors are closed too.
-    """
-    status_read, status_write = os.pipe()
-    spec_fd = options_fd([])
-    ident = link.next_id()
-    fds = [*sent, status_write, spec_fd, *trailing]
-    try:
-        os.write(spec_fd, json.dumps(dict(spec)).encode())
-        os.lseek(spec_fd, 0, os.SEEK_SET)
-        link.send({"op": "start", "id": ident, **flags}, fds)
-    except BaseException:
-        for fd in (*kept, status_read):
-            os.close(fd)
-        raise
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return ident, status_read
-
-
-def _started_pid(status_read: int) -> int:
-    """The pid the agent reports on the status pipe; :class:`StartFailed` when it did not start.
-
-    The status pipe is closed on failure.
-    """
-    try:
-        first = _first_status(status_read)
-    except BaseException:
-        os.close(status_read)
-        raise
-    pid = first.get("pid")
-    if not isinstance(pid, int):
-        os.close(status_read)
-        raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
-    return pid
-
-
-def _received_fd(receiver: socket.socket) -> int:
-    """The one descriptor (a pty master) the agent sends over ``receiver``."""
-    ready, _, _ = select.select([receiver], [], [], START_TIMEOUT)
-    if not ready:
-        raise OSError("the sandbox agent did not hand over the terminal")
-    _, fds, _, _ = socket.recv_fds(receiver, 16, 1)
-    if not fds:
-        raise OSError("the sandbox agent did not hand over the terminal")
-    return fds[0]
-
-
-def _status(chunk: bytes) -> dict[str, object]:
-    found: dict[str, object] = {}
-    for line in chunk.splitlines():
-        try:
-            value = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(value, dict):
-            found.update(value)
-    return found
-
-
 def _exit_code(status: Mapping[str, object]) -> int:
     """The shell-style exit status: the code, or 128 plus the signal number."""
     code, sig = status.get("exit"), status.get("signal")
     if isinstance(sig, int):
         return 128 + sig
     return code if isinstance(code, int) else -1
-
-
-def _first_status(fd: int) -> dict[str, object]:
-    """The agent's first status line (the pid, or why the program did not start)."""
-    ready, _, _ = select.select([fd], [], [], START_TIMEOUT)
-    if not ready:
-        raise OSError("the sandbox agent did not answer in time")
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1)  # one line only: the exit report may follow at once
-        if not chunk:
-            break
-        data += chunk
-    if not data:
-        raise OSError("the sandbox agent is gone")
-    return _status(data)

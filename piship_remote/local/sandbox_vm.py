@@ -35,10 +35,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TypeVar
 
+from piship_remote.local.agent_link import AgentLink
 from piship_remote.local.isolation import AGENT_PATH, Jail, find_python, options_fd
 from piship_remote.local.limits import CgroupSet
 from piship_remote.local.network import UserModeNetwork
-from piship_remote.local.process import AgentLink, LocalProcess, WindowSize
+from piship_remote.local.process import LocalProcess, WindowSize
 from piship_remote.local.user_map import bwrap_options, write_maps
 
 __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]

@@ -53,29 +53,9 @@ Routes:
 - ``distinct_ids=True``: the n-th create is ``sbx<n>`` instead of always ``sbx1``.
 - anything else: 404.
 
-``command(start)`` gets the parsed StartRequest and returns a mapping with any of:
-
-=================  ==================================================================
-``stdout``         text or bytes, one data frame (standard base64)
-``stderr``         text or bytes, one data frame after stdout
-``chunks``         a list of text/bytes pieces, each its own stdout frame (after stdout)
-``exit_code``      int, default 0; sent as ``exitCode`` only when non-zero, like envd
-``omit_zero_exit`` default True; False sends ``"exitCode": 0`` explicitly
-``keepalive``      True: a keepalive event after start and after every data frame
-``after``          a ``threading.Event``: the stream waits for it before ending
-``hang``           True: no end; the stream stays open until SendSignal (then ``{}``
-                   end-of-stream) or until the server closes (then a drop)
-``killed_end``     with ``hang``: after SendSignal, first send envd's end event for a
-                   SIGKILLed process (``exitCode: -1``, ``status: "signal: killed"``,
-                   ``error``), as real envd does and the official SDK expects
-``stream_error``   message: end-of-stream ``{"error":{"code":"internal","message":…}}``
-                   and no end event
-``no_end_stream``  True: the end event, then the body ends without end-of-stream
-``drop``           True: cut the connection after the output (a mid-stream reset)
-``status``         answer Start with this HTTP status and ``body`` instead of a stream
-``body``           the body for ``status`` (text, bytes or JSON value)
-``content_type``   the Start response's content type (default ``application/connect+json``)
-=================  ==================================================================
+``command(start)`` gets the parsed StartRequest and returns a mapping (``stdout``,
+``exit_code``, ``hang``, …); :mod:`piship_remote.testing.e2b_commands` lists its keys
+and makes the Start stream of it.
 """
 
 from __future__ import annotations
@@ -92,19 +72,20 @@ from typing import Any
 from piship_remote.local.wire import (
     ApiError,
     ConnectError,
-    DataEvent,
-    EndEvent,
     SandboxInfo,
     SignalRequest,
-    StartEvent,
     WireError,
-    end_stream_frame,
-    event_frame,
     metadata_filter,
     start_message,
     structure,
     to_json,
-    unstructure,
+)
+from piship_remote.testing.e2b_commands import (
+    PID,
+    Command,
+    CommandAnswer,
+    answer_frames,
+    command_answer,
 )
 from piship_remote.testing.e2b_files import MemoryTree, files_refusal
 from piship_remote.testing.e2b_listing import (
@@ -115,7 +96,7 @@ from piship_remote.testing.e2b_listing import (
     has_metadata,
     listed,
 )
-from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
+from piship_remote.testing.recorder import RecordingServer, json_response
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
 
@@ -130,34 +111,7 @@ __all__ = [
 
 SANDBOX_ID = "sbx1"
 ENVD_ACCESS_TOKEN = "envd-token-1"
-PID = 42
-CHECK_MARKER = "piship-sandbox-ready"
 CONNECT_JSON = "application/connect+json"
-# envd's end event after SIGKILL: ExitCode() -1, Exited() false (omitted), Go's status text.
-KILLED_END = EndEvent(exit_code=-1, exited=False, status="signal: killed", error="signal: killed")
-
-CommandAnswer = Mapping[str, Any]
-Command = Callable[[dict[str, Any]], CommandAnswer]
-
-_ANSWER_KEYS = frozenset(
-    {
-        "stdout",
-        "stderr",
-        "chunks",
-        "exit_code",
-        "omit_zero_exit",
-        "keepalive",
-        "after",
-        "hang",
-        "killed_end",
-        "stream_error",
-        "no_end_stream",
-        "drop",
-        "status",
-        "body",
-        "content_type",
-    }
-)
 _CONTROL_PREFIXES = ("/sandboxes", "/v2/sandboxes")
 _CREATE_PATHS = ("/sandboxes", "/v2/sandboxes")
 _SANDBOX_PATH = re.compile(r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})(/timeout|/connect)?\Z")
@@ -416,7 +370,7 @@ class E2bServer(RecordingServer):
         except WireError:
             refusal = ConnectError("invalid_argument", "the body is not a Connect envelope")
             return _json(400, refusal)
-        answer = self._answer(start)
+        answer = command_answer(start, self._command)
         if (status := answer.get("status")) is not None:
             return json_response(int(status), answer.get("body", b""))
         tag = start.get("tag") if isinstance(start.get("tag"), str) else None
@@ -426,22 +380,9 @@ class E2bServer(RecordingServer):
             content_type=str(answer.get("content_type", CONNECT_JSON)),
         )
 
-    def _answer(self, start: dict[str, Any]) -> CommandAnswer:
-        process = _object(start.get("process"))
-        args = process.get("args")
-        script = args[2] if isinstance(args, list) and len(args) > 2 else ""
-        if isinstance(script, str) and CHECK_MARKER in script:
-            unlisted = _object(process.get("envs")).get("PISHIP_PROBE_UNLISTED") or "unset"
-            return {"stdout": f"{CHECK_MARKER} {unlisted}\n"}
-        answer = dict(self._command(start)) if self._command else {}
-        unknown = set(answer) - _ANSWER_KEYS
-        if unknown:
-            raise ValueError(f"E2bServer: unknown command answer keys {sorted(unknown)}")
-        return answer
-
     def _events(self, answer: CommandAnswer, tag: str | None) -> Iterator[bytes]:
         if not answer.get("hang"):
-            yield from self._answer_events(answer, None)
+            yield from answer_frames(answer, wait=self.wait, hang=None)
             return
         # Listen for SendSignal before the start frame goes out: a client may send
         # it as soon as it has the pid (the official SDK's kill() does).
@@ -449,42 +390,10 @@ class E2bServer(RecordingServer):
         with self._state:
             self._hung.append(entry)
         try:
-            yield from self._answer_events(answer, entry)
+            yield from answer_frames(answer, wait=self.wait, hang=lambda: self._hang(*entry))
         finally:
             with self._state:
                 self._hung.remove(entry)
-
-    def _answer_events(
-        self, answer: CommandAnswer, hung: tuple[str | None, threading.Event] | None
-    ) -> Iterator[bytes]:
-        keepalive = bool(answer.get("keepalive"))
-        yield event_frame("start", StartEvent(PID))
-        if keepalive:
-            yield event_frame("keepalive", {})
-        for stream, piece in _output(answer):
-            data = base64.b64encode(piece).decode()
-            event = DataEvent(stdout=data) if stream == "stdout" else DataEvent(stderr=data)
-            yield event_frame("data", event)
-            if keepalive:
-                yield event_frame("keepalive", {})
-        after = answer.get("after")
-        if after is not None and not self.wait(after):
-            raise DropConnection
-        if answer.get("drop"):
-            raise DropConnection
-        if hung is not None:
-            if not self._hang(*hung):
-                raise DropConnection
-            if answer.get("killed_end"):
-                yield event_frame("end", KILLED_END)
-            yield end_stream_frame()
-            return
-        if (error := answer.get("stream_error")) is not None:
-            yield end_stream_frame(ConnectError("internal", str(error)))
-            return
-        yield event_frame("end", _end(answer))
-        if not answer.get("no_end_stream"):
-            yield end_stream_frame()
 
     def _hang(self, tag: str | None, gate: threading.Event) -> bool:
         """Wait for a SendSignal; True when one came, False when the server closed."""
@@ -508,28 +417,6 @@ def _json(status: int, value: object) -> Response:
 
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _bytes(piece: str | bytes) -> bytes:
-    return piece.encode() if isinstance(piece, str) else piece
-
-
-def _output(answer: CommandAnswer) -> Iterator[tuple[str, bytes]]:
-    if answer.get("stdout"):
-        yield "stdout", _bytes(answer["stdout"])
-    for piece in answer.get("chunks", ()):
-        yield "stdout", _bytes(piece)
-    if answer.get("stderr"):
-        yield "stderr", _bytes(answer["stderr"])
-
-
-def _end(answer: CommandAnswer) -> EndEvent | dict[str, Any]:
-    """envd's end event; ``omit_zero_exit`` False sends the ``exitCode`` 0 protojson omits."""
-    code = int(answer.get("exit_code", 0))
-    end = EndEvent(exit_code=code, exited=True, status=f"exit status {code}")
-    if code == 0 and not answer.get("omit_zero_exit", True):
-        return {"exitCode": 0, **unstructure(end)}
-    return end
 
 
 def _info(sandbox_id: str) -> SandboxInfo:

@@ -1,0 +1,161 @@
+"""The service's end of a sandbox agent's control socket, and the start handshake on it.
+
+An :class:`AgentLink` sends the agent its JSON packets (with file descriptors
+alongside; see :mod:`piship_remote.local.agent` for the protocol). Starting a
+command is a packet plus a status pipe: :func:`send_start` sends the one and
+returns the read end of the other, :func:`started_pid` reads the agent's first
+status line from it (the pid, or :class:`StartFailed` with envd's wording)::
+
+    link = AgentLink(service_end)           # the socketpair end the agent did not get
+    ident, status_read = send_start(link, spec, {}, [out_write, err_write], [], [out_read])
+    pid = started_pid(status_read)          # then {"exit": n} or {"signal": n} follows
+    link.send({"op": "kill", "id": ident, "signal": 9})
+
+:class:`~piship_remote.local.process.LocalProcess` is the command started this way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import select
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+
+from piship_remote.local.isolation import options_fd
+
+__all__ = [
+    "START_TIMEOUT",
+    "AgentLink",
+    "StartFailed",
+    "first_status",
+    "parse_status",
+    "received_fd",
+    "send_start",
+    "started_pid",
+]
+
+START_TIMEOUT = 10.0
+
+
+class StartFailed(Exception):
+    """The agent could not start the program (its message is envd's wording)."""
+
+
+class AgentLink:
+    """The service's end of a sandbox agent's control socket; safe to share between threads."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self._control = control
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    @property
+    def socket(self) -> socket.socket:
+        """The socket itself (for the agent's ready message)."""
+        return self._control
+
+    def next_id(self) -> int:
+        """A fresh command id."""
+        return next(self._ids)
+
+    def send(self, message: Mapping[str, object], fds: Sequence[int] = ()) -> None:
+        """One packet to the agent; ``OSError`` when the agent is gone."""
+        data = json.dumps(message).encode()
+        with self._lock:
+            socket.send_fds(self._control, [data], list(fds))
+
+    def close(self) -> None:
+        """Close the socket: the agent exits, and the sandbox with it."""
+        with self._lock:
+            self._control.close()
+
+
+def send_start(
+    link: AgentLink,
+    spec: Mapping[str, object],
+    flags: Mapping[str, object],
+    sent: list[int],
+    trailing: list[int],
+    kept: list[int],
+) -> tuple[int, int]:
+    """Send a start packet (``sent`` + status + spec + ``trailing`` fds, all closed here).
+
+    Returns the command's id and the read end of its status pipe; on failure the
+    ``kept`` descriptors are closed too.
+    """
+    status_read, status_write = os.pipe()
+    spec_fd = options_fd([])
+    ident = link.next_id()
+    fds = [*sent, status_write, spec_fd, *trailing]
+    try:
+        os.write(spec_fd, json.dumps(dict(spec)).encode())
+        os.lseek(spec_fd, 0, os.SEEK_SET)
+        link.send({"op": "start", "id": ident, **flags}, fds)
+    except BaseException:
+        for fd in (*kept, status_read):
+            os.close(fd)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return ident, status_read
+
+
+def started_pid(status_read: int) -> int:
+    """The pid the agent reports on the status pipe; :class:`StartFailed` when it did not start.
+
+    The status pipe is closed on failure.
+    """
+    try:
+        first = first_status(status_read)
+    except BaseException:
+        os.close(status_read)
+        raise
+    pid = first.get("pid")
+    if not isinstance(pid, int):
+        os.close(status_read)
+        raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
+    return pid
+
+
+def received_fd(receiver: socket.socket) -> int:
+    """The one descriptor (a pty master) the agent sends over ``receiver``."""
+    ready, _, _ = select.select([receiver], [], [], START_TIMEOUT)
+    if not ready:
+        raise OSError("the sandbox agent did not hand over the terminal")
+    _, fds, _, _ = socket.recv_fds(receiver, 16, 1)
+    if not fds:
+        raise OSError("the sandbox agent did not hand over the terminal")
+    return fds[0]
+
+
+def parse_status(chunk: bytes) -> dict[str, object]:
+    """The JSON objects among the status lines in ``chunk``, merged (other lines skipped)."""
+    found: dict[str, object] = {}
+    for line in chunk.splitlines():
+        try:
+            value = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(value, dict):
+            found.update(value)
+    return found
+
+
+def first_status(fd: int) -> dict[str, object]:
+    """The agent's first status line (the pid, or why the program did not start)."""
+    ready, _, _ = select.select([fd], [], [], START_TIMEOUT)
+    if not ready:
+        raise OSError("the sandbox agent did not answer in time")
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)  # one line only: the exit report may follow at once
+        if not chunk:
+            break
+        data += chunk
+    if not data:
+        raise OSError("the sandbox agent is gone")
+    return parse_status(data)
