@@ -23,20 +23,18 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import stat
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation import DEFAULT_PATH, Jail, uid_for, write_etc
-from piship_remote.local.limits import MIB, CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
+from piship_remote.local.isolation import DEFAULT_PATH, Jail, uid_for
+from piship_remote.local.limits import MIB, Enforcement, Limits, unmount
 from piship_remote.local.network import egress_problem
 from piship_remote.local.pause import PauseState
 from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
+from piship_remote.local.sandbox_env import BootFailed, boot, remove_tree
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
-from piship_remote.local.user_map import Identity, SandboxUsers, make_root_home, root_mappable
+from piship_remote.local.user_map import Identity, SandboxUsers, root_mappable
 from piship_remote.local.wire import PathError, ProcessConfig, resolve
 
 __all__ = [
@@ -46,6 +44,7 @@ __all__ = [
     "SandboxUnavailable",
     "StartRefused",
     "TooManySandboxes",
+    "remove_tree",
 ]
 
 
@@ -319,7 +318,20 @@ class Registry:
                 raise TooManySandboxes(f"the local service runs at most {self._max} sandboxes")
             self._booting += 1
         try:
-            jail, vm = self._environment(sandbox_id, directory, network)
+            jail, vm = boot(
+                sandbox_id,
+                directory,
+                bwrap=self._bwrap,
+                user=self._user,
+                workdir=self._workdir,
+                network=network,
+                with_root=self.users.root is not None,
+                limits=self.limits,
+                enforcement=self.enforcement,
+                spawner=self._spawner,
+            )
+        except BootFailed as e:
+            raise SandboxUnavailable(str(e)) from None
         finally:
             with self._changed:
                 self._booting -= 1
@@ -420,46 +432,6 @@ class Registry:
         self._spawner.close()
         remove_tree(self.root)
 
-    def _environment(
-        self, sandbox_id: str, directory: str, network: bool
-    ) -> tuple[Jail, SandboxVm]:
-        """The sandbox's files, cgroups and running environment; nothing is left on failure."""
-        cgroups: CgroupSet | None = None
-        try:
-            jail = self._jail(directory, network)
-            cgroups = CgroupSet.create(self.enforcement, f"piship-{sandbox_id}", self.limits)
-            vm = SandboxVm.boot(jail, cgroups=cgroups, network=network, spawner=self._spawner)
-        except OSError as e:
-            if cgroups is not None:
-                cgroups.remove()
-            unmount(directory)
-            remove_tree(directory)
-            raise SandboxUnavailable(f"the sandbox could not be started: {e}") from None
-        return jail, vm
-
-    def _jail(self, directory: str, network: bool) -> Jail:
-        paths = [os.path.join(directory, name) for name in ("home", "tmp", "shm", "etc")]
-        os.mkdir(directory, 0o700)
-        if self.enforcement.disk:
-            mount_tmpfs(directory, self.limits.disk)
-        for path in paths:
-            # Inside, the sandbox's user is mapped onto the service's own uid: 0700 suffices.
-            os.mkdir(path, 0o700)
-        write_etc(paths[3], user=self._user, workdir=self._workdir, network=network)
-        root_home = None if self.users.root is None else make_root_home(directory)
-        return Jail(
-            bwrap=self._bwrap,
-            home=paths[0],
-            tmp=paths[1],
-            shm=paths[2],
-            etc=paths[3],
-            workdir=self._workdir,
-            user=self._user,
-            network=network,
-            scratch_size=None if self.enforcement.disk else self.limits.disk,
-            root_home=root_home,
-        )
-
     def _expiry(self, seconds: int) -> float:
         return self.clock() + min(max(seconds, 0), self.max_lifetime)
 
@@ -492,23 +464,3 @@ def _full(path: str) -> bool:
     except OSError:
         return False
 
-
-def remove_tree(path: str) -> None:
-    """Remove ``path`` even where a sandbox left read-only directories; ignore what is gone."""
-
-    def unlock(function: Callable[..., object], failed: str, _: object) -> None:
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, os.stat(failed).st_mode | stat.S_IRWXU)
-            function(failed)
-        except OSError:
-            pass
-
-    if not os.path.lexists(path):
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=unlock)
-    else:
-        shutil.rmtree(path, onerror=unlock)
