@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import shutil
 import time
@@ -29,10 +30,12 @@ from piship_remote.local.sandboxes import Sandbox
 from piship_remote.local.wire import SandboxMetric, WireError, metadata_filter
 
 __all__ = [
+    "Lifecycle",
     "ListError",
     "Page",
     "PauseRequest",
     "ResumeRequest",
+    "lifecycle",
     "metadata_filter",
     "metric",
     "rfc3339",
@@ -63,6 +66,47 @@ class ResumeRequest:
     """``POST /sandboxes/<id>/resume``: the new lifetime (E2B's default 15 s)."""
 
     timeout: int = RESUME_TIMEOUT
+
+
+@attrs.frozen
+class Lifecycle:
+    """What a create body asks for at the end of the sandbox's lifetime.
+
+    ``autoPause: true`` pauses the sandbox when its timeout is reached instead of
+    killing it (the SDKs send it for ``on_timeout: "pause"``); it is then kept,
+    paused, up to the service's maximum lifetime, and ``connect`` resumes it with
+    a fresh timeout, files and processes kept. ``autoResume: {"enabled": true}``
+    resumes such a sandbox on envd traffic (any envd request naming it), to live
+    its create ``timeout`` again; E2B also resumes on traffic to a sandbox's
+    ports, which the local service does not proxy. ``autoPauseMemory`` is
+    accepted and ignored: a local pause always keeps the processes.
+    """
+
+    auto_pause: bool = False
+    auto_resume: bool = False
+
+    @classmethod
+    def of(cls, body: bytes) -> Lifecycle:
+        """The lifecycle fields of a create body (already known to be a JSON object)."""
+        data = json.loads(body) if body.strip() else {}
+        auto_pause = data.get("autoPause", False)
+        if not isinstance(auto_pause, bool):
+            raise WireError("autoPause must be a boolean")
+        resume = data.get("autoResume")
+        enabled: object = False
+        if resume is not None:
+            enabled = resume.get("enabled", False) if isinstance(resume, dict) else None
+            if not isinstance(enabled, bool):
+                raise WireError('autoResume must be {"enabled": <boolean>}')
+        return cls(auto_pause, enabled is True)
+
+
+def lifecycle(sandbox: Sandbox) -> dict[str, object]:
+    """The ``lifecycle`` of a sandbox's details: ``onTimeout`` and ``autoResume``."""
+    return {
+        "onTimeout": "pause" if sandbox.auto_pause else "kill",
+        "autoResume": sandbox.auto_resume,
+    }
 
 
 def state(sandbox: Sandbox) -> str:

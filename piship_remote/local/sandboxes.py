@@ -4,7 +4,8 @@ A :class:`Registry` creates sandboxes (a :class:`SandboxVm` each, with a private
 home, ``/tmp`` and ``/dev/shm`` on a size-capped tmpfs under one service
 directory, and cgroups holding its limits), finds them, renews and deletes
 them. A ``piship-local-reaper`` thread deletes each sandbox when its lifetime
-ends. Deleting ends every process of the sandbox and removes its files::
+ends (or pauses one created with ``auto_pause``). Deleting ends every process
+of the sandbox and removes its files::
 
     registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user",
                         limits=Limits(), enforcement=Enforcement.probe())
@@ -21,6 +22,7 @@ serve it; its lifetime stops until it is resumed with a new one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import threading
@@ -79,6 +81,9 @@ class Sandbox:
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str],
         expires_at: float,
+        lifetime: int = 0,
+        auto_pause: bool = False,
+        auto_resume: bool = False,
     ) -> None:
         self.id = sandbox_id
         self.access_token = secrets.token_hex(16)
@@ -86,6 +91,12 @@ class Sandbox:
         self.metadata = dict(metadata)
         self.started_at = time.time()
         self.expires_at = expires_at
+        self.lifetime = lifetime
+        """The seconds it was created to live (an auto-resume gives it as many again)."""
+        self.auto_pause = auto_pause
+        """Whether the end of its lifetime pauses it (``autoPause``) rather than killing it."""
+        self.auto_resume = auto_resume
+        """Whether envd traffic resumes it while it is paused (``autoResume``)."""
         self._jail = jail
         self._default = Identity(jail.user, uid_for(jail.user), jail.workdir)
         self._vm = vm
@@ -299,8 +310,10 @@ class Registry:
         network: bool,
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str] | None = None,
+        auto_pause: bool = False,
+        auto_resume: bool = False,
     ) -> Sandbox:
-        """A new sandbox living ``lifetime`` seconds.
+        """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
         :class:`TooManySandboxes` at the limit; :class:`SandboxUnavailable` when
         its environment cannot be made here (network asked for and no user-mode
@@ -351,14 +364,24 @@ class Registry:
                 env_vars=env_vars,
                 metadata=metadata or {},
                 expires_at=self._expiry(lifetime),
+                lifetime=lifetime,
+                auto_pause=auto_pause,
+                auto_resume=auto_resume,
             )
             self._sandboxes[sandbox_id] = sandbox
             self._changed.notify_all()
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox | None:
-        """The running sandbox ``sandbox_id``, if any (a paused one is not served)."""
+        """The running sandbox ``sandbox_id``, if any (a paused one is not served).
+
+        A paused sandbox created with ``auto_resume`` is resumed to live its create
+        lifetime again, and served.
+        """
         sandbox = self.lookup(sandbox_id)
+        if sandbox is not None and sandbox.pause_state.paused and sandbox.auto_resume:
+            with contextlib.suppress(OSError):
+                self.resume(sandbox_id, sandbox.lifetime)
         return None if sandbox is None or sandbox.pause_state.paused else sandbox
 
     def lookup(self, sandbox_id: str) -> Sandbox | None:
@@ -445,7 +468,19 @@ class Registry:
                     self._changed.wait(self._next_wait())
                     continue
             for sandbox_id in expired:
-                self.delete(sandbox_id, "expired")
+                self._expire(sandbox_id)
+
+    def _expire(self, sandbox_id: str) -> None:
+        """End an expired sandbox's lifetime: pause it if it asked for that, else delete it."""
+        with self._changed:
+            sandbox = self._sandboxes.get(sandbox_id)
+            if sandbox is None or sandbox.expires_at > self.clock():
+                return  # deleted or renewed meanwhile
+        if sandbox.auto_pause and not sandbox.pause_state.paused:
+            with contextlib.suppress(OSError):
+                if self.pause(sandbox_id):
+                    return
+        self.delete(sandbox_id, "expired")
 
     def _expired(self) -> list[str]:
         now = self.clock()
@@ -463,4 +498,3 @@ def _full(path: str) -> bool:
         return os.statvfs(path).f_bavail == 0
     except OSError:
         return False
-
