@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from piship_remote.local.isolation import DEFAULT_PATH, Jail, uid_for
-from piship_remote.local.limits import MIB, Enforcement, Limits, unmount
+from piship_remote.local.limits import Enforcement, Limits, limit_check, unmount
 from piship_remote.local.network import egress_problem
 from piship_remote.local.pause import PauseState
 from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
@@ -169,7 +169,8 @@ class Sandbox:
         """Spawn ``config`` as ``user`` (default: the sandbox's), on a terminal of ``size``.
 
         ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
-        ``~`` are taken from the user's home). :class:`StartRefused` or :class:`SandboxGone`.
+        ``~`` are taken from the user's home). :class:`StartRefused`, :class:`SandboxGone`,
+        or :class:`~piship_remote.local.pause.Paused` (a pause waits for a start under way).
         """
         who = user or self._default
         try:
@@ -188,10 +189,13 @@ class Sandbox:
             if self._deleted is not None:
                 raise SandboxGone(self._deleted)
             # Started under the lock so a concurrent delete cannot miss it.
+            check = limit_check(self._vm.cgroups, self._limits, [self._jail.home, self._jail.tmp])
+            # Not while the sandbox is being frozen: its agent would answer only once thawed.
             try:
-                process = self._vm.start(
-                    spec, tag=tag, limit_check=self._limit_check(), stdin=stdin, size=size
-                )
+                with self.pause_state.running():
+                    process = self._vm.start(
+                        spec, tag=tag, limit_check=check, stdin=stdin, size=size
+                    )
             except StartFailed as e:
                 raise StartRefused(str(e)) from None
             self._processes[process.pid] = process
@@ -239,32 +243,6 @@ class Sandbox:
             process.wait(REAP_TIMEOUT)
         unmount(self._root)
         remove_tree(self._root)
-
-    def _limit_check(self) -> Callable[[int], str | None]:
-        """What names the limit a command hit, judged by the counters' change since now."""
-        cgroups = self._vm.cgroups
-        before = cgroups.counters()
-
-        def check(exit_code: int) -> str | None:
-            if exit_code == 0:
-                return None
-            limits = self._limits
-            breach = cgroups.breach(before)
-            if breach == "memory":
-                return (
-                    f"the sandbox's memory limit ({limits.memory // MIB} MiB) was reached;"
-                    " a process of the command was killed"
-                )
-            if breach == "processes":
-                return (
-                    f"the sandbox's process limit ({limits.processes}) was reached;"
-                    " no more processes could be started"
-                )
-            if _full(self._jail.home) or _full(self._jail.tmp):
-                return f"the sandbox's disk limit ({limits.disk // MIB} MiB) is full"
-            return None
-
-        return check
 
 
 class Registry:
@@ -491,10 +469,3 @@ class Registry:
             return None
         earliest = min(s.expires_at for s in self._sandboxes.values())
         return max(earliest - self.clock(), 0.0)
-
-
-def _full(path: str) -> bool:
-    try:
-        return os.statvfs(path).f_bavail == 0
-    except OSError:
-        return False
