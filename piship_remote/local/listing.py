@@ -6,7 +6,8 @@ percent-encoded once more), ``state`` (comma-separated ``running``/``paused``;
 both when absent), ``order``, ``limit`` (at
 most 100) and ``nextToken`` (base64url of ``<startedAt>__<sandboxID>``; the next
 page's token is sent in ``X-Next-Token`` only when more remain). Metrics are read
-from ``/proc`` for the sandbox's processes and from a ``du`` run inside it::
+from ``/proc`` for the sandbox's processes and from a ``du`` run inside it over its
+home, ``/tmp`` and root's home (as root, where the sandbox has one)::
 
     page = Page.of(query)                       # WireError-free: ListError on bad input
     chosen, token = page.select(sandboxes)
@@ -241,6 +242,9 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def _disk_used(sandbox: Sandbox) -> int:
-    ran = run(sandbox, 'du -sxbc -- "$HOME" /tmp 2>/dev/null | tail -n 1')
+    """Bytes in the sandbox's home, ``/tmp`` and root's home (counted as root, where it has one)."""
+    places = [place for place in sandbox.host_dirs if place != "/dev/shm"]
+    script = 'du -sxbc -- "$@" 2>/dev/null | tail -n 1'
+    ran = run(sandbox, script, *places, user=sandbox.root_user)
     text = ran.stdout.decode(errors="replace").split()
     return int(text[0]) if text and text[0].isdigit() else 0

@@ -36,7 +36,7 @@ from piship_remote.local.pause import PauseState
 from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
 from piship_remote.local.sandbox_env import BootFailed, boot, remove_tree
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
-from piship_remote.local.user_map import Identity, SandboxUsers, root_mappable
+from piship_remote.local.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
 from piship_remote.local.wire import PathError, ProcessConfig, resolve
 
 __all__ = [
@@ -115,6 +115,11 @@ class Sandbox:
     def home(self) -> str:
         """The host directory mounted as the sandbox's home."""
         return self._jail.home
+
+    @property
+    def root_user(self) -> Identity | None:
+        """The sandbox's root beside its user (uid 0, home ``/root``), where it has one."""
+        return None if self._jail.root_home is None else Identity("root", 0, ROOT_HOME)
 
     @property
     def network(self) -> bool:
