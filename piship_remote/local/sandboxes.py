@@ -17,7 +17,9 @@ of the sandbox and removes its files::
 
 A paused sandbox (its processes frozen, see :mod:`piship_remote.local.pause`) is
 found by :meth:`Registry.lookup` but not by :meth:`Registry.get`, so envd does not
-serve it; its lifetime stops until it is resumed with a new one.
+serve it (unless it was created with ``auto_resume``: ``get`` then resumes it); its
+lifetime stops until it is resumed with a new one. A command being started holds a
+pause off until it has started, and one started on a paused sandbox is refused.
 """
 
 from __future__ import annotations
