@@ -225,6 +225,34 @@ def test_the_user_cannot_read_a_file_in_root_home(client: Client, sandbox: dict[
     assert b"hidden" not in read.content
 
 
+def test_a_user_reading_under_root_home_gets_envds_permission_answer_not_404(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    run_as(client, sandbox, "root", "echo hidden > /root/h")
+    read = files(client, sandbox, "GET", params={"path": "/root/h"})
+    assert read.json() == {
+        "code": 500,
+        "message": "error checking if path exists '/root/h': stat /root/h: permission denied",
+    }
+    assert read.status_code == 500
+
+
+def test_a_user_reading_a_file_only_root_may_read_gets_envds_open_error(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    run_as(client, sandbox, "root", "echo hidden > /tmp/r && chmod 600 /tmp/r")
+    read = files(client, sandbox, "GET", params={"path": "/tmp/r"})
+    assert read.status_code == 500
+    assert read.json()["message"] == "error opening file '/tmp/r': open /tmp/r: permission denied"
+
+
+def test_a_missing_file_in_a_readable_place_is_still_404(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    read = files(client, sandbox, "GET", params={"path": "/tmp/none"})
+    assert (read.status_code, read.json()["message"]) == (404, "path '/tmp/none' does not exist")
+
+
 def test_filesystem_rpcs_as_root_see_root_home(client: Client, sandbox: dict[str, Any]) -> None:
     run_as(client, sandbox, "root", "touch /root/listed")
     listed = client.session.post(
@@ -259,6 +287,51 @@ def test_a_watcher_as_root_sees_root_home(client: Client, sandbox: dict[str, Any
         )
         seen += [e["name"] for e in polled.json().get("events", [])]
     assert "watched" in seen
+
+
+def create_watcher(
+    client: Client, sandbox: dict[str, Any], path: str, user: str = "user"
+) -> requests.Response:
+    return client.session.post(
+        client.service.envd_url + "/filesystem.Filesystem/CreateWatcher",
+        json={"path": path},
+        headers=client.envd_headers(sandbox, Authorization=basic(user)),
+        timeout=HTTP_TIMEOUT,
+    )
+
+
+def test_a_users_watcher_on_root_home_is_refused_as_envd_refuses_an_unreadable_dir(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    created = create_watcher(client, sandbox, "/root")
+    assert created.json() == {
+        "code": "internal",
+        "message": "error adding path /root to watcher: permission denied",
+    }
+
+
+def test_a_users_watcher_below_root_home_is_refused_as_envds_failed_stat(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    run_as(client, sandbox, "root", "mkdir /root/sub")
+    created = create_watcher(client, sandbox, "/root/sub")
+    assert created.json() == {
+        "code": "internal",
+        "message": "error statting path /root/sub: stat /root/sub: permission denied",
+    }
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+
+def test_the_disk_metric_counts_root_home(client: Client, sandbox: dict[str, Any]) -> None:
+    def disk_used() -> int:
+        path = f"/sandboxes/{sandbox['sandboxID']}/metrics"
+        return int(client.control("GET", path).json()[0]["diskUsed"])
+
+    before = disk_used()
+    run_as(client, sandbox, "root", "head -c 3145728 /dev/zero > /root/big")
+    assert disk_used() - before >= 3 * 1024 * 1024
 
 
 # -- where root cannot be mapped -------------------------------------------------------------

@@ -20,7 +20,10 @@ for a sandbox that is not there (502), its lifetime stops (it is kept up to the
 service's maximum lifetime), and the timeout calls answer 404 for it, as E2B's
 do. Resuming (``resume``, or ``connect`` with its ``timeout``, 300 s on v2 when
 absent) gives it a new lifetime from then. ``memory: false`` on pause (E2B's
-filesystem-only snapshot) is accepted and pauses it whole.
+filesystem-only snapshot) is accepted and pauses it whole. A sandbox created with
+``autoPause: true`` is paused, not killed, when its timeout is reached; with
+``autoResume: {"enabled": true}`` envd traffic naming it resumes it (see
+:class:`~piship_remote.local.listing.Lifecycle`). Details carry its ``lifecycle``.
 
 Every ``/sandboxes…`` request needs ``X-API-Key``. A create without ``timeout``
 lives 300 s on ``/v2/sandboxes`` (the current SDKs send none) and 15 s on
@@ -36,6 +39,7 @@ created with ``"allow_internet_access": true`` (E2B's default is to allow)::
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import re
 import shutil
@@ -45,10 +49,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from piship_remote.local.http_model import Head, Reply, Request
 from piship_remote.local.listing import (
+    Lifecycle,
     ListError,
     Page,
     PauseRequest,
     ResumeRequest,
+    lifecycle,
     metadata_filter,
     metric,
     rfc3339,
@@ -67,6 +73,7 @@ from piship_remote.local.wire import (
     WireError,
     parse,
     to_json,
+    unstructure,
 )
 
 __all__ = ["CLIENT_ID", "ENVD_VERSION", "ControlPlane"]
@@ -151,8 +158,10 @@ class ControlPlane:
             duration = min(max(parse(request.body, Refresh).duration, 0), MAX_REFRESH)
             return self._lifetime(sandbox_id, duration, extend_only=True)
         if request.method == "GET":
-            detail = _detail(sandbox, self._left(sandbox), self.domain)
-            return Reply(200, to_json(detail), "application/json")
+            detail = unstructure(_detail(sandbox, self._left(sandbox), self.domain))
+            detail["lifecycle"] = lifecycle(sandbox)
+            text = json.dumps(detail, separators=(",", ":"), ensure_ascii=False)
+            return Reply(200, text.encode(), "application/json")
         self._registry.delete(sandbox_id)
         return Reply(204)
 
@@ -228,6 +237,7 @@ class ControlPlane:
 
     def _create(self, body: bytes, default_timeout: int) -> Reply:
         new = parse(body, NewSandbox)
+        ending = Lifecycle.of(body)
         timeout = default_timeout if new.timeout is None else new.timeout
         if timeout < 0:
             return _error(400, "timeout must not be negative")
@@ -238,6 +248,8 @@ class ControlPlane:
                 network=new.allow_internet_access is True,
                 env_vars=new.env_vars,
                 metadata=new.metadata,
+                auto_pause=ending.auto_pause,
+                auto_resume=ending.auto_resume,
             )
         except TooManySandboxes as e:
             return _error(429, str(e))

@@ -12,7 +12,9 @@ run as uid 0 with home ``/root``. Any other name is refused with envd's
 :class:`~piship_remote.local.process_rpc.ProcessRpc`; the Filesystem RPCs, directory
 watchers included, :class:`~piship_remote.local.filesystem_rpc.FilesystemRpc`; ``/health``,
 ``/envs`` and ``/metrics`` are answered by :mod:`~piship_remote.local.envd_http`. A paused
-sandbox is not found (502), as on E2B::
+sandbox is not found (502), as on E2B, also when it was paused while a request for it
+was under way; one created with ``autoResume`` is resumed by any request naming it
+(see :class:`~piship_remote.local.listing.Lifecycle`)::
 
     envd = Envd(registry)            # its users: registry.users
     reply = envd.handle(request)     # a server.Reply; Start's carries a stream
@@ -41,6 +43,7 @@ from piship_remote.local.envd_http import ENVD_HTTP_PATHS, envd_http
 from piship_remote.local.files_http import FILES_PATH, FileEndpoints
 from piship_remote.local.filesystem_rpc import FILESYSTEM_PREFIX, FilesystemRpc
 from piship_remote.local.http_model import Head, Reply, Request
+from piship_remote.local.pause import Paused
 from piship_remote.local.process_rpc import (
     CONNECT_JSON,
     DEFAULT_KEEPALIVE,
@@ -101,6 +104,12 @@ class Envd:
         sandbox = self._sandbox(head)
         if isinstance(sandbox, Reply):
             return sandbox
+        try:
+            return self._dispatch(sandbox, request)
+        except Paused:  # paused between the lookup and a command's start
+            return _missing(sandbox.id)
+
+    def _dispatch(self, sandbox: Sandbox, request: Request) -> Reply:
         if request.path == FILES_PATH:
             return self._files.handle(sandbox, request)
         if request.path in ENVD_HTTP_PATHS:
@@ -127,8 +136,7 @@ class Envd:
             sandbox_id = self._signed_by(head)
         sandbox = self._registry.get(sandbox_id)
         if sandbox is None:
-            gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
-            return _json(502, {**gone, "code": 502})
+            return _missing(sandbox_id)
         if head.path == FILES_PATH:
             return sandbox  # a token or a URL signature, checked by the file endpoints
         token = headers.get("x-access-token", "")
@@ -145,7 +153,7 @@ class Envd:
         without the sandbox's id; the signature is what tells them apart.
         """
         for sandbox_id in self._registry.ids():
-            sandbox = self._registry.get(sandbox_id)
+            sandbox = self._registry.lookup(sandbox_id)  # not get: it would auto-resume
             if sandbox is not None and self._files.signed_for(sandbox, head):
                 return sandbox_id
         return ""
@@ -175,6 +183,12 @@ class Refusal:
 
 def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+def _missing(sandbox_id: str) -> Reply:
+    """envd's answer for a sandbox that is not there, or paused (502)."""
+    gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
+    return _json(502, {**gone, "code": 502})
 
 
 def _json(status: int, value: Mapping[str, object]) -> Reply:

@@ -13,7 +13,11 @@ carry a valid ``signature`` (``v1_`` + unpadded base64 of SHA-256 over
 make. ``username`` picks who reads or writes (the sandbox's user by default;
 ``root`` where the sandboxes have one, relative paths then from ``/root``). Errors
 are ``{"code": <status>, "message": …}``: 404 ``path '<p>' does not exist``, 400
-for a directory, 507 when the sandbox's disk is full::
+for a directory, 507 when the sandbox's disk is full, and envd's 500s for a path the
+user may not reach (``error checking if path exists '<p>': stat <p>: permission
+denied``, as envd's ``os.Stat`` fails) or a file it may not read (``error opening
+file '<p>': open <p>: permission denied``). envd itself reads as root, so on E2B a
+user reads even root's files; here ``username`` is who reads::
 
     files = FileEndpoints(users=SandboxUsers.of(user="user", workdir="/home/user", root=True))
     reply = files.handle(sandbox, request)
@@ -47,11 +51,14 @@ __all__ = ["FILES_PATH", "FileEndpoints"]
 
 FILES_PATH = "/files"
 _JSON = "application/json; charset=utf-8"
-_MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE = 10, 11, 12, 13
+_MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE, _NO_STAT, _NO_OPEN = 10, 11, 12, 13, 14, 15
 _READ_SCRIPT = f"""
-[ -e "$1" ] || exit {_MISSING}
+if [ ! -e "$1" ]; then
+  case $(LC_ALL=C stat -L -- "$1" 2>&1) in *"ermission denied"*) exit {_NO_STAT};; esac
+  exit {_MISSING}
+fi
 [ -d "$1" ] && exit {_DIRECTORY}
-[ -r "$1" ] || exec cat -- "$1"
+[ -r "$1" ] || exit {_NO_OPEN}
 stat -L -c %s -- "$1" || exit 1
 exec cat -- "$1"
 """
@@ -159,6 +166,11 @@ class FileEndpoints:
                 return error(404, f"path '{path}' does not exist")
             if ended.exit_code == _DIRECTORY:
                 return error(400, f"path '{path}' is a directory")
+            if ended.exit_code == _NO_STAT:
+                reason = f"stat {path}: permission denied"
+                return error(500, f"error checking if path exists '{path}': {reason}")
+            if ended.exit_code == _NO_OPEN:
+                return error(500, f"error opening file '{path}': open {path}: permission denied")
             return error(500, f"error reading file: {ended.error_text or 'failed'}")
         assert opened.chunks is not None
         size, chunks = _sized(opened.chunks)

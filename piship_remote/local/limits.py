@@ -14,6 +14,7 @@ only). What this host can enforce is found once, at start::
     group = CgroupSet.create(support, "piship-3f2a…", limits)
     group.procs_files()                   # where the sandbox's first process is written
     group.breach()                        # "memory" / "processes" after a command, or None
+    check = limit_check(group, limits, [home, tmp])  # names the limit a command hit
     group.freeze(); group.thaw()          # False when this host has no freezer
     group.remove()
 """
@@ -25,6 +26,7 @@ import ctypes
 import ctypes.util
 import os
 import time
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -37,6 +39,7 @@ __all__ = [
     "CgroupSet",
     "Enforcement",
     "Limits",
+    "limit_check",
     "mount_tmpfs",
     "unmount",
 ]
@@ -235,6 +238,44 @@ class CgroupSet:
             return _field(os.path.join(self.memory, "memory.events"), "oom_kill")
         oom = _field(os.path.join(self.memory, "memory.oom_control"), "oom_kill", missing=-1)
         return oom if oom >= 0 else _number(os.path.join(self.memory, "memory.failcnt"))
+
+
+def limit_check(
+    cgroups: CgroupSet, limits: Limits, places: Sequence[str]
+) -> Callable[[int], str | None]:
+    """What names the limit a command hit, judged by the counters' change since now.
+
+    ``places`` are the sandbox's writable directories: one of them full means the
+    disk limit was hit.
+    """
+    before = cgroups.counters()
+
+    def check(exit_code: int) -> str | None:
+        if exit_code == 0:
+            return None
+        breach = cgroups.breach(before)
+        if breach == "memory":
+            return (
+                f"the sandbox's memory limit ({limits.memory // MIB} MiB) was reached;"
+                " a process of the command was killed"
+            )
+        if breach == "processes":
+            return (
+                f"the sandbox's process limit ({limits.processes}) was reached;"
+                " no more processes could be started"
+            )
+        if any(_full(place) for place in places):
+            return f"the sandbox's disk limit ({limits.disk // MIB} MiB) is full"
+        return None
+
+    return check
+
+
+def _full(path: str) -> bool:
+    try:
+        return os.statvfs(path).f_bavail == 0
+    except OSError:
+        return False
 
 
 def mount_tmpfs(path: str, size: int) -> None:

@@ -6,7 +6,8 @@ percent-encoded once more), ``state`` (comma-separated ``running``/``paused``;
 both when absent), ``order``, ``limit`` (at
 most 100) and ``nextToken`` (base64url of ``<startedAt>__<sandboxID>``; the next
 page's token is sent in ``X-Next-Token`` only when more remain). Metrics are read
-from ``/proc`` for the sandbox's processes and from a ``du`` run inside it::
+from ``/proc`` for the sandbox's processes and from a ``du`` run inside it over its
+home, ``/tmp`` and root's home (as root, where the sandbox has one)::
 
     page = Page.of(query)                       # WireError-free: ListError on bad input
     chosen, token = page.select(sandboxes)
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import shutil
 import time
@@ -29,10 +31,12 @@ from piship_remote.local.sandboxes import Sandbox
 from piship_remote.local.wire import SandboxMetric, WireError, metadata_filter
 
 __all__ = [
+    "Lifecycle",
     "ListError",
     "Page",
     "PauseRequest",
     "ResumeRequest",
+    "lifecycle",
     "metadata_filter",
     "metric",
     "rfc3339",
@@ -63,6 +67,47 @@ class ResumeRequest:
     """``POST /sandboxes/<id>/resume``: the new lifetime (E2B's default 15 s)."""
 
     timeout: int = RESUME_TIMEOUT
+
+
+@attrs.frozen
+class Lifecycle:
+    """What a create body asks for at the end of the sandbox's lifetime.
+
+    ``autoPause: true`` pauses the sandbox when its timeout is reached instead of
+    killing it (the SDKs send it for ``on_timeout: "pause"``); it is then kept,
+    paused, up to the service's maximum lifetime, and ``connect`` resumes it with
+    a fresh timeout, files and processes kept. ``autoResume: {"enabled": true}``
+    resumes such a sandbox on envd traffic (any envd request naming it), to live
+    its create ``timeout`` again; E2B also resumes on traffic to a sandbox's
+    ports, which the local service does not proxy. ``autoPauseMemory`` is
+    accepted and ignored: a local pause always keeps the processes.
+    """
+
+    auto_pause: bool = False
+    auto_resume: bool = False
+
+    @classmethod
+    def of(cls, body: bytes) -> Lifecycle:
+        """The lifecycle fields of a create body (already known to be a JSON object)."""
+        data = json.loads(body) if body.strip() else {}
+        auto_pause = data.get("autoPause", False)
+        if not isinstance(auto_pause, bool):
+            raise WireError("autoPause must be a boolean")
+        resume = data.get("autoResume")
+        enabled: object = False
+        if resume is not None:
+            enabled = resume.get("enabled", False) if isinstance(resume, dict) else None
+            if not isinstance(enabled, bool):
+                raise WireError('autoResume must be {"enabled": <boolean>}')
+        return cls(auto_pause, enabled is True)
+
+
+def lifecycle(sandbox: Sandbox) -> dict[str, object]:
+    """The ``lifecycle`` of a sandbox's details: ``onTimeout`` and ``autoResume``."""
+    return {
+        "onTimeout": "pause" if sandbox.auto_pause else "kill",
+        "autoResume": sandbox.auto_resume,
+    }
 
 
 def state(sandbox: Sandbox) -> str:
@@ -197,6 +242,9 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def _disk_used(sandbox: Sandbox) -> int:
-    ran = run(sandbox, 'du -sxbc -- "$HOME" /tmp 2>/dev/null | tail -n 1')
+    """Bytes in the sandbox's home, ``/tmp`` and root's home (counted as root, where it has one)."""
+    places = [place for place in sandbox.host_dirs if place != "/dev/shm"]
+    script = 'du -sxbc -- "$@" 2>/dev/null | tail -n 1'
+    ran = run(sandbox, script, *places, user=sandbox.root_user)
     text = ran.stdout.decode(errors="replace").split()
     return int(text[0]) if text and text[0].isdigit() else 0

@@ -14,6 +14,8 @@ take its ``SIGKILL``::
     state.paused_at        # time.time() of the pause, or None
     state.resume()         # True; False when it was not paused
     state.release()        # before the sandbox's processes are killed: thaw, refuse more
+    with state.running():  # a command being started: a pause waits; Paused if paused
+        ...
 """
 
 from __future__ import annotations
@@ -23,13 +25,17 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from piship_remote.local.limits import CgroupSet
 
-__all__ = ["PauseState", "tree_pids"]
+__all__ = ["PauseState", "Paused", "tree_pids"]
 
 STOP_ROUNDS = 8
+
+
+class Paused(Exception):
+    """The sandbox is paused: nothing can be started in it (envd answers it as missing)."""
 
 
 class PauseState:
@@ -58,6 +64,18 @@ class PauseState:
                 self._stopped = self._signal_tree(signal.SIGSTOP)
             self.paused_at = time.time()
             return True
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Keep the sandbox running while the block runs (a command being started).
+
+        A pause asked for meanwhile waits for the block, so the agent is never
+        frozen while a start waits on its answer; :class:`Paused` if paused already.
+        """
+        with self._lock:
+            if self.paused_at is not None:
+                raise Paused("the sandbox is paused")
+            yield
 
     def resume(self) -> bool:
         """Let the sandbox's processes run again; ``False`` if it was not paused."""

@@ -4,7 +4,8 @@ A :class:`Registry` creates sandboxes (a :class:`SandboxVm` each, with a private
 home, ``/tmp`` and ``/dev/shm`` on a size-capped tmpfs under one service
 directory, and cgroups holding its limits), finds them, renews and deletes
 them. A ``piship-local-reaper`` thread deletes each sandbox when its lifetime
-ends. Deleting ends every process of the sandbox and removes its files::
+ends (or pauses one created with ``auto_pause``). Deleting ends every process
+of the sandbox and removes its files::
 
     registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user",
                         limits=Limits(), enforcement=Enforcement.probe())
@@ -16,27 +17,28 @@ ends. Deleting ends every process of the sandbox and removes its files::
 
 A paused sandbox (its processes frozen, see :mod:`piship_remote.local.pause`) is
 found by :meth:`Registry.lookup` but not by :meth:`Registry.get`, so envd does not
-serve it; its lifetime stops until it is resumed with a new one.
+serve it (unless it was created with ``auto_resume``: ``get`` then resumes it); its
+lifetime stops until it is resumed with a new one. A command being started holds a
+pause off until it has started, and one started on a paused sandbox is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-import shutil
-import stat
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation import DEFAULT_PATH, Jail, uid_for, write_etc
-from piship_remote.local.limits import MIB, CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
+from piship_remote.local.isolation import DEFAULT_PATH, Jail, uid_for
+from piship_remote.local.limits import Enforcement, Limits, limit_check, unmount
 from piship_remote.local.network import egress_problem
 from piship_remote.local.pause import PauseState
 from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
+from piship_remote.local.sandbox_env import BootFailed, boot, remove_tree
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
-from piship_remote.local.user_map import Identity, SandboxUsers, make_root_home, root_mappable
+from piship_remote.local.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
 from piship_remote.local.wire import PathError, ProcessConfig, resolve
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "SandboxUnavailable",
     "StartRefused",
     "TooManySandboxes",
+    "remove_tree",
 ]
 
 
@@ -80,6 +83,9 @@ class Sandbox:
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str],
         expires_at: float,
+        lifetime: int = 0,
+        auto_pause: bool = False,
+        auto_resume: bool = False,
     ) -> None:
         self.id = sandbox_id
         self.access_token = secrets.token_hex(16)
@@ -87,6 +93,12 @@ class Sandbox:
         self.metadata = dict(metadata)
         self.started_at = time.time()
         self.expires_at = expires_at
+        self.lifetime = lifetime
+        """The seconds it was created to live (an auto-resume gives it as many again)."""
+        self.auto_pause = auto_pause
+        """Whether the end of its lifetime pauses it (``autoPause``) rather than killing it."""
+        self.auto_resume = auto_resume
+        """Whether envd traffic resumes it while it is paused (``autoResume``)."""
         self._jail = jail
         self._default = Identity(jail.user, uid_for(jail.user), jail.workdir)
         self._vm = vm
@@ -105,6 +117,11 @@ class Sandbox:
     def home(self) -> str:
         """The host directory mounted as the sandbox's home."""
         return self._jail.home
+
+    @property
+    def root_user(self) -> Identity | None:
+        """The sandbox's root beside its user (uid 0, home ``/root``), where it has one."""
+        return None if self._jail.root_home is None else Identity("root", 0, ROOT_HOME)
 
     @property
     def network(self) -> bool:
@@ -159,7 +176,8 @@ class Sandbox:
         """Spawn ``config`` as ``user`` (default: the sandbox's), on a terminal of ``size``.
 
         ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
-        ``~`` are taken from the user's home). :class:`StartRefused` or :class:`SandboxGone`.
+        ``~`` are taken from the user's home). :class:`StartRefused`, :class:`SandboxGone`,
+        or :class:`~piship_remote.local.pause.Paused` (a pause waits for a start under way).
         """
         who = user or self._default
         try:
@@ -178,10 +196,13 @@ class Sandbox:
             if self._deleted is not None:
                 raise SandboxGone(self._deleted)
             # Started under the lock so a concurrent delete cannot miss it.
+            check = limit_check(self._vm.cgroups, self._limits, [self._jail.home, self._jail.tmp])
+            # Not while the sandbox is being frozen: its agent would answer only once thawed.
             try:
-                process = self._vm.start(
-                    spec, tag=tag, limit_check=self._limit_check(), stdin=stdin, size=size
-                )
+                with self.pause_state.running():
+                    process = self._vm.start(
+                        spec, tag=tag, limit_check=check, stdin=stdin, size=size
+                    )
             except StartFailed as e:
                 raise StartRefused(str(e)) from None
             self._processes[process.pid] = process
@@ -230,32 +251,6 @@ class Sandbox:
         unmount(self._root)
         remove_tree(self._root)
 
-    def _limit_check(self) -> Callable[[int], str | None]:
-        """What names the limit a command hit, judged by the counters' change since now."""
-        cgroups = self._vm.cgroups
-        before = cgroups.counters()
-
-        def check(exit_code: int) -> str | None:
-            if exit_code == 0:
-                return None
-            limits = self._limits
-            breach = cgroups.breach(before)
-            if breach == "memory":
-                return (
-                    f"the sandbox's memory limit ({limits.memory // MIB} MiB) was reached;"
-                    " a process of the command was killed"
-                )
-            if breach == "processes":
-                return (
-                    f"the sandbox's process limit ({limits.processes}) was reached;"
-                    " no more processes could be started"
-                )
-            if _full(self._jail.home) or _full(self._jail.tmp):
-                return f"the sandbox's disk limit ({limits.disk // MIB} MiB) is full"
-            return None
-
-        return check
-
 
 class Registry:
     """All sandboxes of one service, and the reaper thread that ends their lifetimes."""
@@ -300,8 +295,10 @@ class Registry:
         network: bool,
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str] | None = None,
+        auto_pause: bool = False,
+        auto_resume: bool = False,
     ) -> Sandbox:
-        """A new sandbox living ``lifetime`` seconds.
+        """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
         :class:`TooManySandboxes` at the limit; :class:`SandboxUnavailable` when
         its environment cannot be made here (network asked for and no user-mode
@@ -319,7 +316,20 @@ class Registry:
                 raise TooManySandboxes(f"the local service runs at most {self._max} sandboxes")
             self._booting += 1
         try:
-            jail, vm = self._environment(sandbox_id, directory, network)
+            jail, vm = boot(
+                sandbox_id,
+                directory,
+                bwrap=self._bwrap,
+                user=self._user,
+                workdir=self._workdir,
+                network=network,
+                with_root=self.users.root is not None,
+                limits=self.limits,
+                enforcement=self.enforcement,
+                spawner=self._spawner,
+            )
+        except BootFailed as e:
+            raise SandboxUnavailable(str(e)) from None
         finally:
             with self._changed:
                 self._booting -= 1
@@ -339,14 +349,24 @@ class Registry:
                 env_vars=env_vars,
                 metadata=metadata or {},
                 expires_at=self._expiry(lifetime),
+                lifetime=lifetime,
+                auto_pause=auto_pause,
+                auto_resume=auto_resume,
             )
             self._sandboxes[sandbox_id] = sandbox
             self._changed.notify_all()
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox | None:
-        """The running sandbox ``sandbox_id``, if any (a paused one is not served)."""
+        """The running sandbox ``sandbox_id``, if any (a paused one is not served).
+
+        A paused sandbox created with ``auto_resume`` is resumed to live its create
+        lifetime again, and served.
+        """
         sandbox = self.lookup(sandbox_id)
+        if sandbox is not None and sandbox.pause_state.paused and sandbox.auto_resume:
+            with contextlib.suppress(OSError):
+                self.resume(sandbox_id, sandbox.lifetime)
         return None if sandbox is None or sandbox.pause_state.paused else sandbox
 
     def lookup(self, sandbox_id: str) -> Sandbox | None:
@@ -420,46 +440,6 @@ class Registry:
         self._spawner.close()
         remove_tree(self.root)
 
-    def _environment(
-        self, sandbox_id: str, directory: str, network: bool
-    ) -> tuple[Jail, SandboxVm]:
-        """The sandbox's files, cgroups and running environment; nothing is left on failure."""
-        cgroups: CgroupSet | None = None
-        try:
-            jail = self._jail(directory, network)
-            cgroups = CgroupSet.create(self.enforcement, f"piship-{sandbox_id}", self.limits)
-            vm = SandboxVm.boot(jail, cgroups=cgroups, network=network, spawner=self._spawner)
-        except OSError as e:
-            if cgroups is not None:
-                cgroups.remove()
-            unmount(directory)
-            remove_tree(directory)
-            raise SandboxUnavailable(f"the sandbox could not be started: {e}") from None
-        return jail, vm
-
-    def _jail(self, directory: str, network: bool) -> Jail:
-        paths = [os.path.join(directory, name) for name in ("home", "tmp", "shm", "etc")]
-        os.mkdir(directory, 0o700)
-        if self.enforcement.disk:
-            mount_tmpfs(directory, self.limits.disk)
-        for path in paths:
-            # Inside, the sandbox's user is mapped onto the service's own uid: 0700 suffices.
-            os.mkdir(path, 0o700)
-        write_etc(paths[3], user=self._user, workdir=self._workdir, network=network)
-        root_home = None if self.users.root is None else make_root_home(directory)
-        return Jail(
-            bwrap=self._bwrap,
-            home=paths[0],
-            tmp=paths[1],
-            shm=paths[2],
-            etc=paths[3],
-            workdir=self._workdir,
-            user=self._user,
-            network=network,
-            scratch_size=None if self.enforcement.disk else self.limits.disk,
-            root_home=root_home,
-        )
-
     def _expiry(self, seconds: int) -> float:
         return self.clock() + min(max(seconds, 0), self.max_lifetime)
 
@@ -473,7 +453,19 @@ class Registry:
                     self._changed.wait(self._next_wait())
                     continue
             for sandbox_id in expired:
-                self.delete(sandbox_id, "expired")
+                self._expire(sandbox_id)
+
+    def _expire(self, sandbox_id: str) -> None:
+        """End an expired sandbox's lifetime: pause it if it asked for that, else delete it."""
+        with self._changed:
+            sandbox = self._sandboxes.get(sandbox_id)
+            if sandbox is None or sandbox.expires_at > self.clock():
+                return  # deleted or renewed meanwhile
+        if sandbox.auto_pause and not sandbox.pause_state.paused:
+            with contextlib.suppress(OSError):
+                if self.pause(sandbox_id):
+                    return
+        self.delete(sandbox_id, "expired")
 
     def _expired(self) -> list[str]:
         now = self.clock()
@@ -484,31 +476,3 @@ class Registry:
             return None
         earliest = min(s.expires_at for s in self._sandboxes.values())
         return max(earliest - self.clock(), 0.0)
-
-
-def _full(path: str) -> bool:
-    try:
-        return os.statvfs(path).f_bavail == 0
-    except OSError:
-        return False
-
-
-def remove_tree(path: str) -> None:
-    """Remove ``path`` even where a sandbox left read-only directories; ignore what is gone."""
-
-    def unlock(function: Callable[..., object], failed: str, _: object) -> None:
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, os.stat(failed).st_mode | stat.S_IRWXU)
-            function(failed)
-        except OSError:
-            pass
-
-    if not os.path.lexists(path):
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=unlock)
-    else:
-        shutil.rmtree(path, onerror=unlock)

@@ -2,12 +2,14 @@
 ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` (unary, polled).
 
 The path is resolved inside the sandbox first (``cd -P``, so a symlink means what
-it means there, and envd's errors: ``path <p> not found``, ``path <p> not a
-directory``), then watched on the host through :class:`DirWatch`. Only the
-sandbox's own writable places can be watched (its home, ``/tmp``, ``/dev/shm``);
-other paths are refused with ``invalid_argument``. A sandbox holds at most
-:data:`MAX_WATCHERS` watchers; they all end with it (a ``WatchDir`` stream then
-ends with ``unavailable``)::
+it means there), with envd's errors: ``path <p> not found``, ``path <p> not a
+directory``, and ``internal`` ``error statting path <p>: stat <p>: permission
+denied`` or ``error adding path <p> to watcher: permission denied`` for a place the
+user may not reach or read (where envd's stat or inotify fails). It is then watched
+on the host through :class:`DirWatch`. Only the sandbox's own writable places can
+be watched (its home, ``/tmp``, ``/dev/shm``, root's home); other paths are refused
+with ``invalid_argument``. A sandbox holds at most :data:`MAX_WATCHERS` watchers;
+they all end with it (a ``WatchDir`` stream then ends with ``unavailable``)::
 
     watches = Watches(home="/home/user")
     reply = watches.create(sandbox, b'{"path": "src", "recursive": true}')  # {"watcherId"}
@@ -46,9 +48,13 @@ __all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
 MAX_WATCHERS = 64
 CONNECT_JSON = "application/connect+json"
 T = TypeVar("T")
-_A, _B = 10, 11
-_CANONICAL = f"""[ -e "$1" ] || exit {_A}
-cd -P -- "$1" 2>/dev/null || exit {_B}
+_A, _B, _NO_STAT, _NO_READ = 10, 11, 12, 13
+_CANONICAL = f"""if [ ! -e "$1" ]; then
+  case $(LC_ALL=C stat -L -- "$1" 2>&1) in *"ermission denied"*) exit {_NO_STAT};; esac
+  exit {_A}
+fi
+[ -d "$1" ] || exit {_B}
+cd -P -- "$1" 2>/dev/null && [ -r . ] || exit {_NO_READ}
 pwd -P"""
 
 
@@ -189,6 +195,11 @@ class Watches:
             raise WatchFailed("not_found", f"path {path} not found: no such file or directory")
         if ran.exit_code == _B:
             raise WatchFailed("invalid_argument", f"path {path} not a directory: not a directory")
+        if ran.exit_code == _NO_STAT:  # envd's os.Stat failing
+            reason = f"stat {path}: permission denied"
+            raise WatchFailed("internal", f"error statting path {path}: {reason}")
+        if ran.exit_code == _NO_READ:  # envd's inotify watch failing on a directory it may not read
+            raise WatchFailed("internal", f"error adding path {path} to watcher: permission denied")
         if ran.exit_code != 0:
             raise WatchFailed("internal", f"error resolving {path}: {ran.error_text[-300:]}")
         canonical = ran.stdout.decode(errors="replace").strip()

@@ -54,6 +54,9 @@ LIFECYCLE_CALLS = [
     "Sandbox.connect resumes",
     "files kept",
     "background process survives",
+    "lifecycle onTimeout pause",
+    "timeout pauses",
+    "Sandbox.connect resumes the auto-paused",
 ]
 
 

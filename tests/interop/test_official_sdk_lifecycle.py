@@ -35,8 +35,8 @@ class Target:
     def options(self) -> dict[str, object]:
         return {"api_key": self.api_key, "api_url": self.url, "request_timeout": 10}
 
-    def create(self) -> Sandbox:
-        return Sandbox.create(sandbox_url=self.url, **self.options())  # type: ignore[arg-type]
+    def create(self, **extra: object) -> Sandbox:
+        return Sandbox.create(sandbox_url=self.url, **self.options(), **extra)  # type: ignore[arg-type]
 
     def connect(self, sandbox_id: str) -> Sandbox:
         return Sandbox.connect(sandbox_id, sandbox_url=self.url, **self.options())  # type: ignore[arg-type]
@@ -95,6 +95,25 @@ def test_connect_resumes_with_the_files_and_the_background_process_kept(
     deadline = time.monotonic() + 10
     while int(resumed.commands.run("cat /tmp/tick").stdout) <= first:
         assert time.monotonic() < deadline, "the background process did not carry on"
+
+
+def test_on_timeout_pause_pauses_at_the_timeout_and_connect_resumes_it(target: Target) -> None:
+    sandbox = target.create(lifecycle={"on_timeout": "pause"})
+    try:
+        assert sandbox.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        sandbox.files.write("kept.txt", "kept")
+        pid = sandbox.commands.run(TICKER).stdout.strip()
+        sandbox.set_timeout(0)  # the timeout is reached now
+        deadline = time.monotonic() + 10
+        while sandbox.get_info().state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "the sandbox was not paused at its timeout"
+            time.sleep(0.05)
+        resumed = target.connect(sandbox.sandbox_id)
+        assert resumed.get_info().state == SandboxState.RUNNING
+        assert resumed.files.read("kept.txt") == "kept"
+        assert resumed.commands.run(f"kill -0 {pid} && echo alive").stdout == "alive\n"
+    finally:
+        sandbox.kill()
 
 
 def test_get_metrics_returns_one_sample(sandbox: Sandbox) -> None:

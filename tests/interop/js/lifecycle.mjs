@@ -43,4 +43,23 @@ try {
 } finally {
   await sandbox.kill()
 }
+
+const pausing = await Sandbox.create({ ...opts, lifecycle: { onTimeout: 'pause' } })
+try {
+  const info = await pausing.getInfo()
+  check('lifecycle onTimeout pause', info.lifecycle && info.lifecycle.onTimeout === 'pause')
+  await pausing.files.write('kept.txt', 'kept')
+  await pausing.setTimeout(0) // the timeout is reached now
+  const deadline = Date.now() + 10000
+  let state = info.state
+  while (state !== 'paused' && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 50))
+    state = (await pausing.getInfo()).state
+  }
+  check('timeout pauses', state === 'paused')
+  const woken = await Sandbox.connect(pausing.sandboxId, opts)
+  check('Sandbox.connect resumes the auto-paused', (await woken.files.read('kept.txt')) === 'kept')
+} finally {
+  await pausing.kill()
+}
 console.log(JSON.stringify(results))

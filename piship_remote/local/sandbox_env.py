@@ -1,0 +1,113 @@
+"""A local sandbox's environment on the host: its directory, jail and running VM.
+
+:func:`boot` makes one sandbox's files (a private home, ``/tmp``, ``/dev/shm`` and
+``/etc`` on a size-capped tmpfs where the host allows it, and root's home where
+the service maps root), its cgroups holding its limits, and starts its
+:class:`SandboxVm`; nothing is left behind when that fails.
+:func:`remove_tree` removes such a directory again::
+
+    jail, vm = boot("ab12", "/tmp/piship-local-x/ab12", bwrap=bwrap, user="user",
+                    workdir="/home/user", network=False, with_root=False,
+                    limits=Limits(), enforcement=enforcement, spawner=Spawner())
+    remove_tree("/tmp/piship-local-x/ab12")
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+from collections.abc import Callable
+
+from piship_remote.local.isolation import Jail, write_etc
+from piship_remote.local.limits import CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
+from piship_remote.local.sandbox_vm import SandboxVm, Spawner
+from piship_remote.local.user_map import make_root_home
+
+__all__ = ["BootFailed", "boot", "remove_tree"]
+
+
+class BootFailed(Exception):
+    """The sandbox's environment could not be made (the message says why)."""
+
+
+def boot(
+    sandbox_id: str,
+    directory: str,
+    *,
+    bwrap: str,
+    user: str,
+    workdir: str,
+    network: bool,
+    with_root: bool,
+    limits: Limits,
+    enforcement: Enforcement,
+    spawner: Spawner,
+) -> tuple[Jail, SandboxVm]:
+    """The sandbox's files, cgroups and running environment; :class:`BootFailed` if not."""
+    cgroups: CgroupSet | None = None
+    try:
+        jail = _jail(directory, bwrap, user, workdir, network, with_root, limits, enforcement)
+        cgroups = CgroupSet.create(enforcement, f"piship-{sandbox_id}", limits)
+        vm = SandboxVm.boot(jail, cgroups=cgroups, network=network, spawner=spawner)
+    except OSError as e:
+        if cgroups is not None:
+            cgroups.remove()
+        unmount(directory)
+        remove_tree(directory)
+        raise BootFailed(f"the sandbox could not be started: {e}") from None
+    return jail, vm
+
+
+def _jail(
+    directory: str,
+    bwrap: str,
+    user: str,
+    workdir: str,
+    network: bool,
+    with_root: bool,
+    limits: Limits,
+    enforcement: Enforcement,
+) -> Jail:
+    paths = [os.path.join(directory, name) for name in ("home", "tmp", "shm", "etc")]
+    os.mkdir(directory, 0o700)
+    if enforcement.disk:
+        mount_tmpfs(directory, limits.disk)
+    for path in paths:
+        # Inside, the sandbox's user is mapped onto the service's own uid: 0700 suffices.
+        os.mkdir(path, 0o700)
+    write_etc(paths[3], user=user, workdir=workdir, network=network)
+    return Jail(
+        bwrap=bwrap,
+        home=paths[0],
+        tmp=paths[1],
+        shm=paths[2],
+        etc=paths[3],
+        workdir=workdir,
+        user=user,
+        network=network,
+        scratch_size=None if enforcement.disk else limits.disk,
+        root_home=make_root_home(directory) if with_root else None,
+    )
+
+
+def remove_tree(path: str) -> None:
+    """Remove ``path`` even where a sandbox left read-only directories; ignore what is gone."""
+
+    def unlock(function: Callable[..., object], failed: str, _: object) -> None:
+        parent = os.path.dirname(failed)
+        try:
+            os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, os.stat(failed).st_mode | stat.S_IRWXU)
+            function(failed)
+        except OSError:
+            pass
+
+    if not os.path.lexists(path):
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=unlock)
+    else:
+        shutil.rmtree(path, onerror=unlock)
