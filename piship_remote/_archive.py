@@ -23,12 +23,16 @@ from piship_remote._workspace_tree import TreeEntry, inside
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.transfer import SkippedPath, TransferSummary
 
-__all__ = ["MAX_MEMBERS", "MAX_UNPACKED_BYTES", "tar_stream", "unpack_tar"]
+__all__ = ["MAX_MEMBERS", "MAX_UNPACKED_BYTES", "archive_parts", "tar_stream", "unpack_tar"]
 
 CHUNK = 256 * 1024
 BLOCK = tarfile.BLOCKSIZE
 MAX_MEMBERS = 1_000_000
 MAX_UNPACKED_BYTES = 64 * 1024**3
+# A tree is sent as archives of about this much (file bytes, or members), so that the
+# sandbox unpacks one while the next is on the wire; a small tree is one archive.
+PART_BYTES = 64 * 1024 * 1024
+PART_MEMBERS = 5000
 
 
 def tar_stream(entries: Iterable[TreeEntry], chunk: int = CHUNK) -> Iterator[bytes]:
@@ -52,6 +56,28 @@ def tar_stream(entries: Iterable[TreeEntry], chunk: int = CHUNK) -> Iterator[byt
         yield bytes(pending)
         pending.clear()
     yield bytes(pending + end)
+
+
+def archive_parts(entries: Iterable[TreeEntry]) -> list[list[TreeEntry]]:
+    """``entries`` cut, in order, into runs of at most about :data:`PART_BYTES` of file
+    data or :data:`PART_MEMBERS` members (at least one run, possibly empty)::
+
+        for part in archive_parts(selection.entries):
+            send(tar_stream(part))
+
+    Order is kept, so a directory still comes before what it holds and the runs can be
+    unpacked one after another into the same place.
+    """
+    parts: list[list[TreeEntry]] = [[]]
+    size = 0
+    for entry in entries:
+        current = parts[-1]
+        if current and (size + entry.size > PART_BYTES or len(current) >= PART_MEMBERS):
+            parts.append([])
+            size = 0
+        parts[-1].append(entry)
+        size += entry.size
+    return parts
 
 
 def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from piship_remote._archive import tar_stream
+from piship_remote._archive import archive_parts, tar_stream
 from piship_remote._workspace_tree import inside, select_tree
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.files import SandboxFiles
@@ -86,8 +86,10 @@ class WorkspaceSync:
             self._root, read_deny=self._read_deny, paths=starts, use_gitignore=self._use_gitignore
         )
         target = self._files.working_directory()
-        self._files.upload_archive(
-            tar_stream(selection.entries), target, then=f"touch {shlex.quote(self._stamp)}"
+        self._files.upload_archives(
+            [tar_stream(part) for part in archive_parts(selection.entries)],
+            target,
+            then=f"touch {shlex.quote(self._stamp)}",
         )
         summary = TransferSummary(selection.files, selection.bytes, selection.skipped)
         pushed = {entry.relative for entry in selection.entries if entry.kind == "file"}

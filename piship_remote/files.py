@@ -13,6 +13,7 @@ where ``filesystem.write.allow`` permits.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import posixpath
@@ -23,10 +24,16 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
-from piship_remote._archive import tar_stream, unpack_tar
+from piship_remote._archive import archive_parts, tar_stream, unpack_tar
 from piship_remote._workspace_tree import inside, select_tree
 from piship_remote.backends._file_protocol import RemoteFiles, SizedChunks
-from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    FILE_NOT_FOUND,
+    SANDBOX_UNAVAILABLE,
+    CommandCancelled,
+    PiShipError,
+)
 from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
 
 __all__ = ["CHUNK", "CommandRunner", "Progress", "SandboxFiles"]
@@ -188,15 +195,55 @@ class SandboxFiles:
         ``then`` is a shell line run after a successful unpack in the same command
         (one round trip fewer than a command of its own).
         """
-        archive = _staged_archive()
-        self._remote.write(archive, chunks, cancel=self._cancel)
+        self.upload_archives([chunks], target, then=then)
+
+    def upload_archives(
+        self, archives: Sequence[Iterator[bytes]], target: str, *, then: str = ""
+    ) -> None:
+        """Send tar streams one after another, each unpacked into ``target`` in order while
+        the next one is sent; ``then`` runs after the last unpack, in its command.
+
+        An unpack that fails stops the sending; the first failure is raised once nothing
+        is left running.
+        """
+        unpacking: _Beside | None = None
+        try:
+            for index, chunks in enumerate(archives):
+                archive = _staged_archive()
+                try:
+                    self._remote.write(archive, chunks, cancel=self._cancel)
+                    if unpacking is not None:
+                        unpacking.result()
+                except BaseException:
+                    self._remove_quietly(archive)  # no unpack will take it away
+                    raise
+                last = index == len(archives) - 1
+                command = self._unpack_command(archive, target, then if last else "")
+                unpacking = _Beside(functools.partial(self._unpacked, command, target), "unpack")
+        except BaseException:
+            if unpacking is not None:
+                unpacking.result_quietly()
+            raise
+        if unpacking is not None:
+            unpacking.result()
+
+    def _unpack_command(self, archive: str, target: str, then: str) -> str:
         after = f" && {then}" if then else ""
-        self.run_checked(
+        return (
             f"mkdir -p {shlex.quote(target)} && tar -xf {shlex.quote(archive)}"
             f" -C {shlex.quote(target)} --no-same-owner{after}; status=$?;"
-            f" rm -f {shlex.quote(archive)}; exit $status",
-            f"unpacking into {target}",
+            f" rm -f {shlex.quote(archive)}; exit $status"
         )
+
+    def _unpacked(self, command: str, target: str) -> FileInfo | None:
+        self.run_checked(command, f"unpacking into {target}")
+        return None
+
+    def _remove_quietly(self, path: str) -> None:
+        try:
+            self._remote.remove(path)
+        except (PiShipError, CommandCancelled):
+            pass  # the failure being raised says more; the staged file is in /tmp
 
     def download_archive(
         self, create: str, archive: str, target: str, progress: Progress | None = None
@@ -227,7 +274,8 @@ class SandboxFiles:
 
     def _upload_tree(self, source: str, target: str, progress: Progress | None) -> TransferSummary:
         selection = select_tree(source, read_deny=self._read_deny, use_gitignore=False)
-        self.upload_archive(_counted(tar_stream(selection.entries), progress), target)
+        parts = archive_parts(selection.entries)
+        self.upload_archives([_counted(tar_stream(part), progress) for part in parts], target)
         return TransferSummary(selection.files, selection.bytes, selection.skipped)
 
     def _download_tree(
@@ -276,13 +324,13 @@ class SandboxFiles:
 
 
 class _Beside:
-    """``action()`` run on a thread of its own while the caller does something else."""
+    """``action()`` run on a ``piship-files-<what>`` thread while the caller does something else."""
 
-    def __init__(self, action: Callable[[], FileInfo | None]) -> None:
+    def __init__(self, action: Callable[[], FileInfo | None], what: str = "stat") -> None:
         self._action = action
         self._value: FileInfo | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="piship-files-stat", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"piship-files-{what}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

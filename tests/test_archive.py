@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote._archive import _header, tar_stream, unpack_tar
-from piship_remote._workspace_tree import select_tree
+from piship_remote import _archive
+from piship_remote._archive import _header, archive_parts, tar_stream, unpack_tar
+from piship_remote._workspace_tree import TreeEntry, select_tree
 from piship_remote.errors import PiShipError
 from piship_remote.transfer import SkippedPath
 
@@ -161,3 +162,28 @@ def test_a_cut_archive_leaves_no_half_file(tmp_path: Path) -> None:
 def test_garbage_is_a_malformed_archive(tmp_path: Path) -> None:
     with pytest.raises(PiShipError, match="malformed"):
         unpack_tar(io.BytesIO(b"not a tar at all" * 100), str(tmp_path))
+
+
+def _entries(*sizes: int) -> list[TreeEntry]:
+    return [TreeEntry(f"f{n}", f"/nowhere/f{n}", "file", size) for n, size in enumerate(sizes)]
+
+
+def test_a_small_tree_is_one_archive() -> None:
+    entries = _entries(10, 20, 30)
+    assert archive_parts(entries) == [entries]
+
+
+def test_no_entries_is_one_empty_archive() -> None:
+    assert archive_parts([]) == [[]]
+
+
+def test_parts_are_cut_by_bytes_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_archive, "PART_BYTES", 100)
+    entries = _entries(60, 30, 50, 120, 5)
+    assert archive_parts(entries) == [entries[:2], entries[2:3], entries[3:4], entries[4:]]
+
+
+def test_parts_are_cut_by_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_archive, "PART_MEMBERS", 2)
+    entries = _entries(1, 1, 1, 1, 1)
+    assert archive_parts(entries) == [entries[:2], entries[2:4], entries[4:]]

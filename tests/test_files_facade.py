@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from piship_remote import _archive
 from piship_remote._workspace_sync import WorkspaceSync
 from piship_remote.errors import PiShipError
 from piship_remote.files import SandboxFiles
@@ -235,3 +238,81 @@ def test_a_push_path_outside_the_workspace_is_config_invalid(
     with pytest.raises(PiShipError, match="outside the workspace") as raised:
         sync.push([tmp_path])
     assert raised.value.code == "CONFIG_INVALID"
+
+
+# -- archives in parts ------------------------------------------------------------
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_archive, "PART_MEMBERS", 10)
+
+
+def _tree(workspace: Path, count: int) -> None:
+    for n in range(count):
+        (workspace / f"f{n:02d}").write_text(str(n))
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_tree_larger_than_a_part_goes_in_several_archives_and_arrives_whole(
+    remote: Path, workspace: Path
+) -> None:
+    stand_in = DirectoryFiles(str(remote))
+    files = SandboxFiles(stand_in, bash_runner, workspace=workspace)
+    _tree(workspace, 35)
+    files.upload(workspace, "all")
+    assert len(stand_in.writes) == 4
+    assert sorted(p.name for p in (remote / "all").iterdir()) == [f"f{n:02d}" for n in range(35)]
+    assert not any(os.path.exists(path) for path in stand_in.writes)  # staged ones removed
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_an_archive_unpacks_while_the_next_one_is_sent(remote: Path, workspace: Path) -> None:
+    second_sent = threading.Event()
+    overlapped: list[bool] = []
+
+    class Recording(DirectoryFiles):
+        def write(self, path: str, chunks: Any, **kwargs: Any) -> Any:
+            if len(self.writes) == 1:
+                second_sent.set()
+            return super().write(path, chunks, **kwargs)
+
+    def runner(command: str) -> tuple[int, str]:
+        if not overlapped:
+            overlapped.append(second_sent.wait(10))
+        return bash_runner(command)
+
+    _tree(workspace, 15)
+    SandboxFiles(Recording(str(remote)), runner, workspace=workspace).upload(workspace, "all")
+    assert overlapped == [True]
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_failed_unpack_stops_the_sending_and_is_raised(remote: Path, workspace: Path) -> None:
+    stand_in = DirectoryFiles(str(remote))
+
+    def runner(command: str) -> tuple[int, str]:
+        full = "tar_x() { echo 'tar: no space left on device'; return 2; }; " + command
+        return bash_runner(full.replace("tar -xf", "tar_x"))
+
+    _tree(workspace, 35)
+    with pytest.raises(PiShipError, match="no space left") as raised:
+        SandboxFiles(stand_in, runner, workspace=workspace).upload(workspace, "all")
+    assert raised.value.code == "SANDBOX_UNAVAILABLE"
+    assert len(stand_in.writes) == 2  # the first unpack's failure is seen after the second send
+    assert not any(os.path.exists(path) for path in stand_in.writes)
+    assert not [t for t in threading.enumerate() if t.name.startswith("piship-files-")]
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_push_in_parts_marks_the_push_after_the_last_part(
+    sync: WorkspaceSync, workspace: Path, remote: Path
+) -> None:
+    _tree(workspace, 25)
+    sync.push()
+    later(remote / "f24")
+    (remote / "f24").write_text("changed")
+    later(remote / "f24")
+    summary = sync.pull()
+    assert (workspace / "f24").read_text() == "changed"
+    assert summary.files == 1
