@@ -24,9 +24,10 @@ from piship_remote.transport._urllib3_internals import (
     SingleWriteRequest,
     SocketFactoryHook,
     chunked_source,
-    connected_from_pool,
+    connect_taken,
     record_retired,
     return_to_pool,
+    taken_from_pool,
 )
 
 
@@ -162,7 +163,9 @@ def test_a_pool_lends_and_takes_back_connections_outside_urlopen() -> None:
         listener.listen(2)
         pool = urllib3.HTTPConnectionPool("127.0.0.1", listener.getsockname()[1], maxsize=2)
         try:
-            conn = connected_from_pool(pool, 5)
+            conn = taken_from_pool(pool)
+            assert conn.sock is None
+            connect_taken(pool, conn, 5)
             assert conn.sock is not None
             return_to_pool(pool, conn)
             assert pool._get_conn(timeout=0) is conn

@@ -43,9 +43,10 @@ __all__ = [
     "SingleWriteRequest",
     "SocketFactoryHook",
     "chunked_source",
-    "connected_from_pool",
+    "connect_taken",
     "record_retired",
     "return_to_pool",
+    "taken_from_pool",
 ]
 
 
@@ -186,17 +187,28 @@ def chunked_source(
     return inner, fp
 
 
-def connected_from_pool(
-    pool: urllib3.connectionpool.HTTPConnectionPool, timeout: float
+def taken_from_pool(
+    pool: urllib3.connectionpool.HTTPConnectionPool,
 ) -> urllib3.connection.HTTPConnection:
-    """A connection taken out of ``pool`` (an idle one, else a new one), connected
-    within ``timeout`` seconds.
+    """A connection taken out of ``pool`` at once: an idle one, else a new one not yet
+    connected (see :func:`connect_taken`).
 
-    It stays out of the pool until :func:`return_to_pool`; a connect failure closes it
-    and puts its slot back.
+    It stays out of the pool until :func:`return_to_pool`, so no request can take it.
     """
     conn = pool._get_conn(timeout=0)
     assert isinstance(conn, urllib3.connection.HTTPConnection)
+    return conn
+
+
+def connect_taken(
+    pool: urllib3.connectionpool.HTTPConnectionPool,
+    conn: urllib3.connection.HTTPConnection,
+    timeout: float,
+) -> None:
+    """Connect ``conn`` (taken from ``pool``) within ``timeout`` seconds, if it is not.
+
+    A connect failure closes it, puts its slot back and raises.
+    """
     try:
         if conn.sock is None:
             conn.timeout = timeout
@@ -205,7 +217,6 @@ def connected_from_pool(
         conn.close()
         pool._put_conn(None)
         raise
-    return conn
 
 
 def return_to_pool(

@@ -52,7 +52,11 @@ from piship_remote.redact import Redactor
 from piship_remote.transport._connection import HOSTS, CancellableAdapter
 from piship_remote.transport._prepared import Outgoing, Route, Target
 from piship_remote.transport._scope import CURRENT, Call
-from piship_remote.transport._urllib3_internals import connected_from_pool, return_to_pool
+from piship_remote.transport._urllib3_internals import (
+    connect_taken,
+    return_to_pool,
+    taken_from_pool,
+)
 from piship_remote.transport.endpoint import (
     check_endpoint,
     check_url,
@@ -201,12 +205,13 @@ class Transport:
     def extra_connection(self, url: str, timeout: float) -> Iterator[None]:
         """While the block runs, hold one more connection to ``url``'s origin open.
 
-        A ``piship-connect`` thread takes a connection out of the pool (an idle one,
-        else a new one it connects: TCP, and TLS for https) and holds it until the
-        block ends, so requests made in the block use others; then it goes back to the
-        pool, and two requests there can start at once without a connection set-up.
-        The set-up overlaps the block's own requests. Best effort: a failure to connect
-        is the next request's to report. The thread is joined before the block returns.
+        One connection is taken out of the pool before the block starts (an idle one,
+        else a new one, which a ``piship-connect`` thread connects: TCP, and TLS for
+        https) and held until the block ends, so requests made in the block use
+        others; then it goes back to the pool, and two requests there can start at
+        once without a connection set-up. The set-up overlaps the block's own
+        requests. Best effort: a failure to connect is the next request's to report.
+        The thread is joined before the block returns.
         """
         try:
             pool = self._route(self._target(url)).pool
@@ -216,9 +221,10 @@ class Transport:
             yield
             return
         done = threading.Event()
+        conn = taken_from_pool(pool)  # here, so the block's own requests cannot take it
         thread = threading.Thread(
             target=_hold_connection,
-            args=(pool, timeout, done),
+            args=(pool, conn, timeout, done),
             name="piship-connect",
             daemon=True,
         )
@@ -422,11 +428,14 @@ def _sent_chunked(outgoing: Outgoing) -> bool:
 
 
 def _hold_connection(
-    pool: urllib3.connectionpool.HTTPConnectionPool, timeout: float, done: threading.Event
+    pool: urllib3.connectionpool.HTTPConnectionPool,
+    conn: urllib3.connection.HTTPConnection,
+    timeout: float,
+    done: threading.Event,
 ) -> None:
-    """Connect one of ``pool``'s connections, hold it until ``done``, give it back."""
+    """Connect ``conn`` (taken from ``pool``), hold it until ``done``, give it back."""
     try:
-        conn = connected_from_pool(pool, timeout)
+        connect_taken(pool, conn, timeout)
     except Exception:
         return  # the request that needs it connects (and reports) by itself
     done.wait()
