@@ -29,6 +29,7 @@ RUN_TIMEOUT = 60
 CALLS = [
     "files.write",
     "files.read",
+    "files.write several entries",
     "files.list",
     "files.exists",
     "files.getInfo",
@@ -156,6 +157,8 @@ SANDBOX_CALLS = [
     "setTimeout",
     "getInfo",
     "kill",
+    "create allowInternetAccess false is loopback only",
+    "create allowInternetAccess true has an interface out",
 ]
 
 

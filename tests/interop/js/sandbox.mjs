@@ -34,4 +34,19 @@ try {
   await sandbox.kill()
 }
 check('kill', !(await sandbox.isRunning()))
+
+// Interfaces only, never a connection: without internet a sandbox has loopback alone.
+const interfaces = async (box) => (await box.commands.run('ip -o link')).stdout.split('\n').filter(Boolean).map((line) => line.split(': ')[1]).sort().join(',')
+const offline = await Sandbox.create({ ...opts, allowInternetAccess: false })
+try {
+  check('create allowInternetAccess false is loopback only', (await interfaces(offline)) === 'lo')
+} finally {
+  await offline.kill()
+}
+const online = await Sandbox.create({ ...opts, allowInternetAccess: true })
+try {
+  check('create allowInternetAccess true has an interface out', (await interfaces(online)).split(',').length > 1)
+} finally {
+  await online.kill()
+}
 console.log(JSON.stringify(results))
