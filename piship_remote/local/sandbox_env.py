@@ -6,9 +6,10 @@ the service maps root), its cgroups holding its limits, and starts its
 :class:`SandboxVm`; nothing is left behind when that fails.
 :func:`remove_tree` removes such a directory again::
 
-    jail, vm = boot("ab12", "/tmp/piship-local-x/ab12", bwrap=bwrap, user="user",
-                    workdir="/home/user", network=False, with_root=False,
-                    limits=Limits(), enforcement=enforcement, spawner=Spawner())
+    layout = SandboxLayout(bwrap=bwrap, user="user", workdir="/home/user",
+                           with_root=False, limits=Limits(), enforcement=enforcement)
+    jail, vm = boot("ab12", "/tmp/piship-local-x/ab12", layout, network=False,
+                    spawner=Spawner())
     remove_tree("/tmp/piship-local-x/ab12")
 """
 
@@ -20,36 +21,41 @@ import stat
 import sys
 from collections.abc import Callable
 
+import attrs
+
 from piship_remote.local.isolation import Jail, write_etc
 from piship_remote.local.limits import CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
 from piship_remote.local.user_map import make_root_home
 
-__all__ = ["BootFailed", "boot", "remove_tree"]
+__all__ = ["BootFailed", "SandboxLayout", "boot", "remove_tree"]
 
 
 class BootFailed(Exception):
     """The sandbox's environment could not be made (the message says why)."""
 
 
+@attrs.frozen
+class SandboxLayout:
+    """What every sandbox of one service is made with: the bwrap binary, its user and
+    home, whether root is mapped beside that user, its limits and how they are enforced."""
+
+    bwrap: str
+    user: str
+    workdir: str
+    with_root: bool
+    limits: Limits
+    enforcement: Enforcement
+
+
 def boot(
-    sandbox_id: str,
-    directory: str,
-    *,
-    bwrap: str,
-    user: str,
-    workdir: str,
-    network: bool,
-    with_root: bool,
-    limits: Limits,
-    enforcement: Enforcement,
-    spawner: Spawner,
+    sandbox_id: str, directory: str, layout: SandboxLayout, *, network: bool, spawner: Spawner
 ) -> tuple[Jail, SandboxVm]:
     """The sandbox's files, cgroups and running environment; :class:`BootFailed` if not."""
     cgroups: CgroupSet | None = None
     try:
-        jail = _jail(directory, bwrap, user, workdir, network, with_root, limits, enforcement)
-        cgroups = CgroupSet.create(enforcement, f"piship-{sandbox_id}", limits)
+        jail = _jail(directory, layout, network)
+        cgroups = CgroupSet.create(layout.enforcement, f"piship-{sandbox_id}", layout.limits)
         vm = SandboxVm.boot(jail, cgroups=cgroups, network=network, spawner=spawner)
     except OSError as e:
         if cgroups is not None:
@@ -60,35 +66,26 @@ def boot(
     return jail, vm
 
 
-def _jail(
-    directory: str,
-    bwrap: str,
-    user: str,
-    workdir: str,
-    network: bool,
-    with_root: bool,
-    limits: Limits,
-    enforcement: Enforcement,
-) -> Jail:
+def _jail(directory: str, layout: SandboxLayout, network: bool) -> Jail:
     paths = [os.path.join(directory, name) for name in ("home", "tmp", "shm", "etc")]
     os.mkdir(directory, 0o700)
-    if enforcement.disk:
-        mount_tmpfs(directory, limits.disk)
+    if layout.enforcement.disk:
+        mount_tmpfs(directory, layout.limits.disk)
     for path in paths:
         # Inside, the sandbox's user is mapped onto the service's own uid: 0700 suffices.
         os.mkdir(path, 0o700)
-    write_etc(paths[3], user=user, workdir=workdir, network=network)
+    write_etc(paths[3], user=layout.user, workdir=layout.workdir, network=network)
     return Jail(
-        bwrap=bwrap,
+        bwrap=layout.bwrap,
         home=paths[0],
         tmp=paths[1],
         shm=paths[2],
         etc=paths[3],
-        workdir=workdir,
-        user=user,
+        workdir=layout.workdir,
+        user=layout.user,
         network=network,
-        scratch_size=None if enforcement.disk else limits.disk,
-        root_home=make_root_home(directory) if with_root else None,
+        scratch_size=None if layout.enforcement.disk else layout.limits.disk,
+        root_home=make_root_home(directory) if layout.with_root else None,
     )
 
 

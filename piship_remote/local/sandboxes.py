@@ -36,7 +36,7 @@ from piship_remote.local.limits import Enforcement, Limits, limit_check, unmount
 from piship_remote.local.network import egress_problem
 from piship_remote.local.pause import PauseState
 from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
-from piship_remote.local.sandbox_env import BootFailed, boot, remove_tree
+from piship_remote.local.sandbox_env import BootFailed, SandboxLayout, boot, remove_tree
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
 from piship_remote.local.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
 from piship_remote.local.wire import PathError, ProcessConfig, resolve
@@ -274,9 +274,14 @@ class Registry:
         self.limits = limits or Limits()
         self.enforcement = enforcement or Enforcement.probe()
         self.max_lifetime = self.limits.lifetime
-        self._bwrap = bwrap
-        self._workdir = workdir
-        self._user = user
+        self._layout = SandboxLayout(
+            bwrap=bwrap,
+            user=user,
+            workdir=workdir,
+            with_root=self.users.root is not None,
+            limits=self.limits,
+            enforcement=self.enforcement,
+        )
         self._max = max_sandboxes
         self.clock = clock
         self._sandboxes: dict[str, Sandbox] = {}
@@ -317,16 +322,7 @@ class Registry:
             self._booting += 1
         try:
             jail, vm = boot(
-                sandbox_id,
-                directory,
-                bwrap=self._bwrap,
-                user=self._user,
-                workdir=self._workdir,
-                network=network,
-                with_root=self.users.root is not None,
-                limits=self.limits,
-                enforcement=self.enforcement,
-                spawner=self._spawner,
+                sandbox_id, directory, self._layout, network=network, spawner=self._spawner
             )
         except BootFailed as e:
             raise SandboxUnavailable(str(e)) from None
