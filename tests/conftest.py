@@ -1,4 +1,5 @@
-"""Shared fixtures: the test doubles' plugin, the seed's workspace layout, the secret sweep."""
+"""Shared fixtures: the test doubles' plugin, the seed's workspace layout, the local service,
+the secret sweep."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from local_service_support import Client
 
+from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
 
 pytest_plugins = ["piship_remote.testing.plugin"]
@@ -35,6 +38,27 @@ def workspace(root: Path) -> Path:
 def home(root: Path) -> Path:
     """``<root>/home`` (not created), the home directory the seed activates with."""
     return root / "home"
+
+
+@pytest.fixture
+def service() -> Iterator[LocalE2bService]:
+    """A local E2B-compatible service (a module may override it with one of its own)."""
+    with LocalE2bService() as running:
+        yield running
+
+
+@pytest.fixture
+def client(service: LocalE2bService) -> Iterator[Client]:
+    """The ``service``'s two planes over one session (see ``local_service_support``)."""
+    client = Client(service)
+    yield client
+    client.session.close()
+
+
+@pytest.fixture
+def sandbox(client: Client) -> dict[str, Any]:
+    """A sandbox of the ``service``, deleted when the service stops."""
+    return client.create()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import base64
 from typing import Any
 
 import requests
-from test_local_service import BASIC_USER, HTTP_TIMEOUT, Client, Stream
+from local_service_support import BASIC_USER, HTTP_TIMEOUT, Client, Stream
 
 from piship_remote.connect import connect_envelope
 

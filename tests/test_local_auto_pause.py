@@ -7,30 +7,16 @@ so the tests wait on the reaper only, never on a clock.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
+from local_service_support import Client, needs_bwrap
 from test_local_pause import TICKER, is_held, state, until
-from test_local_service import Client, needs_bwrap
 
 from piship_remote.local import LocalE2bService
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def service() -> Iterator[LocalE2bService]:
-    with LocalE2bService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
 
 
 def expire(client: Client, sandbox: dict[str, Any]) -> None:

@@ -6,28 +6,12 @@ deleted sandbox answers E2B's 502 (what the SDK's ``is_running`` reads as False)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_local_service import Client, needs_bwrap
-
-from piship_remote.local import LocalE2bService
+from local_service_support import Client, needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def service() -> Iterator[LocalE2bService]:
-    with LocalE2bService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
 
 
 def envd_get(client: Client, sandbox: dict[str, Any], path: str) -> Any:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_local_service import Client, marked, needs_bwrap
+from local_service_support import Client, marked, needs_bwrap
 
 from piship_remote.local import LocalE2bService, network
 from piship_remote.local.limits import Enforcement
@@ -45,19 +45,6 @@ FETCH = (
     'python3 -c "import urllib.request as u;'
     " print(u.urlopen('http://127.0.0.1:{port}/', timeout=5).status)\""
 )
-
-
-@pytest.fixture
-def service() -> Iterator[LocalE2bService]:
-    with LocalE2bService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
 
 
 @pytest.fixture

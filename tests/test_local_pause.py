@@ -12,12 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import pytest
-from test_local_service import Client, gone, marked, marker, needs_bwrap
+from local_service_support import Client, gone, marked, marker, needs_bwrap
 
 from piship_remote.local import LocalE2bService
 from piship_remote.local.limits import CgroupSet
@@ -29,24 +29,6 @@ TICKER = (
     "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.02; done'"
     " >/dev/null 2>&1 & echo $!"
 )
-
-
-@pytest.fixture
-def service() -> Iterator[LocalE2bService]:
-    with LocalE2bService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
-
-
-@pytest.fixture
-def sandbox(client: Client) -> dict[str, Any]:
-    return client.create()
 
 
 def pause(client: Client, sandbox: dict[str, Any], **body: Any) -> int:

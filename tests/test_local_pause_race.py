@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
-from test_local_service import BASIC_USER, Client, needs_bwrap
+from local_service_support import BASIC_USER, Client, needs_bwrap
 
 from piship_remote.connect import connect_envelope
 from piship_remote.local import LocalE2bService
@@ -27,19 +26,6 @@ pytestmark = pytest.mark.timeout(30)
 
 PROMPT = 3.0
 """Well under the 10 s a start waits for a frozen agent's answer."""
-
-
-@pytest.fixture
-def service() -> Iterator[LocalE2bService]:
-    with LocalE2bService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
 
 
 def found(service: LocalE2bService, sandbox: dict[str, Any]) -> Sandbox:

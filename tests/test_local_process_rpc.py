@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from local_service_support import Client, has_stdout, needs_bwrap
 from process_rpc_support import open_stream, pid_of, send_input, start, unary
-from test_local_service import Client, has_stdout, needs_bwrap
 
 from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.local import LocalE2bService
@@ -21,18 +21,6 @@ pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 def service() -> Iterator[LocalE2bService]:
     with LocalE2bService() as running:
         yield running
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
-
-
-@pytest.fixture
-def sandbox(client: Client) -> dict[str, Any]:
-    return client.create()
 
 
 def test_a_start_without_a_stdin_field_gets_a_pipe_as_envd_defaults(

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from local_service_support import Client, gone, marked, marker, needs_bwrap
 from process_rpc_support import pid_of, pty_shows, pty_text, send_input, start_pty, unary
-from test_local_service import Client, gone, marked, marker, needs_bwrap
 
 from piship_remote.local import LocalE2bService
 
@@ -20,18 +20,6 @@ pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 def service() -> Iterator[LocalE2bService]:
     with LocalE2bService() as running:
         yield running
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
-
-
-@pytest.fixture
-def sandbox(client: Client) -> dict[str, Any]:
-    return client.create()
 
 
 def type_line(client: Client, sandbox: dict[str, Any], pid: int, line: str) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import requests
+from local_service_support import HTTP_TIMEOUT, Client, Stream, needs_bwrap
 from process_rpc_support import STREAM_TYPE, pid_of, pty_shows, pty_text
-from test_local_service import HTTP_TIMEOUT, Client, Stream, needs_bwrap
 
 from piship_remote.connect import connect_envelope
 from piship_remote.local import LocalE2bService, sandboxes
@@ -49,13 +49,6 @@ def service() -> Iterator[LocalE2bService]:
         pytest.skip("a root beside the user needs the service run as host root")
     with LocalE2bService() as running:
         yield running
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
 
 
 @pytest.fixture

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_local_service import BASIC_USER, Client, Stream, gone, needs_bwrap
+from local_service_support import BASIC_USER, Client, Stream, gone, needs_bwrap
 
 from piship_remote.connect import connect_envelope
-from piship_remote.local import LocalE2bService
 from piship_remote.local.watch_rpc import MAX_WATCHERS
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(60)]
@@ -25,24 +23,6 @@ FS = "/filesystem.Filesystem/"
 CREATE, WRITE, REMOVE, RENAME, CHMOD = (
     f"EVENT_TYPE_{n}" for n in ("CREATE", "WRITE", "REMOVE", "RENAME", "CHMOD")
 )
-
-
-@pytest.fixture
-def service() -> Iterator[LocalE2bService]:
-    with LocalE2bService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def client(service: LocalE2bService) -> Iterator[Client]:
-    client = Client(service)
-    yield client
-    client.session.close()
-
-
-@pytest.fixture
-def sandbox(client: Client) -> dict[str, Any]:
-    return client.create()
 
 
 def rpc(client: Client, sandbox: dict[str, Any], method: str, **body: Any) -> Any:
