@@ -2,16 +2,24 @@
 
 :class:`ExecEngine` makes a backend instance's ``exec`` call on behalf of
 ``Sandbox.exec``/``Sandbox.run`` and the activation's readiness check, and owns
-the threads that needs. There are two paths:
+the threads that needs. There are three paths:
 
-- **The main thread** hands the backend call to a reusable ``piship-exec-N``
-  worker (:class:`~piship_remote._exec_workers.WorkerCall`) and drains its
-  bounded channel, forwarding output to the sink on the main thread. It wakes
-  every ``INTERRUPT_POLL`` seconds, because a signal delivered while another
-  thread runs does not wake a blocked wait, and that is when Python raises
-  ``KeyboardInterrupt``. It watches the deadline itself.
-- **Any other thread** makes the call itself
-  (:class:`~piship_remote._exec_workers.DirectCall`); the
+- **The main thread, with a backend that cancels promptly** (its instance has
+  ``cancels_promptly = True``: a cancelled call returns within milliseconds)
+  makes the call itself (:class:`~piship_remote._exec_workers.DirectCall`), output
+  going straight to the sink, under an
+  :class:`~piship_remote._interrupts.InterruptGuard`: a SIGINT aborts the call
+  through the guard's ``piship-interrupt`` thread, and ``KeyboardInterrupt`` is
+  raised once the call has returned. The ``piship-exec-timer`` thread fires the
+  deadline.
+- **The main thread otherwise** (another backend, or a program with its own
+  SIGINT handler or wakeup fd) hands the backend call to a reusable
+  ``piship-exec-N`` worker (:class:`~piship_remote._exec_workers.WorkerCall`) and
+  drains its bounded channel, forwarding output to the sink on the main thread.
+  It wakes every ``INTERRUPT_POLL`` seconds, because a signal delivered while
+  another thread runs does not wake a blocked wait, and that is when Python
+  raises ``KeyboardInterrupt``. It watches the deadline itself.
+- **Any other thread** makes the call itself (a ``DirectCall`` again); the
   ``piship-exec-timer`` thread fires its deadline.
 
 An abort (timeout, cancel, dispose, Ctrl-C, a failing sink) sets the call's
@@ -21,7 +29,7 @@ in time *retires* the sandbox: its instance is disposed in the background and
 every later command is refused, so a command the library lost control of cannot
 keep running beside new ones. Dispose aborts every call at once and never waits.
 
-How a cancel travels, on the main thread, from ``Sandbox.exec(..., cancel=event)``
+How a cancel travels, on the main thread's worker path, from ``Sandbox.exec(..., cancel=event)``
 to the socket (an E2B-compatible backend):
 
 1. The engine registers ``call.abort("cancel")`` with
@@ -57,6 +65,7 @@ from collections.abc import Callable
 
 from piship_remote._cancel import EventWatcher, when_cancelled
 from piship_remote._exec_workers import (
+    STOPPED,
     Aborted,
     AbortKind,
     DeadlineTimer,
@@ -68,6 +77,7 @@ from piship_remote._exec_workers import (
     WorkerCall,
     WorkerPool,
 )
+from piship_remote._interrupts import Disarm, InterruptGuard
 from piship_remote.backends._owned import Detachable
 from piship_remote.backends.base import BackendResult, ExecRequest, Instance
 from piship_remote.errors import (
@@ -112,6 +122,8 @@ class ExecEngine:
         self._watcher = EventWatcher()
         self._workers = WorkerPool()
         self._timer = DeadlineTimer()
+        self._interrupts = InterruptGuard()
+        self._prompt = getattr(instance, "cancels_promptly", False) is True
         self._disposed = False
         self._retired = False
 
@@ -135,11 +147,40 @@ class ExecEngine:
         ``retire``: a backend call that ignores an abort retires the sandbox.
         """
         call: WorkerCall | DirectCall
-        if threading.current_thread() is threading.main_thread():
+        disarm: Disarm | None = None
+        if threading.current_thread() is not threading.main_thread():
+            call = self._direct(sink, retire)
+        elif not self._prompt:
             call = WorkerCall(self._instance, request, CHANNEL_BYTES)
         else:
-            direct = DirectCall(sink, lambda kind: self._watch_settle(direct, kind, retire))
-            call = direct
+            direct = self._direct(sink, retire)
+            disarm = self._interrupts.arm(lambda: direct.abort(STOPPED))
+            call = (
+                direct if disarm is not None else WorkerCall(self._instance, request, CHANNEL_BYTES)
+            )
+        try:
+            outcome = self._registered(call, request, sink, timeout, cancel, retire=retire)
+        finally:
+            if disarm is not None and disarm():
+                raise KeyboardInterrupt from None
+        if isinstance(outcome, Raised):
+            raise self._backend_error(outcome.error)
+        return outcome.result
+
+    def _direct(self, sink: Sink | None, retire: bool) -> DirectCall:
+        direct = DirectCall(sink, lambda kind: self._watch_settle(direct, kind, retire))
+        return direct
+
+    def _registered(
+        self,
+        call: WorkerCall | DirectCall,
+        request: ExecRequest,
+        sink: Sink | None,
+        timeout: float | None,
+        cancel: threading.Event | None,
+        *,
+        retire: bool,
+    ) -> Outcome:
         with self._lock:
             if self._disposed:
                 raise self._retired_error()
@@ -148,17 +189,13 @@ class ExecEngine:
             forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
             try:
                 if isinstance(call, WorkerCall):
-                    outcome = self._on_worker(call, sink, timeout, retire=retire)
-                else:
-                    outcome = self._on_caller(call, request, timeout)
+                    return self._on_worker(call, sink, timeout, retire=retire)
+                return self._on_caller(call, request, timeout)
             finally:
                 forget()
         finally:
             with self._lock:
                 self._calls.discard(call)
-        if isinstance(outcome, Raised):
-            raise self._backend_error(outcome.error)
-        return outcome.result
 
     def epoch(self) -> str | None:
         """The instance's current sandbox or claim id."""
@@ -211,6 +248,7 @@ class ExecEngine:
         self._watcher.close()
         self._workers.close()
         self._timer.close()
+        self._interrupts.close()
 
     # The main thread: a worker makes the call, the main thread drains its channel.
 

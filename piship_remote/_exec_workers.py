@@ -32,6 +32,7 @@ from piship_remote._cancel import CancelToken
 from piship_remote.backends.base import BackendResult, ExecRequest, Instance
 
 __all__ = [
+    "STOPPED",
     "AbortKind",
     "Aborted",
     "Channel",

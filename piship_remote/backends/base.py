@@ -69,7 +69,13 @@ class Availability:
 
 @runtime_checkable
 class Instance(Protocol):
-    """A prepared sandbox (E2B) or claim manager (Kubernetes)."""
+    """A prepared sandbox (E2B) or claim manager (Kubernetes).
+
+    An instance may also have ``cancels_promptly = True``: a promise that a call
+    whose ``cancel`` is set returns within milliseconds. The main thread then makes
+    its calls itself, with Ctrl-C turned into that cancel, instead of handing each
+    one to a worker thread.
+    """
 
     def exec(
         self,

@@ -307,6 +307,8 @@ class E2bInstance:
     background kill requests it started.
     """
 
+    cancels_promptly = True
+
     def __init__(
         self,
         sandbox_id: str,

@@ -103,6 +103,8 @@ def _quote(value: str) -> str:
 class KubernetesInstance:
     """A prepared Kubernetes sandbox: commands share and renew one claim at a time."""
 
+    cancels_promptly = True
+
     def __init__(
         self,
         router: Router,
