@@ -222,3 +222,20 @@ def _read(path: str) -> int:
 
 def _seconds(rfc3339: str) -> float:
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_v1_group_left_freezing_by_a_fork_is_asked_again_with_a_thaw_between(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from piship_remote.local import limits
+
+    written: list[str] = []
+    monkeypatch.setattr(limits, "_write", lambda path, text: written.append(text))
+    monkeypatch.setattr(limits, "FREEZE_POLL", 0.0)
+    stuck_for = limits.V1_THAW_EVERY + 5  # a pass of the kernel misses a new child until then
+    monkeypatch.setattr(limits, "_holds", lambda path, text: written.count("FROZEN") > stuck_for)
+    group = CgroupSet("v1", None, None, freezer=str(tmp_path))
+    assert group.freeze() is True
+    assert written.count("FROZEN") == stuck_for + 1
+    assert written.count("THAWED") == 1
+    assert written.index("THAWED") == limits.V1_THAW_EVERY - 1  # after that many passes

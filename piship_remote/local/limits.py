@@ -27,6 +27,7 @@ import ctypes.util
 import os
 import time
 from collections.abc import Callable, Sequence
+from itertools import count
 
 import attrs
 
@@ -53,6 +54,8 @@ V1_ROOT = "/sys/fs/cgroup"
 REMOVE_TRIES = 50
 MNT_DETACH = 2
 FREEZE_TIMEOUT = 5.0
+FREEZE_POLL = 0.005
+V1_THAW_EVERY = 50  # freezing passes between two thaws of a v1 group that stays FREEZING
 
 
 @attrs.frozen
@@ -183,20 +186,28 @@ class CgroupSet:
         if self.version == "v2" and self.freezer is not None:
             _write(os.path.join(self.freezer, "cgroup.freeze"), "1" if frozen else "0")
             events = os.path.join(self.freezer, "cgroup.events")
-            done = ("frozen 1" if frozen else "frozen 0", events)
-        elif self.freezer is not None:
-            state = "FROZEN" if frozen else "THAWED"
-            _write(os.path.join(self.freezer, "freezer.state"), state)
-            done = (state, os.path.join(self.freezer, "freezer.state"))
-        else:
-            return False
-        deadline = time.monotonic() + FREEZE_TIMEOUT
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), open(done[1], encoding="ascii") as handle:
-                if done[0] in handle.read():
-                    return True
-            time.sleep(0.005)
-        raise OSError(f"the sandbox's processes did not {'freeze' if frozen else 'thaw'} in time")
+            return _wait_for(lambda: _holds(events, "frozen 1" if frozen else "frozen 0"), frozen)
+        if self.freezer is not None:
+            return self._set_v1_frozen(self.freezer, frozen)
+        return False
+
+    @staticmethod
+    def _set_v1_frozen(freezer: str, frozen: bool) -> bool:
+        # A v1 cgroup whose processes fork while it freezes can stay FREEZING: the
+        # new child escaped the one pass the kernel made. Writing FROZEN again makes
+        # another pass, and a thaw now and then lets a stuck fork finish first.
+        state_file = os.path.join(freezer, "freezer.state")
+        state = "FROZEN" if frozen else "THAWED"
+        passes = count()
+
+        def settled() -> bool:
+            attempt = next(passes)
+            if frozen and attempt % V1_THAW_EVERY == V1_THAW_EVERY - 1:
+                _write(state_file, "THAWED")
+            _write(state_file, state)
+            return _holds(state_file, state)
+
+        return _wait_for(settled, frozen)
 
     def _paths(self) -> list[str]:
         return [p for p in dict.fromkeys((self.pids, self.memory, self.freezer)) if p]
@@ -378,3 +389,18 @@ def _write(path: str, value: str) -> None:
 def _write_try(path: str, value: str) -> None:
     with contextlib.suppress(OSError):
         _write(path, value)
+
+
+def _holds(path: str, text: str) -> bool:
+    with contextlib.suppress(OSError), open(path, encoding="ascii") as handle:
+        return text in handle.read()
+    return False
+
+
+def _wait_for(settled: Callable[[], bool], frozen: bool) -> bool:
+    deadline = time.monotonic() + FREEZE_TIMEOUT
+    while time.monotonic() < deadline:
+        if settled():
+            return True
+        time.sleep(FREEZE_POLL)
+    raise OSError(f"the sandbox's processes did not {'freeze' if frozen else 'thaw'} in time")
