@@ -264,6 +264,8 @@ class KubernetesAgentSandboxBackend:
     as a bearer to the API and the router; ``credential_rejected()`` is called on a
     401 and returns ``True`` when a renewed credential is ready. ``client`` replaces
     the HTTP client (any :class:`~piship_remote.transport.HttpClient`).
+    ``existence_window``: how long a claim the API saw alive goes unchecked before a
+    direct command (0: checked before every one; negative: ``CONFIG_INVALID``).
     """
 
     id = PROVIDER
