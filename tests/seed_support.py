@@ -41,7 +41,7 @@ ENV = {
     "UNLISTED_VARIABLE": UNLISTED,
     **SECRETS,
 }
-CLAIM_THREADS = ("piship-keepalive-", "piship-claim-create")
+CLAIM_THREADS = ("piship-keepalive-", "piship-claim-create", "piship-claim-check")
 
 
 def seed_policy(network: str = "deny", **overrides: Any) -> dict[str, Any]:

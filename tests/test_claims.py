@@ -7,89 +7,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from claims_support import FakeCluster, piship_threads
 from seed_support import Clocks, T
 
 from piship_remote._cancel import CancelToken
-from piship_remote.backends.claims import Claim, ClaimGone, ClaimManager
-from piship_remote.backends.lifetime import Anchor, micros
+from piship_remote.backends.claims import Claim, ClaimManager
+from piship_remote.backends.lifetime import micros
 from piship_remote.errors import CommandCancelled, PiShipError
 
 pytestmark = pytest.mark.timeout(10)
-
-
-class FakeCluster:
-    """The :class:`ClaimApi` of a cluster held in memory; every call is recorded."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.created: list[str] = []
-        self.deleted: list[str] = []
-        self.renewed: list[tuple[str, int]] = []
-        self.checked: list[str] = []
-        self.gone: set[str] = set()
-        self.create_gate: threading.Event | None = None
-        self.renew_gate: threading.Event | None = None
-        self.check_gate: threading.Event | None = None
-        self.checking = threading.Event()
-        self.create_error: Exception | None = None
-        self.delete_error: Exception | None = None
-        self.creating = threading.Event()
-
-    def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
-        with self.lock:
-            name = f"piship-{len(self.created):012x}"
-            self.created.append(name)
-        self.creating.set()
-        self._wait(self.create_gate, cancel)
-        if self.create_error is not None:
-            raise self.create_error
-        return Claim(name, f"pool-{name}", anchor)
-
-    def renew(self, claim: Claim, shutdown: int, cancel: CancelToken) -> None:
-        with self.lock:
-            self.renewed.append((claim.name, shutdown))
-        self._wait(self.renew_gate, cancel)
-        if claim.name in self.gone:
-            raise ClaimGone("the SandboxClaim no longer exists")
-
-    def check(self, claim: Claim, cancel: CancelToken) -> None:
-        with self.lock:
-            self.checked.append(claim.name)
-        self.checking.set()
-        self._wait(self.check_gate, cancel)
-        if claim.name in self.gone:
-            raise ClaimGone("the SandboxClaim no longer exists")
-
-    def delete(self, claim: Claim) -> None:
-        with self.lock:
-            self.deleted.append(claim.name)
-        if self.delete_error is not None:
-            raise self.delete_error
-
-    def renewals_of(self, name: str) -> list[int]:
-        with self.lock:
-            return [shutdown for claim, shutdown in self.renewed if claim == name]
-
-    def wait_for_a_renewal(self) -> None:
-        """Until a renewal started (it may be held at ``renew_gate``)."""
-        while not self.renewed:
-            threading.Event().wait(0.005)
-
-    @staticmethod
-    def _wait(gate: threading.Event | None, cancel: CancelToken) -> None:
-        if gate is None:
-            return
-        woken = threading.Event()
-        forget = cancel.on_cancel(woken.set)
-        while not gate.is_set() and not woken.is_set():
-            woken.wait(0.005)
-        forget()
-        if not gate.is_set():
-            raise CommandCancelled()
-
-
-def piship_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("piship-")]
 
 
 def keepalive_threads() -> list[threading.Thread]:

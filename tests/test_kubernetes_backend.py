@@ -21,6 +21,7 @@ from seed_support import Clocks, Rejections, assert_no_library_thread_left, fail
 from werkzeug import Request, Response
 
 from piship_remote.activation import activate_sandbox
+from piship_remote.backends._claim_timing import DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW
 from piship_remote.backends._kubernetes_claims import _pod_ip
 from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.backends.kubernetes import (
@@ -389,9 +390,11 @@ def test_a_claim_the_cluster_expired_is_replaced_without_a_patch(
         return 200, ready(name)
 
     scripted.claim = claim
-    instance = prepared(instances, scripted.url)
+    clocks = Clocks()
+    instance = prepared(instances, scripted.url, clocks=clocks)
     [first] = scripted.names()
     expired.add(first)
+    clocks.advance(EXISTENCE_WINDOW)  # past the window: the command checks the claim first
     assert instance.exec(request()) == BackendResult(0)
     second = scripted.names()[1]
     assert scripted.server.count("PATCH") == 0
@@ -411,8 +414,10 @@ def test_a_claim_being_deleted_is_replaced(
         return 200, body
 
     scripted.claim = claim
-    instance = prepared(instances, scripted.url)
+    clocks = Clocks()
+    instance = prepared(instances, scripted.url, clocks=clocks)
     deleting.add(scripted.names()[0])
+    clocks.advance(EXISTENCE_WINDOW)  # past the window: the command checks the claim first
     instance.exec(request())
     assert len(scripted.names()) == 2
 
@@ -610,8 +615,10 @@ def test_an_api_outage_before_a_command_sends_nothing_and_keeps_the_claim(
         return (503, {"message": "etcd unavailable"}) if outage.is_set() else (200, ready(name))
 
     scripted.claim = claim
-    instance = prepared(instances, scripted.url)
+    clocks = Clocks()
+    instance = prepared(instances, scripted.url, clocks=clocks)
     outage.set()
+    clocks.advance(EXISTENCE_WINDOW)  # past the window: the command checks the claim first
     error = failure_of(lambda: instance.exec(request()))
     assert isinstance(error, PiShipError)
     assert str(error) == "checking the SandboxClaim failed: HTTP 503: etcd unavailable"

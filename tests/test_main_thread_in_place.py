@@ -81,7 +81,11 @@ def interrupt_when(arrived: threading.Event, send: Callable[[], None]) -> thread
 
 
 def exec_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("piship-exec-") and t.name[12:].isdigit()]
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("piship-exec-") and t.name[12:].isdigit()
+    ]
 
 
 def test_the_main_thread_runs_the_call_itself(e2b: Any) -> None:

@@ -5,8 +5,10 @@ A claim takes a sandbox from a warm pool, with a bounded
 :class:`~piship_remote.backends.claims.ClaimApi` the claim manager drives::
 
     api = ClaimsApi(http, endpoint=..., namespace="agents", template="python-pool",
-                    poll_interval=1.0, ready_timeout=120.0, monotonic=time.monotonic)
-    claim = api.create(clock.anchor(), cancel)      # polls until Ready
+                    poll_interval=1.0, ready_timeout=120.0, monotonic=time.monotonic,
+                    sight=window.now)
+    claim = api.create(clock.anchor(), cancel)      # polls until Ready; claim.seen: when
+                                                    # the poll that saw it Ready was sent
     api.renew(claim, shutdown, cancel)              # merge-patch the shutdownTime
     api.delete(claim)                               # best effort
 
@@ -25,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from piship_remote._cancel import CancelToken
+from piship_remote.backends._claim_timing import Sighting
 from piship_remote.backends._common import DETAIL_LIMIT, is_success
 from piship_remote.backends._kubernetes_http import ClusterHttp, transient
 from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
@@ -76,8 +79,10 @@ class ClaimsApi:
         poll_interval: float,
         ready_timeout: float,
         monotonic: Callable[[], float],
+        sight: Callable[[], Sighting | None] = lambda: None,
     ) -> None:
         self._http = http
+        self._sight = sight
         self._endpoint = endpoint
         self.claims = f"{endpoint}/apis/{API_VERSION}/namespaces/{namespace}/sandboxclaims"
         self._sandboxes = f"{endpoint}/apis/{SANDBOX_API_VERSION}/namespaces/{namespace}/sandboxes"
@@ -175,8 +180,8 @@ class ClaimsApi:
             self.renew(Claim(name, name, anchor), anchor.expires, cancel)
         except ClaimGone as gone:
             raise self._http.errors(f"SandboxClaim {name} cannot be attached to: {gone}") from None
-        sandbox, pod_ip = self._wait_ready(name, cancel)
-        return Claim(name, sandbox, anchor, pod_ip)
+        sandbox, pod_ip, seen = self._wait_ready(name, cancel)
+        return Claim(name, sandbox, anchor, pod_ip, seen)
 
     def list_owned(self) -> builtins.list[OwnedSandbox]:
         """Every claim in the namespace labelled as created by this library."""
@@ -196,11 +201,11 @@ class ClaimsApi:
 
     def _ready_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> Claim:
         try:
-            sandbox, pod_ip = self._wait_ready(name, cancel)
+            sandbox, pod_ip, seen = self._wait_ready(name, cancel)
         except BaseException:
             self._delete_name(name)
             raise
-        return Claim(name, sandbox, anchor, pod_ip)
+        return Claim(name, sandbox, anchor, pod_ip, seen)
 
     def _read(self, name: str, cancel: CancelToken) -> dict[str, Any] | None:
         """The claim ``name`` as the API has it; ``None`` when it does not exist."""
@@ -262,11 +267,17 @@ class ClaimsApi:
             self._delete_name(name)
             raise
 
-    def _wait_ready(self, name: str, cancel: CancelToken) -> tuple[str, str | None]:
-        """Poll the claim until Ready; the deadline is on the monotonic clock only."""
+    def _wait_ready(
+        self, name: str, cancel: CancelToken
+    ) -> tuple[str, str | None, Sighting | None]:
+        """Poll the claim until Ready: its sandbox, pod IP, and when the last poll was sent.
+
+        The deadline is on the monotonic clock only.
+        """
         deadline = self._monotonic() + self._ready_timeout
         last = ""
         while True:
+            sent = self._sight()
             with self._api(
                 "reading the SandboxClaim", "GET", self._claim_url(name), cancel
             ) as response:
@@ -282,7 +293,7 @@ class ClaimsApi:
             ready = _ready_condition(claim)
             if ready.get("status") == "True":
                 sandbox = _sandbox_name(claim, name)
-                return sandbox, _pod_ip(claim) or self._sandbox_pod_ip(sandbox, cancel)
+                return sandbox, _pod_ip(claim) or self._sandbox_pod_ip(sandbox, cancel), sent
             reason = ready.get("reason")
             if isinstance(reason, str) and reason in _TERMINAL_REASONS:
                 raise self._http.errors(f"the SandboxClaim failed: {reason}")

@@ -52,12 +52,16 @@ _OUTCOME_UNKNOWN = (
 
 
 class Retire(Exception):
-    """A router outcome after which the claim must not run another command."""
+    """A router outcome after which the claim must not run another command.
 
-    def __init__(self, error: PiShipError, *, gone: bool) -> None:
+    ``unreached``: the router could not reach the sandbox, so the command never started.
+    """
+
+    def __init__(self, error: PiShipError, *, gone: bool, unreached: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.gone = gone
+        self.unreached = unreached
 
 
 @attrs.frozen
@@ -122,7 +126,9 @@ class Router:
         with response:
             if response.status == 404:
                 raise Retire(
-                    self._http.errors("the sandbox router no longer knows this sandbox"), gone=True
+                    self._http.errors("the sandbox router no longer knows this sandbox"),
+                    gone=True,
+                    unreached=True,
                 )
             if response.status >= 500:
                 failure = self._http.failure(response)
@@ -135,6 +141,7 @@ class Router:
                             retryable=True,
                         ),
                         gone=True,
+                        unreached=True,
                     )
                 raise self._unknown(f"the sandbox router answered {failure}")
             if not is_success(response.status):

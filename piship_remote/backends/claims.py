@@ -6,7 +6,10 @@ Commands share one live SandboxClaim (a *lease*). The manager
   ``piship-claim-create`` thread, so a command that is cancelled while waiting
   does not cancel the creation the others wait for);
 - before a command, replaces a claim that expired locally or that the cluster
-  lost, and renews one with less than half its lifetime left;
+  lost, renews one with less than half its lifetime left, and checks that the
+  cluster still has it, except before a direct command within the *existence
+  window* (:mod:`~piship_remote.backends._claim_timing`): then a
+  ``piship-claim-check`` thread refreshes the sighting once past half the window;
 - counts the commands running in each lease and ticks a ``piship-keepalive-…``
   timer every ``max(0.25, lifetime / 4)`` seconds from the first claim on: a tick
   renews a lease commands run in, and an idle one once less than half its lifetime
@@ -20,9 +23,10 @@ Commands share one live SandboxClaim (a *lease*). The manager
 One lock guards all of this state and is never held during HTTP. The HTTP side
 is a :class:`ClaimApi`, so the manager can be driven by a fake in tests::
 
-    manager = ClaimManager(api, ClaimClock.for_lifetime(3600), keepalive_every=900)
+    manager = ClaimManager(api, ClaimClock.for_lifetime(3600), keepalive_every=900,
+                           existence_window=1.0)
     manager.prepare()                      # the first claim, synchronously
-    with manager.command(token) as use:    # token: a CancelToken
+    with manager.command(token, direct=True) as use:    # token: a CancelToken
         run_in(use.claim)                  # use.retire() if the sandbox is in doubt
     manager.dispose()
 """
@@ -30,16 +34,18 @@ is a :class:`ClaimApi`, so the manager can be driven by a fake in tests::
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Protocol
 
 import attrs
 
 from piship_remote._cancel import CancelToken
+from piship_remote.backends._claim_threads import Keepalive, wait_for
+from piship_remote.backends._claim_timing import ExistenceWindow, Sighting, Trust
+from piship_remote.backends._claim_types import Claim, ClaimApi, ClaimGone, ClaimUse
 from piship_remote.backends._common import SandboxErrors
-from piship_remote.backends.lifetime import Anchor, ClaimClock, Freshness
+from piship_remote.backends.lifetime import ClaimClock, Freshness
 from piship_remote.errors import CommandCancelled, PiShipError
 
 __all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "disposed_error"]
@@ -51,72 +57,9 @@ _TICK_GRACE = 0.5
 _ERRORS = SandboxErrors()
 
 
-class ClaimGone(Exception):
-    """The claim cannot be used any more: expired locally, or the cluster lost it."""
-
-
 def disposed_error() -> PiShipError:
     """The error of a command that meets a disposed manager."""
     return _ERRORS("the sandbox was disposed")
-
-
-@attrs.frozen
-class Claim:
-    """A ready SandboxClaim: its name, the router's id for its sandbox, and its clock anchor."""
-
-    name: str
-    sandbox: str
-    anchor: Anchor
-    pod_ip: str | None = None
-
-
-class ClaimApi(Protocol):
-    """The cluster calls the manager needs (:mod:`piship_remote.backends.kubernetes`)."""
-
-    def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
-        """Create a claim whose shutdownTime is ``anchor.expires`` and wait until it is ready.
-
-        On any failure it deletes what it created before raising.
-        """
-        ...
-
-    def renew(self, claim: Claim, shutdown: int, cancel: CancelToken) -> None:
-        """Move the claim's shutdownTime to ``shutdown`` (µs); :class:`ClaimGone` on 404."""
-        ...
-
-    def check(self, claim: Claim, cancel: CancelToken) -> None:
-        """Confirm the claim still exists and has not failed; :class:`ClaimGone` otherwise."""
-        ...
-
-    def delete(self, claim: Claim) -> None:
-        """Delete the claim (errors are ignored by the manager)."""
-        ...
-
-
-class _Keepalive(threading.Timer):
-    """A re-arming timer: calls ``tick(self)`` every ``interval`` seconds until stopped."""
-
-    def __init__(self, interval: float, tick: Callable[[_Keepalive], None], name: str) -> None:
-        super().__init__(interval, tick, args=(self,))
-        self.name = name
-        self.daemon = True
-        self.abort = CancelToken()  # set on stop: ends a renewal in flight
-
-    def run(self) -> None:
-        while not self.finished.wait(self.interval):
-            self.function(*self.args, **self.kwargs)
-
-    def stop(self, grace: float = 0.0) -> None:
-        """Stop ticking; a tick in progress gets ``grace`` seconds, then its request is aborted.
-
-        The grace lets a renewal already answered (say, with "gone") take effect.
-        """
-        self.cancel()
-        if self is threading.current_thread():
-            return
-        self.join(grace)
-        self.abort.set()
-        self.join()
 
 
 @attrs.define(eq=False)
@@ -129,37 +72,29 @@ class _Lease:
     gone: bool = False  # expired or lost by the cluster: renewing is pointless
     deleted: bool = False  # its DELETE was sent (or is being sent): never twice
     expires: int = 0  # the latest shutdownTime the cluster accepted (µs)
-    keepalive: _Keepalive | None = None
+    keepalive: Keepalive | None = None
     creator: threading.Thread | None = None
     checking: Future[None] | None = None  # the check commands starting now share
-
-
-@attrs.frozen
-class ClaimUse:
-    """The claim one command runs in; :meth:`retire` it when the sandbox is in doubt.
-
-    ``cancel`` fires when the command is cancelled or the manager disposed.
-    """
-
-    claim: Claim
-    cancel: CancelToken
-    _retire: Callable[[bool], None]
-
-    def retire(self, *, gone: bool = False) -> None:
-        """No later command uses this claim; it is deleted once no command runs in it.
-
-        ``gone=True``: the cluster or router no longer has it, so stop renewing it too.
-        """
-        self._retire(gone)
+    seen: Sighting | None = None  # the latest request that found it alive was sent then
+    refreshing: bool = False  # a piship-claim-check thread checks it
 
 
 class ClaimManager:
     """Creates, shares, renews and deletes the claims of one prepared sandbox."""
 
-    def __init__(self, api: ClaimApi, clock: ClaimClock, *, keepalive_every: float) -> None:
+    def __init__(
+        self,
+        api: ClaimApi,
+        clock: ClaimClock,
+        *,
+        keepalive_every: float,
+        existence_window: float = 0.0,
+    ) -> None:
         self._api = api
         self._clock = clock
         self._every = keepalive_every
+        self._window = ExistenceWindow.of(existence_window, clock)
+        self._checkers: set[threading.Thread] = set()  # piship-claim-check threads running
         self._lock = threading.Lock()
         self._current: _Lease | None = None
         self._leases: list[_Lease] = []  # every lease whose claim may still exist
@@ -190,9 +125,11 @@ class ClaimManager:
                 self._arm(lease, claim)
 
     @contextmanager
-    def command(self, cancel: CancelToken) -> Iterator[ClaimUse]:
+    def command(self, cancel: CancelToken, *, direct: bool = False) -> Iterator[ClaimUse]:
         """The live claim for one command, counted as in use until the block ends.
 
+        ``direct``: the command may skip the existence check within the window (its
+        caller asks :meth:`ClaimUse.exists` when the router cannot reach the sandbox).
         Raises :class:`CommandCancelled` when ``cancel`` fires while waiting for
         it (nothing is retired then), :func:`disposed_error` after dispose, or the
         creation, renewal or check failure. ``use.cancel`` fires on ``cancel`` and
@@ -204,13 +141,18 @@ class ClaimManager:
         forget = (cancel.on_cancel(token.set), self.cancel.on_cancel(token.set))
         try:
             try:
-                lease, claim = self._acquire(token)
+                lease, claim = self._acquire(token, direct)
             except CommandCancelled:
                 if self._disposed and not cancel.is_set():
                     raise disposed_error() from None
                 raise
             try:
-                yield ClaimUse(claim, token, lambda gone: self._retire(lease, gone=gone))
+                yield ClaimUse(
+                    claim,
+                    token,
+                    lambda gone: self._retire(lease, gone=gone),
+                    lambda: self._exists(lease, claim, token),
+                )
             finally:
                 self._leave(lease)
         finally:
@@ -248,6 +190,11 @@ class ClaimManager:
         self.cancel.set()
         for keepalive in keepalives:
             keepalive.stop()
+        with self._lock:
+            checkers = list(self._checkers)
+        for checker in checkers:
+            if checker is not threading.current_thread():
+                checker.join()
         for lease in leases:
             creator = lease.creator
             if creator is not None and creator is not threading.current_thread():
@@ -257,13 +204,13 @@ class ClaimManager:
 
     # -- acquiring a claim for a command ----------------------------------------
 
-    def _acquire(self, cancel: CancelToken) -> tuple[_Lease, Claim]:
+    def _acquire(self, cancel: CancelToken, direct: bool) -> tuple[_Lease, Claim]:
         replaced = False
         for _ in range(_ATTEMPTS):
             lease = self._obtain()
             claim = self._claim_of(lease, cancel)
             try:
-                self._ready_for_command(lease, claim, cancel)
+                self._ready_for_command(lease, claim, cancel, direct)
             except ClaimGone as gone:
                 if replaced:
                     raise _ERRORS(str(gone), retryable=True) from None
@@ -297,6 +244,7 @@ class ClaimManager:
             return lease
 
     def _create(self, lease: _Lease) -> None:
+        started = self._window.now()
         try:
             claim = self._api.create(self._clock.anchor(), self.cancel)
         except BaseException as error:
@@ -304,6 +252,7 @@ class ClaimManager:
             return
         with self._lock:
             lease.expires = claim.anchor.expires
+            lease.seen = claim.seen or started
         lease.future.set_result(claim)
 
     def _claim_of(self, lease: _Lease, cancel: CancelToken) -> Claim:
@@ -327,7 +276,9 @@ class ClaimManager:
                     self._leases.remove(lease)
             raise
 
-    def _ready_for_command(self, lease: _Lease, claim: Claim, cancel: CancelToken) -> None:
+    def _ready_for_command(
+        self, lease: _Lease, claim: Claim, cancel: CancelToken, direct: bool
+    ) -> None:
         with self._lock:
             committed, gone = lease.expires, lease.gone
         if gone:
@@ -337,7 +288,53 @@ class ClaimManager:
             raise ClaimGone("the SandboxClaim expired")
         if freshness is Freshness.DUE:
             self._renew(lease, claim, cancel)
-        self._check(lease, claim, cancel)
+        with self._lock:
+            trust = self._window.verdict(lease.seen) if direct else Trust.CHECK
+        if trust is Trust.CHECK:
+            self._check(lease, claim, cancel)
+        elif trust is Trust.REFRESH:
+            self._refresh(lease, claim)
+
+    def _refresh(self, lease: _Lease, claim: Claim) -> None:
+        """Check the claim on a ``piship-claim-check`` thread, unless one already does."""
+        with self._lock:
+            if self._disposed or lease.refreshing or lease.retired:
+                return
+            lease.refreshing = True
+            checker = threading.Thread(
+                target=self._background_check,
+                args=(lease, claim),
+                name="piship-claim-check",
+                daemon=True,
+            )
+            self._checkers.add(checker)
+            checker.start()
+
+    def _background_check(self, lease: _Lease, claim: Claim) -> None:
+        try:
+            self._check(lease, claim, self.cancel)
+        except ClaimGone:
+            self._retire(lease, gone=True)
+        except BaseException:
+            pass  # a command past the window checks again itself
+        finally:
+            with self._lock:
+                lease.refreshing = False
+                self._checkers.discard(threading.current_thread())
+
+    def _exists(self, lease: _Lease, claim: Claim, cancel: CancelToken) -> bool | None:
+        """One GET of the claim (see :meth:`ClaimUse.exists`)."""
+        sent = self._window.now()
+        try:
+            self._api.check(claim, cancel)
+        except ClaimGone:
+            self._retire(lease, gone=True)
+            return False
+        except Exception:
+            return None
+        with self._lock:
+            lease.seen = self._window.newer(lease.seen, sent)
+        return True
 
     def _check(self, lease: _Lease, claim: Claim, cancel: CancelToken) -> None:
         """Check the claim, or share the check in flight when this command started.
@@ -354,7 +351,7 @@ class ClaimManager:
             if shared is None:
                 self._send_check(lease, claim, cancel, mine)
                 return
-            _wait_for(shared, cancel)
+            wait_for(shared, cancel)
             error = shared.exception()
             if error is None:
                 return
@@ -365,6 +362,7 @@ class ClaimManager:
         self, lease: _Lease, claim: Claim, cancel: CancelToken, mine: Future[None]
     ) -> None:
         failure: BaseException | None = None
+        sent = self._window.now()
         try:
             self._api.check(claim, cancel)
         except BaseException as error:
@@ -372,6 +370,8 @@ class ClaimManager:
         with self._lock:
             if lease.checking is mine:
                 lease.checking = None
+            if failure is None:
+                lease.seen = self._window.newer(lease.seen, sent)
         if failure is None:
             mine.set_result(None)
             return
@@ -393,7 +393,7 @@ class ClaimManager:
     def _arm(self, lease: _Lease, claim: Claim) -> None:
         """Start the lease's keepalive if it has none (under the lock)."""
         if lease.keepalive is None and not lease.deleted:
-            lease.keepalive = _Keepalive(
+            lease.keepalive = Keepalive(
                 self._every,
                 lambda keepalive: self._tick(lease, keepalive),
                 f"piship-keepalive-{claim.name}",
@@ -408,11 +408,13 @@ class ClaimManager:
         target = self._clock.renewal(claim.anchor, committed)
         if target is None:
             raise ClaimGone("the SandboxClaim expired")
+        sent = self._window.now()
         self._api.renew(claim, target, cancel)
         with self._lock:
             lease.expires = max(lease.expires, target)
+            lease.seen = self._window.newer(lease.seen, sent)
 
-    def _tick(self, lease: _Lease, keepalive: _Keepalive) -> None:
+    def _tick(self, lease: _Lease, keepalive: Keepalive) -> None:
         with self._lock:
             if lease.keepalive is not keepalive or lease.gone or lease.deleted:
                 return
@@ -464,21 +466,6 @@ class ClaimManager:
             self._api.delete(claim)
         except Exception:
             pass
-
-
-def _wait_for(future: Future[None], cancel: CancelToken) -> None:
-    """Wait until ``future`` is done; ``CommandCancelled`` when ``cancel`` fires first."""
-    if future.done():
-        return
-    woken = threading.Event()
-    future.add_done_callback(lambda _future: woken.set())
-    forget = cancel.on_cancel(woken.set)
-    try:
-        woken.wait()
-    finally:
-        forget()
-    if not future.done():
-        raise CommandCancelled()
 
 
 def _failed(lease: _Lease) -> bool:

@@ -19,6 +19,14 @@ whose output is polled (:mod:`piship_remote.backends._kubernetes_jobs`): it outl
 the router's proxy limit, streams its output, and a cancel kills it and keeps the claim.
 A command whose outcome the router cannot tell (dropped connection, 504) is never re-sent:
 its claim is retired and deleted, and the error says to check its effects first.
+
+A direct command is one request: a claim the API saw alive less than
+``existence_window`` seconds ago is not checked first. When the router then cannot
+reach the sandbox (404, or 502 "Could not connect"), the command never started and
+one GET of the claim decides: gone, and the command runs once in a new claim;
+still there, or the API cannot say, and the claim is retired without running the
+command again. The price: a claim removed within the window whose pod still
+answers runs that command and returns its real result.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ from typing import Literal, TypeVar
 
 import requests
 
+from piship_remote.backends._claim_timing import (
+    DEFAULT_EXISTENCE_WINDOW,
+    ExistenceWindow,
+    existence_window_seconds,
+)
 from piship_remote.backends._common import (
     DETAIL_LIMIT,
     CancelLinks,
@@ -152,6 +165,7 @@ class KubernetesInstance:
             cancel,
             lambda use: self._router.execute(use.claim, command, use.cancel, request.timeout),
             retire_on_cancel=True,
+            direct=True,
         )
         if answer.stdout and on_stdout is not None:
             on_stdout(answer.stdout.encode())
@@ -165,26 +179,37 @@ class KubernetesInstance:
         run: Callable[[ClaimUse], _T],
         *,
         retire_on_cancel: bool,
+        direct: bool = False,
     ) -> _T:
         """``run`` inside one use of the claim; a cancelled direct command retires the claim
-        (the runtime cannot stop it), a detached one is killed and keeps it."""
+        (the runtime cannot stop it), a detached one is killed and keeps it.
+
+        ``direct``: the claim may go unchecked within the existence window, so a command
+        the router could not deliver runs once more in a new claim when the API says the
+        old one is gone.
+        """
         with self._cancels.token_for(cancel) as user:
             if user.is_set():
                 raise CommandCancelled()
             if self._manager.disposed:
                 raise disposed_error()
-            with self._manager.command(user) as use:
-                try:
-                    return run(use)
-                except CommandCancelled:
-                    if retire_on_cancel:
-                        use.retire()
-                    if not user.is_set() and self._manager.disposed:
-                        raise disposed_error() from None
-                    raise
-                except Retire as outcome:
-                    use.retire(gone=outcome.gone)
-                    raise outcome.error from None
+            replay = direct
+            while True:
+                with self._manager.command(user, direct=direct) as use:
+                    try:
+                        return run(use)
+                    except CommandCancelled:
+                        if retire_on_cancel:
+                            use.retire()
+                        if not user.is_set() and self._manager.disposed:
+                            raise disposed_error() from None
+                        raise
+                    except Retire as outcome:
+                        if replay and outcome.unreached and use.exists() is False:
+                            replay = False  # the claim is gone and retired: run it once more
+                            continue
+                        use.retire(gone=outcome.gone)
+                        raise outcome.error from None
 
     def epoch(self) -> str | None:
         """The claim name the latest command ran in (``None`` before the first)."""
@@ -239,6 +264,8 @@ class KubernetesAgentSandboxBackend:
     as a bearer to the API and the router; ``credential_rejected()`` is called on a
     401 and returns ``True`` when a renewed credential is ready. ``client`` replaces
     the HTTP client (any :class:`~piship_remote.transport.HttpClient`).
+    ``existence_window``: how long a claim the API saw alive goes unchecked before a
+    direct command (0: checked before every one; negative: ``CONFIG_INVALID``).
     """
 
     id = PROVIDER
@@ -263,9 +290,11 @@ class KubernetesAgentSandboxBackend:
         session: requests.Session | None = None,
         client: HttpClient | None = None,
         execution: Literal["direct", "detached"] = "direct",
+        existence_window: float = DEFAULT_EXISTENCE_WINDOW,
     ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError('execution must be "direct" or "detached"')
+        self._existence_window = existence_window_seconds(existence_window)
         if not all(
             isinstance(name, str) and RESOURCE_NAME.match(name) for name in (namespace, template)
         ):
@@ -290,6 +319,7 @@ class KubernetesAgentSandboxBackend:
             poll_interval=poll_interval,
             ready_timeout=ready_timeout,
             monotonic=monotonic,
+            sight=ExistenceWindow.of(self._existence_window, self._clock).now,
         )
         self._router = Router(http, router, namespace=namespace, port=port)
         self._http, self._router_url = http, router
@@ -367,7 +397,10 @@ class KubernetesAgentSandboxBackend:
             raise self._closed_error()
         claims = KeptClaims(self._claims, adopt=adopt)
         manager = ClaimManager(
-            claims, self._clock, keepalive_every=keepalive_interval(self._lifetime)
+            claims,
+            self._clock,
+            keepalive_every=keepalive_interval(self._lifetime),
+            existence_window=self._existence_window,
         )
         manager.prepare()
         instance = KubernetesInstance(

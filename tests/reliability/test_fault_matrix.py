@@ -62,6 +62,7 @@ import piship_remote.backends._kubernetes_claims as k8s_claims
 import piship_remote.backends._kubernetes_files as k8s_files
 import piship_remote.backends._kubernetes_http as k8s_http
 from piship_remote.activation import Sandbox, activate_sandbox
+from piship_remote.backends._claim_timing import DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW
 from piship_remote.backends.base import Backend
 from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
@@ -354,6 +355,8 @@ class Harness:
         cell = self.cell
         if cell.request == "patch":
             self.clock.value += 40  # 20 s of a 60 s lifetime left: renewed before the command
+        if cell.request == "claim-check":
+            self.clock.value += EXISTENCE_WINDOW  # past the window: checked before the command
         if cell.fault == "refused":
             plane, after = REFUSE[cell.request]
             self.doors[plane].shut(after=after)
