@@ -12,6 +12,7 @@ and the DELETE.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -196,7 +197,7 @@ def test_official_missing_pool_fails_fast_and_rolls_back_by_uid(
 def test_official_claim_expires_on_the_cluster_clock(
     official: SandboxClient[Any], fake: KubernetesServer, cluster: Cluster
 ) -> None:
-    clock = [1_800_000_000.0]
+    clock = [time.time()]  # the client writes shutdownTime from the real clock
     cluster.clock = lambda: clock[0]
     sandbox = official.create_sandbox(
         POOL, namespace=NAMESPACE, sandbox_ready_timeout=10, shutdown_after_seconds=60
