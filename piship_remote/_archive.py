@@ -23,7 +23,15 @@ from piship_remote._workspace_tree import TreeEntry, inside
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.transfer import SkippedPath, TransferSummary
 
-__all__ = ["MAX_MEMBERS", "MAX_UNPACKED_BYTES", "archive_parts", "tar_stream", "unpack_tar"]
+__all__ = [
+    "MAX_MEMBERS",
+    "MAX_UNPACKED_BYTES",
+    "StreamedArchives",
+    "archive_parts",
+    "cut_parts",
+    "tar_stream",
+    "unpack_tar",
+]
 
 CHUNK = 256 * 1024
 BLOCK = tarfile.BLOCKSIZE
@@ -33,6 +41,14 @@ MAX_UNPACKED_BYTES = 64 * 1024**3
 # sandbox unpacks one while the next is on the wire; a small tree is one archive.
 PART_BYTES = 64 * 1024 * 1024
 PART_MEMBERS = 5000
+# The first archives are smaller, so that the sandbox starts unpacking sooner; each
+# one after may be up to PART_GROWTH times the one before, up to the sizes above.
+FIRST_PART_BYTES = 64 * 1024 * 1024
+FIRST_PART_MEMBERS = 5000
+PART_GROWTH = 2
+# Files are read through a plain descriptor, not a file object: a tree is mostly small
+# files, and the objects a buffered open() builds around each cost more than the read.
+_OPEN_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
 def tar_stream(entries: Iterable[TreeEntry], chunk: int = CHUNK) -> Iterator[bytes]:
@@ -68,16 +84,87 @@ def archive_parts(entries: Iterable[TreeEntry]) -> list[list[TreeEntry]]:
     Order is kept, so a directory still comes before what it holds and the runs can be
     unpacked one after another into the same place.
     """
-    parts: list[list[TreeEntry]] = [[]]
-    size = 0
-    for entry in entries:
-        current = parts[-1]
-        if current and (size + entry.size > PART_BYTES or len(current) >= PART_MEMBERS):
-            parts.append([])
-            size = 0
-        parts[-1].append(entry)
-        size += entry.size
-    return parts
+    return [list(part) for part in cut_parts(entries)]
+
+
+def cut_parts(entries: Iterable[TreeEntry]) -> Iterator[Iterator[TreeEntry]]:
+    """:func:`archive_parts`, lazily: each run is read from ``entries`` as it is consumed,
+    so a walk feeds the first archive while it goes on::
+
+        for part in cut_parts(TreeWalk(root)):
+            send(tar_stream(part))      # each run read to its end before the next is asked for
+
+    A run ends at the first entry that does not fit (read, and kept for the next run),
+    so once a run is read to its end, whether another follows is known without reading on.
+    """
+    source = _Lookahead(iter(entries))
+    members, size = min(FIRST_PART_MEMBERS, PART_MEMBERS), min(FIRST_PART_BYTES, PART_BYTES)
+    yield source.run(members, size)
+    while source.more():
+        members = min(members * PART_GROWTH, PART_MEMBERS)
+        size = min(size * PART_GROWTH, PART_BYTES)
+        yield source.run(members, size)
+
+
+class _Lookahead:
+    """An iterator of entries with the one entry read but not yet taken."""
+
+    def __init__(self, entries: Iterator[TreeEntry]) -> None:
+        self._entries = entries
+        self._next: TreeEntry | None = None
+
+    def peek(self) -> TreeEntry | None:
+        if self._next is None:
+            self._next = next(self._entries, None)
+        return self._next
+
+    def more(self) -> bool:
+        return self.peek() is not None
+
+    def run(self, most_members: int, most_bytes: int) -> Iterator[TreeEntry]:
+        """Entries up to ``most_bytes`` of file data or ``most_members`` members."""
+        size = 0
+        count = 0
+        while (entry := self.peek()) is not None:
+            if count and (size + entry.size > most_bytes or count >= most_members):
+                return
+            self._next = None
+            yield entry
+            size += entry.size
+            count += 1
+
+
+class StreamedArchives:
+    """Tar archives of ``entries`` (a walk, say), made as the walk goes and cut as they fill.
+
+        archives = StreamedArchives(TreeWalk(root))
+        for chunks in archives:     # each read to its end before the next is asked for
+            send(chunks)
+            archives.check()        # raises what the walk raised: do not unpack this one
+
+    An exception raised by ``entries`` ends the archive being made (it still ends well,
+    so nothing downstream sees a transport failure), ends the iteration, and is kept
+    for :meth:`check`; the archive it ended must be dropped, not unpacked.
+    """
+
+    def __init__(self, entries: Iterable[TreeEntry]) -> None:
+        self._entries = entries
+        self._failure: Exception | None = None
+
+    def __iter__(self) -> Iterator[Iterator[bytes]]:
+        for part in cut_parts(self._guarded()):
+            yield tar_stream(part)
+
+    def check(self) -> None:
+        """Raise what ``entries`` raised, if it raised."""
+        if self._failure is not None:
+            raise self._failure
+
+    def _guarded(self) -> Iterator[TreeEntry]:
+        try:
+            yield from self._entries
+        except Exception as error:  # raised again by check(), after this archive is sent
+            self._failure = error
 
 
 def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
@@ -89,13 +176,18 @@ def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
                       entry.link_target or "")
         return
     try:
-        handle = open(entry.absolute, "rb")  # noqa: SIM115 - closed below, after the header
+        descriptor = os.open(entry.absolute, os.O_RDONLY | _OPEN_FLAGS)
     except OSError:
         return  # vanished or unreadable since it was selected: not sent
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            return  # no longer a file (a directory now): not sent, as if it had vanished
+        size = info.st_size
         yield _header(entry.relative, entry.mode, int(entry.mtime), tarfile.REGTYPE, size)
-        yield from _exactly(handle, size, chunk)
+        yield from _exactly(descriptor, size, chunk)
+    finally:
+        os.close(descriptor)
     if size % BLOCK:
         yield b"\0" * (BLOCK - size % BLOCK)
 
@@ -141,11 +233,11 @@ def _pax_header(name: str, mode: int, mtime: int, kind: bytes, size: int, link: 
     return info.tobuf(tarfile.PAX_FORMAT)
 
 
-def _exactly(handle: BinaryIO, size: int, chunk: int) -> Iterator[bytes]:
-    """``size`` bytes of ``handle``: a file that shrank is padded, one that grew is cut."""
+def _exactly(descriptor: int, size: int, chunk: int) -> Iterator[bytes]:
+    """``size`` bytes of the open file: a file that shrank is padded, one that grew is cut."""
     left = size
     while left > 0:
-        data = handle.read(min(chunk, left))
+        data = os.read(descriptor, min(chunk, left))
         if not data:
             yield b"\0" * left
             return
