@@ -12,6 +12,7 @@ the member count are bounded (a tar bomb fails with ``CONFIG_INVALID`` naming th
 
 from __future__ import annotations
 
+import collections
 import os
 import stat
 import tarfile
@@ -41,11 +42,9 @@ MAX_UNPACKED_BYTES = 64 * 1024**3
 # sandbox unpacks one while the next is on the wire; a small tree is one archive.
 PART_BYTES = 64 * 1024 * 1024
 PART_MEMBERS = 5000
-# The first archives are smaller, so that the sandbox starts unpacking sooner; each
-# one after may be up to PART_GROWTH times the one before, up to the sizes above.
-FIRST_PART_BYTES = 64 * 1024 * 1024
-FIRST_PART_MEMBERS = 5000
-PART_GROWTH = 2
+# What is left after a full archive goes in it when it is at most this fraction of one:
+# an archive of its own would cost one more unpack command (a round trip) at the end.
+TAIL_FRACTION = 32
 # Files are read through a plain descriptor, not a file object: a tree is mostly small
 # files, and the objects a buffered open() builds around each cost more than the read.
 _OPEN_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -95,43 +94,64 @@ def cut_parts(entries: Iterable[TreeEntry]) -> Iterator[Iterator[TreeEntry]]:
             send(tar_stream(part))      # each run read to its end before the next is asked for
 
     A run ends at the first entry that does not fit (read, and kept for the next run),
-    so once a run is read to its end, whether another follows is known without reading on.
+    so once a run is read to its end, whether another follows is known without reading
+    on. When a run is full, at most :data:`TAIL_FRACTION` of a run more is read ahead:
+    if the entries end there, they go in this run rather than in a small last one.
     """
     source = _Lookahead(iter(entries))
-    members, size = min(FIRST_PART_MEMBERS, PART_MEMBERS), min(FIRST_PART_BYTES, PART_BYTES)
-    yield source.run(members, size)
+    yield source.run()
     while source.more():
-        members = min(members * PART_GROWTH, PART_MEMBERS)
-        size = min(size * PART_GROWTH, PART_BYTES)
-        yield source.run(members, size)
+        yield source.run()
 
 
 class _Lookahead:
-    """An iterator of entries with the one entry read but not yet taken."""
+    """An iterator of entries, with those read ahead but not yet taken."""
 
     def __init__(self, entries: Iterator[TreeEntry]) -> None:
         self._entries = entries
-        self._next: TreeEntry | None = None
-
-    def peek(self) -> TreeEntry | None:
-        if self._next is None:
-            self._next = next(self._entries, None)
-        return self._next
+        self._ahead: collections.deque[TreeEntry] = collections.deque()
+        self._ahead_bytes = 0
+        self._ended = False
 
     def more(self) -> bool:
-        return self.peek() is not None
+        return bool(self._ahead) or self._read()
 
-    def run(self, most_members: int, most_bytes: int) -> Iterator[TreeEntry]:
-        """Entries up to ``most_bytes`` of file data or ``most_members`` members."""
+    def run(self) -> Iterator[TreeEntry]:
+        """Entries up to :data:`PART_BYTES` of file data or :data:`PART_MEMBERS` members,
+        or all that are left when they are a small tail past that."""
         size = 0
         count = 0
-        while (entry := self.peek()) is not None:
-            if count and (size + entry.size > most_bytes or count >= most_members):
-                return
-            self._next = None
+        limited = True
+        while self.more():
+            entry = self._ahead[0]
+            if limited and count and (size + entry.size > PART_BYTES or count >= PART_MEMBERS):
+                if not self._only_a_tail_left():
+                    return
+                limited = False
+            self._ahead.popleft()
+            self._ahead_bytes -= entry.size
             yield entry
             size += entry.size
             count += 1
+
+    def _only_a_tail_left(self) -> bool:
+        most_members, most_bytes = PART_MEMBERS // TAIL_FRACTION, PART_BYTES // TAIL_FRACTION
+        while len(self._ahead) <= most_members and self._ahead_bytes <= most_bytes:
+            if not self._read():
+                return True
+        return False
+
+    def _read(self) -> bool:
+        """One more entry read ahead; ``False`` when there are no more."""
+        if self._ended:
+            return False
+        entry = next(self._entries, None)
+        if entry is None:
+            self._ended = True
+            return False
+        self._ahead.append(entry)
+        self._ahead_bytes += entry.size
+        return True
 
 
 class StreamedArchives:
