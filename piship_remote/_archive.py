@@ -213,6 +213,7 @@ def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
 
 
 _USTAR_TAIL = tarfile.POSIX_MAGIC + b"\0" * (32 + 32 + 8 + 8 + 155 + 12)
+_TAIL_SUM = sum(_USTAR_TAIL)
 
 
 def _header(
@@ -231,16 +232,20 @@ def _header(
         and 0 <= mtime < 8**11
     ):
         return _pax_header(name, mode, mtime, kind, size, link)
-    block = b"".join(
+    encoded, target = name.encode("ascii"), link.encode("ascii")
+    fields = b"%07o\0%07o\0%07o\0%011o\0%011o\0" % (mode & 0o7777, 0, 0, size, mtime)
+    # The checksum counts its own field as eight spaces; the NUL padding adds nothing.
+    checksum = sum(encoded) + sum(fields) + 8 * 32 + kind[0] + sum(target) + _TAIL_SUM
+    return b"".join(
         (
-            name.encode("ascii").ljust(100, b"\0"),
-            b"%07o\0%07o\0%07o\0%011o\0%011o\0        " % (mode & 0o7777, 0, 0, size, mtime),
+            encoded.ljust(100, b"\0"),
+            fields,
+            b"%06o\0 " % checksum,
             kind,
-            link.encode("ascii").ljust(100, b"\0"),
+            target.ljust(100, b"\0"),
             _USTAR_TAIL,
         )
     )
-    return block[:148] + b"%06o\0" % sum(block) + block[155:]
 
 
 def _pax_header(name: str, mode: int, mtime: int, kind: bytes, size: int, link: str) -> bytes:
