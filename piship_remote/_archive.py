@@ -12,6 +12,7 @@ the member count are bounded (a tar bomb fails with ``CONFIG_INVALID`` naming th
 
 from __future__ import annotations
 
+import collections
 import os
 import stat
 import tarfile
@@ -23,7 +24,15 @@ from piship_remote._workspace_tree import TreeEntry, inside
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.transfer import SkippedPath, TransferSummary
 
-__all__ = ["MAX_MEMBERS", "MAX_UNPACKED_BYTES", "archive_parts", "tar_stream", "unpack_tar"]
+__all__ = [
+    "MAX_MEMBERS",
+    "MAX_UNPACKED_BYTES",
+    "StreamedArchives",
+    "archive_parts",
+    "cut_parts",
+    "tar_stream",
+    "unpack_tar",
+]
 
 CHUNK = 256 * 1024
 BLOCK = tarfile.BLOCKSIZE
@@ -33,6 +42,12 @@ MAX_UNPACKED_BYTES = 64 * 1024**3
 # sandbox unpacks one while the next is on the wire; a small tree is one archive.
 PART_BYTES = 64 * 1024 * 1024
 PART_MEMBERS = 5000
+# What is left after a full archive goes in it when it is at most this fraction of one:
+# an archive of its own would cost one more unpack command (a round trip) at the end.
+TAIL_FRACTION = 32
+# Files are read through a plain descriptor, not a file object: a tree is mostly small
+# files, and the objects a buffered open() builds around each cost more than the read.
+_OPEN_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
 def tar_stream(entries: Iterable[TreeEntry], chunk: int = CHUNK) -> Iterator[bytes]:
@@ -68,16 +83,108 @@ def archive_parts(entries: Iterable[TreeEntry]) -> list[list[TreeEntry]]:
     Order is kept, so a directory still comes before what it holds and the runs can be
     unpacked one after another into the same place.
     """
-    parts: list[list[TreeEntry]] = [[]]
-    size = 0
-    for entry in entries:
-        current = parts[-1]
-        if current and (size + entry.size > PART_BYTES or len(current) >= PART_MEMBERS):
-            parts.append([])
-            size = 0
-        parts[-1].append(entry)
-        size += entry.size
-    return parts
+    return [list(part) for part in cut_parts(entries)]
+
+
+def cut_parts(entries: Iterable[TreeEntry]) -> Iterator[Iterator[TreeEntry]]:
+    """:func:`archive_parts`, lazily: each run is read from ``entries`` as it is consumed,
+    so a walk feeds the first archive while it goes on::
+
+        for part in cut_parts(TreeWalk(root)):
+            send(tar_stream(part))      # each run read to its end before the next is asked for
+
+    A run ends at the first entry that does not fit (read, and kept for the next run),
+    so once a run is read to its end, whether another follows is known without reading
+    on. When a run is full, at most :data:`TAIL_FRACTION` of a run more is read ahead:
+    if the entries end there, they go in this run rather than in a small last one.
+    """
+    source = _Lookahead(iter(entries))
+    yield source.run()
+    while source.more():
+        yield source.run()
+
+
+class _Lookahead:
+    """An iterator of entries, with those read ahead but not yet taken."""
+
+    def __init__(self, entries: Iterator[TreeEntry]) -> None:
+        self._entries = entries
+        self._ahead: collections.deque[TreeEntry] = collections.deque()
+        self._ahead_bytes = 0
+        self._ended = False
+
+    def more(self) -> bool:
+        return bool(self._ahead) or self._read()
+
+    def run(self) -> Iterator[TreeEntry]:
+        """Entries up to :data:`PART_BYTES` of file data or :data:`PART_MEMBERS` members,
+        or all that are left when they are a small tail past that."""
+        size = 0
+        count = 0
+        limited = True
+        while self.more():
+            entry = self._ahead[0]
+            if limited and count and (size + entry.size > PART_BYTES or count >= PART_MEMBERS):
+                if not self._only_a_tail_left():
+                    return
+                limited = False
+            self._ahead.popleft()
+            self._ahead_bytes -= entry.size
+            yield entry
+            size += entry.size
+            count += 1
+
+    def _only_a_tail_left(self) -> bool:
+        most_members, most_bytes = PART_MEMBERS // TAIL_FRACTION, PART_BYTES // TAIL_FRACTION
+        while len(self._ahead) <= most_members and self._ahead_bytes <= most_bytes:
+            if not self._read():
+                return True
+        return False
+
+    def _read(self) -> bool:
+        """One more entry read ahead; ``False`` when there are no more."""
+        if self._ended:
+            return False
+        entry = next(self._entries, None)
+        if entry is None:
+            self._ended = True
+            return False
+        self._ahead.append(entry)
+        self._ahead_bytes += entry.size
+        return True
+
+
+class StreamedArchives:
+    """Tar archives of ``entries`` (a walk, say), made as the walk goes and cut as they fill.
+
+        archives = StreamedArchives(TreeWalk(root))
+        for chunks in archives:     # each read to its end before the next is asked for
+            send(chunks)
+            archives.check()        # raises what the walk raised: do not unpack this one
+
+    An exception raised by ``entries`` ends the archive being made (it still ends well,
+    so nothing downstream sees a transport failure), ends the iteration, and is kept
+    for :meth:`check`; the archive it ended must be dropped, not unpacked.
+    """
+
+    def __init__(self, entries: Iterable[TreeEntry]) -> None:
+        self._entries = entries
+        self._failure: Exception | None = None
+
+    def __iter__(self) -> Iterator[Iterator[bytes]]:
+        for part in cut_parts(self._guarded()):
+            yield tar_stream(part)
+
+    def check(self) -> None:
+        """Raise what ``entries`` raised, if it raised."""
+        if self._failure is not None:
+            raise self._failure
+
+    def _guarded(self) -> Iterator[TreeEntry]:
+        try:
+            yield from self._entries
+        except Exception as error:  # raised again by check(), after this archive is sent
+            self._failure = error
 
 
 def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
@@ -89,18 +196,24 @@ def _member(entry: TreeEntry, chunk: int) -> Iterator[bytes]:
                       entry.link_target or "")
         return
     try:
-        handle = open(entry.absolute, "rb")  # noqa: SIM115 - closed below, after the header
+        descriptor = os.open(entry.absolute, os.O_RDONLY | _OPEN_FLAGS)
     except OSError:
         return  # vanished or unreadable since it was selected: not sent
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            return  # no longer a file (a directory now): not sent, as if it had vanished
+        size = info.st_size
         yield _header(entry.relative, entry.mode, int(entry.mtime), tarfile.REGTYPE, size)
-        yield from _exactly(handle, size, chunk)
+        yield from _exactly(descriptor, size, chunk)
+    finally:
+        os.close(descriptor)
     if size % BLOCK:
         yield b"\0" * (BLOCK - size % BLOCK)
 
 
 _USTAR_TAIL = tarfile.POSIX_MAGIC + b"\0" * (32 + 32 + 8 + 8 + 155 + 12)
+_TAIL_SUM = sum(_USTAR_TAIL)
 
 
 def _header(
@@ -119,16 +232,20 @@ def _header(
         and 0 <= mtime < 8**11
     ):
         return _pax_header(name, mode, mtime, kind, size, link)
-    block = b"".join(
+    encoded, target = name.encode("ascii"), link.encode("ascii")
+    fields = b"%07o\0%07o\0%07o\0%011o\0%011o\0" % (mode & 0o7777, 0, 0, size, mtime)
+    # The checksum counts its own field as eight spaces; the NUL padding adds nothing.
+    checksum = sum(encoded) + sum(fields) + 8 * 32 + kind[0] + sum(target) + _TAIL_SUM
+    return b"".join(
         (
-            name.encode("ascii").ljust(100, b"\0"),
-            b"%07o\0%07o\0%07o\0%011o\0%011o\0        " % (mode & 0o7777, 0, 0, size, mtime),
+            encoded.ljust(100, b"\0"),
+            fields,
+            b"%06o\0 " % checksum,
             kind,
-            link.encode("ascii").ljust(100, b"\0"),
+            target.ljust(100, b"\0"),
             _USTAR_TAIL,
         )
     )
-    return block[:148] + b"%06o\0" % sum(block) + block[155:]
 
 
 def _pax_header(name: str, mode: int, mtime: int, kind: bytes, size: int, link: str) -> bytes:
@@ -141,11 +258,11 @@ def _pax_header(name: str, mode: int, mtime: int, kind: bytes, size: int, link: 
     return info.tobuf(tarfile.PAX_FORMAT)
 
 
-def _exactly(handle: BinaryIO, size: int, chunk: int) -> Iterator[bytes]:
-    """``size`` bytes of ``handle``: a file that shrank is padded, one that grew is cut."""
+def _exactly(descriptor: int, size: int, chunk: int) -> Iterator[bytes]:
+    """``size`` bytes of the open file: a file that shrank is padded, one that grew is cut."""
     left = size
     while left > 0:
-        data = handle.read(min(chunk, left))
+        data = os.read(descriptor, min(chunk, left))
         if not data:
             yield b"\0" * left
             return

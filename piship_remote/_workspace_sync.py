@@ -20,12 +20,11 @@ import posixpath
 import secrets
 import shlex
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
-from piship_remote._archive import archive_parts, tar_stream
-from piship_remote._workspace_tree import inside, select_tree
+from piship_remote._workspace_tree import TreeEntry, TreeWalk, inside
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.files import SandboxFiles
 from piship_remote.transfer import SkippedPath, TransferSummary
@@ -80,19 +79,19 @@ class WorkspaceSync:
         return self._record.mode
 
     def push(self, paths: Iterable[str | os.PathLike[str]] | None = None) -> TransferSummary:
-        """Send the workspace (or ``paths`` inside it) as one streamed archive."""
+        """Send the workspace (or ``paths`` inside it) as streamed archives, the first going
+        out while the walk goes on."""
         starts = None if paths is None else [self._host_path(path) for path in paths]
-        selection = select_tree(
+        walk = TreeWalk(
             self._root, read_deny=self._read_deny, paths=starts, use_gitignore=self._use_gitignore
         )
-        target = self._files.working_directory()
-        self._files.upload_archives(
-            [tar_stream(part) for part in archive_parts(selection.entries)],
-            target,
+        pushed: set[str] = set()
+        self._files.upload_walk(
+            _noting_files(walk, pushed),
+            self._files.working_directory(),
             then=f"touch {shlex.quote(self._stamp)}",
         )
-        summary = TransferSummary(selection.files, selection.bytes, selection.skipped)
-        pushed = {entry.relative for entry in selection.entries if entry.kind == "file"}
+        summary = walk.summary()
         with self._lock:
             self._pushed_files = self._pushed_files | pushed
             self._record = attrs.evolve(self._record, pushed=summary)
@@ -166,3 +165,11 @@ class WorkspaceSync:
         absolute = self._host_path(path)
         relative = os.path.relpath(absolute, self._root).replace(os.sep, "/")
         return relative
+
+
+def _noting_files(entries: Iterable[TreeEntry], files: set[str]) -> Iterator[TreeEntry]:
+    """``entries``, with the relative path of each file added to ``files`` on the way."""
+    for entry in entries:
+        if entry.kind == "file":
+            files.add(entry.relative)
+        yield entry

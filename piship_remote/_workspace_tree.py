@@ -4,6 +4,10 @@
     for entry in selection.entries: ...      # regular files, directories, inner symlinks
     selection.skipped                         # SkippedPath(path, reason) for everything left out
 
+    walk = TreeWalk(root, read_deny=profile.read_deny)
+    for entry in walk: ...                    # the same entries, each as it is reached
+    walk.summary()                            # afterwards: counts and skipped, no entries kept
+
 Rules, in order, for each path below the workspace root:
 
 - anything under a ``read_deny`` path never leaves the host (``"read-deny"``);
@@ -18,14 +22,14 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 import pathspec
 
-from piship_remote.transfer import SkippedPath
+from piship_remote.transfer import SkippedPath, TransferSummary
 
-__all__ = ["TreeEntry", "TreeSelection", "inside", "select_tree"]
+__all__ = ["TreeEntry", "TreeSelection", "TreeWalk", "inside", "select_tree"]
 
 GIT_DIRECTORY = ".git"
 GITIGNORE = ".gitignore"
@@ -73,14 +77,50 @@ def select_tree(
     use_gitignore: bool = True,
 ) -> TreeSelection:
     """Walk ``root`` (or only ``paths`` below it, absolute) and decide what a push sends."""
-    real = os.path.realpath(root)
-    # Every visited path is below the root, so only denials below it or above it can apply.
-    relevant = tuple(path for path in read_deny if inside(path, real) or inside(real, path))
-    walker = _Walker(real, relevant, use_gitignore)
-    starts = [walker.root] if paths is None else [os.path.abspath(path) for path in paths]
-    for start in starts:
-        walker.visit_start(start)
-    return TreeSelection(tuple(walker.entries), tuple(walker.skipped))
+    walk = TreeWalk(root, read_deny=read_deny, paths=paths, use_gitignore=use_gitignore)
+    entries = tuple(walk)
+    return TreeSelection(entries, walk.skipped)
+
+
+class TreeWalk:
+    """:func:`select_tree`'s walk, one entry at a time: iterate once, in the same order.
+
+    What it skips, and the files and bytes it yields, are counted as it goes;
+    :meth:`summary` gives them (the entries themselves are not kept).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        read_deny: Sequence[str] = (),
+        paths: Iterable[str] | None = None,
+        use_gitignore: bool = True,
+    ) -> None:
+        real = os.path.realpath(root)
+        # Every visited path is below the root, so only denials below it or above it apply.
+        relevant = tuple(path for path in read_deny if inside(path, real) or inside(real, path))
+        self._walker = _Walker(real, relevant, use_gitignore)
+        self._starts = [real] if paths is None else [os.path.abspath(path) for path in paths]
+        self.files = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[TreeEntry]:
+        for start in self._starts:
+            for entry in self._walker.visit_start(start):
+                if entry.kind == "file":
+                    self.files += 1
+                    self.bytes += entry.size
+                yield entry
+
+    @property
+    def skipped(self) -> tuple[SkippedPath, ...]:
+        """What the walk has left out so far, with the reasons, in walk order."""
+        return tuple(self._walker.skipped)
+
+    def summary(self) -> TransferSummary:
+        """The files and bytes yielded so far, and what was skipped."""
+        return TransferSummary(self.files, self.bytes, self.skipped)
 
 
 @attrs.define
@@ -88,22 +128,22 @@ class _Walker:
     root: str
     read_deny: tuple[str, ...]
     use_gitignore: bool
-    entries: list[TreeEntry] = attrs.Factory(list)
     skipped: list[SkippedPath] = attrs.Factory(list)
     _specs: dict[str, pathspec.GitIgnoreSpec | None] = attrs.Factory(dict)
+    _chains: dict[str, tuple[tuple[str, pathspec.GitIgnoreSpec], ...]] = attrs.Factory(dict)
     _seen: set[str] = attrs.Factory(set)
 
-    def visit_start(self, start: str) -> None:
+    def visit_start(self, start: str) -> Iterator[TreeEntry]:
         if not inside(start, self.root):
             self.skipped.append(SkippedPath(start, "outside the workspace"))
             return
         relative = self._relative(start)
         parents = relative.split("/")[:-1] if relative else []
         for depth in range(len(parents)):
-            self._add_directory("/".join(parents[: depth + 1]))
-        self._visit(start, relative)
+            yield from self._directory_entry("/".join(parents[: depth + 1]))
+        yield from self._visit(start, relative)
 
-    def _visit(self, absolute: str, relative: str) -> None:
+    def _visit(self, absolute: str, relative: str) -> Iterator[TreeEntry]:
         reason = self._excluded(absolute, relative)
         if reason is not None:
             self.skipped.append(SkippedPath(relative or ".", reason))
@@ -113,11 +153,11 @@ class _Walker:
         except OSError:
             return  # vanished while walking
         if stat.S_ISLNK(info.st_mode):
-            self._symlink(absolute, relative)
+            yield from self._symlink(absolute, relative)
         elif stat.S_ISDIR(info.st_mode):
-            self._directory(absolute, relative, info)
+            yield from self._directory(absolute, relative, info)
         elif stat.S_ISREG(info.st_mode):
-            self._add(
+            yield from self._new(
                 TreeEntry(
                     relative, absolute, "file", info.st_size, info.st_mode & 0o7777, info.st_mtime
                 )
@@ -125,61 +165,74 @@ class _Walker:
         else:
             self.skipped.append(SkippedPath(relative, "not a regular file"))
 
-    def _directory(self, absolute: str, relative: str, info: os.stat_result) -> None:
+    def _directory(
+        self, absolute: str, relative: str, info: os.stat_result
+    ) -> Iterator[TreeEntry]:
         if relative:
-            self._add(TreeEntry(relative, absolute, "dir", 0, info.st_mode & 0o7777, info.st_mtime))
+            yield from self._new(
+                TreeEntry(relative, absolute, "dir", 0, info.st_mode & 0o7777, info.st_mtime)
+            )
         try:
             names = sorted(os.listdir(absolute))
         except OSError:
             self.skipped.append(SkippedPath(relative or ".", "not readable"))
             return
         for name in names:
-            self._visit(os.path.join(absolute, name), f"{relative}/{name}" if relative else name)
+            yield from self._visit(
+                os.path.join(absolute, name), f"{relative}/{name}" if relative else name
+            )
 
-    def _symlink(self, absolute: str, relative: str) -> None:
+    def _symlink(self, absolute: str, relative: str) -> Iterator[TreeEntry]:
         target = os.readlink(absolute)
         resolved = os.path.realpath(absolute)
         if not inside(resolved, self.root) or os.path.isabs(target):
             self.skipped.append(SkippedPath(relative, "symlink leaves the workspace"))
             return
-        self._add(TreeEntry(relative, absolute, "symlink", link_target=target))
+        yield from self._new(TreeEntry(relative, absolute, "symlink", link_target=target))
 
-    def _add_directory(self, relative: str) -> None:
+    def _directory_entry(self, relative: str) -> Iterator[TreeEntry]:
         absolute = os.path.join(self.root, *relative.split("/"))
         info = os.lstat(absolute)
-        self._add(TreeEntry(relative, absolute, "dir", 0, info.st_mode & 0o7777, info.st_mtime))
+        yield from self._new(
+            TreeEntry(relative, absolute, "dir", 0, info.st_mode & 0o7777, info.st_mtime)
+        )
 
-    def _add(self, entry: TreeEntry) -> None:
+    def _new(self, entry: TreeEntry) -> Iterator[TreeEntry]:
+        """``entry``, unless an earlier start already gave its path."""
         if entry.relative not in self._seen:
             self._seen.add(entry.relative)
-            self.entries.append(entry)
+            yield entry
 
     def _excluded(self, absolute: str, relative: str) -> str | None:
-        if any(inside(absolute, denied) for denied in self.read_deny):
+        if self.read_deny and any(inside(absolute, denied) for denied in self.read_deny):
             return "read-deny"
         if not relative:
             return None
-        if relative.split("/")[-1] == GIT_DIRECTORY:
+        if relative.rpartition("/")[2] == GIT_DIRECTORY:
             return "ignored"
         if self.use_gitignore and self._ignored(relative, absolute):
             return "ignored"
         return None
 
     def _ignored(self, relative: str, absolute: str) -> bool:
-        parts = relative.split("/")
-        candidate: str | None = None  # stat only once a .gitignore applies
-        for depth in range(len(parts) - 1, -1, -1):
-            base = "/".join(parts[:depth])
-            spec = self._spec(base)
-            if spec is None:
-                continue
-            if candidate is None:
-                candidate = relative + ("/" if os.path.isdir(absolute) else "")
+        chain = self._chain(relative.rpartition("/")[0])
+        if not chain:
+            return False
+        candidate = relative + ("/" if os.path.isdir(absolute) else "")
+        for base, spec in chain:
             below = candidate[len(base) + 1 :] if base else candidate
             verdict = spec.check_file(below).include
             if verdict is not None:
                 return bool(verdict)
         return False
+
+    def _chain(self, base: str) -> tuple[tuple[str, pathspec.GitIgnoreSpec], ...]:
+        """The ``.gitignore`` files that apply in the directory ``base``, deepest first."""
+        if base not in self._chains:
+            spec = self._spec(base)
+            above = self._chain(base.rpartition("/")[0]) if base else ()
+            self._chains[base] = above if spec is None else ((base, spec), *above)
+        return self._chains[base]
 
     def _spec(self, base: str) -> pathspec.GitIgnoreSpec | None:
         if base not in self._specs:

@@ -21,11 +21,11 @@ import secrets
 import shlex
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from piship_remote._archive import archive_parts, tar_stream, unpack_tar
-from piship_remote._workspace_tree import inside, select_tree
+from piship_remote._archive import StreamedArchives, unpack_tar
+from piship_remote._workspace_tree import TreeEntry, TreeWalk, inside
 from piship_remote.backends._file_protocol import RemoteFiles, SizedChunks
 from piship_remote.errors import (
     CONFIG_INVALID,
@@ -198,34 +198,61 @@ class SandboxFiles:
         self.upload_archives([chunks], target, then=then)
 
     def upload_archives(
-        self, archives: Sequence[Iterator[bytes]], target: str, *, then: str = ""
+        self,
+        archives: Iterable[Iterator[bytes]],
+        target: str,
+        *,
+        then: str = "",
+        check: Callable[[], None] = lambda: None,
     ) -> None:
         """Send tar streams one after another, each unpacked into ``target`` in order while
         the next one is sent; ``then`` runs after the last unpack, in its command.
 
-        An unpack that fails stops the sending; the first failure is raised once nothing
-        is left running.
+        ``archives`` may be made as they are sent: the next one is asked for only once
+        the one before has been sent. ``check()`` runs after each is sent and before it
+        is unpacked: what it raises drops that archive. An unpack that fails stops the
+        sending; the first failure is raised once nothing is left running.
         """
         unpacking: _Beside | None = None
+        remaining = iter(archives)
         try:
-            for index, chunks in enumerate(archives):
+            chunks = next(remaining, None)
+            while chunks is not None:
                 archive = _staged_archive()
                 try:
                     self._remote.write(archive, chunks, cancel=self._cancel)
                     if unpacking is not None:
                         unpacking.result()
+                    check()
+                    following = next(remaining, None)
                 except BaseException:
                     self._remove_quietly(archive)  # no unpack will take it away
                     raise
-                last = index == len(archives) - 1
+                last = following is None
                 command = self._unpack_command(archive, target, then if last else "")
                 unpacking = _Beside(functools.partial(self._unpacked, command, target), "unpack")
+                chunks = following
         except BaseException:
             if unpacking is not None:
                 unpacking.result_quietly()
             raise
         if unpacking is not None:
             unpacking.result()
+
+    def upload_walk(
+        self,
+        walk: Iterable[TreeEntry],
+        target: str,
+        *,
+        then: str = "",
+        progress: Progress | None = None,
+    ) -> None:
+        """Send the entries of ``walk`` as :meth:`upload_archives` does, the first archive
+        going out while the walk goes on. What the walk raises is raised once the archive
+        it cut is sent; that archive is dropped and nothing after it is sent or unpacked."""
+        archives = StreamedArchives(walk)
+        counted = (_counted(chunks, progress) for chunks in archives)
+        self.upload_archives(counted, target, then=then, check=archives.check)
 
     def _unpack_command(self, archive: str, target: str, then: str) -> str:
         after = f" && {then}" if then else ""
@@ -273,10 +300,9 @@ class SandboxFiles:
         return output
 
     def _upload_tree(self, source: str, target: str, progress: Progress | None) -> TransferSummary:
-        selection = select_tree(source, read_deny=self._read_deny, use_gitignore=False)
-        parts = archive_parts(selection.entries)
-        self.upload_archives([_counted(tar_stream(part), progress) for part in parts], target)
-        return TransferSummary(selection.files, selection.bytes, selection.skipped)
+        walk = TreeWalk(source, read_deny=self._read_deny, use_gitignore=False)
+        self.upload_walk(walk, target, progress=progress)
+        return walk.summary()
 
     def _download_tree(
         self, source: str, target: str, progress: Progress | None

@@ -5,12 +5,20 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from piship_remote import _archive
-from piship_remote._archive import _header, archive_parts, tar_stream, unpack_tar
+from piship_remote._archive import (
+    StreamedArchives,
+    _header,
+    archive_parts,
+    cut_parts,
+    tar_stream,
+    unpack_tar,
+)
 from piship_remote._workspace_tree import TreeEntry, select_tree
 from piship_remote.errors import PiShipError
 from piship_remote.transfer import SkippedPath
@@ -187,3 +195,66 @@ def test_parts_are_cut_by_members(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_archive, "PART_MEMBERS", 2)
     entries = _entries(1, 1, 1, 1, 1)
     assert archive_parts(entries) == [entries[:2], entries[2:4], entries[4:]]
+
+
+def test_parts_are_read_as_they_are_consumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_archive, "PART_MEMBERS", 2)
+    read: list[str] = []
+
+    def source() -> Iterator[TreeEntry]:
+        for entry in _entries(1, 1, 1, 1, 1):
+            read.append(entry.relative)
+            yield entry
+
+    parts = cut_parts(source())
+    first = next(parts)
+    assert read == []
+    assert [entry.relative for entry in first] == ["f0", "f1"]
+    assert read == ["f0", "f1", "f2"]  # one entry past the full part, no more
+
+
+def test_streamed_archives_are_cut_as_archive_parts_cuts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_archive, "PART_MEMBERS", 2)
+    for name in "abcde":
+        (tmp_path / name).write_text(name)
+    entries = select_tree(str(tmp_path)).entries
+    archives = [b"".join(chunks) for chunks in StreamedArchives(entries)]
+    assert archives == [b"".join(tar_stream(part)) for part in archive_parts(entries)]
+
+
+def test_a_failing_walk_ends_the_archives_and_is_raised_by_check() -> None:
+    def source() -> Iterator[TreeEntry]:
+        yield from _entries(0)
+        raise ValueError("Invalid git pattern")
+
+    archives = StreamedArchives(source())
+    archives.check()  # nothing raised yet
+    assert len([b"".join(chunks) for chunks in archives]) == 1
+    with pytest.raises(ValueError, match="Invalid git pattern"):
+        archives.check()
+
+
+def test_a_file_that_became_a_directory_since_the_walk_is_not_sent(tmp_path: Path) -> None:
+    (tmp_path / "was-a-file").write_text("x")
+    (tmp_path / "kept").write_text("k")
+    entries = select_tree(str(tmp_path)).entries
+    (tmp_path / "was-a-file").unlink()
+    (tmp_path / "was-a-file").mkdir()
+    with tarfile.open(fileobj=io.BytesIO(b"".join(tar_stream(entries)))) as archive:
+        assert archive.getnames() == ["kept"]
+
+
+def test_a_small_tail_goes_in_the_last_full_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_archive, "PART_MEMBERS", 64)  # a tail is at most 64 // 32 = 2
+    entries = _entries(*[1] * 130)
+    assert [len(part) for part in archive_parts(entries)] == [64, 66]
+
+
+def test_a_tail_larger_than_the_fraction_is_a_part_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_archive, "PART_MEMBERS", 64)
+    entries = _entries(*[1] * 131)
+    assert [len(part) for part in archive_parts(entries)] == [64, 64, 3]

@@ -316,3 +316,75 @@ def test_a_push_in_parts_marks_the_push_after_the_last_part(
     summary = sync.pull()
     assert (workspace / "f24").read_text() == "changed"
     assert summary.files == 1
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_the_first_archive_goes_out_while_the_walk_goes_on(remote: Path, workspace: Path) -> None:
+    class MakingALateFile(DirectoryFiles):
+        def write(self, path: str, chunks: Any, **kwargs: Any) -> Any:
+            if not self.writes:  # the walk has not reached the end of the tree yet
+                (workspace / "zz-made-during-the-first-send").write_text("late")
+            return super().write(path, chunks, **kwargs)
+
+    _tree(workspace, 15)
+    sync = WorkspaceSync(
+        SandboxFiles(MakingALateFile(str(remote)), bash_runner, workspace=workspace),
+        workspace=workspace,
+    )
+    summary = sync.push()
+    assert (remote / "zz-made-during-the-first-send").read_text() == "late"
+    assert summary.files == 16
+
+
+def _bad_gitignore_after_the_first_part(workspace: Path) -> None:
+    _tree(workspace, 15)  # f00..f09 fill the first part (of 10); f10..f14 go in the second
+    (workspace / "zz").mkdir()
+    (workspace / "zz" / ".gitignore").write_text("!\n")  # not a valid pattern: the walk raises
+    (workspace / "zz" / "inner").write_text("i")
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_walk_failure_after_the_first_archive_is_raised_as_the_walk_raises_it(
+    sync: WorkspaceSync, workspace: Path
+) -> None:
+    _bad_gitignore_after_the_first_part(workspace)
+    with pytest.raises(ValueError, match="Invalid git pattern"):
+        sync.push()
+    assert sync.record.pushed is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("piship-files-")]
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_walk_failure_unpacks_nothing_past_the_archives_already_unpacked(
+    remote: Path, workspace: Path
+) -> None:
+    stand_in = DirectoryFiles(str(remote))
+    commands: list[str] = []
+
+    def runner(command: str) -> tuple[int, str]:
+        commands.append(command)
+        return bash_runner(command)
+
+    _bad_gitignore_after_the_first_part(workspace)
+    sync = WorkspaceSync(SandboxFiles(stand_in, runner, workspace=workspace), workspace=workspace)
+    with pytest.raises(ValueError):
+        sync.push()
+    # As when a later archive's send fails: the first stays unpacked, the one the failure
+    # cut is removed unopened, and the push is not marked (no stamp for a pull to trust).
+    assert sorted(p.name for p in remote.iterdir()) == [f"f{n:02d}" for n in range(10)]
+    assert len(stand_in.writes) == 2
+    assert not any(os.path.exists(path) for path in stand_in.writes)
+    assert len(commands) == 1 and "touch" not in commands[0]
+
+
+@pytest.mark.usefixtures("small_parts")
+def test_a_symlink_leaving_the_workspace_in_a_later_archive_is_skipped_and_listed(
+    sync: WorkspaceSync, workspace: Path, remote: Path, tmp_path: Path
+) -> None:
+    _tree(workspace, 15)
+    (tmp_path / "secret").write_text("s")
+    (workspace / "zz-escape").symlink_to(tmp_path / "secret")
+    summary = sync.push()
+    assert summary.skipped == (SkippedPath("zz-escape", "symlink leaves the workspace"),)
+    assert summary.files == 15
+    assert not os.path.lexists(remote / "zz-escape")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 
+from piship_remote.local import connection
 from piship_remote.local.server import DropConnection, Head, HttpServer, Limits, Reply, Request
 
 TIMEOUT = 5.0
@@ -195,3 +196,21 @@ def test_threads_are_named_daemons_and_gone_after_close(serve: Callable[..., Htt
     assert ours and all(t.daemon for t in ours)
     server.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("piship-test-")]
+
+
+def test_answers_are_sent_without_waiting_for_the_clients_ack(
+    serve: Callable[..., HttpServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nagle's algorithm would hold an answer's body until the client acknowledged its
+    # head, which a client delays (40 ms on Linux): every connection turns it off.
+    set_on: list[int] = []
+    real = connection._no_delay
+
+    def recording(sock: socket.socket) -> None:
+        real(sock)
+        set_on.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    monkeypatch.setattr(connection, "_no_delay", recording)
+    server = serve()
+    assert requests.get(server.url + "/", timeout=TIMEOUT).status_code == 200
+    assert set_on and all(set_on)

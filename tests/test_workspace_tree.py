@@ -6,8 +6,10 @@ import os
 import socket
 from pathlib import Path
 
-from piship_remote._workspace_tree import select_tree
-from piship_remote.transfer import SkippedPath
+import pytest
+
+from piship_remote._workspace_tree import TreeWalk, select_tree
+from piship_remote.transfer import SkippedPath, TransferSummary
 
 
 def sent(root: Path, **options: object) -> list[str]:
@@ -116,3 +118,26 @@ def test_a_given_path_outside_the_workspace_is_refused(tmp_path: Path) -> None:
     assert skipped(root, paths=[os.fspath(tmp_path)]) == [
         SkippedPath(os.fspath(tmp_path), "outside the workspace")
     ]
+
+
+# -- the walk, one entry at a time --------------------------------------------------
+
+
+def test_a_walk_yields_what_select_tree_sends_and_counts_it(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.c").write_bytes(b"int main;")
+    (tmp_path / ".gitignore").write_text("*.o\n")
+    (tmp_path / "main.o").write_bytes(b"obj")
+    walk = TreeWalk(str(tmp_path))
+    assert list(walk) == list(select_tree(str(tmp_path)).entries)
+    assert walk.summary() == TransferSummary(2, 13, (SkippedPath("main.o", "ignored"),))
+
+
+def test_a_walk_yields_an_entry_before_it_reads_further_directories(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("first")
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / ".gitignore").write_text("!\n")  # not a valid pattern: raises when read
+    walk = iter(TreeWalk(str(tmp_path)))
+    assert [next(walk).relative, next(walk).relative] == ["a", "z"]
+    with pytest.raises(ValueError, match="Invalid git pattern"):
+        list(walk)

@@ -39,6 +39,15 @@ def cut(connection: socket.socket) -> None:
         connection.shutdown(socket.SHUT_RDWR)
 
 
+def _no_delay(connection: socket.socket) -> None:
+    """Send each write at once, as Go's servers (envd's) do: an answer written in two
+    pieces (head, then body) must not wait for the client's delayed ACK of the first."""
+    try:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass  # not TCP (a Unix socket): nothing to delay
+
+
 class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -72,6 +81,7 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         super().setup()
         # StreamRequestHandler's class-wide ``timeout``, per server instead.
         self.connection.settimeout(self.owner.limits.read_timeout)
+        _no_delay(self.connection)
 
     def handle_one_request(self) -> None:
         try:
