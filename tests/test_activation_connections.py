@@ -31,12 +31,13 @@ class _Counting(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     connections = 0
     health_waits = False
-    lock = threading.Lock()
+    changed = threading.Condition()
     pair = threading.Barrier(2, timeout=10)
 
     def setup(self) -> None:
-        with _Counting.lock:
+        with _Counting.changed:
             _Counting.connections += 1
+            _Counting.changed.notify_all()
         super().setup()
 
     def do_GET(self) -> None:
@@ -56,12 +57,13 @@ class _Counting(http.server.BaseHTTPRequestHandler):
 
 
 def _wait_for_connections(count: int) -> bool:
-    for _ in range(500):
-        with _Counting.lock:
-            if _Counting.connections >= count:
-                return True
-        threading.Event().wait(0.01)
-    return False
+    """Whether the server has taken ``count`` connections within 5 s.
+
+    A client's connect returns once the kernel accepted it, which can be well before the
+    server's thread for it starts, so a count is only read after waiting for it.
+    """
+    with _Counting.changed:
+        return _Counting.changed.wait_for(lambda: _Counting.connections >= count, timeout=5)
 
 
 @pytest.fixture
@@ -101,7 +103,7 @@ def test_an_extra_connection_lets_two_requests_start_without_a_new_connection(
 ) -> None:
     with transport.extra_connection(counting.url, timeout=5):
         transport.request("GET", f"{counting.url}/health", timeout=5).close()
-    assert _Counting.connections == 2
+    assert _wait_for_connections(2)
     _pair(transport, counting.url)
     assert _Counting.connections == 2
 
@@ -144,6 +146,7 @@ def test_an_extra_connection_reuses_idle_ones_before_opening_another(
     for _ in range(3):
         with transport.extra_connection(counting.url, timeout=5):
             transport.request("GET", f"{counting.url}/health", timeout=5).close()
+    assert _wait_for_connections(2)
     assert _Counting.connections == 2
 
 
