@@ -1,16 +1,18 @@
 """Workspace sync: push the host workspace into the sandbox, pull back what changed there.
 
     sync = WorkspaceSync(files, workspace="/src/project", read_deny=..., write_allow=...)
-    pushed = sync.push()        # one streamed archive; denied/ignored/escaping paths listed
+    pushed = sync.push()        # streamed archives; denied/ignored/escaping paths listed
     ...                          # commands change files in the sandbox
     pulled = sync.pull()        # only files changed since the push, only where writes are allowed
 
-A push records a stamp file in the sandbox after unpacking, so a pull asks the
-sandbox for the regular files newer than it (``find -newer``): files the push wrote
-keep their host modification times and are not sent back unless a command changed
-them. Without a push, a pull brings everything. Everything a pull receives goes
-through the archive unpacker, which refuses anything that would land outside the
-workspace or where the policy does not allow writes.
+A push streams the workspace walk into archives of bounded size, each unpacked
+while the next is sent, and records a stamp file in the sandbox after the last
+unpack, so a pull asks the sandbox for the regular files newer than it (``find
+-newer``): files the push wrote keep their host modification times and are not
+sent back unless a command changed them. Without a push, a pull brings
+everything. Everything a pull receives goes through the archive unpacker, which
+refuses anything that would land outside the workspace or where the policy does
+not allow writes.
 """
 
 from __future__ import annotations
