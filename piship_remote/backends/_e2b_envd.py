@@ -27,7 +27,7 @@ from piship_remote.backends._common import (
 from piship_remote.backends._e2b_stream import UNKNOWN_OUTCOME
 from piship_remote.connect import connect_envelope
 from piship_remote.errors import PiShipError
-from piship_remote.transport import HttpClient, HttpReply, TransportError
+from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
 
 __all__ = [
     "CONNECT_CONTENT_TYPE",
@@ -110,21 +110,25 @@ class Envd:
         self._base = base
         self._idle_timeout = idle_timeout
         self._errors = errors
-        self._headers = {
+        headers = {
             "Connect-Protocol-Version": "1",
             "E2b-Sandbox-Id": sandbox_id,
             "E2b-Sandbox-Port": str(ENVD_PORT),
         }
         if access_token is not None:
-            self._headers["X-Access-Token"] = access_token
-        self._start_headers = {
-            "Content-Type": CONNECT_CONTENT_TYPE,
-            **self._headers,
-            "Keepalive-Ping-Interval": str(KEEPALIVE_INTERVAL),
-            "Authorization": _basic(user),
-            # A compressed body would hide the envelopes from the reader.
-            "Accept-Encoding": "identity",
-        }
+            headers["X-Access-Token"] = access_token
+        # Checked and encoded once for the connection, not for every request.
+        self._headers = HeaderSet(headers)
+        self._start_headers = HeaderSet(
+            {
+                "Content-Type": CONNECT_CONTENT_TYPE,
+                **headers,
+                "Keepalive-Ping-Interval": str(KEEPALIVE_INTERVAL),
+                "Authorization": _basic(user),
+                # A compressed body would hide the envelopes from the reader.
+                "Accept-Encoding": "identity",
+            }
+        )
 
     def start(
         self, start: StartRequest, cancel: threading.Event, timeout: float | None = None
@@ -175,7 +179,7 @@ class Envd:
         if timeout is None:
             return self._start_headers
         deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
-        return {**self._start_headers, "Connect-Timeout-Ms": str(max(1, deadline_ms))}
+        return self._start_headers.plus({"Connect-Timeout-Ms": str(max(1, deadline_ms))})
 
     def _check_started(self, response: HttpReply) -> None:
         status = response.status
