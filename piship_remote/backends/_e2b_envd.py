@@ -15,6 +15,7 @@ import base64
 import math
 import threading
 from collections.abc import Mapping
+from json.encoder import encode_basestring
 
 import attrs
 import cattrs
@@ -25,7 +26,7 @@ from piship_remote.backends._common import (
     retry_after_seconds,
 )
 from piship_remote.backends._e2b_stream import UNKNOWN_OUTCOME
-from piship_remote.connect import connect_envelope
+from piship_remote.connect import connect_envelope, encoded_envelope
 from piship_remote.errors import PiShipError
 from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
 
@@ -36,6 +37,7 @@ __all__ = [
     "SIGNAL_TIMEOUT",
     "Envd",
     "StartRequest",
+    "start_envelope",
     "start_request",
 ]
 
@@ -93,6 +95,36 @@ def start_request(command: str, env: Mapping[str, str], cwd: str, tag: str) -> S
     )
 
 
+def start_envelope(start: StartRequest) -> bytes:
+    """The Start request's envelope: the bytes ``connect_envelope`` makes of it, built
+    from its strings (each JSON-quoted as ``json.dumps`` quotes it), without walking it
+    generically; anything but strings in it goes through ``connect_envelope``."""
+    process = start.process
+    envs = process.envs
+    strings = (process.cmd, *process.args, process.cwd, start.tag, *envs.keys(), *envs.values())
+    if not all(type(text) is str for text in strings) or type(start.stdin) is not bool:
+        return connect_envelope(_WIRE.unstructure(start))
+    quote = encode_basestring
+    text = "".join(
+        (
+            '{"process":{"cmd":',
+            quote(process.cmd),
+            ',"args":[',
+            ",".join(map(quote, process.args)),
+            '],"envs":{',
+            ",".join(f"{quote(name)}:{quote(value)}" for name, value in envs.items()),
+            '},"cwd":',
+            quote(process.cwd),
+            '},"stdin":',
+            "true" if start.stdin else "false",
+            ',"tag":',
+            quote(start.tag),
+            "}",
+        )
+    )
+    return encoded_envelope(text.encode())
+
+
 class Envd:
     """The Process service of one sandbox's envd: Start streams and SendSignal kills."""
 
@@ -144,7 +176,7 @@ class Envd:
                 f"{self._base}/process.Process/Start",
                 # Built in the call, so no frame of an error raised here holds the token.
                 headers=self._start_headers_within(timeout),
-                data=connect_envelope(_WIRE.unstructure(start)),
+                data=start_envelope(start),
                 timeout=self._idle_timeout,
                 idle_timeout=self._idle_timeout,
                 cancel=cancel,
