@@ -11,7 +11,11 @@ threads, each thread profiled on its own and the statistics merged::
 Printed: profiled microseconds and Python calls per command, own time per command
 by file, then the top functions by own time (per command, profiled). cProfile's
 overhead inflates every figure alike; compare runs of this script with each other,
-never with the benchmark's wall-clock times.
+never with the benchmark's wall-clock times. ``--cpu`` runs without the profiler
+and prints this process's CPU time per command (user + system; the server runs in
+its own process) and the commands per second::
+
+    python -m benchmarks.profile_run --backend e2b --threads 32 --commands 6400 --cpu
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import argparse
 import contextlib
 import cProfile
 import io
+import os
 import pstats
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +41,7 @@ from benchmarks.clients import (
 from benchmarks.loopback import LoopbackServer
 from piship_remote import Sandbox
 
-__all__ = ["main", "profile_commands"]
+__all__ = ["cpu_per_command", "main", "profile_commands", "report"]
 
 _COMMAND = "true"
 _WARM_UP = 20
@@ -81,6 +87,34 @@ def profile_commands(run: Callable[[], object], commands: int, threads: int) -> 
     for profile in profiles[1:]:
         stats.add(profile)
     return stats
+
+
+def cpu_per_command(run: Callable[[], object], commands: int, threads: int) -> str:
+    """``run()`` ``commands`` times over ``threads`` threads, unprofiled: CPU and rate."""
+    share, extra = divmod(commands, threads)
+    start = threading.Barrier(threads + 1)
+
+    def worker(count: int) -> None:
+        start.wait()
+        for _ in range(count):
+            run()
+
+    workers = [
+        threading.Thread(target=worker, args=(share + (index < extra),), name=f"cpu-{index}")
+        for index in range(threads)
+    ]
+    for thread in workers:
+        thread.start()
+    before, began = os.times(), time.perf_counter()
+    start.wait()
+    for thread in workers:
+        thread.join()
+    after, seconds = os.times(), time.perf_counter() - began
+    cpu = (after.user - before.user) + (after.system - before.system)
+    return (
+        f"# {commands} commands on {threads} thread(s): {cpu / commands * 1e6:.0f} us CPU "
+        f"per command (user + system, this process), {commands / seconds:.0f} commands/s"
+    )
 
 
 def _by_file(stats: pstats.Stats, commands: int) -> list[str]:
@@ -139,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--commands", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--cpu", action="store_true", help="no profiler: CPU per command")
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory(prefix="piship-profile-") as workspace,
@@ -148,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sandbox = _sandbox(args.backend, server.url, workspace, stack)
         for _ in range(_WARM_UP):
             sandbox.exec(_COMMAND)
+        if args.cpu:
+            print(cpu_per_command(lambda: sandbox.exec(_COMMAND), args.commands, args.threads))
+            return
         stats = profile_commands(lambda: sandbox.exec(_COMMAND), args.commands, args.threads)
     title = (
         f"ours-sandbox on {args.backend}, exec({_COMMAND!r}) on benchmarks/loopback.py, "

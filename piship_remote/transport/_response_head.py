@@ -76,17 +76,20 @@ def read_plain_head(fp: object, method: str | None) -> PlainHead | None:
 
 def _head(status_line: re.Match[bytes], lines: list[bytes], method: str) -> PlainHead:
     message = http.client.HTTPMessage()
+    first: dict[str, str] = {}  # what message.get() returns, by lower-case name
     for line in lines:
         name, _, value = line.decode("ascii").partition(":")
-        message[name] = value.lstrip(" \t")
+        value = value.lstrip(" \t")
+        message.set_raw(name, value)  # what the compat32 parser stores, unchanged
+        first.setdefault(name.lower(), value)
     message.set_payload("")  # what the parser leaves after the blank line
     status = int(status_line.group(1))
     reason = (status_line.group(2) or b"").decode("ascii").strip()
-    encoding = message.get("transfer-encoding")
+    encoding = first.get("transfer-encoding")
     chunked = encoding is not None and encoding.lower() == "chunked"
-    connection = message.get("connection")
+    connection = first.get("connection")
     will_close = connection is not None and "close" in connection.lower()
-    length = None if chunked else _length(message.get("content-length"))
+    length = None if chunked else _length(first.get("content-length"))
     if status in _NO_BODY:
         length = 0
     if not will_close and not chunked and length is None:
