@@ -149,6 +149,19 @@ def test_a_request_with_a_bytes_body_goes_out_in_one_write() -> None:
     ]
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_bodyless_get_goes_out_in_one_write_as_urllib3_writes_it(method: str) -> None:
+    conn, sock = _recording_connection()
+    plain = urllib3.connection.HTTPConnection("127.0.0.1", 8080, timeout=5)
+    plain_sock = _RecordingSocket()
+    plain.sock = plain_sock  # type: ignore[assignment]
+    headers = {"User-Agent": "t", "Accept": "*/*"}
+    conn.request(method, "/x", headers=headers)
+    plain.request(method, "/x", headers=headers)
+    assert len(sock.writes) == 1
+    assert sock.writes == [b"".join(plain_sock.writes)]
+
+
 def test_a_chunked_request_goes_through_urllib3s_own_writes() -> None:
     conn, sock = _recording_connection()
     conn.request("POST", "/run", body=[b"ab"], headers={"User-Agent": "t"}, chunked=True)

@@ -75,7 +75,8 @@ class SocketFactoryHook(urllib3.connection.HTTPConnection):
 
 
 class SingleWriteRequest(urllib3.connection.HTTPConnection):
-    """Sends a request with a bytes body and a ``Content-Length`` in one write.
+    """Sends a request with a bytes body and a ``Content-Length`` (or a GET or HEAD
+    without a body) in one write.
 
     Anything else (chunked, a streamed body, no length, no ``User-Agent``, a header
     that is not plain text on one line) goes through urllib3's own ``request``.
@@ -93,7 +94,7 @@ class SingleWriteRequest(urllib3.connection.HTTPConnection):
         decode_content: bool = True,
         enforce_content_length: bool = True,
     ) -> None:
-        encoded = None if chunked or headers is None else _header_lines(headers, body)
+        encoded = None if chunked or headers is None else _header_lines(headers, body, method)
         if encoded is None:
             super().request(
                 method,
@@ -147,14 +148,14 @@ _JOINED_BODY_LIMIT = 64 * 1024  # a larger body is not copied behind its headers
 
 
 def _header_lines(
-    headers: Mapping[str, str | bytes], body: object
+    headers: Mapping[str, str | bytes], body: object, method: str
 ) -> tuple[Sequence[bytes], frozenset[str]] | None:
     """The encoded header lines and lower-case names, or ``None`` for urllib3's own path."""
     if body is not None and not isinstance(body, bytes):
         return None
     if isinstance(headers, HeaderSet):  # checked and encoded already
         encoded, lower = headers.lines, headers.names
-        if encoded is None or not _one_framing(lower):
+        if encoded is None or not _one_framing(lower, body, method):
             return None
         return encoded, lower
     lines: list[bytes] = []
@@ -170,14 +171,20 @@ def _header_lines(
         except UnicodeEncodeError:
             return None
         names.add(name.lower())
-    if not _one_framing(names):
+    if not _one_framing(names, body, method):
         return None
     return lines, frozenset(names)
 
 
-def _one_framing(names: AbstractSet[str]) -> bool:
-    """A ``Content-Length``, no ``Transfer-Encoding``, and the caller's ``User-Agent``."""
-    return "content-length" in names and "transfer-encoding" not in names and "user-agent" in names
+def _one_framing(names: AbstractSet[str], body: object, method: str) -> bool:
+    """The caller's ``User-Agent``, no ``Transfer-Encoding``, and a ``Content-Length``
+    unless the request is a GET or HEAD without a body (urllib3 adds none then either)."""
+    if "transfer-encoding" in names or "user-agent" not in names:
+        return False
+    return "content-length" in names or (body is None and method in _NO_BODY_METHODS)
+
+
+_NO_BODY_METHODS = ("GET", "HEAD")
 
 
 # Pools their pool manager has let go of (more than its size of hosts, or cleared).
