@@ -23,6 +23,7 @@ revive nothing and could hide that its processes are gone)::
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -135,10 +136,14 @@ def _wait(state: _Flag, cancel: CancelToken) -> None:
     """Wait until ``state`` is set; ``CommandCancelled`` if ``cancel`` fires first."""
     if state.is_set():
         return
-    woken = threading.Event()
-    forget = (state.on_cancel(woken.set), cancel.on_cancel(woken.set))
+    woken: queue.SimpleQueue[None] = queue.SimpleQueue()  # lighter than an Event to wait on
+
+    def wake() -> None:
+        woken.put(None)
+
+    forget = (state.on_cancel(wake), cancel.on_cancel(wake))
     try:
-        woken.wait()
+        woken.get()
     finally:
         for unsubscribe in forget:
             unsubscribe()

@@ -114,6 +114,7 @@ class Transport:
         # The session's own headers, checked and encoded once: nobody else holds it.
         self._defaults = HeaderSet(self._session.headers) if self._owns_session else None
         self._targets: dict[str, Target] = {}
+        self._jar_used = False  # a server set a cookie in the session's jar
         self._routes: dict[str, Route] = {}
 
     def endpoint(self, url: str) -> str:
@@ -320,7 +321,7 @@ class Transport:
         it itself (cookies are sent, parameters added).
         """
         session = self._session
-        if session.cookies or session.params or any(session.hooks.values()):
+        if self._session_prepares():
             try:
                 prepared = session.prepare_request(
                     requests.Request(
@@ -345,6 +346,17 @@ class Transport:
         elif method not in ("GET", "HEAD"):
             merged = merged.with_length(0)
         return Outgoing(method, target.url, merged, data, None, target.path)
+
+    def _session_prepares(self) -> bool:
+        """Whether the session has cookies, default parameters or hooks to apply.
+
+        A session of our own gets them only from a server's ``Set-Cookie``, so until
+        one arrived its jar is not looked at (iterating it costs a lock and a walk).
+        """
+        if self._owns_session and not self._jar_used:
+            return False
+        session = self._session
+        return bool(session.cookies or session.params or any(session.hooks.values()))
 
     def _route(self, target: Target) -> Route:
         """How requests to ``target``'s origin are sent, remembered per origin.
@@ -421,6 +433,7 @@ class Transport:
             )
         assert isinstance(opened, urllib3.response.HTTPResponse)
         if "set-cookie" in opened.headers:
+            self._jar_used = True
             requests.cookies.extract_cookies_to_jar(  # type: ignore[no-untyped-call]
                 self._session.cookies, outgoing.prepared(), opened
             )
