@@ -174,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--cpu", action="store_true", help="no profiler: CPU per command")
+    parser.add_argument("--command", default=_COMMAND, help="e.g. 'bench-sleep 10'")
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory(prefix="piship-profile-") as workspace,
@@ -183,12 +184,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         sandbox = _sandbox(args.backend, server.url, workspace, stack)
         for _ in range(_WARM_UP):
             sandbox.exec(_COMMAND)
+
+        def run() -> None:
+            sandbox.exec(args.command)
+
         if args.cpu:
-            print(cpu_per_command(lambda: sandbox.exec(_COMMAND), args.commands, args.threads))
+            print(cpu_per_command(run, args.commands, args.threads))
             return
-        stats = profile_commands(lambda: sandbox.exec(_COMMAND), args.commands, args.threads)
+        stats = profile_commands(run, args.commands, args.threads)
     title = (
-        f"ours-sandbox on {args.backend}, exec({_COMMAND!r}) on benchmarks/loopback.py, "
+        f"ours-sandbox on {args.backend}, exec({args.command!r}) on benchmarks/loopback.py, "
         f"{args.threads} thread(s)"
     )
     print(report(stats, args.commands, args.top, title))
