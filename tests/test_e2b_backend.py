@@ -1339,6 +1339,23 @@ def test_credential_is_read_for_every_attempt(
     ]
 
 
+def test_a_rotated_credential_is_sent_by_the_next_request(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    current = ["first-key-00000000"]
+    mock = e2b_server()
+    instance = backend_for(mock.url, credential=lambda: current[0]).prepare(profile)
+    run(instance)
+    current[0] = "rotated-key-000000"
+    run(instance)
+    instance.dispose()
+    renewals = mock.find("POST", "/sandboxes/sbx1/timeout")
+    assert [r.headers["x-api-key"] for r in renewals][-2:] == [
+        "first-key-00000000",
+        "rotated-key-000000",
+    ]
+
+
 # -- dispose --------------------------------------------------------------------------------------
 
 
