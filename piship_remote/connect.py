@@ -24,6 +24,7 @@ __all__ = [
     "EnvelopeReader",
     "Frame",
     "connect_envelope",
+    "encoded_envelope",
 ]
 
 COMPRESSED = 0x01
@@ -61,6 +62,11 @@ class Frame:
 def connect_envelope(message: dict[str, Any], flags: int = 0) -> bytes:
     """Encode ``message`` as one envelope with ``flags``."""
     payload = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return _HEADER.pack(flags, len(payload)) + payload
+
+
+def encoded_envelope(payload: bytes, flags: int = 0) -> bytes:
+    """One envelope with ``flags`` around ``payload``, JSON already encoded."""
     return _HEADER.pack(flags, len(payload)) + payload
 
 

@@ -597,8 +597,10 @@ def test_the_renewal_is_on_the_wire_before_start(
     instance = prepare_raw(server, profile)
     assert run(instance).exit_code == 0
     assert answered.is_set()
+    # The two requests come on two connections, whose server threads record them in
+    # either order; that Start came while the renewal waited is what the handler saw.
     paths = [r.path for r in server.requests if r.path != "/health"][1:]
-    assert paths == ["/sandboxes/sbx1/timeout", "/process.Process/Start"]
+    assert sorted(paths) == ["/process.Process/Start", "/sandboxes/sbx1/timeout"]
     instance.dispose()
 
 
@@ -731,12 +733,12 @@ def test_renewal_precedes_every_start(
     run(instance)
     run(instance)
     paths = [r.path for r in mock.requests if r.path != "/health"][1:]
-    assert paths == [
-        "/sandboxes/sbx1/timeout",
-        "/process.Process/Start",
-        "/sandboxes/sbx1/timeout",
-        "/process.Process/Start",
-    ]
+    # A command's renewal and Start come on two connections, whose server threads
+    # record them in either order; each command's pair is recorded before the next.
+    pair = ["/process.Process/Start", "/sandboxes/sbx1/timeout"]
+    assert len(paths) == 4
+    assert sorted(paths[:2]) == pair
+    assert sorted(paths[2:]) == pair
     tags = {message["tag"] for message in start_bodies(mock)}
     assert len(tags) == 2
 
@@ -1336,6 +1338,23 @@ def test_credential_is_read_for_every_attempt(
     assert [r.headers["x-api-key"] for r in renewals] == [
         "renewed-key-000000",
         "renewed-key-000001",
+    ]
+
+
+def test_a_rotated_credential_is_sent_by_the_next_request(
+    e2b_server: E2bFactory, profile: SandboxProfile
+) -> None:
+    current = ["first-key-00000000"]
+    mock = e2b_server()
+    instance = backend_for(mock.url, credential=lambda: current[0]).prepare(profile)
+    run(instance)
+    current[0] = "rotated-key-000000"
+    run(instance)
+    instance.dispose()
+    renewals = mock.find("POST", "/sandboxes/sbx1/timeout")
+    assert [r.headers["x-api-key"] for r in renewals][-2:] == [
+        "first-key-00000000",
+        "rotated-key-000000",
     ]
 
 

@@ -11,12 +11,17 @@ import http.server
 import inspect
 import io
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
 import urllib3
 import urllib3._collections
 import urllib3.connection
+import urllib3.connectionpool
+import urllib3.exceptions
+import urllib3.response
+import urllib3.util.retry
 from loopback_http import LoopbackHttp
 
 from piship_remote.transport._urllib3_internals import (
@@ -27,6 +32,7 @@ from piship_remote.transport._urllib3_internals import (
     connect_taken,
     record_retired,
     return_to_pool,
+    send_direct,
     taken_from_pool,
 )
 
@@ -143,6 +149,19 @@ def test_a_request_with_a_bytes_body_goes_out_in_one_write() -> None:
     ]
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_bodyless_get_goes_out_in_one_write_as_urllib3_writes_it(method: str) -> None:
+    conn, sock = _recording_connection()
+    plain = urllib3.connection.HTTPConnection("127.0.0.1", 8080, timeout=5)
+    plain_sock = _RecordingSocket()
+    plain.sock = plain_sock  # type: ignore[assignment]
+    headers = {"User-Agent": "t", "Accept": "*/*"}
+    conn.request(method, "/x", headers=headers)
+    plain.request(method, "/x", headers=headers)
+    assert len(sock.writes) == 1
+    assert sock.writes == [b"".join(plain_sock.writes)]
+
+
 def test_a_chunked_request_goes_through_urllib3s_own_writes() -> None:
     conn, sock = _recording_connection()
     conn.request("POST", "/run", body=[b"ab"], headers={"User-Agent": "t"}, chunked=True)
@@ -170,4 +189,81 @@ def test_a_pool_lends_and_takes_back_connections_outside_urlopen() -> None:
             return_to_pool(pool, conn)
             assert pool._get_conn(timeout=0) is conn
         finally:
+            pool.close()
+
+
+def test_urlopen_reaches_the_connection_through_make_request_and_validate_conn() -> None:
+    source = inspect.getsource(urllib3.connectionpool.HTTPConnectionPool._make_request)
+    assert "self._validate_conn(conn)" in source
+    assert "response._connection = response_conn" in source
+    assert "response._pool = self" in source
+
+
+def test_a_released_response_puts_its_connection_back_through_pool_and_connection() -> None:
+    source = inspect.getsource(urllib3.response.HTTPResponse.release_conn)
+    assert "self._pool._put_conn(self._connection)" in source
+
+
+@pytest.fixture
+def answering_pool() -> Iterator[urllib3.HTTPConnectionPool]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = LoopbackHttp(Handler)
+    port = int(server.url.rsplit(":", 1)[1])
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", port, maxsize=2)
+    try:
+        yield pool
+    finally:
+        pool.close()
+        server.close()
+
+
+_NO_RETRIES = urllib3.util.retry.Retry(0, read=False)
+
+
+@pytest.mark.timeout(10)
+def test_a_direct_request_answers_and_its_connection_goes_back_to_the_pool(
+    answering_pool: urllib3.HTTPConnectionPool,
+) -> None:
+    headers = {"Content-Length": "2", "User-Agent": "t"}
+    response = send_direct(
+        answering_pool, "POST", "/", b"hi", headers, timeout=5, chunked=False, retries=_NO_RETRIES
+    )
+    assert response.status == 200 and response.read() == b"hi"
+    assert response.retries is _NO_RETRIES
+    response.release_conn()
+    assert answering_pool.pool is not None and answering_pool.pool.qsize() == 2
+    assert answering_pool._get_conn(timeout=0).sock is not None  # kept alive, reusable
+
+
+@pytest.mark.timeout(10)
+def test_a_direct_request_that_fails_closes_its_connection_and_raises_as_urlopen() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        pool = urllib3.HTTPConnectionPool("127.0.0.1", listener.getsockname()[1], maxsize=1)
+        closer = threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True)
+        closer.start()
+        try:
+            headers = {"Content-Length": "0", "User-Agent": "t"}
+            with pytest.raises(urllib3.exceptions.MaxRetryError) as raised:
+                send_direct(
+                    pool, "POST", "/", b"", headers, timeout=5, chunked=False, retries=_NO_RETRIES
+                )
+            assert isinstance(raised.value.reason, urllib3.exceptions.ProtocolError)
+            assert pool.pool is not None and pool.pool.qsize() == 1  # its slot is back, empty
+            assert pool._get_conn(timeout=0).sock is None
+        finally:
+            closer.join(5)
             pool.close()

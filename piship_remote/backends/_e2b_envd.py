@@ -15,6 +15,7 @@ import base64
 import math
 import threading
 from collections.abc import Mapping
+from json.encoder import encode_basestring
 
 import attrs
 import cattrs
@@ -25,9 +26,9 @@ from piship_remote.backends._common import (
     retry_after_seconds,
 )
 from piship_remote.backends._e2b_stream import UNKNOWN_OUTCOME
-from piship_remote.connect import connect_envelope
+from piship_remote.connect import connect_envelope, encoded_envelope
 from piship_remote.errors import PiShipError
-from piship_remote.transport import HttpClient, HttpReply, TransportError
+from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
 
 __all__ = [
     "CONNECT_CONTENT_TYPE",
@@ -36,6 +37,7 @@ __all__ = [
     "SIGNAL_TIMEOUT",
     "Envd",
     "StartRequest",
+    "start_envelope",
     "start_request",
 ]
 
@@ -93,6 +95,36 @@ def start_request(command: str, env: Mapping[str, str], cwd: str, tag: str) -> S
     )
 
 
+def start_envelope(start: StartRequest) -> bytes:
+    """The Start request's envelope: the bytes ``connect_envelope`` makes of it, built
+    from its strings (each JSON-quoted as ``json.dumps`` quotes it), without walking it
+    generically; anything but strings in it goes through ``connect_envelope``."""
+    process = start.process
+    envs = process.envs
+    strings = (process.cmd, *process.args, process.cwd, start.tag, *envs.keys(), *envs.values())
+    if not all(type(text) is str for text in strings) or type(start.stdin) is not bool:
+        return connect_envelope(_WIRE.unstructure(start))
+    quote = encode_basestring
+    text = "".join(
+        (
+            '{"process":{"cmd":',
+            quote(process.cmd),
+            ',"args":[',
+            ",".join(map(quote, process.args)),
+            '],"envs":{',
+            ",".join(f"{quote(name)}:{quote(value)}" for name, value in envs.items()),
+            '},"cwd":',
+            quote(process.cwd),
+            '},"stdin":',
+            "true" if start.stdin else "false",
+            ',"tag":',
+            quote(start.tag),
+            "}",
+        )
+    )
+    return encoded_envelope(text.encode())
+
+
 class Envd:
     """The Process service of one sandbox's envd: Start streams and SendSignal kills."""
 
@@ -110,21 +142,25 @@ class Envd:
         self._base = base
         self._idle_timeout = idle_timeout
         self._errors = errors
-        self._headers = {
+        headers = {
             "Connect-Protocol-Version": "1",
             "E2b-Sandbox-Id": sandbox_id,
             "E2b-Sandbox-Port": str(ENVD_PORT),
         }
         if access_token is not None:
-            self._headers["X-Access-Token"] = access_token
-        self._start_headers = {
-            "Content-Type": CONNECT_CONTENT_TYPE,
-            **self._headers,
-            "Keepalive-Ping-Interval": str(KEEPALIVE_INTERVAL),
-            "Authorization": _basic(user),
-            # A compressed body would hide the envelopes from the reader.
-            "Accept-Encoding": "identity",
-        }
+            headers["X-Access-Token"] = access_token
+        # Checked and encoded once for the connection, not for every request.
+        self._headers = HeaderSet(headers)
+        self._start_headers = HeaderSet(
+            {
+                "Content-Type": CONNECT_CONTENT_TYPE,
+                **headers,
+                "Keepalive-Ping-Interval": str(KEEPALIVE_INTERVAL),
+                "Authorization": _basic(user),
+                # A compressed body would hide the envelopes from the reader.
+                "Accept-Encoding": "identity",
+            }
+        )
 
     def start(
         self, start: StartRequest, cancel: threading.Event, timeout: float | None = None
@@ -140,7 +176,7 @@ class Envd:
                 f"{self._base}/process.Process/Start",
                 # Built in the call, so no frame of an error raised here holds the token.
                 headers=self._start_headers_within(timeout),
-                data=connect_envelope(_WIRE.unstructure(start)),
+                data=start_envelope(start),
                 timeout=self._idle_timeout,
                 idle_timeout=self._idle_timeout,
                 cancel=cancel,
@@ -175,7 +211,7 @@ class Envd:
         if timeout is None:
             return self._start_headers
         deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
-        return {**self._start_headers, "Connect-Timeout-Ms": str(max(1, deadline_ms))}
+        return self._start_headers.plus({"Connect-Timeout-Ms": str(max(1, deadline_ms))})
 
     def _check_started(self, response: HttpReply) -> None:
         status = response.status

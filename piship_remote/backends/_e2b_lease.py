@@ -23,6 +23,7 @@ revive nothing and could hide that its processes are gone)::
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -49,14 +50,60 @@ Started = TypeVar("Started", bound=_Closeable)
 _REFUSALS = (PiShipError, TransportError)
 
 
+class _Flag:
+    """Set once; runs the callbacks registered before (what ``_wait`` needs of a token).
+
+    Lighter than a ``CancelToken`` (an event, a condition and two locks): every
+    command makes two, and only a command sharing the renewal waits on them.
+    """
+
+    __slots__ = ("_callbacks", "_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = threading.Lock()
+        self._callbacks: dict[int, Callable[[], None]] = {}
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            if self._set:
+                return
+            self._set = True
+            callbacks = list(self._callbacks.values())
+            self._callbacks.clear()
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` when set (at once if it is); returns what unregisters it."""
+        with self._lock:
+            if not self._set:
+                key = id(callback)
+                self._callbacks[key] = callback
+                return lambda: self._forget(key)
+        callback()
+        return _nothing
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            self._callbacks.pop(key, None)
+
+
+def _nothing() -> None:
+    return None
+
+
 class Renewal:
     """One renewal request: on the wire (``sent``), then answered (``done``)."""
 
     __slots__ = ("_done", "_error", "_sent")
 
     def __init__(self) -> None:
-        self._sent = CancelToken()
-        self._done = CancelToken()
+        self._sent = _Flag()
+        self._done = _Flag()
         self._error: BaseException | None = None
 
     @property
@@ -85,14 +132,18 @@ class Renewal:
         self._sent.set()
 
 
-def _wait(state: CancelToken, cancel: CancelToken) -> None:
+def _wait(state: _Flag, cancel: CancelToken) -> None:
     """Wait until ``state`` is set; ``CommandCancelled`` if ``cancel`` fires first."""
     if state.is_set():
         return
-    woken = threading.Event()
-    forget = (state.on_cancel(woken.set), cancel.on_cancel(woken.set))
+    woken: queue.SimpleQueue[None] = queue.SimpleQueue()  # lighter than an Event to wait on
+
+    def wake() -> None:
+        woken.put(None)
+
+    forget = (state.on_cancel(wake), cancel.on_cancel(wake))
     try:
-        woken.wait()
+        woken.get()
     finally:
         for unsubscribe in forget:
             unsubscribe()

@@ -22,7 +22,7 @@ from typing import Any
 
 from piship_remote.backends._common import SandboxErrors, exit_code_of
 from piship_remote.backends.base import BackendResult, OutputCallback
-from piship_remote.connect import EnvelopeReader, Frame
+from piship_remote.connect import END_STREAM, EnvelopeReader, Frame
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
 
@@ -47,6 +47,12 @@ _STRICT_MODE = sys.version_info >= (3, 11)
 _CANONICAL_B64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 _EXIT_STATUS = re.compile(r"\s*exit status (-?[0-9]{1,10})\s*\Z")
 _STREAMS = ("stdout", "stderr")  # the order of _data_output's index
+# envd's start and keepalive events, and its end event, exactly as protojson writes them.
+_NO_OP_EVENT = re.compile(rb'\{"event":\{(?:"start":\{"pid":[0-9]{1,10}\}|"keepalive":\{\})\}\}')
+_END_EVENT = re.compile(
+    rb'\{"event":\{"end":\{(?:"exitCode":(-?(?:0|[1-9][0-9]{0,9})),)?'
+    rb'"exited":(true|false),"status":"([\x20\x21\x23-\x5b\x5d-\x7e]*)"\}\}\}'
+)
 
 
 class StreamOutcome:
@@ -75,11 +81,36 @@ class StreamOutcome:
                 index, chunk = output
                 self._emit(_STREAMS[index], chunk)
                 return False
+        complete = self._fixed_event(flags, payload)
+        if complete is not None:
+            return complete
         try:
             frame = Frame.parse(flags, payload)
         except ValueError as e:
             raise self._errors(str(e)) from None
         return self.handle(frame)
+
+    def _fixed_event(self, flags: int, payload: bytes | memoryview) -> bool | None:
+        """Act on a start, keepalive, end or end-of-stream frame in envd's exact compact
+        form, as :meth:`handle` would (``None``: not one of those, parse it)."""
+        if flags == END_STREAM:
+            if payload != b"{}":
+                return None
+            self._finish({})
+            return True
+        if flags:
+            return None
+        if _NO_OP_EVENT.fullmatch(payload):
+            return False  # start and keepalive events carry nothing a result needs
+        end = _END_EVENT.fullmatch(payload)
+        if end is None:
+            return None
+        code, exited, status = end.groups()
+        event: dict[str, Any] = {"exited": exited == b"true", "status": status.decode("ascii")}
+        if code is not None:
+            event = {"exitCode": int(code), **event}
+        self.result = BackendResult(exit_code=self._exit_code(event))
+        return False
 
     def handle(self, frame: Frame) -> bool:
         """Act on one frame; ``True`` once the stream is complete."""

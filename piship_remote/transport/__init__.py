@@ -5,6 +5,7 @@ The modules, one concept each:
 - :mod:`.protocol`: :class:`HttpClient`, what a backend needs from a client;
 - :mod:`.client`: :class:`Transport`, the default client (a pooled session);
 - :mod:`.endpoint`: which URLs and headers may be sent;
+- ``_headers``: :class:`HeaderSet`, headers checked and encoded once for many requests;
 - :mod:`.response`: :class:`HttpResponse`, bodies read on demand;
 - :mod:`.failures`: :class:`TransportError` and how failures are named;
 - ``_scope`` (cancel and deadline reach the socket), ``_connection`` (the pool's
@@ -19,6 +20,7 @@ The modules, one concept each:
 """
 
 from piship_remote.transport._dechunk import Dechunker as _Dechunker  # noqa: F401 (tests)
+from piship_remote.transport._headers import HeaderSet
 from piship_remote.transport._scope import when_sent
 from piship_remote.transport.client import Transport
 from piship_remote.transport.endpoint import check_endpoint
@@ -27,6 +29,7 @@ from piship_remote.transport.protocol import HttpClient, HttpReply
 from piship_remote.transport.response import HttpResponse, window_text
 
 __all__ = [
+    "HeaderSet",
     "HttpClient",
     "HttpReply",
     "HttpResponse",

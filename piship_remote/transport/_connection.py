@@ -24,6 +24,7 @@ import urllib3.response
 from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
+from piship_remote.transport._response_head import read_plain_head
 from piship_remote.transport._scope import CURRENT, ON_SENT, CallScope, DeadlineReader
 from piship_remote.transport._urllib3_internals import (
     SingleWriteRequest,
@@ -37,13 +38,36 @@ HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sand
 
 
 class _DeadlineResponse(http.client.HTTPResponse):
-    """http.client's response, reading through a :class:`DeadlineReader` during a call."""
+    """http.client's response, reading through a :class:`DeadlineReader` during a call.
+
+    A plain head is read without the email parser (see :func:`read_plain_head`).
+    """
 
     def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
         scope = CURRENT.get()
         if scope is not None and scope.deadline is not None and isinstance(sock, socket.socket):
             sock = _DeadlineSocket(sock, scope)
         super().__init__(sock, *args, **kwargs)
+        method = kwargs.get("method")
+        self._piship_method = method if isinstance(method, str) and not args else None
+
+    def begin(self) -> None:
+        if self.headers is not None or self.debuglevel > 0:
+            super().begin()
+            return
+        head = read_plain_head(self.fp, self._piship_method)
+        if head is None:
+            super().begin()
+            return
+        self.code = self.status = head.status
+        self.reason = head.reason
+        self.version = 11
+        self.headers = self.msg = head.headers
+        self.chunked = head.chunked
+        if head.chunked:
+            self.chunk_left = None
+        self.length = head.length
+        self.will_close = head.will_close
 
 
 class _DeadlineSocket:

@@ -196,23 +196,23 @@ class Call:
         self.scope = CallScope(deadline)
         self.stream = stream
         self.idle_timeout = idle_timeout
-        self._cleanup: ExitStack | None = None
+        self._cleanup: Callable[[], object] | None = None
 
     def watch(self, cancel: threading.Event, watcher: EventWatcher) -> None:
-        stack = self._cleanup = ExitStack()
-        token = (
-            cancel
-            if isinstance(cancel, CancelToken)
-            else stack.enter_context(bridge(cancel, watcher))
-        )
+        if isinstance(cancel, CancelToken):  # the usual case: nothing to bridge
+            self._cleanup = cancel.on_cancel(self.scope.cancel)
+            return
+        stack = ExitStack()
+        token = stack.enter_context(bridge(cancel, watcher))
         stack.callback(token.on_cancel(self.scope.cancel))
+        self._cleanup = stack.close
 
     def finish(self) -> None:
         """Stop listening for cancellation and forget the sockets (idempotent)."""
         self.scope.release()
-        stack, self._cleanup = self._cleanup, None
-        if stack is not None:
-            stack.close()
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup()
 
     def error(self, exc: BaseException) -> BaseException:
         """The exception to raise for ``exc``: cancelled, timed out, failed, or ``exc``."""

@@ -22,21 +22,33 @@ of these, ``tests/test_urllib3_internals.py`` fails before anything here misbeha
 - ``HTTPConnectionPool._get_conn`` / ``._put_conn``: a connection is opened ahead of
   the request that will use it (while another request is in flight), which urllib3
   only does inside ``urlopen``.
+- ``HTTPConnectionPool._validate_conn`` and ``urllib3.response.HTTPResponse._pool`` /
+  ``._connection``: a request that urllib3 would neither retry, redirect nor send
+  through a proxy is sent by :func:`send_direct`, what ``urlopen`` and
+  ``_make_request`` do for it, without their per-call costs (a retry policy, two
+  timeout objects, a copy of the headers, URL parsing).
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import io
 import socket
+import ssl
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import urllib3
 import urllib3.connection
 import urllib3.connectionpool
+import urllib3.exceptions
 import urllib3.response
+import urllib3.util.retry
+
+from piship_remote.transport._headers import HeaderSet
 
 __all__ = [
     "RETIRED",
@@ -46,6 +58,7 @@ __all__ = [
     "connect_taken",
     "record_retired",
     "return_to_pool",
+    "send_direct",
     "taken_from_pool",
 ]
 
@@ -62,7 +75,8 @@ class SocketFactoryHook(urllib3.connection.HTTPConnection):
 
 
 class SingleWriteRequest(urllib3.connection.HTTPConnection):
-    """Sends a request with a bytes body and a ``Content-Length`` in one write.
+    """Sends a request with a bytes body and a ``Content-Length`` (or a GET or HEAD
+    without a body) in one write.
 
     Anything else (chunked, a streamed body, no length, no ``User-Agent``, a header
     that is not plain text on one line) goes through urllib3's own ``request``.
@@ -80,7 +94,7 @@ class SingleWriteRequest(urllib3.connection.HTTPConnection):
         decode_content: bool = True,
         enforce_content_length: bool = True,
     ) -> None:
-        encoded = None if chunked or headers is None else _header_lines(headers, body)
+        encoded = None if chunked or headers is None else _header_lines(headers, body, method)
         if encoded is None:
             super().request(
                 method,
@@ -134,11 +148,16 @@ _JOINED_BODY_LIMIT = 64 * 1024  # a larger body is not copied behind its headers
 
 
 def _header_lines(
-    headers: Mapping[str, str | bytes], body: object
-) -> tuple[list[bytes], frozenset[str]] | None:
+    headers: Mapping[str, str | bytes], body: object, method: str
+) -> tuple[Sequence[bytes], frozenset[str]] | None:
     """The encoded header lines and lower-case names, or ``None`` for urllib3's own path."""
     if body is not None and not isinstance(body, bytes):
         return None
+    if isinstance(headers, HeaderSet):  # checked and encoded already
+        encoded, lower = headers.lines, headers.names
+        if encoded is None or not _one_framing(lower, body, method):
+            return None
+        return encoded, lower
     lines: list[bytes] = []
     names: set[str] = set()
     for name, value in headers.items():
@@ -152,9 +171,20 @@ def _header_lines(
         except UnicodeEncodeError:
             return None
         names.add(name.lower())
-    if "content-length" not in names or "transfer-encoding" in names or "user-agent" not in names:
+    if not _one_framing(names, body, method):
         return None
     return lines, frozenset(names)
+
+
+def _one_framing(names: AbstractSet[str], body: object, method: str) -> bool:
+    """The caller's ``User-Agent``, no ``Transfer-Encoding``, and a ``Content-Length``
+    unless the request is a GET or HEAD without a body (urllib3 adds none then either)."""
+    if "transfer-encoding" in names or "user-agent" not in names:
+        return False
+    return "content-length" in names or (body is None and method in _NO_BODY_METHODS)
+
+
+_NO_BODY_METHODS = ("GET", "HEAD")
 
 
 # Pools their pool manager has let go of (more than its size of hosts, or cleared).
@@ -224,3 +254,96 @@ def return_to_pool(
 ) -> None:
     """Put ``conn`` back as an idle connection (closed if the pool was closed meanwhile)."""
     pool._put_conn(conn)
+
+
+def send_direct(
+    pool: urllib3.connectionpool.HTTPConnectionPool,
+    method: str,
+    path: str,
+    body: Any,
+    headers: Mapping[str, str | bytes],
+    *,
+    timeout: float | None,
+    chunked: bool,
+    retries: urllib3.util.retry.Retry,
+) -> urllib3.response.HTTPResponse:
+    """What ``pool.urlopen`` does for a request without retries, redirects or a proxy.
+
+    ``timeout`` is the socket timeout of the connect and of the wait for the response
+    (``None``: none); ``retries`` only goes on the response, as ``urlopen`` puts it
+    there. The body is not read (``preload_content=False``) and the connection goes
+    back to the pool when the response is released. A failure closes the connection
+    and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``.
+    """
+    conn = pool._get_conn()
+    assert isinstance(conn, urllib3.connection.HTTPConnection)
+    try:
+        conn.timeout = timeout
+        pool.num_requests += 1
+        pool._validate_conn(conn)  # HTTPS: connects, and checks the certificate
+        _write(conn, method, path, body, headers, chunked)
+        if not conn.is_closed:
+            conn.timeout = timeout
+        response = conn.getresponse()
+    except _URLOPEN_FAILURES as error:
+        conn.close()
+        pool._put_conn(None)
+        raise urllib3.exceptions.MaxRetryError(pool, path, _wrapped(error)) from error
+    except BaseException:
+        conn.close()
+        pool._put_conn(None)
+        raise
+    assert isinstance(response, urllib3.response.HTTPResponse)
+    response.retries = retries
+    response._connection = conn
+    response._pool = pool
+    return response
+
+
+def _write(
+    conn: urllib3.connection.HTTPConnection,
+    method: str,
+    path: str,
+    body: Any,
+    headers: Mapping[str, str | bytes],
+    chunked: bool,
+) -> None:
+    """Send the request; a peer that closed early may still have answered (as urllib3)."""
+    try:
+        conn.request(
+            method,
+            path,
+            body=body,
+            headers=headers,  # type: ignore[arg-type]
+            chunked=chunked,
+            preload_content=False,
+            decode_content=False,
+            enforce_content_length=True,
+        )
+    except BrokenPipeError:
+        pass
+    except OSError as error:
+        if error.errno not in (errno.EPROTOTYPE, errno.ECONNRESET):
+            raise
+
+
+_URLOPEN_FAILURES = (
+    TimeoutError,
+    http.client.HTTPException,
+    OSError,
+    urllib3.exceptions.ProtocolError,
+    ssl.SSLError,
+    ssl.CertificateError,
+    urllib3.exceptions.SSLError,
+)
+
+
+def _wrapped(error: BaseException) -> Exception:
+    """The reason ``urlopen`` gives a failure (its ``MaxRetryError`` wraps it)."""
+    if isinstance(error, (ssl.SSLError, ssl.CertificateError)):
+        return urllib3.exceptions.SSLError(error)
+    if isinstance(error, urllib3.exceptions.HTTPError):
+        return error
+    if isinstance(error, (OSError, http.client.HTTPException)):
+        return urllib3.exceptions.ProtocolError("Connection aborted.", error)
+    return error  # type: ignore[return-value]

@@ -50,17 +50,18 @@ from piship_remote.errors import (
 )
 from piship_remote.redact import Redactor
 from piship_remote.transport._connection import HOSTS, CancellableAdapter
+from piship_remote.transport._headers import HeaderSet, header_set
 from piship_remote.transport._prepared import Outgoing, Route, Target
 from piship_remote.transport._scope import CURRENT, Call
 from piship_remote.transport._urllib3_internals import (
     connect_taken,
     return_to_pool,
+    send_direct,
     taken_from_pool,
 )
 from piship_remote.transport.endpoint import (
     check_endpoint,
     check_url,
-    header_is_valid,
     request_path,
     via_http_proxy,
 )
@@ -70,6 +71,8 @@ __all__ = ["Transport"]
 
 _LOG = logging.getLogger("piship_remote")
 _SETTINGS_CACHE = 256  # URLs and origins whose checks and settings are remembered
+_JSON_TYPE = {"Content-Type": "application/json"}
+_NO_HEADERS = HeaderSet()
 
 
 def _no_auth(request: requests.PreparedRequest) -> requests.PreparedRequest:
@@ -108,7 +111,10 @@ class Transport:
         self._session.mount("http://", self._adapter)
         self._session.mount("https://", self._adapter)
         self._watcher = EventWatcher()
+        # The session's own headers, checked and encoded once: nobody else holds it.
+        self._defaults = HeaderSet(self._session.headers) if self._owns_session else None
         self._targets: dict[str, Target] = {}
+        self._jar_used = False  # a server set a cookie in the session's jar
         self._routes: dict[str, Route] = {}
 
     def endpoint(self, url: str) -> str:
@@ -260,15 +266,15 @@ class Transport:
         data: bytes | Iterable[bytes] | None,
         call: Call,
     ) -> urllib3.response.HTTPResponse:
-        all_headers = dict(headers) if headers else {}
+        given = header_set(headers)
         headers = None
         if json is not None:
             data = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
-            if not any(name.lower() == "content-type" for name in all_headers):
-                all_headers["Content-Type"] = "application/json"
+            if not given.has("content-type"):
+                given = given.plus(_JSON_TYPE)
         method = method.upper()
-        outgoing = self._outgoing(method, target, all_headers, data)
-        all_headers.clear()
+        outgoing = self._outgoing(method, target, given, data)
+        given = _NO_HEADERS
         if outgoing is None:
             # requests' message would quote the value, which may be a credential.
             raise PiShipError(
@@ -305,7 +311,7 @@ class Transport:
         self,
         method: str,
         target: Target,
-        headers: dict[str, str],
+        headers: HeaderSet,
         data: bytes | Iterable[bytes] | None,
     ) -> Outgoing | None:
         """The request as the session would prepare it, without its per-call costs;
@@ -315,37 +321,42 @@ class Transport:
         it itself (cookies are sent, parameters added).
         """
         session = self._session
-        if session.cookies or session.params or any(session.hooks.values()):
+        if self._session_prepares():
             try:
                 prepared = session.prepare_request(
-                    requests.Request(method, target.url, headers=headers, data=data, auth=_no_auth)
+                    requests.Request(
+                        method, target.url, headers=headers.for_requests(), data=data, auth=_no_auth
+                    )
                 )
             except requests.exceptions.InvalidHeader:
                 return None
             if data is not None and not isinstance(data, bytes) and "Content-Length" in headers:
                 prepared.headers.pop("Transfer-Encoding", None)  # one framing, the caller's
             return Outgoing(method, prepared.url or target.url, prepared.headers, data, prepared)
-        merged: dict[str, str | bytes] = {}
-        names: dict[str, str] = {}  # lower-case name -> the spelling in `merged`
-        for source in (session.headers, headers):
-            for name, value in source.items():
-                key = name.lower()
-                previous = names.pop(key, None)
-                if previous is not None:
-                    del merged[previous]  # replaced whatever its case
-                if value is None:
-                    continue  # requests' way of removing a header
-                if not header_is_valid(name, value):
-                    return None
-                merged[name] = value
-                names[key] = name
+        defaults = self._defaults
+        if defaults is None:
+            defaults = HeaderSet(session.headers)  # the caller's session: read every time
+        merged = defaults.merged(headers)  # a request header replaces one of any case
+        if not merged.valid:
+            return None
         if isinstance(data, bytes):
-            merged["Content-Length"] = str(len(data))
+            merged = merged.with_length(len(data))
         elif data is not None:
             pass  # streamed: chunked, unless the caller gave its Content-Length
         elif method not in ("GET", "HEAD"):
-            merged["Content-Length"] = "0"
+            merged = merged.with_length(0)
         return Outgoing(method, target.url, merged, data, None, target.path)
+
+    def _session_prepares(self) -> bool:
+        """Whether the session has cookies, default parameters or hooks to apply.
+
+        A session of our own gets them only from a server's ``Set-Cookie``, so until
+        one arrived its jar is not looked at (iterating it costs a lock and a walk).
+        """
+        if self._owns_session and not self._jar_used:
+            return False
+        session = self._session
+        return bool(session.cookies or session.params or any(session.hooks.values()))
 
     def _route(self, target: Target) -> Route:
         """How requests to ``target``'s origin are sent, remembered per origin.
@@ -394,21 +405,35 @@ class Transport:
             )
             raw: urllib3.response.HTTPResponse = response.raw
             return raw
-        opened = pool.urlopen(
-            method=outgoing.method,
-            url=outgoing.url_for(absolute=route.absolute),
-            body=outgoing.body,
-            headers=outgoing.headers,  # type: ignore[arg-type]
-            redirect=False,
-            assert_same_host=False,
-            preload_content=False,
-            decode_content=False,
-            retries=self._adapter.max_retries,
-            timeout=Timeout(connect=remaining, read=remaining),
-            chunked=_sent_chunked(outgoing),
-        )
+        opened: urllib3.response.BaseHTTPResponse
+        if pool.proxy is None and not route.absolute:
+            opened = send_direct(
+                pool,
+                outgoing.method,
+                outgoing.url_for(absolute=False),
+                outgoing.body,
+                outgoing.headers,
+                timeout=remaining,
+                chunked=_sent_chunked(outgoing),
+                retries=self._adapter.max_retries,
+            )
+        else:
+            opened = pool.urlopen(
+                method=outgoing.method,
+                url=outgoing.url_for(absolute=route.absolute),
+                body=outgoing.body,
+                headers=dict(outgoing.headers),  # type: ignore[arg-type]  # copied, + proxy's
+                redirect=False,
+                assert_same_host=False,
+                preload_content=False,
+                decode_content=False,
+                retries=self._adapter.max_retries,
+                timeout=Timeout(connect=remaining, read=remaining),
+                chunked=_sent_chunked(outgoing),
+            )
         assert isinstance(opened, urllib3.response.HTTPResponse)
         if "set-cookie" in opened.headers:
+            self._jar_used = True
             requests.cookies.extract_cookies_to_jar(  # type: ignore[no-untyped-call]
                 self._session.cookies, outgoing.prepared(), opened
             )
@@ -424,7 +449,10 @@ def _sent_chunked(outgoing: Outgoing) -> bool:
     """
     if outgoing.body is None or isinstance(outgoing.body, bytes):
         return False
-    return not any(name.lower() == "content-length" for name in outgoing.headers)
+    headers = outgoing.headers
+    if isinstance(headers, HeaderSet):
+        return not headers.has("content-length")
+    return not any(name.lower() == "content-length" for name in headers)
 
 
 def _hold_connection(
