@@ -212,6 +212,25 @@ def test_without_a_freezer_pausing_stops_the_whole_tree_and_resuming_continues_i
         child.wait(5)
 
 
+def test_without_a_freezer_a_tree_that_does_not_stop_in_time_is_continued_and_the_pause_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from piship_remote.local import pause as pause_module
+
+    monkeypatch.setattr(pause_module, "_held", lambda pid: False)
+    monkeypatch.setattr(pause_module, "STOP_TIMEOUT", 0.0)
+    child = subprocess.Popen(["sleep", marker()])
+    try:
+        state = PauseState(CgroupSet(None, None, None), lambda: child.pid)
+        with pytest.raises(OSError, match="did not stop in time"):
+            state.pause()
+        assert state.paused_at is None
+        assert until(lambda: "T" not in process_states([child.pid]))
+    finally:
+        child.kill()
+        child.wait(5)
+
+
 def _read(path: str) -> int:
     try:
         with open(path, encoding="ascii") as handle:

@@ -32,6 +32,9 @@ from piship_remote.local.limits import CgroupSet
 __all__ = ["PauseState", "Paused", "tree_pids"]
 
 STOP_ROUNDS = 8
+STOP_TIMEOUT = 5.0
+STOP_POLL = 0.005
+HELD_STATES = frozenset(b"TtZX")  # stopped, traced, or no longer running at all
 
 
 class Paused(Exception):
@@ -61,7 +64,7 @@ class PauseState:
             if self.paused_at is not None or self._released:
                 return False
             if not self._cgroups.freeze():
-                self._stopped = self._signal_tree(signal.SIGSTOP)
+                self._stop_tree()
             self.paused_at = time.time()
             return True
 
@@ -100,6 +103,21 @@ class PauseState:
             self._stopped = []
         self.paused_at = None
 
+    def _stop_tree(self) -> None:
+        """``SIGSTOP`` every process, and wait until each one has stopped.
+
+        A signal takes effect when its process is next scheduled, which on a busy host
+        is later than ``kill`` returns. Processes that do not stop in time are
+        continued with the rest, and the pause fails.
+        """
+        self._stopped = self._signal_tree(signal.SIGSTOP)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while not all(_held(pid) for pid in self._stopped):
+            if time.monotonic() >= deadline:
+                self._let_go()
+                raise OSError("the sandbox's processes did not stop in time")
+            time.sleep(STOP_POLL)
+
     def _signal_tree(self, sig: int) -> list[int]:
         """Send ``sig`` to every process of the sandbox (parents first); the pids reached.
 
@@ -117,6 +135,15 @@ class PauseState:
                     os.kill(pid, sig)
                     reached.append(pid)
         return reached
+
+
+def _held(pid: int) -> bool:
+    """Whether process ``pid`` is stopped, or gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rpartition(b")")[2].split()[0][0] in HELD_STATES
+    except (OSError, IndexError):
+        return True
 
 
 def tree_pids(root: int) -> list[int]:
