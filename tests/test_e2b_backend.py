@@ -14,6 +14,7 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -726,21 +727,38 @@ def test_start_request_headers_and_body(
     }
 
 
-def test_renewal_precedes_every_start(
-    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
-) -> None:
-    mock, instance = prepared()
-    run(instance)
-    run(instance)
-    paths = [r.path for r in mock.requests if r.path != "/health"][1:]
-    # A command's renewal and Start come on two connections, whose server threads
-    # record them in either order; each command's pair is recorded before the next.
-    pair = ["/process.Process/Start", "/sandboxes/sbx1/timeout"]
-    assert len(paths) == 4
-    assert sorted(paths[:2]) == pair
-    assert sorted(paths[2:]) == pair
-    tags = {message["tag"] for message in start_bodies(mock)}
-    assert len(tags) == 2
+class SendOrder:
+    """An :class:`HttpClient` recording each path as the request is handed over, then sending it."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self._lock = threading.Lock()
+        self._transport = Transport(redactor=Redactor())
+
+    def request(self, method: str, url: str, **options: Any) -> HttpReply:
+        with self._lock:
+            self.paths.append(urllib.parse.urlsplit(url).path)
+        return self._transport.request(method, url, **options)
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+def test_renewal_precedes_every_start(e2b_server: E2bFactory, profile: SandboxProfile) -> None:
+    # The server records requests from two connections in either order, so the order
+    # is read where the client hands them over.
+    mock = e2b_server()
+    order = SendOrder()
+    instance = backend_for(mock.url, client=order).prepare(profile)
+    try:
+        run(instance)
+        run(instance)
+    finally:
+        instance.dispose()
+    renewal, start = "/sandboxes/sbx1/timeout", "/process.Process/Start"
+    commands = [path for path in order.paths if path in {renewal, start}]
+    assert commands == [renewal, start, renewal, start]
+    assert len({message["tag"] for message in start_bodies(mock)}) == 2
 
 
 @pytest.mark.parametrize(
