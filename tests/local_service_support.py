@@ -169,7 +169,10 @@ def marked(mark: str) -> list[int]:
 
 
 def gone(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Poll ``check`` (no event exists for a process leaving the host) until true or timeout."""
+    """Poll ``check`` (no event exists for a process leaving the host) until true or timeout.
+
+    The same poll serves a process appearing: ``gone(lambda: len(marked(mark)) >= 2)``.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():

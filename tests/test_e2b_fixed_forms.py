@@ -33,9 +33,7 @@ def _generic(command: str, env: Mapping[str, str], cwd: str, tag: str) -> bytes:
 def test_the_start_envelope_is_byte_identical_to_the_generic_encoding(
     command: str, env: Mapping[str, str], cwd: str, tag: str
 ) -> None:
-    assert start_envelope(start_request(command, env, cwd, tag)) == _generic(
-        command, env, cwd, tag
-    )
+    assert start_envelope(start_request(command, env, cwd, tag)) == _generic(command, env, cwd, tag)
 
 
 def test_a_lone_surrogate_fails_as_the_generic_encoding_fails() -> None:
