@@ -1699,6 +1699,102 @@ def test_commands_that_start_during_a_renewal_share_it(
     instance.dispose()
 
 
+class AnswerWatch(Output):
+    """An :class:`Output` noting, for every chunk, whether ``answered`` was set by then."""
+
+    def __init__(self, answered: threading.Event) -> None:
+        super().__init__()
+        self.answered = answered
+        self.before_answer = 0
+
+    def on_stdout(self, chunk: bytes) -> None:
+        if not self.answered.is_set():
+            self.before_answer += 1
+        super().on_stdout(chunk)
+
+
+def _two_sharing(
+    raw_server: Callable[..., RecordingServer],
+    profile: SandboxProfile,
+    renewal_answer: Callable[[], Response],
+    outputs: list[Output],
+) -> tuple[RecordingServer, list[Any]]:
+    """Two commands printing ``hi``, the second sharing the first's renewal, which is
+    answered by ``renewal_answer()`` once both Starts have been answered; the instance
+    is disposed (and its kills waited for) before this returns."""
+    both_started = threading.Event()
+    held = threading.Event()
+    starts: list[Request] = []
+    body = [START, data("stdout", b"hi\n"), END_OK, EOS]
+
+    def start(server: RecordingServer, request: Request) -> Response:
+        starts.append(request)
+        if len(starts) == 2:
+            both_started.set()
+        return server.stream(request, body, content_type="application/connect+json")
+
+    def renew(_server: RecordingServer, _request: Request) -> Response:
+        held.set()
+        assert both_started.wait(5.0)
+        return renewal_answer()
+
+    server = raw_server(start=start, renew=renew)
+    instance = prepare_raw(server, profile)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(run, instance, output=outputs[0])
+            assert held.wait(5.0)
+            second = pool.submit(run, instance, output=outputs[1])
+            outcomes = [_outcome(future) for future in (first, second)]
+    finally:
+        instance.dispose()
+    assert server.count(path="/sandboxes/sbx1/timeout") == 1
+    return server, outcomes
+
+
+def _outcome(future: Any) -> Any:
+    try:
+        return future.result(10)
+    except PiShipError as error:
+        return error
+
+
+def test_a_command_sharing_a_renewal_reports_its_output_only_after_the_answer(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    answered = threading.Event()
+
+    def accept() -> Response:
+        answered.set()
+        return Response(b"", status=204)
+
+    outputs = [AnswerWatch(answered), AnswerWatch(answered)]
+    _, outcomes = _two_sharing(raw_server, profile, accept, outputs)
+    assert outcomes == [BackendResult(0), BackendResult(0)]
+    assert [output.stdout for output in outputs] == [[b"hi\n"], [b"hi\n"]]
+    assert [output.before_answer for output in outputs] == [0, 0]
+
+
+def test_a_command_sharing_a_refused_renewal_reports_nothing_and_is_killed(
+    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
+) -> None:
+    def refuse() -> Response:
+        return json_response(404, {"code": 404, "message": "sandbox not found"})
+
+    outputs = [Output(), Output()]
+    server, outcomes = _two_sharing(raw_server, profile, refuse, outputs)
+    for outcome in outcomes:
+        assert isinstance(outcome, PiShipError)
+        assert str(outcome).startswith("the sandbox is no longer available: HTTP 404")
+    assert [output.stdout for output in outputs] == [[], []]
+    started = {frame["tag"] for frame in start_bodies(server)}
+    killed = {
+        r.json()["process"]["tag"] for r in server.find("POST", "/process.Process/SendSignal")
+    }
+    assert len(started) == 2
+    assert killed == started
+
+
 def test_a_command_sharing_a_cancelled_commands_renewal_renews_on_its_own(
     raw_server: Callable[..., RecordingServer], profile: SandboxProfile
 ) -> None:
