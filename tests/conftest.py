@@ -1,5 +1,5 @@
 """Shared fixtures: the test doubles' plugin, the seed's workspace layout, the local service,
-the secret sweep."""
+settable clocks, the secret sweep."""
 
 from __future__ import annotations
 
@@ -13,11 +13,18 @@ from typing import Any
 
 import pytest
 from local_service_support import Client
+from seed_support import Clocks
 
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
 
 pytest_plugins = ["piship_remote.testing.plugin"]
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    """A settable wall clock and monotonic clock for a backend's lifetime arithmetic."""
+    return Clocks()
 
 
 @pytest.fixture

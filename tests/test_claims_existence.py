@@ -23,11 +23,6 @@ def cluster() -> FakeCluster:
     return FakeCluster()
 
 
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
-
-
 MakeManager = Callable[..., ClaimManager]
 
 

@@ -1877,8 +1877,3 @@ def test_the_committed_end_follows_a_renewal_even_when_the_wall_clock_moves_back
     assert run(instance).exit_code == 0
     assert server.count(path="/sandboxes/sbx1/timeout") == 2
     instance.dispose()
-
-
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()

@@ -43,11 +43,6 @@ def instances() -> Iterator[list[KubernetesInstance]]:
         instance.dispose()
 
 
-@pytest.fixture
-def clocks() -> Clocks:
-    return Clocks()
-
-
 class Runtime:
     """The sandboxes' runtime: answers ``ok`` and records every command that reached it."""
 
