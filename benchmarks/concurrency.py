@@ -70,10 +70,11 @@ def run(context: Context) -> ScenarioResult:
         rows=with_ratios(_with_scaling(rows)),
         skipped=tuple(skipped),
         notes=(
-            f"every command spends {size.command_ms} ms on the server; throughput is commands/s "
-            "over all threads; scaling = throughput / throughput at 1 thread; requests = "
-            "requests the server answered per command; claims counts SandboxClaim creations "
-            "since the server started (ours-sandbox made them)",
+            f"every command spends {size.command_ms} ms on the server; each client runs "
+            f"{size.concurrency_rounds} alternating rounds per thread count; throughput is "
+            "commands/s over all threads and rounds; scaling = throughput / throughput at 1 "
+            "thread; requests = requests the server answered per command; claims counts "
+            "SandboxClaim creations since the server started (ours-sandbox made them)",
         ),
         seconds=time.perf_counter() - began,
     )
@@ -115,39 +116,90 @@ def _sweep(
     counters: _Counters,
 ) -> list[Row]:
     rows: list[Row] = []
-    per_thread = context.size.commands_per_thread
     for index, threads in enumerate(context.size.threads):
-        shift = index % max(1, len(clients))
-        for client in (*clients[shift:], *clients[:shift]):
-            before = counters.requests()
-            outcome, seconds, sampler, baseline = _round(client, threads, per_thread, script)
-            requests = counters.requests() - before
-            if outcome.errors:
-                first = outcome.errors[0]
-                skipped.append(
-                    f"{server} {client.name} threads={threads}: {len(outcome.errors)} failures, "
-                    f"first {type(first).__name__}: {first}"
-                )
-            rows.append(
-                summarize(
-                    NAME,
-                    server,
-                    client.name,
-                    client.role,
-                    outcome.latencies,
-                    unit="ms",
-                    group=f"threads={threads}",
-                    extra={
-                        "per_s": len(outcome.latencies) / seconds if seconds else 0.0,
-                        "requests": round(requests / max(1, threads * per_thread), 2),
-                        "peak_py_threads": sampler.peak_python,
-                        "extra_py_threads": sampler.peak_python - baseline - threads,
-                        "peak_os_threads": sampler.peak_os,
-                        **counters.extra(),
-                    },
-                )
-            )
+        totals = {client.name: _Totals() for client in clients}
+        for round_index in range(context.size.concurrency_rounds):
+            shift = (index + round_index) % max(1, len(clients))
+            for client in (*clients[shift:], *clients[:shift]):
+                totals[client.name].add(_measured(client, threads, context, script, counters))
+        for client in clients:
+            rows.append(_row(server, client, threads, totals[client.name], counters, skipped))
     return rows
+
+
+@attrs.define
+class _Totals:
+    """One client's rounds at one thread count, summed."""
+
+    latencies: list[float] = attrs.Factory(list)
+    errors: list[BaseException] = attrs.Factory(list)
+    seconds: float = 0.0
+    requests: int = 0
+    commands: int = 0
+    peak_python: int = 0
+    extra_python: int = 0
+    peak_os: int = 0
+
+    def add(self, measured: _Totals) -> None:
+        self.latencies += measured.latencies
+        self.errors += measured.errors
+        self.seconds += measured.seconds
+        self.requests += measured.requests
+        self.commands += measured.commands
+        self.peak_python = max(self.peak_python, measured.peak_python)
+        self.extra_python = max(self.extra_python, measured.extra_python)
+        self.peak_os = max(self.peak_os, measured.peak_os)
+
+
+def _measured(
+    client: Client, threads: int, context: Context, script: str, counters: _Counters
+) -> _Totals:
+    per_thread = context.size.commands_per_thread
+    before = counters.requests()
+    outcome, seconds, sampler, baseline = _round(client, threads, per_thread, script)
+    return _Totals(
+        latencies=outcome.latencies,
+        errors=outcome.errors,
+        seconds=seconds,
+        requests=counters.requests() - before,
+        commands=threads * per_thread,
+        peak_python=sampler.peak_python,
+        extra_python=sampler.peak_python - baseline - threads,
+        peak_os=sampler.peak_os,
+    )
+
+
+def _row(
+    server: str,
+    client: Client,
+    threads: int,
+    totals: _Totals,
+    counters: _Counters,
+    skipped: list[str],
+) -> Row:
+    if totals.errors:
+        first = totals.errors[0]
+        skipped.append(
+            f"{server} {client.name} threads={threads}: {len(totals.errors)} failures, "
+            f"first {type(first).__name__}: {first}"
+        )
+    return summarize(
+        NAME,
+        server,
+        client.name,
+        client.role,
+        totals.latencies,
+        unit="ms",
+        group=f"threads={threads}",
+        extra={
+            "per_s": len(totals.latencies) / totals.seconds if totals.seconds else 0.0,
+            "requests": round(totals.requests / max(1, totals.commands), 2),
+            "peak_py_threads": totals.peak_python,
+            "extra_py_threads": totals.extra_python,
+            "peak_os_threads": totals.peak_os,
+            **counters.extra(),
+        },
+    )
 
 
 def _round(

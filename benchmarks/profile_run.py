@@ -33,10 +33,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.clients import (
+    SdkClient,
     activate_e2b,
     activate_kubernetes,
     kubernetes_backend,
     ours_backend,
+    sdk_sandbox,
 )
 from benchmarks.loopback import LoopbackServer
 from piship_remote import Sandbox
@@ -45,6 +47,16 @@ __all__ = ["cpu_per_command", "main", "profile_commands", "report"]
 
 _COMMAND = "true"
 _WARM_UP = 20
+
+
+def _runner(
+    client: str, backend: str, url: str, workspace: str, stack: contextlib.ExitStack
+) -> Callable[[str], object]:
+    if client == "e2b-sdk":
+        if backend != "e2b":
+            raise SystemExit("--client e2b-sdk runs on the e2b backend only")
+        return SdkClient(sdk_sandbox(url, stack)).run
+    return _sandbox(backend, url, workspace, stack).exec
 
 
 def _sandbox(backend: str, url: str, workspace: str, stack: contextlib.ExitStack) -> Sandbox:
@@ -170,6 +182,12 @@ def report(stats: pstats.Stats, commands: int, top: int, title: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_run", description=__doc__)
     parser.add_argument("--backend", choices=("e2b", "kubernetes"), default="e2b")
+    parser.add_argument(
+        "--client",
+        choices=("ours-sandbox", "e2b-sdk"),
+        default="ours-sandbox",
+        help="the official SDK's commands.run instead of ours (e2b only)",
+    )
     parser.add_argument("--commands", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
@@ -181,19 +199,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         LoopbackServer() as server,
         contextlib.ExitStack() as stack,
     ):
-        sandbox = _sandbox(args.backend, server.url, workspace, stack)
+        execute = _runner(args.client, args.backend, server.url, workspace, stack)
         for _ in range(_WARM_UP):
-            sandbox.exec(_COMMAND)
+            execute(_COMMAND)
 
         def run() -> None:
-            sandbox.exec(args.command)
+            execute(args.command)
 
         if args.cpu:
             print(cpu_per_command(run, args.commands, args.threads))
             return
         stats = profile_commands(run, args.commands, args.threads)
     title = (
-        f"ours-sandbox on {args.backend}, exec({args.command!r}) on benchmarks/loopback.py, "
+        f"{args.client} on {args.backend}, exec({args.command!r}) on benchmarks/loopback.py, "
         f"{args.threads} thread(s)"
     )
     print(report(stats, args.commands, args.top, title))

@@ -26,6 +26,7 @@ class Size:
     stream_rounds: int
     threads: tuple[int, ...]
     commands_per_thread: int
+    concurrency_rounds: int
     command_ms: int
     cancel_runs: int
     cancel_timeout: float
@@ -44,6 +45,7 @@ SIZES: dict[str, Size] = {
         stream_rounds=1,
         threads=(1, 8, 32),
         commands_per_thread=2,
+        concurrency_rounds=1,
         command_ms=5,
         cancel_runs=3,
         cancel_timeout=0.02,
@@ -60,6 +62,7 @@ SIZES: dict[str, Size] = {
         stream_rounds=3,
         threads=(1, 8, 32),
         commands_per_thread=10,
+        concurrency_rounds=3,
         command_ms=10,
         cancel_runs=50,
         cancel_timeout=0.05,
@@ -76,6 +79,7 @@ SIZES: dict[str, Size] = {
         stream_rounds=5,
         threads=(1, 8, 32),
         commands_per_thread=25,
+        concurrency_rounds=5,
         command_ms=10,
         cancel_runs=200,
         cancel_timeout=0.05,

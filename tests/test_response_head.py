@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from piship_remote.transport._connection import _DeadlineResponse
-from piship_remote.transport._response_head import read_plain_head
+from piship_remote.transport._response_head import peek_plain_head, read_plain_head
 
 PLAIN = [
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
@@ -133,3 +133,35 @@ def test_too_many_headers_are_refused_by_http_client() -> None:
     data = b"HTTP/1.1 200 OK\r\n" + b"X: 1\r\n" * 101 + b"\r\n"
     with pytest.raises(http.client.HTTPException, match="more than 100 headers"):
         _ours(data)
+
+
+@pytest.mark.parametrize("data", PLAIN)
+def test_a_peeked_head_stays_on_the_reader_and_gives_its_size(data: bytes) -> None:
+    fp = io.BufferedReader(io.BytesIO(data))
+    head = peek_plain_head(fp, "POST")
+    assert head is not None
+    assert fp.read() == data
+    assert data[head.size - 4 : head.size] == b"\r\n\r\n"
+    assert data.count(b"\r\n\r\n", 0, head.size) == 1
+
+
+def test_the_fields_keep_their_order_case_and_repeats() -> None:
+    head = peek_plain_head(io.BufferedReader(io.BytesIO(PLAIN[7])), "POST")
+    assert head is not None
+    assert head.fields == (("X-A", "spaced value \t "), ("x-a", "second"), ("Empty", ""))
+
+
+@pytest.mark.parametrize(
+    ("fields", "bare"),
+    [
+        (b"Transfer-Encoding: chunked\r\n", True),
+        (b"Transfer-Encoding: chunked\r\nContent-Encoding: identity\r\n", True),
+        (b"Transfer-Encoding: chunked\r\nContent-Encoding: gzip\r\n", False),
+        (b"Transfer-Encoding: chunked\r\nSet-Cookie: a=1\r\n", False),
+        (b"Content-Length: 0\r\n", False),
+    ],
+)
+def test_a_bare_stream_is_chunked_without_a_coding_or_a_cookie(fields: bytes, bare: bool) -> None:
+    data = b"HTTP/1.1 200 OK\r\n" + fields + b"\r\n"
+    head = peek_plain_head(io.BufferedReader(io.BytesIO(data)), "POST")
+    assert head is not None and head.bare_stream is bare

@@ -30,6 +30,7 @@ from piship_remote.transport._urllib3_internals import (
     SocketFactoryHook,
     chunked_source,
     connect_taken,
+    http_client_response,
     record_retired,
     return_to_pool,
     send_direct,
@@ -202,6 +203,31 @@ def test_urlopen_reaches_the_connection_through_make_request_and_validate_conn()
 def test_a_released_response_puts_its_connection_back_through_pool_and_connection() -> None:
     source = inspect.getsource(urllib3.response.HTTPResponse.release_conn)
     assert "self._pool._put_conn(self._connection)" in source
+
+
+def test_urllib3s_getresponse_forgets_the_options_and_sets_the_timeout_before_http_client() -> None:
+    source = inspect.getsource(urllib3.connection.HTTPConnection.getresponse)
+    forget = source.index("self._response_options = None")
+    timeout = source.index("self.sock.settimeout(self.timeout)")
+    assert forget < source.index("super().getresponse()") and timeout < source.index(
+        "super().getresponse()"
+    )
+
+
+@pytest.mark.timeout(10)
+def test_http_client_response_answers_and_the_connection_sends_again(
+    answering_pool: urllib3.HTTPConnectionPool,
+) -> None:
+    conn = answering_pool._get_conn()
+    try:
+        for body in (b"one", b"two"):
+            conn.request("POST", "/", body=body, headers={"Content-Length": str(len(body))})
+            response = http_client_response(conn)
+            assert isinstance(response, http.client.HTTPResponse)
+            assert response.status == 200 and response.read() == body
+            assert conn._response_options is None
+    finally:
+        conn.close()
 
 
 @pytest.fixture

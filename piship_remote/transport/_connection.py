@@ -9,6 +9,7 @@ call, it first leaves the previous call's scope; if that call was cancelled mean
 
 from __future__ import annotations
 
+import contextvars
 import http.client
 import io
 import socket
@@ -24,11 +25,14 @@ import urllib3.response
 from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
-from piship_remote.transport._response_head import read_plain_head
+from piship_remote.transport._response_head import PlainHead, peek_plain_head, read_plain_head
 from piship_remote.transport._scope import CURRENT, ON_SENT, CallScope, DeadlineReader
+from piship_remote.transport._steady_socket import SteadyTimeoutSocket
+from piship_remote.transport._streamed_response import StreamedResponse
 from piship_remote.transport._urllib3_internals import (
     SingleWriteRequest,
     SocketFactoryHook,
+    http_client_response,
     record_retired,
 )
 
@@ -40,13 +44,21 @@ HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sand
 class _DeadlineResponse(http.client.HTTPResponse):
     """http.client's response, reading through a :class:`DeadlineReader` during a call.
 
-    A plain head is read without the email parser (see :func:`read_plain_head`).
+    A plain head is read without the email parser (see :func:`read_plain_head`); a
+    head the connection already parsed (:data:`_PREPARED`) is taken as it is.
     """
 
+    _piship_head: PlainHead | None = None
+
     def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
-        scope = CURRENT.get()
-        if scope is not None and scope.deadline is not None and isinstance(sock, socket.socket):
-            sock = _DeadlineSocket(sock, scope)
+        prepared = _PREPARED.get()
+        if prepared is not None:
+            sock = _GivenReader(prepared[0])
+            self._piship_head = prepared[1]
+        else:
+            scope = CURRENT.get()
+            if scope is not None and scope.deadline is not None and isinstance(sock, socket.socket):
+                sock = _GivenReader(_response_reader(sock, scope))
         super().__init__(sock, *args, **kwargs)
         method = kwargs.get("method")
         self._piship_method = method if isinstance(method, str) and not args else None
@@ -55,7 +67,11 @@ class _DeadlineResponse(http.client.HTTPResponse):
         if self.headers is not None or self.debuglevel > 0:
             super().begin()
             return
-        head = read_plain_head(self.fp, self._piship_method)
+        head = self._piship_head
+        if head is not None:
+            self.fp.read(head.size)  # parsed already; served from the buffer
+        else:
+            head = read_plain_head(self.fp, self._piship_method)
         if head is None:
             super().begin()
             return
@@ -70,17 +86,29 @@ class _DeadlineResponse(http.client.HTTPResponse):
         self.will_close = head.will_close
 
 
-class _DeadlineSocket:
-    """What http.client's response needs of a socket: ``makefile``, deadline-bound."""
+# The reader and parsed head of the response a connection is about to hand to http.client.
+_PREPARED: contextvars.ContextVar[tuple[io.BufferedReader, PlainHead | None] | None] = (
+    contextvars.ContextVar("piship_prepared_response", default=None)
+)
 
-    __slots__ = ("_scope", "_sock")
 
-    def __init__(self, sock: socket.socket, scope: CallScope) -> None:
-        self._sock = sock
-        self._scope = scope
+def _response_reader(sock: socket.socket, scope: CallScope | None) -> io.BufferedReader:
+    """The buffered reader a response reads from: deadline-bound while the call has one."""
+    if scope is not None and scope.deadline is not None:
+        return io.BufferedReader(DeadlineReader(sock, scope))
+    return sock.makefile("rb")
+
+
+class _GivenReader:
+    """What http.client's response needs of a socket: ``makefile``, returning ``reader``."""
+
+    __slots__ = ("_reader",)
+
+    def __init__(self, reader: io.BufferedReader) -> None:
+        self._reader = reader
 
     def makefile(self, mode: str) -> io.BufferedReader:
-        return io.BufferedReader(DeadlineReader(self._sock, self._scope))
+        return self._reader
 
 
 class _Connection(SocketFactoryHook, SingleWriteRequest):
@@ -104,7 +132,11 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
         self._piship_scope, self._piship_socket = scope, sock
         return sock
 
+    _piship_method: str | None = None
+
     def request(self, *args: Any, **kwargs: Any) -> None:
+        method = args[0] if args else kwargs.get("method")
+        self._piship_method = method if isinstance(method, str) else None
         scope = CURRENT.get()
         if scope is not None:
             self._leave_scope(scope, close_if_cancelled=True)
@@ -117,6 +149,33 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
             on_sent()
 
     def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
+        self._enter_response_scope()
+        return super().getresponse()
+
+    def getresponse_streamed(self) -> urllib3.response.HTTPResponse | StreamedResponse:
+        """The answer to a stream's request; a :class:`StreamedResponse` when its head
+        is plain and its body bare chunks (nothing urllib3's response adds is needed)."""
+        scope = self._enter_response_scope()
+        sock = self.sock
+        if not isinstance(sock, socket.socket):
+            return super().getresponse()
+        sock.settimeout(self.timeout)  # as urllib3's getresponse does
+        reader = _response_reader(sock, scope)
+        try:
+            head = peek_plain_head(reader, self._piship_method)
+        except BaseException:
+            reader.close()
+            raise
+        token = _PREPARED.set((reader, head))
+        try:
+            if head is not None and head.bare_stream:
+                return StreamedResponse(http_client_response(self), head, self)
+            return super().getresponse()
+        finally:
+            _PREPARED.reset(token)
+
+    def _enter_response_scope(self) -> CallScope | None:
+        """Register the socket the response arrives on with the calling thread's scope."""
         scope = CURRENT.get()
         sock = self.sock
         if scope is not None and sock is not None:
@@ -132,7 +191,7 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
                 self._piship_scope, self._piship_socket = scope, sock
             # else TLS inside TLS (an HTTPS proxy): the duplicate of the TCP socket
             # registered at connect time stays the one a cancel shuts down.
-        return super().getresponse()
+        return scope
 
     def _leave_scope(self, current: CallScope, *, close_if_cancelled: bool) -> None:
         """Detach from the scope of the call that used this connection before ``current``."""
@@ -159,7 +218,7 @@ def _open_socket(conn: _Connection, scope: CallScope) -> socket.socket:
     for family, kind, proto, _, address in addresses:
         if scope.cancelled:
             break
-        sock = socket.socket(family, kind, proto)
+        sock = SteadyTimeoutSocket(family, kind, proto)
         try:
             for option in conn.socket_options or ():
                 sock.setsockopt(*option)

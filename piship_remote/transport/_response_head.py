@@ -14,6 +14,9 @@ standard library reads the head as usual::
     if head is None:
         ...  # http.client.HTTPResponse.begin(response)
 
+:func:`peek_plain_head` parses the head without taking it off the reader, so a
+caller can choose how to read the response before anything is consumed.
+
 The header object is the standard library's own ``http.client.HTTPMessage``,
 filled as its parser fills it, so everything downstream sees the same thing.
 """
@@ -26,7 +29,7 @@ import re
 
 import attrs
 
-__all__ = ["PlainHead", "read_plain_head"]
+__all__ = ["PlainHead", "peek_plain_head", "read_plain_head"]
 
 # The status line of a final answer; the reason is what http.client keeps after strip().
 _STATUS_LINE = re.compile(rb"HTTP/1\.1 ([2-5][0-9][0-9])(?: ([\t\x20-\x7e]*))?\r\n")
@@ -38,7 +41,8 @@ _NO_BODY = (204, 304)
 
 @attrs.frozen
 class PlainHead:
-    """What ``HTTPResponse.begin`` sets for a plain head (HTTP/1.1, so ``version`` 11)."""
+    """What ``HTTPResponse.begin`` sets for a plain head (HTTP/1.1, so ``version`` 11),
+    the header fields in order, and the head's size in bytes."""
 
     status: int
     reason: str
@@ -46,6 +50,10 @@ class PlainHead:
     chunked: bool
     length: int | None
     will_close: bool
+    fields: tuple[tuple[str, str], ...]
+    size: int
+    bare_stream: bool
+    """A chunked body without a content coding, and no cookie to store."""
 
 
 def read_plain_head(fp: object, method: str | None) -> PlainHead | None:
@@ -53,6 +61,18 @@ def read_plain_head(fp: object, method: str | None) -> PlainHead | None:
 
     Only an ``io.BufferedReader`` is looked at; ``None`` leaves it untouched (at
     most one read filled its buffer, which the standard library then reads from).
+    """
+    head = peek_plain_head(fp, method)
+    if head is not None:
+        assert isinstance(fp, io.BufferedReader)
+        fp.read(head.size)  # served from the buffer: the head, nothing after it
+    return head
+
+
+def peek_plain_head(fp: object, method: str | None) -> PlainHead | None:
+    """The plain head at the start of ``fp``'s buffer, left on ``fp``; else ``None``.
+
+    Waits for the first bytes (one read, if nothing is buffered yet).
     """
     if not isinstance(fp, io.BufferedReader) or method is None or method == "HEAD":
         return None
@@ -69,18 +89,18 @@ def read_plain_head(fp: object, method: str | None) -> PlainHead | None:
     lines = buffered[lines_start : end + 2].split(b"\r\n")[:-1]
     if len(lines) > _MAX_HEADERS:
         return None
-    head = _head(status_line, lines, method)
-    fp.read(end + 4)  # served from the buffer: the head, nothing after it
-    return head
+    return _head(status_line, lines, end + 4)
 
 
-def _head(status_line: re.Match[bytes], lines: list[bytes], method: str) -> PlainHead:
+def _head(status_line: re.Match[bytes], lines: list[bytes], size: int) -> PlainHead:
     message = http.client.HTTPMessage()
     first: dict[str, str] = {}  # what message.get() returns, by lower-case name
+    fields: list[tuple[str, str]] = []
     for line in lines:
         name, _, value = line.decode("ascii").partition(":")
         value = value.lstrip(" \t")
         message.set_raw(name, value)  # what the compat32 parser stores, unchanged
+        fields.append((name, value))
         first.setdefault(name.lower(), value)
     message.set_payload("")  # what the parser leaves after the blank line
     status = int(status_line.group(1))
@@ -94,7 +114,11 @@ def _head(status_line: re.Match[bytes], lines: list[bytes], method: str) -> Plai
         length = 0
     if not will_close and not chunked and length is None:
         will_close = True
-    return PlainHead(status, reason, message, chunked, length, will_close)
+    coding = first.get("content-encoding", "").strip().lower()
+    bare = chunked and coding in ("", "identity") and "set-cookie" not in first
+    return PlainHead(
+        status, reason, message, chunked, length, will_close, tuple(fields), size, bare
+    )
 
 
 def _length(value: str | None) -> int | None:

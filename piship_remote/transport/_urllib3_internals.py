@@ -22,6 +22,9 @@ of these, ``tests/test_urllib3_internals.py`` fails before anything here misbeha
 - ``HTTPConnectionPool._get_conn`` / ``._put_conn``: a connection is opened ahead of
   the request that will use it (while another request is in flight), which urllib3
   only does inside ``urlopen``.
+- ``HTTPConnection._response_options``, again: a stream whose answer is plain and
+  chunked skips urllib3's response object (see ``_streamed_response``); the answer
+  is read by http.client's own ``getresponse`` after what urllib3's does before it.
 - ``HTTPConnectionPool._validate_conn`` and ``urllib3.response.HTTPResponse._pool`` /
   ``._connection``: a request that urllib3 would neither retry, redirect nor send
   through a proxy is sent by :func:`send_direct`, what ``urlopen`` and
@@ -39,7 +42,7 @@ import ssl
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
 import urllib3.connection
@@ -50,12 +53,16 @@ import urllib3.util.retry
 
 from piship_remote.transport._headers import HeaderSet
 
+if TYPE_CHECKING:
+    from piship_remote.transport._streamed_response import StreamedResponse
+
 __all__ = [
     "RETIRED",
     "SingleWriteRequest",
     "SocketFactoryHook",
     "chunked_source",
     "connect_taken",
+    "http_client_response",
     "record_retired",
     "return_to_pool",
     "send_direct",
@@ -201,20 +208,33 @@ def record_retired(manager: urllib3.PoolManager, default_size: int) -> None:
 
 
 def chunked_source(
-    raw: urllib3.response.HTTPResponse,
+    raw: urllib3.response.HTTPResponse | http.client.HTTPResponse,
 ) -> tuple[http.client.HTTPResponse, io.BufferedReader] | None:
     """The http.client response and buffered reader under a chunked body not yet read.
 
-    ``None`` when the body is not chunked, is already being read through http.client,
-    or the objects are not the expected kinds.
+    ``raw`` is urllib3's response or http.client's under it. ``None`` when the body
+    is not chunked, is already being read through http.client, or the objects are
+    not the expected kinds.
     """
-    inner = getattr(raw, "_fp", None)
+    inner = raw if isinstance(raw, http.client.HTTPResponse) else getattr(raw, "_fp", None)
     if not isinstance(inner, http.client.HTTPResponse) or not inner.chunked:
         return None
     fp = inner.fp
     if inner.chunk_left is not None or not isinstance(fp, io.BufferedReader):
         return None
     return inner, fp
+
+
+def http_client_response(conn: urllib3.connection.HTTPConnection) -> http.client.HTTPResponse:
+    """http.client's response to the request ``conn`` sent, without urllib3's around it.
+
+    Does what urllib3's ``getresponse`` does before it asks http.client (the request's
+    options forgotten, the socket timeout set); the caller releases the connection.
+    """
+    conn._response_options = None
+    if conn.sock is not None:
+        conn.sock.settimeout(conn.timeout)
+    return http.client.HTTPConnection.getresponse(conn)
 
 
 def taken_from_pool(
@@ -266,14 +286,17 @@ def send_direct(
     timeout: float | None,
     chunked: bool,
     retries: urllib3.util.retry.Retry,
-) -> urllib3.response.HTTPResponse:
+    stream: bool = False,
+) -> urllib3.response.HTTPResponse | StreamedResponse:
     """What ``pool.urlopen`` does for a request without retries, redirects or a proxy.
 
     ``timeout`` is the socket timeout of the connect and of the wait for the response
     (``None``: none); ``retries`` only goes on the response, as ``urlopen`` puts it
     there. The body is not read (``preload_content=False``) and the connection goes
     back to the pool when the response is released. A failure closes the connection
-    and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``.
+    and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``. With
+    ``stream``, a connection that can (see ``_connection``) may answer with a
+    :class:`StreamedResponse`.
     """
     conn = pool._get_conn()
     assert isinstance(conn, urllib3.connection.HTTPConnection)
@@ -284,7 +307,10 @@ def send_direct(
         _write(conn, method, path, body, headers, chunked)
         if not conn.is_closed:
             conn.timeout = timeout
-        response = conn.getresponse()
+        answer = getattr(conn, "getresponse_streamed", None) if stream else None
+        response: urllib3.response.HTTPResponse | StreamedResponse = (
+            conn.getresponse() if answer is None else answer()
+        )
     except _URLOPEN_FAILURES as error:
         conn.close()
         pool._put_conn(None)
@@ -293,7 +319,9 @@ def send_direct(
         conn.close()
         pool._put_conn(None)
         raise
-    assert isinstance(response, urllib3.response.HTTPResponse)
+    if not isinstance(response, urllib3.response.HTTPResponse):
+        response.pool = pool
+        return response
     response.retries = retries
     response._connection = conn
     response._pool = pool

@@ -53,6 +53,7 @@ from piship_remote.transport._connection import HOSTS, CancellableAdapter
 from piship_remote.transport._headers import HeaderSet, header_set
 from piship_remote.transport._prepared import Outgoing, Route, Target
 from piship_remote.transport._scope import CURRENT, Call
+from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import (
     connect_taken,
     return_to_pool,
@@ -188,7 +189,7 @@ class Transport:
         data: bytes | Iterable[bytes] | None,
         call: Call,
         cancel: threading.Event | None,
-    ) -> urllib3.response.HTTPResponse | BaseException:
+    ) -> Raw | BaseException:
         """Send the request and wait for the response headers.
 
         A failure is returned, not raised: mapped to our errors and without the
@@ -265,7 +266,7 @@ class Transport:
         json: Any,
         data: bytes | Iterable[bytes] | None,
         call: Call,
-    ) -> urllib3.response.HTTPResponse:
+    ) -> Raw:
         given = header_set(headers)
         headers = None
         if json is not None:
@@ -289,7 +290,7 @@ class Transport:
             remaining = call.idle_timeout  # no deadline: each socket wait is still bounded
         token = CURRENT.set(call.scope)
         try:
-            return self._open(outgoing, self._route(target), remaining)
+            return self._open(outgoing, self._route(target), remaining, stream=call.stream)
         finally:
             CURRENT.reset(token)
 
@@ -392,8 +393,8 @@ class Transport:
         return route
 
     def _open(
-        self, outgoing: Outgoing, route: Route, remaining: float | None
-    ) -> urllib3.response.HTTPResponse:
+        self, outgoing: Outgoing, route: Route, remaining: float | None, *, stream: bool
+    ) -> Raw:
         """What ``HTTPAdapter.send`` does, minus building a ``requests.Response``."""
         pool = route.pool
         if pool is None:  # an adapter the caller mounted on the session: it sends
@@ -405,7 +406,7 @@ class Transport:
             )
             raw: urllib3.response.HTTPResponse = response.raw
             return raw
-        opened: urllib3.response.BaseHTTPResponse
+        opened: urllib3.response.BaseHTTPResponse | StreamedResponse
         if pool.proxy is None and not route.absolute:
             opened = send_direct(
                 pool,
@@ -416,7 +417,10 @@ class Transport:
                 timeout=remaining,
                 chunked=_sent_chunked(outgoing),
                 retries=self._adapter.max_retries,
+                stream=stream,
             )
+            if isinstance(opened, StreamedResponse):
+                return opened  # no cookie in its head
         else:
             opened = pool.urlopen(
                 method=outgoing.method,

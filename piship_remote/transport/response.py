@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-import urllib3.response
-
 from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.transport._dechunk import Dechunker
 from piship_remote.transport._scope import Call
+from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import chunked_source
 from piship_remote.transport.failures import TransportError
 
@@ -70,7 +69,7 @@ class HttpResponse:
     status: int
     headers: Mapping[str, str]
 
-    def __init__(self, raw: urllib3.response.HTTPResponse, call: Call) -> None:
+    def __init__(self, raw: Raw, call: Call) -> None:
         self.status = raw.status
         self.headers = raw.headers
         self._raw = raw
@@ -186,7 +185,8 @@ class HttpResponse:
             return self._body
         if not self._call.stream or self._decode or self._done:
             return None
-        source = chunked_source(self._raw)
+        raw = self._raw
+        source = chunked_source(raw.inner if isinstance(raw, StreamedResponse) else raw)
         if source is None:
             return None  # not chunked, or reading already began through http.client
         self._body = Dechunker(*source)
