@@ -409,6 +409,32 @@ def test_dispose_aborts_a_keepalive_renewal_still_in_flight(
     assert not keepalive_threads()
 
 
+def test_a_claim_a_renewal_finds_gone_as_a_command_ends_is_deleted_before_it_reports(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager(lifetime=60, keepalive_every=0.01)
+    cluster.renew_gate = threading.Event()
+    with manager.command(CancelToken()):
+        cluster.wait_for_a_renewal()
+        cluster.gone.add(cluster.created[0])
+        cluster.renew_gate.set()  # answered "gone" while the command ends
+    assert cluster.deleted == cluster.created[:1]
+    manager.dispose()
+
+
+@pytest.mark.timeout(10)
+def test_a_command_ends_without_the_answer_of_a_renewal_that_hangs(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> None:
+    manager = make_manager(lifetime=60, keepalive_every=0.01)
+    cluster.renew_gate = threading.Event()
+    with manager.command(CancelToken()):
+        cluster.wait_for_a_renewal()
+    assert not cluster.renew_gate.is_set()  # still unanswered: the command did not wait for it
+    assert cluster.deleted == []
+    manager.dispose()
+
+
 # -- dispose ----------------------------------------------------------------------
 
 

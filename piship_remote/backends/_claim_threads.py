@@ -38,15 +38,16 @@ class Keepalive(threading.Timer):
         self.join()
 
 
-def wait_for(future: Future[None], cancel: CancelToken) -> None:
-    """Wait until ``future`` is done; ``CommandCancelled`` when ``cancel`` fires first."""
+def wait_for(future: Future[None], cancel: CancelToken, timeout: float | None = None) -> None:
+    """Wait until ``future`` is done; ``CommandCancelled`` when ``cancel`` fires (or
+    ``timeout`` seconds pass) first."""
     if future.done():
         return
     woken = threading.Event()
     future.add_done_callback(lambda _future: woken.set())
     forget = cancel.on_cancel(woken.set)
     try:
-        woken.wait()
+        woken.wait(timeout)
     finally:
         forget()
     if not future.done():

@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import attrs
 
@@ -77,6 +77,7 @@ class _Lease:
     checking: Future[None] | None = None  # the check commands starting now share
     seen: Sighting | None = None  # the latest request that found it alive was sent then
     refreshing: bool = False  # a piship-claim-check thread checks it
+    renewing: Future[None] | None = None  # the keepalive's renewal in flight, until applied
 
 
 class ClaimManager:
@@ -154,6 +155,7 @@ class ClaimManager:
                     lambda: self._exists(lease, claim, token),
                 )
             finally:
+                self._await_keepalive(lease, token)
                 self._leave(lease)
         finally:
             for unsubscribe in forget:
@@ -422,12 +424,28 @@ class ClaimManager:
         claim = lease.future.result()
         if idle and self._clock.before_command(claim.anchor, committed) is Freshness.FRESH:
             return  # an idle lease is renewed only once half its lifetime has passed
+        renewing: Future[None] = Future()
+        with self._lock:
+            lease.renewing = renewing
         try:
             self._renew(lease, claim, keepalive.abort)
         except ClaimGone:
             self._retire(lease, gone=True)
         except Exception:
             pass
+        finally:
+            with self._lock:
+                lease.renewing = None
+            renewing.set_result(None)
+
+    def _await_keepalive(self, lease: _Lease, cancel: CancelToken) -> None:
+        """Give a keepalive renewal in flight as a command ends a moment to be applied, so
+        that a claim it finds gone is retired (and deleted) before the command reports."""
+        with self._lock:
+            renewing = lease.renewing
+        if renewing is not None:
+            with suppress(CommandCancelled):
+                wait_for(renewing, cancel, _TICK_GRACE)
 
     # -- retiring and deleting ---------------------------------------------------
 
