@@ -5,6 +5,10 @@ when it connects (before ``connect()``, so a cancel interrupts a hanging connect
 again just before it waits for the response headers. Taken from the pool by another
 call, it first leaves the previous call's scope; if that call was cancelled meanwhile
 (its cancel may have shut the socket down) the connection is closed and reopened.
+
+A stream's answer is looked at before urllib3 wraps it (``getresponse_streamed``): a
+plain head over a bare chunked body becomes a
+:class:`~piship_remote.transport._streamed_response.StreamedResponse`.
 """
 
 from __future__ import annotations
