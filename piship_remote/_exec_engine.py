@@ -168,8 +168,7 @@ class ExecEngine:
         return outcome.result
 
     def _direct(self, sink: Sink | None, retire: bool) -> DirectCall:
-        direct = DirectCall(sink, lambda kind: self._watch_settle(direct, kind, retire))
-        return direct
+        return DirectCall(sink, lambda call, kind: self._watch_settle(call, kind, retire))
 
     def _registered(
         self,

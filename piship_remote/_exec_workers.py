@@ -293,10 +293,15 @@ class DirectCall:
     """One backend call made on the calling thread, ``sink`` called on it directly.
 
     The first abort (or a failing ``sink``) sets the token and calls ``on_stop``
-    with its kind; output after that is dropped.
+    with the call and the abort's kind; output after that is dropped. (The call is
+    passed, not captured, so that nothing here forms a reference cycle: a cycle
+    per command would leave its locks and events to the garbage collector, whose
+    pauses stall every thread.)
     """
 
-    def __init__(self, sink: Sink | None, on_stop: Callable[[AbortKind], None]) -> None:
+    def __init__(
+        self, sink: Sink | None, on_stop: Callable[[DirectCall, AbortKind], None]
+    ) -> None:
         self.token = CancelToken()
         self.finished = threading.Event()
         self.aborted: AbortKind | None = None
@@ -311,7 +316,7 @@ class DirectCall:
                 return
             self.aborted = kind
         self.token.set()
-        self._on_stop(kind)
+        self._on_stop(self, kind)
 
     def run(self, instance: Instance, request: ExecRequest) -> Outcome:
         try:
@@ -343,7 +348,7 @@ class DirectCall:
                 return
             self.failure = error
         self.token.set()
-        self._on_stop(STOPPED)
+        self._on_stop(self, STOPPED)
 
 
 def _drop(chunk: bytes) -> None:

@@ -8,6 +8,7 @@ answers; ``raw_server`` below answers with hand-built bytes for hostile cases
 from __future__ import annotations
 
 import base64
+import gc
 import http.server
 import json
 import random
@@ -1660,6 +1661,35 @@ def test_commands_reuse_one_connection_once_each_stream_has_ended(
     # per command.
     assert len(set(keepalive_e2b.ports)) <= 2
     instance.dispose()
+
+
+def test_commands_leave_no_reference_cycle_of_the_library_behind(
+    keepalive_e2b: KeepAliveE2b, profile: SandboxProfile
+) -> None:
+    # A cycle per command leaves its locks and events to the garbage collector, whose
+    # pauses stall every thread of a busy program.
+    instance = backend_for(keepalive_e2b.url).prepare(profile)
+    run(instance)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(5):
+            run(instance)
+        gc.collect()
+        library = [repr(obj)[:80] for obj in gc.garbage if _of_the_library(obj)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+        instance.dispose()
+    assert library == []
+
+
+def _of_the_library(obj: object) -> bool:
+    code = getattr(obj, "__code__", None)
+    where = code.co_filename if code is not None else getattr(type(obj), "__module__", "")
+    return "piship_remote" in where and "testing" not in where
 
 
 # -- the lease: shared renewals, the idle keepalive, the committed end -------------------------

@@ -7,6 +7,7 @@ backend call itself. These tests drive both paths with a scripted backend.
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -445,3 +446,21 @@ def test_an_aborted_channel_drops_its_output_and_says_why() -> None:
 
 def test_an_idle_channel_gives_nothing_after_the_wait() -> None:
     assert Channel(CHUNK).take(0.01) == []
+
+
+@CALLERS
+def test_a_command_leaves_no_reference_cycle_behind(
+    sandbox_for: Callable[..., Sandbox], call_from: Caller
+) -> None:
+    # A cycle per command leaves its locks and events to the garbage collector,
+    # whose pauses stall every thread of a busy program.
+    sandbox = sandbox_for(ScriptedBackend())
+    call_from(lambda: sandbox.exec("true"))
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(10):
+            call_from(lambda: sandbox.exec("true"))
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
