@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.profile_run import cpu_per_command, profile_commands, report
+from benchmarks.profile_run import cpu_per_command, main, profile_commands, report
 
 
 def _work() -> int:
@@ -25,3 +25,16 @@ def test_the_cpu_mode_runs_every_command_once() -> None:
     line = cpu_per_command(lambda: done.append(1), commands=7, threads=2)
     assert len(done) == 7
     assert line.startswith("# 7 commands on 2 thread(s): ")
+
+
+@pytest.mark.timeout(60)
+def test_the_sdk_runs_on_the_e2b_backend_only() -> None:
+    with pytest.raises(SystemExit, match="e2b backend only"):
+        main(["--backend", "kubernetes", "--client", "e2b-sdk", "--commands", "1"])
+
+
+@pytest.mark.timeout(60)
+def test_the_sdk_client_is_measured_like_ours(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("e2b")
+    main(["--client", "e2b-sdk", "--cpu", "--commands", "4", "--threads", "2"])
+    assert capsys.readouterr().out.startswith("# 4 commands on 2 thread(s): ")
