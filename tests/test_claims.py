@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -398,13 +399,24 @@ def test_a_claim_whose_delete_failed_is_never_renewed_again(
     assert cluster.deleted == [first, cluster.created[1]]
 
 
+@contextlib.contextmanager
+def held_renewal(
+    make_manager: MakeManager, cluster: FakeCluster
+) -> Iterator[tuple[ClaimManager, threading.Event]]:
+    """A command of a manager renewing every 10 ms, once a keepalive renewal is held at
+    the gate it yields (the cluster's ``renew_gate``); the block runs inside the command."""
+    manager = make_manager(lifetime=60, keepalive_every=0.01)
+    gate = cluster.renew_gate = threading.Event()
+    with manager.command(CancelToken()):
+        cluster.wait_for_a_renewal()
+        yield manager, gate
+
+
 def test_dispose_aborts_a_keepalive_renewal_still_in_flight(
     make_manager: MakeManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager(lifetime=60, keepalive_every=0.01)
-    cluster.renew_gate = threading.Event()
-    with manager.command(CancelToken()):
-        cluster.wait_for_a_renewal()
+    with held_renewal(make_manager, cluster) as (manager, _):
+        pass
     manager.dispose()
     assert not keepalive_threads()
 
@@ -412,12 +424,9 @@ def test_dispose_aborts_a_keepalive_renewal_still_in_flight(
 def test_a_claim_a_renewal_finds_gone_as_a_command_ends_is_deleted_before_it_reports(
     make_manager: MakeManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager(lifetime=60, keepalive_every=0.01)
-    cluster.renew_gate = threading.Event()
-    with manager.command(CancelToken()):
-        cluster.wait_for_a_renewal()
+    with held_renewal(make_manager, cluster) as (manager, gate):
         cluster.gone.add(cluster.created[0])
-        cluster.renew_gate.set()  # answered "gone" while the command ends
+        gate.set()  # answered "gone" while the command ends
     assert cluster.deleted == cluster.created[:1]
     manager.dispose()
 
@@ -426,11 +435,9 @@ def test_a_claim_a_renewal_finds_gone_as_a_command_ends_is_deleted_before_it_rep
 def test_a_command_ends_without_the_answer_of_a_renewal_that_hangs(
     make_manager: MakeManager, cluster: FakeCluster
 ) -> None:
-    manager = make_manager(lifetime=60, keepalive_every=0.01)
-    cluster.renew_gate = threading.Event()
-    with manager.command(CancelToken()):
-        cluster.wait_for_a_renewal()
-    assert not cluster.renew_gate.is_set()  # still unanswered: the command did not wait for it
+    with held_renewal(make_manager, cluster) as (manager, gate):
+        pass
+    assert not gate.is_set()  # still unanswered: the command did not wait for it
     assert cluster.deleted == []
     manager.dispose()
 
