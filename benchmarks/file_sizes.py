@@ -32,5 +32,5 @@ class FileSize:
 FILE_SIZES: dict[str, FileSize] = {
     "tiny": FileSize(2 * MIB, 1, 200, 2_000_000, 1),
     "small": FileSize(64 * MIB, 3, 2_000, 20_000_000, 3),
-    "full": FileSize(1024 * MIB, 3, 10_000, 100_000_000, 3),
+    "full": FileSize(1024 * MIB, 5, 10_000, 100_000_000, 3),
 }
