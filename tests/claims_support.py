@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from seed_support import Clocks
 
 from piship_remote._cancel import CancelToken
-from piship_remote.backends.claims import Claim, ClaimGone
+from piship_remote.backends.claims import Claim, ClaimGone, ClaimManager
 from piship_remote.backends.lifetime import Anchor
 from piship_remote.errors import CommandCancelled
 
-__all__ = ["FakeCluster", "piship_threads"]
+__all__ = ["FakeCluster", "MakeManager", "managers_on", "piship_threads"]
+
+MakeManager = Callable[..., ClaimManager]
 
 
 class FakeCluster:
@@ -93,3 +98,35 @@ class FakeCluster:
 
 def piship_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("piship-")]
+
+
+@contextlib.contextmanager
+def managers_on(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
+    """``make(lifetime=, keepalive_every=, existence_window=0.0, prepare=False)``: managers
+    on ``cluster`` and ``clocks``, all disposed at the end, with no library thread left."""
+    managers: list[ClaimManager] = []
+
+    def make(
+        *,
+        lifetime: float,
+        keepalive_every: float,
+        existence_window: float = 0.0,
+        prepare: bool = False,
+    ) -> ClaimManager:
+        manager = ClaimManager(
+            cluster,
+            clocks.clock(lifetime),
+            keepalive_every=keepalive_every,
+            existence_window=existence_window,
+        )
+        managers.append(manager)
+        if prepare:
+            manager.prepare()
+        return manager
+
+    try:
+        yield make
+    finally:
+        for manager in managers:
+            manager.dispose()
+    assert piship_threads() == []

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from claims_support import FakeCluster, piship_threads
+from claims_support import FakeCluster, MakeManager, managers_on, piship_threads
 from seed_support import Clocks, T
 
 from piship_remote._cancel import CancelToken
@@ -28,22 +28,14 @@ def cluster() -> FakeCluster:
     return FakeCluster()
 
 
-MakeManager = Callable[..., ClaimManager]
-
-
 @pytest.fixture
 def make_manager(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
-    managers: list[ClaimManager] = []
+    with managers_on(cluster, clocks) as make:
 
-    def make(lifetime: float = 60, keepalive_every: float = 3600) -> ClaimManager:
-        manager = ClaimManager(cluster, clocks.clock(lifetime), keepalive_every=keepalive_every)
-        managers.append(manager)
-        return manager
+        def made(lifetime: float = 60, keepalive_every: float = 3600) -> ClaimManager:
+            return make(lifetime=lifetime, keepalive_every=keepalive_every)
 
-    yield make
-    for manager in managers:
-        manager.dispose()
-    assert piship_threads() == []
+        yield made
 
 
 @pytest.fixture

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-from claims_support import FakeCluster, piship_threads
+from claims_support import FakeCluster, MakeManager, managers_on
 from seed_support import Clocks
 
 from piship_remote._cancel import CancelToken
@@ -23,25 +23,16 @@ def cluster() -> FakeCluster:
     return FakeCluster()
 
 
-MakeManager = Callable[..., ClaimManager]
-
-
 @pytest.fixture
 def make_manager(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
-    managers: list[ClaimManager] = []
+    with managers_on(cluster, clocks) as make:
 
-    def make(window: float = WINDOW, lifetime: float = 3600) -> ClaimManager:
-        manager = ClaimManager(
-            cluster, clocks.clock(lifetime), keepalive_every=3600, existence_window=window
-        )
-        managers.append(manager)
-        manager.prepare()
-        return manager
+        def made(window: float = WINDOW, lifetime: float = 3600) -> ClaimManager:
+            return make(
+                lifetime=lifetime, keepalive_every=3600, existence_window=window, prepare=True
+            )
 
-    yield make
-    for manager in managers:
-        manager.dispose()
-    assert piship_threads() == []
+        yield made
 
 
 @pytest.fixture
