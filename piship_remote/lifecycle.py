@@ -114,7 +114,9 @@ class _Registry:
     def install(self, signals: Iterable[int]) -> None:
         for number in signals:
             previous = signal.signal(number, self._on_signal)
-            if previous is not self._on_signal:
+            # Each access makes a new bound method, so `is` never matches: installed twice,
+            # the handler would chain to itself and recurse on the signal.
+            if previous != self._on_signal:
                 self._signals[number] = previous
 
     def _on_signal(self, number: int, frame: FrameType | None) -> None:

@@ -96,9 +96,12 @@ CHILD = textwrap.dedent(
     lifecycle.track(owner, "sbx-child", lambda: marker.write_text("disposed"))
     if sys.argv[2] == "signals":
         lifecycle.cleanup_on_signals()
+    if sys.argv[2] == "signals-twice":
+        lifecycle.cleanup_on_signals()
+        lifecycle.cleanup_on_signals()
     if sys.argv[2] == "raise":
         raise SystemExit("uncaught")
-    if sys.argv[2] in ("signals", "plain-signal"):
+    if sys.argv[2] in ("signals", "signals-twice", "plain-signal"):
         print("ready", flush=True)
         time.sleep(30)
     """
@@ -136,6 +139,13 @@ def test_sigterm_with_cleanup_on_signals_disposes_then_dies_by_the_signal(tmp_pa
 @pytest.mark.timeout(30)
 def test_sighup_with_cleanup_on_signals_disposes_then_dies_by_the_signal(tmp_path: Path) -> None:
     assert run_child(tmp_path, "signals", signal.SIGHUP) == (-signal.SIGHUP, True)
+
+
+@pytest.mark.timeout(30)
+def test_cleanup_on_signals_asked_twice_still_disposes_then_dies_by_the_signal(
+    tmp_path: Path,
+) -> None:
+    assert run_child(tmp_path, "signals-twice", signal.SIGTERM) == (-signal.SIGTERM, True)
 
 
 @pytest.mark.timeout(30)
