@@ -12,13 +12,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from claims_support import FakeCluster
 from local_service_support import Client
 from seed_support import Clocks
 
+from piship_remote.backends.kubernetes import KubernetesInstance
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
 
 pytest_plugins = ["piship_remote.testing.plugin"]
+
+
+@pytest.fixture
+def instances() -> Iterator[list[KubernetesInstance]]:
+    """Kubernetes instances to dispose at teardown, whatever the test did."""
+    made: list[KubernetesInstance] = []
+    yield made
+    for instance in made:
+        instance.dispose()
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    """An in-memory cluster behind a claim manager (``claims_support``)."""
+    return FakeCluster()
 
 
 @pytest.fixture

@@ -24,11 +24,6 @@ def keepalive_threads() -> list[threading.Thread]:
 
 
 @pytest.fixture
-def cluster() -> FakeCluster:
-    return FakeCluster()
-
-
-@pytest.fixture
 def make_manager(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
     with managers_on(cluster, clocks) as make:
 

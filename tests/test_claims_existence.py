@@ -19,11 +19,6 @@ WINDOW = 1.0
 
 
 @pytest.fixture
-def cluster() -> FakeCluster:
-    return FakeCluster()
-
-
-@pytest.fixture
 def make_manager(cluster: FakeCluster, clocks: Clocks) -> Iterator[MakeManager]:
     with managers_on(cluster, clocks) as make:
 

@@ -62,15 +62,6 @@ def no_thread_left() -> Iterator[None]:
     assert_no_library_thread_left()
 
 
-@pytest.fixture
-def instances() -> Iterator[list[KubernetesInstance]]:
-    """Instances to dispose at teardown, whatever the test did."""
-    made: list[KubernetesInstance] = []
-    yield made
-    for instance in made:
-        instance.dispose()
-
-
 def prepared(made: list[KubernetesInstance], url: str, **options: Any) -> KubernetesInstance:
     instance = kubernetes(url, **options).prepare(PROFILE)
     made.append(instance)

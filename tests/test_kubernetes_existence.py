@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import attrs
 import pytest
 from seed_support import Clocks, assert_no_library_thread_left, failure_of, kubernetes
 
@@ -32,15 +33,6 @@ TOKEN = "k8s-existence-token"
 def no_thread_left() -> Iterator[None]:
     yield
     assert_no_library_thread_left()
-
-
-@pytest.fixture
-def instances() -> Iterator[list[KubernetesInstance]]:
-    """Instances to dispose at teardown, whatever the test did."""
-    made: list[KubernetesInstance] = []
-    yield made
-    for instance in made:
-        instance.dispose()
 
 
 class Runtime:
@@ -141,19 +133,38 @@ def test_an_invalid_window_is_refused_with_a_config_error(window: object) -> Non
 # ---------------------------------------------------------------- the router cannot reach it
 
 
-@pytest.mark.parametrize("real_router", [False, True], ids=["router 404", "router 502"])
-def test_a_claim_the_api_no_longer_has_runs_the_command_once_in_a_new_claim(
+@attrs.frozen
+class _Claimed:
+    """One prepared instance on its first claim, behind a router of either kind."""
+
+    runtime: Runtime
+    cluster: Cluster
+    mock: KubernetesServer
+    instance: KubernetesInstance
+    first: str
+
+
+@pytest.fixture
+def claimed(
     kubernetes_server: KubernetesFactory,
     instances: list[KubernetesInstance],
     clocks: Clocks,
     real_router: bool,
-) -> None:
+) -> _Claimed:
     runtime = Runtime()
     cluster = Cluster(real_router=real_router)
     mock = kubernetes_server(runtime, cluster)
     instance = prepared(instances, mock.url, clocks)
     [first] = claim_names(mock)
-    cluster.expired.add(first)
+    return _Claimed(runtime, cluster, mock, instance, first)
+
+
+@pytest.mark.parametrize("real_router", [False, True], ids=["router 404", "router 502"])
+def test_a_claim_the_api_no_longer_has_runs_the_command_once_in_a_new_claim(
+    claimed: _Claimed,
+) -> None:
+    runtime, mock, instance, first = claimed.runtime, claimed.mock, claimed.instance, claimed.first
+    claimed.cluster.expired.add(first)
     before = len(mock.requests)
     assert instance.exec(request("echo fresh")) == BackendResult(0)
     [_, second] = claim_names(mock)
@@ -173,19 +184,10 @@ def test_a_claim_the_api_no_longer_has_runs_the_command_once_in_a_new_claim(
     ids=["router 404", "router 502"],
 )
 def test_a_claim_the_api_still_has_is_retired_without_running_the_command_again(
-    kubernetes_server: KubernetesFactory,
-    instances: list[KubernetesInstance],
-    clocks: Clocks,
-    real_router: bool,
-    said: str,
-    retryable: bool,
+    claimed: _Claimed, said: str, retryable: bool
 ) -> None:
-    runtime = Runtime()
-    cluster = Cluster(real_router=real_router)
-    mock = kubernetes_server(runtime, cluster)
-    instance = prepared(instances, mock.url, clocks)
-    [first] = claim_names(mock)
-    cluster.router_gone.add(first)
+    runtime, mock, instance, first = claimed.runtime, claimed.mock, claimed.instance, claimed.first
+    claimed.cluster.router_gone.add(first)
     error = failure_of(lambda: instance.exec(request("deploy")))
     assert isinstance(error, PiShipError)
     assert str(error).startswith(said)

@@ -80,6 +80,17 @@ def interrupt_when(arrived: threading.Event, send: Callable[[], None]) -> thread
     return thread
 
 
+def interrupted(
+    sandbox: Sandbox, arrived: threading.Event, send: Callable[[], None] | None = None
+) -> threading.Thread:
+    """Run a hanging command that ``send`` (default: SIGINT raised on this thread)
+    interrupts once the double holds it; ``KeyboardInterrupt`` must end it."""
+    interrupter = interrupt_when(arrived, send or (lambda: signal.raise_signal(signal.SIGINT)))
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.exec("sleep 600")
+    return interrupter
+
+
 def exec_threads() -> list[str]:
     return [
         t.name
@@ -104,9 +115,7 @@ def test_a_sigint_on_another_thread_kills_the_command_and_raises(e2b: Any) -> No
     arrived = threading.Event()
     mock, sandbox = e2b(hanging_on(arrived))
     with sandbox:
-        interrupter = interrupt_when(arrived, lambda: signal.raise_signal(signal.SIGINT))
-        with pytest.raises(KeyboardInterrupt):
-            sandbox.exec("sleep 600")
+        interrupter = interrupted(sandbox, arrived)
         interrupter.join()
         kill = mock.wait_for("POST", "/process.Process/SendSignal", timeout=5)
         assert kill.json()["signal"] == "SIGNAL_SIGKILL"
@@ -116,9 +125,7 @@ def test_the_sandbox_stays_usable_after_ctrl_c(e2b: Any) -> None:
     arrived = threading.Event()
     _, sandbox = e2b(hanging_on(arrived))
     with sandbox:
-        interrupt_when(arrived, lambda: signal.raise_signal(signal.SIGINT))
-        with pytest.raises(KeyboardInterrupt):
-            sandbox.exec("sleep 600")
+        interrupted(sandbox, arrived)
         assert sandbox.exec("echo ok").exit_code == 0
 
 
@@ -126,9 +133,7 @@ def test_a_sigint_sent_to_the_process_interrupts_the_call(e2b: Any) -> None:
     arrived = threading.Event()
     mock, sandbox = e2b(hanging_on(arrived))
     with sandbox:
-        interrupt_when(arrived, lambda: os.kill(os.getpid(), signal.SIGINT))
-        with pytest.raises(KeyboardInterrupt):
-            sandbox.exec("sleep 600")
+        interrupted(sandbox, arrived, lambda: os.kill(os.getpid(), signal.SIGINT))
         assert mock.wait_for("POST", "/process.Process/SendSignal", timeout=5)
 
 
@@ -145,9 +150,7 @@ def test_ctrl_c_retires_the_kubernetes_claim(
         poll_interval=0.01,
     )
     with activate_sandbox(K8S_POLICY, backend=backend, workspace=workspace) as sandbox:
-        interrupt_when(arrived, lambda: signal.raise_signal(signal.SIGINT))
-        with pytest.raises(KeyboardInterrupt):
-            sandbox.exec("sleep 600")
+        interrupted(sandbox, arrived)
         (first,) = [r.json()["metadata"]["name"] for r in mock.find("POST", CLAIMS)]
         assert mock.wait_for("DELETE", f"{CLAIMS}/{first}", timeout=5)
         assert sandbox.exec("echo ok").exit_code == 0
@@ -167,9 +170,7 @@ def test_python_sigint_handling_is_back_after_an_interrupted_command(e2b: Any) -
     arrived = threading.Event()
     _, sandbox = e2b(hanging_on(arrived))
     with sandbox:
-        interrupt_when(arrived, lambda: signal.raise_signal(signal.SIGINT))
-        with pytest.raises(KeyboardInterrupt):
-            sandbox.exec("sleep 600")
+        interrupted(sandbox, arrived)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         assert signal.set_wakeup_fd(-1) == -1
 
