@@ -187,7 +187,8 @@ def test_deleting_a_paused_sandbox_ends_its_frozen_processes(
 ) -> None:
     mark = marker()
     client.run(sandbox, f"nohup sleep {mark} >/dev/null 2>&1 &")
-    assert marked(mark)
+    # Polled: a command line read while its process is in execve can come back empty.
+    assert gone(lambda: bool(marked(mark)))
     assert pause(client, sandbox) == 204
     assert client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}").status_code == 204
     assert gone(lambda: not marked(mark))
