@@ -1,13 +1,8 @@
-"""Tar archives in both directions: streamed out of a selection, unpacked safely into a tree.
+"""Tar archives out of a host tree: streamed from a selection, cut into parts as they fill.
 
     body = tar_stream(selection.entries)                  # an iterator of bytes, bounded memory
-    summary = unpack_tar(open("results.tar", "rb"), workspace, may_write=allowed)
 
-Unpacking trusts nothing in the archive: absolute names, ``..``, links, devices, FIFOs,
-names that would land outside the destination (through a symlink on the host too) are
-refused and listed, never written; each file is written to a temporary name beside its
-target and renamed into place, so a cut archive leaves no half file; the total size and
-the member count are bounded (a tar bomb fails with ``CONFIG_INVALID`` naming the limit).
+Unpacking what a sandbox sends back is :mod:`piship_remote._unpack`'s (re-exported here).
 """
 
 from __future__ import annotations
@@ -16,13 +11,11 @@ import collections
 import os
 import stat
 import tarfile
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from typing import IO, BinaryIO
+from collections.abc import Iterable, Iterator
 
-from piship_remote._workspace_tree import TreeEntry, inside
-from piship_remote.errors import CONFIG_INVALID, PiShipError
-from piship_remote.transfer import SkippedPath, TransferSummary
+from piship_remote._unpack import unpack_tar
+from piship_remote._workspace_tree import TreeEntry
+from piship_remote.transfer import TransferLimits
 
 __all__ = [
     "MAX_MEMBERS",
@@ -36,8 +29,8 @@ __all__ = [
 
 CHUNK = 256 * 1024
 BLOCK = tarfile.BLOCKSIZE
-MAX_MEMBERS = 1_000_000
-MAX_UNPACKED_BYTES = 64 * 1024**3
+MAX_MEMBERS = TransferLimits().max_entries
+MAX_UNPACKED_BYTES = TransferLimits().max_bytes
 # A tree is sent as archives of about this much (file bytes, or members), so that the
 # sandbox unpacks one while the next is on the wire; a small tree is one archive.
 PART_BYTES = 64 * 1024 * 1024
@@ -268,148 +261,3 @@ def _exactly(descriptor: int, size: int, chunk: int) -> Iterator[bytes]:
             return
         left -= len(data)
         yield data
-
-
-def unpack_tar(
-    source: BinaryIO,
-    destination: str,
-    *,
-    may_write: Callable[[str], bool] = lambda path: True,
-    max_members: int = MAX_MEMBERS,
-    max_bytes: int = MAX_UNPACKED_BYTES,
-) -> TransferSummary:
-    """Unpack the regular files and directories of the tar in ``source`` below ``destination``.
-
-    ``may_write(absolute_path)`` says whether the policy lets a file be written there.
-    """
-    root = os.path.realpath(destination)
-    unpacker = _Unpacker(root, may_write, max_members, max_bytes)
-    try:
-        with tarfile.open(fileobj=source, mode="r|*") as archive:
-            for member in archive:
-                unpacker.member(archive, member)
-    except tarfile.TarError as e:
-        raise PiShipError(
-            CONFIG_INVALID, f"the archive from the sandbox is malformed: {e}", component="files"
-        ) from None
-    return TransferSummary(unpacker.files, unpacker.bytes, tuple(unpacker.skipped))
-
-
-class _Unpacker:
-    def __init__(
-        self, root: str, may_write: Callable[[str], bool], max_members: int, max_bytes: int
-    ) -> None:
-        self.root = root
-        self.may_write = may_write
-        self.max_members = max_members
-        self.max_bytes = max_bytes
-        self.members = 0
-        self.declared = 0
-        self.files = 0
-        self.bytes = 0
-        self.skipped: list[SkippedPath] = []
-
-    def member(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
-        self.members += 1
-        if self.members > self.max_members:
-            raise _bomb(f"more than {self.max_members} entries")
-        if member.isdir() and member.name.replace("\\", "/").strip("/") in ("", "."):
-            return  # the archive's root: the target directory itself
-        # Counted for refused entries too: tarfile reads past what each one declares.
-        self.declared += _declared_bytes(archive, member)
-        if self.declared > self.max_bytes:
-            raise _bomb(f"more than {self.max_bytes} bytes")
-        target, reason = self._target(member)
-        if reason is not None or target is None:
-            self.skipped.append(SkippedPath(member.name, reason or "outside the workspace"))
-            return
-        try:
-            self._unpack(archive, member, target)
-        except OSError as e:  # a name too long, a file where a directory is named, a full disk
-            raise PiShipError(
-                CONFIG_INVALID,
-                f"the archive from the sandbox has an entry that cannot be unpacked here: "
-                f"{member.name[:200]!r}: {e.strerror or e}",
-                component="files",
-            ) from None
-
-    def _unpack(self, archive: tarfile.TarFile, member: tarfile.TarInfo, target: str) -> None:
-        if member.isdir():
-            os.makedirs(target, exist_ok=True)
-            return
-        stream = archive.extractfile(member)
-        if stream is None:
-            self.skipped.append(SkippedPath(member.name, "not a regular file"))
-            return
-        _write_atomically(target, stream, member.mode)
-        self.files += 1
-        self.bytes += member.size
-
-    def _target(self, member: tarfile.TarInfo) -> tuple[str | None, str | None]:
-        name = member.name
-        if "\0" in name:  # a pax name may hold one; no path can
-            raise PiShipError(
-                CONFIG_INVALID,
-                "the archive from the sandbox is malformed: an entry's name holds a NUL byte",
-                component="files",
-            )
-        parts = [part for part in name.replace("\\", "/").split("/") if part not in ("", ".")]
-        if name.startswith("/") or ".." in parts or not parts or os.path.isabs(name):
-            return None, "outside the workspace"
-        if member.issym() or member.islnk():
-            return None, "symlink"
-        if not (member.isfile() or member.isdir()):
-            return None, "not a regular file"
-        target = os.path.join(self.root, *parts)
-        parent = os.path.realpath(os.path.dirname(target))
-        if not inside(parent, self.root) or _is_link(target):
-            return None, "outside the workspace"
-        if ".git" in parts:
-            return None, "write not allowed"
-        if not self.may_write(target):
-            return None, "write not allowed"
-        return target, None
-
-
-def _declared_bytes(archive: tarfile.TarFile, member: tarfile.TarInfo) -> int:
-    """The data bytes ``member`` declares: its size or, for a sparse entry whose header
-    says more, what tarfile reads past to reach the next entry (less block padding)."""
-    return max(member.size, archive.offset - member.offset_data - (BLOCK - 1))
-
-
-def _is_link(path: str) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _write_atomically(target: str, stream: IO[bytes], mode: int) -> None:
-    directory = os.path.dirname(target)
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".piship-", suffix=".part", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            while data := stream.read(CHUNK):
-                out.write(data)
-        os.chmod(temporary, (mode & 0o777) or 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        _remove_quietly(temporary)
-        raise
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _bomb(what: str) -> PiShipError:
-    return PiShipError(
-        CONFIG_INVALID,
-        f"the archive from the sandbox has {what}; nothing more was unpacked",
-        user_action="pull fewer paths, or raise the limit if the results really are this large",
-        component="files",
-    )

@@ -6,9 +6,11 @@
     transfers.at_dispose()               # push-pull: pull back before the sandbox goes
 
 Helper commands (tar, find, touch) run through the governed engine like any
-command, with an empty environment and bounded output. ``mode="push-pull"`` pulls
-at dispose; a failure there is logged (the sandbox is deleted anyway) and kept in
-:attr:`SandboxTransfers.dispose_error`, never raised from ``dispose()``.
+command, with an empty environment and bounded output, but without the login shell
+(``ExecRequest(login=False)``): a sandbox's startup files cannot replace their tools.
+``mode="push-pull"`` pulls at dispose; a failure there is logged (the sandbox is
+deleted anyway) and kept in :attr:`SandboxTransfers.dispose_error`, never raised from
+``dispose()``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from piship_remote._exec_engine import ExecEngine
 from piship_remote._exec_workers import Stream
@@ -61,6 +63,7 @@ class SandboxTransfers:
         *,
         mode: str = "none",
         use_gitignore: bool = True,
+        send_secrets: Sequence[str] = (),
     ) -> None:
         self._engine = engine
         self._profile = profile
@@ -85,6 +88,7 @@ class SandboxTransfers:
             read_deny=profile.read_deny,
             write_allow=profile.write_allow,
             use_gitignore=use_gitignore,
+            send_secrets=send_secrets,
             mode="push" if mode == "none" else mode,
         )
         self._lock = threading.Lock()
@@ -147,7 +151,9 @@ class SandboxTransfers:
             if room > 0:
                 output.extend(chunk[:room])
 
-        request = ExecRequest(command=command, cwd=self._root, workspace_path=".", env={})
+        request = ExecRequest(
+            command=command, cwd=self._root, workspace_path=".", env={}, login=False
+        )
         result = self._engine.run(request, collect, None, None, retire=True)
         return exit_status(result), output.decode("utf-8", "replace")
 

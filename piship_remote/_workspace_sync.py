@@ -13,6 +13,13 @@ sent back unless a command changed them. Without a push, a pull brings
 everything. Everything a pull receives goes through the archive unpacker, which
 refuses anything that would land outside the workspace or where the policy does
 not allow writes.
+
+The two directions mirror each other: what the workspace's ``.gitignore`` files
+ignore is neither pushed nor pulled (listed as ``"ignored"``). A push also leaves
+well-known secret files at home (``.env``, private keys, cloud credential folders;
+listed as ``"secret file"``/``"secret folder"``) unless ``send_secrets`` names them.
+``pull(delete=True)`` deletes a host file only when the sandbox's listing names it
+exactly; one whose name it cannot (not UTF-8) is kept and listed as ``"name not exact"``.
 """
 
 from __future__ import annotations
@@ -20,14 +27,20 @@ from __future__ import annotations
 import os
 import posixpath
 import secrets
-import shlex
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
-from piship_remote._workspace_tree import TreeEntry, TreeWalk, inside
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote._sandbox_commands import (
+    LISTING_END,
+    list_files_command,
+    pack_changed_command,
+    stamp_command,
+)
+from piship_remote._unpack import Exclude
+from piship_remote._workspace_tree import IgnoreRules, TreeEntry, TreeWalk, inside
+from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.files import SandboxFiles
 from piship_remote.transfer import SkippedPath, TransferSummary
 
@@ -57,6 +70,7 @@ class WorkspaceSync:
         read_deny: Sequence[str] = (),
         write_allow: Sequence[str] = (),
         use_gitignore: bool = True,
+        send_secrets: Sequence[str] = (),
         mode: str = "push",
     ) -> None:
         if mode not in SYNC_MODES:
@@ -66,6 +80,7 @@ class WorkspaceSync:
         self._read_deny = tuple(read_deny)
         self._write_allow = tuple(write_allow)
         self._use_gitignore = use_gitignore
+        self._send_secrets = tuple(send_secrets)
         self._stamp = posixpath.join(STAMP_DIRECTORY, f".piship-sync-{secrets.token_hex(8)}")
         self._pushed_files: frozenset[str] = frozenset()
         self._lock = threading.Lock()
@@ -85,13 +100,18 @@ class WorkspaceSync:
         out while the walk goes on."""
         starts = None if paths is None else [self._host_path(path) for path in paths]
         walk = TreeWalk(
-            self._root, read_deny=self._read_deny, paths=starts, use_gitignore=self._use_gitignore
+            self._root,
+            read_deny=self._read_deny,
+            paths=starts,
+            use_gitignore=self._use_gitignore,
+            skip_secrets=True,
+            send_secrets=self._send_secrets,
         )
         pushed: set[str] = set()
         self._files.upload_walk(
             _noting_files(walk, pushed),
             self._files.working_directory(),
-            then=f"touch {shlex.quote(self._stamp)}",
+            then=stamp_command(self._stamp),
         )
         summary = walk.summary()
         with self._lock:
@@ -102,12 +122,17 @@ class WorkspaceSync:
     def pull(
         self, paths: Iterable[str | os.PathLike[str]] | None = None, *, delete: bool = False
     ) -> TransferSummary:
-        """Bring back the files changed in the sandbox since the last push."""
+        """Bring back the files changed in the sandbox since the last push, less what the
+        workspace's ``.gitignore`` files ignore."""
         relative = ["."] if paths is None else [self._relative(path) for path in paths]
         root = self._files.working_directory()
         archive = posixpath.join(STAMP_DIRECTORY, f".piship-pull-{secrets.token_hex(8)}.tar")
+        newer = self._stamp if self._stamp_exists() else None
         summary = self._files.download_archive(
-            self._pack_command(root, relative, archive), archive, self._root
+            pack_changed_command(root, relative, archive, newer_than=newer),
+            archive,
+            self._root,
+            exclude=self._ignored() if self._use_gitignore else None,
         )
         if delete:
             summary = summary + self._delete_vanished(root)
@@ -115,27 +140,29 @@ class WorkspaceSync:
             self._record = attrs.evolve(self._record, pulled=summary)
         return summary
 
-    def _pack_command(self, root: str, relative: Sequence[str], archive: str) -> str:
-        newer = f"-newer {shlex.quote(self._stamp)}" if self._stamp_exists() else ""
-        starts = " ".join(shlex.quote(path) for path in relative)
-        return (
-            f"cd {shlex.quote(root)} && find {starts} ! -type d {newer} -print0 2>/dev/null"
-            f" | tar --null --no-recursion -cf {shlex.quote(archive)} -T -"
-        )
+    def _ignored(self) -> Exclude:
+        """What a push would leave out as ignored, as the pull's exclusion (the host's
+        ``.gitignore`` files as they are now)."""
+        rules = IgnoreRules(self._root)
+
+        def exclude(relative: str, is_dir: bool) -> str | None:
+            return "ignored" if rules.excludes(relative, is_dir=is_dir) else None
+
+        return exclude
 
     def _stamp_exists(self) -> bool:
         return self._record.pushed is not None
 
     def _delete_vanished(self, root: str) -> TransferSummary:
-        listing = self._files.run_checked(
-            f"cd {shlex.quote(root)} && find . -type f -print", "listing the working directory"
-        )
-        present = {line[2:] for line in listing.splitlines() if line.startswith("./")}
+        present = self._present(root)
         deleted: list[SkippedPath] = []
         with self._lock:
             vanished = sorted(self._pushed_files - present)
         for relative in vanished:
             host = os.path.join(self._root, *relative.split("/"))
+            if not _exact(relative):
+                deleted.append(SkippedPath(relative, "name not exact"))
+                continue
             if not self._may_delete(host):
                 deleted.append(SkippedPath(relative, "write not allowed"))
                 continue
@@ -146,6 +173,23 @@ class WorkspaceSync:
         with self._lock:
             self._pushed_files = self._pushed_files - set(vanished)
         return TransferSummary(skipped=tuple(deleted))
+
+    def _present(self, root: str) -> set[str]:
+        """The regular files in the sandbox's ``root``, relative; a cut listing is refused
+        (a file missing from it would be deleted on the host)."""
+        listing = self._files.run_checked(
+            list_files_command(root), "listing the working directory"
+        )
+        names, _, end = listing.rpartition("\0")
+        if end != LISTING_END:
+            raise PiShipError(
+                SANDBOX_UNAVAILABLE,
+                "listing the working directory in the sandbox gave a cut answer; nothing was"
+                " deleted on this host",
+                user_action="pull without delete=True",
+                component="files",
+            )
+        return {name[2:] for name in names.split("\0") if name.startswith("./")}
 
     def _may_delete(self, host: str) -> bool:
         parent = os.path.realpath(os.path.dirname(host))
@@ -167,6 +211,13 @@ class WorkspaceSync:
         absolute = self._host_path(path)
         relative = os.path.relpath(absolute, self._root).replace(os.sep, "/")
         return relative
+
+
+def _exact(relative: str) -> bool:
+    """Whether the sandbox's listing (UTF-8, undecodable bytes replaced) shows this name
+    exactly: a name that is not UTF-8 (surrogates here) or holds U+FFFD may be there under
+    a different spelling."""
+    return "\ufffd" not in relative and not any("\udc80" <= c <= "\udcff" for c in relative)
 
 
 def _noting_files(entries: Iterable[TreeEntry], files: set[str]) -> Iterator[TreeEntry]:

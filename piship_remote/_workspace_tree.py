@@ -8,11 +8,17 @@
     for entry in walk: ...                    # the same entries, each as it is reached
     walk.summary()                            # afterwards: counts and skipped, no entries kept
 
+    rules = IgnoreRules(root)
+    rules.excludes("build/out.o", is_dir=False)   # the same rules, for what a pull brings back
+
 Rules, in order, for each path below the workspace root:
 
 - anything under a ``read_deny`` path never leaves the host (``"read-deny"``);
 - ``.git`` and paths ignored by the workspace's ``.gitignore`` files (nested files apply
   to their own directory, deeper ones first, as git does) are skipped (``"ignored"``);
+- with ``skip_secrets``, well-known secret files and folders (``.env``, private keys,
+  cloud credential folders: :mod:`piship_remote._secret_files`) are skipped (``"secret
+  file"``, ``"secret folder"``) unless they are at or below a path in ``send_secrets``;
 - a symlink whose target leaves the workspace is skipped (``"symlink leaves the
   workspace"``); one that stays inside is sent as a link, never followed;
 - sockets, devices and FIFOs are skipped (``"not a regular file"``).
@@ -27,9 +33,10 @@ from collections.abc import Iterable, Iterator, Sequence
 import attrs
 import pathspec
 
+from piship_remote._secret_files import secret_reason
 from piship_remote.transfer import SkippedPath, TransferSummary
 
-__all__ = ["TreeEntry", "TreeSelection", "TreeWalk", "inside", "select_tree"]
+__all__ = ["IgnoreRules", "TreeEntry", "TreeSelection", "TreeWalk", "inside", "select_tree"]
 
 GIT_DIRECTORY = ".git"
 GITIGNORE = ".gitignore"
@@ -75,9 +82,18 @@ def select_tree(
     read_deny: Sequence[str] = (),
     paths: Iterable[str] | None = None,
     use_gitignore: bool = True,
+    skip_secrets: bool = False,
+    send_secrets: Sequence[str] = (),
 ) -> TreeSelection:
     """Walk ``root`` (or only ``paths`` below it, absolute) and decide what a push sends."""
-    walk = TreeWalk(root, read_deny=read_deny, paths=paths, use_gitignore=use_gitignore)
+    walk = TreeWalk(
+        root,
+        read_deny=read_deny,
+        paths=paths,
+        use_gitignore=use_gitignore,
+        skip_secrets=skip_secrets,
+        send_secrets=send_secrets,
+    )
     entries = tuple(walk)
     return TreeSelection(entries, walk.skipped)
 
@@ -96,11 +112,19 @@ class TreeWalk:
         read_deny: Sequence[str] = (),
         paths: Iterable[str] | None = None,
         use_gitignore: bool = True,
+        skip_secrets: bool = False,
+        send_secrets: Sequence[str] = (),
     ) -> None:
         real = os.path.realpath(root)
         # Every visited path is below the root, so only denials below it or above it apply.
         relevant = tuple(path for path in read_deny if inside(path, real) or inside(real, path))
-        self._walker = _Walker(real, relevant, use_gitignore)
+        self._walker = _Walker(
+            real,
+            relevant,
+            IgnoreRules(real) if use_gitignore else None,
+            skip_secrets,
+            tuple(os.path.realpath(path) for path in send_secrets),
+        )
         self._starts = [real] if paths is None else [os.path.abspath(path) for path in paths]
         self.files = 0
         self.bytes = 0
@@ -127,10 +151,10 @@ class TreeWalk:
 class _Walker:
     root: str
     read_deny: tuple[str, ...]
-    use_gitignore: bool
+    ignore: IgnoreRules | None
+    skip_secrets: bool
+    send_secrets: tuple[str, ...]
     skipped: list[SkippedPath] = attrs.Factory(list)
-    _specs: dict[str, pathspec.GitIgnoreSpec | None] = attrs.Factory(dict)
-    _chains: dict[str, tuple[tuple[str, pathspec.GitIgnoreSpec], ...]] = attrs.Factory(dict)
     _seen: set[str] = attrs.Factory(set)
 
     def visit_start(self, start: str) -> Iterator[TreeEntry]:
@@ -210,15 +234,46 @@ class _Walker:
             return None
         if relative.rpartition("/")[2] == GIT_DIRECTORY:
             return "ignored"
-        if self.use_gitignore and self._ignored(relative, absolute):
+        if self.ignore is not None and self.ignore.ignored(relative, os.path.isdir(absolute)):
             return "ignored"
+        if self.skip_secrets and not any(inside(absolute, sent) for sent in self.send_secrets):
+            return secret_reason(relative, absolute, is_dir=_is_directory(absolute))
         return None
 
-    def _ignored(self, relative: str, absolute: str) -> bool:
+    def _relative(self, absolute: str) -> str:
+        return (
+            ""
+            if absolute == self.root
+            else os.path.relpath(absolute, self.root).replace(os.sep, "/")
+        )
+
+
+class IgnoreRules:
+    """The ``.gitignore`` files of a tree, read as they are needed and kept."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._specs: dict[str, pathspec.GitIgnoreSpec | None] = {}
+        self._chains: dict[str, tuple[tuple[str, pathspec.GitIgnoreSpec], ...]] = {}
+
+    def excludes(self, relative: str, *, is_dir: bool) -> bool:
+        """Whether a push leaves out ``relative``: it, or a directory above it, is ``.git``
+        or ignored (git never looks inside an ignored directory)."""
+        parts = relative.split("/")
+        for depth in range(1, len(parts) + 1):
+            below = depth < len(parts)
+            if parts[depth - 1] == GIT_DIRECTORY:
+                return True
+            if self.ignored("/".join(parts[:depth]), below or is_dir):
+                return True
+        return False
+
+    def ignored(self, relative: str, is_dir: bool) -> bool:
+        """Whether the ``.gitignore`` files above ``relative`` ignore it."""
         chain = self._chain(relative.rpartition("/")[0])
         if not chain:
             return False
-        candidate = relative + ("/" if os.path.isdir(absolute) else "")
+        candidate = relative + ("/" if is_dir else "")
         for base, spec in chain:
             below = candidate[len(base) + 1 :] if base else candidate
             verdict = spec.check_file(below).include
@@ -244,12 +299,12 @@ class _Walker:
             self._specs[base] = _read_spec(path)
         return self._specs[base]
 
-    def _relative(self, absolute: str) -> str:
-        return (
-            ""
-            if absolute == self.root
-            else os.path.relpath(absolute, self.root).replace(os.sep, "/")
-        )
+
+def _is_directory(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _read_spec(path: str) -> pathspec.GitIgnoreSpec | None:

@@ -32,6 +32,7 @@ __all__ = [
     "CREDENTIAL_REQUIRED",
     "ERROR_CODES",
     "FILE_NOT_FOUND",
+    "FILE_WRITE_FAILED",
     "GATEWAY_PROTOCOL_ERROR",
     "GATEWAY_UNREACHABLE",
     "NETWORK_DENIED",
@@ -56,6 +57,9 @@ TLS_POLICY_VIOLATION = "TLS_POLICY_VIOLATION"
 SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
 COMMAND_FAILED = "COMMAND_FAILED"
 FILE_NOT_FOUND = "FILE_NOT_FOUND"
+# A file could not be written where it was asked (read-only, full disk, a file where a
+# folder must be), in the sandbox or on this host; the sandbox stays usable.
+FILE_WRITE_FAILED = "FILE_WRITE_FAILED"
 
 ERROR_CODES = frozenset(
     {
@@ -70,6 +74,7 @@ ERROR_CODES = frozenset(
         SANDBOX_UNAVAILABLE,
         COMMAND_FAILED,
         FILE_NOT_FOUND,
+        FILE_WRITE_FAILED,
     }
 )
 

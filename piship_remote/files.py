@@ -9,6 +9,10 @@ A relative remote path is relative to the sandbox's working directory (the remot
 image of the workspace root); an absolute one is used as is. Host paths obey the
 policy: nothing under ``filesystem.read.deny`` is uploaded, and downloads write only
 where ``filesystem.write.allow`` permits.
+
+What comes back from a sandbox is bounded by :attr:`SandboxFiles.limits` while it is
+read, and is put in place only once it all arrived: a download that fails (a limit, a
+full disk, a cut connection) leaves nothing on the host.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ import io
 import os
 import posixpath
 import secrets
-import shlex
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
-from piship_remote._archive import StreamedArchives, unpack_tar
+from piship_remote._archive import StreamedArchives
+from piship_remote._host_writes import host_write_error
+from piship_remote._sandbox_commands import pack_tree_command, unpack_command
+from piship_remote._unpack import Exclude, unpack_streamed
 from piship_remote._workspace_tree import TreeEntry, TreeWalk, inside
 from piship_remote.backends._file_protocol import RemoteFiles, SizedChunks
 from piship_remote.errors import (
@@ -34,7 +40,7 @@ from piship_remote.errors import (
     CommandCancelled,
     PiShipError,
 )
-from piship_remote.transfer import FileInfo, SkippedPath, TransferSummary
+from piship_remote.transfer import FileInfo, SkippedPath, TransferLimits, TransferSummary
 
 __all__ = ["CHUNK", "CommandRunner", "Progress", "SandboxFiles"]
 
@@ -45,7 +51,11 @@ Progress = Callable[[int], None]
 
 
 class SandboxFiles:
-    """The file operations of one sandbox; thread-safe, usable while commands run."""
+    """The file operations of one sandbox; thread-safe, usable while commands run.
+
+    ``limits`` bounds what one download or pull writes on this host; set it to change
+    them (``files.limits = TransferLimits(max_bytes=...)``).
+    """
 
     def __init__(
         self,
@@ -56,7 +66,9 @@ class SandboxFiles:
         read_deny: Sequence[str] = (),
         write_allow: Sequence[str] = (),
         cancel: threading.Event | None = None,
+        limits: TransferLimits | None = None,
     ) -> None:
+        self.limits = limits if limits is not None else TransferLimits()
         self._remote = remote
         self._workspace = os.path.realpath(workspace) if workspace is not None else None
         self._run = run
@@ -170,6 +182,9 @@ class SandboxFiles:
                 _unlink_quietly(temporary)
                 return self._download_other(info, remote, source, target, progress)
             os.replace(temporary, target)
+        except OSError as e:
+            _unlink_quietly(temporary)
+            raise host_write_error(target, e) from None
         except BaseException:
             _unlink_quietly(temporary)
             raise
@@ -229,7 +244,7 @@ class SandboxFiles:
                     self._remove_quietly(archive)  # no unpack will take it away
                     raise
                 last = following is None
-                command = self._unpack_command(archive, target, then if last else "")
+                command = unpack_command(archive, target, then if last else "")
                 unpacking = _Beside(functools.partial(self._unpacked, command, target), "unpack")
                 chunks = following
         except BaseException:
@@ -254,14 +269,6 @@ class SandboxFiles:
         counted = (_counted(chunks, progress) for chunks in archives)
         self.upload_archives(counted, target, then=then, check=archives.check)
 
-    def _unpack_command(self, archive: str, target: str, then: str) -> str:
-        after = f" && {then}" if then else ""
-        return (
-            f"mkdir -p {shlex.quote(target)} && tar -xf {shlex.quote(archive)}"
-            f" -C {shlex.quote(target)} --no-same-owner{after}; status=$?;"
-            f" rm -f {shlex.quote(archive)}; exit $status"
-        )
-
     def _unpacked(self, command: str, target: str) -> FileInfo | None:
         self.run_checked(command, f"unpacking into {target}")
         return None
@@ -273,16 +280,28 @@ class SandboxFiles:
             pass  # the failure being raised says more; the staged file is in /tmp
 
     def download_archive(
-        self, create: str, archive: str, target: str, progress: Progress | None = None
+        self,
+        create: str,
+        archive: str,
+        target: str,
+        progress: Progress | None = None,
+        *,
+        exclude: Exclude | None = None,
     ) -> TransferSummary:
-        """Run ``create`` (a shell line writing the tar ``archive``), fetch it, unpack it."""
+        """Run ``create`` (a shell line writing the tar ``archive``), then unpack the archive
+        into ``target`` as it is read, within :attr:`limits`; ``exclude(relative, is_dir)``
+        names entries to leave out, with the reason."""
         try:
             self.run_checked(create, f"packing {archive}")
-            with tempfile.TemporaryFile(dir=_existing_parent(target)) as spool:
-                self._remote.read(archive, _counting(spool.write, progress), cancel=self._cancel)
-                spool.seek(0)
-                os.makedirs(target, exist_ok=True)
-                return unpack_tar(spool, target, may_write=self._may_write)
+            return unpack_streamed(
+                lambda sink: self._remote.read(
+                    archive, _counting(sink, progress), cancel=self._cancel
+                ),
+                target,
+                may_write=self._may_write,
+                exclude=exclude,
+                limits=self.limits,
+            )
         finally:
             self._remote.remove(archive, cancel=self._cancel)
 
@@ -308,22 +327,32 @@ class SandboxFiles:
         self, source: str, target: str, progress: Progress | None
     ) -> TransferSummary:
         archive = _staged_archive()
-        create = f"tar -cf {shlex.quote(archive)} -C {shlex.quote(source)} ."
-        return self.download_archive(create, archive, target, progress)
+        return self.download_archive(pack_tree_command(source, archive), archive, target, progress)
 
     def _fetch_file(
         self, source: str, target: str, progress: Progress | None
     ) -> tuple[str, int]:
-        """The remote file in a temporary file beside ``target``: its path and size."""
-        directory = _existing_parent(target)
-        handle, temporary = tempfile.mkstemp(prefix=".piship-", suffix=".part", dir=directory)
+        """The remote file in a temporary file beside ``target``: its path and size, at most
+        :attr:`limits` ``.max_bytes``; on any failure nothing is left (not even the
+        directories made for it)."""
+        made = _make_parents(target)
+        try:
+            handle, temporary = tempfile.mkstemp(
+                prefix=".piship-", suffix=".part", dir=os.path.dirname(target)
+            )
+        except OSError as e:
+            _remove_directories(made)
+            raise host_write_error(target, e) from None
         try:
             with os.fdopen(handle, "wb") as out:
                 size = self._remote.read(
-                    source, _counting(out.write, progress), cancel=self._cancel
+                    source,
+                    _bounded(out.write, self.limits.max_bytes, source, target, progress),
+                    cancel=self._cancel,
                 )
         except BaseException:
             _unlink_quietly(temporary)
+            _remove_directories(made)
             raise
         return temporary, size
 
@@ -415,10 +444,62 @@ def _counting(
     return sink
 
 
-def _existing_parent(path: str) -> str:
+def _bounded(
+    write: Callable[[bytes], object],
+    limit: int,
+    source: str,
+    target: str,
+    progress: Progress | None,
+) -> Callable[[bytes], None]:
+    """A sink writing at most ``limit`` bytes: past it, a ``PiShipError`` naming the limit;
+    a failed write, one naming ``target``."""
+    written = 0
+
+    def sink(chunk: bytes) -> None:
+        nonlocal written
+        written += len(chunk)
+        if written > limit:
+            raise PiShipError(
+                CONFIG_INVALID,
+                f"{source} in the sandbox is larger than {limit} bytes (the max_bytes limit);"
+                " nothing was written",
+                user_action="raise the limit: files.limits = TransferLimits(max_bytes=…)",
+                component="files",
+            )
+        try:
+            write(chunk)
+        except OSError as e:
+            raise host_write_error(target, e) from None
+        if progress is not None:
+            progress(len(chunk))
+
+    return sink
+
+
+def _make_parents(path: str) -> list[str]:
+    """Make the directories above ``path``: those made, parents first."""
+    missing: list[str] = []
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    return parent
+    while not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    made: list[str] = []
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except OSError as e:
+            _remove_directories(made)
+            raise host_write_error(directory, e) from None
+        made.append(directory)
+    return made
+
+
+def _remove_directories(made: list[str]) -> None:
+    for directory in reversed(made):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
 
 
 def _staged_archive() -> str:

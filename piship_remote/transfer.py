@@ -1,9 +1,12 @@
-"""The values file operations return: ``FileInfo``, ``TransferSummary``, ``SkippedPath``.
+"""The values file operations return: ``FileInfo``, ``TransferSummary``, ``SkippedPath``,
+and the ``TransferLimits`` a download or pull obeys.
 
 summary = sandbox.push()
 print(summary.files, summary.bytes)
 for skipped in summary.skipped:
-    print(skipped.path, skipped.reason)      # e.g. ".env read-deny"
+    print(skipped.path, skipped.reason)      # e.g. ".env secret file"
+
+sandbox.files.limits = TransferLimits(max_bytes=2 * 1024**3)   # what may come back at most
 """
 
 from __future__ import annotations
@@ -12,7 +15,14 @@ from collections.abc import Iterable
 
 import attrs
 
-__all__ = ["FILE_TYPES", "SKIP_REASONS", "FileInfo", "SkippedPath", "TransferSummary"]
+__all__ = [
+    "FILE_TYPES",
+    "SKIP_REASONS",
+    "FileInfo",
+    "SkippedPath",
+    "TransferLimits",
+    "TransferSummary",
+]
 
 FILE_TYPES = ("file", "dir", "symlink", "other")
 SKIP_REASONS = (
@@ -24,6 +34,10 @@ SKIP_REASONS = (
     "not a regular file",
     "write not allowed",
     "not readable",
+    "secret file",
+    "secret folder",
+    "name clash",
+    "name not exact",
 )
 
 
@@ -61,3 +75,19 @@ class TransferSummary:
         return TransferSummary(
             self.files + other.files, self.bytes + other.bytes, self.skipped + other.skipped
         )
+
+
+def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"TransferLimits.{attribute.name} must be a positive int, not {value!r}")
+
+
+@attrs.frozen
+class TransferLimits:
+    """The most a download or pull from a sandbox writes on this host: bytes (what the
+    entries declare, sparse ones at their full size) and entries. They apply while the
+    data is read; past one, the transfer stops with a ``PiShipError`` naming it and
+    leaves nothing on the host."""
+
+    max_bytes: int = attrs.field(default=16 * 1024**3, validator=_positive)
+    max_entries: int = attrs.field(default=1_000_000, validator=_positive)

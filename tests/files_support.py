@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from piship_remote.errors import FILE_NOT_FOUND, CommandCancelled, PiShipError
 from piship_remote.local.wire import ConnectError, EntryInfo, resolve, unstructure
@@ -70,6 +74,27 @@ class DirectoryFiles:
                 sink(data)
                 total += len(data)
         return total
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``"1m"``) mounted at ``path`` (made), unmounted afterwards;
+    skips the test where mounting is not allowed (not root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace')}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def bash_runner(command: str) -> tuple[int, str]:

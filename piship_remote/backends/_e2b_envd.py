@@ -20,6 +20,7 @@ from json.encoder import encode_basestring
 import attrs
 import cattrs
 
+from piship_remote._sandbox_commands import HELPER_SHELL
 from piship_remote.backends._common import (
     SandboxErrors,
     is_success,
@@ -86,10 +87,14 @@ def _wire_converter() -> cattrs.Converter:
 _WIRE = _wire_converter()
 
 
-def start_request(command: str, env: Mapping[str, str], cwd: str, tag: str) -> StartRequest:
-    """Start ``command`` with ``/bin/bash -l -c`` in ``cwd``, tagged for SendSignal."""
+def start_request(
+    command: str, env: Mapping[str, str], cwd: str, tag: str, *, login: bool = True
+) -> StartRequest:
+    """Start ``command`` with ``/bin/bash -l -c`` in ``cwd``, tagged for SendSignal; with
+    ``login=False`` with :data:`HELPER_SHELL` (``/bin/sh -c``), which reads no startup file."""
+    cmd, *args = ("/bin/bash", "-l", "-c") if login else HELPER_SHELL
     return StartRequest(
-        process=_ProcessConfig(cmd="/bin/bash", args=("-l", "-c", command), envs=env, cwd=cwd),
+        process=_ProcessConfig(cmd=cmd, args=(*args, command), envs=env, cwd=cwd),
         stdin=False,
         tag=tag,
     )

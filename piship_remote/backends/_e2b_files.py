@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from piship_remote.backends._file_protocol import ChunkSink, SizedChunks
+from piship_remote.backends._file_protocol import ChunkSink, SizedChunks, write_failed
 from piship_remote.errors import FILE_NOT_FOUND, PiShipError
 from piship_remote.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
@@ -194,10 +194,15 @@ class EnvdFiles:
         message = _json_message(response)
         if status == 404:
             return _not_found(path)
-        if status == 507:
-            return self._errors(f"{verb} {path} failed: the sandbox's disk is full")
+        if verb == "writing" and status in _WRITE_REFUSED:
+            return write_failed(path, "the sandbox's disk is full" if status == 507 else message)
         return self._errors(f"{verb} {path} failed: HTTP {status}: {message}")
 
+
+# envd's answers to a write it could not make (the sandbox itself is fine): a directory
+# at the path (400), no permission (403), a read-only place or a file where a folder
+# must be (500), a full disk (507). A gateway's 502 or 503 is the sandbox gone.
+_WRITE_REFUSED = frozenset({400, 403, 500, 507})
 
 _VERBS = {"Stat": "checking", "ListDir": "listing", "MakeDir": "making", "Remove": "removing"}
 

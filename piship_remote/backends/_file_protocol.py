@@ -3,7 +3,9 @@
 Paths given to a :class:`RemoteFiles` are absolute remote paths (the façade resolves
 relative ones against :meth:`RemoteFiles.working_directory`). Every call takes an
 optional ``cancel`` event and raises ``CommandCancelled`` promptly when it is set; a
-missing path is ``PiShipError`` with code ``FILE_NOT_FOUND``; data moves in chunks, so
+missing path is ``PiShipError`` with code ``FILE_NOT_FOUND``, a write the sandbox
+refused (read-only, full, a file where a folder must be) ``FILE_WRITE_FAILED``
+(:func:`write_failed`), and the sandbox stays usable; data moves in chunks, so
 memory stays bounded whatever the file's size::
 
     files = instance.files()
@@ -17,9 +19,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
+from piship_remote.errors import FILE_WRITE_FAILED, PiShipError
 from piship_remote.transfer import FileInfo
 
-__all__ = ["ChunkSink", "RemoteFiles", "SizedChunks", "SupportsFiles"]
+__all__ = ["ChunkSink", "RemoteFiles", "SizedChunks", "SupportsFiles", "write_failed"]
 
 ChunkSink = Callable[[bytes], None]
 
@@ -82,3 +85,14 @@ class SupportsFiles(Protocol):
     def files(self) -> RemoteFiles:
         """The file operations of this instance's sandbox."""
         ...
+
+
+def write_failed(path: str, why: str) -> PiShipError:
+    """The sandbox refused to write the file ``path`` (``why``, its own words)."""
+    return PiShipError(
+        FILE_WRITE_FAILED,
+        f"writing {path} in the sandbox failed: {why or 'refused'}",
+        user_action="write to a writable place in the sandbox (its working directory or /tmp)"
+        " with room on its disk",
+        component="files",
+    )

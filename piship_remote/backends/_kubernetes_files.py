@@ -19,20 +19,33 @@ from __future__ import annotations
 
 import posixpath
 import secrets
-import shlex
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from piship_remote._sandbox_commands import (
+    copy_out_command,
+    list_dir_command,
+    make_dir_command,
+    move_in_command,
+    remove_command,
+    stat_command,
+    working_directory_command,
+)
 from piship_remote.backends._common import is_success
-from piship_remote.backends._file_protocol import ChunkSink
+from piship_remote.backends._file_protocol import ChunkSink, write_failed
 from piship_remote.backends._kubernetes_http import ClusterHttp
 from piship_remote.backends._kubernetes_router import Retire, Router, RouterAnswer
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.claims import Claim, ClaimUse
-from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND, CommandCancelled, PiShipError
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    FILE_NOT_FOUND,
+    CommandCancelled,
+    PiShipError,
+)
 from piship_remote.transfer import FileInfo
 from piship_remote.transport import HttpReply, TransportError
 
@@ -94,7 +107,7 @@ class RuntimeFiles:
         relative = self._relative(path, cancel)
         if relative is not None and not self._exists(relative, path, cancel):
             return None
-        output = self._command(_stat_script(path), f"checking {path}", cancel)
+        output = self._command(stat_command(path), f"checking {path}", cancel)
         kind, _, size = output.strip().partition(" ")
         if kind == "missing":
             return None
@@ -123,16 +136,11 @@ class RuntimeFiles:
         )
 
     def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
-        q = shlex.quote(path)
-        output = self._command(
-            f"if [ -d {q} ]; then echo existed; else mkdir -p -- {q} && echo made; fi",
-            f"making {path}",
-            cancel,
-        )
+        output = self._command(make_dir_command(path), f"making {path}", cancel)
         return output.strip() == "made"
 
     def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
-        self._command(f"rm -rf -- {shlex.quote(path)}", f"removing {path}", cancel)
+        self._command(remove_command(path), f"removing {path}", cancel)
 
     def write(
         self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
@@ -143,15 +151,10 @@ class RuntimeFiles:
             return FileInfo(path, _name(path), "file", size)
         staging = self._staging()
         size = self._upload(staging, path, chunks, cancel)
-        base = self._base_directory(cancel)
-        source = shlex.quote(posixpath.join(base, staging))
-        target = shlex.quote(path)
-        parent = shlex.quote(posixpath.dirname(path) or "/")
+        source = posixpath.join(self._base_directory(cancel), staging)
+        parent = posixpath.dirname(path) or "/"
         self._command(
-            f"mkdir -p -- {parent} && mv -f -- {source} {target}"
-            f" || {{ status=$?; rm -f -- {source}; exit $status; }}",
-            f"writing {path}",
-            cancel,
+            move_in_command(source, path, parent), f"writing {path}", cancel, writing=path
         )
         return FileInfo(path, _name(path), "file", size)
 
@@ -160,19 +163,14 @@ class RuntimeFiles:
         if relative is not None and not _AWKWARD.intersection(relative):
             return self._download(relative, path, sink, cancel)
         staging = self._staging()
-        source = shlex.quote(path)
-        copy = shlex.quote(posixpath.join(self._base_directory(cancel), staging))
-        output = self._command(
-            f"if [ -f {source} ]; then cp -- {source} {copy} && echo copied; else echo missing; fi",
-            f"reading {path}",
-            cancel,
-        )
+        copy = posixpath.join(self._base_directory(cancel), staging)
+        output = self._command(copy_out_command(path, copy), f"reading {path}", cancel)
         if output.strip() != "copied":
             raise _not_found(path, "file")
         try:
             return self._download(staging, path, sink, cancel)
         finally:
-            self._command(f"rm -f -- {copy}", f"cleaning up after reading {path}", None)
+            self._command(remove_command(copy), f"cleaning up after reading {path}", None)
 
     def _exists(self, relative: str, path: str, cancel: threading.Event | None) -> bool:
         with self._claimed(cancel) as use:
@@ -192,7 +190,9 @@ class RuntimeFiles:
         with self._lock:
             if self._base is not None:
                 return self._base
-        answer = self._command("pwd", "finding the sandbox's working directory", cancel)
+        answer = self._command(
+            working_directory_command(), "finding the sandbox's working directory", cancel
+        )
         base = answer.strip()
         if not posixpath.isabs(base):
             raise self._http.errors(f"the sandbox runtime reported no working directory: {base!r}")
@@ -239,6 +239,8 @@ class RuntimeFiles:
             except TransportError as error:
                 raise self._transfer_failed(f"writing {path}", error) from None
             with response:
+                if response.status in _WRITE_REFUSED:
+                    raise write_failed(path, self._http.failure(response))
                 self._check(response, f"writing {path}")
         return counted.total
 
@@ -296,8 +298,16 @@ class RuntimeFiles:
     def _transfer_failed(self, what: str, error: TransportError) -> PiShipError:
         return self._http.errors(f"{what} failed: {error}", retryable=not error.request_sent)
 
-    def _command(self, script: str, what: str, cancel: threading.Event | None) -> str:
-        """Run an idempotent helper ``script``; its stdout, or an error naming ``what``."""
+    def _command(
+        self,
+        script: str,
+        what: str,
+        cancel: threading.Event | None,
+        *,
+        writing: str | None = None,
+    ) -> str:
+        """Run an idempotent helper ``script``; its stdout, or an error naming ``what``
+        (``FILE_WRITE_FAILED`` for the path ``writing`` when the script exits non-zero)."""
         command = _helper_command(script)
         with self._claimed(cancel) as use:
             try:
@@ -310,19 +320,15 @@ class RuntimeFiles:
                 raise self._http.errors(f"{what} failed: {outcome.error}") from None
         if answer.exit_code != 0:
             detail = " ".join((answer.stderr or answer.stdout).split())[-300:]
+            if writing is not None:
+                raise write_failed(writing, detail)
             raise self._http.errors(
                 f"{what} in the sandbox failed (exit {answer.exit_code}): {detail}"
             )
         return answer.stdout
 
     def _listed_by_command(self, path: str, cancel: threading.Event | None) -> list[FileInfo]:
-        q = shlex.quote(path)
-        output = self._command(
-            f"[ -d {q} ] || {{ echo missing; exit 0; }};"
-            f" find {q} -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'",
-            f"listing {path}",
-            cancel,
-        )
+        output = self._command(list_dir_command(path), f"listing {path}", cancel)
         if output.strip() == "missing":
             raise _not_found(path, "directory")
         entries = []
@@ -373,15 +379,6 @@ def _helper_command(script: str) -> str:
     return runtime_command(ExecRequest(script, ".", ".", {}), None)
 
 
-def _stat_script(path: str) -> str:
-    q = shlex.quote(path)
-    return (
-        f"if [ -L {q} ]; then echo symlink 0; elif [ -d {q} ]; then echo dir 0;"
-        f" elif [ -f {q} ]; then echo file $(wc -c < {q}); elif [ -e {q} ]; then echo other 0;"
-        " else echo missing 0; fi"
-    )
-
-
 def _url_path(relative: str) -> str:
     """Encoded twice: the router forwards the raw path and the runtime decodes it twice."""
     return urllib.parse.quote(urllib.parse.quote(relative, safe=""), safe="")
@@ -405,6 +402,11 @@ def _listed(directory: str, entry: dict[str, Any]) -> FileInfo:
         kind,
         size if isinstance(size, int) and not isinstance(size, bool) and kind == "file" else 0,
     )
+
+
+# The runtime's answers to an upload it could not write (a full disk, a file where a
+# folder must be); the router's 502/503 is the sandbox gone.
+_WRITE_REFUSED = frozenset({500, 507})
 
 
 def _not_found(path: str, what: str) -> PiShipError:

@@ -36,7 +36,10 @@ class ExecRequest:
     working directory. ``env`` is already filtered: send it as is. ``timeout`` is
     the caller's deadline in seconds, if any: the activation layer enforces it, and
     a backend may also tell the service so that a lost client cannot leave the
-    command running forever.
+    command running forever. ``login=False`` is for the library's own helper
+    commands (tar, find): a backend that starts commands in a login shell runs
+    these with ``/bin/sh -c`` instead, so no startup file of the sandbox's can
+    replace the tools they use.
     """
 
     command: str
@@ -44,6 +47,7 @@ class ExecRequest:
     workspace_path: str = "."
     env: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_env)
     timeout: float | None = None
+    login: bool = True
 
 
 @attrs.frozen

@@ -449,7 +449,7 @@ class E2bInstance:
         tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
         forget_kill = token.on_cancel(lambda: self._signal(tag))
         try:
-            start = start_request(request.command, request.env, cwd, tag)
+            start = start_request(request.command, request.env, cwd, tag, login=request.login)
             # Start follows the renewal onto the wire; it is read once the renewal answered.
             response = self._lease.cover(
                 lambda: self._envd.start(start, token, request.timeout),
