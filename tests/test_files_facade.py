@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -388,3 +389,94 @@ def test_a_symlink_leaving_the_workspace_in_a_later_archive_is_skipped_and_liste
     assert summary.skipped == (SkippedPath("zz-escape", "symlink leaves the workspace"),)
     assert summary.files == 15
     assert not os.path.lexists(remote / "zz-escape")
+
+
+# -- pull mirrors push ------------------------------------------------------------------
+
+
+def test_pull_leaves_out_what_the_gitignore_files_ignore(
+    sync: WorkspaceSync, workspace: Path, remote: Path
+) -> None:
+    (workspace / ".gitignore").write_text("build/\n*.pyc\n.coverage\n")
+    sync.push()
+    (remote / "build").mkdir()
+    for made in ("build/out.o", "m.pyc", ".coverage", "result.txt"):
+        (remote / made).write_text("made in the sandbox")
+        later(remote / made)
+    summary = sync.pull()
+    assert summary.files == 1 and (workspace / "result.txt").exists()
+    assert sorted(summary.skipped, key=lambda s: s.path) == [
+        SkippedPath("./.coverage", "ignored"),
+        SkippedPath("./build/out.o", "ignored"),
+        SkippedPath("./m.pyc", "ignored"),
+    ]
+    assert sorted(os.listdir(workspace)) == [".gitignore", "result.txt"]
+
+
+def test_pull_without_gitignore_brings_everything(
+    files: SandboxFiles, workspace: Path, remote: Path
+) -> None:
+    (workspace / ".gitignore").write_text("*.pyc\n")
+    sync = WorkspaceSync(files, workspace=workspace, use_gitignore=False)
+    sync.push()
+    (remote / "m.pyc").write_text("bytecode")
+    later(remote / "m.pyc")
+    assert sync.pull().files == 1 and (workspace / "m.pyc").exists()
+
+
+def test_push_leaves_secret_files_at_home_unless_named(
+    files: SandboxFiles, workspace: Path, remote: Path
+) -> None:
+    (workspace / ".env").write_text("TOKEN=abc")
+    (workspace / "deploy.pem").write_text("-----BEGIN PRIVATE KEY-----")
+    (workspace / "main.py").write_text("print(1)")
+    summary = WorkspaceSync(files, workspace=workspace).push()
+    assert sorted(summary.skipped, key=lambda s: s.path) == [
+        SkippedPath(".env", "secret file"),
+        SkippedPath("deploy.pem", "secret file"),
+    ]
+    assert sorted(os.listdir(remote)) == ["main.py"]
+    named = WorkspaceSync(files, workspace=workspace, send_secrets=[str(workspace / ".env")])
+    named.push()
+    assert (remote / ".env").read_text() == "TOKEN=abc"
+
+
+def _replacing_runner(command: str) -> tuple[int, str]:
+    """A helper runner that decodes as the real one does: undecodable bytes replaced."""
+    done = subprocess.run(["bash", "-c", command], capture_output=True, timeout=60, check=False)
+    return done.returncode, (done.stdout + done.stderr).decode("utf-8", "replace")
+
+
+def test_pull_delete_keeps_a_file_whose_name_the_listing_cannot_show_exactly(
+    remote: Path, workspace: Path
+) -> None:
+    files = SandboxFiles(DirectoryFiles(str(remote)), _replacing_runner, workspace=workspace)
+    sync = WorkspaceSync(files, workspace=workspace)
+    odd = os.fsdecode(b"caf\xe9.txt")  # Latin-1, not UTF-8: the listing shows it as caf\ufffd
+    (workspace / odd).write_text("kept")
+    (workspace / "line\nbreak.txt").write_text("kept")
+    (workspace / "gone.txt").write_text("x")
+    sync.push()
+    assert (remote / odd).exists() and (remote / "line\nbreak.txt").exists()
+    (remote / "gone.txt").unlink()
+    summary = sync.pull(delete=True)
+    assert not (workspace / "gone.txt").exists()
+    assert (workspace / odd).read_text() == "kept"
+    assert (workspace / "line\nbreak.txt").read_text() == "kept"
+    assert summary.skipped == (SkippedPath(odd, "name not exact"),)
+
+
+def test_pull_delete_refuses_a_cut_listing(
+    sync: WorkspaceSync, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workspace / "kept.txt").write_text("x")
+    sync.push()
+    def cut_listing(command: str) -> tuple[int, str]:
+        if "find . -type f" in command:
+            return 0, "./other.txt\0"  # the output limit cut it: no end mark
+        return bash_runner(command)
+
+    monkeypatch.setattr(sync._files, "_run", cut_listing)
+    with pytest.raises(PiShipError, match="cut answer; nothing was deleted"):
+        sync.pull(delete=True)
+    assert (workspace / "kept.txt").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote._workspace_tree import TreeWalk, select_tree
+from piship_remote._workspace_tree import IgnoreRules, TreeWalk, select_tree
 from piship_remote.transfer import SkippedPath, TransferSummary
 
 
@@ -141,3 +141,70 @@ def test_a_walk_yields_an_entry_before_it_reads_further_directories(tmp_path: Pa
     assert [next(walk).relative, next(walk).relative] == ["a", "z"]
     with pytest.raises(ValueError, match="Invalid git pattern"):
         list(walk)
+
+
+# -- well-known secrets ---------------------------------------------------------------
+
+
+def _secrets_tree(root: Path) -> None:
+    for name in (".env", ".env.local", "id_rsa", "server.pem", "tls.key", "main.py"):
+        (root / name).write_text("x")
+    (root / ".env.example").write_text("TOKEN=")
+    (root / ".npmrc").write_text("//registry.npmjs.org/:_authToken=npm_abc\n")
+    (root / ".pypirc").write_text("[pypi]\nusername = me\n")  # no password: not a secret
+    for folder in (".aws", ".azure", ".config/gcloud"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "credentials").write_text("x")
+
+
+def test_a_push_leaves_well_known_secrets_at_home_each_with_its_reason(tmp_path: Path) -> None:
+    _secrets_tree(tmp_path)
+    walked = select_tree(str(tmp_path), skip_secrets=True)
+    assert [entry.relative for entry in walked.entries] == [
+        ".config",
+        ".env.example",
+        ".pypirc",
+        "main.py",
+    ]
+    assert sorted(walked.skipped, key=lambda s: s.path) == [
+        SkippedPath(".aws", "secret folder"),
+        SkippedPath(".azure", "secret folder"),
+        SkippedPath(".config/gcloud", "secret folder"),
+        SkippedPath(".env", "secret file"),
+        SkippedPath(".env.local", "secret file"),
+        SkippedPath(".npmrc", "secret file"),
+        SkippedPath("id_rsa", "secret file"),
+        SkippedPath("server.pem", "secret file"),
+        SkippedPath("tls.key", "secret file"),
+    ]
+
+
+def test_secrets_the_caller_names_are_sent(tmp_path: Path) -> None:
+    _secrets_tree(tmp_path)
+    named = [str(tmp_path / ".env"), str(tmp_path / ".aws")]
+    walked = select_tree(str(tmp_path), skip_secrets=True, send_secrets=named)
+    names = [entry.relative for entry in walked.entries]
+    assert ".env" in names and ".aws/credentials" in names
+    assert ".env.local" not in names
+
+
+def test_without_skip_secrets_everything_readable_is_sent(tmp_path: Path) -> None:
+    _secrets_tree(tmp_path)
+    assert ".env" in sent(tmp_path)
+
+
+# -- the ignore rules, for what comes back ----------------------------------------------
+
+
+def test_ignore_rules_exclude_what_is_below_an_ignored_directory(tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("build/\n*.pyc\n!keep.pyc\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / ".gitignore").write_text("local.txt\n")
+    rules = IgnoreRules(str(tmp_path))
+    assert rules.excludes("build/deep/out.o", is_dir=False)
+    assert rules.excludes("pkg/__pycache__/m.pyc", is_dir=False)
+    assert rules.excludes("pkg/local.txt", is_dir=False)
+    assert rules.excludes(".git/config", is_dir=False)
+    assert not rules.excludes("keep.pyc", is_dir=False)
+    assert not rules.excludes("src/build.py", is_dir=False)
+    assert not rules.excludes("local.txt", is_dir=False)
