@@ -38,6 +38,8 @@ class Service:
 
     activate: Activate
     elsewhere: str
+    read_only: str
+    name: str
 
 
 @pytest.fixture
@@ -47,10 +49,16 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-def _starter(backend: Backend, workspace: Path, sandboxes: list[Sandbox]) -> Activate:
+def _starter(
+    backend: Backend, workspace: Path, sandboxes: list[Sandbox], network: str = "allow"
+) -> Activate:
+    """Activation on ``backend``; the network mode is the one the service offers (the local
+    service allows a network only with slirp4netns, Kubernetes cannot deny it): files do
+    not depend on it."""
+
     def start(policy: dict[str, Any] | None = None, **options: Any) -> Sandbox:
         sandbox = activate_sandbox(
-            policy or {"required": True, "network": {"mode": "allow"}},
+            {**(policy or {"required": True}), "network": {"mode": network}},
             backend=backend,
             workspace=workspace,
             env={"SECRET_TOKEN": "s3cr3t-value"},
@@ -71,7 +79,10 @@ def _kubernetes(tmp_path: Path, workspace: Path) -> Iterator[Service]:
         shell_execute(str(runtime)), file_tree=lambda _claim: DirectoryTree(str(runtime))
     ) as server:
         yield Service(
-            _starter(kubernetes(server.url), workspace, sandboxes), str(tmp_path / "elsewhere")
+            _starter(kubernetes(server.url), workspace, sandboxes),
+            str(tmp_path / "elsewhere"),
+            "/proc/piship-refused",
+            "kubernetes",
         )
         for sandbox in sandboxes:
             sandbox.dispose()
@@ -84,7 +95,12 @@ def _local(workspace: Path) -> Iterator[Service]:
         pytest.skip(f"LocalE2bService cannot run here: {problem}")
     sandboxes: list[Sandbox] = []
     with LocalE2bService() as service:
-        yield Service(_starter(service.backend(), workspace, sandboxes), "/tmp/elsewhere")
+        yield Service(
+            _starter(service.backend(), workspace, sandboxes, network="deny"),
+            "/tmp/elsewhere",
+            "/etc/piship-refused",
+            "local",
+        )
         for sandbox in sandboxes:
             sandbox.dispose()
 
@@ -103,7 +119,12 @@ def _e2b(tmp_path: Path, workspace: Path) -> Iterator[Service]:
             credential=lambda: "e2b-key-000001",
             workdir=str(home),
         )
-        yield Service(_starter(backend, workspace, sandboxes), str(tmp_path / "elsewhere"))
+        yield Service(
+            _starter(backend, workspace, sandboxes),
+            str(tmp_path / "elsewhere"),
+            "/proc/piship-refused",  # the double's paths are this host's
+            "e2b",
+        )
         for sandbox in sandboxes:
             sandbox.dispose()
 

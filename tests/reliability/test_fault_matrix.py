@@ -61,6 +61,7 @@ import piship_remote.backends._e2b_files as e2b_files
 import piship_remote.backends._kubernetes_claims as k8s_claims
 import piship_remote.backends._kubernetes_files as k8s_files
 import piship_remote.backends._kubernetes_http as k8s_http
+from piship_remote._sandbox_commands import working_directory_command
 from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends._claim_timing import DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW
 from piship_remote.backends.base import Backend
@@ -556,7 +557,7 @@ def _check_host_whole(workspace: Path, before: list[str], outcome: Outcome) -> N
 
 def _k8s_command(command: str) -> dict[str, Any]:
     """The runtime: ``pwd`` is its base ``/app``; a stat finds the 4-byte file."""
-    if command.endswith("-c 'pwd'"):
+    if working_directory_command() in command:
         return {"stdout": "/app\n", "exit_code": 0}
     if "echo symlink 0" in command:
         return {"stdout": "file 4\n", "exit_code": 0}
