@@ -36,6 +36,7 @@ from piship_remote.backends._file_protocol import RemoteFiles, SizedChunks
 from piship_remote.errors import (
     CONFIG_INVALID,
     FILE_NOT_FOUND,
+    FILE_WRITE_FAILED,
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     PiShipError,
@@ -270,7 +271,7 @@ class SandboxFiles:
         self.upload_archives(counted, target, then=then, check=archives.check)
 
     def _unpacked(self, command: str, target: str) -> FileInfo | None:
-        self.run_checked(command, f"unpacking into {target}")
+        self.run_checked(command, f"unpacking into {target}", code=FILE_WRITE_FAILED)
         return None
 
     def _remove_quietly(self, path: str) -> None:
@@ -305,15 +306,17 @@ class SandboxFiles:
         finally:
             self._remote.remove(archive, cancel=self._cancel)
 
-    def run_checked(self, command: str, what: str) -> str:
-        """Run a helper command in the sandbox; a failure names ``what``."""
+    def run_checked(self, command: str, what: str, *, code: str = SANDBOX_UNAVAILABLE) -> str:
+        """Run a helper command in the sandbox; a failure names ``what``, with ``code``
+        (``FILE_WRITE_FAILED`` where it writes files the caller asked for)."""
         status, output = self._run(command)
         if status != 0:
             detail = " ".join(output.split())[-300:]
             raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+                code,
                 f"{what} in the sandbox failed (exit {status}): {detail}",
-                user_action="check that the sandbox image has tar and the disk has room",
+                user_action="check that the sandbox image has tar, the place is writable and"
+                " the disk has room",
                 component="files",
             )
         return output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shlex
 import subprocess
@@ -236,7 +237,12 @@ class EnvdDirectoryTree(MemoryTree):
         if method == "MakeDir":
             if os.path.isdir(path):
                 return _rpc_error("already_exists", f"directory already exists: {path}")
-            os.makedirs(path)
+            try:
+                os.makedirs(path)
+            except OSError as e:  # envd's answer: the sandbox is fine, the place is not
+                refused = e.errno in (errno.EACCES, errno.EPERM)
+                code = "permission_denied" if refused else "internal"
+                return _rpc_error(code, f"error creating directory: {e.strerror}")
             return 200, {"entry": _envd_entry(path)}
         if method == "Remove":
             subprocess.run(["rm", "-rf", "--", path], check=True)
@@ -249,7 +255,12 @@ def _api_error(status: int, message: str) -> tuple[int, Any]:
 
 
 def _rpc_error(code: str, message: str) -> tuple[int, Any]:
-    status = {"not_found": 404, "already_exists": 409}.get(code, 501)
+    status = {
+        "not_found": 404,
+        "already_exists": 409,
+        "permission_denied": 403,
+        "internal": 500,
+    }.get(code, 501)
     return status, unstructure(ConnectError(code, message))
 
 

@@ -299,7 +299,7 @@ def test_a_failed_unpack_stops_the_sending_and_is_raised(remote: Path, workspace
     _tree(workspace, 35)
     with pytest.raises(PiShipError, match="no space left") as raised:
         SandboxFiles(stand_in, runner, workspace=workspace).upload(workspace, "all")
-    assert raised.value.code == "SANDBOX_UNAVAILABLE"
+    assert raised.value.code == "FILE_WRITE_FAILED"  # a full sandbox disk: a file error
     assert len(stand_in.writes) == 2  # the first unpack's failure is seen after the second send
     assert not any(os.path.exists(path) for path in stand_in.writes)
     assert not [t for t in threading.enumerate() if t.name.startswith("piship-files-")]

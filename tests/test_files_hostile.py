@@ -47,6 +47,22 @@ def test_a_write_to_a_read_only_remote_path_is_a_file_error_and_the_sandbox_carr
     assert sandbox.exec("true").exit_code == 0
 
 
+def test_making_or_filling_a_read_only_remote_folder_is_a_file_error(
+    sandbox: Sandbox, service: Service, workspace: Path
+) -> None:
+    (workspace / "tree").mkdir()
+    (workspace / "tree" / "a.txt").write_text("a")
+    for action in (
+        lambda: sandbox.files.make_dir(service.read_only),
+        lambda: sandbox.files.upload(workspace / "tree", service.read_only),
+    ):
+        with pytest.raises(PiShipError) as raised:
+            action()
+        assert raised.value.code == FILE_WRITE_FAILED
+        assert service.read_only in str(raised.value)
+    assert sandbox.exec("true").exit_code == 0
+
+
 def test_a_remote_file_where_a_folder_must_be_is_a_file_error(sandbox: Sandbox) -> None:
     sandbox.files.write("plain.txt", b"a file")
     with pytest.raises(PiShipError) as raised:

@@ -181,6 +181,8 @@ class EnvdFiles:
             raise _not_found(path)
         if code == "already_exists":
             raise _AlreadyExists()
+        if method in _WRITING_RPCS and code in _REFUSED_CODES:
+            raise write_failed(path, f"{code}: {message}")
         raise self._errors(f"{_VERBS.get(method, method)} {path} failed: {code}: {message}")
 
     def _parsed(self, parse: Callable[[], Any], what: str) -> Any:
@@ -203,6 +205,10 @@ class EnvdFiles:
 # at the path (400), no permission (403), a read-only place or a file where a folder
 # must be (500), a full disk (507). A gateway's 502 or 503 is the sandbox gone.
 _WRITE_REFUSED = frozenset({400, 403, 500, 507})
+
+# A MakeDir or Remove envd could not do (a read-only place, a full disk): the sandbox is fine.
+_WRITING_RPCS = frozenset({"MakeDir", "Remove"})
+_REFUSED_CODES = frozenset({"permission_denied", "internal", "resource_exhausted"})
 
 _VERBS = {"Stat": "checking", "ListDir": "listing", "MakeDir": "making", "Remove": "removing"}
 

@@ -136,11 +136,11 @@ class RuntimeFiles:
         )
 
     def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
-        output = self._command(make_dir_command(path), f"making {path}", cancel)
+        output = self._command(make_dir_command(path), f"making {path}", cancel, writing=path)
         return output.strip() == "made"
 
     def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
-        self._command(remove_command(path), f"removing {path}", cancel)
+        self._command(remove_command(path), f"removing {path}", cancel, writing=path)
 
     def write(
         self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
