@@ -35,14 +35,15 @@ _ACTIONS = {
 
 
 def host_write_error(
-    path: str, error: OSError, detail: str = "; nothing was written"
+    path: str, error: OSError, detail: str = "; nothing was written", *, verb: str = "writing"
 ) -> PiShipError:
-    """``FILE_WRITE_FAILED`` for ``error`` while writing ``path`` on this host."""
+    """``FILE_WRITE_FAILED`` for ``error`` while ``verb`` (writing, deleting) ``path`` on
+    this host; ``detail`` says what the transfer left."""
     code = error.errno or 0
     cause = _CAUSES.get(code) or error.strerror or str(error)
     return PiShipError(
         FILE_WRITE_FAILED,
-        f"writing {path} on this host failed: {cause}{detail}",
+        f"{verb} {path} on this host failed: {cause}{detail}",
         user_action=_ACTIONS.get(code, "choose another place on this host"),
         component="files",
     )

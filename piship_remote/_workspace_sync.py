@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
+from piship_remote._host_writes import host_write_error
 from piship_remote._sandbox_commands import (
     LISTING_END,
     list_files_command,
@@ -170,6 +171,13 @@ class WorkspaceSync:
                 os.unlink(host)
             except FileNotFoundError:
                 pass
+            except OSError as e:
+                raise host_write_error(
+                    host,
+                    e,
+                    "; the pulled files are in place, nothing more was deleted",
+                    verb="deleting",
+                ) from None
         with self._lock:
             self._pushed_files = self._pushed_files - set(vanished)
         return TransferSummary(skipped=tuple(deleted))

@@ -17,7 +17,7 @@ from piship_remote._workspace_sync import WorkspaceSync
 from piship_remote.errors import PiShipError
 from piship_remote.files import SandboxFiles
 from piship_remote.transfer import SkippedPath
-from tests.files_support import DirectoryFiles, bash_runner
+from tests.files_support import DirectoryFiles, bash_runner, small_filesystem
 
 
 @pytest.fixture
@@ -480,3 +480,18 @@ def test_pull_delete_refuses_a_cut_listing(
     with pytest.raises(PiShipError, match="cut answer; nothing was deleted"):
         sync.pull(delete=True)
     assert (workspace / "kept.txt").exists()
+
+
+def test_pull_delete_on_a_read_only_host_names_the_file(remote: Path, tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "ws", "1m") as workspace:
+        files = SandboxFiles(DirectoryFiles(str(remote)), bash_runner, workspace=workspace)
+        sync = WorkspaceSync(files, workspace=workspace)
+        (workspace / "gone.txt").write_text("x")
+        sync.push()
+        (remote / "gone.txt").unlink()
+        subprocess.run(["mount", "-o", "remount,ro", str(workspace)], check=True)
+        with pytest.raises(PiShipError) as raised:
+            sync.pull(delete=True)
+        assert raised.value.code == "FILE_WRITE_FAILED"
+        assert f"deleting {workspace / 'gone.txt'}" in str(raised.value)
+        assert "read-only" in str(raised.value)
