@@ -728,6 +728,17 @@ def test_start_request_headers_and_body(
     }
 
 
+def test_a_helper_command_starts_without_a_login_shell(
+    prepared: Callable[..., tuple[E2bServer, E2bInstance]],
+) -> None:
+    mock, instance = prepared()
+    instance.exec(ExecRequest("tar -cf /tmp/a.tar .", cwd="/unused", login=False))
+    (start,) = mock.find("POST", "/process.Process/Start")
+    (frame,) = EnvelopeReader().push(start.body)
+    process = frame.message["process"]
+    assert (process["cmd"], process["args"]) == ("/bin/sh", ["-c", "tar -cf /tmp/a.tar ."])
+
+
 class SendOrder:
     """An :class:`HttpClient` recording each path as the request is handed over, then sending it."""
 
