@@ -1,7 +1,7 @@
 """Chunks pushed by one thread, read as a file by another, with a few chunks in between.
 
     pipe = ChunkPipe()
-    worker = pipe.consume(lambda: unpack(pipe), "piship-files-unpack")   # reads pipe.read(n)
+    worker = pipe.consume(lambda: unpack(pipe), "piship-files-receive")  # reads pipe.read(n)
     remote.read(path, pipe.put)     # blocks while the pipe is full; raises once the reader failed
     pipe.close()                    # end of data: the reader's read() gives b""
     summary = worker.result()
@@ -17,9 +17,11 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
-__all__ = ["PIPE_CHUNKS", "ChunkPipe", "ChunkSink", "PipeAborted", "ReaderGone", "Worker"]
+from piship_remote._worker import Worker
+
+__all__ = ["PIPE_CHUNKS", "ChunkPipe", "ChunkSink", "PipeAborted", "ReaderGone"]
 
 PIPE_CHUNKS = 8
 ChunkSink = Callable[[bytes], None]
@@ -32,37 +34,6 @@ class PipeAborted(Exception):
 
 class ReaderGone(Exception):
     """The reader ended before the data did: the sender must stop."""
-
-
-class Worker(Generic[T]):
-    """``action()`` on its own daemon thread; :meth:`result` gives what it returned or raised."""
-
-    def __init__(self, action: Callable[[], T], name: str, on_end: Callable[[bool], None]) -> None:
-        self._action = action
-        self._on_end = on_end
-        self._value: T | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._action()
-        except BaseException as error:  # handed to the caller by result()
-            self._error = error
-        finally:
-            self._on_end(self._error is not None)
-
-    def result(self) -> T:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._value is not None
-        return self._value
-
-    def result_quietly(self) -> None:
-        """Wait for the action to end, dropping what it gave."""
-        self._thread.join()
 
 
 class ChunkPipe:

@@ -101,7 +101,7 @@ def unpack_streamed(
     limits: TransferLimits = _DEFAULTS,
 ) -> TransferSummary:
     """:func:`unpack_tar` of what ``feed(sink)`` passes to ``sink`` chunk by chunk, unpacked
-    on a ``piship-files-unpack`` thread while it arrives (nothing is spooled first).
+    on a ``piship-files-receive`` thread while it arrives (nothing is spooled first).
 
     What stops the unpack (a limit, a full disk) makes the next ``sink`` call raise, so
     ``feed`` stops reading; what ``feed`` raises stops the unpack, which leaves nothing.
@@ -118,7 +118,7 @@ def unpack_streamed(
             max_bytes=limits.max_bytes,
         )
 
-    worker = pipe.consume(unpack, "piship-files-unpack")
+    worker = pipe.consume(unpack, "piship-files-receive")
     try:
         feed(pipe.put)
     except ReaderGone:

@@ -28,9 +28,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
 from piship_remote._archive import StreamedArchives
-from piship_remote._host_writes import host_write_error
+from piship_remote._host_writes import (
+    bounded_writer,
+    host_write_error,
+    make_parents,
+    remove_directories,
+)
 from piship_remote._sandbox_commands import pack_tree_command, unpack_command
 from piship_remote._unpack import Exclude, unpack_streamed
+from piship_remote._worker import Worker
 from piship_remote._workspace_tree import TreeEntry, TreeWalk, inside
 from piship_remote.backends._file_protocol import RemoteFiles, SizedChunks
 from piship_remote.errors import (
@@ -165,7 +171,7 @@ class SandboxFiles:
         self._check_writable(target)
         # Most downloads are of a file: its bytes are fetched while the Stat that says
         # what the path is runs beside them, and kept only once it says "file".
-        stat = _Beside(lambda: self._remote.stat(source, cancel=self._cancel))
+        stat = Worker(lambda: self._remote.stat(source, cancel=self._cancel), "piship-files-stat")
         try:
             fetched = self._fetch_file(source, target, progress)
         except PiShipError:
@@ -229,7 +235,7 @@ class SandboxFiles:
         is unpacked: what it raises drops that archive. An unpack that fails stops the
         sending; the first failure is raised once nothing is left running.
         """
-        unpacking: _Beside | None = None
+        unpacking: Worker[None] | None = None
         remaining = iter(archives)
         try:
             chunks = next(remaining, None)
@@ -246,7 +252,9 @@ class SandboxFiles:
                     raise
                 last = following is None
                 command = unpack_command(archive, target, then if last else "")
-                unpacking = _Beside(functools.partial(self._unpacked, command, target), "unpack")
+                unpacking = Worker(
+                    functools.partial(self._unpacked, command, target), "piship-files-unpack"
+                )
                 chunks = following
         except BaseException:
             if unpacking is not None:
@@ -270,9 +278,8 @@ class SandboxFiles:
         counted = (_counted(chunks, progress) for chunks in archives)
         self.upload_archives(counted, target, then=then, check=archives.check)
 
-    def _unpacked(self, command: str, target: str) -> FileInfo | None:
+    def _unpacked(self, command: str, target: str) -> None:
         self.run_checked(command, f"unpacking into {target}", code=FILE_WRITE_FAILED)
-        return None
 
     def _remove_quietly(self, path: str) -> None:
         try:
@@ -338,24 +345,24 @@ class SandboxFiles:
         """The remote file in a temporary file beside ``target``: its path and size, at most
         :attr:`limits` ``.max_bytes``; on any failure nothing is left (not even the
         directories made for it)."""
-        made = _make_parents(target)
+        made = make_parents(target)
         try:
             handle, temporary = tempfile.mkstemp(
                 prefix=".piship-", suffix=".part", dir=os.path.dirname(target)
             )
         except OSError as e:
-            _remove_directories(made)
+            remove_directories(made)
             raise host_write_error(target, e) from None
         try:
             with os.fdopen(handle, "wb") as out:
                 size = self._remote.read(
                     source,
-                    _bounded(out.write, self.limits.max_bytes, source, target, progress),
+                    bounded_writer(out.write, self.limits.max_bytes, source, target, progress),
                     cancel=self._cancel,
                 )
         except BaseException:
             _unlink_quietly(temporary)
-            _remove_directories(made)
+            remove_directories(made)
             raise
         return temporary, size
 
@@ -379,36 +386,6 @@ class SandboxFiles:
     def _may_write(self, path: str) -> bool:
         real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
         return not self._write_allow or any(inside(real, place) for place in self._write_allow)
-
-
-class _Beside:
-    """``action()`` run on a ``piship-files-<what>`` thread while the caller does something else."""
-
-    def __init__(self, action: Callable[[], FileInfo | None], what: str = "stat") -> None:
-        self._action = action
-        self._value: FileInfo | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"piship-files-{what}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._action()
-        except BaseException as error:  # handed to the caller by result()
-            self._error = error
-
-    def result(self) -> FileInfo | None:
-        """What ``action()`` returned (or raised), once it is done."""
-        self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return self._value
-
-    def result_quietly(self) -> None:
-        """Wait for ``action()`` and drop what it gave (the caller is failing already)."""
-        self._thread.join()
-        self._error = None
 
 
 def _chunks(data: bytes | str | BinaryIO, progress: Progress | None = None) -> Iterator[bytes]:
@@ -445,64 +422,6 @@ def _counting(
             progress(len(chunk))
 
     return sink
-
-
-def _bounded(
-    write: Callable[[bytes], object],
-    limit: int,
-    source: str,
-    target: str,
-    progress: Progress | None,
-) -> Callable[[bytes], None]:
-    """A sink writing at most ``limit`` bytes: past it, a ``PiShipError`` naming the limit;
-    a failed write, one naming ``target``."""
-    written = 0
-
-    def sink(chunk: bytes) -> None:
-        nonlocal written
-        written += len(chunk)
-        if written > limit:
-            raise PiShipError(
-                CONFIG_INVALID,
-                f"{source} in the sandbox is larger than {limit} bytes (the max_bytes limit);"
-                " nothing was written",
-                user_action="raise the limit: files.limits = TransferLimits(max_bytes=…)",
-                component="files",
-            )
-        try:
-            write(chunk)
-        except OSError as e:
-            raise host_write_error(target, e) from None
-        if progress is not None:
-            progress(len(chunk))
-
-    return sink
-
-
-def _make_parents(path: str) -> list[str]:
-    """Make the directories above ``path``: those made, parents first."""
-    missing: list[str] = []
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.isdir(parent):
-        missing.append(parent)
-        parent = os.path.dirname(parent)
-    made: list[str] = []
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory)
-        except OSError as e:
-            _remove_directories(made)
-            raise host_write_error(directory, e) from None
-        made.append(directory)
-    return made
-
-
-def _remove_directories(made: list[str]) -> None:
-    for directory in reversed(made):
-        try:
-            os.rmdir(directory)
-        except OSError:
-            pass
 
 
 def _staged_archive() -> str:
