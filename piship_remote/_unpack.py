@@ -49,6 +49,7 @@ BLOCK = tarfile.BLOCKSIZE
 HEADER_ALLOWANCE = 1024 * 1024
 # What may follow the archive's end (tar pads it to a record of 10 KiB).
 TRAILING_ALLOWANCE = 1024 * 1024
+NAME_MAX, PATH_MAX = 255, 4096
 _DEFAULTS = TransferLimits()
 
 Exclude = Callable[[str, bool], "str | None"]
@@ -199,6 +200,7 @@ class _Unpacker:
         self.skipped: list[SkippedPath] = []
         self.staged: dict[str, tuple[str, int]] = {}  # target -> (temporary, size)
         self.made: list[str] = []  # directories this unpack created, parents first
+        self.name_max = _name_max(root)
 
     def member(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         self.members += 1
@@ -320,6 +322,8 @@ class _Unpacker:
         if not (member.isfile() or member.isdir()):
             return None, "not a regular file"
         target = os.path.join(self.root, *parts)
+        if not self._representable(target, parts):
+            return None, "name not exact"
         parent = os.path.realpath(os.path.dirname(target))
         if not inside(parent, self.root) or _is_link(target):
             return None, "outside the workspace"
@@ -333,6 +337,12 @@ class _Unpacker:
             return None, "write not allowed"
         return target, None
 
+    def _representable(self, target: str, parts: list[str]) -> bool:
+        """Whether this host's filesystem can hold ``target`` under that very name."""
+        return len(os.fsencode(target)) < PATH_MAX and all(
+            len(os.fsencode(part)) <= self.name_max for part in parts
+        )
+
     def _relative(self, target: str) -> str:
         return os.path.relpath(target, self.root).replace(os.sep, "/")
 
@@ -341,6 +351,17 @@ def _declared_bytes(archive: tarfile.TarFile, member: tarfile.TarInfo) -> int:
     """The data bytes ``member`` declares: its size or, for a sparse entry whose header
     says more, what tarfile reads past to reach the next entry (less block padding)."""
     return max(member.size, archive.offset - member.offset_data - (BLOCK - 1))
+
+
+def _name_max(root: str) -> int:
+    """The longest file name the filesystem of ``root`` (or its nearest existing parent) holds."""
+    place = root
+    while not os.path.isdir(place) and os.path.dirname(place) != place:
+        place = os.path.dirname(place)
+    try:
+        return os.pathconf(place, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX
 
 
 def _is_link(path: str) -> bool:

@@ -89,5 +89,5 @@ class TransferLimits:
     data is read; past one, the transfer stops with a ``PiShipError`` naming it and
     leaves nothing on the host."""
 
-    max_bytes: int = attrs.field(default=16 * 1024**3, validator=_positive)
+    max_bytes: int = attrs.field(default=64 * 1024**3, validator=_positive)
     max_entries: int = attrs.field(default=1_000_000, validator=_positive)

@@ -142,3 +142,10 @@ def test_a_full_host_disk_names_the_path_and_leaves_nothing(tmp_path: Path) -> N
         assert str(disk / "deep" / "b.bin") in str(raised.value)
         assert "the disk is full" in str(raised.value)
         assert os.listdir(disk) == ["kept.txt"]
+
+
+def test_a_name_this_host_cannot_hold_is_listed_and_the_rest_applied(tmp_path: Path) -> None:
+    long = "a/" + "x" * 300 + "/b.txt"
+    summary = unpack_tar(io.BytesIO(archive((long, b"x"), ("ok.txt", b"ok"))), str(tmp_path))
+    assert summary.skipped == (SkippedPath(long, "name not exact"),)
+    assert summary.files == 1 and os.listdir(tmp_path) == ["ok.txt"]
