@@ -147,6 +147,12 @@ class Activation:
                     retryable=True,
                     user_action=UNREACHABLE_ACTION,
                 )
+            if availability.code == CREDENTIAL_REQUIRED:
+                raise _Failure(
+                    reason,
+                    code=CREDENTIAL_REQUIRED,
+                    user_action=availability.user_action or UNSANDBOXED_ACTION,
+                )
             raise _Failure(reason)
         capabilities = _call_reporting(backend.capabilities, backend.redactor)
         if isinstance(capabilities, _Failure):

@@ -85,7 +85,9 @@ class E2bCompatibleBackend:
     """Sandboxes from an E2B-compatible service (E2B itself, CubeSandbox, ...).
 
     ``credential`` is read fresh for every control-plane request and sent only as
-    ``X-API-Key`` to ``/sandboxes…``; ``credential_rejected`` is called on HTTP 401
+    ``X-API-Key`` to ``/sandboxes…``; one that fails, or gives ``""`` or ``None``, is a
+    ``CREDENTIAL_REQUIRED`` error naming ``E2B_API_KEY`` (``credential=None``: no key);
+    ``credential_rejected`` is called on HTTP 401
     (``True`` = a renewed credential is ready; renewals and deletes are then sent
     once more, a create never). ``user`` is envd's process user (``"root"`` for
     CubeSandbox). ``envd_url`` overrides the envd base URL: a string, or a callable
@@ -124,8 +126,9 @@ class E2bCompatibleBackend:
         self.redactor = Redactor()
         self._errors = SandboxErrors(self.redactor)
         credentials = Credential(
-            credential, credential_rejected, self.redactor, name=API_KEY_VARIABLE
+            credential, credential_rejected, self.redactor, name=API_KEY_VARIABLE, required=True
         )
+        self._credentials = credentials
         control_endpoint = check_endpoint(endpoint)
         self._transport: HttpClient = client or Transport(
             redactor=self.redactor, component="sandbox", session=session
@@ -169,7 +172,13 @@ class E2bCompatibleBackend:
         )
 
     def available(self) -> Availability:
-        """``GET /health`` without credentials; any 2xx means available. Never raises."""
+        """``GET /health`` without credentials; any 2xx means available. Never raises.
+
+        A credential callable that gives nothing is reported first, before any request.
+        """
+        missing = self._credentials.missing()
+        if missing is not None:
+            return Availability(False, str(missing), missing.code, missing.user_action)
         known = self._envd_url if isinstance(self._envd_url, str) else None
         return self._control.health(spare=known)
 
