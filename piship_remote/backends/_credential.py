@@ -87,7 +87,7 @@ class Credential:
             ) from None
         if value is None:
             if self._required_value:
-                raise self._required(self._name, "is not set (the credential callable gave None)")
+                raise self._required(self._name, "is not set (no value was given)")
             return None
         if not isinstance(value, str):
             raise self._required(self._name, f"is a {type(value).__name__}, not text")
