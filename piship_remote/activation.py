@@ -28,7 +28,7 @@ import attrs
 
 from piship_remote import lifecycle
 from piship_remote._activation_steps import Activation, real_path
-from piship_remote._exec_engine import CHANNEL_BYTES, ExecEngine
+from piship_remote._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote._exec_workers import Sink
 from piship_remote._output import OUTPUT_LIMIT, CommandResult, OutputCapture
 from piship_remote._sandbox_transfers import SandboxTransfers, check_sync_mode
@@ -111,7 +111,7 @@ class Sandbox:
 
     def exec(
         self,
-        command: str,
+        command: Command,
         cwd: PathLike | None = None,
         *,
         on_data: OnData | None = None,
@@ -121,6 +121,8 @@ class Sandbox:
     ) -> ExecResult:
         """Run ``command`` in the sandbox and return its exit code.
 
+        ``command`` is a shell command line, or a list of arguments quoted one by one
+        as :func:`shlex.join` does (``["pytest", "-k", "a b"]``).
         ``cwd`` is a host path inside the workspace (default: its root), mapped
         onto the remote working directory. ``on_data`` gets stdout and stderr
         chunks on the calling thread. ``timeout`` (seconds) kills the remote
@@ -133,7 +135,7 @@ class Sandbox:
 
     def run(
         self,
-        command: str,
+        command: Command,
         cwd: PathLike | None = None,
         *,
         timeout: float | None = None,
@@ -165,18 +167,19 @@ class Sandbox:
 
     def _execute(
         self,
-        command: str,
+        command: Command,
         cwd: PathLike | None,
         sink: Sink | None,
         timeout: float | None,
         cancel: threading.Event | None,
         env: Mapping[str, str] | None,
     ) -> ExecResult:
+        line = command_line(command)
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         engine = self._usable_engine()
         request = ExecRequest(
-            command=command,
+            command=line,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
             env=command_environment(
