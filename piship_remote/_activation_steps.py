@@ -9,6 +9,7 @@ optional policy gives a sandbox whose report says why.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar, Union
@@ -48,7 +49,9 @@ from piship_remote.report import (
 if TYPE_CHECKING:
     from piship_remote.activation import Sandbox
 
-__all__ = ["Activation", "real_path"]
+__all__ = ["Activation", "log_environment_warnings", "real_path"]
+
+_LOG = logging.getLogger("piship_remote")
 
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
@@ -81,6 +84,8 @@ class Activation:
     sync_ignore: bool = True
     attach: str | None = None
     sandbox_type: type[Sandbox] = attrs.field(kw_only=True)
+    # The caller passed env= on purpose: the names it does not allow are named too.
+    env_given: bool = attrs.field(default=False, kw_only=True)
 
     def run(self) -> Sandbox:
         instance: Instance | None = None
@@ -189,8 +194,12 @@ class Activation:
 
     def _report(self, capabilities: Capabilities) -> ContainmentReport:
         screened = screen_environment(
-            self.profile.environment_allow, self.env, secrets=self.backend.redactor
+            self.profile.environment_allow,
+            self.env,
+            secrets=self.backend.redactor,
+            name_unlisted=self.env_given,
         )
+        log_environment_warnings(screened.warnings)
         return ContainmentReport(
             level="enforced",
             adapter=self.backend.id,
@@ -335,6 +344,12 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         )
     except Exception as e:
         return _Failure(reason_text(str(e) or type(e).__name__, redactor))
+
+
+def log_environment_warnings(warnings: tuple[str, ...]) -> None:
+    """Each environment warning as a ``logging`` warning (names only, never values)."""
+    for warning in warnings:
+        _LOG.warning("environment: %s", warning)
 
 
 def _mismatch_action(mismatch: str, network: str) -> str:
