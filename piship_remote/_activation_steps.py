@@ -32,6 +32,7 @@ from piship_remote.errors import (
     CONFIG_INVALID,
     CREDENTIAL_REQUIRED,
     GATEWAY_UNREACHABLE,
+    NETWORK_DENIED,
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandTimeout,
@@ -64,7 +65,9 @@ UNREACHABLE_ACTION = (
     "Check that the sandbox service is running and reachable at the address named above, then retry"
 )
 # Causes whose own code and action say better what to do than SANDBOX_UNAVAILABLE.
-ACTIONABLE_CODES = frozenset({GATEWAY_UNREACHABLE, CREDENTIAL_REQUIRED})
+ACTIONABLE_CODES = frozenset(
+    {GATEWAY_UNREACHABLE, CREDENTIAL_REQUIRED, CONFIG_INVALID, NETWORK_DENIED}
+)
 UNSANDBOXED_ACTION = (
     "Fix the sandbox backend reported above; PiShip does not fall back to running unsandboxed"
 )

@@ -75,8 +75,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CreateRetry", "E2bCompatibleBackend", "E2bInstance", "remote_directory"]
 
-# The variable a user sets for the API key, named when the key is missing.
+# The variables a user sets for the API key and the envd address, named when missing.
 API_KEY_VARIABLE = "E2B_API_KEY"
+ENVD_URL_VARIABLE = "PISHIP_E2B_ENVD_URL"
 
 EnvdUrl = Callable[[str, str | None], str] | str | None
 
@@ -292,6 +293,15 @@ class E2bCompatibleBackend:
                 url = f"{parts.scheme}://{ENVD_PORT}-{created.sandbox_id}.{domain}"
             return check_endpoint(url)
         except PiShipError as e:
+            if self._envd_url is None:  # derived from the endpoint: say what to set
+                raise self._errors(
+                    f"the sandbox's envd address cannot be used: {e}; no envd address was"
+                    f" given, so it was derived from the endpoint: set {ENVD_URL_VARIABLE}"
+                    " (command line) or pass envd_url= (Python)",
+                    code=e.code,
+                    user_action=f"Set {ENVD_URL_VARIABLE} or pass envd_url= the service's envd"
+                    " base URL (for a local or self-hosted service, often the endpoint itself)",
+                ) from None
             raise self._errors(
                 f"the sandbox's envd address cannot be used: {e}",
                 code=e.code,
