@@ -69,7 +69,7 @@ ACTIONABLE_CODES = frozenset(
     {GATEWAY_UNREACHABLE, CREDENTIAL_REQUIRED, CONFIG_INVALID, NETWORK_DENIED}
 )
 UNSANDBOXED_ACTION = (
-    "Fix the sandbox backend reported above; PiShip does not fall back to running unsandboxed"
+    "Fix the sandbox backend reported above; piship_remote never runs a command outside a sandbox"
 )
 NO_PROBE_REASON = "the backend declares no network probe to check it with"
 UNCHECKED_PROBE_REASON = "piship_remote does not run the backend's network probe"

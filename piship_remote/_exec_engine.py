@@ -402,13 +402,13 @@ class ExecEngine:
     def _retired_error(self) -> PiShipError:
         if self._disposed and not self._retired:
             text = (
-                f"The {self._adapter} sandbox was disposed, so PiShip retired it; "
-                "start a new session"
+                f"The {self._adapter} sandbox was disposed, so piship_remote retired it; "
+                "activate a new sandbox"
             )
         else:
             text = (
                 f"The {self._adapter} sandbox backend did not stop a timed-out or "
-                "cancelled command, so PiShip retired it; start a new session"
+                "cancelled command, so piship_remote retired it; activate a new sandbox"
             )
         return PiShipError(SANDBOX_UNAVAILABLE, text, component="sandbox")
 
