@@ -295,9 +295,9 @@ class E2bCompatibleBackend:
         except PiShipError as e:
             if self._envd_url is None:  # derived from the endpoint: say what to set
                 raise self._errors(
-                    f"the sandbox's envd address cannot be used: {e}; no envd address was"
-                    f" given, so it was derived from the endpoint: set {ENVD_URL_VARIABLE}"
-                    " (command line) or pass envd_url= (Python)",
+                    f"the sandbox's envd address cannot be used: none was given (set"
+                    f" {ENVD_URL_VARIABLE} or pass envd_url=), and the one derived from the"
+                    f" endpoint is refused: {e}",
                     code=e.code,
                     user_action=f"Set {ENVD_URL_VARIABLE} or pass envd_url= the service's envd"
                     " base URL (for a local or self-hosted service, often the endpoint itself)",
