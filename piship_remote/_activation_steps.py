@@ -9,6 +9,7 @@ optional policy gives a sandbox whose report says why.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar, Union
@@ -31,6 +32,7 @@ from piship_remote.errors import (
     CONFIG_INVALID,
     CREDENTIAL_REQUIRED,
     GATEWAY_UNREACHABLE,
+    NETWORK_DENIED,
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandTimeout,
@@ -48,7 +50,9 @@ from piship_remote.report import (
 if TYPE_CHECKING:
     from piship_remote.activation import Sandbox
 
-__all__ = ["Activation", "real_path"]
+__all__ = ["Activation", "log_environment_warnings", "real_path"]
+
+_LOG = logging.getLogger("piship_remote")
 
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
@@ -61,9 +65,11 @@ UNREACHABLE_ACTION = (
     "Check that the sandbox service is running and reachable at the address named above, then retry"
 )
 # Causes whose own code and action say better what to do than SANDBOX_UNAVAILABLE.
-ACTIONABLE_CODES = frozenset({GATEWAY_UNREACHABLE, CREDENTIAL_REQUIRED})
+ACTIONABLE_CODES = frozenset(
+    {GATEWAY_UNREACHABLE, CREDENTIAL_REQUIRED, CONFIG_INVALID, NETWORK_DENIED}
+)
 UNSANDBOXED_ACTION = (
-    "Fix the sandbox backend reported above; PiShip does not fall back to running unsandboxed"
+    "Fix the sandbox backend reported above; piship_remote never runs a command outside a sandbox"
 )
 NO_PROBE_REASON = "the backend declares no network probe to check it with"
 UNCHECKED_PROBE_REASON = "piship_remote does not run the backend's network probe"
@@ -81,6 +87,8 @@ class Activation:
     sync_ignore: bool = True
     attach: str | None = None
     sandbox_type: type[Sandbox] = attrs.field(kw_only=True)
+    # The caller passed env= on purpose: the names it does not allow are named too.
+    env_given: bool = attrs.field(default=False, kw_only=True)
 
     def run(self) -> Sandbox:
         instance: Instance | None = None
@@ -147,6 +155,12 @@ class Activation:
                     retryable=True,
                     user_action=UNREACHABLE_ACTION,
                 )
+            if availability.code == CREDENTIAL_REQUIRED:
+                raise _Failure(
+                    reason,
+                    code=CREDENTIAL_REQUIRED,
+                    user_action=availability.user_action or UNSANDBOXED_ACTION,
+                )
             raise _Failure(reason)
         capabilities = _call_reporting(backend.capabilities, backend.redactor)
         if isinstance(capabilities, _Failure):
@@ -183,8 +197,12 @@ class Activation:
 
     def _report(self, capabilities: Capabilities) -> ContainmentReport:
         screened = screen_environment(
-            self.profile.environment_allow, self.env, secrets=self.backend.redactor
+            self.profile.environment_allow,
+            self.env,
+            secrets=self.backend.redactor,
+            name_unlisted=self.env_given,
         )
+        log_environment_warnings(screened.warnings)
         return ContainmentReport(
             level="enforced",
             adapter=self.backend.id,
@@ -329,6 +347,12 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         )
     except Exception as e:
         return _Failure(reason_text(str(e) or type(e).__name__, redactor))
+
+
+def log_environment_warnings(warnings: tuple[str, ...]) -> None:
+    """Each environment warning as a ``logging`` warning (names only, never values)."""
+    for warning in warnings:
+        _LOG.warning("environment: %s", warning)
 
 
 def _mismatch_action(mismatch: str, network: str) -> str:

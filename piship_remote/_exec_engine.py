@@ -59,9 +59,11 @@ for the call to return is a retire check scheduled on the timer thread.
 
 from __future__ import annotations
 
+import os
+import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from piship_remote._cancel import EventWatcher, when_cancelled
 from piship_remote._exec_workers import (
@@ -81,6 +83,7 @@ from piship_remote._interrupts import Disarm, InterruptGuard
 from piship_remote.backends._owned import Detachable
 from piship_remote.backends.base import BackendResult, ExecRequest, Instance
 from piship_remote.errors import (
+    CONFIG_INVALID,
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandTimeout,
@@ -88,11 +91,52 @@ from piship_remote.errors import (
 )
 from piship_remote.redact import Redactor
 
-__all__ = ["CHANNEL_BYTES", "INTERRUPT_POLL", "REASON_LIMIT", "ExecEngine", "reason_text"]
+__all__ = [
+    "CHANNEL_BYTES",
+    "INTERRUPT_POLL",
+    "REASON_LIMIT",
+    "Command",
+    "ExecEngine",
+    "command_line",
+    "reason_text",
+]
+
+Command = str | Sequence[str | os.PathLike[str]]
+"""A shell command line, or its arguments one by one (``["pytest", "-k", "a b"]``)."""
 
 INTERRUPT_POLL = 0.05
 CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of its sink
 REASON_LIMIT = 400
+
+
+def command_line(command: object) -> str:
+    """The shell command line for ``command``: a ``str`` as is, a sequence of arguments
+    quoted one by one as :func:`shlex.join` does (path-like arguments included).
+
+    >>> command_line(["echo", "a b"])
+    "echo 'a b'"
+
+    Anything else is a ``TypeError``; an empty sequence is ``CONFIG_INVALID``.
+    """
+    if isinstance(command, str):
+        return command
+    if isinstance(command, (bytes, bytearray, memoryview)) or not isinstance(command, Sequence):
+        raise TypeError(
+            "command must be a str (a shell command line) or a list of str arguments,"
+            f" not {type(command).__name__}"
+        )
+    arguments: list[str] = []
+    for index, argument in enumerate(command):
+        if isinstance(argument, os.PathLike):
+            argument = os.fspath(argument)
+        if not isinstance(argument, str):
+            raise TypeError(
+                f"command argument {index} must be a str, not {type(argument).__name__}"
+            )
+        arguments.append(argument)
+    if not arguments:
+        raise PiShipError(CONFIG_INVALID, "the command is an empty list of arguments")
+    return shlex.join(arguments)
 
 
 class _Aborted(Exception):
@@ -358,13 +402,13 @@ class ExecEngine:
     def _retired_error(self) -> PiShipError:
         if self._disposed and not self._retired:
             text = (
-                f"The {self._adapter} sandbox was disposed, so PiShip retired it; "
-                "start a new session"
+                f"The {self._adapter} sandbox was disposed, so piship_remote retired it; "
+                "activate a new sandbox"
             )
         else:
             text = (
                 f"The {self._adapter} sandbox backend did not stop a timed-out or "
-                "cancelled command, so PiShip retired it; start a new session"
+                "cancelled command, so piship_remote retired it; activate a new sandbox"
             )
         return PiShipError(SANDBOX_UNAVAILABLE, text, component="sandbox")
 

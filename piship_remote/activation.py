@@ -27,14 +27,14 @@ from typing import Any, TypeVar, Union
 import attrs
 
 from piship_remote import lifecycle
-from piship_remote._activation_steps import Activation, real_path
-from piship_remote._exec_engine import CHANNEL_BYTES, ExecEngine
+from piship_remote._activation_steps import Activation, log_environment_warnings, real_path
+from piship_remote._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote._exec_workers import Sink
 from piship_remote._output import OUTPUT_LIMIT, CommandResult, OutputCapture
 from piship_remote._sandbox_transfers import SandboxTransfers, check_sync_mode
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import Backend, ExecRequest
-from piship_remote.environment import command_environment
+from piship_remote.environment import screen_environment
 from piship_remote.errors import (
     CONFIG_INVALID,
     SANDBOX_UNAVAILABLE,
@@ -90,6 +90,7 @@ class Sandbox:
         self._backend = backend
         self._engine = engine
         self._env = dict(env)
+        self._logged_warnings: set[str] = set()
         self._workspace_root = real_path(profile.workspace)
         self._transfers: SandboxTransfers | None = None
         self._lifecycle = _track(self, engine)
@@ -111,7 +112,7 @@ class Sandbox:
 
     def exec(
         self,
-        command: str,
+        command: Command,
         cwd: PathLike | None = None,
         *,
         on_data: OnData | None = None,
@@ -121,6 +122,8 @@ class Sandbox:
     ) -> ExecResult:
         """Run ``command`` in the sandbox and return its exit code.
 
+        ``command`` is a shell command line, or a list of arguments quoted one by one
+        as :func:`shlex.join` does (``["pytest", "-k", "a b"]``).
         ``cwd`` is a host path inside the workspace (default: its root), mapped
         onto the remote working directory. ``on_data`` gets stdout and stderr
         chunks on the calling thread. ``timeout`` (seconds) kills the remote
@@ -133,7 +136,7 @@ class Sandbox:
 
     def run(
         self,
-        command: str,
+        command: Command,
         cwd: PathLike | None = None,
         *,
         timeout: float | None = None,
@@ -165,23 +168,22 @@ class Sandbox:
 
     def _execute(
         self,
-        command: str,
+        command: Command,
         cwd: PathLike | None,
         sink: Sink | None,
         timeout: float | None,
         cancel: threading.Event | None,
         env: Mapping[str, str] | None,
     ) -> ExecResult:
+        line = command_line(command)
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         engine = self._usable_engine()
         request = ExecRequest(
-            command=command,
+            command=line,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
-            env=command_environment(
-                self.profile.environment_allow, self._source(env), secrets=self.redactor
-            ),
+            env=self._command_env(env),
             timeout=timeout or None,
         )
         if timeout is not None and timeout < 0:
@@ -294,8 +296,19 @@ class Sandbox:
             )
         return os.path.relpath(real, root).replace(os.sep, "/")
 
-    def _source(self, env: Mapping[str, str] | None) -> Mapping[str, str]:
-        return self._env if env is None else env
+    def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        """The allow-listed environment; a given ``env``'s dropped names are logged once."""
+        screened = screen_environment(
+            self.profile.environment_allow,
+            self._env if env is None else env,
+            secrets=self.redactor,
+            name_unlisted=env is not None,
+        )
+        if env is not None:
+            fresh = tuple(w for w in screened.warnings if w not in self._logged_warnings)
+            self._logged_warnings.update(fresh)
+            log_environment_warnings(fresh)
+        return screened.env
 
 
 def activate_sandbox(
@@ -327,6 +340,7 @@ def activate_sandbox(
     check_sync_mode(sync)
     if not isinstance(policy, SandboxPolicy):
         policy = SandboxPolicy.from_dict(policy)
+    _check_workspace(workspace)
     profile = resolve_profile(policy, workspace=workspace, home_dir=home_dir)
     source = dict(os.environ if env is None else env)
     activation = Activation(
@@ -340,8 +354,28 @@ def activate_sandbox(
         sync_ignore,
         attach,
         sandbox_type=Sandbox,
+        env_given=env is not None,
     )
     return activation.run()
+
+
+def _check_workspace(workspace: PathLike) -> None:
+    """A workspace must be an existing directory: a typo would otherwise start empty."""
+    try:
+        path = os.fspath(workspace)
+    except TypeError:
+        raise TypeError(
+            f"workspace must be a path (str or os.PathLike), not {type(workspace).__name__}"
+        ) from None
+    if os.path.isdir(path):
+        return
+    problem = "is not a directory" if os.path.exists(path) else "does not exist"
+    raise PiShipError(
+        CONFIG_INVALID,
+        f"the workspace {path!r} {problem}",
+        user_action="Pass workspace= an existing directory (the host folder whose files"
+        ' the sandbox works on), e.g. workspace="."',
+    )
 
 
 def _track(sandbox: Sandbox, engine: ExecEngine | None) -> int | None:

@@ -174,26 +174,55 @@ def is_network_setting_name(name: str) -> bool:
 
 @attrs.frozen
 class DroppedVariable:
-    """An allow-listed variable that was not sent because of its value (never the value itself)."""
+    """An allow-listed variable that was not sent because of its value (never the value
+    itself), or, ``by_name``, because of its name."""
 
     name: str
     reason: str
+    by_name: bool = False
 
     @property
     def warning(self) -> str:
+        if self.by_name:
+            return (
+                f"{self.name} was not sent to the sandbox although environment.allow lists it:"
+                f" {self.reason}"
+            )
         return f"{self.name} was not sent to the sandbox: its value is {self.reason}"
 
 
 @attrs.frozen
 class ScreenedEnvironment:
-    """The variables to send, in allow-list order, and the ones dropped for their value."""
+    """The variables to send, in allow-list order, and the ones dropped, by name only.
+
+    ``dropped``: allow-listed names not sent, for their value or their name.
+    ``unlisted``: names the allow list does not cover (only when asked for: the
+    caller handed over this environment on purpose); ``never_sent``: those among
+    them that no allow list would pass (credential-looking or this host's settings).
+    """
 
     env: dict[str, str]
     dropped: tuple[DroppedVariable, ...] = ()
+    unlisted: tuple[str, ...] = ()
+    never_sent: tuple[str, ...] = ()
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return tuple(dropped.warning for dropped in self.dropped)
+        found = [dropped.warning for dropped in self.dropped]
+        if self.unlisted:
+            names = ", ".join(self.unlisted)
+            line = ", ".join(f'"{name}"' for name in self.unlisted)
+            found.append(
+                f"not sent to the sandbox, as the policy's environment.allow does not list"
+                f" them: {names}; to send them, add them to the policy:"
+                f" environment.allow: [{line}]"
+            )
+        if self.never_sent:
+            found.append(
+                "never sent to the sandbox, whatever the allow list says (credential-looking"
+                f" names, or settings of this host): {', '.join(self.never_sent)}"
+            )
+        return tuple(found)
 
 
 def screen_environment(
@@ -202,29 +231,50 @@ def screen_environment(
     *,
     secrets: Redactor | None = None,
     allow_network_settings: bool = False,
+    name_unlisted: bool = False,
 ) -> ScreenedEnvironment:
     """Apply the allow list to ``source``; see :func:`command_environment`.
 
-    Names dropped by name (credential-looking, host-bound, network settings) are
-    expected and not listed; names dropped for their value are.
+    Allow-listed names dropped for their value, or because their name looks like a
+    credential or a proxy/CA/TLS setting, are listed in ``dropped`` (host-bound names
+    such as ``PATH`` are expected and not). With ``name_unlisted`` the names of
+    ``source`` the allow list does not cover are listed too (``unlisted``, or
+    ``never_sent`` when no allow list would pass them).
     """
     env: dict[str, str] = {}
     dropped: list[DroppedVariable] = []
-    for name in dict.fromkeys(allow):
-        if name not in source or not _name_may_pass(name, allow_network_settings):
+    allowed = dict.fromkeys(allow)
+    for name in allowed:
+        if name not in source:
             continue
-        reason = credential_value_reason(source[name], secrets)
+        refusal = _name_refusal(name, allow_network_settings)
+        reason = refusal or credential_value_reason(source[name], secrets)
         if reason is None:
             env[name] = source[name]
-        else:
+        elif refusal is None:
             dropped.append(DroppedVariable(name, reason))
-    return ScreenedEnvironment(env, tuple(dropped))
+        elif refusal != _HOST_BOUND:
+            dropped.append(DroppedVariable(name, refusal, by_name=True))
+    if not name_unlisted:
+        return ScreenedEnvironment(env, tuple(dropped))
+    others = [name for name in source if name not in allowed]
+    unlisted = tuple(n for n in others if _name_refusal(n, allow_network_settings) is None)
+    never_sent = tuple(n for n in others if _name_refusal(n, allow_network_settings) is not None)
+    return ScreenedEnvironment(env, tuple(dropped), unlisted, never_sent)
 
 
-def _name_may_pass(name: str, allow_network_settings: bool) -> bool:
-    if is_credential_name(name) or name.upper() in HOST_BOUND_VARIABLES:
-        return False
-    return allow_network_settings or not is_network_setting_name(name)
+_HOST_BOUND = "it describes this host; the sandbox has its own"
+
+
+def _name_refusal(name: str, allow_network_settings: bool) -> str | None:
+    """Why a variable with this name is never sent, or ``None`` when its name may pass."""
+    if is_credential_name(name):
+        return "its name looks like a credential"
+    if name.upper() in HOST_BOUND_VARIABLES:
+        return _HOST_BOUND
+    if not allow_network_settings and is_network_setting_name(name):
+        return "it is a proxy, CA or TLS setting of this host"
+    return None
 
 
 def command_environment(

@@ -156,10 +156,6 @@ def _network_mode(value: str) -> NetworkMode:
     )
 
 
-def _default_network(policy: SandboxPolicy) -> NetworkMode:
-    return "deny" if policy.required else "allow"
-
-
 @attrs.frozen
 class SandboxPolicy:
     """What a sandbox must guarantee. Omitted fields take the manifest defaults.
@@ -176,9 +172,8 @@ class SandboxPolicy:
     required: bool = False
     read_deny: tuple[str, ...] = attrs.field(default=DEFAULT_READ_DENY, converter=_path_rules)
     write_allow: tuple[str, ...] = attrs.field(default=DEFAULT_WRITE_ALLOW, converter=_path_rules)
-    network: NetworkMode = attrs.field(
-        default=attrs.Factory(_default_network, takes_self=True), converter=_network_mode
-    )
+    # Fail closed: a policy that does not name a network mode denies the network.
+    network: NetworkMode = attrs.field(default="deny", converter=_network_mode)
     environment_allow: tuple[str, ...] = attrs.field(
         default=DEFAULT_ENVIRONMENT_ALLOW, converter=_strings
     )
@@ -202,7 +197,7 @@ class SandboxPolicy:
             required=manifest.required,
             read_deny=manifest.filesystem.read.deny,
             write_allow=manifest.filesystem.write.allow,
-            network=manifest.network.mode or ("deny" if manifest.required else "allow"),
+            network=manifest.network.mode or "deny",
             environment_allow=manifest.environment.allow,
         )
 

@@ -113,12 +113,13 @@ _RULES: tuple[_Rule, ...] = (
     # any separator (`X-Api-Key: v`, `client_secret=v`, `?token=v`, `"password":"v"`).
     # The match starts at the word, so the rest of a long name is never rescanned.
     # Prose that labels a problem ("sandbox credential: delete <ref>: ...") is not
-    # a value: `delete `, `the ` and `revocation: ` are kept when text follows.
+    # a value: `delete `, `the ` and `revocation: ` are kept when text follows, and
+    # so is code in a hint (`credential=lambda: os.environ[...]`).
     _rule(
         "token secret passw credential key",
         r"((?:token|secret|passw(?:or)?d|credentials?|(?:api|access|secret|private)[-_]?key)"
         rf"{_QUOTE}\s*[:=]\s*{_QUOTE})"
-        r"(?!(?:delete|the|revocation:)\s)(?:\\[^\"\s]|[^\"\s,}&\\])+",
+        r"(?!(?:delete|the|revocation:)\s|lambda\s*:)(?:\\[^\"\s]|[^\"\s,}&\\])+",
         re.IGNORECASE,
         keep_label=True,
     ),

@@ -384,13 +384,13 @@ def describe_workspace(report: WorkspaceReport) -> str:
     if report.verification == "unverifiable":
         reason = report.reason if report.reason is not None else "unknown reason"
         return (
-            f"Workspace: snapshot (declared {declared}; no PiShip-owned location to verify it:"
+            f"Workspace: snapshot (declared {declared}; no location this library owns to verify it:"
             f" {reason})."
         )
     reason = report.reason if report.reason is not None else "the check failed"
     return (
         f"Workspace: snapshot (declared {declared}; {reason})."
-        " Not a complete coding-agent workspace."
+        " Remote commands see a copy of the workspace."
     )
 
 
@@ -406,10 +406,21 @@ DETACHED_SENTENCE = (
 NOTHING_RUNS = "No command runs: piship_remote runs commands only in a sandbox"
 """What the line of a report without a sandbox says happens to commands (they are refused)."""
 
+# The snapshot line (sync="none") keeps these words exactly; a synced one says it plainly.
 _HOST_ISOLATION_SENTENCE = (
     " The sandbox cannot reach this host's files, but it does not enforce sandbox.filesystem"
     " path rules; they govern only the local file tools."
 )
+_SYNCED_HOST_ISOLATION_SENTENCE = (
+    " The sandbox cannot reach this host's files; the policy's filesystem path rules decide"
+    " what push sends and what pull writes back, not what commands in the sandbox read."
+)
+_SNAPSHOT_SCOPE = (
+    "Contains shell commands; MCP stdio servers cannot be contained by this backend"
+    " and do not start, not the agent process or in-process extensions"
+)
+_SYNCED_SCOPE = "Contains the shell commands it runs, not this Python process"
+_LOCAL_SCOPE = "Contains every command it runs, not this Python process"
 _CONFINEMENT_SENTENCE = (
     " The sandbox reaches this host's files only through the workspace, where it does not"
     " enforce sandbox.filesystem path rules: a read-denied path inside the workspace is"
@@ -417,17 +428,17 @@ _CONFINEMENT_SENTENCE = (
 )
 
 
-def _path_rules_sentence(planes: Sequence[str]) -> str:
+def _path_rules_sentence(planes: Sequence[str], *, synced: bool) -> str:
     partial = [plane for plane in PATH_POLICY_PLANES if plane in planes]
     if len(partial) == len(PATH_POLICY_PLANES):
         return ""
     if partial:
         return (
             " sandbox.filesystem path rules are only partly enforced by the backend"
-            f" ({', '.join(partial)} only); PiShip's local file tools still apply them in full."
+            f" ({', '.join(partial)} only); push and pull still apply them in full."
         )
     if HOST_FILESYSTEM_ISOLATION in planes:
-        return _HOST_ISOLATION_SENTENCE
+        return _SYNCED_HOST_ISOLATION_SENTENCE if synced else _HOST_ISOLATION_SENTENCE
     if WORKSPACE_CONFINEMENT in planes:
         return _CONFINEMENT_SENTENCE
     return " sandbox.filesystem path rules are not enforced by the backend."
@@ -447,17 +458,14 @@ def _enforced_line(report: ContainmentReport, workspace: WorkspaceReport | None)
         evidence = " (verified)"
     else:
         evidence = " (attested by the backend, not verified)"
-    scope = (
-        "Contains tool subprocesses and MCP stdio servers"
-        if report.local_processes
-        else "Contains shell commands; MCP stdio servers cannot be contained by this backend"
-        " and do not start"
-    )
-    paths = _path_rules_sentence(report.planes)
+    synced = workspace is not None and workspace.sync is not None
+    scope = _SYNCED_SCOPE if synced else _SNAPSHOT_SCOPE
+    if report.local_processes:
+        scope = _LOCAL_SCOPE
+    paths = _path_rules_sentence(report.planes, synced=synced)
     line = (
         f"enforced by {report.adapter} ({how}): {', '.join(report.planes)};"
-        f" network {report.network}{evidence}. {scope},"
-        f" not the agent process or in-process extensions{'.' + paths if paths else ''}"
+        f" network {report.network}{evidence}. {scope}{'.' + paths if paths else ''}"
     )
     if report.execution == "detached":
         line = f"{line}{'' if line.endswith('.') else '.'} {DETACHED_SENTENCE}"

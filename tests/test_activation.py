@@ -190,7 +190,8 @@ def test_an_unavailable_backend_fails_a_required_activation(ws: Path) -> None:
         "the endpoint health check returned HTTP 503"
     )
     assert caught.value.user_action == (
-        "Fix the sandbox backend reported above; PiShip does not fall back to running unsandboxed"
+        "Fix the sandbox backend reported above;"
+        " piship_remote never runs a command outside a sandbox"
     )
     assert "prepare" not in backend.log
 

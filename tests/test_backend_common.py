@@ -194,6 +194,54 @@ def test_an_empty_e2b_key_names_e2b_api_key(
     assert mock.requests == []
 
 
+def test_an_e2b_credential_giving_none_is_credential_required_naming_e2b_api_key(
+    e2b_server: Callable[..., E2bServer], profile: SandboxProfile
+) -> None:
+    mock = e2b_server()
+    with e2b(mock.url, credential=lambda: None) as backend:
+        with pytest.raises(PiShipError) as caught:
+            backend.prepare(profile)
+    assert caught.value.code == CREDENTIAL_REQUIRED
+    assert "E2B_API_KEY is not set" in str(caught.value)
+    assert (caught.value.user_action or "").startswith("Set E2B_API_KEY")
+    assert mock.requests == []
+
+
+def test_an_e2b_backend_without_a_credential_callable_sends_no_key(
+    e2b_server: Callable[..., E2bServer], profile: SandboxProfile
+) -> None:
+    mock = e2b_server()
+    with e2b(mock.url) as backend:
+        backend.prepare(profile).dispose()
+    created = mock.find("POST", "/sandboxes")
+    assert len(created) == 1
+    assert "x-api-key" not in created[0].headers
+
+
+@pytest.mark.parametrize("read", [lambda: None, lambda: "", lambda: {}["E2B_API_KEY"]])
+def test_an_e2b_availability_check_names_the_missing_key_before_any_request(
+    e2b_server: Callable[..., E2bServer], read: Callable[[], str | None]
+) -> None:
+    mock = e2b_server()
+    with e2b(mock.url, credential=read) as backend:
+        availability = backend.available()
+    assert availability.available is False
+    assert availability.code == CREDENTIAL_REQUIRED
+    assert "E2B_API_KEY" in (availability.reason or "")
+    assert "E2B_API_KEY" in (availability.user_action or "")
+    assert mock.requests == []
+
+
+def test_a_kubernetes_credential_giving_none_sends_no_bearer(
+    kubernetes_server: Callable[..., KubernetesServer], profile: SandboxProfile
+) -> None:
+    mock = kubernetes_server()
+    with kubernetes(mock.url, credential=lambda: None) as backend:
+        assert backend.available().available is True
+    assert mock.requests
+    assert all("authorization" not in r.headers for r in mock.requests)
+
+
 # -- an unreachable service -----------------------------------------------------------------
 
 

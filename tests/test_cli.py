@@ -150,7 +150,9 @@ def test_a_plain_http_endpoint_off_loopback_is_a_configuration_error() -> None:
 
 
 def test_an_unreachable_service_exits_3_with_the_code_and_action() -> None:
-    result = cli("run", "--endpoint", "http://127.0.0.1:1", "--", "true")
+    result = cli(
+        "run", "--endpoint", "http://127.0.0.1:1", "--", "true", env={"E2B_API_KEY": API_KEY}
+    )
     assert result.returncode == 3
     assert result.stderr.startswith("GATEWAY_UNREACHABLE: The distribution requires a sandbox")
     assert "127.0.0.1:1 failed: ECONNREFUSED" in result.stderr

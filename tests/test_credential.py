@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -12,6 +14,7 @@ from werkzeug import Request, Response
 from piship_remote.backends._credential import Credential, send_credentialed
 from piship_remote.errors import CREDENTIAL_REQUIRED, PiShipError
 from piship_remote.redact import Redactor
+from piship_remote.testing import E2bServer
 from piship_remote.transport import HttpResponse, Transport
 
 pytestmark = pytest.mark.timeout(10)
@@ -259,3 +262,28 @@ def test_a_string_credential_is_a_type_error_at_construction(redactor: Redactor)
 def test_a_non_callable_rejection_callback_is_a_type_error(redactor: Redactor) -> None:
     with pytest.raises(TypeError, match="credential_rejected must be a callable"):
         Credential(None, True, redactor)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("key", [None, ""])
+def test_the_command_line_without_e2b_api_key_exits_2_naming_it_before_any_request(
+    e2b_server: Callable[..., E2bServer], key: str | None
+) -> None:
+    mock = e2b_server(api_key="e2b_needed_key_0123456789")
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    env.update({"PISHIP_E2B_ENDPOINT": mock.url, "PISHIP_E2B_ENVD_URL": mock.url})
+    if key is not None:
+        env["E2B_API_KEY"] = key
+    result = subprocess.run(
+        [sys.executable, "-m", "piship_remote", "run", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=50,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("CREDENTIAL_REQUIRED: ")
+    assert "E2B_API_KEY is not set" in result.stderr
+    assert "[REDACTED]" not in result.stderr
+    assert mock.requests == []

@@ -406,7 +406,7 @@ def test_a_lost_create_answer_says_a_sandbox_may_exist_and_when_it_expires(
     assert caught.value.code == "SANDBOX_UNAVAILABLE"
     assert str(caught.value).startswith("creating the sandbox failed: ")
     assert str(caught.value).endswith(
-        "; a sandbox may have been created without its ID reaching PiShip, "
+        "; a sandbox may have been created without its ID reaching this library, "
         "and it expires on its own within 3600 s"
     )
     assert server.count("POST", "/sandboxes") == 1

@@ -269,12 +269,40 @@ def test_a_url_without_a_password_is_sent(value: str) -> None:
     assert command_environment(["DATABASE_URL"], {"DATABASE_URL": value}) == {"DATABASE_URL": value}
 
 
-def test_names_dropped_by_name_are_not_reported() -> None:
+def test_allow_listed_names_dropped_by_name_are_named_with_why_and_host_names_are_not() -> None:
     screened = screen_environment(
         ["PATH", "GITHUB_TOKEN", "HTTPS_PROXY"],
         {"PATH": "/bin", "GITHUB_TOKEN": "ghp_" + "a" * 36, "HTTPS_PROXY": "http://u:p@proxy"},
     )
-    assert screened == screen_environment([], {})
+    assert screened.env == {}
+    assert screened.warnings == (
+        "GITHUB_TOKEN was not sent to the sandbox although environment.allow lists it:"
+        " its name looks like a credential",
+        "HTTPS_PROXY was not sent to the sandbox although environment.allow lists it:"
+        " it is a proxy, CA or TLS setting of this host",
+    )
+    assert "ghp_" not in "".join(screened.warnings)
+    assert "u:p" not in "".join(screened.warnings)
+
+
+def test_unlisted_names_are_named_with_the_allow_list_line_that_passes_them() -> None:
+    screened = screen_environment(
+        ["LANG"],
+        {"LANG": "C", "FOO": "bar", "BAZ": "qux", "AWS_SECRET_ACCESS_KEY": "x", "HOME": "/h"},
+        name_unlisted=True,
+    )
+    assert screened.env == {"LANG": "C"}
+    assert screened.unlisted == ("FOO", "BAZ")
+    assert screened.never_sent == ("AWS_SECRET_ACCESS_KEY", "HOME")
+    assert screened.warnings[0].endswith('environment.allow: ["FOO", "BAZ"]')
+    assert "FOO, BAZ" in screened.warnings[0]
+    assert "AWS_SECRET_ACCESS_KEY, HOME" in screened.warnings[1]
+    assert not any(value in "".join(screened.warnings) for value in ("bar", "qux", "/h"))
+
+
+def test_unlisted_names_are_not_named_unless_asked() -> None:
+    screened = screen_environment(["LANG"], {"LANG": "C", "FOO": "bar"})
+    assert (screened.unlisted, screened.warnings) == ((), ())
 
 
 def test_a_value_check_needs_no_redactor() -> None:

@@ -98,4 +98,18 @@ def test_a_missing_api_key_at_activation_names_the_variable(
         activate_sandbox({"required": True}, backend=backend, workspace=tmp_path)
     assert raised.value.code == "CREDENTIAL_REQUIRED"
     assert "PISHIP_NO_SUCH_KEY is not set" in str(raised.value)
-    assert [r.path for r in mock.requests] == ["/health"]
+    assert mock.requests == []
+
+
+@pytest.mark.timeout(20)
+def test_a_credential_giving_none_at_activation_names_e2b_api_key_with_a_readable_hint(
+    tmp_path: Path, e2b_server: Callable[..., E2bServer]
+) -> None:
+    mock = e2b_server(api_key="e2b_needed_key_0123456789")
+    backend = E2bCompatibleBackend(endpoint=mock.url, envd_url=mock.url, credential=lambda: None)
+    with pytest.raises(PiShipError) as raised:
+        activate_sandbox({"required": True}, backend=backend, workspace=tmp_path)
+    assert raised.value.code == "CREDENTIAL_REQUIRED"
+    assert "E2B_API_KEY is not set" in str(raised.value)
+    assert "credential=lambda: os.environ['E2B_API_KEY']" in (raised.value.user_action or "")
+    assert mock.requests == []

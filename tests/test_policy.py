@@ -58,13 +58,18 @@ def test_omitted_fields_take_manifest_defaults() -> None:
     assert policy.required is False
     assert policy.read_deny == DEFAULT_READ_DENY
     assert policy.write_allow == ("workspace", "tmp")
-    assert policy.network == "allow"
+    assert policy.network == "deny"
     assert policy.environment_allow == DEFAULT_ENVIRONMENT_ALLOW
 
 
 def test_network_defaults_to_deny_when_required() -> None:
     assert SandboxPolicy.from_dict({"required": True}).network == "deny"
     assert SandboxPolicy.from_dict({"required": True, "network": {}}).network == "deny"
+
+
+def test_network_defaults_to_deny_when_not_required_too() -> None:
+    assert SandboxPolicy.from_dict({"required": False}).network == "deny"
+    assert SandboxPolicy.from_dict({"network": {}}).network == "deny"
 
 
 def test_declared_list_replaces_the_default() -> None:
@@ -75,7 +80,7 @@ def test_declared_list_replaces_the_default() -> None:
 
 def test_direct_construction_defaults() -> None:
     assert SandboxPolicy(required=True).network == "deny"
-    assert SandboxPolicy().network == "allow"
+    assert SandboxPolicy().network == "deny"
 
 
 def test_direct_construction_converts_lists() -> None:

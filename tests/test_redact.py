@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from piship_remote.backends._credential import Credential
 from piship_remote.redact import REDACTED, SECRET_KEY_PATTERN, Redactor, redact, redact_value
 
 # ---------------------------------------------------------------- pattern rules
@@ -81,6 +82,10 @@ PATTERN_CASES = [
     ("secret: revocation: failed", "secret: revocation: failed"),
     ("credential: the", "credential: [REDACTED]"),
     ("token: deleted", "token: [REDACTED]"),
+    # ... and code in a hint is not a value
+    ("pass credential=lambda: os.environ['E2B_API_KEY']", None),
+    ("(credential=lambda:os.environ['K'])", None),
+    ("token=lambda_0123456789", "token=[REDACTED]"),
     # ordinary text stays
     ("maxTokens: 5 tokens used", "maxTokens: 5 tokens used"),
     ("the e2b-compatible endpoint health check returned HTTP 503", None),
@@ -90,6 +95,13 @@ PATTERN_CASES = [
 @pytest.mark.parametrize(("text", "expected"), PATTERN_CASES)
 def test_pattern_rule(text: str, expected: str | None) -> None:
     assert redact(text) == (text if expected is None else expected)
+
+
+def test_the_missing_credential_hint_survives_redaction() -> None:
+    error = Credential(lambda: None, None, Redactor(), name="E2B_API_KEY", required=True).missing()
+    assert error is not None and error.user_action is not None
+    assert REDACTED not in error.user_action
+    assert "credential=lambda: os.environ['E2B_API_KEY']" in error.user_action
 
 
 def test_redact_leaves_text_without_secrets_unchanged() -> None:

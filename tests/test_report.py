@@ -154,8 +154,7 @@ def test_local_processes_scope() -> None:
     )
     assert describe_containment(report) == (
         "enforced by x (required): filesystem-read-deny, filesystem-write-allowlist;"
-        " network allow. Contains tool subprocesses and MCP stdio servers, not the agent"
-        " process or in-process extensions"
+        " network allow. Contains every command it runs, not this Python process"
     )
 
 
@@ -181,13 +180,12 @@ def test_both_path_planes_and_a_workspace_add_the_period() -> None:
         (
             ("filesystem-read-deny",),
             " sandbox.filesystem path rules are only partly enforced by the backend"
-            " (filesystem-read-deny only); PiShip's local file tools still apply them in full.",
+            " (filesystem-read-deny only); push and pull still apply them in full.",
         ),
         (
             ("filesystem-write-allowlist", "host-filesystem-isolation"),
             " sandbox.filesystem path rules are only partly enforced by the backend"
-            " (filesystem-write-allowlist only); PiShip's local file tools still apply them in"
-            " full.",
+            " (filesystem-write-allowlist only); push and pull still apply them in full.",
         ),
         (("host-filesystem-isolation", "workspace-confinement"), HOST_ISOLATION_SENTENCE),
         (
@@ -326,7 +324,7 @@ def test_not_required_line() -> None:
                 reason="the workspace has no .git directory",
                 git_control_protection="attested-renames",
             ),
-            "Workspace: snapshot (declared shared; no PiShip-owned location to verify it:"
+            "Workspace: snapshot (declared shared; no location this library owns to verify it:"
             " the workspace has no .git directory).",
         ),
         (
@@ -336,7 +334,7 @@ def test_not_required_line() -> None:
                 verification="unverifiable",
                 git_control_protection="attested-renames",
             ),
-            "Workspace: snapshot (declared shared; no PiShip-owned location to verify it:"
+            "Workspace: snapshot (declared shared; no location this library owns to verify it:"
             " unknown reason).",
         ),
         (
@@ -348,7 +346,7 @@ def test_not_required_line() -> None:
                 git_control_protection="attested-renames",
             ),
             "Workspace: snapshot (declared synchronized; the host did not see sandbox changes)."
-            " Not a complete coding-agent workspace.",
+            " Remote commands see a copy of the workspace.",
         ),
         (
             WorkspaceReport(
@@ -357,8 +355,8 @@ def test_not_required_line() -> None:
                 verification="failed",
                 git_control_protection="not-verified",
             ),
-            "Workspace: snapshot (declared shared; the check failed). Not a complete coding-agent"
-            " workspace.",
+            "Workspace: snapshot (declared shared; the check failed). Remote commands see a copy"
+            " of the workspace.",
         ),
     ],
 )

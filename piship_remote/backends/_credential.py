@@ -10,8 +10,10 @@ says a renewed credential is ready::
                                  auth_header=lambda key: {"X-API-Key": key}, repeatable=True)
 
 A read that fails (``KeyError`` for an unset variable) or gives ``""`` is a
-``CREDENTIAL_REQUIRED`` error naming what to set, raised before anything is sent;
-``None`` means "this service needs no credential" and sends none.
+``CREDENTIAL_REQUIRED`` error naming what to set, raised before anything is sent.
+A read that gives ``None`` sends no credential, unless the credential is
+``required`` (E2B's API key): then it is the same error. No callable at all
+(``credential=None``) always sends none.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Credential:
         redactor: Redactor,
         *,
         name: str = "the credential option",
+        required: bool = False,
     ) -> None:
         self._read: Callable[[], str | None] | None = _checked_callable(read, "credential")
         self._rejected: Callable[[], bool] | None = _checked_callable(
@@ -63,12 +66,14 @@ class Credential:
         )
         self._redactor = redactor
         self._name = name
+        self._required_value = required
         self._registered: str | None = None  # the redactor never forgets a value
 
     def current(self) -> str | None:
         """The value to send now (registered with the redactor), or ``None``.
 
-        Raises ``CREDENTIAL_REQUIRED`` when the read fails or gives an empty value.
+        Raises ``CREDENTIAL_REQUIRED`` when the read fails or gives an empty value
+        (or ``None``, for a ``required`` credential).
         """
         if self._read is None:
             return None
@@ -81,6 +86,8 @@ class Credential:
                 self._name, f"could not be read ({type(error).__name__})"
             ) from None
         if value is None:
+            if self._required_value:
+                raise self._required(self._name, "is not set (no value was given)")
             return None
         if not isinstance(value, str):
             raise self._required(self._name, f"is a {type(value).__name__}, not text")
@@ -90,6 +97,17 @@ class Credential:
             self._redactor.register(value)
             self._registered = value
         return value
+
+    def missing(self) -> PiShipError | None:
+        """The ``CREDENTIAL_REQUIRED`` error :meth:`current` would raise now, or ``None``.
+
+        Lets a backend say what to set before it sends any request at all.
+        """
+        try:
+            self.current()
+        except PiShipError as error:
+            return error
+        return None
 
     def reject(self) -> bool:
         """Report a 401; ``True`` means a renewed credential can be read now."""

@@ -331,7 +331,7 @@ class ControlPlane:
         """
         return self._errors(
             f"creating the sandbox failed: {reason}; a sandbox may have been created "
-            f"without its ID reaching PiShip, and it expires on its own within "
+            f"without its ID reaching this library, and it expires on its own within "
             f"{self.lifetime} s"
         )
 

@@ -255,7 +255,7 @@ def _start_hint(status: int, detail: str) -> str | None:
     if status == 429:
         return "the sandbox has too many concurrent connections; try again shortly"
     if status == 502 and "not found" in detail.lower():
-        return "the sandbox is gone (it expired or was deleted); start a new session"
+        return "the sandbox is gone (it expired or was deleted); activate a new sandbox"
     if status in (502, 503, 504):
         return "the sandbox cannot be reached"
     return None

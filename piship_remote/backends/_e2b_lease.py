@@ -393,5 +393,5 @@ class SandboxLease:
 
     def _expired_error(self) -> PiShipError:
         return self._errors(
-            "the sandbox's lifetime ended, so it is gone; start a new session",
+            "the sandbox's lifetime ended, so it is gone; activate a new sandbox",
         )

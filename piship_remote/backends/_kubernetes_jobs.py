@@ -47,7 +47,7 @@ _MISSING = "piship-job-missing"
 _PRESENT = "piship-job-present"
 _OUTCOME_UNKNOWN = (
     "The command's outcome is unknown: {reason}. It may have run in part or in full, or "
-    "still be running; PiShip retired its sandbox, which is deleted once no other command "
+    "still be running; piship_remote retired its sandbox, which is deleted once no other command "
     "runs in it, and runs the next command in a new one. Check the command's effects "
     "before running it again"
 )

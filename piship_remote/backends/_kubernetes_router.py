@@ -45,7 +45,7 @@ _NOT_CONNECTED = "Could not connect to the backend sandbox"
 TIMEOUT_SLACK = 5.0
 _OUTCOME_UNKNOWN = (
     "The command's outcome is unknown: {reason} before its result arrived. It may have run "
-    "in part or in full, or still be running; PiShip retired its sandbox, which is deleted "
+    "in part or in full, or still be running; piship_remote retired its sandbox, which is deleted "
     "once no other command runs in it, and runs the next command in a new one. Check the "
     "command's effects before running it again"
 )
@@ -136,7 +136,7 @@ class Router:
                     raise Retire(
                         self._http.errors(
                             "the sandbox router could not connect to the sandbox, so the "
-                            f"command did not run ({failure}); PiShip runs the next command "
+                            f"command did not run ({failure}); the next command runs "
                             "in a new sandbox",
                             retryable=True,
                         ),

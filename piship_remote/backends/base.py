@@ -63,12 +63,14 @@ class Availability:
     """Whether a service can be used now; ``reason`` says why not, ``code`` how to act.
 
     ``code`` is an error code when the cause has its own (``GATEWAY_UNREACHABLE`` for
-    a service that does not answer at all), else ``None``.
+    a service that does not answer at all, ``CREDENTIAL_REQUIRED`` for a missing key),
+    else ``None``; ``user_action`` says what to do, when the cause knows.
     """
 
     available: bool
     reason: str | None = None
     code: str | None = None
+    user_action: str | None = None
 
 
 @runtime_checkable

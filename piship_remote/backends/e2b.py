@@ -75,8 +75,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CreateRetry", "E2bCompatibleBackend", "E2bInstance", "remote_directory"]
 
-# The variable a user sets for the API key, named when the key is missing.
+# The variables a user sets for the API key and the envd address, named when missing.
 API_KEY_VARIABLE = "E2B_API_KEY"
+ENVD_URL_VARIABLE = "PISHIP_E2B_ENVD_URL"
 
 EnvdUrl = Callable[[str, str | None], str] | str | None
 
@@ -85,7 +86,9 @@ class E2bCompatibleBackend:
     """Sandboxes from an E2B-compatible service (E2B itself, CubeSandbox, ...).
 
     ``credential`` is read fresh for every control-plane request and sent only as
-    ``X-API-Key`` to ``/sandboxes…``; ``credential_rejected`` is called on HTTP 401
+    ``X-API-Key`` to ``/sandboxes…``; one that fails, or gives ``""`` or ``None``, is a
+    ``CREDENTIAL_REQUIRED`` error naming ``E2B_API_KEY`` (``credential=None``: no key);
+    ``credential_rejected`` is called on HTTP 401
     (``True`` = a renewed credential is ready; renewals and deletes are then sent
     once more, a create never). ``user`` is envd's process user (``"root"`` for
     CubeSandbox). ``envd_url`` overrides the envd base URL: a string, or a callable
@@ -124,8 +127,9 @@ class E2bCompatibleBackend:
         self.redactor = Redactor()
         self._errors = SandboxErrors(self.redactor)
         credentials = Credential(
-            credential, credential_rejected, self.redactor, name=API_KEY_VARIABLE
+            credential, credential_rejected, self.redactor, name=API_KEY_VARIABLE, required=True
         )
+        self._credentials = credentials
         control_endpoint = check_endpoint(endpoint)
         self._transport: HttpClient = client or Transport(
             redactor=self.redactor, component="sandbox", session=session
@@ -169,7 +173,13 @@ class E2bCompatibleBackend:
         )
 
     def available(self) -> Availability:
-        """``GET /health`` without credentials; any 2xx means available. Never raises."""
+        """``GET /health`` without credentials; any 2xx means available. Never raises.
+
+        A credential callable that gives nothing is reported first, before any request.
+        """
+        missing = self._credentials.missing()
+        if missing is not None:
+            return Availability(False, str(missing), missing.code, missing.user_action)
         known = self._envd_url if isinstance(self._envd_url, str) else None
         return self._control.health(spare=known)
 
@@ -283,6 +293,15 @@ class E2bCompatibleBackend:
                 url = f"{parts.scheme}://{ENVD_PORT}-{created.sandbox_id}.{domain}"
             return check_endpoint(url)
         except PiShipError as e:
+            if self._envd_url is None:  # derived from the endpoint: say what to set
+                raise self._errors(
+                    f"the sandbox's envd address cannot be used: none was given (set"
+                    f" {ENVD_URL_VARIABLE} or pass envd_url=), and the one derived from the"
+                    f" endpoint is refused: {e}",
+                    code=e.code,
+                    user_action=f"Set {ENVD_URL_VARIABLE} or pass envd_url= the service's envd"
+                    " base URL (for a local or self-hosted service, often the endpoint itself)",
+                ) from None
             raise self._errors(
                 f"the sandbox's envd address cannot be used: {e}",
                 code=e.code,

@@ -39,6 +39,7 @@ from piship_remote.transport._urllib3_internals import (
     http_client_response,
     record_retired,
 )
+from piship_remote.transport.endpoint import is_localhost_name, loopback_addresses
 
 __all__ = ["CancellableAdapter"]
 
@@ -126,6 +127,8 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
     def open_socket(self) -> socket.socket:
         scope = CURRENT.get()
         if scope is None:
+            if is_localhost_name(self.host):
+                return _open_socket(self, None)  # never resolved: see loopback_addresses
             return super().open_socket()
         self._leave_scope(scope, close_if_cancelled=False)  # its old socket is closed
         sock = _open_socket(self, scope)
@@ -211,16 +214,21 @@ class _TlsConnection(_Connection, urllib3.connection.HTTPSConnection):
     """The HTTPS variant of :class:`_Connection`."""
 
 
-def _open_socket(conn: _Connection, scope: CallScope) -> socket.socket:
-    """Connect like urllib3 does, but with the socket registered before ``connect()``."""
+def _open_socket(conn: _Connection, scope: CallScope | None) -> socket.socket:
+    """Connect like urllib3 does, but with the socket registered before ``connect()``;
+    a ``localhost`` name goes to the loopback addresses without a lookup."""
     host = conn.host.strip("[]")
-    try:
-        addresses = socket.getaddrinfo(host, conn.port, allowed_gai_family(), socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise urllib3.exceptions.NameResolutionError(conn.host, conn, e) from e
+    addresses: list[Any] | None = loopback_addresses(host, conn.port)
+    if addresses is None:
+        try:
+            addresses = socket.getaddrinfo(
+                host, conn.port, allowed_gai_family(), socket.SOCK_STREAM
+            )
+        except socket.gaierror as e:
+            raise urllib3.exceptions.NameResolutionError(conn.host, conn, e) from e
     failure: OSError | None = None
     for family, kind, proto, _, address in addresses:
-        if scope.cancelled:
+        if scope is not None and scope.cancelled:
             break
         sock = SteadyTimeoutSocket(family, kind, proto)
         try:
@@ -229,10 +237,12 @@ def _open_socket(conn: _Connection, scope: CallScope) -> socket.socket:
             sock.settimeout(Timeout.resolve_default_timeout(conn.timeout))
             if conn.source_address:
                 sock.bind(conn.source_address)
-            scope.attach(sock)
+            if scope is not None:
+                scope.attach(sock)
             sock.connect(address)
         except OSError as e:
-            scope.detach(sock)
+            if scope is not None:
+                scope.detach(sock)
             sock.close()
             failure = e
             continue

@@ -63,6 +63,7 @@ from piship_remote.transport._urllib3_internals import (
 from piship_remote.transport.endpoint import (
     check_endpoint,
     check_url,
+    is_localhost_name,
     request_path,
     via_http_proxy,
 )
@@ -373,6 +374,8 @@ class Transport:
         settings: dict[str, Any] = dict(
             self._session.merge_environment_settings(target.url, {}, True, self._verify, None)
         )
+        if is_localhost_name(urllib.parse.urlsplit(target.origin).hostname or ""):
+            settings["proxies"] = {}  # a proxy would resolve the name its own way
         pool: urllib3.connectionpool.HTTPConnectionPool | None = None
         absolute = False
         if self._session.get_adapter(target.url) is self._adapter:

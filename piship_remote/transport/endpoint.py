@@ -1,19 +1,24 @@
 """Endpoint rules: which URLs the transport talks to, and which headers it sends.
 
 - no credentials in URLs;
-- plain HTTP only to loopback (``localhost``, ``127.0.0.0/8``, ``::1``), HTTPS anywhere;
+- a scheme, ``http://`` or ``https://``, always written out;
+- plain HTTP only to loopback (``localhost`` and ``*.localhost``, ``127.0.0.0/8``,
+  ``::1``), HTTPS anywhere; ``localhost`` names are connected to ``127.0.0.1`` and
+  ``::1`` only, never looked up (RFC 6761: they are loopback by definition);
 - header names and values without line breaks or surrounding whitespace.
 
 ::
 
     check_endpoint("https://api.example.com/")   # "https://api.example.com"
     check_endpoint("http://example.com")         # PiShipError NETWORK_DENIED
+    check_endpoint("localhost:3000")             # PiShipError CONFIG_INVALID: no scheme
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import urllib.parse
 from collections.abc import Mapping
 from typing import cast
@@ -23,7 +28,11 @@ import requests.utils
 
 from piship_remote.errors import CONFIG_INVALID, NETWORK_DENIED, PiShipError
 
-__all__ = ["check_endpoint"]
+__all__ = ["check_endpoint", "is_localhost_name", "loopback_addresses"]
+
+AddressInfo = tuple[
+    socket.AddressFamily, socket.SocketKind, int, str, tuple[str, int] | tuple[str, int, int, int]
+]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _IPV6_LOOPBACK = ipaddress.IPv6Address("::1")
@@ -44,6 +53,10 @@ def check_endpoint(url: str) -> str:
 
 def check_url(url: str) -> tuple[str, str]:
     """Apply the endpoint rules to ``url``; returns ``host[:port]`` and the origin."""
+    if not isinstance(url, str):
+        raise PiShipError(CONFIG_INVALID, f"Endpoint URL must be a str, not {type(url).__name__}")
+    if "://" not in url:
+        raise _without_scheme(url)
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
@@ -67,9 +80,63 @@ def check_url(url: str) -> tuple[str, str]:
     return shown, f"{scheme}://{parts.netloc.lower()}"
 
 
+def _without_scheme(url: str) -> PiShipError:
+    """``localhost:3000`` typed for ``http://localhost:3000``: say what to write."""
+    typed = url.strip()
+    if not typed:
+        return PiShipError(CONFIG_INVALID, "Endpoint URL is empty")
+    if "@" in typed or len(typed) > 200:
+        # What precedes an "@" may be a password: never echo it.
+        return PiShipError(
+            CONFIG_INVALID,
+            "Endpoint URL has no scheme",
+            user_action="Write the endpoint as https://HOST[:PORT] (or http:// for a service"
+            " on this machine), without credentials",
+        )
+    try:
+        local = is_loopback(urllib.parse.urlsplit(f"//{typed}").hostname or "")
+    except ValueError:
+        local = False
+    action = (
+        f"Write http://{typed} (a service on this machine), or https://{typed}"
+        if local
+        else f"Write https://{typed} (plain http:// is only allowed to this machine)"
+    )
+    return PiShipError(
+        CONFIG_INVALID,
+        f"Endpoint URL {typed!r} has no scheme: write http:// or https:// in front",
+        user_action=action,
+    )
+
+
+def is_localhost_name(host: str) -> bool:
+    """``localhost`` or a name under it (``49983-sbx.localhost``), any case, a final dot allowed."""
+    name = host.lower()
+    name = name[:-1] if name.endswith(".") else name
+    if name == "localhost":
+        return True
+    labels = name.split(".")
+    return len(labels) > 1 and labels[-1] == "localhost" and all(labels)
+
+
+def loopback_addresses(host: str, port: int) -> list[AddressInfo] | None:
+    """Where a ``localhost`` name is connected: ``127.0.0.1``, then ``::1`` (RFC 6761:
+    never asked of a resolver, which could answer otherwise); ``None`` for other hosts."""
+    if not is_localhost_name(host):
+        return None
+    addresses: list[AddressInfo] = [
+        (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))
+    ]
+    if socket.has_ipv6:
+        addresses.append(
+            (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("::1", port, 0, 0))
+        )
+    return addresses
+
+
 def is_loopback(host: str) -> bool:
-    """``localhost``, ``127.0.0.0/8`` or ``::1``."""
-    if host == "localhost":
+    """``localhost`` and ``*.localhost``, ``127.0.0.0/8`` or ``::1``."""
+    if is_localhost_name(host):
         return True
     try:
         address = ipaddress.ip_address(host)
