@@ -21,7 +21,7 @@ from process_rpc_support import STREAM_TYPE, pid_of, pty_shows, pty_text
 
 from piship_remote.connect import connect_envelope
 from piship_remote.local import LocalE2bService, sandboxes
-from piship_remote.local.user_map import CAPABILITIES, ROOT_HOST_UID
+from piship_remote.local.user_map import CAPABILITIES, ROOT_HOST_UID, USER_HOST_UID
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 
@@ -148,14 +148,14 @@ def test_a_file_root_writes_is_roots_and_not_the_users_to_change(
     assert changed.end is not None and changed.end["exitCode"] != 0
 
 
-def test_the_host_sees_roots_file_as_owned_by_the_unused_host_uid(
+def test_the_host_sees_roots_and_users_files_as_owned_by_the_unused_host_uids(
     client: Client, sandbox: dict[str, Any], service: LocalE2bService
 ) -> None:
     run_as(client, sandbox, "root", "echo x > /home/user/r && echo y > ~/own")
     home = service.sandbox_home(sandbox["sandboxID"])
     assert os.stat(os.path.join(home, "r")).st_uid == ROOT_HOST_UID
     run_as(client, sandbox, "user", "echo z > ~/u")
-    assert os.stat(os.path.join(home, "u")).st_uid == os.geteuid()
+    assert os.stat(os.path.join(home, "u")).st_uid == USER_HOST_UID
 
 
 def test_a_users_command_has_no_capabilities(client: Client, sandbox: dict[str, Any]) -> None:

@@ -53,6 +53,8 @@ DEFAULT_LIFETIME = 24 * 3600
 V1_ROOT = "/sys/fs/cgroup"
 REMOVE_TRIES = 50
 MNT_DETACH = 2
+MS_NOSUID = 2
+MS_NODEV = 4
 FREEZE_TIMEOUT = 5.0
 FREEZE_POLL = 0.005
 V1_THAW_EVERY = 50  # freezing passes between two thaws of a v1 group that stays FREEZING
@@ -163,6 +165,11 @@ class CgroupSet:
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files the sandbox's first process must join."""
         return [os.path.join(p, "cgroup.procs") for p in self._paths()]
+
+    def join(self, pid: int) -> None:
+        """Move process ``pid`` into every group of the set."""
+        for procs in self.procs_files():
+            _write(procs, str(pid))
 
     def members(self) -> list[int]:
         """The host pids of every process in the group (empty without any group)."""
@@ -289,13 +296,14 @@ def _full(path: str) -> bool:
         return False
 
 
-def mount_tmpfs(path: str, size: int) -> None:
-    """Mount a tmpfs of ``size`` bytes (mode 0700) at ``path``; ``OSError`` if refused."""
+def mount_tmpfs(path: str, size: int, *, mode: int = 0o700) -> None:
+    """Mount a tmpfs of ``size`` bytes at ``path`` (``nosuid``, ``nodev``: nothing a sandbox
+    writes there is a set-uid program or a device on the host); ``OSError`` if refused."""
     libc = _libc()
     if libc is None:
         raise OSError("the C library cannot be loaded to mount a tmpfs")
-    options = f"size={size},mode=0700".encode()
-    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", 0, options) != 0:
+    options = f"size={size},mode={mode:04o}".encode()
+    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mounting a tmpfs at {path}: {os.strerror(err)}")
 

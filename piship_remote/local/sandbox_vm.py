@@ -15,8 +15,8 @@ namespace's init dies)::
     spawner.close()
 
 It works unprivileged too: nothing here needs root but the cgroups, the
-size-capped home and a root beside the user (a jail with ``root_home``: the
-service writes the namespace's two-uid map itself, see
+size-capped home and the service's own uid map (a jail with ``own_map`` or
+``root_home``: the sandbox's uids are nobody on the host, see
 :mod:`piship_remote.local.user_map`), which the service only uses where it may.
 """
 
@@ -36,11 +36,18 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from piship_remote.local.agent_link import AgentLink
-from piship_remote.local.isolation import AGENT_PATH, Jail, find_python, options_fd
+from piship_remote.local.isolation import (
+    AGENT_PATH,
+    Jail,
+    find_python,
+    options_fd,
+    uid_for,
+)
 from piship_remote.local.limits import CgroupSet
+from piship_remote.local.mount_sources import OpenProgram, Sources
 from piship_remote.local.network import UserModeNetwork
 from piship_remote.local.process import LocalProcess, WindowSize
-from piship_remote.local.user_map import bwrap_options, write_maps
+from piship_remote.local.user_map import bwrap_options, host_uid, write_maps
 
 __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
 
@@ -100,11 +107,13 @@ class SandboxVm:
         init_pid: int,
         cgroups: CgroupSet,
         mapping: tuple[int, int] | None = None,
+        jail: Jail | None = None,
     ) -> None:
         self._popen = popen
         self._link = link
         self._status = status
         self._mapping = mapping  # bwrap's info fd (read) and userns block fd (write)
+        self._jail = jail
         self._init_pid = init_pid
         self.cgroups = cgroups
         self.network: UserModeNetwork | None = None
@@ -133,34 +142,44 @@ class SandboxVm:
         status_read, status_write = os.pipe()
         child_ends = [status_write]  # closed here once bubblewrap has them
         mapping: tuple[int, int] | None = None
+        sources: Sources | None = None
+        programs: list[OpenProgram] = []
         try:
-            binds = jail.agent_options(python)
-            options = jail.options(cwd=jail.workdir, env={"PATH": "/usr/bin:/bin"}, binds=binds)
+            sources = jail.sources(python)
+            options = jail.options(cwd=jail.workdir, env={"PATH": "/usr/bin:/bin"}, sources=sources)
             options += ["--json-status-fd", str(status_write)]
-            if jail.root_home is not None:
+            if jail.maps_users:
                 info_read, info_write = os.pipe()
                 block_read, block_write = os.pipe()
                 mapping = (info_read, block_write)
                 child_ends += [info_write, block_read]
                 options += bwrap_options(block_read, info_write)
             args = options_fd(options)
+            child_ends.append(args)
+            program = OpenProgram.open(jail.bwrap)
+            programs.append(program)
             agent = [python, "-I", "-S", AGENT_PATH, str(agent_end.fileno())]
-            argv = [jail.bwrap, "--args", str(args), "--", *agent]
+            argv = ["bwrap", "--args", str(args), "--", *agent]
+            run_as = host_uid(uid_for(jail.user)) if jail.maps_users else None
+            executable: str | None = program.executable
             procs = cgroups.procs_files()
-            if procs:
-                argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *procs, "--", *argv]
-            try:
-                popen = subprocess.Popen(
-                    argv,
-                    env={},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(args, agent_end.fileno(), *child_ends),
-                    start_new_session=True,
-                )
-            finally:
-                os.close(args)
+            if procs and run_as is None:
+                joined = [program.executable, *argv[1:]]
+                argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *procs, "--", *joined]
+                executable = None
+            popen = subprocess.Popen(
+                argv,
+                executable=executable,
+                env=program.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(agent_end.fileno(), *child_ends, *sources.fds(), *program.fds()),
+                start_new_session=True,
+                user=run_as,
+                group=run_as,
+                extra_groups=None if run_as is None else [],
+            )
         except BaseException:
             service_end.close()
             for fd in (status_read, *(mapping or ())):
@@ -168,9 +187,13 @@ class SandboxVm:
             raise
         finally:
             agent_end.close()
+            if sources is not None:
+                sources.close()
+            for opened in programs:
+                opened.close()
             for fd in child_ends:
                 os.close(fd)
-        return cls(popen, AgentLink(service_end), status_read, 0, cgroups, mapping)
+        return cls(popen, AgentLink(service_end), status_read, 0, cgroups, mapping, jail)
 
     def _await_agent(self) -> None:
         """Map the users (with a root), read bubblewrap's child pid, then the agent's ready."""
@@ -202,7 +225,13 @@ class SandboxVm:
                 info_pid = found if isinstance(found, int) else -1
         if info_pid <= 0:
             raise OSError("the sandbox did not start: bubblewrap reported no child pid")
-        write_maps(info_pid)
+        jail = self._jail
+        assert jail is not None
+        write_maps(info_pid, user_uid=uid_for(jail.user), with_root=jail.root_home is not None)
+        # bubblewrap runs unprivileged here, so the service puts it in the sandbox's cgroups
+        # (both its processes) before letting it go on; what it starts is born in them.
+        for pid in (self._popen.pid, info_pid):
+            self.cgroups.join(pid)
         os.write(block, b"m")
         self._close_mapping()
 
