@@ -13,12 +13,14 @@ import os
 import stat
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from local_service_support import Client, gone, marked, marker, needs_bwrap, run_as, start_as
 
 import piship_remote
+from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.local import LocalE2bService
 from piship_remote.local.user_map import USER_HOST_UID, root_mappable
 
@@ -148,3 +150,15 @@ def test_no_host_path_shows_inside_a_sandbox(
     if root_mappable():
         host_paths.add(service.root)  # a normal user's places are bound from the host
     assert [path for path in host_paths if path in seen] == []
+
+
+@needs_root_service
+def test_a_root_service_refuses_a_directory_its_sandboxes_could_not_look_up(
+    tmp_path: Path,
+) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    with pytest.raises(PiShipError) as raised:
+        LocalE2bService(root=closed)
+    assert raised.value.code == CONFIG_INVALID
+    assert "not searchable by every user" in str(raised.value)
