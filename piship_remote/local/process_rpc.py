@@ -75,6 +75,7 @@ _GONE = {
     "deleted": "the sandbox was deleted",
     "expired": "the sandbox's lifetime ended",
     "stopped": "the local sandbox service stopped",
+    "lost": "the sandbox failed: its environment ended (the local service is still running)",
 }
 _STREAM_HEADERS = (("Connect-Content-Encoding", "identity"),)
 _DEADLINE_FRAME = end_stream_frame(ConnectError("deadline_exceeded", "context deadline exceeded"))

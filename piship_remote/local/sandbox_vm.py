@@ -59,6 +59,7 @@ _JOIN_CGROUPS = (
 )
 
 T = TypeVar("T")
+OOM_PROTECTED = "-1000"
 
 
 class Spawner:
@@ -208,6 +209,36 @@ class SandboxVm:
         data = control.recv(4096) if ready else b""
         if not data or not json.loads(data).get("ready"):
             raise OSError(f"the sandbox agent did not start: {self._failure()}")
+        command_procs = self.cgroups.command_procs()
+        if command_procs is not None:
+            self._send_fd("cgroup", command_procs)
+        if self._jail is not None and self._jail.maps_users:
+            self._protect()
+
+    def _send_fd(self, op: str, path: str) -> None:
+        """Send the agent ``op`` with host file ``path`` open for writing."""
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            self._link.send({"op": op}, [fd])
+        finally:
+            os.close(fd)
+
+    def _protect(self) -> None:
+        """Make bubblewrap and the agent no OOM victim (a memory-limit kill then hits a
+        command), and hand the agent its own ``oom_score_adj`` to start commands killable.
+
+        tmpfs pages have no owning process, so a sandbox whose files fill its memory
+        would otherwise lose its largest process: the agent, and with it the sandbox.
+        """
+        agent = _only_child(self._init_pid)
+        try:
+            for pid in (agent, self._init_pid, self._popen.pid):
+                if pid is not None:
+                    _write_oom_score(pid, OOM_PROTECTED)
+        except OSError:
+            return  # no CAP_SYS_RESOURCE (a container's root): the cgroup split must do
+        if agent is not None:
+            self._send_fd("protect", f"/proc/{agent}/oom_score_adj")
 
     def _map_users(self) -> None:
         """Write the two-uid map for bwrap's child (its pid from the info fd), then release it."""
@@ -304,3 +335,17 @@ class SandboxVm:
             return "no answer in time"
         lines = self._popen.stderr.read().decode(errors="replace").strip().splitlines()
         return lines[-1][:300] if lines else f"exit status {self._popen.returncode}"
+
+
+def _only_child(pid: int) -> int | None:
+    """The one child of process ``pid`` (bubblewrap's init has one: the agent), if found."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+            children = [int(word) for word in handle.read().split()]
+        return children[0] if len(children) == 1 else None
+    return None
+
+
+def _write_oom_score(pid: int, value: str) -> None:
+    with open(f"/proc/{pid}/oom_score_adj", "w", encoding="ascii") as handle:
+        handle.write(value)
