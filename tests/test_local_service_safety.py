@@ -150,9 +150,7 @@ def test_sigterm_stops_the_served_service_and_removes_its_directory(
 
 def test_the_readme_one_liner_leaves_no_directory_at_interpreter_exit(parent: Path) -> None:
     script = "from piship_remote.local import LocalE2bService; LocalE2bService().backend()"
-    subprocess.run(
-        [sys.executable, "-c", script], env=environment(parent), check=True, timeout=60
-    )
+    subprocess.run([sys.executable, "-c", script], env=environment(parent), check=True, timeout=60)
     assert leftovers(parent) == []
 
 
