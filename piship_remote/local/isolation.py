@@ -9,10 +9,14 @@ options give it:
 - the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links or binds)
   read-only, a synthesised ``/etc`` (``passwd``, ``group``, ``hosts``, …) plus a
   few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
-  certificates), a fresh ``/proc`` and ``/dev``;
+  certificates), a fresh read-only ``/proc`` and a read-only ``/dev`` (the host's
+  ``null``, ``zero``, … nodes, which the sandbox's uids do not own);
 - the sandbox's private home directory at ``workdir``, its private ``/tmp`` and
   ``/dev/shm`` (and, with a root beside the user, root's home at ``/root``), all
   writable (size-capped tmpfs); everything else read-only;
+- no host path of the service: the ``/etc`` files and the agent are copied in
+  from descriptors, and bubblewrap runs as ``/proc/self/fd/N`` (see
+  :mod:`piship_remote.local.mount_sources`);
 - an empty environment, no capabilities (with a root beside the user, the agent
   keeps the few of :mod:`piship_remote.local.user_map`, which user commands drop
   and root commands get), its own session, and death when the service dies.
@@ -21,7 +25,8 @@ The options travel through a memfd (``--args``), not the command line::
 
     problem = isolation_problem()          # None when bubblewrap works here
     jail = Jail(bwrap=find_bwrap(), home=..., tmp=..., shm=..., etc=..., workdir="/home/user")
-    options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
+    sources = jail.sources(find_python())  # descriptors bwrap is given (pass_fds)
+    options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH}, sources=sources)
 """
 
 from __future__ import annotations
