@@ -106,3 +106,15 @@ def test_a_lost_agent_is_the_sandboxs_failure_not_the_services(
     message = trailer["error"]["message"]
     assert message.startswith("the sandbox failed")
     assert "service stopped" not in message
+
+
+def test_a_command_after_the_agent_is_lost_is_told_the_sandbox_failed(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    mark = marker()
+    client.start(sandbox, f"sleep {mark}")
+    assert gone(lambda: bool(marked(mark)))
+    os.kill(agent_of(marked(mark)[0]), signal.SIGKILL)
+    trailer = client.run(sandbox, "echo after").trailer
+    assert trailer is not None
+    assert trailer["error"]["message"].startswith("the sandbox failed")

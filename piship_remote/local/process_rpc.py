@@ -137,6 +137,8 @@ class ProcessRpc:
             return stream_error("invalid_argument", str(e))
         except SandboxGone:
             return stream_error("unavailable", "the sandbox was deleted")
+        except (BrokenPipeError, ConnectionResetError):  # its agent is gone
+            return stream_error("unavailable", _GONE["lost"])
         except OSError as e:
             return stream_error("internal", f"starting the process failed: {e.strerror}")
         key = (sandbox.id, process.pid)
