@@ -148,6 +148,34 @@ class Client:
         )
 
 
+def basic(user: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+
+
+def start_as(
+    client: Client, sandbox: dict[str, Any], user: str, command: str, **fields: Any
+) -> Stream:
+    """Start ``bash -c command`` as ``user`` (Basic auth, as the SDKs send ``user=``)."""
+    process = {"cmd": "/bin/bash", "args": ["-c", command], **fields.pop("process", {})}
+    response = client.session.post(
+        f"{client.service.envd_url}/process.Process/Start",
+        data=connect_envelope({"process": process, "stdin": False, **fields}),
+        headers=client.envd_headers(
+            sandbox, **{"Content-Type": "application/connect+json", "Authorization": basic(user)}
+        ),
+        timeout=HTTP_TIMEOUT,
+        stream=True,
+    )
+    assert response.status_code == 200, response.text
+    return Stream(response)
+
+
+def run_as(client: Client, sandbox: dict[str, Any], user: str, command: str) -> Stream:
+    stream = start_as(client, sandbox, user, command).finish()
+    assert stream.trailer == {}, stream.trailer
+    return stream
+
+
 def marker() -> str:
     """A sleep duration no other process on this host has in its command line."""
     return f"30.{secrets.randbelow(10**9):09d}"

@@ -501,8 +501,13 @@ def test_send_signal_to_an_unknown_tag_is_not_found(
 # -- envd authentication and routing --------------------------------------------------------
 
 
+def unknown_sandbox_answer(sandbox_id: str) -> tuple[int, dict[str, Any]]:
+    """What envd answers for a sandbox it does not have (E2B's 502)."""
+    return 502, {"sandboxId": sandbox_id, "message": "The sandbox was not found", "code": 502}
+
+
 @needs_bwrap
-def test_envd_refuses_a_wrong_access_token_on_start_with_a_connect_end_stream_error(
+def test_envd_answers_a_wrong_access_token_on_start_as_for_an_unknown_sandbox(
     client: Client, sandbox: dict[str, Any]
 ) -> None:
     response = client.session.post(
@@ -515,13 +520,12 @@ def test_envd_refuses_a_wrong_access_token_on_start_with_a_connect_end_stream_er
         },
         timeout=HTTP_TIMEOUT,
     )
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "application/connect+json"
-    assert Stream(response).finish().trailer["error"]["code"] == "unauthenticated"
+    answer = (response.status_code, response.json())
+    assert answer == unknown_sandbox_answer(sandbox["sandboxID"])
 
 
 @needs_bwrap
-def test_envd_refuses_a_wrong_access_token_on_a_unary_call_with_plain_json_401(
+def test_envd_answers_a_wrong_access_token_on_a_unary_call_as_for_an_unknown_sandbox(
     client: Client, sandbox: dict[str, Any]
 ) -> None:
     response = client.session.post(
@@ -530,8 +534,24 @@ def test_envd_refuses_a_wrong_access_token_on_a_unary_call_with_plain_json_401(
         headers={**client.envd_headers(sandbox), "X-Access-Token": "wrong"},
         timeout=HTTP_TIMEOUT,
     )
-    assert response.status_code == 401
-    assert response.json()["code"] == 401
+    answer = (response.status_code, response.json())
+    assert answer == unknown_sandbox_answer(sandbox["sandboxID"])
+
+
+@needs_bwrap
+def test_a_wrong_token_and_an_unknown_sandbox_id_answer_alike(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    def answer(sandbox_id: str) -> tuple[int, bytes]:
+        response = client.session.post(
+            client.service.envd_url + "/process.Process/List",
+            json={},
+            headers={"E2b-Sandbox-Id": sandbox_id, "X-Access-Token": "wrong"},
+            timeout=HTTP_TIMEOUT,
+        )
+        return response.status_code, response.content.replace(sandbox_id.encode(), b"ID")
+
+    assert answer(sandbox["sandboxID"]) == answer("0" * 20)
 
 
 @needs_bwrap

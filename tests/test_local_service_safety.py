@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,19 +40,29 @@ class Served:
     api_key: str
 
 
-def environment(tmp_path: Path) -> dict[str, str]:
+@pytest.fixture
+def parent() -> Iterator[Path]:
+    """A fresh directory for services' directories, searchable by every user as /tmp is
+    (a root service's sandboxes run as unprivileged host uids that look their places up)."""
+    made = Path(tempfile.mkdtemp(prefix="piship-safety-"))
+    made.chmod(0o711)
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def environment(parent: Path) -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp_path)}
+    return {**os.environ, "PYTHONPATH": path, "TMPDIR": str(parent)}
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    """``python -m piship_remote.local`` with its temporary directory in ``tmp_path``."""
+def served(parent: Path) -> Iterator[Served]:
+    """``python -m piship_remote.local`` with its temporary directory in ``parent``."""
     process = subprocess.Popen(
         [sys.executable, "-m", "piship_remote.local"],
         stdout=subprocess.PIPE,
         text=True,
-        env=environment(tmp_path),
+        env=environment(parent),
     )
     assert process.stdout is not None
     lines: dict[str, str] = {}
@@ -128,29 +140,27 @@ def test_a_request_without_the_key_is_refused_before_its_body_is_sent(served: Se
 
 
 def test_sigterm_stops_the_served_service_and_removes_its_directory(
-    served: Served, tmp_path: Path
+    served: Served, parent: Path
 ) -> None:
-    assert len(leftovers(tmp_path)) == 1
+    assert len(leftovers(parent)) == 1
     served.process.send_signal(signal.SIGTERM)
     assert served.process.wait(15) == 0
-    assert leftovers(tmp_path) == []
+    assert leftovers(parent) == []
 
 
-def test_the_readme_one_liner_leaves_no_directory_at_interpreter_exit(tmp_path: Path) -> None:
+def test_the_readme_one_liner_leaves_no_directory_at_interpreter_exit(parent: Path) -> None:
     script = "from piship_remote.local import LocalE2bService; LocalE2bService().backend()"
-    subprocess.run(
-        [sys.executable, "-c", script], env=environment(tmp_path), check=True, timeout=60
-    )
-    assert leftovers(tmp_path) == []
+    subprocess.run([sys.executable, "-c", script], env=environment(parent), check=True, timeout=60)
+    assert leftovers(parent) == []
 
 
-def test_a_killed_services_directory_is_removed_when_the_next_one_starts(tmp_path: Path) -> None:
+def test_a_killed_services_directory_is_removed_when_the_next_one_starts(parent: Path) -> None:
     script = (
         "import sys, time; from piship_remote.local import LocalE2bService\n"
-        f"s = LocalE2bService(root={str(tmp_path)!r}); print(s.root, flush=True); time.sleep(60)"
+        f"s = LocalE2bService(root={str(parent)!r}); print(s.root, flush=True); time.sleep(60)"
     )
     killed = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=environment(tmp_path)
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=environment(parent)
     )
     assert killed.stdout is not None
     left = Path(killed.stdout.readline().strip())
@@ -158,16 +168,16 @@ def test_a_killed_services_directory_is_removed_when_the_next_one_starts(tmp_pat
     killed.wait(10)
     killed.stdout.close()
     assert left.is_dir()
-    with LocalE2bService(root=tmp_path) as service:
-        assert leftovers(tmp_path) == [Path(service.root).name]
+    with LocalE2bService(root=parent) as service:
+        assert leftovers(parent) == [Path(service.root).name]
 
 
-def test_stale_directory_removal_keeps_live_services_and_foreign_names(tmp_path: Path) -> None:
+def test_stale_directory_removal_keeps_live_services_and_foreign_names(parent: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(10)
-    (tmp_path / f"piship-local-{dead.pid}-abc" / "sbx").mkdir(parents=True)
-    (tmp_path / f"piship-local-{os.getpid()}-def").mkdir()
-    (tmp_path / "piship-local-unowned").mkdir()
-    removed = remove_stale_directories(str(tmp_path))
+    (parent / f"piship-local-{dead.pid}-abc" / "sbx").mkdir(parents=True)
+    (parent / f"piship-local-{os.getpid()}-def").mkdir()
+    (parent / "piship-local-unowned").mkdir()
+    removed = remove_stale_directories(str(parent))
     assert [Path(p).name for p in removed] == [f"piship-local-{dead.pid}-abc"]
-    assert leftovers(tmp_path) == [f"piship-local-{os.getpid()}-def", "piship-local-unowned"]
+    assert leftovers(parent) == [f"piship-local-{os.getpid()}-def", "piship-local-unowned"]

@@ -8,7 +8,6 @@ Elsewhere ``root`` is refused, with the reason.
 
 from __future__ import annotations
 
-import base64
 import os
 import time
 from collections.abc import Iterator
@@ -16,12 +15,11 @@ from typing import Any
 
 import pytest
 import requests
-from local_service_support import HTTP_TIMEOUT, Client, Stream, needs_bwrap
-from process_rpc_support import STREAM_TYPE, pid_of, pty_shows, pty_text
+from local_service_support import HTTP_TIMEOUT, Client, basic, needs_bwrap, run_as, start_as
+from process_rpc_support import pid_of, pty_shows, pty_text
 
-from piship_remote.connect import connect_envelope
 from piship_remote.local import LocalE2bService, sandboxes
-from piship_remote.local.user_map import CAPABILITIES, ROOT_HOST_UID
+from piship_remote.local.user_map import CAPABILITIES, ROOT_HOST_UID, USER_HOST_UID
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 
@@ -39,10 +37,6 @@ CAPABILITY_BITS = {
 CAP_LINES = "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status"
 
 
-def basic(user: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
-
-
 @pytest.fixture(scope="module")
 def service() -> Iterator[LocalE2bService]:
     if os.geteuid() != 0:
@@ -56,30 +50,6 @@ def sandbox(client: Client) -> Iterator[dict[str, Any]]:
     created = client.create()
     yield created
     client.control("DELETE", f"/sandboxes/{created['sandboxID']}")
-
-
-def start_as(
-    client: Client, sandbox: dict[str, Any], user: str, command: str, **fields: Any
-) -> Stream:
-    """Start ``bash -c command`` as ``user`` (Basic auth, as the SDKs send ``user=``)."""
-    process = {"cmd": "/bin/bash", "args": ["-c", command], **fields.pop("process", {})}
-    response = client.session.post(
-        f"{client.service.envd_url}/process.Process/Start",
-        data=connect_envelope({"process": process, "stdin": False, **fields}),
-        headers=client.envd_headers(
-            sandbox, **{"Content-Type": STREAM_TYPE, "Authorization": basic(user)}
-        ),
-        timeout=HTTP_TIMEOUT,
-        stream=True,
-    )
-    assert response.status_code == 200, response.text
-    return Stream(response)
-
-
-def run_as(client: Client, sandbox: dict[str, Any], user: str, command: str) -> Stream:
-    stream = start_as(client, sandbox, user, command).finish()
-    assert stream.trailer == {}, stream.trailer
-    return stream
 
 
 def capabilities(output: str) -> dict[str, int]:
@@ -148,14 +118,14 @@ def test_a_file_root_writes_is_roots_and_not_the_users_to_change(
     assert changed.end is not None and changed.end["exitCode"] != 0
 
 
-def test_the_host_sees_roots_file_as_owned_by_the_unused_host_uid(
+def test_the_host_sees_roots_and_users_files_as_owned_by_the_unused_host_uids(
     client: Client, sandbox: dict[str, Any], service: LocalE2bService
 ) -> None:
     run_as(client, sandbox, "root", "echo x > /home/user/r && echo y > ~/own")
     home = service.sandbox_home(sandbox["sandboxID"])
     assert os.stat(os.path.join(home, "r")).st_uid == ROOT_HOST_UID
     run_as(client, sandbox, "user", "echo z > ~/u")
-    assert os.stat(os.path.join(home, "u")).st_uid == os.geteuid()
+    assert os.stat(os.path.join(home, "u")).st_uid == USER_HOST_UID
 
 
 def test_a_users_command_has_no_capabilities(client: Client, sandbox: dict[str, Any]) -> None:

@@ -13,9 +13,12 @@ message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
     {"op": "start", "id": 8, "pty": true}  + fds [channel, status, spec]
     {"op": "kill", "id": 7, "signal": 9}
     {"op": "drain"}           + fds [stdout, stderr]   (read to EOF, then close)
+    {"op": "protect"}         + fds [its own oom_score_adj, opened by a root service]
+    {"op": "cgroup"}          + fds [the sandbox's memory cgroup.procs, opened by the service]
 
 ``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}`` (and ``"size"``,
-``{"cols", "rows"}``, for a pty), so command text and environment values never
+``{"cols", "rows"}``, for a pty; ``"limited": false`` for the service's file helpers, which
+stay in the agent's memory group), so command text and environment values never
 appear in any host process's argv or environ. A pty command runs on a fresh
 pseudo-terminal opened here, inside the sandbox; the agent sends its master end
 back over ``channel`` (a socket) and keeps nothing of it. On the
@@ -32,6 +35,17 @@ exactly those capabilities, no supplementary groups), and ``1000`` (or none) is 
 user, whose program starts with no capabilities at all: an exec by a non-root uid
 keeps none but ambient ones and those of file capabilities, which the sandbox's
 mounts (all ``nosuid``) ignore.
+
+A root service makes the agent (and bubblewrap) no OOM victim (``oom_score_adj``
+-1000, written from the host: a memory-limit kill hits a command, never the
+sandbox) and sends the agent its own ``oom_score_adj``, open for writing (its
+``/proc`` is read-only): it sets 0 there while it starts a command, which inherits
+it, and -1000 again after.
+
+Where the agent's memory cgroup is not the sandbox's (cgroup v1), the service sends
+the sandbox's ``cgroup.procs``, open for writing: each command writes itself there
+before its program starts, so the memory limit holds for commands and the agent
+stays outside it.
 
 A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
 variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
@@ -51,6 +65,7 @@ import struct
 import subprocess
 import sys
 import termios
+from collections.abc import Callable
 from typing import Any
 
 MAX_FDS = 5
@@ -60,6 +75,7 @@ SCRIPT_VARIABLE = "PISHIP_SCRIPT"
 ROOT_UID, USER_UID = 0, 1000
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
+OOM_KILLABLE, OOM_PROTECTED = b"0", b"-1000"
 # Portable sh (dash has no `export -n`): copy into an unexported variable, unset, eval.
 HIDDEN_SCRIPT = '__piship_script=$PISHIP_SCRIPT; unset PISHIP_SCRIPT; eval "$__piship_script"'
 
@@ -85,6 +101,8 @@ class Agent:
             _keep_capabilities_to_myself()
         self.children: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
         self.draining: set[int] = set()
+        self.oom_score: int | None = None  # its own oom_score_adj, where it is protected
+        self.command_group: int | None = None  # the cgroup.procs commands join
         self.wakeup_read, wakeup_write = os.pipe()
         os.set_blocking(wakeup_write, False)
         signal.set_wakeup_fd(wakeup_write)
@@ -116,6 +134,13 @@ class Agent:
             self.start(int(message["id"]), fds, bool(message.get("pty")))
         elif op == "kill":
             self.kill(int(message["id"]), int(message["signal"]))
+        elif op in ("protect", "cgroup") and fds:
+            if op == "protect":
+                self.oom_score = fds[0]
+            else:
+                self.command_group = fds[0]
+            for fd in fds[1:]:
+                os.close(fd)
         elif op == "drain":
             for fd in fds:
                 os.set_blocking(fd, False)
@@ -185,6 +210,7 @@ class Agent:
         identity: dict[str, Any] = {}
         if root:
             identity = {"user": ROOT_UID, "group": ROOT_UID, "extra_groups": []}
+        self._set_oom_score(OOM_KILLABLE)  # what the command inherits
         try:
             args, env = hide_script(cmd, list(spec["args"]), dict(spec["env"]))
             child = subprocess.Popen(
@@ -197,7 +223,7 @@ class Agent:
                 stderr=stdio[2],
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_take_terminal if terminal else None,
+                preexec_fn=self._in_child(terminal, limited=spec.get("limited", True) is not False),
                 **identity,
             )
         except OSError as e:
@@ -206,6 +232,30 @@ class Agent:
         else:
             self.children[ident] = (child, status)
             _write(status, {"pid": child.pid})
+        finally:
+            self._set_oom_score(OOM_PROTECTED)
+
+    def _in_child(self, terminal: bool, *, limited: bool) -> Callable[[], None] | None:
+        """What the child does before its program: join the commands' cgroup (``limited``),
+        take the pty."""
+        group = self.command_group if limited else None
+        if group is None and not terminal:
+            return None
+
+        def prepare() -> None:
+            if group is not None:
+                os.write(group, b"0")  # "0" is the writer: this child
+            if terminal:
+                _take_terminal()
+
+        return prepare
+
+    def _set_oom_score(self, value: bytes) -> None:
+        if self.oom_score is not None:
+            try:
+                os.pwrite(self.oom_score, value, 0)
+            except OSError:
+                pass
 
     def kill(self, ident: int, sig: int) -> None:
         """Signal the command's process group and every process of its session.

@@ -118,6 +118,10 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
     def _dispatch(self) -> None:
+        problem = self._framing_problem()
+        if problem is not None:
+            self._refuse(_Refused(400, problem))
+            return
         headers = {name.lower(): value for name, value in self.headers.items()}
         head = Head(self.command, self.path, urlsplit(self.path).path, headers)
         rejected = self.owner.screen(head) if self.owner.screen is not None else None
@@ -154,6 +158,16 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         self._send(Reply(refused.status, str(refused).encode(), "text/plain; charset=utf-8"))
 
     # ---- the body ----------------------------------------------------------------
+
+    def _framing_problem(self) -> str | None:
+        """Why the body's end is ambiguous (two lengths, or a length beside chunking), if it is:
+        a proxy in front could read another request there than this server does."""
+        lengths = {value.strip() for value in self.headers.get_all("Content-Length") or ()}
+        if len(lengths) > 1:
+            return "conflicting Content-Length headers"
+        if lengths and self.headers.get_all("Transfer-Encoding"):
+            return "Content-Length and Transfer-Encoding together"
+        return None
 
     def _body(self) -> bytes:
         limits = self.owner.limits

@@ -3,7 +3,8 @@ Connect RPCs, and the ``/files`` endpoints.
 
 Requests pick their sandbox with the ``E2b-Sandbox-Id`` header (what E2B's edge
 routes on), or a ``Host`` of ``49983-<id>.<domain>``, and must carry that sandbox's
-``X-Access-Token`` (``/files`` may carry a URL signature instead). A Basic
+``X-Access-Token`` (``/files`` may carry a URL signature instead); a request without
+them is answered as one for an unknown sandbox, so ids cannot be probed. A Basic
 ``Authorization`` user must be the service's user (a missing header means it), or
 ``root`` where the sandboxes have a root beside it (the service runs as host root,
 see :mod:`~piship_remote.local.user_map`): root's commands and file operations
@@ -34,13 +35,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import json
 from collections.abc import Mapping
 
 import attrs
 
 from piship_remote.local.envd_http import ENVD_HTTP_PATHS, envd_http
 from piship_remote.local.files_http import FILES_PATH, FileEndpoints
+from piship_remote.local.files_http import sandbox_missing as _missing
 from piship_remote.local.filesystem_rpc import FILESYSTEM_PREFIX, FilesystemRpc
 from piship_remote.local.http_model import Head, Reply, Request
 from piship_remote.local.pause import Paused
@@ -59,9 +60,6 @@ __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "ENVD_PORT", "PREFIX", "Envd", "
 
 PREFIX = "/process.Process/"
 ENVD_PORT = 49983
-UNAUTHORIZED = (
-    "unauthorized access, please provide a valid access token or method signing if supported"
-)
 
 
 def is_envd(head: Head) -> bool:
@@ -141,9 +139,7 @@ class Envd:
             return sandbox  # a token or a URL signature, checked by the file endpoints
         token = headers.get("x-access-token", "")
         if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
-            if head.path.startswith(PREFIX) and head.path[len(PREFIX) :] in STREAMING:
-                return stream_error("unauthenticated", UNAUTHORIZED)
-            return _json(401, {"code": 401, "message": UNAUTHORIZED})
+            return _missing(sandbox_id)  # as for an unknown id: ids cannot be probed
         return sandbox
 
     def _signed_by(self, head: Head) -> str:
@@ -183,13 +179,3 @@ class Refusal:
 
 def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").partition(";")[0].strip().lower()
-
-
-def _missing(sandbox_id: str) -> Reply:
-    """envd's answer for a sandbox that is not there, or paused (502)."""
-    gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found"}
-    return _json(502, {**gone, "code": 502})
-
-
-def _json(status: int, value: Mapping[str, object]) -> Reply:
-    return Reply(status, json.dumps(value, separators=(",", ":")).encode(), "application/json")

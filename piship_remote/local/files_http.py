@@ -26,6 +26,7 @@ user reads even root's files; here ``username`` is who reads::
 from __future__ import annotations
 
 import hmac
+import json
 import mimetypes
 import posixpath
 import time
@@ -47,10 +48,11 @@ from piship_remote.local.sandboxes import Sandbox
 from piship_remote.local.user_map import ROOT_REFUSAL, Identity, SandboxUsers
 from piship_remote.local.wire import ApiError, PathError, resolve, signature, to_json
 
-__all__ = ["FILES_PATH", "FileEndpoints"]
+__all__ = ["FILES_PATH", "FileEndpoints", "sandbox_missing"]
 
 FILES_PATH = "/files"
 _JSON = "application/json; charset=utf-8"
+EXPIRED = "signature is already expired"
 _MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE, _NO_STAT, _NO_OPEN = 10, 11, 12, 13, 14, 15
 _READ_SCRIPT = f"""
 if [ ! -e "$1" ]; then
@@ -110,11 +112,13 @@ class FileEndpoints:
         token = headers.get("x-access-token")
         if token is not None:
             if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
-                return error(401, "access token present in header but does not match")
+                return sandbox_missing(sandbox.id)
         else:
             problem = self._signature_problem(sandbox, query, operation)
-            if problem is not None:
+            if problem == EXPIRED:  # a valid signature: its holder knows the token
                 return error(401, problem)
+            if problem is not None:
+                return sandbox_missing(sandbox.id)
         username = query.get("username", self._users.default.name)
         user = self._users.named(username)
         if user is None:
@@ -145,7 +149,7 @@ class FileEndpoints:
         if not hmac.compare_digest(given.encode(), expected.encode()):
             return "invalid signature"
         if expiration is not None and expiration < self._clock():
-            return "signature is already expired"
+            return EXPIRED
         return None
 
     # ---- download ----------------------------------------------------------------
@@ -396,6 +400,13 @@ class _Gunzipped:
                 raise MultipartError("the gzip body is corrupt") from None
             if out:
                 return out
+
+
+def sandbox_missing(sandbox_id: str) -> Reply:
+    """envd's answer for a sandbox that is not there, or paused (502); also for one whose
+    token or signature the request does not hold, so ids cannot be probed."""
+    gone = {"sandboxId": sandbox_id[:128], "message": "The sandbox was not found", "code": 502}
+    return Reply(502, json.dumps(gone, separators=(",", ":")).encode(), _JSON)
 
 
 def error(status: int, message: str) -> Reply:

@@ -9,10 +9,14 @@ options give it:
 - the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links or binds)
   read-only, a synthesised ``/etc`` (``passwd``, ``group``, ``hosts``, …) plus a
   few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
-  certificates), a fresh ``/proc`` and ``/dev``;
+  certificates), a fresh read-only ``/proc`` and a read-only ``/dev`` (the host's
+  ``null``, ``zero``, … nodes, which the sandbox's uids do not own);
 - the sandbox's private home directory at ``workdir``, its private ``/tmp`` and
   ``/dev/shm`` (and, with a root beside the user, root's home at ``/root``), all
   writable (size-capped tmpfs); everything else read-only;
+- no host path of the service: the ``/etc`` files and the agent are copied in
+  from descriptors, and bubblewrap runs as ``/proc/self/fd/N`` (see
+  :mod:`piship_remote.local.mount_sources`);
 - an empty environment, no capabilities (with a root beside the user, the agent
   keeps the few of :mod:`piship_remote.local.user_map`, which user commands drop
   and root commands get), its own session, and death when the service dies.
@@ -21,7 +25,8 @@ The options travel through a memfd (``--args``), not the command line::
 
     problem = isolation_problem()          # None when bubblewrap works here
     jail = Jail(bwrap=find_bwrap(), home=..., tmp=..., shm=..., etc=..., workdir="/home/user")
-    options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
+    sources = jail.sources(find_python())  # descriptors bwrap is given (pass_fds)
+    options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH}, sources=sources)
 """
 
 from __future__ import annotations
@@ -37,8 +42,16 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from piship_remote.local.mount_sources import OpenProgram, Sources
 from piship_remote.local.network import DNS_SERVER
-from piship_remote.local.user_map import ROOT_HOME, SANDBOX_UID, capability_options
+from piship_remote.local.user_map import (
+    ROOT_HOME,
+    SANDBOX_UID,
+    capability_options,
+    give_to,
+    host_uid,
+    root_mappable,
+)
 
 __all__ = [
     "AGENT_PATH",
@@ -125,18 +138,31 @@ def isolation_problem(binary: str | os.PathLike[str] | None = None) -> str | Non
 
 
 def _trial(bwrap: str) -> str | None:
+    # As sandboxes run: a root service's bubblewrap runs as the sandbox user's host uid.
+    run_as = host_uid(SANDBOX_UID) if root_mappable() else None
     with tempfile.TemporaryDirectory(prefix="piship-local-check-") as root:
+        if run_as is not None:
+            os.chmod(root, 0o711)
         dirs = [os.path.join(root, name) for name in ("home", "tmp", "shm", "etc")]
         for path in dirs:
             os.mkdir(path, 0o700)
+            if run_as is not None:
+                give_to(path, SANDBOX_UID)
         write_etc(dirs[3], user="user", workdir="/home/user")
         jail = Jail(
             bwrap, home=dirs[0], tmp=dirs[1], shm=dirs[2], etc=dirs[3], workdir="/home/user"
         )
-        options = jail.options(cwd="/home/user", env={"PATH": DEFAULT_PATH})
-        argv = [bwrap, "--args", "{fd}", "--", "/bin/sh", "-c", "exit 0"]
         try:
-            completed = run_with_options(argv, options, timeout=CHECK_TIMEOUT)
+            sources = jail.sources()
+            try:
+                env = {"PATH": DEFAULT_PATH}
+                options = jail.options(cwd="/home/user", env=env, sources=sources)
+                argv = ["--args", "{fd}", "--", "/bin/sh", "-c", "exit 0"]
+                completed = run_with_options(
+                    bwrap, argv, options, timeout=CHECK_TIMEOUT, sources=sources, run_as=run_as
+                )
+            finally:
+                sources.close()
         except (OSError, subprocess.SubprocessError) as e:
             return f"bubblewrap could not be run: {e}"
     if completed.returncode == 0:
@@ -154,23 +180,40 @@ def _trial(bwrap: str) -> str | None:
 
 
 def run_with_options(
-    argv: Sequence[str], options: Sequence[str], *, timeout: float
+    bwrap: str,
+    argv: Sequence[str],
+    options: Sequence[str],
+    *,
+    timeout: float,
+    sources: Sources,
+    run_as: int | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run ``argv`` once with ``options`` in a memfd whose number replaces ``{fd}``."""
+    """Run ``bwrap argv`` once (as host uid ``run_as``) with ``options`` in a memfd whose
+    number replaces ``{fd}``."""
     fd = options_fd(options)
     try:
-        command = [arg.replace("{fd}", str(fd)) for arg in argv]
+        program = OpenProgram.open(bwrap)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        command = ["bwrap", *(arg.replace("{fd}", str(fd)) for arg in argv)]
         return subprocess.run(
             command,
-            env={},
+            executable=program.executable,
+            env=program.env(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
-            pass_fds=(fd,),
+            pass_fds=(fd, *program.fds(), *sources.fds()),
             timeout=timeout,
             check=False,
+            user=run_as,
+            group=run_as,
+            extra_groups=None if run_as is None else [],
         )
     finally:
         os.close(fd)
+        program.close()
 
 
 def options_fd(options: Sequence[str]) -> int:
@@ -243,7 +286,10 @@ class Jail:
     mount a size-capped tmpfs under all three itself). With ``root_home``, the
     sandbox has a root beside its user (see :mod:`piship_remote.local.user_map`):
     that host directory is mounted at ``/root`` and the agent keeps the
-    capabilities to run commands as root.
+    capabilities to run commands as root. With ``own_map`` (a service running as
+    host root), the service writes the namespace's uid map itself, onto host uids
+    that own nothing (see :mod:`piship_remote.local.user_map`); a jail with
+    ``root_home`` always has it.
     """
 
     bwrap: str
@@ -256,11 +302,17 @@ class Jail:
     network: bool = False
     scratch_size: int | None = None
     root_home: str | None = None
+    own_map: bool = False
 
-    def options(self, *, cwd: str, env: Mapping[str, str], binds: Sequence[str] = ()) -> list[str]:
+    @property
+    def maps_users(self) -> bool:
+        """Whether the service writes the sandbox's uid map (bubblewrap waits for it)."""
+        return self.own_map or self.root_home is not None
+
+    def options(self, *, cwd: str, env: Mapping[str, str], sources: Sources) -> list[str]:
         """The bwrap options (everything before ``--``) for a program in ``cwd`` with ``env``.
 
-        ``binds`` are more mount options, applied before the root is made read-only.
+        ``sources`` are the descriptors :meth:`sources` opened (passed to bwrap too).
         """
         uid = str(uid_for(self.user))
         options = ["--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid]
@@ -270,20 +322,45 @@ class Jail:
         options += ["--die-with-parent", "--new-session", "--clearenv"]
         options += ["--hostname", HOSTNAME, "--ro-bind", "/usr", "/usr"]
         options += _system_dirs()
-        # Read-only /proc: where the service runs as root, the sandbox's user maps onto
-        # host uid 0, and /proc/sys would otherwise let it change host-wide sysctls.
+        # Read-only /proc: the sandbox changes no kernel setting, not even one its
+        # namespaces would scope (bubblewrap covers /proc/sys; this covers the rest).
         options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
-        options += self._etc()
-        options += self._scratch()
-        options += ["--bind", self.home, self.workdir]
+        options += self._etc(sources)
+        options += self._scratch(sources)
+        # /dev's own tmpfs is outside the disk cap and holds the host's device nodes
+        # (null, zero, …; the sandbox cannot change them, it does not own them): read-only.
+        options += ["--remount-ro", "/dev"]
+        options += ["--bind-fd", str(sources.dir(self.home)), self.workdir]
         for inside, host in self.root_place().items():
-            options += ["--bind", host, inside]
+            options += ["--bind-fd", str(sources.dir(host)), inside]
         # After /root: a Python prefix under /root (the agent's) stays visible.
-        options += binds
+        for inside, fd in sources.files.items():
+            if not inside.startswith("/etc/"):
+                options += ["--file", str(fd), inside]
+        for host, fd in sources.dirs.items():
+            if host not in self._places():
+                options += ["--ro-bind-fd", str(fd), host]
         options += ["--remount-ro", "/", "--chdir", cwd]
         for name, value in env.items():
             options += ["--setenv", name, value]
         return options
+
+    def sources(self, python: str | None = None) -> Sources:
+        """Open what the sandbox is made from: its places, ``/etc`` files and, given the
+        ``python`` that runs it, the agent (and that Python's prefix outside ``/usr``)."""
+        dirs = list(self._places())
+        files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
+        if python is not None:
+            files[AGENT_PATH] = agent_source()
+            prefix = python_prefix(python)
+            if prefix is not None:
+                dirs.append(prefix)
+        return Sources.open(dirs=dirs, files=files)
+
+    def _places(self) -> list[str]:
+        """The host directories mounted writable in the sandbox."""
+        scratch = [self.tmp, self.shm] if self.scratch_size is None else []
+        return [self.home, *scratch, *self.root_place().values()]
 
     def root_place(self) -> dict[str, str]:
         """``{"/root": host directory}`` when root's home is mounted there, else ``{}``."""
@@ -291,17 +368,10 @@ class Jail:
             return {}
         return {ROOT_HOME: self.root_home}
 
-    def agent_options(self, python: str) -> list[str]:
-        """Extra options that make the agent and the ``python`` running it visible inside."""
-        options = ["--ro-bind", agent_source(), AGENT_PATH]
-        prefix = python_prefix(python)
-        if prefix is not None:
-            options += ["--ro-bind", prefix, prefix]
-        return options
-
-    def _scratch(self) -> list[str]:
+    def _scratch(self, sources: Sources) -> list[str]:
         if self.scratch_size is None:
-            return ["--bind", self.tmp, "/tmp", "--bind", self.shm, "/dev/shm"]
+            tmp, shm = str(sources.dir(self.tmp)), str(sources.dir(self.shm))
+            return ["--bind-fd", tmp, "/tmp", "--bind-fd", shm, "/dev/shm"]
         size = str(self.scratch_size)
         return ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm"]
 
@@ -336,10 +406,11 @@ class Jail:
             return False
         return not (os.path.isfile(path) and os.access(path, os.X_OK))
 
-    def _etc(self) -> list[str]:
+    def _etc(self, sources: Sources) -> list[str]:
         options: list[str] = []
-        for name in sorted(os.listdir(self.etc)):
-            options += ["--ro-bind", os.path.join(self.etc, name), f"/etc/{name}"]
+        for inside, fd in sorted(sources.files.items()):
+            if inside.startswith("/etc/"):
+                options += ["--perms", "0644", "--file", str(fd), inside]
         for name in _HOST_ETC + (_NETWORK_ETC if self.network else ()):
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         return options

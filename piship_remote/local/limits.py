@@ -53,8 +53,11 @@ DEFAULT_LIFETIME = 24 * 3600
 V1_ROOT = "/sys/fs/cgroup"
 REMOVE_TRIES = 50
 MNT_DETACH = 2
+MS_NOSUID = 2
+MS_NODEV = 4
 FREEZE_TIMEOUT = 5.0
 FREEZE_POLL = 0.005
+AGENT_SUFFIX = "-agent"
 V1_THAW_EVERY = 50  # freezing passes between two thaws of a v1 group that stays FREEZING
 
 
@@ -127,6 +130,10 @@ class CgroupSet:
     pids: str | None
     memory: str | None
     freezer: str | None = None
+    agent_memory: str | None = None
+    """The v1 memory group of bubblewrap and the agent, outside the sandbox's limit: a
+    command moves itself into ``memory`` as it starts (see :meth:`command_procs`), so a
+    memory-limit kill hits a command, never the sandbox."""
 
     @classmethod
     def create(cls, support: Enforcement, name: str, limits: Limits) -> CgroupSet:
@@ -149,30 +156,47 @@ class CgroupSet:
             pids = os.path.join(support.processes, name)
             os.mkdir(pids)
             _write(os.path.join(pids, "pids.max"), str(limits.processes))
+        agent_memory = None
         if support.memory is not None:
             memory = os.path.join(support.memory, name)
             os.mkdir(memory)
             _write(os.path.join(memory, "memory.limit_in_bytes"), str(limits.memory))
             _write_try(os.path.join(memory, "memory.memsw.limit_in_bytes"), str(limits.memory))
+            agent_memory = memory + AGENT_SUFFIX
+            os.mkdir(agent_memory)
         freezer = None
         if support.freezer is not None:
             freezer = os.path.join(support.freezer, name)
             os.mkdir(freezer)
-        return cls(support.cgroup, pids, memory, freezer)
+        return cls(support.cgroup, pids, memory, freezer, agent_memory)
 
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files the sandbox's first process must join."""
-        return [os.path.join(p, "cgroup.procs") for p in self._paths()]
+        first = [self.pids, self.agent_memory or self.memory, self.freezer]
+        return [os.path.join(p, "cgroup.procs") for p in dict.fromkeys(first) if p]
+
+    def command_procs(self) -> str | None:
+        """The ``cgroup.procs`` file a command joins as it starts, where the agent's memory
+        group is another (v1); ``None`` where commands are born in their group."""
+        if self.agent_memory is None or self.memory is None:
+            return None
+        return os.path.join(self.memory, "cgroup.procs")
+
+    def join(self, pid: int) -> None:
+        """Move process ``pid`` into every group of the set."""
+        for procs in self.procs_files():
+            _write(procs, str(pid))
 
     def members(self) -> list[int]:
         """The host pids of every process in the group (empty without any group)."""
+        found: dict[int, None] = {}
         for path in self._paths():
             with (
                 contextlib.suppress(OSError, ValueError),
                 open(os.path.join(path, "cgroup.procs"), encoding="ascii") as handle,
             ):
-                return [int(line) for line in handle if line.strip()]
-        return []
+                found.update(dict.fromkeys(int(line) for line in handle if line.strip()))
+        return list(found)
 
     def freeze(self) -> bool:
         """Freeze every process of the group, waiting until it is; ``False`` without a freezer."""
@@ -210,7 +234,8 @@ class CgroupSet:
         return _wait_for(settled, frozen)
 
     def _paths(self) -> list[str]:
-        return [p for p in dict.fromkeys((self.pids, self.memory, self.freezer)) if p]
+        groups = (self.pids, self.memory, self.freezer, self.agent_memory)
+        return [p for p in dict.fromkeys(groups) if p]
 
     def counters(self) -> tuple[int, int]:
         """How often the process limit and the memory limit were hit so far."""
@@ -289,13 +314,14 @@ def _full(path: str) -> bool:
         return False
 
 
-def mount_tmpfs(path: str, size: int) -> None:
-    """Mount a tmpfs of ``size`` bytes (mode 0700) at ``path``; ``OSError`` if refused."""
+def mount_tmpfs(path: str, size: int, *, mode: int = 0o700) -> None:
+    """Mount a tmpfs of ``size`` bytes at ``path`` (``nosuid``, ``nodev``: nothing a sandbox
+    writes there is a set-uid program or a device on the host); ``OSError`` if refused."""
     libc = _libc()
     if libc is None:
         raise OSError("the C library cannot be loaded to mount a tmpfs")
-    options = f"size={size},mode=0700".encode()
-    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", 0, options) != 0:
+    options = f"size={size},mode={mode:04o}".encode()
+    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mounting a tmpfs at {path}: {os.strerror(err)}")
 

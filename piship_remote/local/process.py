@@ -338,8 +338,9 @@ class LocalProcess:
             self._done.set()
             killed, sig = self._killed, self._signal
         if "exit" not in status and "signal" not in status:
-            # The agent went away: the sandbox was deleted, expired or stopped.
-            return Exited(-1, killed or "stopped", sig or signal.SIGKILL)
+            # The agent went away: the sandbox was deleted, expired or stopped (each says
+            # so as the kill's reason), or the sandbox itself failed.
+            return Exited(-1, killed or "lost", sig or signal.SIGKILL)
         return Exited(_exit_code(status), killed, sig)
 
     def _close(self) -> None:

@@ -75,6 +75,7 @@ _GONE = {
     "deleted": "the sandbox was deleted",
     "expired": "the sandbox's lifetime ended",
     "stopped": "the local sandbox service stopped",
+    "lost": "the sandbox failed: its environment ended (the local service is still running)",
 }
 _STREAM_HEADERS = (("Connect-Content-Encoding", "identity"),)
 _DEADLINE_FRAME = end_stream_frame(ConnectError("deadline_exceeded", "context deadline exceeded"))
@@ -136,6 +137,8 @@ class ProcessRpc:
             return stream_error("invalid_argument", str(e))
         except SandboxGone:
             return stream_error("unavailable", "the sandbox was deleted")
+        except (BrokenPipeError, ConnectionResetError):  # its agent is gone
+            return stream_error("unavailable", _GONE["lost"])
         except OSError as e:
             return stream_error("internal", f"starting the process failed: {e.strerror}")
         key = (sandbox.id, process.pid)

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 import attrs
 
-from piship_remote.local.isolation import Jail, write_etc
+from piship_remote.local.isolation import Jail, uid_for, write_etc
 from piship_remote.local.limits import CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
 from piship_remote.local.sandbox_vm import SandboxVm, Spawner
-from piship_remote.local.user_map import make_root_home
+from piship_remote.local.user_map import give_to, make_root_home, root_mappable
 
 __all__ = ["BootFailed", "SandboxLayout", "boot", "remove_tree"]
 
@@ -68,12 +68,18 @@ def boot(
 
 def _jail(directory: str, layout: SandboxLayout, network: bool) -> Jail:
     paths = [os.path.join(directory, name) for name in ("home", "tmp", "shm", "etc")]
-    os.mkdir(directory, 0o700)
+    own_map = layout.with_root or root_mappable()
+    # bubblewrap, run as the sandbox's host uid, looks its places up: 0711 lets it.
+    mode = 0o711 if own_map else 0o700
+    os.mkdir(directory, mode)
+    os.chmod(directory, mode)
     if layout.enforcement.disk:
-        mount_tmpfs(directory, layout.limits.disk)
+        mount_tmpfs(directory, layout.limits.disk, mode=mode)
     for path in paths:
-        # Inside, the sandbox's user is mapped onto the service's own uid: 0700 suffices.
         os.mkdir(path, 0o700)
+    if own_map:
+        for path in paths[:3]:  # the sandbox's user owns its places, on the host too
+            give_to(path, uid_for(layout.user))
     write_etc(paths[3], user=layout.user, workdir=layout.workdir, network=network)
     return Jail(
         bwrap=layout.bwrap,
@@ -86,6 +92,7 @@ def _jail(directory: str, layout: SandboxLayout, network: bool) -> Jail:
         network=network,
         scratch_size=None if layout.enforcement.disk else layout.limits.disk,
         root_home=make_root_home(directory) if layout.with_root else None,
+        own_map=own_map,
     )
 
 

@@ -86,7 +86,9 @@ def _start(
     sandbox: Sandbox, script: str, args: tuple[str, ...], stdin: bool, user: Identity | None
 ) -> LocalProcess:
     config = _config(script, args)
-    return sandbox.start(config, tag=TAG_PREFIX + script[:24], stdin=stdin, user=user)
+    # Outside the memory limit: files filling the sandbox's memory can still be removed.
+    tag = TAG_PREFIX + script[:24]
+    return sandbox.start(config, tag=tag, stdin=stdin, user=user, limited=False)
 
 
 def run(

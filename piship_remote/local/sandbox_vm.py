@@ -15,8 +15,8 @@ namespace's init dies)::
     spawner.close()
 
 It works unprivileged too: nothing here needs root but the cgroups, the
-size-capped home and a root beside the user (a jail with ``root_home``: the
-service writes the namespace's two-uid map itself, see
+size-capped home and the service's own uid map (a jail with ``own_map`` or
+``root_home``: the sandbox's uids are nobody on the host, see
 :mod:`piship_remote.local.user_map`), which the service only uses where it may.
 """
 
@@ -36,11 +36,18 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from piship_remote.local.agent_link import AgentLink
-from piship_remote.local.isolation import AGENT_PATH, Jail, find_python, options_fd
+from piship_remote.local.isolation import (
+    AGENT_PATH,
+    Jail,
+    find_python,
+    options_fd,
+    uid_for,
+)
 from piship_remote.local.limits import CgroupSet
+from piship_remote.local.mount_sources import OpenProgram, Sources
 from piship_remote.local.network import UserModeNetwork
 from piship_remote.local.process import LocalProcess, WindowSize
-from piship_remote.local.user_map import bwrap_options, write_maps
+from piship_remote.local.user_map import bwrap_options, host_uid, write_maps
 
 __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
 
@@ -52,6 +59,7 @@ _JOIN_CGROUPS = (
 )
 
 T = TypeVar("T")
+OOM_PROTECTED = "-1000"
 
 
 class Spawner:
@@ -100,11 +108,13 @@ class SandboxVm:
         init_pid: int,
         cgroups: CgroupSet,
         mapping: tuple[int, int] | None = None,
+        jail: Jail | None = None,
     ) -> None:
         self._popen = popen
         self._link = link
         self._status = status
         self._mapping = mapping  # bwrap's info fd (read) and userns block fd (write)
+        self._jail = jail
         self._init_pid = init_pid
         self.cgroups = cgroups
         self.network: UserModeNetwork | None = None
@@ -133,34 +143,44 @@ class SandboxVm:
         status_read, status_write = os.pipe()
         child_ends = [status_write]  # closed here once bubblewrap has them
         mapping: tuple[int, int] | None = None
+        sources: Sources | None = None
+        programs: list[OpenProgram] = []
         try:
-            binds = jail.agent_options(python)
-            options = jail.options(cwd=jail.workdir, env={"PATH": "/usr/bin:/bin"}, binds=binds)
+            sources = jail.sources(python)
+            options = jail.options(cwd=jail.workdir, env={"PATH": "/usr/bin:/bin"}, sources=sources)
             options += ["--json-status-fd", str(status_write)]
-            if jail.root_home is not None:
+            if jail.maps_users:
                 info_read, info_write = os.pipe()
                 block_read, block_write = os.pipe()
                 mapping = (info_read, block_write)
                 child_ends += [info_write, block_read]
                 options += bwrap_options(block_read, info_write)
             args = options_fd(options)
+            child_ends.append(args)
+            program = OpenProgram.open(jail.bwrap)
+            programs.append(program)
             agent = [python, "-I", "-S", AGENT_PATH, str(agent_end.fileno())]
-            argv = [jail.bwrap, "--args", str(args), "--", *agent]
+            argv = ["bwrap", "--args", str(args), "--", *agent]
+            run_as = host_uid(uid_for(jail.user)) if jail.maps_users else None
+            executable: str | None = program.executable
             procs = cgroups.procs_files()
-            if procs:
-                argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *procs, "--", *argv]
-            try:
-                popen = subprocess.Popen(
-                    argv,
-                    env={},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(args, agent_end.fileno(), *child_ends),
-                    start_new_session=True,
-                )
-            finally:
-                os.close(args)
+            if procs and run_as is None:
+                joined = [program.executable, *argv[1:]]
+                argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *procs, "--", *joined]
+                executable = None
+            popen = subprocess.Popen(
+                argv,
+                executable=executable,
+                env=program.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(agent_end.fileno(), *child_ends, *sources.fds(), *program.fds()),
+                start_new_session=True,
+                user=run_as,
+                group=run_as,
+                extra_groups=None if run_as is None else [],
+            )
         except BaseException:
             service_end.close()
             for fd in (status_read, *(mapping or ())):
@@ -168,9 +188,13 @@ class SandboxVm:
             raise
         finally:
             agent_end.close()
+            if sources is not None:
+                sources.close()
+            for opened in programs:
+                opened.close()
             for fd in child_ends:
                 os.close(fd)
-        return cls(popen, AgentLink(service_end), status_read, 0, cgroups, mapping)
+        return cls(popen, AgentLink(service_end), status_read, 0, cgroups, mapping, jail)
 
     def _await_agent(self) -> None:
         """Map the users (with a root), read bubblewrap's child pid, then the agent's ready."""
@@ -185,6 +209,36 @@ class SandboxVm:
         data = control.recv(4096) if ready else b""
         if not data or not json.loads(data).get("ready"):
             raise OSError(f"the sandbox agent did not start: {self._failure()}")
+        command_procs = self.cgroups.command_procs()
+        if command_procs is not None:
+            self._send_fd("cgroup", command_procs)
+        if self._jail is not None and self._jail.maps_users:
+            self._protect()
+
+    def _send_fd(self, op: str, path: str) -> None:
+        """Send the agent ``op`` with host file ``path`` open for writing."""
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            self._link.send({"op": op}, [fd])
+        finally:
+            os.close(fd)
+
+    def _protect(self) -> None:
+        """Make bubblewrap and the agent no OOM victim (a memory-limit kill then hits a
+        command), and hand the agent its own ``oom_score_adj`` to start commands killable.
+
+        tmpfs pages have no owning process, so a sandbox whose files fill its memory
+        would otherwise lose its largest process: the agent, and with it the sandbox.
+        """
+        agent = _only_child(self._init_pid)
+        try:
+            for pid in (agent, self._init_pid, self._popen.pid):
+                if pid is not None:
+                    _write_oom_score(pid, OOM_PROTECTED)
+        except OSError:
+            return  # no CAP_SYS_RESOURCE (a container's root): the cgroup split must do
+        if agent is not None:
+            self._send_fd("protect", f"/proc/{agent}/oom_score_adj")
 
     def _map_users(self) -> None:
         """Write the two-uid map for bwrap's child (its pid from the info fd), then release it."""
@@ -202,7 +256,13 @@ class SandboxVm:
                 info_pid = found if isinstance(found, int) else -1
         if info_pid <= 0:
             raise OSError("the sandbox did not start: bubblewrap reported no child pid")
-        write_maps(info_pid)
+        jail = self._jail
+        assert jail is not None
+        write_maps(info_pid, user_uid=uid_for(jail.user), with_root=jail.root_home is not None)
+        # bubblewrap runs unprivileged here, so the service puts it in the sandbox's cgroups
+        # (both its processes) before letting it go on; what it starts is born in them.
+        for pid in (self._popen.pid, info_pid):
+            self.cgroups.join(pid)
         os.write(block, b"m")
         self._close_mapping()
 
@@ -275,3 +335,17 @@ class SandboxVm:
             return "no answer in time"
         lines = self._popen.stderr.read().decode(errors="replace").strip().splitlines()
         return lines[-1][:300] if lines else f"exit status {self._popen.returncode}"
+
+
+def _only_child(pid: int) -> int | None:
+    """The one child of process ``pid`` (bubblewrap's init has one: the agent), if found."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+            children = [int(word) for word in handle.read().split()]
+        return children[0] if len(children) == 1 else None
+    return None
+
+
+def _write_oom_score(pid: int, value: str) -> None:
+    with open(f"/proc/{pid}/oom_score_adj", "w", encoding="ascii") as handle:
+        handle.write(value)

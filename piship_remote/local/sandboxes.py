@@ -172,8 +172,13 @@ class Sandbox:
         stdin: bool = False,
         size: WindowSize | None = None,
         user: Identity | None = None,
+        limited: bool = True,
     ) -> LocalProcess:
         """Spawn ``config`` as ``user`` (default: the sandbox's), on a terminal of ``size``.
+
+        A command not ``limited`` (the service's own file helpers) runs outside the
+        sandbox's memory limit where the agent is (cgroup v1), so files that fill the
+        memory can still be read and removed; the disk limit still bounds what it writes.
 
         ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
         ``~`` are taken from the user's home). :class:`StartRefused`, :class:`SandboxGone`,
@@ -192,6 +197,8 @@ class Sandbox:
         spec: dict[str, object] = {"cmd": config.cmd, "args": config.args, "env": env, "cwd": cwd}
         if self._jail.root_home is not None:
             spec["uid"] = who.uid
+        if not limited:
+            spec["limited"] = False
         with self._lock:
             if self._deleted is not None:
                 raise SandboxGone(self._deleted)

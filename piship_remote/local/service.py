@@ -51,6 +51,7 @@ from piship_remote.local.limits import (
 from piship_remote.local.sandboxes import Registry, remove_tree
 from piship_remote.local.server import Head, HttpServer, Reply, Request
 from piship_remote.local.server import Limits as HttpLimits
+from piship_remote.local.user_map import root_mappable, unsearchable
 
 if TYPE_CHECKING:
     from piship_remote.backends.e2b import E2bCompatibleBackend
@@ -120,8 +121,14 @@ class LocalE2bService:
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         parent = os.fspath(root) if root is not None else tempfile.gettempdir()
+        if root_mappable():
+            closed = unsearchable(parent)
+            if closed is not None:
+                raise PiShipError(CONFIG_INVALID, closed, component=COMPONENT)
         remove_stale_directories(parent)
         directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-", dir=parent)
+        if root_mappable():
+            os.chmod(directory, 0o711)  # its sandboxes' host uids look their places up
         self._registry = Registry(
             directory,
             bwrap=binary,

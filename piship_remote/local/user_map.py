@@ -1,18 +1,20 @@
 """Who a sandbox command runs as: its user (uid 1000) and, where it can be mapped, ``root``.
 
-A sandbox's user namespace maps its user (uid 1000) onto the service's own host
-uid, so the sandbox's files need no ``chown``. Where the service runs as host
-root, a second uid is mapped too: the sandbox's ``root`` (uid 0) onto
-:data:`ROOT_HOST_UID`, an unprivileged host uid that owns nothing, so a sandbox's
-root is nobody on the host. Mapping it needs the service's own ``CAP_SETUID`` in
-the host namespace (``/proc/<pid>/uid_map`` written from outside, while bubblewrap
-waits on ``--userns-block-fd``); elsewhere a sandbox has one user and ``root``
-is refused with :data:`ROOT_REFUSAL`::
+Where the service runs as host root, a sandbox is nobody on the host: its user
+(uid 1000) maps onto :data:`USER_HOST_UID` and its ``root`` (uid 0) onto
+:data:`ROOT_HOST_UID`, two unprivileged host uids that own nothing outside the
+sandbox's own directory (which the service gives them), so neither can
+change a host file, device node or process. Writing that map needs the service's
+own ``CAP_SETUID`` in the host namespace (``/proc/<pid>/uid_map`` written from
+outside, while bubblewrap waits on ``--userns-block-fd``). Elsewhere the kernel
+lets a namespace map only the service's own uid: the sandbox's user is that uid
+(which can change nothing the service could not), and ``root`` is refused with
+:data:`ROOT_REFUSAL`::
 
     users = SandboxUsers.of(user="user", workdir="/home/user", root=root_mappable())
     identity = users.named("root")      # Identity("root", 0, "/root"), or None
     options = capability_options() + bwrap_options(block_fd, info_fd)
-    write_maps(child_pid)
+    write_maps(child_pid, user_uid=1000, with_root=True)
 
 The agent keeps :data:`CAPABILITIES` (ambient), to switch to root and to signal
 root's processes; a user command starts with none, a root command with exactly
@@ -22,6 +24,7 @@ these (see ``agent.py``).
 from __future__ import annotations
 
 import os
+import stat
 
 import attrs
 
@@ -30,12 +33,16 @@ __all__ = [
     "ROOT_HOME",
     "ROOT_HOST_UID",
     "ROOT_REFUSAL",
+    "USER_HOST_UID",
     "Identity",
     "SandboxUsers",
     "bwrap_options",
     "capability_options",
+    "give_to",
+    "host_uid",
     "make_root_home",
     "root_mappable",
+    "unsearchable",
     "write_maps",
 ]
 
@@ -45,6 +52,8 @@ ROOT_HOME = "/root"
 # 2**31 - 1 limit of 32-bit ids and far above where distributions allocate users and
 # containers' subordinate ranges (100000 + 65536 * n), so sandbox root owns nothing here.
 ROOT_HOST_UID = 2_147_000_000
+# The host uid (and gid) a sandbox's user (uid 1000) maps onto, in the same unused range.
+USER_HOST_UID = ROOT_HOST_UID + SANDBOX_UID
 # What root needs to act as root on the sandbox's own files, and what the agent needs to
 # become it (SETUID, SETGID) and to signal its processes (KILL). Nothing more: no
 # CAP_SYS_ADMIN (mounts), CAP_NET_* or CAP_SYS_PTRACE.
@@ -112,6 +121,28 @@ def make_root_home(directory: str) -> str:
     return home
 
 
+def unsearchable(directory: str) -> str | None:
+    """Why a root service's sandboxes could not look up their places under ``directory``
+    (a directory on its path that not every user may search), or ``None``."""
+    path = os.path.realpath(directory)
+    while True:
+        if os.path.isdir(path) and not os.stat(path).st_mode & stat.S_IXOTH:
+            return (
+                f"{path} is not searchable by every user, and a root service's sandboxes run"
+                f" as unprivileged host uids that look up their directories under {directory}:"
+                " choose a root= (or TMPDIR) every user may search, such as /tmp"
+            )
+        if path == os.path.dirname(path):
+            return None
+        path = os.path.dirname(path)
+
+
+def give_to(path: str, uid: int) -> None:
+    """Make host directory ``path`` belong to sandbox uid ``uid`` (a root service's map)."""
+    owner = host_uid(uid)
+    os.chown(path, owner, owner)
+
+
 def capability_options() -> list[str]:
     """The bwrap options (after ``--cap-drop ALL``) that leave the agent :data:`CAPABILITIES`."""
     return [option for capability in CAPABILITIES for option in ("--cap-add", capability)]
@@ -122,9 +153,16 @@ def bwrap_options(block_fd: int, info_fd: int) -> list[str]:
     return ["--userns-block-fd", str(block_fd), "--info-fd", str(info_fd)]
 
 
-def write_maps(pid: int) -> None:
-    """Map sandbox 0 onto :data:`ROOT_HOST_UID` and 1000 onto this uid, for process ``pid``."""
-    uid, gid = os.geteuid(), os.getegid()
-    for name, own in (("uid_map", uid), ("gid_map", gid)):
+def host_uid(uid: int) -> int:
+    """The host uid (and gid) sandbox uid ``uid`` (0 or 1000) maps onto in a root service."""
+    return ROOT_HOST_UID if uid == 0 else USER_HOST_UID
+
+
+def write_maps(pid: int, *, user_uid: int, with_root: bool) -> None:
+    """Map the sandbox's user ``user_uid`` (and 0, ``with_root``) onto their unused host
+    uids, for process ``pid``."""
+    uids = sorted({user_uid, 0} if with_root else {user_uid})
+    lines = "".join(f"{uid} {host_uid(uid)} 1\n" for uid in uids)
+    for name in ("uid_map", "gid_map"):
         with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as handle:
-            handle.write(f"0 {ROOT_HOST_UID} 1\n{SANDBOX_UID} {own} 1\n")
+            handle.write(lines)
