@@ -34,6 +34,7 @@ def test_the_sdk_runs_on_the_e2b_backend_only() -> None:
         main(["--backend", "kubernetes", "--client", "e2b-sdk", "--commands", "1"])
 
 
+@pytest.mark.interop
 @pytest.mark.timeout(60)
 def test_the_sdk_client_is_measured_like_ours(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("e2b", reason=install_hint("interop"))

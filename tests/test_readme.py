@@ -195,6 +195,7 @@ def test_a_local_example_runs(example: Example, project: Path) -> None:
 
 
 @NEEDS_BWRAP
+@pytest.mark.interop
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("example", [e for e in ALL if e.kind == "python-e2b-sdk"], ids=str)
 def test_an_official_sdk_example_runs(example: Example, project: Path) -> None:
