@@ -4,6 +4,8 @@ The script (a temporary file run with ``sys.executable``) starts four commands o
 pool and waits for their results on the main thread. SIGINT raises
 ``KeyboardInterrupt`` there; the process must then end within seconds, the commands
 killed and the sandbox deleted, instead of Python waiting for the workers' commands.
+Without a ``with`` block the library does it on its own at shutdown; in one (whose
+exit waits for the workers) the script asks for it with ``cleanup_on_signals``.
 """
 
 from __future__ import annotations
@@ -28,20 +30,30 @@ API_KEY = "e2b_threads0123456789"
 COMMANDS = 4
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import signal, sys
     from concurrent.futures import ThreadPoolExecutor
+    import piship_remote
     from piship_remote import activate_sandbox
     from piship_remote.backends.e2b import E2bCompatibleBackend
 
-    url, key = sys.argv[1:3]
+    url, key, form = sys.argv[1:4]
+    if form == "with-block":
+        piship_remote.cleanup_on_signals([signal.SIGINT, signal.SIGTERM])
     backend = E2bCompatibleBackend(endpoint=url, envd_url=url, credential=lambda: key)
     sandbox = activate_sandbox(
         {"required": True, "network": {"mode": "deny"}}, backend=backend, workspace="."
     )
-    pool = ThreadPoolExecutor(COMMANDS)
-    futures = [pool.submit(sandbox.exec, "sleep 30") for _ in range(COMMANDS)]
-    for future in futures:
-        future.result()
+
+    def run_all(pool):
+        futures = [pool.submit(sandbox.exec, "sleep 30") for _ in range(COMMANDS)]
+        for future in futures:
+            future.result()
+
+    if form == "with-block":
+        with ThreadPoolExecutor(COMMANDS) as pool:
+            run_all(pool)
+    else:
+        run_all(ThreadPoolExecutor(COMMANDS))
     print("not reached", flush=True)
     """
 ).replace("COMMANDS", str(COMMANDS))
@@ -63,8 +75,9 @@ def holding(started: threading.Semaphore) -> Callable[[Any], dict[str, Any]]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("ctrl_c")
+@pytest.mark.parametrize("form", ["pool", "with-block"])
 def test_ctrl_c_ends_the_commands_running_on_worker_threads(
-    tmp_path: Path, e2b_server: Callable[..., E2bServer]
+    tmp_path: Path, e2b_server: Callable[..., E2bServer], form: str
 ) -> None:
     started = threading.Semaphore(0)
     mock = e2b_server(command=holding(started), api_key=API_KEY)
@@ -72,7 +85,7 @@ def test_ctrl_c_ends_the_commands_running_on_worker_threads(
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
     process = subprocess.Popen(
-        [sys.executable, str(script), mock.url, API_KEY],
+        [sys.executable, str(script), mock.url, API_KEY, form],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
