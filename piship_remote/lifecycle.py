@@ -4,7 +4,10 @@ Every sandbox this library activates is tracked here until it is disposed or
 detached. At interpreter exit (normal or by an uncaught exception) an ``atexit``
 hook disposes whatever is still live, all at once and within a bounded time; a
 sandbox that is garbage-collected undisposed is disposed too, with a
-``ResourceWarning``. Signals are opt-in::
+``ResourceWarning``. When Ctrl-C (an uncaught ``KeyboardInterrupt``) ends the main
+thread, the live sandboxes are disposed before Python waits for the other threads,
+so commands running on worker threads (a ``ThreadPoolExecutor``) are killed instead
+of being waited for. Signals are opt-in::
 
     import piship_remote
     piship_remote.cleanup_on_signals()          # SIGTERM and SIGHUP dispose, then the old action
@@ -15,10 +18,12 @@ This module holds the library's only process-wide mutable state: the registry.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401 (its exit hook first: see below)
 import itertools
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -190,3 +195,24 @@ def _at_exit() -> None:
     left = dispose_all(EXIT_DEADLINE)
     if left:
         _LOG.warning("not deleted before exit (they expire on their own): %s", ", ".join(left))
+
+
+def _on_interrupted_shutdown() -> None:
+    """At shutdown after an uncaught ``KeyboardInterrupt``: dispose before threads are joined."""
+    if isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+        _at_exit()
+
+
+def _before_threads_are_joined(hook: Callable[[], None]) -> None:
+    # atexit hooks run only after Python has joined every non-daemon thread, and a
+    # ThreadPoolExecutor's workers first finish their commands. threading's own exit
+    # hooks run before that join, last registered first; the standard library has no
+    # public way to register one, so without it (another Python) only atexit is left.
+    # concurrent.futures.thread is imported above so that its hook, which joins the
+    # workers, is registered before this one and therefore runs after it.
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(hook)
+
+
+_before_threads_are_joined(_on_interrupted_shutdown)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,6 +22,20 @@ from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
 
 pytest_plugins = ["piship_remote.testing.plugin"]
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` here and in the processes the test starts.
+
+    Started from a background job, the suite inherits SIGINT ignored, and so would
+    every child: a Ctrl-C test puts Python's handler in place for its own length.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

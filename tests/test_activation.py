@@ -463,6 +463,7 @@ def test_concurrent_exec_from_sixteen_threads(ws: Path) -> None:
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_kills_the_command_then_reraises(ws: Path) -> None:
     cancelled = threading.Event()
 

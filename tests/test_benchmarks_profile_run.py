@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from optional_peers import install_hint
 
 from benchmarks.profile_run import cpu_per_command, main, profile_commands, report
 
@@ -33,8 +34,9 @@ def test_the_sdk_runs_on_the_e2b_backend_only() -> None:
         main(["--backend", "kubernetes", "--client", "e2b-sdk", "--commands", "1"])
 
 
+@pytest.mark.interop
 @pytest.mark.timeout(60)
 def test_the_sdk_client_is_measured_like_ours(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("e2b")
+    pytest.importorskip("e2b", reason=install_hint("interop"))
     main(["--client", "e2b-sdk", "--cpu", "--commands", "4", "--threads", "2"])
     assert capsys.readouterr().out.startswith("# 4 commands on 2 thread(s): ")

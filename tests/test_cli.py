@@ -202,6 +202,7 @@ def test_doctor_json_is_the_report_dict(e2b_server: E2bFactory, workspace: Path)
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_kills_the_remote_command_and_exits_130(
     e2b_server: E2bFactory, workspace: Path
 ) -> None:

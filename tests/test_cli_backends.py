@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from optional_peers import install_hint
 
 from piship_remote import cli
 from piship_remote.local import LocalE2bService
@@ -136,7 +137,7 @@ def test_kubernetes_refuses_a_deny_policy_before_any_claim(
 def test_run_reads_a_yaml_policy_file(
     e2b_server: E2bFactory, workspace: Path, tmp_path: Path, cli_environ: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("yaml")
+    pytest.importorskip("yaml", reason=install_hint("yaml"))
     mock = e2b_server(api_key=API_KEY)
     use_e2b(cli_environ, mock)
     policy = tmp_path / "policy.yaml"
@@ -162,7 +163,7 @@ def test_a_yaml_policy_without_pyyaml_is_a_configuration_error_naming_the_fix(
 def test_a_malformed_yaml_policy_is_a_configuration_error(
     tmp_path: Path, cli_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("yaml")
+    pytest.importorskip("yaml", reason=install_hint("yaml"))
     policy = tmp_path / "policy.yaml"
     policy.write_text("required: [true\n")
     assert cli.main(["run", "--policy", str(policy), "--", "true"]) == cli.EXIT_CONFIG

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from loopback_http import LoopbackHttp
+from optional_peers import install_hint
 from seed_support import Clocks
 from werkzeug import Request, Response
 
@@ -1064,7 +1065,7 @@ def test_plain_data_events_are_decoded_by_every_strict_decoder(
 ) -> None:
     # pybase64 when installed; else binascii's strict_mode, or a pattern check before it (3.10).
     if decoder == "pybase64":
-        pytest.importorskip("pybase64")
+        pytest.importorskip("pybase64", reason=install_hint("speed"))
     else:
         monkeypatch.setattr(e2b_stream, "_FAST_B64", None)
         monkeypatch.setattr(e2b_stream, "_STRICT_MODE", decoder == "strict_mode")
@@ -1106,7 +1107,7 @@ def test_the_data_fast_path_takes_only_canonical_base64(
     expected: tuple[int, bytes] | None,
 ) -> None:
     if decoder == "pybase64":
-        pytest.importorskip("pybase64")
+        pytest.importorskip("pybase64", reason=install_hint("speed"))
     else:
         monkeypatch.setattr(e2b_stream, "_FAST_B64", None)
         monkeypatch.setattr(e2b_stream, "_STRICT_MODE", decoder == "strict_mode")

@@ -362,6 +362,7 @@ def test_a_failing_on_data_kills_the_command_and_raises(
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_in_on_data_kills_the_command_and_reraises(
     sandbox_for: Callable[..., Sandbox],
 ) -> None:

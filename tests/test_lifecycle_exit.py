@@ -84,6 +84,7 @@ def test_a_child_that_ends_without_dispose_leaves_nothing(double, mode) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.usefixtures("ctrl_c")
 def test_a_signalled_child_deletes_its_sandbox(double, signum) -> None:
     kind, url, live = double
     child = start(kind, url, "wait")

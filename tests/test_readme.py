@@ -8,7 +8,12 @@ before it says how it is checked, so none is left unchecked by accident:
   local service, in a workspace holding a Makefile;
 - ``.. readme-test: python-k8s-double`` — the same against ``KubernetesServer``
   (``PISHIP_K8S_*`` set);
+- ``.. readme-test: python-e2b-sdk`` — Python using the official ``e2b`` SDK, run with
+  ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY`` pointing at a local service
+  (skipped without the ``interop`` extra);
 - ``.. readme-test: shell-local`` — each ``$ `` line run with the same settings;
+- ``.. readme-test: set-up`` — a set-up command for a fresh machine, run verbatim by
+  ``.ci/run`` in a fresh venv (``.ci/readme_commands.py`` reads it from here);
 - ``.. readme-test: not-run <reason>`` — shown, not run (an install line, output, a
   cloud account), and the reason is required.
 """
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from optional_peers import install_hint
 
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import KubernetesServer
@@ -33,7 +39,7 @@ from piship_remote.testing import KubernetesServer
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.rst"
 MARK = re.compile(r"^\.\. readme-test: (\S+)(.*)$")
-KINDS = {"python-local", "python-k8s-double", "shell-local", "not-run"}
+KINDS = {"python-local", "python-e2b-sdk", "python-k8s-double", "shell-local", "set-up", "not-run"}
 NEEDS_BWRAP = pytest.mark.skipif(
     LocalE2bService.check() is not None, reason=f"no local service here: {LocalE2bService.check()}"
 )
@@ -97,9 +103,21 @@ def test_every_example_that_is_not_run_says_why() -> None:
 
 
 def test_the_readme_gives_both_set_up_commands() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert "python -m pip install '.[local]' && python -m piship_remote demo" in text
-    assert "python -m pip install -e '.[test]' && python -m pytest" in text
+    assert [e.code for e in ALL if e.kind == "set-up"] == [
+        "python -m pip install '.[local]' && python -m piship_remote demo",
+        "python -m pip install -e '.[test]' && python -m pytest",
+    ]
+
+
+def test_ci_runs_the_set_up_commands_the_readme_gives() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "readme_commands.py")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [e.code for e in ALL if e.kind == "set-up"]
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +189,23 @@ def test_a_local_example_runs(example: Example, project: Path) -> None:
             "PISHIP_E2B_ENDPOINT": service.url,
             "PISHIP_E2B_ENVD_URL": service.envd_url,
             "E2B_API_KEY": service.api_key,
+        }
+        _run(example, env, project)
+        assert service.sandboxes() == []
+
+
+@NEEDS_BWRAP
+@pytest.mark.interop
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("example", [e for e in ALL if e.kind == "python-e2b-sdk"], ids=str)
+def test_an_official_sdk_example_runs(example: Example, project: Path) -> None:
+    pytest.importorskip("e2b", reason=install_hint("interop"))
+    with LocalE2bService() as service:
+        env = {
+            "E2B_API_URL": service.url,
+            "E2B_SANDBOX_URL": service.envd_url,
+            "E2B_API_KEY": service.api_key,
+            "NO_PROXY": "127.0.0.1,localhost,::1",
         }
         _run(example, env, project)
         assert service.sandboxes() == []

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from optional_peers import install_hint
 
-pytest.importorskip("atheris")
+pytest.importorskip("atheris", reason=install_hint("fuzz"))
 
 HERE = Path(__file__).parent
 TARGETS = sorted(HERE.glob("fuzz_*.py"))

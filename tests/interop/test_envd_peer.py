@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optional_peers import install_hint
 
-pytest.importorskip(
-    "e2b.envd.process.process_connect",
-    reason="the interop extra is not installed (pip install 'piship-remote[interop]')",
-)
+pytest.importorskip("e2b.envd.process.process_connect", reason=install_hint("interop"))
 
 import requests
 from e2b import CommandExitException, Sandbox, TimeoutException

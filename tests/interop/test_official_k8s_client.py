@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 import requests
+from optional_peers import install_hint
 
-pytest.importorskip(
-    "k8s_agent_sandbox",
-    reason="the interop extra is not installed (pip install 'piship-remote[interop]')",
-)
+pytest.importorskip("k8s_agent_sandbox", reason=install_hint("interop"))
+pytest.importorskip("kubernetes", reason=install_hint("interop"))
 
 from k8s_agent_sandbox import SandboxClient
 from k8s_agent_sandbox.exceptions import (

@@ -15,10 +15,9 @@ from typing import Any
 
 import attrs
 import pytest
+from optional_peers import install_hint
 
-pytest.importorskip(
-    "e2b", reason="the interop extra is not installed (pip install 'piship-remote[interop]')"
-)
+pytest.importorskip("e2b", reason=install_hint("interop"))
 
 from e2b import CommandExitException, Sandbox, TimeoutException
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import attrs
-import httpx
 import pytest
+from optional_peers import install_hint
 
-pytest.importorskip(
-    "e2b", reason="the interop extra is not installed (pip install 'piship-remote[interop]')"
-)
+pytest.importorskip("e2b", reason=install_hint("interop"))
+pytest.importorskip("httpx", reason=install_hint("interop"))
 
+import httpx
 from e2b import FileNotFoundException, FileType, InvalidArgumentException, Sandbox, SandboxQuery
 
 from piship_remote.testing import E2bServer

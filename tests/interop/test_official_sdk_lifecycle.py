@@ -12,10 +12,9 @@ from collections.abc import Iterator
 
 import attrs
 import pytest
+from optional_peers import install_hint
 
-pytest.importorskip(
-    "e2b", reason="the interop extra is not installed (pip install 'piship-remote[interop]')"
-)
+pytest.importorskip("e2b", reason=install_hint("interop"))
 
 from e2b import FilesystemEventType, Sandbox, SandboxException, SandboxQuery, SandboxState
 

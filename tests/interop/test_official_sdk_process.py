@@ -12,10 +12,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from optional_peers import install_hint
 
-pytest.importorskip(
-    "e2b", reason="the interop extra is not installed (pip install 'piship-remote[interop]')"
-)
+pytest.importorskip("e2b", reason=install_hint("interop"))
 
 from e2b import AuthenticationException, CommandExitException, NotFoundException, Sandbox
 from e2b.sandbox.commands.command_handle import PtySize

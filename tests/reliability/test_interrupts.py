@@ -102,6 +102,7 @@ def hanging(arrived: threading.Event) -> Callable[[Any], dict[str, Any]]:
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_kills_the_e2b_command_and_deletes_the_sandbox(
     tmp_path: Path, workspace: Path, e2b_server: Callable[..., E2bServer]
 ) -> None:
@@ -117,6 +118,7 @@ def test_ctrl_c_kills_the_e2b_command_and_deletes_the_sandbox(
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_retires_and_deletes_the_kubernetes_claim(
     tmp_path: Path, workspace: Path, kubernetes_server: Callable[..., KubernetesServer]
 ) -> None:

@@ -1,0 +1,112 @@
+"""Ctrl-C in a script whose commands run on a ThreadPoolExecutor's worker threads.
+
+The script (a temporary file run with ``sys.executable``) starts four commands on a
+pool and waits for their results on the main thread. SIGINT raises
+``KeyboardInterrupt`` there; the process must then end within seconds, the commands
+killed and the sandbox deleted, instead of Python waiting for the workers' commands.
+Without a ``with`` block the library does it on its own at shutdown; in one (whose
+exit waits for the workers) the script asks for it with ``cleanup_on_signals``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from piship_remote.testing import E2bServer
+
+REPO = Path(__file__).resolve().parents[1]
+API_KEY = "e2b_threads0123456789"
+COMMANDS = 4
+SCRIPT = textwrap.dedent(
+    """
+    import signal, sys
+    from concurrent.futures import ThreadPoolExecutor
+    import piship_remote
+    from piship_remote import activate_sandbox
+    from piship_remote.backends.e2b import E2bCompatibleBackend
+
+    url, key, form = sys.argv[1:4]
+    if form == "with-block":
+        piship_remote.cleanup_on_signals([signal.SIGINT, signal.SIGTERM])
+    backend = E2bCompatibleBackend(endpoint=url, envd_url=url, credential=lambda: key)
+    sandbox = activate_sandbox(
+        {"required": True, "network": {"mode": "deny"}}, backend=backend, workspace="."
+    )
+
+    def run_all(pool):
+        futures = [pool.submit(sandbox.exec, "sleep 30") for _ in range(COMMANDS)]
+        for future in futures:
+            future.result()
+
+    if form == "with-block":
+        with ThreadPoolExecutor(COMMANDS) as pool:
+            run_all(pool)
+    else:
+        run_all(ThreadPoolExecutor(COMMANDS))
+    print("not reached", flush=True)
+    """
+).replace("COMMANDS", str(COMMANDS))
+PROMPT_EXIT = 5.0  # seconds from SIGINT to the process's end
+
+
+def holding(started: threading.Semaphore) -> Callable[[Any], dict[str, Any]]:
+    """Hold every ``sleep`` command (until the client goes away), counting them in."""
+
+    def answer(command: Any) -> dict[str, Any]:
+        text = command["process"]["args"][2] if isinstance(command, dict) else command
+        if "sleep 30" not in text:
+            return {"stdout": "", "exit_code": 0}
+        started.release()
+        return {"hang": True}
+
+    return answer
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("ctrl_c")
+@pytest.mark.parametrize("form", ["pool", "with-block"])
+def test_ctrl_c_ends_the_commands_running_on_worker_threads(
+    tmp_path: Path, e2b_server: Callable[..., E2bServer], form: str
+) -> None:
+    started = threading.Semaphore(0)
+    mock = e2b_server(command=holding(started), api_key=API_KEY)
+    script = tmp_path / "pool_script.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    process = subprocess.Popen(
+        [sys.executable, str(script), mock.url, API_KEY, form],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        for _ in range(COMMANDS):
+            assert started.acquire(timeout=20), "the commands never all reached the double"
+        process.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        stdout, stderr = process.communicate(timeout=3 * PROMPT_EXIT)
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+    assert "not reached" not in stdout
+    assert took < PROMPT_EXIT, f"the process ran on for {took:.1f} s after Ctrl-C"
+    kills = mock.find("POST", "/process.Process/SendSignal")
+    assert [kill.json()["signal"] for kill in kills] == ["SIGNAL_SIGKILL"] * COMMANDS
+    assert mock.count("DELETE", "/sandboxes/sbx1") == 1
+    assert mock.live_sandboxes == []
