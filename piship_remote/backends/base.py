@@ -7,7 +7,7 @@ these protocols only, so a test double or a third-party backend needs nothing mo
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
@@ -36,7 +36,9 @@ class ExecRequest:
     working directory. ``env`` is already filtered: send it as is. ``timeout`` is
     the caller's deadline in seconds, if any: the activation layer enforces it, and
     a backend may also tell the service so that a lost client cannot leave the
-    command running forever.
+    command running forever. ``stdin``, when given, is the command's standard input:
+    its chunks are written as they come and the input is closed when it ends; a
+    backend that cannot pass input raises ``PiShipError`` ``CONFIG_INVALID``.
     """
 
     command: str
@@ -44,6 +46,7 @@ class ExecRequest:
     workspace_path: str = "."
     env: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_env)
     timeout: float | None = None
+    stdin: Iterable[bytes] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
