@@ -255,3 +255,58 @@ def test_serve_prints_the_export_lines_for_a_given_api_key() -> None:
     assert f"export PISHIP_E2B_ENDPOINT={url}" in stdout
     assert f"export E2B_API_KEY={key}" in stdout
     assert "processes: 64" in stdout
+
+
+def _serve_until_healthy(*options: str, env: dict[str, str]) -> tuple[bool, str, str]:
+    """``serve --port P OPTIONS`` in a child process: healthy at all, then its stdout and stderr."""
+    port = _free_loopback_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "piship_remote", "serve", "--port", str(port), *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), **env},
+    )
+    try:
+        healthy = _wait_healthy(f"http://127.0.0.1:{port}", process, SERVE_READY_WITHIN)
+        process.terminate()
+        stdout, stderr = process.communicate(timeout=SERVE_STOP_WITHIN)
+    finally:
+        process.kill()
+        process.wait()
+    return healthy, stdout, stderr
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
+def test_serve_takes_its_api_key_from_e2b_api_key() -> None:
+    key = "e2b_key_from_the_environment_0123456789"
+    healthy, stdout, stderr = _serve_until_healthy(env={"E2B_API_KEY": key})
+    assert healthy, stderr
+    assert f"export E2B_API_KEY={key}" in stdout
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
+def test_serve_reads_its_api_key_from_a_file(tmp_path: Path) -> None:
+    key = "e2b_key_from_a_file_0123456789"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    healthy, stdout, stderr = _serve_until_healthy(
+        "--api-key-file", str(key_file), env={"E2B_API_KEY": "not-this-one-0123456789"}
+    )
+    assert healthy, stderr
+    assert f"export E2B_API_KEY={key}" in stdout
+
+
+@pytest.mark.parametrize("content", [None, "", "  \n"])
+def test_an_unreadable_or_empty_api_key_file_is_a_configuration_error(
+    content: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "key"
+    if content is not None:
+        key_file.write_text(content)
+    assert cli.main(["serve", "--api-key-file", str(key_file)]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("CONFIG_INVALID: ")
+    assert str(key_file) in err

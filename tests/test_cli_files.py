@@ -89,4 +89,4 @@ def test_cp_without_a_kept_sandbox_says_how_to_keep_one(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
     assert cli.main(["cp", "--workspace", str(workspace), "a", ":b"]) == cli.EXIT_CONFIG
-    assert "run --keep" in capsys.readouterr().err
+    assert "ID=$(piship-remote create)" in capsys.readouterr().err
