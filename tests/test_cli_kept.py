@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_support import E2bFactory, cli_process, e2b_environ, use_e2b
 
 from piship_remote import cli
 from piship_remote.testing import E2bServer
 
 API_KEY = "e2b_cli_kept_key_0123456789"
-E2bFactory = Callable[..., E2bServer]
 pytestmark = pytest.mark.timeout(60)
-
-
-def use_e2b(cli_environ: pytest.MonkeyPatch, mock: E2bServer) -> None:
-    cli_environ.setenv("PISHIP_E2B_ENDPOINT", mock.url)
-    cli_environ.setenv("PISHIP_E2B_ENVD_URL", mock.url)
-    cli_environ.setenv("E2B_API_KEY", API_KEY)
 
 
 def created(mock: E2bServer, workspace: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -51,7 +41,7 @@ def test_create_prints_only_the_id_and_keeps_the_sandbox_for_an_hour(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = created(mock, workspace, capsys)
     assert sandbox_id == "sbx1"
     assert mock.live_sandboxes == [sandbox_id]
@@ -65,7 +55,7 @@ def test_create_lease_sets_the_lifetime_and_says_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     assert cli.main(["create", "--lease", "2h", "--workspace", str(workspace)]) == 0
     output = capsys.readouterr()
     assert output.out == "sbx1\n"
@@ -80,7 +70,7 @@ def test_run_keep_says_on_stderr_how_long_it_lives_and_how_to_end_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"stdout": "out\n"})
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     assert cli.main(["run", "--keep", "--workspace", str(workspace), "--", "echo out"]) == 0
     output = capsys.readouterr()
     assert output.out == "out\n"
@@ -98,7 +88,7 @@ def test_kill_deletes_a_kept_sandbox(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = created(mock, workspace, capsys)
     assert cli.main(["kill", sandbox_id]) == 0
     assert mock.live_sandboxes == []
@@ -109,7 +99,7 @@ def test_kill_of_an_unknown_id_fails_and_says_so(
     e2b_server: E2bFactory, cli_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     assert cli.main(["kill", "sbx404"]) == cli.EXIT_UNAVAILABLE
     assert "sbx404" in capsys.readouterr().err
 
@@ -133,7 +123,7 @@ def test_run_attach_leaves_the_sandbox_alive_after_the_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"exit_code": 5})
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = created(mock, workspace, capsys)
     status = cli.main(["run", "--attach", sandbox_id, "--workspace", str(workspace), "--", "x"])
     assert status == 5
@@ -148,7 +138,7 @@ def test_a_failed_cp_leaves_the_attached_sandbox_alive(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = created(mock, workspace, capsys)
     back = str(workspace / "back.txt")
     status = cli.main(["cp", "--attach", sandbox_id, "--workspace", str(workspace), ":typo", back])
@@ -165,7 +155,7 @@ def test_a_timeout_leaves_the_attached_sandbox_alive(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"hang": True})
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = created(mock, workspace, capsys)
     argv = ["run", "--attach", sandbox_id, "--timeout", "0.3", "--workspace", str(workspace)]
     assert cli.main([*argv, "--", "sleep 60"]) == cli.EXIT_TIMEOUT
@@ -175,21 +165,8 @@ def test_a_timeout_leaves_the_attached_sandbox_alive(
 
 def _interrupted_run(mock: E2bServer, workspace: Path, *options: str) -> int:
     """``run OPTIONS -- sleep 600`` in a child process, Ctrl-C once its output began."""
-    environ = {
-        "PATH": os.environ.get("PATH", ""),
-        "PYTHONPATH": str(Path(__file__).parents[1]),
-        "PISHIP_E2B_ENDPOINT": mock.url,
-        "PISHIP_E2B_ENVD_URL": mock.url,
-        "E2B_API_KEY": API_KEY,
-    }
     argv = ["run", *options, "--workspace", str(workspace), "--", "sleep 600"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "piship_remote", *argv],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=environ,
-    )
+    process = cli_process(*argv, env=e2b_environ(mock, API_KEY))
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == b"started\n"
@@ -208,7 +185,7 @@ def test_ctrl_c_leaves_the_attached_sandbox_alive(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"stdout": "started\n", "hang": True})
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = created(mock, workspace, capsys)
     assert _interrupted_run(mock, workspace, "--attach", sandbox_id) == cli.EXIT_INTERRUPTED
     assert mock.count("POST", "/process.Process/SendSignal") >= 1
