@@ -3,6 +3,7 @@ and a failed pull told beside the command's own status."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ K8S_TOKEN = "k8s-cli-io-bearer-0123456789abcdef"
 KubernetesFactory = Callable[..., KubernetesServer]
 # Every byte value, and sequences that are not UTF-8: a decode would change them.
 BINARY = bytes(range(256)) * 139 + b"\xff\xfe\xc3(\x80"
+CHILD_WITHIN = 60.0  # seconds a child CLI may take (the local service starts in about one)
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -31,7 +33,11 @@ def cli_bytes(
     process = cli_process(
         *args, cwd=cwd, env=env, stdin=subprocess.PIPE if given is not None else subprocess.DEVNULL
     )
-    out, err = process.communicate(given, timeout=100)
+    try:
+        out, err = process.communicate(given, timeout=CHILD_WITHIN)
+    finally:
+        process.kill()
+        process.wait()
     return process.returncode, out, err.decode()
 
 
@@ -40,8 +46,12 @@ def closed_reader(*args: str, cwd: Path, env: dict[str, str] | None = None) -> t
     process = cli_process(*args, cwd=cwd, env=env)
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()
-    err = process.stderr.read().decode()
-    return process.wait(timeout=100), err
+    try:
+        _, err = process.communicate(timeout=CHILD_WITHIN)
+    finally:
+        process.kill()
+        process.wait()
+    return process.returncode, err.decode()
 
 
 # -- standard input and bytes (the local service: a real envd over a real process) -------
@@ -81,6 +91,21 @@ def test_binary_output_comes_out_byte_for_byte(tmp_path: Path) -> None:
     )
     assert status == 0, err
     assert out == BINARY
+
+
+def test_run_sends_stdin_with_send_input_then_closes_it(
+    e2b_server: E2bFactory, tmp_path: Path
+) -> None:
+    mock = e2b_server(api_key=API_KEY, command=lambda start: {"cat": True})
+    env = e2b_environ(mock, API_KEY)
+    status, out, err = cli_bytes("run", "--", "cat", cwd=tmp_path, given=BINARY, env=env)
+    assert status == 0, err
+    assert out == BINARY
+    start = json.loads([r for r in mock.requests if r.path.endswith("/Start")][-1].body[5:])
+    assert start["stdin"] is True
+    inputs = [r.path for r in mock.requests if r.path.endswith(("/SendInput", "/CloseStdin"))]
+    assert inputs[-1] == "/process.Process/CloseStdin"
+    assert inputs.count("/process.Process/CloseStdin") == 1
 
 
 @NEEDS_BWRAP
