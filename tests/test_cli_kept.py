@@ -163,14 +163,16 @@ def test_a_timeout_leaves_the_attached_sandbox_alive(
     assert deletes(mock) == 0
 
 
-def _interrupted_run(mock: E2bServer, workspace: Path, *options: str) -> int:
-    """``run OPTIONS -- sleep 600`` in a child process, Ctrl-C once its output began."""
+def _interrupted_run(
+    mock: E2bServer, workspace: Path, *options: str, by: int = signal.SIGINT
+) -> int:
+    """``run OPTIONS -- sleep 600`` in a child process, signalled ``by`` once its output began."""
     argv = ["run", *options, "--workspace", str(workspace), "--", "sleep 600"]
     process = cli_process(*argv, env=e2b_environ(mock, API_KEY))
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == b"started\n"
-        process.send_signal(signal.SIGINT)
+        process.send_signal(by)
         _, stderr = process.communicate(timeout=30)
     finally:
         process.kill()
@@ -198,3 +200,28 @@ def test_ctrl_c_with_keep_keeps_the_sandbox(e2b_server: E2bFactory, workspace: P
     assert _interrupted_run(mock, workspace, "--keep") == cli.EXIT_INTERRUPTED
     assert mock.live_sandboxes == ["sbx1"]
     assert deletes(mock) == 0
+
+
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_leave_the_attached_sandbox_alive(
+    ending: int,
+    e2b_server: E2bFactory,
+    workspace: Path,
+    cli_environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mock = e2b_server(api_key=API_KEY, command=lambda start: {"stdout": "started\n", "hang": True})
+    use_e2b(cli_environ, mock, API_KEY)
+    sandbox_id = created(mock, workspace, capsys)
+    assert _interrupted_run(mock, workspace, "--attach", sandbox_id, by=ending) == 128 + ending
+    assert mock.count("POST", "/process.Process/SendSignal") >= 1
+    assert mock.live_sandboxes == [sandbox_id]
+    assert deletes(mock) == 0
+
+
+def test_sigterm_still_deletes_a_sandbox_that_was_not_kept(
+    e2b_server: E2bFactory, workspace: Path
+) -> None:
+    mock = e2b_server(api_key=API_KEY, command=lambda start: {"stdout": "started\n", "hang": True})
+    assert _interrupted_run(mock, workspace, by=signal.SIGTERM) == -signal.SIGTERM
+    assert mock.live_sandboxes == []

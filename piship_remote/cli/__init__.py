@@ -19,7 +19,8 @@ Exit status: the command's own for ``run`` (1 when the remote code does not fit
 0-255); 2 for a configuration error, 3 when no sandbox can be had, 124 when
 ``--timeout`` expired, 130 after Ctrl-C (the remote command is killed first),
 141 when the reader of stdout went away (as ``cat`` in a shell).
-SIGTERM and SIGHUP delete the sandbox first, then end the process (128+n).
+SIGTERM and SIGHUP delete the sandbox first (a kept one is let go of, its command
+killed), then end the process (128+n).
 """
 
 from __future__ import annotations

@@ -13,17 +13,22 @@ timeout, Ctrl-C. Only ``kill`` deletes it (or its lease running out)::
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from types import FrameType
 
 from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends._owned import Reattachable
 from piship_remote.cli._setup import backend_for, lease_seconds, policy_for
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 
-__all__ = ["activated", "create", "describe_lease", "keeps", "kill"]
+__all__ = ["ENDING_SIGNALS", "activated", "create", "describe_lease", "keeps", "kill"]
+
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def keeps(args: argparse.Namespace) -> bool:
@@ -51,10 +56,40 @@ def activated(args: argparse.Namespace, stack: ExitStack) -> Iterator[Sandbox]:
         with sandbox:
             yield sandbox
         return
+    with _ending_signals_interrupt() as received:
+        try:
+            yield sandbox
+        finally:
+            _let_go(sandbox, lease_seconds(args))
+            if received:
+                raise SystemExit(128 + received[0])
+
+
+@contextmanager
+def _ending_signals_interrupt() -> Iterator[list[int]]:
+    """SIGTERM and SIGHUP stop the command as Ctrl-C does (the remote command is killed),
+    so a kept sandbox is let go of instead of deleted; the signals received are listed.
+
+    Where Ctrl-C cannot be raised (not the main thread, SIGINT ignored) they keep
+    their handlers, which delete the sandbox.
+    """
+    received: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield received
+        return
+
+    def interrupt(number: int, _frame: FrameType | None) -> None:
+        received.append(number)
+        signal.raise_signal(signal.SIGINT)
+
+    previous = {number: signal.signal(number, interrupt) for number in ENDING_SIGNALS}
     try:
-        yield sandbox
+        yield received
     finally:
-        _let_go(sandbox, lease_seconds(args))
+        for number, handler in previous.items():
+            if handler is not None:
+                signal.signal(number, handler)
 
 
 def _refuse_local(args: argparse.Namespace) -> None:
