@@ -65,7 +65,9 @@ def mock_env(mock: E2bServer) -> dict[str, str]:
     return e2b_environ(mock, API_KEY)
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["run"], ["doctor"], ["serve"]])
+@pytest.mark.parametrize(
+    "command", [[], ["demo"], ["run"], ["create"], ["kill"], ["doctor"], ["serve"]]
+)
 def test_every_subcommand_has_help(command: list[str]) -> None:
     result = cli(*command, "--help")
     assert result.returncode == 0
