@@ -108,6 +108,17 @@ def test_run_sends_stdin_with_send_input_then_closes_it(
     assert inputs.count("/process.Process/CloseStdin") == 1
 
 
+def test_run_from_dev_null_starts_the_command_without_an_input_pipe(
+    e2b_server: E2bFactory, tmp_path: Path
+) -> None:
+    mock = e2b_server(api_key=API_KEY)
+    status, _, err = cli_bytes("run", "--", "true", cwd=tmp_path, env=e2b_environ(mock, API_KEY))
+    assert status == 0, err
+    start = json.loads([r for r in mock.requests if r.path.endswith("/Start")][-1].body[5:])
+    assert start["stdin"] is False
+    assert not any(r.path.endswith(("/SendInput", "/CloseStdin")) for r in mock.requests)
+
+
 @NEEDS_BWRAP
 def test_a_closed_output_pipe_ends_run_quietly_with_141(tmp_path: Path) -> None:
     status, err = closed_reader("run", "--backend", "local", "--", "yes", cwd=tmp_path)

@@ -13,6 +13,7 @@ import functools
 import os
 import select
 import signal
+import stat
 import sys
 from collections.abc import Iterable
 
@@ -27,12 +28,12 @@ INPUT_CHUNK = 64 * 1024
 def command_input(args: argparse.Namespace) -> Iterable[bytes] | None:
     """The chunks of standard input for the remote command, or ``None`` to pass none.
 
-    None for a terminal, with ``--no-stdin``, and where nothing can be read. On
+    None for a terminal, ``/dev/null``, with ``--no-stdin``, and where nothing can be read. On
     Kubernetes (whose router cannot pass input) input that is already waiting is
     refused with ``CONFIG_INVALID``; an empty or silent one is left alone.
     """
     fd = _stdin_fd()
-    if fd is None or args.no_stdin or os.isatty(fd):
+    if fd is None or args.no_stdin or os.isatty(fd) or _is_devnull(fd):
         return None
     if args.backend == "kubernetes":
         _refuse_waiting_input(fd)
@@ -48,6 +49,15 @@ def _stdin_fd() -> int | None:
         return stream.fileno()
     except (OSError, ValueError):  # closed, or replaced by an object without a descriptor
         return None
+
+
+def _is_devnull(fd: int) -> bool:
+    """``< /dev/null``: nothing to pass, so the command starts without an input pipe."""
+    try:
+        given, devnull = os.fstat(fd), os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(given.st_mode) and given.st_rdev == devnull.st_rdev
 
 
 def _refuse_waiting_input(fd: int) -> None:
