@@ -25,7 +25,7 @@ from piship_remote._exec_workers import Stream
 from piship_remote._sandbox_transfers import SandboxTransfers
 from piship_remote.backends._common import exit_status
 from piship_remote.backends._file_protocol import SupportsFiles
-from piship_remote.backends._owned import Reattachable
+from piship_remote.backends._owned import Detachable, Reattachable
 from piship_remote.backends.base import Backend, ExecRequest, Instance
 from piship_remote.environment import command_environment, screen_environment
 from piship_remote.errors import (
@@ -110,7 +110,10 @@ class Activation:
         try:
             self._with_files(sandbox, instance, engine)
         except BaseException:
-            sandbox.dispose()
+            if self.attach is not None:
+                _quietly(sandbox.detach)  # it was there before: let go, never delete
+            else:
+                sandbox.dispose()
             raise
         return sandbox
 
@@ -133,9 +136,17 @@ class Activation:
             transfers.push()
             sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
 
-    @staticmethod
-    def _discard(instance: Instance | None, engine: ExecEngine | None) -> None:
-        """Dispose what a failed activation built: its engine (and threads) or instance."""
+    def _discard(self, instance: Instance | None, engine: ExecEngine | None) -> None:
+        """Dispose what a failed activation built: its engine (and threads) or instance.
+
+        A sandbox it attached to is let go of, never deleted: it was there before.
+        """
+        if self.attach is not None:
+            if engine is not None:
+                _quietly(engine.detach)
+            elif isinstance(instance, Detachable):
+                _quietly(instance.detach)
+            return
         if engine is not None:
             engine.dispose()
         elif instance is not None:

@@ -66,7 +66,8 @@ class OutputCapture:
 
     ``limit`` is the bytes kept per stream (``None``: everything). The echo looks
     ``sys.stdout``/``sys.stderr`` up on every write, so in Jupyter the text lands
-    in the cell that is running.
+    in the cell that is running; a stream with a binary ``buffer`` (a file, a pipe)
+    gets the bytes unchanged, any other the text decoded as UTF-8.
     """
 
     def __init__(self, *, echo: bool = False, limit: int | None = OUTPUT_LIMIT) -> None:
@@ -83,9 +84,15 @@ class OutputCapture:
     def write(self, stream: str, chunk: bytes) -> None:
         self._kept[stream].write(chunk)
         if self._echo:
-            text = self._decoders[stream].decode(chunk)
             target = sys.stderr if stream == "stderr" else sys.stdout
-            target.write(text)
+            raw = getattr(target, "buffer", None)
+            if raw is not None:
+                # The bytes as they came: a binary output piped on stays identical.
+                target.flush()
+                raw.write(chunk)
+                raw.flush()
+                return
+            target.write(self._decoders[stream].decode(chunk))
             target.flush()
 
     def result(self, exit_code: int) -> CommandResult:

@@ -145,6 +145,7 @@ class Sandbox:
         cancel: threading.Event | None = None,
         env: Mapping[str, str] | None = None,
         output_limit: int | None = OUTPUT_LIMIT,
+        stdin: Iterable[bytes] | None = None,
     ) -> CommandResult:
         """Run ``command`` and capture its output, like ``subprocess.run``.
 
@@ -157,10 +158,15 @@ class Sandbox:
 
         Each stream keeps its last ``output_limit`` bytes (16 MiB by default,
         ``None``: all); a longer one sets ``stdout_truncated``/``stderr_truncated``
-        on the result. The echo always shows everything.
+        on the result. The echo always shows everything, byte for byte where the
+        stream has a binary buffer (a file or a pipe).
+
+        ``stdin`` is the command's standard input, written chunk by chunk as the
+        iterable yields them and closed when it ends (E2B-compatible services; the
+        agent-sandbox router refuses it with ``CONFIG_INVALID``).
         """
         capture = OutputCapture(echo=echo, limit=output_limit)
-        result = self._execute(command, cwd, capture.write, timeout, cancel, env)
+        result = self._execute(command, cwd, capture.write, timeout, cancel, env, stdin)
         outcome = capture.result(result.exit_code)
         if check and outcome.exit_code != 0:
             raise CommandFailed(outcome, redactor=self.redactor)
@@ -174,6 +180,7 @@ class Sandbox:
         timeout: float | None,
         cancel: threading.Event | None,
         env: Mapping[str, str] | None,
+        stdin: Iterable[bytes] | None = None,
     ) -> ExecResult:
         line = command_line(command)
         if cancel is not None and cancel.is_set():
@@ -185,6 +192,7 @@ class Sandbox:
             workspace_path=self._workspace_path(cwd),
             env=self._command_env(env),
             timeout=timeout or None,
+            stdin=stdin,
         )
         if timeout is not None and timeout < 0:
             raise PiShipError(CONFIG_INVALID, f"timeout must not be negative, not {timeout}")

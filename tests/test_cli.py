@@ -7,22 +7,16 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import NEEDS_BWRAP, E2bFactory, e2b_environ
 
 from piship_remote import cli as cli_module
-from piship_remote.local import LocalE2bService
 from piship_remote.testing import E2bServer
 
 API_KEY = "e2b_cli_test_key_0123456789"
-NEEDS_BWRAP = pytest.mark.skipif(
-    LocalE2bService.check() is not None,
-    reason=f"the local service cannot isolate commands here: {LocalE2bService.check()}",
-)
-E2bFactory = Callable[..., E2bServer]
 
 
 def cli(
@@ -68,14 +62,12 @@ def _script(start: dict[str, Any]) -> str:
 
 
 def mock_env(mock: E2bServer) -> dict[str, str]:
-    return {
-        "PISHIP_E2B_ENDPOINT": mock.url,
-        "PISHIP_E2B_ENVD_URL": mock.url,
-        "E2B_API_KEY": API_KEY,
-    }
+    return e2b_environ(mock, API_KEY)
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["run"], ["doctor"], ["serve"]])
+@pytest.mark.parametrize(
+    "command", [[], ["demo"], ["run"], ["create"], ["kill"], ["doctor"], ["serve"]]
+)
 def test_every_subcommand_has_help(command: list[str]) -> None:
     result = cli(*command, "--help")
     assert result.returncode == 0

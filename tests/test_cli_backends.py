@@ -14,31 +14,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 import requests
 from optional_peers import install_hint
+from cli_support import NEEDS_BWRAP, E2bFactory, use_e2b
 
 from piship_remote import cli
-from piship_remote.local import LocalE2bService
-from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer
+from piship_remote.testing import CLAIMS, KubernetesServer
 from piship_remote.testing.kubernetes_server import Cluster
 
 API_KEY = "e2b_cli_backends_key_0123456789"
 K8S_TOKEN = "k8s-cli-bearer-0123456789abcdef"
-E2bFactory = Callable[..., E2bServer]
 KubernetesFactory = Callable[..., KubernetesServer]
-NEEDS_BWRAP = pytest.mark.skipif(
-    LocalE2bService.check() is not None,
-    reason=f"the local service cannot isolate commands here: {LocalE2bService.check()}",
-)
 SERVE_READY_WITHIN = 20.0
 SERVE_STOP_WITHIN = 15.0
-
-
-def use_e2b(cli_environ: pytest.MonkeyPatch, mock: E2bServer) -> None:
-    cli_environ.setenv("PISHIP_E2B_ENDPOINT", mock.url)
-    cli_environ.setenv("PISHIP_E2B_ENVD_URL", mock.url)
-    cli_environ.setenv("E2B_API_KEY", API_KEY)
 
 
 def use_kubernetes(cli_environ: pytest.MonkeyPatch, mock: KubernetesServer) -> None:
@@ -58,7 +48,7 @@ def test_run_passes_the_commands_own_exit_code_through(
     e2b_server: E2bFactory, workspace: Path, cli_environ: pytest.MonkeyPatch
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"exit_code": 7})
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     assert cli.main(["run", "--workspace", str(workspace), "--", "exit 7"]) == 7
     assert mock.live_sandboxes == []
 
@@ -71,7 +61,7 @@ def test_run_exits_124_when_the_timeout_expires(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"hang": True})
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     status = cli.main(["run", "--timeout", "0.3", "--workspace", str(workspace), "--", "sleep 60"])
     assert status == 124
     assert capsys.readouterr().err.startswith("TIMEOUT: the command ran longer than 0.3 s")
@@ -139,7 +129,7 @@ def test_run_reads_a_yaml_policy_file(
 ) -> None:
     pytest.importorskip("yaml", reason=install_hint("yaml"))
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     policy = tmp_path / "policy.yaml"
     policy.write_text("sandbox:\n  required: true\n  network:\n    mode: allow\n")
     status = cli.main(["run", "--policy", str(policy), "--workspace", str(workspace), "--", "true"])
@@ -196,17 +186,27 @@ def _wait_healthy(url: str, process: subprocess.Popen[str], within: float) -> bo
     return False
 
 
-@NEEDS_BWRAP
-@pytest.mark.timeout(60)
-def test_serve_answers_health_and_stops_cleanly_on_sigterm() -> None:
+@attrs.frozen
+class Served:
+    """How a ``serve`` child process went: healthy at all, its status and its output."""
+
+    url: str
+    healthy: bool
+    status: int
+    stdout: str
+    stderr: str
+
+
+def serve_until_healthy(*options: str, env: dict[str, str] | None = None) -> Served:
+    """``serve --port P OPTIONS`` in a child process until ``/health`` answers, then SIGTERM."""
     port = _free_loopback_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "piship_remote", "serve", "--port", str(port)],
+        [sys.executable, "-m", "piship_remote", "serve", "--port", str(port), *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), **(env or {})},
     )
     try:
         healthy = _wait_healthy(url, process, SERVE_READY_WITHIN)
@@ -215,44 +215,60 @@ def test_serve_answers_health_and_stops_cleanly_on_sigterm() -> None:
     finally:
         process.kill()
         process.wait()
-    assert healthy, stderr
-    assert process.returncode == 0, stderr
-    assert f"endpoint: {url}" in stdout
-    assert stdout.rstrip().endswith("stopped; every sandbox was deleted")
+    return Served(url, healthy, process.returncode, stdout, stderr)
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
+def test_serve_answers_health_and_stops_cleanly_on_sigterm() -> None:
+    served = serve_until_healthy()
+    assert served.healthy, served.stderr
+    assert served.status == 0, served.stderr
+    assert f"endpoint: {served.url}" in served.stdout
+    assert served.stdout.rstrip().endswith("stopped; every sandbox was deleted")
 
 
 @NEEDS_BWRAP
 @pytest.mark.timeout(60)
 def test_serve_prints_the_export_lines_for_a_given_api_key() -> None:
-    port = _free_loopback_port()
-    url = f"http://127.0.0.1:{port}"
     key = "e2b_fixed_key_for_serve_0123456789"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "piship_remote",
-            "serve",
-            "--port",
-            str(port),
-            "--api-key",
-            key,
-            "--max-processes",
-            "64",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    served = serve_until_healthy("--api-key", key, "--max-processes", "64")
+    assert served.healthy, served.stderr
+    assert f"export PISHIP_E2B_ENDPOINT={served.url}" in served.stdout
+    assert f"export E2B_API_KEY={key}" in served.stdout
+    assert "processes: 64" in served.stdout
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
+def test_serve_takes_its_api_key_from_e2b_api_key() -> None:
+    key = "e2b_key_from_the_environment_0123456789"
+    served = serve_until_healthy(env={"E2B_API_KEY": key})
+    assert served.healthy, served.stderr
+    assert f"export E2B_API_KEY={key}" in served.stdout
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
+def test_serve_reads_its_api_key_from_a_file(tmp_path: Path) -> None:
+    key = "e2b_key_from_a_file_0123456789"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    served = serve_until_healthy(
+        "--api-key-file", str(key_file), env={"E2B_API_KEY": "not-this-one-0123456789"}
     )
-    try:
-        healthy = _wait_healthy(url, process, SERVE_READY_WITHIN)
-        process.terminate()
-        stdout, stderr = process.communicate(timeout=SERVE_STOP_WITHIN)
-    finally:
-        process.kill()
-        process.wait()
-    assert healthy, stderr
-    assert f"export PISHIP_E2B_ENDPOINT={url}" in stdout
-    assert f"export E2B_API_KEY={key}" in stdout
-    assert "processes: 64" in stdout
+    assert served.healthy, served.stderr
+    assert f"export E2B_API_KEY={key}" in served.stdout
+
+
+@pytest.mark.parametrize("content", [None, "", "  \n"])
+def test_an_unreadable_or_empty_api_key_file_is_a_configuration_error(
+    content: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file = tmp_path / "key"
+    if content is not None:
+        key_file.write_text(content)
+    assert cli.main(["serve", "--api-key-file", str(key_file)]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("CONFIG_INVALID: ")
+    assert str(key_file) in err

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_support import E2bFactory, use_e2b
 
 from piship_remote import cli
 from piship_remote.testing import E2bServer
 
 API_KEY = "e2b_cli_files_key_0123456789"
-E2bFactory = Callable[..., E2bServer]
 pytestmark = pytest.mark.timeout(30)
-
-
-def use_e2b(cli_environ: pytest.MonkeyPatch, mock: E2bServer) -> None:
-    cli_environ.setenv("PISHIP_E2B_ENDPOINT", mock.url)
-    cli_environ.setenv("PISHIP_E2B_ENVD_URL", mock.url)
-    cli_environ.setenv("E2B_API_KEY", API_KEY)
 
 
 def kept_sandbox(mock: E2bServer, workspace: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -33,7 +26,7 @@ def test_the_cli_creates_sandboxes_on_a_five_minute_lease(
     e2b_server: E2bFactory, workspace: Path, cli_environ: pytest.MonkeyPatch
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     assert cli.main(["run", "--workspace", str(workspace), "--", "true"]) == 0
     create = next(r for r in mock.requests if r.method == "POST" and r.path == "/sandboxes")
     assert json.loads(create.body)["timeout"] == 300
@@ -46,7 +39,7 @@ def test_run_keep_leaves_the_sandbox_alive_and_names_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = kept_sandbox(mock, workspace, capsys)
     assert mock.live_sandboxes == [sandbox_id]
     assert not any(r.method == "DELETE" for r in mock.requests)
@@ -59,7 +52,7 @@ def test_cp_copies_a_file_into_a_kept_sandbox_and_back(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = kept_sandbox(mock, workspace, capsys)
     (workspace / "data.csv").write_text("a,b\n")
     common = ["--attach", sandbox_id, "--workspace", str(workspace)]
@@ -78,7 +71,7 @@ def test_cp_needs_exactly_one_remote_side(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY)
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     sandbox_id = kept_sandbox(mock, workspace, capsys)
     status = cli.main(["cp", "--attach", sandbox_id, "--workspace", str(workspace), "a", "b"])
     assert status == cli.EXIT_CONFIG
@@ -89,4 +82,4 @@ def test_cp_without_a_kept_sandbox_says_how_to_keep_one(
     capsys: pytest.CaptureFixture[str], workspace: Path
 ) -> None:
     assert cli.main(["cp", "--workspace", str(workspace), "a", ":b"]) == cli.EXIT_CONFIG
-    assert "run --keep" in capsys.readouterr().err
+    assert "ID=$(piship-remote create)" in capsys.readouterr().err

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_support import E2bFactory, use_e2b
 
 from piship_remote import __version__, cli
-from piship_remote.testing import E2bServer
 
 API_KEY = "e2b_cli_polish_key_0123456789"
-E2bFactory = Callable[..., E2bServer]
-
-
-def use_e2b(cli_environ: pytest.MonkeyPatch, mock: E2bServer) -> None:
-    cli_environ.setenv("PISHIP_E2B_ENDPOINT", mock.url)
-    cli_environ.setenv("PISHIP_E2B_ENVD_URL", mock.url)
-    cli_environ.setenv("E2B_API_KEY", API_KEY)
 
 
 def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -91,6 +83,6 @@ def test_run_never_exits_0_for_an_exit_code_out_of_range(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"exit_code": remote})
-    use_e2b(cli_environ, mock)
+    use_e2b(cli_environ, mock, API_KEY)
     assert cli.main(["run", "--workspace", str(workspace), "--", "true"]) == 1
     assert f"the remote exit code {remote} does not fit" in capsys.readouterr().err

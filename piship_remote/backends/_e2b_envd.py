@@ -78,6 +78,22 @@ class _SignalRequest:
     signal: str
 
 
+@attrs.frozen
+class _Input:
+    stdin: str  # base64
+
+
+@attrs.frozen
+class _InputRequest:
+    process: _ProcessSelector
+    input: _Input
+
+
+@attrs.frozen
+class _CloseStdinRequest:
+    process: _ProcessSelector
+
+
 def _wire_converter() -> cattrs.Converter:
     converter = cattrs.Converter()
     converter.register_unstructure_hook(Mapping, dict)
@@ -88,14 +104,21 @@ _WIRE = _wire_converter()
 
 
 def start_request(
-    command: str, env: Mapping[str, str], cwd: str, tag: str, *, login: bool = True
+    command: str,
+    env: Mapping[str, str],
+    cwd: str,
+    tag: str,
+    *,
+    login: bool = True,
+    stdin: bool = False,
 ) -> StartRequest:
     """Start ``command`` with ``/bin/bash -l -c`` in ``cwd``, tagged for SendSignal; with
-    ``login=False`` with :data:`HELPER_SHELL` (``/bin/sh -c``), which reads no startup file."""
+    ``login=False`` with :data:`HELPER_SHELL` (``/bin/sh -c``), which reads no startup file.
+    ``stdin``: its standard input is a pipe that SendInput writes to."""
     cmd, *args = ("/bin/bash", "-l", "-c") if login else HELPER_SHELL
     return StartRequest(
         process=_ProcessConfig(cmd=cmd, args=(*args, command), envs=env, cwd=cwd),
-        stdin=False,
+        stdin=stdin,
         tag=tag,
     )
 
@@ -211,6 +234,28 @@ class Envd:
             timeout=SIGNAL_TIMEOUT,
             cancel=cancel,
         ).close()
+
+    def send_input(self, tag: str, data: bytes, cancel: threading.Event | None) -> bool:
+        """SendInput ``data`` to the stdin of the command tagged ``tag``; False if refused."""
+        encoded = base64.b64encode(data).decode("ascii")
+        body = _InputRequest(_ProcessSelector(tag), _Input(encoded))
+        return self._unary("SendInput", _WIRE.unstructure(body), cancel)
+
+    def close_stdin(self, tag: str, cancel: threading.Event | None) -> bool:
+        """CloseStdin of the command tagged ``tag`` (it reads end of file); False if refused."""
+        body = _CloseStdinRequest(_ProcessSelector(tag))
+        return self._unary("CloseStdin", _WIRE.unstructure(body), cancel)
+
+    def _unary(self, method: str, body: object, cancel: threading.Event | None) -> bool:
+        with self._transport.request(
+            "POST",
+            f"{self._base}/process.Process/{method}",
+            headers=self._headers,
+            json=body,
+            timeout=self._idle_timeout,
+            cancel=cancel,
+        ) as response:
+            return is_success(response.status)
 
     def _start_headers_within(self, timeout: float | None) -> Mapping[str, str]:
         if timeout is None:

@@ -7,7 +7,7 @@ these protocols only, so a test double or a third-party backend needs nothing mo
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
@@ -39,7 +39,9 @@ class ExecRequest:
     command running forever. ``login=False`` is for the library's own helper
     commands (tar, find): a backend that starts commands in a login shell runs
     these with ``/bin/sh -c`` instead, so no startup file of the sandbox's can
-    replace the tools they use.
+    replace the tools they use. ``stdin``, when given, is the command's standard
+    input: its chunks are written as they come and the input is closed when it
+    ends; a backend that cannot pass input raises ``PiShipError`` ``CONFIG_INVALID``.
     """
 
     command: str
@@ -48,6 +50,7 @@ class ExecRequest:
     env: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_env)
     timeout: float | None = None
     login: bool = True
+    stdin: Iterable[bytes] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ import secrets
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -468,13 +468,22 @@ class E2bInstance:
         tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
         forget_kill = token.on_cancel(lambda: self._signal(tag))
         try:
-            start = start_request(request.command, request.env, cwd, tag, login=request.login)
+            start = start_request(
+                request.command,
+                request.env,
+                cwd,
+                tag,
+                login=request.login,
+                stdin=request.stdin is not None,
+            )
             # Start follows the renewal onto the wire; it is read once the renewal answered.
             response = self._lease.cover(
                 lambda: self._envd.start(start, token, request.timeout),
                 token,
                 refused=lambda: self._signal(tag),
             )
+            if request.stdin is not None:
+                self._feed(tag, request.stdin, token)
             with response:
                 try:
                     return read_stream(response, on_stdout, on_stderr, self._errors)
@@ -486,6 +495,28 @@ class E2bInstance:
                     raise
         finally:
             forget_kill()
+
+    def _feed(self, tag: str, chunks: Iterable[bytes], token: CancelToken) -> None:
+        """Start a ``piship-e2b-stdin`` thread: SendInput each chunk, then CloseStdin.
+
+        It is not joined: reading the input may block (a terminal, an open pipe) for
+        longer than the command runs. It stops at the first refusal (the command
+        ended, or closed its input) and when the command's token is set.
+        """
+
+        def feed() -> None:
+            try:
+                for chunk in chunks:
+                    if token.is_set():
+                        return
+                    if chunk and not self._envd.send_input(tag, chunk, token):
+                        return
+                if not token.is_set():
+                    self._envd.close_stdin(tag, token)
+            except Exception:
+                pass  # the input's end is the command's business: its exit status says it
+
+        threading.Thread(target=feed, name="piship-e2b-stdin", daemon=True).start()
 
     # -- SendSignal, in the background ------------------------------------------------------
 

@@ -72,7 +72,12 @@ from piship_remote.backends.base import (
 from piship_remote.backends.claims import ClaimManager, ClaimUse, disposed_error
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
-from piship_remote.errors import GATEWAY_UNREACHABLE, CommandCancelled, PiShipError
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    GATEWAY_UNREACHABLE,
+    CommandCancelled,
+    PiShipError,
+)
 from piship_remote.policy import SandboxProfile
 from piship_remote.redact import Redactor
 from piship_remote.report import Capabilities
@@ -152,6 +157,13 @@ class KubernetesInstance:
         Detached: output arrives as it grows; cancelling kills the command's process
         group and keeps the claim. ``PiShipError`` otherwise.
         """
+        if request.stdin is not None:
+            raise PiShipError(
+                CONFIG_INVALID,
+                "the agent-sandbox router cannot pass standard input to a command",
+                user_action="Copy the input into the sandbox and redirect it"
+                " ('cmd < file'), or use an E2B-compatible backend",
+            )
         command = runtime_command(request, self._workdir)
         jobs = self._jobs
         if jobs is not None:

@@ -1,18 +1,26 @@
-"""The ``piship-remote`` command line: ``demo``, ``run``, ``cp``, ``doctor``, ``serve``, ``sweep``.
+"""The ``piship-remote`` command line: ``demo``, ``run``, ``cp``, ``create``, ``kill``,
+``doctor``, ``serve``, ``sweep``.
 
     piship-remote demo
     piship-remote run --backend local --sync -- make test
-    piship-remote run --keep -- true          # prints the sandbox id
-    piship-remote cp --attach ID data.csv :data/data.csv
+    ID=$(piship-remote create --lease 2h)     # a kept sandbox; only its id on stdout
+    piship-remote cp --attach "$ID" data.csv :data/data.csv
+    piship-remote run --attach "$ID" -- wc -l data/data.csv
+    piship-remote kill "$ID"
     piship-remote doctor --backend kubernetes --network allow --json
 
 ``run -- CMD ARG...`` quotes each argument (``shlex.join``); a single argument is
-a shell line as given (``run -- 'echo $HOME | wc -c'``).
+a shell line as given (``run -- 'echo $HOME | wc -c'``). Standard input, when it
+is not a terminal, is the command's; its output reaches stdout byte for byte.
+A sandbox named with ``--attach`` (or kept with ``--keep``) is never deleted by
+``run`` or ``cp``, however they end.
 
 Exit status: the command's own for ``run`` (1 when the remote code does not fit
 0-255); 2 for a configuration error, 3 when no sandbox can be had, 124 when
-``--timeout`` expired, 130 after Ctrl-C (the remote command is killed first).
-SIGTERM and SIGHUP delete the sandbox first, then end the process (128+n).
+``--timeout`` expired, 130 after Ctrl-C (the remote command is killed first),
+141 when the reader of stdout went away (as ``cat`` in a shell).
+SIGTERM and SIGHUP delete the sandbox first (a kept one is let go of, its command
+killed), then end the process (128+n).
 """
 
 from __future__ import annotations
@@ -21,25 +29,23 @@ import sys
 from collections.abc import Sequence
 
 from piship_remote import __version__, lifecycle
-from piship_remote.cli import _commands, _sweep
-from piship_remote.cli._commands import EXIT_UNAVAILABLE
+from piship_remote.cli import _commands, _kept, _sweep
+from piship_remote.cli._commands import EXIT_CONFIG, EXIT_UNAVAILABLE, error_status
 from piship_remote.cli._parser import Parser, add_sandbox_options, port_number, positive_int
-from piship_remote.errors import (
-    CONFIG_INVALID,
-    CONFIG_UNAVAILABLE,
-    CREDENTIAL_REQUIRED,
-    NETWORK_DENIED,
-    CommandCancelled,
-    CommandTimeout,
-    PiShipError,
-)
+from piship_remote.cli._streams import EXIT_BROKEN_PIPE, silence_stdout
+from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
 
-__all__ = ["EXIT_CONFIG", "EXIT_INTERRUPTED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_CONFIG",
+    "EXIT_INTERRUPTED",
+    "EXIT_TIMEOUT",
+    "EXIT_UNAVAILABLE",
+    "main",
+]
 
-EXIT_CONFIG = 2
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
-CONFIG_CODES = frozenset({CONFIG_INVALID, CONFIG_UNAVAILABLE, CREDENTIAL_REQUIRED, NETWORK_DENIED})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,10 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     try:
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        sys.stdout.flush()  # a reader gone away is found here, not at the interpreter's exit
+        return status
+    except BrokenPipeError:
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
     except PiShipError as e:
         print(e.render(), file=sys.stderr)
-        return EXIT_CONFIG if e.code in CONFIG_CODES else EXIT_UNAVAILABLE
+        return error_status(e)
     except (CommandCancelled, KeyboardInterrupt):
         print("interrupted: the remote command was killed", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -88,18 +99,42 @@ def _parser() -> Parser:
         help="push the workspace first, pull back what the command changed after",
     )
     run.add_argument(
-        "--keep", action="store_true", help="keep the sandbox afterwards and print its id"
+        "--keep",
+        action="store_true",
+        help="keep the sandbox afterwards (its id, lease and how to end it go to stderr)",
     )
-    run.add_argument("--attach", metavar="ID", help="run in a sandbox kept earlier")
+    run.add_argument("--attach", metavar="ID", help="run in a kept sandbox (never deleted by run)")
+    _add_lease(run)
+    run.add_argument(
+        "-n",
+        "--no-stdin",
+        action="store_true",
+        help="pass no standard input (by default a non-terminal stdin is the command's)",
+    )
     run.add_argument("command", nargs="...", help="the command, after --")
     run.set_defaults(handler=_commands.run)
+
+    create = parser.command(
+        "create", help="make a kept sandbox and print only its id (ID=$(piship-remote create))"
+    )
+    add_sandbox_options(create)
+    _add_lease(create)
+    create.set_defaults(handler=_kept.create)
+
+    kill = parser.command("kill", help="delete a kept sandbox")
+    add_sandbox_options(kill)
+    kill.add_argument("sandbox_id", metavar="ID", help="the sandbox's id")
+    kill.set_defaults(handler=_kept.kill)
 
     cp = parser.command(
         "cp",
         help="copy files between this host and a kept sandbox (LOCAL :REMOTE or :REMOTE LOCAL)",
     )
     add_sandbox_options(cp)
-    cp.add_argument("--attach", metavar="ID", help="the sandbox (kept with run --keep)")
+    cp.add_argument(
+        "--attach", metavar="ID", help="the sandbox (made with create; never deleted by cp)"
+    )
+    _add_lease(cp)
     cp.add_argument("source", help="LOCAL, or :REMOTE")
     cp.add_argument("destination", help=":REMOTE, or LOCAL")
     cp.set_defaults(handler=_commands.cp)
@@ -113,7 +148,13 @@ def _parser() -> Parser:
     serve.add_argument("--host", default="127.0.0.1", help="loopback address to listen on")
     serve.add_argument("--port", type=port_number, default=0, help="port (default: any free port)")
     serve.add_argument(
-        "--api-key", default=None, help="the API key clients must send (default: a new random one)"
+        "--api-key",
+        default=None,
+        help="the API key clients must send (visible in ps: prefer --api-key-file or"
+        " E2B_API_KEY; default: a new random one)",
+    )
+    serve.add_argument(
+        "--api-key-file", metavar="PATH", default=None, help="read the API key from this file"
     )
     for option, what in (
         ("--max-processes", "processes per sandbox"),
@@ -139,3 +180,13 @@ def _parser() -> Parser:
     sweep.add_argument("--json", action="store_true", help="print one JSON object")
     sweep.set_defaults(handler=_sweep.sweep)
     return parser
+
+
+def _add_lease(parser: Parser) -> None:
+    parser.add_argument(
+        "--lease",
+        type=_sweep.duration,
+        default=None,
+        metavar="DURATION",
+        help="how long a kept sandbox lives after this command (30m, 2h; default 1h)",
+    )

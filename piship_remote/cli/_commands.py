@@ -13,14 +13,34 @@ from contextlib import ExitStack, contextmanager
 
 from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.cli._files import copy, describe_transfer
-from piship_remote.cli._setup import backend_for, policy_for
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.cli._kept import activated
+from piship_remote.cli._streams import command_input
+from piship_remote.errors import (
+    CONFIG_INVALID,
+    CONFIG_UNAVAILABLE,
+    CREDENTIAL_REQUIRED,
+    NETWORK_DENIED,
+    PiShipError,
+)
 from piship_remote.report import describe_containment
 from piship_remote.transfer import TransferSummary
 
-__all__ = ["EXIT_UNAVAILABLE", "cp", "demo", "doctor", "exit_status", "run", "serve"]
+__all__ = [
+    "CONFIG_CODES",
+    "EXIT_CONFIG",
+    "EXIT_UNAVAILABLE",
+    "cp",
+    "demo",
+    "doctor",
+    "error_status",
+    "exit_status",
+    "run",
+    "serve",
+]
 
+EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
+CONFIG_CODES = frozenset({CONFIG_INVALID, CONFIG_UNAVAILABLE, CREDENTIAL_REQUIRED, NETWORK_DENIED})
 EXIT_OUT_OF_RANGE = 1
 DEMO_SECRET_NAME = "PISHIP_DEMO_API_TOKEN"
 DEMO_SECRET = "sk-demo-host-secret-that-must-stay-home"
@@ -37,32 +57,52 @@ def run(args: argparse.Namespace) -> int:
             "run needs a command after --",
             user_action="Example: piship-remote run -- echo hello",
         )
+    stdin = command_input(args)
     with ExitStack() as stack:
-        sandbox = stack.enter_context(_activated(args, stack))
+        sandbox = stack.enter_context(activated(args, stack))
+        if not args.sync and not args.attach and _has_files(args.workspace):
+            print(
+                "piship-remote: the sandbox starts without this folder's files;"
+                " --sync sends them (and brings the changes back)",
+                file=sys.stderr,
+            )
         if args.sync:
             _report_transfer("pushed", sandbox.push())
-        result = sandbox.run(_shell_line(command), timeout=args.timeout, echo=True)
+        result = sandbox.run(_shell_line(command), timeout=args.timeout, echo=True, stdin=stdin)
+        status = exit_status(result.exit_code)
         if args.sync:
-            _report_transfer("pulled", sandbox.pull())
-        if args.keep:
-            print(f"kept sandbox {sandbox.detach()} (use it with --attach)", file=sys.stderr)
-        return exit_status(result.exit_code)
+            return _pull_after(sandbox, status)
+        return status
+
+
+def _pull_after(sandbox: Sandbox, status: int) -> int:
+    """Pull what the command changed; a failure is told beside the command's status."""
+    try:
+        _report_transfer("pulled", sandbox.pull())
+    except PiShipError as e:
+        print(e.render(), file=sys.stderr)
+        print(
+            f"piship-remote: the command exited with status {status}, but bringing its"
+            " changes back failed (above)",
+            file=sys.stderr,
+        )
+        return status or error_status(e)
+    return status
 
 
 def cp(args: argparse.Namespace) -> int:
-    """Copy files between this host and the sandbox ``--attach`` names."""
+    """Copy files between this host and the sandbox ``--attach`` names (which stays)."""
     if not args.attach:
         raise PiShipError(
             CONFIG_INVALID,
             "cp needs a sandbox to copy to or from",
-            user_action="keep one with 'piship-remote run --keep -- true', then"
-            " 'piship-remote cp --attach ID LOCAL :REMOTE'",
+            user_action="make one with 'ID=$(piship-remote create)', then"
+            " 'piship-remote cp --attach $ID LOCAL :REMOTE'",
         )
     with ExitStack() as stack:
-        sandbox = stack.enter_context(_activated(args, stack))
+        sandbox = stack.enter_context(activated(args, stack))
         summary = copy(sandbox.files, args)
         _report_transfer("copied", summary)
-        sandbox.detach()
     return 0
 
 
@@ -70,6 +110,11 @@ def _report_transfer(verb: str, summary: TransferSummary | None) -> None:
     if summary is not None:
         for line in describe_transfer(verb, summary):
             print(line, file=sys.stderr)
+
+
+def error_status(error: PiShipError) -> int:
+    """The exit status for ``error``: 2 for a configuration error, else 3."""
+    return EXIT_CONFIG if error.code in CONFIG_CODES else EXIT_UNAVAILABLE
 
 
 def exit_status(remote: int) -> int:
@@ -88,7 +133,7 @@ def doctor(args: argparse.Namespace) -> int:
     """Print the containment report; with ``--json`` always exactly one JSON object."""
     try:
         with ExitStack() as stack:
-            sandbox = stack.enter_context(_activated(args, stack))
+            sandbox = stack.enter_context(activated(args, stack))
             report = sandbox.report
     except PiShipError as e:
         if not args.json:
@@ -111,8 +156,27 @@ def serve(args: argparse.Namespace) -> int:
         for name in ("max_processes", "max_memory_mib", "max_disk_mib", "max_lifetime")
         if getattr(args, name) is not None
     }
-    local.serve(host=args.host, port=args.port, api_key=args.api_key, **limits)
+    local.serve(host=args.host, port=args.port, api_key=_serve_key(args), **limits)
     return 0
+
+
+def _serve_key(args: argparse.Namespace) -> str | None:
+    """``--api-key``, else the ``--api-key-file``'s, else ``E2B_API_KEY``, else ``None`` (a
+    new random key): the file and the variable keep the key out of ``ps``."""
+    if args.api_key:
+        return str(args.api_key)
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as handle:
+                key = handle.read().strip()
+        except OSError as e:
+            raise PiShipError(
+                CONFIG_INVALID, f"cannot read the API key file {args.api_key_file}: {e.strerror}"
+            ) from None
+        if not key:
+            raise PiShipError(CONFIG_INVALID, f"the API key file {args.api_key_file} is empty")
+        return key
+    return os.environ.get("E2B_API_KEY") or None
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -156,17 +220,9 @@ def _demo_commands(port: int) -> list[tuple[str, str]]:
     ]
 
 
-@contextmanager
-def _activated(args: argparse.Namespace, stack: ExitStack) -> Iterator[Sandbox]:
-    backend = backend_for(args, stack)
-    policy = policy_for(args)
-    with activate_sandbox(
-        policy,
-        backend=backend,
-        workspace=args.workspace,
-        attach=getattr(args, "attach", None),
-    ) as sandbox:
-        yield sandbox
+def _has_files(workspace: str) -> bool:
+    """Whether the workspace holds at least one file (empty folders do not count)."""
+    return any(files for _root, _dirs, files in os.walk(workspace))
 
 
 def _shell_line(command: Sequence[str]) -> str:

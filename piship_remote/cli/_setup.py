@@ -13,12 +13,24 @@ from piship_remote.backends.base import Backend
 from piship_remote.errors import CONFIG_INVALID, PiShipError
 from piship_remote.policy import SandboxPolicy
 
-__all__ = ["DEFAULT_ALLOW", "backend_for", "env_reader", "policy_for"]
+__all__ = ["DEFAULT_ALLOW", "backend_for", "env_reader", "lease_seconds", "policy_for"]
 
 DEFAULT_ALLOW = ("LANG", "LC_ALL", "TERM", "TZ")
 # The CLI's sandboxes live on a short lease the library renews while the CLI runs, so one
 # whose CLI was killed (SIGKILL, a lost machine) ends on its own within five minutes.
 CLI_LEASE_SECONDS = 300.0
+# A sandbox kept for later (--keep, --attach, create) lives this long without --lease.
+KEPT_LEASE_SECONDS = 3600.0
+
+
+def lease_seconds(args: argparse.Namespace) -> float:
+    """The lifetime a sandbox gets from this command: ``--lease``, or the default for
+    a kept sandbox (``--keep``, ``--attach``) or for one deleted at the end."""
+    lease: float | None = getattr(args, "lease", None)
+    if lease is not None:
+        return lease
+    kept = getattr(args, "keep", False) or getattr(args, "attach", None)
+    return KEPT_LEASE_SECONDS if kept else CLI_LEASE_SECONDS
 
 
 def policy_for(args: argparse.Namespace) -> SandboxPolicy:
@@ -38,7 +50,7 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
     if args.backend == "local":
         from piship_remote.local import LocalE2bService
 
-        return stack.enter_context(LocalE2bService()).backend(lifetime_seconds=CLI_LEASE_SECONDS)
+        return stack.enter_context(LocalE2bService()).backend(lifetime_seconds=lease_seconds(args))
     if args.backend == "kubernetes":
         return _kubernetes(args)
     from piship_remote.backends.e2b import E2bCompatibleBackend
@@ -49,7 +61,7 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
         user=args.user,
         envd_url=args.envd_url,
         credential=env_reader("E2B_API_KEY"),
-        lifetime_seconds=CLI_LEASE_SECONDS,
+        lifetime_seconds=lease_seconds(args),
     )
 
 
@@ -76,7 +88,7 @@ def _kubernetes(args: argparse.Namespace) -> Backend:
             template=args.pool,
             namespace=args.namespace,
             credential=env_reader("PISHIP_K8S_TOKEN"),
-            lifetime_seconds=CLI_LEASE_SECONDS,
+            lifetime_seconds=lease_seconds(args),
         )
     except ValueError as e:
         raise PiShipError(CONFIG_INVALID, str(e)) from None

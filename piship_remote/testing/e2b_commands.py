@@ -20,6 +20,8 @@ asking ``command``. The answer is a mapping with any of:
 ``omit_zero_exit`` default True; False sends ``"exitCode": 0`` explicitly
 ``keepalive``      True: a keepalive event after start and after every data frame
 ``after``          a ``threading.Event``: the stream waits for it before ending
+``cat``            True: after the start event the stream waits for CloseStdin of its
+                   tag, then sends the input SendInput gave it as stdout (``cat``)
 ``hang``           True: no end; the stream stays open until SendSignal (then ``{}``
                    end-of-stream) or until the server closes (then a drop)
 ``killed_end``     with ``hang``: after SendSignal, first send envd's end event for a
@@ -79,6 +81,7 @@ _ANSWER_KEYS = frozenset(
         "omit_zero_exit",
         "keepalive",
         "after",
+        "cat",
         "hang",
         "killed_end",
         "stream_error",
@@ -111,17 +114,24 @@ def answer_frames(
     *,
     wait: Callable[[Any], bool],
     hang: Callable[[], bool] | None,
+    stdin: Callable[[], bytes | None] | None = None,
 ) -> Iterator[bytes]:
     """The Start stream's envelopes for ``answer``; :class:`DropConnection` to cut it.
 
     ``wait(event)`` holds the stream until ``event`` is set (False: the server
     closed); ``hang()``, given for a ``hang`` answer, waits for a SendSignal
-    (False: the server closed).
+    (False: the server closed); ``stdin()``, given for a ``cat`` answer, waits for
+    CloseStdin and returns the input (``None``: the server closed).
     """
     keepalive = bool(answer.get("keepalive"))
     yield event_frame("start", StartEvent(PID))
     if keepalive:
         yield event_frame("keepalive", {})
+    if stdin is not None and answer.get("cat"):
+        received = stdin()
+        if received is None:
+            raise DropConnection
+        answer = {**answer, "stdout": received}
     for stream, piece in _output(answer):
         data = base64.b64encode(piece).decode()
         event = DataEvent(stdout=data) if stream == "stdout" else DataEvent(stderr=data)

@@ -26,6 +26,9 @@ Routes:
   first envelope is the StartRequest. A script containing ``piship-sandbox-ready``
   is answered ``piship-sandbox-ready <envs.PISHIP_PROBE_UNLISTED or unset>\\n``;
   any other goes to ``command(start)`` (default: empty output, exit 0).
+- ``/process.Process/SendInput`` and ``CloseStdin``: 200 ``{}``; the input (base64
+  ``input.stdin``) is kept per ``process.tag`` (``stdin(tag)`` shows it) for a ``cat``
+  answer, which ends once CloseStdin named its tag.
 - ``/process.Process/SendSignal``: ends the hung streams with the request's
   ``process.tag`` (every hung stream when it names no tag) with an end-of-stream
   frame ``{}``, and remembers the tag, so a Start with that tag that arrives later
@@ -61,6 +64,8 @@ and makes the Start stream of it.
 from __future__ import annotations
 
 import base64
+import binascii
+import functools
 import itertools
 import json
 import re
@@ -152,6 +157,7 @@ class E2bServer(RecordingServer):
         self._trees: dict[str, MemoryTree] = {}
         self._hung: list[tuple[str | None, threading.Event]] = []
         self._killed: set[str] = set()
+        self._stdin: dict[str, tuple[bytearray, threading.Event]] = {}
         super().__init__(self._handle)
 
     @property
@@ -177,6 +183,11 @@ class E2bServer(RecordingServer):
                 )
             )
             self._gone.discard(sandbox_id)
+
+    def stdin(self, tag: str) -> bytes:
+        """The input SendInput gave the command tagged ``tag`` so far."""
+        with self._state:
+            return bytes(self._input_of(tag)[0])
 
     def files(self, sandbox_id: str = SANDBOX_ID) -> dict[str, bytes]:
         """The files of ``sandbox_id``'s tree by absolute path (empty for one never written)."""
@@ -225,6 +236,8 @@ class E2bServer(RecordingServer):
             return self._send_signal(request)
         if path == "/process.Process/Start":
             return self._start(request)
+        if path in ("/process.Process/SendInput", "/process.Process/CloseStdin"):
+            return self._input(request, closing=path.endswith("CloseStdin"))
         return Response(b"", status=404)
 
     def _rejection(self, request: Request, path: str) -> Response | None:
@@ -361,6 +374,35 @@ class E2bServer(RecordingServer):
             gate.set()
         return json_response(200, {})
 
+    def _input_of(self, tag: str) -> tuple[bytearray, threading.Event]:
+        """The input of ``tag`` and its closed event (made on first use; hold ``_state``)."""
+        return self._stdin.setdefault(tag, (bytearray(), threading.Event()))
+
+    def _input(self, request: Request, *, closing: bool) -> Response:
+        body = _object(_json_body(request))
+        tag = _object(body.get("process")).get("tag")
+        if not isinstance(tag, str):
+            return _json(400, ConnectError("invalid_argument", "a process tag is required"))
+        data = _object(body.get("input")).get("stdin", "")
+        try:
+            chunk = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
+        except binascii.Error:
+            return _json(400, ConnectError("invalid_argument", "input.stdin is not base64"))
+        with self._state:
+            received, closed = self._input_of(tag)
+            received += chunk
+        if closing:
+            closed.set()
+        return json_response(200, {})
+
+    def _read_stdin(self, tag: str | None) -> bytes | None:
+        """Wait for CloseStdin of ``tag``: its input, or ``None`` when the server closed."""
+        with self._state:
+            _, closed = self._input_of(tag or "")
+        if not self.wait(closed):
+            return None
+        return self.stdin(tag or "")
+
     def _start(self, request: Request) -> Response:
         authorization = request.headers.get("Authorization")
         if authorization is not None and authorization != self._basic:
@@ -382,7 +424,8 @@ class E2bServer(RecordingServer):
 
     def _events(self, answer: CommandAnswer, tag: str | None) -> Iterator[bytes]:
         if not answer.get("hang"):
-            yield from answer_frames(answer, wait=self.wait, hang=None)
+            stdin = functools.partial(self._read_stdin, tag)
+            yield from answer_frames(answer, wait=self.wait, hang=None, stdin=stdin)
             return
         # Listen for SendSignal before the start frame goes out: a client may send
         # it as soon as it has the pid (the official SDK's kill() does).
