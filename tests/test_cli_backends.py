@@ -17,8 +17,8 @@ from pathlib import Path
 import attrs
 import pytest
 import requests
-from optional_peers import install_hint
 from cli_support import NEEDS_BWRAP, E2bFactory, use_e2b
+from optional_peers import install_hint
 
 from piship_remote import cli
 from piship_remote.testing import CLAIMS, KubernetesServer
