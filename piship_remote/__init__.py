@@ -11,9 +11,13 @@ Names are imported on first use, so ``import piship_remote`` stays cheap.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# A library's log lines reach stderr only once the application configures logging.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
     "activate_sandbox": "piship_remote.activation",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from piship_remote._exec_engine import ExecEngine
 from piship_remote._exec_workers import Stream
@@ -63,7 +63,6 @@ class SandboxTransfers:
         *,
         mode: str = "none",
         use_gitignore: bool = True,
-        send_secrets: Sequence[str] = (),
     ) -> None:
         self._engine = engine
         self._profile = profile
@@ -88,7 +87,7 @@ class SandboxTransfers:
             read_deny=profile.read_deny,
             write_allow=profile.write_allow,
             use_gitignore=use_gitignore,
-            send_secrets=send_secrets,
+            send_secrets=profile.read_allow,
             mode="push" if mode == "none" else mode,
         )
         self._lock = threading.Lock()

@@ -172,6 +172,9 @@ class SandboxPolicy:
     required: bool = False
     read_deny: tuple[str, ...] = attrs.field(default=DEFAULT_READ_DENY, converter=_path_rules)
     write_allow: tuple[str, ...] = attrs.field(default=DEFAULT_WRITE_ALLOW, converter=_path_rules)
+    # Secret-looking files (``.env``, private keys, …) at or below these paths are pushed;
+    # every other one stays at home.
+    read_allow: tuple[str, ...] = attrs.field(default=(), converter=_path_rules)
     # Fail closed: a policy that does not name a network mode denies the network.
     network: NetworkMode = attrs.field(default="deny", converter=_network_mode)
     environment_allow: tuple[str, ...] = attrs.field(
@@ -196,6 +199,7 @@ class SandboxPolicy:
         return cls(
             required=manifest.required,
             read_deny=manifest.filesystem.read.deny,
+            read_allow=manifest.filesystem.read.allow,
             write_allow=manifest.filesystem.write.allow,
             network=manifest.network.mode or "deny",
             environment_allow=manifest.environment.allow,
@@ -206,6 +210,7 @@ class SandboxPolicy:
 @attrs.frozen
 class _ReadRules:
     deny: tuple[str, ...] = DEFAULT_READ_DENY
+    allow: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -342,6 +347,7 @@ class SandboxProfile:
     environment_allow: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     read_deny: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     write_allow: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    read_allow: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     warnings: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
 
 
@@ -423,5 +429,6 @@ def resolve_profile(
         environment_allow=tuple(dict.fromkeys(policy.environment_allow)),
         read_deny=read_deny,
         write_allow=write_allow,
+        read_allow=_resolve_all(policy.read_allow, bases),
         warnings=_conflicts(read_deny, (root, *write_allow)),
     )

@@ -246,3 +246,14 @@ def test_push_leaves_well_known_secrets_at_home_and_says_why(
         ("id_rsa", "secret file"),
     ]
     assert SkippedPath(".env", "secret file") in sandbox.push().skipped
+
+
+def test_a_secret_file_the_policy_names_in_read_allow_is_pushed(
+    activate: Activate, workspace: Path
+) -> None:
+    (workspace / ".env").write_text("TOKEN=abc")
+    (workspace / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
+    policy = {"required": True, "filesystem": {"read": {"allow": ["workspace/.env"]}}}
+    sandbox = activate(policy, sync="push")
+    assert sandbox.files.read_text(".env") == "TOKEN=abc"
+    assert not sandbox.files.exists("id_rsa")

@@ -363,3 +363,9 @@ def test_direct_construction_accepts_any_iterable() -> None:
 def test_direct_construction_refuses_a_non_iterable() -> None:
     with pytest.raises(PiShipError):
         SandboxPolicy(environment_allow=5)  # type: ignore[arg-type]
+
+
+def test_read_allow_names_secret_files_to_send() -> None:
+    policy = SandboxPolicy.from_dict({"filesystem": {"read": {"allow": ["workspace/.env"]}}})
+    assert policy.read_allow == ("workspace/.env",)
+    assert SandboxPolicy().read_allow == ()
