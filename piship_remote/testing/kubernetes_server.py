@@ -95,7 +95,7 @@ from werkzeug import Request, Response
 from werkzeug.formparser import parse_form_data
 
 from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
-from piship_remote.testing.k8s_controller import Controller
+from piship_remote.testing.k8s_controller import WALL_CLOCK, Controller
 from piship_remote.testing.k8s_router import (
     SANDBOX_PREFIX,
     Execute,
@@ -161,8 +161,10 @@ class Cluster:
     """``expired``/``router_gone`` answer the real router's 502, and ``pod_ip`` is required."""
     warm_pools: set[str] | None = None
     """The warm pools that exist (None: any pool a claim names)."""
-    clock: Callable[[], float] | None = time.time
-    """The controller's wall clock (epoch seconds) for ``shutdownTime``; None: never expire."""
+    clock: Callable[[], float] | None = WALL_CLOCK
+    """The controller's clock (epoch seconds) for ``shutdownTime``; None: never expire.
+    The default is the wall clock (see :func:`~piship_remote.testing.k8s_controller.WALL_CLOCK`
+    for a claim created already past its end)."""
     proxy_timeout: float = 180.0
     """The router's own limit on one proxied request (``X-Sandbox-Timeout`` may lower it)."""
     runtime_timeout: float = 300.0
