@@ -354,23 +354,25 @@ def _copy(shell: Interpreter, args: list[str], *, move: bool) -> int:
     if kind == "dir":
         if not move and not flags & {"r", "R", "a"}:
             raise _Failed(f"-r not specified; omitting directory '{operands[0]}'")
-        _copy_tree(shell.tree, source, target)
+        _copy_tree(shell.tree, source, target, keep_times=move)
     else:
-        shell.tree.write_file(target, shell.tree.read_file(source), shell.tree.mtime(source))
+        kept = shell.tree.mtime(source) if move else None  # cp makes new files, mv keeps them
+        shell.tree.write_file(target, shell.tree.read_file(source), kept)
     if move:
         shell.tree.remove(source)
     return 0
 
 
-def _copy_tree(tree: ShellTree, source: str, target: str) -> None:
+def _copy_tree(tree: ShellTree, source: str, target: str, *, keep_times: bool) -> None:
     if tree.kind(target) is None:
         tree.make_dir(target)
     for name in tree.names(source):
         child, copy = posixpath.join(source, name), posixpath.join(target, name)
         if tree.kind(child) == "dir":
-            _copy_tree(tree, child, copy)
+            _copy_tree(tree, child, copy, keep_times=keep_times)
         else:
-            tree.write_file(copy, tree.read_file(child), tree.mtime(child))
+            kept = tree.mtime(child) if keep_times else None
+            tree.write_file(copy, tree.read_file(child), kept)
 
 
 def _cp(shell: Interpreter, args: list[str], stdin: bytes, out: bytearray) -> int:
