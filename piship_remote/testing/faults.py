@@ -55,7 +55,9 @@ class Faults:
 
     # ---- what a test asks for ----------------------------------------------------------
 
-    def fail_creates(self, count: int = 1, *, status: int = 429, retry_after: int | None = 1) -> None:
+    def fail_creates(
+        self, count: int = 1, *, status: int = 429, retry_after: int | None = 1
+    ) -> None:
         """Answer the next ``count`` creates with ``status`` (and ``Retry-After``); nothing
         is created by them."""
         with self._lock:
@@ -73,7 +75,9 @@ class Faults:
         with self._lock:
             self._dropped_streams += count
 
-    def stall(self, path: str | None = None, *, count: int = 1, seconds: float | None = None) -> None:
+    def stall(
+        self, path: str | None = None, *, count: int = 1, seconds: float | None = None
+    ) -> None:
         """Hold the next ``count`` requests whose path starts with ``path`` (any request when
         ``None``) for ``seconds``, or until :meth:`release` when ``seconds`` is ``None``."""
         with self._lock:

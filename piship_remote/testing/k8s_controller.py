@@ -33,7 +33,7 @@ from piship_remote.testing.k8s_store import CLAIMS, SANDBOXES, ApiError, Store
 __all__ = ["WALL_CLOCK", "Controller", "ControllerSettings"]
 
 
-def WALL_CLOCK() -> float:  # noqa: N802  (a constant the settings compare against)
+def WALL_CLOCK() -> float:
     """The cluster's default clock: the wall clock (seconds since the epoch).
 
     On it, a claim whose ``shutdownTime`` had already passed when it was created is
@@ -41,6 +41,7 @@ def WALL_CLOCK() -> float:  # noqa: N802  (a constant the settings compare again
     expired by the wall clock; set ``Cluster.clock`` to judge every claim on one clock.
     """
     return time.time()
+
 
 Object = dict[str, Any]
 

@@ -204,5 +204,3 @@ def decoded(result: dict[str, Any]) -> dict[str, Any]:
     except UnicodeDecodeError as error:
         return {"stdout": "", "stderr": f"Failed to execute command: {error}", "exit_code": 1}
     return out
-
-

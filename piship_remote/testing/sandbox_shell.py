@@ -16,7 +16,7 @@ The grammar is the part of ``sh`` such scripts use: ``;``, ``&&``, ``||``, ``|``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -81,7 +81,7 @@ def tokenize(script: str) -> list[Token]:
         if c in " \t":
             i += 1
             continue
-        if c == "#" :
+        if c == "#":
             while i < n and script[i] != "\n":
                 i += 1
             continue
@@ -201,7 +201,7 @@ class AndOr:
 
 
 @attrs.frozen
-class Sequence:
+class CommandList:
     items: tuple[AndOr, ...]
 
 
@@ -233,19 +233,19 @@ class _Parser:
             raise ShellSyntaxError(f"expected {keyword}")
         self.at += 1
 
-    def sequence(self, *ends: str) -> Sequence:
+    def sequence(self, *ends: str) -> CommandList:
         items: list[AndOr] = []
         while True:
             while isinstance(self.peek(), _Op) and self.peek() == _Op(";"):
                 self.at += 1
             if self.peek() is None or self.keyword() in ends:
-                return Sequence(tuple(items))
+                return CommandList(tuple(items))
             items.append(self.and_or())
             token = self.peek()
             if isinstance(token, _Op) and token.text == ";":
                 continue
             if token is None or self.keyword() in ends:
-                return Sequence(tuple(items))
+                return CommandList(tuple(items))
             raise ShellSyntaxError(f"unexpected {token!r}")
 
     def and_or(self) -> AndOr:
@@ -288,8 +288,8 @@ class _Parser:
         return self.simple()
 
     def if_clause(self) -> If:
-        branches: list[tuple[Sequence, Sequence]] = []
-        otherwise: Sequence | None = None
+        branches: list[tuple[CommandList, CommandList]] = []
+        otherwise: CommandList | None = None
         self.expect("if")
         while True:
             condition = self.sequence("then")
@@ -367,7 +367,7 @@ def _leading_literals(word: Word) -> Iterator[Piece]:
         yield piece
 
 
-def parse(script: str) -> Sequence:
+def parse(script: str) -> CommandList:
     parser = _Parser(tokenize(script))
     tree = parser.sequence()
     if parser.peek() is not None:
@@ -377,7 +377,7 @@ def parse(script: str) -> Sequence:
 
 def utilities(tree: Any) -> Iterator[str | None]:
     """Every utility name the script may run (``None`` for one named by an expansion)."""
-    if isinstance(tree, Sequence):
+    if isinstance(tree, CommandList):
         for item in tree.items:
             yield from utilities(item)
     elif isinstance(tree, AndOr):
@@ -404,7 +404,7 @@ def utilities(tree: Any) -> Iterator[str | None]:
             yield from _argv_utilities([literal(word) for word in tree.words])
 
 
-def _argv_utilities(argv: list[str | None]) -> Iterator[str | None]:
+def _argv_utilities(argv: Sequence[str | None]) -> Iterator[str | None]:
     """The utilities an argv runs, looking through ``env`` and ``sh -c``."""
     name = argv[0]
     yield name
@@ -462,7 +462,9 @@ class Shell:
         if everything:
             return True
         try:
-            return any(name in FILE_UTILITIES for name in map(_base_or_none, utilities(parse(script))))
+            return any(
+                name in FILE_UTILITIES for name in map(_base_or_none, utilities(parse(script)))
+            )
         except ShellSyntaxError:
             return False
 

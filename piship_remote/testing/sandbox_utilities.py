@@ -16,10 +16,10 @@ from piship_remote.errors import PiShipError
 from piship_remote.testing.sandbox_archive import pack, unpack
 from piship_remote.testing.sandbox_shell import (
     AndOr,
+    CommandList,
     Group,
     If,
     Pipeline,
-    Sequence,
     ShellResult,
     ShellSyntaxError,
     Simple,
@@ -76,7 +76,7 @@ class Interpreter:
 
     # ---- the syntax tree -------------------------------------------------------------
 
-    def _sequence(self, tree: Sequence, stdin: bytes, out: bytearray) -> int:
+    def _sequence(self, tree: CommandList, stdin: bytes, out: bytearray) -> int:
         status = 0
         for item in tree.items:
             status = self._and_or(item, stdin, out)
@@ -304,7 +304,9 @@ def _rm(shell: Interpreter, args: list[str], stdin: bytes, out: bytearray) -> in
         kind = shell.tree.kind(path)
         if kind is None:
             if "f" not in flags:
-                shell.stderr += f"rm: cannot remove '{operand}': No such file or directory\n".encode()
+                shell.stderr += (
+                    f"rm: cannot remove '{operand}': No such file or directory\n".encode()
+                )
                 status = 1
             continue
         if kind == "dir" and not flags & {"r", "R"}:
@@ -429,7 +431,9 @@ def _walk(tree: ShellTree, shown: str, path: str, depth: int) -> Any:
     yield shown, path, depth
     if tree.kind(path) == "dir":
         for name in tree.names(path):
-            yield from _walk(tree, posixpath.join(shown, name), posixpath.join(path, name), depth + 1)
+            yield from _walk(
+                tree, posixpath.join(shown, name), posixpath.join(path, name), depth + 1
+            )
 
 
 class _FindExpression:
