@@ -16,7 +16,8 @@ Routes:
   once more, even with the right key (the query is ignored; list a path twice to
   reject it twice).
 - ``POST /sandboxes`` (or ``/v2/sandboxes``, the official SDK's): status ``create``
-  with sandbox ``sbx1``, envd token ``envd-token-1`` and ``"domain": null``, or, when
+  with sandbox ``sbx<n>``, the lowest ``n`` not alive (the first is ``sbx1``), envd
+  token ``envd-token-1`` and ``"domain": null``, or, when
   ``create >= 400``, ``{"code":<create>,"message":"no capacity"}``.
 - ``/sandboxes/sbx1/timeout`` and ``/sandboxes/sbx1`` (any method): 204. A DELETE of
   ``/sandboxes/sbx1`` ends one live sandbox.
@@ -24,8 +25,12 @@ Routes:
   (absent is accepted as the service's default user, as the official SDK sends
   none); else 401 ``{"code":"unauthenticated","message":"invalid user"}``. The
   first envelope is the StartRequest. A script containing ``piship-sandbox-ready``
-  is answered ``piship-sandbox-ready <envs.PISHIP_PROBE_UNLISTED or unset>\\n``;
-  any other goes to ``command(start)`` (default: empty output, exit 0).
+  is answered ``piship-sandbox-ready <envs.PISHIP_PROBE_UNLISTED or unset>\\n``.
+  With the default file tree, a script the in-memory shell understands
+  (:mod:`piship_remote.testing.sandbox_shell`) runs against the sandbox's tree — every
+  such script without ``command``, only those that move files (``tar``, ``find``,
+  ``mkdir``…) beside one; any other goes to ``command(start)`` (default: empty
+  output, exit 0).
 - ``/process.Process/SendSignal``: ends the hung streams with the request's
   ``process.tag`` (every hung stream when it names no tag) with an end-of-stream
   frame ``{}``, and remembers the tag, so a Start with that tag that arrives later
@@ -50,7 +55,9 @@ Routes:
 - ``file_tree(sandbox_id)`` makes a sandbox's tree (default: an empty
   :class:`MemoryTree`); a subclass over a real directory, with a ``command`` that
   runs the Start request's script there, lets tar-based transfers run for real.
-- ``distinct_ids=True``: the n-th create is ``sbx<n>`` instead of always ``sbx1``.
+- ``distinct_ids=True``: the n-th create is ``sbx<n>``: an id is never reused.
+- ``faults`` (:class:`~piship_remote.testing.faults.Faults`) and ``kill(sandbox_id)``:
+  failures on demand.
 - anything else: 404.
 
 ``command(start)`` gets the parsed StartRequest and returns a mapping (``stdout``,
@@ -164,7 +171,7 @@ class E2bServer(RecordingServer):
 
     @property
     def live_sandboxes(self) -> list[str]:
-        """Sandboxes created, not deleted and not expired (one ``"sbx1"`` per live creation)."""
+        """Sandboxes created, not deleted and not expired, in creation order."""
         with self._state:
             self._prune()
             return [live.sandbox_id for live in self._live]

@@ -73,8 +73,15 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
 ==============  =====================================================================
 
 ``file_tree(claim)`` makes the runtime's file tree of a claim (default: an in-memory
-:class:`~piship_remote.testing.k8s_runtime.FileTree`); a test whose ``execute`` runs
-commands for real passes a tree over the directory they run in.
+:class:`~piship_remote.testing.k8s_runtime.FileTree` whose base is ``/app``); a test
+whose ``execute`` runs commands for real passes a tree over the directory they run in.
+With the default tree, a command the in-memory shell understands
+(:mod:`piship_remote.testing.sandbox_shell`) runs against the claim's tree — every such
+command without ``execute``, beside one only those that move files and the runtime's
+``pwd``.
+
+``faults`` (:class:`~piship_remote.testing.faults.Faults`) and ``kill(claim)`` make
+failures on demand.
 
 Every event the server waits on (``after``, ``patch_gate``) is set when it closes.
 """
