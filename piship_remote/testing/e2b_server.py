@@ -28,9 +28,9 @@ Routes:
   is answered ``piship-sandbox-ready <envs.PISHIP_PROBE_UNLISTED or unset>\\n``.
   With the default file tree, a script the in-memory shell understands
   (:mod:`piship_remote.testing.sandbox_shell`) runs against the sandbox's tree — every
-  such script without ``command``, only those that move files (``tar``, ``find``,
-  ``mkdir``…) beside one; any other goes to ``command(start)`` (default: empty
-  output, exit 0).
+  such script without ``command``, beside one only the library's archive transfers
+  (which name its ``/.piship-`` staging files); any other goes to ``command(start)``
+  (default: empty output, exit 0).
 - ``/process.Process/SendSignal``: ends the hung streams with the request's
   ``process.tag`` (every hung stream when it names no tag) with an end-of-stream
   frame ``{}``, and remembers the tag, so a Start with that tag that arrives later

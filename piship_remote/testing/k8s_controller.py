@@ -32,6 +32,10 @@ from piship_remote.testing.k8s_store import CLAIMS, SANDBOXES, ApiError, Store
 
 __all__ = ["WALL_CLOCK", "Controller", "ControllerSettings"]
 
+# Taken once: a test that replaces time.time for the client under test (a clock jump)
+# does not move the cluster's clock with it.
+_WALL_TIME = time.time
+
 
 def WALL_CLOCK() -> float:
     """The cluster's default clock: the wall clock (seconds since the epoch).
@@ -40,7 +44,7 @@ def WALL_CLOCK() -> float:
     taken to be on a test's frozen clock (a backend given a fixed ``now``) and is not
     expired by the wall clock; set ``Cluster.clock`` to judge every claim on one clock.
     """
-    return time.time()
+    return _WALL_TIME()
 
 
 Object = dict[str, Any]

@@ -77,8 +77,8 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
 whose ``execute`` runs commands for real passes a tree over the directory they run in.
 With the default tree, a command the in-memory shell understands
 (:mod:`piship_remote.testing.sandbox_shell`) runs against the claim's tree — every such
-command without ``execute``, beside one only those that move files and the runtime's
-``pwd``.
+command without ``execute``, beside one only the library's archive transfers (which
+name its ``/.piship-`` staging files) and its ``pwd`` question.
 
 ``faults`` (:class:`~piship_remote.testing.faults.Faults`) and ``kill(claim)`` make
 failures on demand.

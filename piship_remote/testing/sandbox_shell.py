@@ -23,11 +23,12 @@ import attrs
 
 from piship_remote.testing.sandbox_tree import ShellTree
 
-__all__ = ["FILE_UTILITIES", "Shell", "ShellResult", "ShellSyntaxError", "script_of"]
+__all__ = ["STAGING", "Shell", "ShellResult", "ShellSyntaxError", "script_of"]
 
-FILE_UTILITIES = frozenset({"tar", "find", "mkdir", "rm", "mv", "cp", "touch", "wc"})
-"""A script naming one of these moves files: the shell runs it even beside a test's own
-``command``/``execute`` answers (which cannot act on the tree)."""
+STAGING = "/.piship-"
+"""What the library's archive transfers name (their staged tars and sync stamps): a script
+naming it runs in the tree even beside a test's own ``command``/``execute`` answers,
+which cannot act on the tree."""
 
 _OPERATORS = ("&&", "||", ">>", "2>&1", "2>", ";", "|", "<", ">", "\n", "(", ")")
 _KEYWORDS = frozenset({"if", "then", "elif", "else", "fi", "{", "}"})
@@ -86,6 +87,8 @@ def tokenize(script: str) -> list[Token]:
                 i += 1
             continue
         op = next((o for o in _OPERATORS if script.startswith(o, i)), None)
+        if op is None and c == "&":
+            raise ShellSyntaxError("background jobs (&) are not supported")
         if op is not None:
             tokens.append(_Op(";" if op == "\n" else op))
             i += len(op)
@@ -429,10 +432,6 @@ def understood(tree: Any, known: frozenset[str]) -> bool:
         return False
 
 
-def _base_or_none(name: str | None) -> str | None:
-    return None if name is None else _base(name)
-
-
 def _base(name: str) -> str:
     return name.rsplit("/", 1)[-1] if name.startswith("/") else name
 
@@ -456,28 +455,14 @@ class Shell:
 
     def takes(self, script: str, everything: bool) -> bool:
         """Whether a double runs ``script`` here: every script it understands when
-        ``everything``, else only those that move files (:data:`FILE_UTILITIES`)."""
-        if not self.understands(script):
-            return False
-        if everything:
-            return True
-        try:
-            return any(
-                name in FILE_UTILITIES for name in map(_base_or_none, utilities(parse(script)))
-            )
-        except ShellSyntaxError:
-            return False
+        ``everything``, else only the library's archive transfers (:data:`STAGING`)."""
+        return self.understands(script) and (everything or STAGING in script)
 
     def takes_argv(self, argv: list[str], everything: bool) -> bool:
         """:meth:`takes` for an argv run without a shell (``env … /bin/sh -c SCRIPT``)."""
         if not argv or not self.understands_argv(argv):
             return False
-        if everything:
-            return True
-        try:
-            return any(name in FILE_UTILITIES for name in map(_base_or_none, _argv_utilities(argv)))
-        except ShellSyntaxError:
-            return False
+        return everything or any(STAGING in arg for arg in argv)
 
     def understands_argv(self, argv: list[str]) -> bool:
         from piship_remote.testing.sandbox_utilities import UTILITIES
