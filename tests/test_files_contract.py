@@ -1,8 +1,10 @@
 """One contract for ``Sandbox.files``, ``push`` and ``pull``, run against every service.
 
-The doubles serve a real directory: the Kubernetes runtime's ``/execute`` and the E2B
-double's ``Start`` run the command in it, so the helper commands (tar, find, mkdir, rm)
-act on the same files their file endpoints serve. The local service is the real thing.
+Five services: the doubles over a real directory (the Kubernetes runtime's ``/execute``
+and the E2B double's ``Start`` run the command in it, so the helper commands act on the
+same files their file endpoints serve); the doubles as users construct them, with no
+arguments (their in-memory trees and shell, nothing run on the host); and the local
+service, the real thing.
 """
 
 from __future__ import annotations
