@@ -1,8 +1,10 @@
 """One contract for ``Sandbox.files``, ``push`` and ``pull``, run against every service.
 
-The doubles serve a real directory: the Kubernetes runtime's ``/execute`` and the E2B
-double's ``Start`` run the command in it, so the helper commands (tar, find, mkdir, rm)
-act on the same files their file endpoints serve. The local service is the real thing.
+Five services: the doubles over a real directory (the Kubernetes runtime's ``/execute``
+and the E2B double's ``Start`` run the command in it, so the helper commands act on the
+same files their file endpoints serve); the doubles as users construct them, with no
+arguments (their in-memory trees and shell, nothing run on the host); and the local
+service, the real thing.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ Activate = Callable[..., Sandbox]
 
 @attrs.frozen
 class Service:
-    """One service under test: how to activate a sandbox on it, and an absolute directory
-    in that sandbox outside its working directory."""
+    """One service under test: how to activate a sandbox on it, an absolute directory in
+    that sandbox outside its working directory, and a path there it refuses to write (the
+    in-memory doubles refuse none)."""
 
     activate: Activate
     elsewhere: str
-    read_only: str
+    read_only: str | None
     name: str
 
 
@@ -129,14 +132,50 @@ def _e2b(tmp_path: Path, workspace: Path) -> Iterator[Service]:
             sandbox.dispose()
 
 
-@pytest.fixture(params=["kubernetes", "local", "e2b"])
-def service(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Service]:
+@contextlib.contextmanager
+def _e2b_double(workspace: Path) -> Iterator[Service]:
+    """``E2bServer()`` as a user constructs it: its in-memory tree, no host commands."""
+    sandboxes: list[Sandbox] = []
+    with E2bServer() as server:
+        backend = E2bCompatibleBackend(
+            endpoint=server.url, envd_url=server.url, credential=lambda: "e2b-key-000001"
+        )
+        yield Service(_starter(backend, workspace, sandboxes), "/tmp/elsewhere", None, "e2b-double")
+        for sandbox in sandboxes:
+            sandbox.dispose()
+
+
+@contextlib.contextmanager
+def _kubernetes_double(workspace: Path) -> Iterator[Service]:
+    """``KubernetesServer()`` as a user constructs it: its in-memory tree, no host commands."""
+    sandboxes: list[Sandbox] = []
+    with KubernetesServer() as server:
+        start = _starter(kubernetes(server.url), workspace, sandboxes)
+        yield Service(start, "/tmp/elsewhere", None, "kubernetes-double")
+        for sandbox in sandboxes:
+            sandbox.dispose()
+
+
+IN_MEMORY = ("e2b-double", "kubernetes-double")
+
+
+def open_service(
+    name: str, tmp_path: Path, workspace: Path
+) -> contextlib.AbstractContextManager[Service]:
+    """The service called ``name``, opened for one test."""
     services = {
         "kubernetes": lambda: _kubernetes(tmp_path, workspace),
         "local": lambda: _local(workspace),
         "e2b": lambda: _e2b(tmp_path, workspace),
+        "e2b-double": lambda: _e2b_double(workspace),
+        "kubernetes-double": lambda: _kubernetes_double(workspace),
     }
-    with services[request.param]() as chosen:
+    return services[name]()
+
+
+@pytest.fixture(params=["kubernetes", "local", "e2b", *IN_MEMORY])
+def service(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Service]:
+    with open_service(request.param, tmp_path, workspace) as chosen:
         yield chosen
 
 
@@ -348,7 +387,11 @@ def test_a_download_outside_write_allow_is_refused(activate: Activate, tmp_path:
     assert not (tmp_path / "outside.txt").exists()
 
 
-def test_a_hostile_archive_lands_nothing_outside(sandbox: Sandbox, workspace: Path) -> None:
+def test_a_hostile_archive_lands_nothing_outside(
+    sandbox: Sandbox, workspace: Path, request: pytest.FixtureRequest
+) -> None:
+    if request.node.callspec.params["service"] in IN_MEMORY:
+        pytest.skip("the doubles' in-memory trees hold no symlinks to send")
     sandbox.exec("mkdir -p evil && ln -s /etc evil/link && echo x > evil/ok")
     summary = sandbox.files.download("evil", workspace / "got")
     assert (workspace / "got" / "ok").read_text() == "x\n"

@@ -8,6 +8,7 @@ replace tools) and the host may be unwritable (a full or read-only filesystem).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,19 @@ from tests import test_files_contract as contract
 from tests.files_support import small_filesystem
 from tests.test_files_contract import Activate, Service
 
-# The contract's services and fixtures, one sandbox set-up for both modules.
-service = contract.service
+# The contract's services that run real commands (a hostile sandbox needs a shell), and
+# its fixtures: one sandbox set-up for both modules.
 workspace = contract.workspace
 activate = contract.activate
 sandbox = contract.sandbox
 
 MIB = 1024 * 1024
+
+
+@pytest.fixture(params=["kubernetes", "local", "e2b"])
+def service(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Service]:
+    with contract.open_service(request.param, tmp_path, workspace) as chosen:
+        yield chosen
 
 
 def _make(sandbox: Sandbox, script: str) -> None:

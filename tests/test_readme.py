@@ -14,6 +14,8 @@ before it says how it is checked, so none is left unchecked by accident:
 - ``.. readme-test: shell-local`` — each ``$ `` line run with the same settings;
 - ``.. readme-test: set-up`` — a set-up command for a fresh machine, run verbatim by
   ``.ci/run`` in a fresh venv (``.ci/readme_commands.py`` reads it from here);
+- ``.. readme-test: pytest-doubles`` — a user's pytest module, run by pytest with this
+  package's plugin (its fixtures ``e2b_server`` and ``kubernetes_server``); it must pass;
 - ``.. readme-test: not-run <reason>`` — shown, not run (an install line, output, a
   cloud account), and the reason is required.
 """
@@ -39,7 +41,15 @@ from piship_remote.testing import KubernetesServer
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.rst"
 MARK = re.compile(r"^\.\. readme-test: (\S+)(.*)$")
-KINDS = {"python-local", "python-e2b-sdk", "python-k8s-double", "shell-local", "set-up", "not-run"}
+KINDS = {
+    "python-local",
+    "python-e2b-sdk",
+    "python-k8s-double",
+    "shell-local",
+    "pytest-doubles",
+    "set-up",
+    "not-run",
+}
 NEEDS_BWRAP = pytest.mark.skipif(
     LocalE2bService.check() is not None, reason=f"no local service here: {LocalE2bService.check()}"
 )
@@ -223,3 +233,20 @@ def test_a_kubernetes_example_runs_against_the_double(example: Example, project:
         }
         _run(example, env, project)
         assert mock.live_claims == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("example", [e for e in ALL if e.kind == "pytest-doubles"], ids=str)
+def test_a_pytest_example_passes_on_the_doubles(example: Example, tmp_path: Path) -> None:
+    (tmp_path / "test_users_code.py").write_text(example.code, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_users_code.py"],
+        cwd=tmp_path,
+        env=_clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, f"{example} failed:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+    assert " passed" in done.stdout

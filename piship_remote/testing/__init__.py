@@ -20,6 +20,7 @@ from piship_remote.testing.leaks import leaks
 
 if TYPE_CHECKING:
     from piship_remote.testing.e2b_server import E2bServer
+    from piship_remote.testing.faults import Faults
     from piship_remote.testing.kubernetes_server import CLAIMS, Cluster, KubernetesServer
     from piship_remote.testing.recorder import (
         THREAD_PREFIX,
@@ -35,6 +36,7 @@ TEST_EXTRA_HINT = "pip install 'piship-remote[test]'"
 _TEST_EXTRA_MODULES = frozenset({"werkzeug", "pytest_httpserver"})
 _HOMES = {
     "E2bServer": "e2b_server",
+    "Faults": "faults",
     "CLAIMS": "kubernetes_server",
     "Cluster": "kubernetes_server",
     "KubernetesServer": "kubernetes_server",
@@ -69,6 +71,7 @@ __all__ = [
     "Cluster",
     "DropConnection",
     "E2bServer",
+    "Faults",
     "KubernetesServer",
     "Recorded",
     "RecordingServer",

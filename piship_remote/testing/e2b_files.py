@@ -58,6 +58,7 @@ class MemoryTree:
         self._files: dict[str, bytes] = {}
         self._dirs: set[str] = {"/", "/tmp", *_ancestors(home + "/x")}
         self._modified = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._times: dict[str, float] = {}
 
     def snapshot(self) -> dict[str, bytes]:
         """Every file by its absolute path."""
@@ -93,7 +94,75 @@ class MemoryTree:
                     return _api_error(500, f"error ensuring directories: path is a file: {parent}")
             self._dirs.update(_ancestors(path))
             self._files[path] = data
+            self._times[path] = time.time()
         return 200, [{"path": path, "name": posixpath.basename(path), "type": "file"}]
+
+    # ---- what the in-memory shell uses (absolute paths) ------------------------------
+
+    def kind(self, path: str) -> str | None:
+        with self._lock:
+            return "dir" if path in self._dirs else "file" if path in self._files else None
+
+    def read_file(self, path: str) -> bytes:
+        with self._lock:
+            if path in self._dirs:
+                raise IsADirectoryError(21, "Is a directory", path)
+            if path not in self._files:
+                raise FileNotFoundError(2, "No such file or directory", path)
+            return self._files[path]
+
+    def write_file(self, path: str, data: bytes, mtime: float | None = None) -> None:
+        with self._lock:
+            self._check_parent(path)
+            if path in self._dirs:
+                raise IsADirectoryError(21, "Is a directory", path)
+            self._files[path] = data
+            self._times[path] = time.time() if mtime is None else mtime
+
+    def make_dir(self, path: str) -> None:
+        with self._lock:
+            self._check_parent(path)
+            if path in self._dirs or path in self._files:
+                raise FileExistsError(17, "File exists", path)
+            self._dirs.add(path)
+            self._times[path] = time.time()
+
+    def remove(self, path: str) -> None:
+        with self._lock:
+            if path not in self._dirs and path not in self._files:
+                raise FileNotFoundError(2, "No such file or directory", path)
+            self._drop(path)
+
+    def names(self, path: str) -> list[str]:
+        with self._lock:
+            if path not in self._dirs:
+                raise NotADirectoryError(20, "Not a directory", path)
+            below = (p for p in (*self._dirs, *self._files) if _under(p, path, 1))
+            return sorted(posixpath.basename(p) for p in below)
+
+    def mtime(self, path: str) -> float:
+        with self._lock:
+            return self._times.get(path, 0.0)
+
+    def touch(self, path: str) -> None:
+        with self._lock:
+            if path not in self._dirs and path not in self._files:
+                self._check_parent(path)
+                self._files[path] = b""
+            self._times[path] = time.time()
+
+    def _check_parent(self, path: str) -> None:
+        parent = posixpath.dirname(path)
+        if parent in self._files:
+            raise NotADirectoryError(20, "Not a directory", path)
+        if parent not in self._dirs:
+            raise FileNotFoundError(2, "No such file or directory", path)
+
+    def _drop(self, path: str) -> None:
+        for old in [p for p in self._files if p == path or p.startswith(path + "/")]:
+            del self._files[old]
+            self._times.pop(old, None)
+        self._dirs -= {p for p in self._dirs if p == path or p.startswith(path + "/")}
 
     # ---- filesystem.Filesystem ---------------------------------------------------------
 
@@ -170,9 +239,7 @@ class MemoryTree:
 
     def _remove(self, body: dict[str, Any]) -> Answer:
         path = self._path(structure(body, PathRequest).path)
-        for old in [p for p in self._files if p == path or p.startswith(path + "/")]:
-            del self._files[old]
-        self._dirs -= {p for p in self._dirs if p == path or p.startswith(path + "/")}
+        self._drop(path)
         return 200, {}
 
     def _exists(self, path: str) -> bool:

@@ -16,7 +16,8 @@ Routes:
   once more, even with the right key (the query is ignored; list a path twice to
   reject it twice).
 - ``POST /sandboxes`` (or ``/v2/sandboxes``, the official SDK's): status ``create``
-  with sandbox ``sbx1``, envd token ``envd-token-1`` and ``"domain": null``, or, when
+  with sandbox ``sbx<n>``, the lowest ``n`` not alive (the first is ``sbx1``), envd
+  token ``envd-token-1`` and ``"domain": null``, or, when
   ``create >= 400``, ``{"code":<create>,"message":"no capacity"}``.
 - ``/sandboxes/sbx1/timeout`` and ``/sandboxes/sbx1`` (any method): 204. A DELETE of
   ``/sandboxes/sbx1`` ends one live sandbox.
@@ -24,8 +25,12 @@ Routes:
   (absent is accepted as the service's default user, as the official SDK sends
   none); else 401 ``{"code":"unauthenticated","message":"invalid user"}``. The
   first envelope is the StartRequest. A script containing ``piship-sandbox-ready``
-  is answered ``piship-sandbox-ready <envs.PISHIP_PROBE_UNLISTED or unset>\\n``;
-  any other goes to ``command(start)`` (default: empty output, exit 0).
+  is answered ``piship-sandbox-ready <envs.PISHIP_PROBE_UNLISTED or unset>\\n``.
+  With the default file tree, a script the in-memory shell understands
+  (:mod:`piship_remote.testing.sandbox_shell`) runs against the sandbox's tree — every
+  such script without ``command``, beside one only the library's archive transfers
+  (which name its ``/.piship-`` staging files); any other goes to ``command(start)``
+  (default: empty output, exit 0).
 - ``/process.Process/SendInput`` and ``CloseStdin``: 200 ``{}``; the input (base64
   ``input.stdin``) is kept per ``process.tag`` (``stdin(tag)`` shows it) for a ``cat``
   answer, which ends once CloseStdin named its tag.
@@ -53,7 +58,9 @@ Routes:
 - ``file_tree(sandbox_id)`` makes a sandbox's tree (default: an empty
   :class:`MemoryTree`); a subclass over a real directory, with a ``command`` that
   runs the Start request's script there, lets tar-based transfers run for real.
-- ``distinct_ids=True``: the n-th create is ``sbx<n>`` instead of always ``sbx1``.
+- ``distinct_ids=True``: the n-th create is ``sbx<n>``: an id is never reused.
+- ``faults`` (:class:`~piship_remote.testing.faults.Faults`) and ``kill(sandbox_id)``:
+  failures on demand.
 - anything else: 404.
 
 ``command(start)`` gets the parsed StartRequest and returns a mapping (``stdout``,
@@ -81,18 +88,20 @@ from piship_remote.local.wire import (
     SignalRequest,
     WireError,
     metadata_filter,
+    resolve,
     start_message,
     structure,
     to_json,
 )
 from piship_remote.testing.e2b_commands import (
+    CHECK_MARKER,
     PID,
     Command,
     CommandAnswer,
     answer_frames,
     command_answer,
 )
-from piship_remote.testing.e2b_files import MemoryTree, files_refusal
+from piship_remote.testing.e2b_files import HOME, MemoryTree, files_refusal
 from piship_remote.testing.e2b_listing import (
     CLIENT_ID,
     ENVD_VERSION,
@@ -101,7 +110,9 @@ from piship_remote.testing.e2b_listing import (
     has_metadata,
     listed,
 )
-from piship_remote.testing.recorder import RecordingServer, json_response
+from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
+from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
+from piship_remote.testing.sandbox_shell import Shell, script_of
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
 
@@ -158,11 +169,15 @@ class E2bServer(RecordingServer):
         self._hung: list[tuple[str | None, threading.Event]] = []
         self._killed: set[str] = set()
         self._stdin: dict[str, tuple[bytearray, threading.Event]] = {}
+        self._streams: list[tuple[str, threading.Event]] = []
+        self._in_memory = file_tree is None
+        self.faults = Faults()
+        """Faults on demand (:class:`~piship_remote.testing.faults.Faults`)."""
         super().__init__(self._handle)
 
     @property
     def live_sandboxes(self) -> list[str]:
-        """Sandboxes created, not deleted and not expired (one ``"sbx1"`` per live creation)."""
+        """Sandboxes created, not deleted and not expired, in creation order."""
         with self._state:
             self._prune()
             return [live.sandbox_id for live in self._live]
@@ -188,6 +203,17 @@ class E2bServer(RecordingServer):
         """The input SendInput gave the command tagged ``tag`` so far."""
         with self._state:
             return bytes(self._input_of(tag)[0])
+
+    def kill(self, sandbox_id: str) -> None:
+        """End ``sandbox_id`` now, as if its lifetime had run out: its control paths answer
+        404, envd 502, and its commands' streams are cut."""
+        with self._state:
+            self._live = [live for live in self._live if live.sandbox_id != sandbox_id]
+            self._gone.add(sandbox_id)
+            self._trees.pop(sandbox_id, None)
+            streams = [gate for owner, gate in self._streams if owner == sandbox_id]
+        for gate in streams:
+            gate.set()
 
     def files(self, sandbox_id: str = SANDBOX_ID) -> dict[str, bytes]:
         """The files of ``sandbox_id``'s tree by absolute path (empty for one never written)."""
@@ -220,6 +246,7 @@ class E2bServer(RecordingServer):
 
     def _handle(self, request: Request) -> Response:
         path = request.path
+        hold_if_stalled(self.faults, path, self.wait, lambda: self.closing)
         if path == "/health":
             return Response(b"", status=self._health)
         if path.startswith(_CONTROL_PREFIXES):
@@ -293,11 +320,15 @@ class E2bServer(RecordingServer):
     def _create_sandbox(self, body: dict[str, Any], default_timeout: int) -> Response:
         if self._create >= 400:
             return _json(self._create, ApiError(self._create, "no capacity"))
+        failure = self.faults.take_create_failure()
+        if failure is not None:
+            return _refused_create(failure)
         timeout = body.get("timeout", default_timeout)
         metadata = body.get("metadata")
         with self._state:
-            number = next(self._numbers)
-            sandbox_id = f"sbx{number}" if self._distinct else SANDBOX_ID
+            self._prune()
+            sandbox_id = self._new_id()
+            self._trees.pop(sandbox_id, None)
             now = self._clock()
             lifetime = timeout if isinstance(timeout, int) else default_timeout
             kept = (
@@ -305,7 +336,18 @@ class E2bServer(RecordingServer):
             )
             self._live.append(LiveSandbox(sandbox_id, kept, time.time(), now + lifetime))
             self._gone.discard(sandbox_id)
+        if self.faults.take_lost_answer():
+            raise DropConnection
         return _json(self._create, _info(sandbox_id))
+
+    def _new_id(self) -> str:
+        """With the state lock held: ``sbx<n>``, the lowest ``n`` not alive (with
+        ``distinct_ids``, the n-th create's ``n``: never one used before)."""
+        number = next(self._numbers)
+        if self._distinct:
+            return f"sbx{number}"
+        alive = {live.sandbox_id for live in self._live}
+        return next(f"sbx{n}" for n in itertools.count(1) if f"sbx{n}" not in alive)
 
     def _list(self, request: Request) -> Response:
         try:
@@ -412,17 +454,33 @@ class E2bServer(RecordingServer):
         except WireError:
             refusal = ConnectError("invalid_argument", "the body is not a Connect envelope")
             return _json(400, refusal)
-        answer = command_answer(start, self._command)
+        sandbox_id = request.headers.get("E2b-Sandbox-Id", SANDBOX_ID)
+        answer = self._answer(start, sandbox_id)
         if (status := answer.get("status")) is not None:
             return json_response(int(status), answer.get("body", b""))
+        if self.faults.take_dropped_stream():
+            answer = {**answer, "drop": True}
         tag = start.get("tag") if isinstance(start.get("tag"), str) else None
         return self.stream(
             request,
-            self._events(answer, tag),
+            self._events(answer, tag, sandbox_id),
             content_type=str(answer.get("content_type", CONNECT_JSON)),
         )
 
-    def _events(self, answer: CommandAnswer, tag: str | None) -> Iterator[bytes]:
+    def _answer(self, start: dict[str, Any], sandbox_id: str) -> CommandAnswer:
+        """The in-memory shell's answer when it runs the script, else ``command``'s."""
+        process = _object(start.get("process"))
+        script = script_of(process.get("args"))
+        if self._in_memory and script is not None and CHECK_MARKER not in script:
+            tree = self._tree(sandbox_id)
+            cwd = process.get("cwd") if isinstance(process.get("cwd"), str) else HOME
+            shell = Shell(tree, resolve(cwd, HOME) if cwd else HOME)
+            if tree.kind(shell.cwd) == "dir" and shell.takes(script, self._command is None):
+                envs = {str(k): str(v) for k, v in _object(process.get("envs")).items()}
+                return shell.run(script, envs).answer()
+        return command_answer(start, self._command)
+
+    def _events(self, answer: CommandAnswer, tag: str | None, sandbox_id: str) -> Iterator[bytes]:
         if not answer.get("hang"):
             stdin = functools.partial(self._read_stdin, tag)
             yield from answer_frames(answer, wait=self.wait, hang=None, stdin=stdin)
@@ -430,13 +488,17 @@ class E2bServer(RecordingServer):
         # Listen for SendSignal before the start frame goes out: a client may send
         # it as soon as it has the pid (the official SDK's kill() does).
         entry = (tag, threading.Event())
+        stream = (sandbox_id, entry[1])
         with self._state:
             self._hung.append(entry)
+            self._streams.append(stream)
         try:
-            yield from answer_frames(answer, wait=self.wait, hang=lambda: self._hang(*entry))
+            hang = lambda: self._hang(*entry) and not self._is_gone(sandbox_id)  # noqa: E731
+            yield from answer_frames(answer, wait=self.wait, hang=hang)
         finally:
             with self._state:
                 self._hung.remove(entry)
+                self._streams.remove(stream)
 
     def _hang(self, tag: str | None, gate: threading.Event) -> bool:
         """Wait for a SendSignal; True when one came, False when the server closed."""
@@ -452,6 +514,13 @@ def _signal_tag(body: bytes) -> str | None:
         return structure(json.loads(body), SignalRequest).process.tag
     except (ValueError, WireError):
         return None
+
+
+def _refused_create(failure: CreateFailure) -> Response:
+    response = _json(failure.status, ApiError(failure.status, "rate limit exceeded"))
+    if failure.retry_after is not None:
+        response.headers["Retry-After"] = str(failure.retry_after)
+    return response
 
 
 def _json(status: int, value: object) -> Response:

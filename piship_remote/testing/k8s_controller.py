@@ -30,7 +30,22 @@ from typing import Any, Protocol
 
 from piship_remote.testing.k8s_store import CLAIMS, SANDBOXES, ApiError, Store
 
-__all__ = ["Controller", "ControllerSettings"]
+__all__ = ["WALL_CLOCK", "Controller", "ControllerSettings"]
+
+# Taken once: a test that replaces time.time for the client under test (a clock jump)
+# does not move the cluster's clock with it.
+_WALL_TIME = time.time
+
+
+def WALL_CLOCK() -> float:
+    """The cluster's default clock: the wall clock (seconds since the epoch).
+
+    On it, a claim whose ``shutdownTime`` had already passed when it was created is
+    taken to be on a test's frozen clock (a backend given a fixed ``now``) and is not
+    expired by the wall clock; set ``Cluster.clock`` to judge every claim on one clock.
+    """
+    return _WALL_TIME()
+
 
 Object = dict[str, Any]
 
@@ -63,13 +78,17 @@ class Controller:
         self._sandbox_name = sandbox_name
         self._lock = threading.RLock()
         self._addresses = 0
+        self._frozen: set[str] = set()
 
     # ---- the hooks the API server calls ----------------------------------------------
 
     def claim_created(self, namespace: str, claim: Object) -> None:
         """The first reconcile of a new claim: annotate, adopt a Sandbox, write status."""
         name = claim["metadata"]["name"]
+        shutdown = _epoch(((claim.get("spec") or {}).get("lifecycle") or {}).get("shutdownTime"))
         with self._lock:
+            if shutdown is not None and shutdown <= WALL_CLOCK():
+                self._frozen.add(claim["metadata"]["uid"])
             self._annotate(namespace, name, "controller-first-observed-at")
             pool = (claim.get("spec") or {}).get("warmPoolRef", {}).get("name", "")
             pools = self._settings.warm_pools
@@ -136,6 +155,8 @@ class Controller:
         lifecycle = (claim.get("spec") or {}).get("lifecycle") or {}
         shutdown = _epoch(lifecycle.get("shutdownTime"))
         if shutdown is None:
+            return
+        if self._settings.clock is WALL_CLOCK and claim["metadata"]["uid"] in self._frozen:
             return
         expired = _ready_of(claim).get("reason") == "ClaimExpired"
         if now < shutdown:

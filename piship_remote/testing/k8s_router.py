@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ from piship_remote.testing.k8s_runtime import (
 )
 from piship_remote.testing.k8s_store import SANDBOXES, Store
 from piship_remote.testing.recorder import DropConnection
+from piship_remote.testing.sandbox_shell import Shell
 
 __all__ = ["CHECK_MARKER", "SANDBOX_PREFIX", "Router", "RouterRequest", "RouterSettings"]
 
@@ -48,6 +50,9 @@ ExecuteAnswer = Mapping[str, Any]
 Execute = Callable[[str], ExecuteAnswer]
 Wait = Callable[[threading.Event | None, float | None], bool]
 
+# The library's question for the runtime's working directory, answered by the runtime
+# whatever a test's ``execute`` says (it could not answer it usefully).
+_ASK_DIRECTORY = ["env", "/bin/sh", "-c", "pwd"]
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CONTROL_KEYS = frozenset({"after", "hang", "drop", "status", "body"})
 _ANSWER_KEYS = _CONTROL_KEYS | {"stdout", "stderr", "exit_code"}
@@ -98,8 +103,11 @@ class Router:
         wait: Wait,
         closing: Callable[[], bool],
         file_tree: Callable[[str], FileTree] | None = None,
+        drop_next: Callable[[], bool] = lambda: False,
     ) -> None:
+        self._drop_next = drop_next
         self._store = store
+        self._in_memory = file_tree is None
         self._file_tree = file_tree or (lambda _claim: FileTree())
         self._settings = settings
         self._execute = execute
@@ -107,6 +115,11 @@ class Router:
         self._closing = closing
         self._lock = threading.Lock()
         self._trees: dict[str, FileTree] = {}
+
+    def forget(self, claim: str) -> None:
+        """Drop the files of ``claim``'s sandbox (it is gone)."""
+        with self._lock:
+            self._trees.pop(claim, None)
 
     def files(self, claim: str) -> dict[str, bytes]:
         """The files the runtime of ``claim``'s sandbox holds, by path."""
@@ -216,7 +229,9 @@ class Router:
         failure = spawn_failure(command)
         if failure is not None:
             return Reply(200, {"stdout": "", "stderr": failure, "exit_code": 1})
-        answer = self._answer(command)
+        answer = self._answer(command, target.claim)
+        if self._drop_next():
+            answer = {**answer, "drop": True}
         runtime_limit = float(self._settings.runtime_timeout)
         if answer.get("hang") or answer.get("after") is not None:
             budget = min(target.limit, runtime_limit)
@@ -228,10 +243,16 @@ class Router:
                 return _detail(504, f"Timed out waiting for the backend sandbox: {target.sandbox}")
         return self._reply(request, answer)
 
-    def _answer(self, command: str) -> ExecuteAnswer:
+    def _answer(self, command: str, claim: str) -> ExecuteAnswer:
         if CHECK_MARKER in command:
             unlisted = "1" if "'PISHIP_PROBE_UNLISTED=" in command else "unset"
             return {"stdout": f"{CHECK_MARKER} {unlisted}\n", "exit_code": 0}
+        if self._in_memory:
+            tree = self._tree(claim)
+            shell = Shell(tree.memory, tree.base)
+            argv = shlex.split(command)
+            if shell.takes_argv(argv, self._execute is None or argv == _ASK_DIRECTORY):
+                return shell.run_argv(argv).answer()
         answer = dict(self._execute(command)) if self._execute else {"stdout": "", "exit_code": 0}
         unknown = set(answer) - _ANSWER_KEYS
         if unknown:

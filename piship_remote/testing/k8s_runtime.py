@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-import threading
-import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-__all__ = ["FileTree", "Reply", "Runtime"]
+from piship_remote.testing.e2b_files import MemoryTree
+
+__all__ = ["RUNTIME_BASE", "FileTree", "Reply", "Runtime"]
 
 
 @attrs.frozen
@@ -41,74 +41,77 @@ class Reply:
     headers: Mapping[str, str] = attrs.field(factory=dict)
 
 
-@attrs.define
-class _File:
-    data: bytes
-    mod_time: float
+RUNTIME_BASE = "/app"
+"""The runtime's base directory: where commands start and what its file endpoints serve."""
 
 
 class FileTree:
-    """One sandbox's files: paths relative to the base directory, directories implied."""
+    """One sandbox's files. The endpoints use paths relative to the base directory;
+    :attr:`memory` holds the whole file system (absolute paths) for the in-memory shell."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._files: dict[str, _File] = {}
+    def __init__(self, base: str = RUNTIME_BASE) -> None:
+        self.base = base
+        self.memory = MemoryTree(base)
 
     def snapshot(self) -> dict[str, bytes]:
-        with self._lock:
-            return {path: entry.data for path, entry in self._files.items()}
+        """The files under the base directory, by path relative to it."""
+        prefix = self.base + "/"
+        return {
+            path[len(prefix) :]: data
+            for path, data in self.memory.snapshot().items()
+            if path.startswith(prefix)
+        }
 
     def write(self, path: str, data: bytes) -> None:
-        with self._lock:
-            parents = _parents(path)
-            blocked = next((p for p in parents if p in self._files), None)
-            if blocked is not None:
-                raise NotADirectoryError(f"[Errno 20] Not a directory: '{path}'")
-            if self._is_dir(path):
-                raise IsADirectoryError(f"[Errno 21] Is a directory: '{path}'")
-            self._files[path] = _File(data, time.time())
+        absolute = self._absolute(path)
+        parent = posixpath.dirname(absolute)
+        if self.memory.kind(absolute) == "dir":
+            raise IsADirectoryError(f"[Errno 21] Is a directory: '{path}'")
+        _make_parents(self.memory, parent, path)
+        self.memory.write_file(absolute, data)
 
     def read(self, path: str) -> bytes | None:
-        with self._lock:
-            entry = self._files.get(path)
-            return entry.data if entry is not None else None
+        try:
+            return self.memory.read_file(self._absolute(path))
+        except OSError:
+            return None
 
     def exists(self, path: str) -> bool:
-        with self._lock:
-            return path in self._files or self._is_dir(path)
+        return self.memory.kind(self._absolute(path)) is not None
 
     def entries(self, path: str) -> list[dict[str, Any]] | None:
         """The directory's entries, or None when ``path`` is not a directory."""
-        with self._lock:
-            if not self._is_dir(path):
-                return None
-            prefix = "" if path == "" else path + "/"
-            seen: dict[str, dict[str, Any]] = {}
-            for name, entry in self._files.items():
-                if not name.startswith(prefix):
-                    continue
-                head, _, rest = name[len(prefix) :].partition("/")
-                if rest:
-                    seen.setdefault(
-                        head,
-                        {
-                            "name": head,
-                            "size": 4096,
-                            "type": "directory",
-                            "mod_time": entry.mod_time,
-                        },
-                    )
-                else:
-                    seen[head] = {
-                        "name": head,
-                        "size": len(entry.data),
-                        "type": "file",
-                        "mod_time": entry.mod_time,
-                    }
-            return list(seen.values())
+        directory = self._absolute(path)
+        if self.memory.kind(directory) != "dir":
+            return None
+        found = []
+        for name in self.memory.names(directory):
+            child = posixpath.join(directory, name)
+            is_dir = self.memory.kind(child) == "dir"
+            found.append(
+                {
+                    "name": name,
+                    "size": 4096 if is_dir else len(self.memory.read_file(child)),
+                    "type": "directory" if is_dir else "file",
+                    "mod_time": self.memory.mtime(child),
+                }
+            )
+        return found
 
-    def _is_dir(self, path: str) -> bool:
-        return path == "" or any(name.startswith(path + "/") for name in self._files)
+    def _absolute(self, path: str) -> str:
+        return posixpath.join(self.base, path) if path else self.base
+
+
+def _make_parents(tree: MemoryTree, directory: str, path: str) -> None:
+    kind = tree.kind(directory)
+    if kind == "file":
+        raise NotADirectoryError(f"[Errno 20] Not a directory: '{path}'")
+    if kind is None:
+        _make_parents(tree, posixpath.dirname(directory), path)
+        try:
+            tree.make_dir(directory)
+        except FileExistsError:
+            pass  # another upload made it meanwhile
 
 
 def confined(raw: str) -> str | None:
@@ -201,8 +204,3 @@ def decoded(result: dict[str, Any]) -> dict[str, Any]:
     except UnicodeDecodeError as error:
         return {"stdout": "", "stderr": f"Failed to execute command: {error}", "exit_code": 1}
     return out
-
-
-def _parents(path: str) -> list[str]:
-    parts = path.split("/")[:-1]
-    return ["/".join(parts[: i + 1]) for i in range(len(parts))]

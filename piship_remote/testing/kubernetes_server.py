@@ -30,7 +30,8 @@ it, and it stays open until ``timeoutSeconds``.
 named ``pool-<claim>`` with ``status.podIPs`` and is ``Ready=False`` until a client
 has seen it so, then ``Ready=True`` (never with ``cluster.never_ready``). A claim's
 ``status.sandbox.podIPs`` mirrors the Sandbox's only when ``cluster.pod_ip`` is set.
-With ``cluster.clock`` set, claims expire at their ``shutdownTime`` on that clock.
+Claims expire at their ``shutdownTime`` on ``cluster.clock`` (the wall clock unless a
+test sets another; ``None`` turns expiry off).
 
 **Router and runtime** (:mod:`~piship_remote.testing.k8s_router`,
 :mod:`~piship_remote.testing.k8s_runtime`): ``/execute``, ``/upload``,
@@ -72,8 +73,15 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
 ==============  =====================================================================
 
 ``file_tree(claim)`` makes the runtime's file tree of a claim (default: an in-memory
-:class:`~piship_remote.testing.k8s_runtime.FileTree`); a test whose ``execute`` runs
-commands for real passes a tree over the directory they run in.
+:class:`~piship_remote.testing.k8s_runtime.FileTree` whose base is ``/app``); a test
+whose ``execute`` runs commands for real passes a tree over the directory they run in.
+With the default tree, a command the in-memory shell understands
+(:mod:`piship_remote.testing.sandbox_shell`) runs against the claim's tree — every such
+command without ``execute``, beside one only the library's archive transfers (which
+name its ``/.piship-`` staging files) and its ``pwd`` question.
+
+``faults`` (:class:`~piship_remote.testing.faults.Faults`) and ``kill(claim)`` make
+failures on demand.
 
 Every event the server waits on (``after``, ``patch_gate``) is set when it closes.
 """
@@ -93,7 +101,8 @@ import attrs
 from werkzeug import Request, Response
 from werkzeug.formparser import parse_form_data
 
-from piship_remote.testing.k8s_controller import Controller
+from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
+from piship_remote.testing.k8s_controller import WALL_CLOCK, Controller
 from piship_remote.testing.k8s_router import (
     SANDBOX_PREFIX,
     Execute,
@@ -159,8 +168,10 @@ class Cluster:
     """``expired``/``router_gone`` answer the real router's 502, and ``pod_ip`` is required."""
     warm_pools: set[str] | None = None
     """The warm pools that exist (None: any pool a claim names)."""
-    clock: Callable[[], float] | None = None
-    """The controller's wall clock (epoch seconds) for ``shutdownTime``; None: never expire."""
+    clock: Callable[[], float] | None = WALL_CLOCK
+    """The controller's clock (epoch seconds) for ``shutdownTime``; None: never expire.
+    The default is the wall clock (see :func:`~piship_remote.testing.k8s_controller.WALL_CLOCK`
+    for a claim created already past its end)."""
     proxy_timeout: float = 180.0
     """The router's own limit on one proxied request (``X-Sandbox-Timeout`` may lower it)."""
     runtime_timeout: float = 300.0
@@ -185,8 +196,16 @@ class KubernetesServer(RecordingServer):
         self.store = Store()
         """The API server's objects (read them, or change them as a cluster would)."""
         self.controller = Controller(self.store, self.cluster, lambda c: SANDBOX_PREFIX + c)
+        self.faults = Faults()
+        """Faults on demand (:class:`~piship_remote.testing.faults.Faults`)."""
         self._router = Router(
-            self.store, self.cluster, execute, self.wait, lambda: self.closing, file_tree
+            self.store,
+            self.cluster,
+            execute,
+            self.wait,
+            lambda: self.closing,
+            file_tree,
+            self.faults.take_dropped_stream,
         )
         self._stop = threading.Event()
         super().__init__(self._handle)
@@ -201,6 +220,13 @@ class KubernetesServer(RecordingServer):
         expired = set(self.cluster.expired)
         names = [c["metadata"]["name"] for c in self.store.objects(CLAIM_RESOURCE)]
         return [name for name in names if name not in expired]
+
+    def kill(self, claim_name: str, namespace: str = "agents") -> None:
+        """Delete the claim now, as the cluster would at its ``shutdownTime``: its sandbox
+        goes with it and the router no longer reaches it."""
+        deleted = self.store.delete(CLAIM_RESOURCE, namespace, claim_name)
+        self.controller.claim_deleted(namespace, deleted)
+        self._router.forget(claim_name)
 
     def files(self, claim_name: str) -> dict[str, bytes]:
         """The files in ``claim_name``'s sandbox runtime, by path relative to its base."""
@@ -224,6 +250,7 @@ class KubernetesServer(RecordingServer):
     # ---- the HTTP layer --------------------------------------------------------------
 
     def _handle(self, request: Request) -> Response:
+        hold_if_stalled(self.faults, request.path, self.wait, lambda: self.closing)
         authorization = request.headers.get("Authorization")
         token = self.cluster.token
         if token is not None and authorization != f"Bearer {token}":
@@ -301,9 +328,14 @@ class KubernetesServer(RecordingServer):
                     f'"sandboxclaims" in namespace "{namespace}"',
                 },
             )
+        failure = self.faults.take_create_failure()
+        if failure is not None:
+            return _refused_create(failure)
         body = json_object(request.get_data())
         claim = self.store.create(CLAIM_RESOURCE, namespace, defaulted_claim(body))
         self.controller.claim_created(namespace, claim)
+        if self.faults.take_lost_answer():
+            raise DropConnection
         return json_response(201, claim)
 
     def _patch(self, request: Request, namespace: str, name: str, *, status: bool) -> Response:
@@ -405,6 +437,17 @@ class KubernetesServer(RecordingServer):
                 self.reconcile()
             except Exception:
                 _LOG.exception("the fake controller's pass failed")
+
+
+def _refused_create(failure: CreateFailure) -> Response:
+    reason = "TooManyRequests" if failure.status == 429 else "ServiceUnavailable"
+    response = json_response(
+        failure.status,
+        ApiError(failure.status, reason, "the server is handling too many requests").status(),
+    )
+    if failure.retry_after is not None:
+        response.headers["Retry-After"] = str(failure.retry_after)
+    return response
 
 
 def _line(kind: str, obj: dict[str, Any]) -> bytes:
