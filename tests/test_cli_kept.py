@@ -142,7 +142,7 @@ def test_a_failed_cp_leaves_the_attached_sandbox_alive(
     sandbox_id = created(mock, workspace, capsys)
     back = str(workspace / "back.txt")
     status = cli.main(["cp", "--attach", sandbox_id, "--workspace", str(workspace), ":typo", back])
-    assert status == cli.EXIT_UNAVAILABLE
+    assert status == cli.EXIT_CONFIG
     assert "FILE_NOT_FOUND" in capsys.readouterr().err
     assert mock.live_sandboxes == [sandbox_id]
     assert deletes(mock) == 0

@@ -19,6 +19,7 @@ from piship_remote.errors import (
     CONFIG_INVALID,
     CONFIG_UNAVAILABLE,
     CREDENTIAL_REQUIRED,
+    FILE_NOT_FOUND,
     FILE_WRITE_FAILED,
     NETWORK_DENIED,
     PiShipError,
@@ -41,9 +42,17 @@ __all__ = [
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
-# Something to fix on the user's side: a setting, a credential, or a path that cannot be written.
+# Something to fix on the user's side: a setting, a credential, a path that is not there or
+# cannot be written.
 CONFIG_CODES = frozenset(
-    {CONFIG_INVALID, CONFIG_UNAVAILABLE, CREDENTIAL_REQUIRED, NETWORK_DENIED, FILE_WRITE_FAILED}
+    {
+        CONFIG_INVALID,
+        CONFIG_UNAVAILABLE,
+        CREDENTIAL_REQUIRED,
+        NETWORK_DENIED,
+        FILE_NOT_FOUND,
+        FILE_WRITE_FAILED,
+    }
 )
 EXIT_OUT_OF_RANGE = 1
 DEMO_SECRET_NAME = "PISHIP_DEMO_API_TOKEN"
