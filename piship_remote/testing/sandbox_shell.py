@@ -474,12 +474,12 @@ class Shell:
         return all(name is not None and _base(name) in UTILITIES for name in names)
 
     def run(self, script: str, env: dict[str, str] | None = None) -> ShellResult:
-        from piship_remote.testing.sandbox_utilities import Interpreter
+        from piship_remote.testing.sandbox_interpreter import Interpreter
 
         return Interpreter(self.tree, self.cwd, dict(env or {})).script(script)
 
     def run_argv(self, argv: list[str]) -> ShellResult:
         """Run an argv without a shell (as a runtime that splits a command line does)."""
-        from piship_remote.testing.sandbox_utilities import Interpreter
+        from piship_remote.testing.sandbox_interpreter import Interpreter
 
         return Interpreter(self.tree, self.cwd, {}).argv(argv)
