@@ -62,6 +62,6 @@ def _extract(shell: Interpreter, archive: str, directory: str) -> int:
         refused = unpack(shell.tree, shell.tree.read_file(archive), directory)
     except (PiShipError, tarfile.TarError) as error:
         raise Failed(f"This does not look like a tar archive ({error})", 2) from None
-    for name in refused:
-        shell.stderr += f"tar: {name}: refused (it would land outside {directory})\n".encode()
+    for skipped in refused:
+        shell.stderr += f"tar: {skipped.path}: refused ({skipped.reason})\n".encode()
     return 2 if refused else 0

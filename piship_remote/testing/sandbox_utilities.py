@@ -41,6 +41,81 @@ def _echo(shell: Interpreter, args: list[str], stdin: bytes, out: bytearray) -> 
     return 0
 
 
+def _printf(shell: Interpreter, args: list[str], stdin: bytes, out: bytearray) -> int:
+    """``printf FORMAT [ARGUMENT...]``: ``%s``, ``%d``, ``%b``, ``%%`` and the backslash
+    escapes; the format is reused while arguments remain, as POSIX says."""
+    if not args:
+        raise Failed("usage: printf FORMAT [ARGUMENT...]", 2)
+    form, values = args[0], list(args[1:])
+    while True:
+        used = _format(form, values, out)
+        if not values or not used:
+            return 0
+
+
+def _format(form: str, values: list[str], out: bytearray) -> bool:
+    """Write ``form`` once, taking its arguments from ``values``; whether it took any."""
+    used, i = False, 0
+    while i < len(form):
+        c = form[i]
+        if c == "\\" and i + 1 < len(form):
+            text, i = _escape(form, i + 1)
+            out += text
+        elif c == "%" and i + 1 < len(form):
+            spec, i = form[i + 1], i + 2
+            if spec == "%":
+                out += b"%"
+                continue
+            if spec not in "sdb":
+                raise Failed(f"%{spec}: invalid conversion specification")
+            used = used or bool(values)
+            value = values.pop(0) if values else ""
+            if spec == "d":
+                if not value.lstrip("+-").isdigit() and value:
+                    raise Failed(f"{value}: expected a numeric value")
+                out += str(int(value or "0")).encode()
+            elif spec == "b":
+                out += b"".join(_escapes(value))
+            else:
+                out += value.encode("utf-8", "surrogateescape")
+        else:
+            out += c.encode("utf-8", "surrogateescape")
+            i += 1
+    return used
+
+
+def _escapes(text: str) -> list[bytes]:
+    parts: list[bytes] = []
+    i = 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            part, i = _escape(text, i + 1)
+        else:
+            part, i = text[i].encode("utf-8", "surrogateescape"), i + 1
+        parts.append(part)
+    return parts
+
+
+def _escape(text: str, i: int) -> tuple[bytes, int]:
+    """The byte of the escape whose letter is at ``text[i]``, and where the text goes on."""
+    if text[i] in "01234567":
+        end = i + 1
+        while end < min(i + 3, len(text)) and text[end] in "01234567":
+            end += 1
+        return bytes([int(text[i:end], 8) & 0xFF]), end
+    named = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\", "a": b"\a", "f": b"\f", "v": b"\v"}
+    return named.get(text[i], b"\\" + text[i].encode()), i + 1
+
+
+def _export(shell: Interpreter, args: list[str], stdin: bytes, out: bytearray) -> int:
+    """Every variable already reaches what the script runs; ``NAME=value`` sets one."""
+    for arg in args:
+        name, equals, value = arg.partition("=")
+        if equals:
+            shell.vars[name] = value
+    return 0
+
+
 def _pwd(shell: Interpreter, args: list[str], stdin: bytes, out: bytearray) -> int:
     out += f"{shell.cwd}\n".encode()
     return 0
@@ -220,6 +295,8 @@ UTILITIES: dict[str, Utility] = {
     "false": _false,
     "exit": _exit,
     "echo": _echo,
+    "printf": _printf,
+    "export": _export,
     "pwd": _pwd,
     "cd": _cd,
     "[": _test,
