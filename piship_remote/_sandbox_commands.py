@@ -29,6 +29,7 @@ __all__ = [
     "HELPER_PATH",
     "HELPER_SHELL",
     "LISTING_END",
+    "STAGING_PREFIX",
     "copy_out_command",
     "helper_script",
     "list_dir_command",
@@ -47,6 +48,9 @@ __all__ = [
 HELPER_SHELL = ("/bin/sh", "-c")
 HELPER_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 LISTING_END = "piship-listing-end"
+STAGING_PREFIX = ".piship-"
+"""How the names of what the library stages in a sandbox begin (archives, sync stamps,
+uploads on their way in), so nothing a user keeps there is taken for one."""
 
 
 def helper_script(body: str) -> str:

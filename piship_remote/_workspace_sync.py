@@ -35,6 +35,7 @@ import attrs
 from piship_remote._host_writes import host_write_error
 from piship_remote._sandbox_commands import (
     LISTING_END,
+    STAGING_PREFIX,
     list_files_command,
     pack_changed_command,
     stamp_command,
@@ -82,7 +83,9 @@ class WorkspaceSync:
         self._write_allow = tuple(write_allow)
         self._use_gitignore = use_gitignore
         self._send_secrets = tuple(send_secrets)
-        self._stamp = posixpath.join(STAMP_DIRECTORY, f".piship-sync-{secrets.token_hex(8)}")
+        self._stamp = posixpath.join(
+            STAMP_DIRECTORY, f"{STAGING_PREFIX}sync-{secrets.token_hex(8)}"
+        )
         self._pushed_files: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._record = SyncRecord(mode)
@@ -127,7 +130,9 @@ class WorkspaceSync:
         workspace's ``.gitignore`` files ignore."""
         relative = ["."] if paths is None else [self._relative(path) for path in paths]
         root = self._files.working_directory()
-        archive = posixpath.join(STAMP_DIRECTORY, f".piship-pull-{secrets.token_hex(8)}.tar")
+        archive = posixpath.join(
+            STAMP_DIRECTORY, f"{STAGING_PREFIX}pull-{secrets.token_hex(8)}.tar"
+        )
         newer = self._stamp if self._stamp_exists() else None
         summary = self._files.download_archive(
             pack_changed_command(root, relative, archive, newer_than=newer),

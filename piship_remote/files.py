@@ -34,7 +34,7 @@ from piship_remote._host_writes import (
     make_parents,
     remove_directories,
 )
-from piship_remote._sandbox_commands import pack_tree_command, unpack_command
+from piship_remote._sandbox_commands import STAGING_PREFIX, pack_tree_command, unpack_command
 from piship_remote._unpack import Exclude, unpack_streamed
 from piship_remote._worker import Worker
 from piship_remote._workspace_tree import TreeEntry, TreeWalk, inside
@@ -427,7 +427,7 @@ def _counting(
 def _staged_archive() -> str:
     """Where an archive waits in the sandbox: its ``/tmp``, writable on every service, where
     the directory above the working directory (``/home``) may be read-only."""
-    return posixpath.join(STAGING_DIRECTORY, f".piship-{_token()}.tar")
+    return posixpath.join(STAGING_DIRECTORY, f"{STAGING_PREFIX}{_token()}.tar")
 
 
 def _token() -> str:

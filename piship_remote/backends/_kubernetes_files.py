@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from piship_remote._sandbox_commands import (
+    STAGING_PREFIX,
     copy_out_command,
     list_dir_command,
     make_dir_command,
@@ -211,7 +212,7 @@ class RuntimeFiles:
         return relative
 
     def _staging(self) -> str:
-        return f".piship-{secrets.token_hex(8)}.part"
+        return f"{STAGING_PREFIX}{secrets.token_hex(8)}.part"
 
     def _upload(
         self,

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from piship_remote._sandbox_commands import working_directory_command
 from piship_remote.testing.k8s_runtime import (
     FileTree,
     Reply,
@@ -39,7 +40,7 @@ from piship_remote.testing.k8s_runtime import (
 )
 from piship_remote.testing.k8s_store import SANDBOXES, Store
 from piship_remote.testing.recorder import DropConnection
-from piship_remote.testing.sandbox_shell import Shell
+from piship_remote.testing.sandbox_shell import Shell, script_of
 
 __all__ = ["CHECK_MARKER", "SANDBOX_PREFIX", "Router", "RouterRequest", "RouterSettings"]
 
@@ -52,7 +53,7 @@ Wait = Callable[[threading.Event | None, float | None], bool]
 
 # The library's question for the runtime's working directory, answered by the runtime
 # whatever a test's ``execute`` says (it could not answer it usefully).
-_ASK_DIRECTORY = ["env", "/bin/sh", "-c", "pwd"]
+_ASK_DIRECTORY = working_directory_command()
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CONTROL_KEYS = frozenset({"after", "hang", "drop", "status", "body"})
 _ANSWER_KEYS = _CONTROL_KEYS | {"stdout", "stderr", "exit_code"}
@@ -251,7 +252,8 @@ class Router:
             tree = self._tree(claim)
             shell = Shell(tree.memory, tree.base)
             argv = shlex.split(command)
-            if shell.takes_argv(argv, self._execute is None or argv == _ASK_DIRECTORY):
+            asks_directory = script_of(argv) == _ASK_DIRECTORY
+            if shell.takes_argv(argv, self._execute is None or asks_directory):
                 return shell.run_argv(argv).answer()
         answer = dict(self._execute(command)) if self._execute else {"stdout": "", "exit_code": 0}
         unknown = set(answer) - _ANSWER_KEYS

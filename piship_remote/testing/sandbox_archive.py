@@ -17,12 +17,13 @@ from collections.abc import Iterable
 
 from piship_remote._archive import unpack_tar
 from piship_remote.testing.sandbox_tree import ShellTree
+from piship_remote.transfer import SkippedPath
 
 __all__ = ["pack", "unpack"]
 
 
-def unpack(tree: ShellTree, data: bytes, target: str) -> list[str]:
-    """Unpack the tar ``data`` below the directory ``target``; the names it refused."""
+def unpack(tree: ShellTree, data: bytes, target: str) -> tuple[SkippedPath, ...]:
+    """Unpack the tar ``data`` below the directory ``target``; what it refused, and why."""
     times = _member_times(data)
     with tempfile.TemporaryDirectory(prefix="piship-double-") as scratch:
         summary = unpack_tar(io.BytesIO(data), scratch)
@@ -36,7 +37,7 @@ def unpack(tree: ShellTree, data: bytes, target: str) -> list[str]:
                 with open(os.path.join(directory, name), "rb") as handle:
                     member = posixpath.relpath(path, target)
                     tree.write_file(path, handle.read(), times.get(member))
-    return [skipped.path for skipped in summary.skipped]
+    return summary.skipped
 
 
 def pack(tree: ShellTree, root: str, names: Iterable[str], *, recursive: bool = True) -> bytes:

@@ -10,8 +10,10 @@ the host: it interprets these scripts against its tree instead::
 
 The grammar is the part of ``sh`` such scripts use: ``;``, ``&&``, ``||``, ``|``,
 ``{ …; }``, ``if/elif/else/fi``, quotes, ``$?``, ``$NAME``, ``$(…)``, redirections
-``< > >> 2>/dev/null``, ``NAME=value``. The utilities are in :data:`UTILITIES`;
-:mod:`piship_remote.testing.sandbox_utilities` implements them.
+``< > >> 2>/dev/null``, ``NAME=value``. :mod:`~piship_remote.testing.sandbox_interpreter`
+runs it; the utilities are in :data:`~piship_remote.testing.sandbox_utilities.UTILITIES`
+(``find`` and ``tar`` in modules of their own). It covers every helper of
+:mod:`piship_remote._sandbox_commands` (``tests/test_double_shell.py`` checks each).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from typing import Any
 
 import attrs
 
+from piship_remote._sandbox_commands import STAGING_PREFIX
 from piship_remote.testing.sandbox_tree import ShellTree
 
 __all__ = ["STAGING", "Shell", "ShellResult", "ShellSyntaxError", "script_of"]
 
-STAGING = "/.piship-"
+STAGING = f"/{STAGING_PREFIX}"
 """What the library's archive transfers name (their staged tars and sync stamps): a script
 naming it runs in the tree even beside a test's own ``command``/``execute`` answers,
 which cannot act on the tree."""
@@ -474,12 +477,12 @@ class Shell:
         return all(name is not None and _base(name) in UTILITIES for name in names)
 
     def run(self, script: str, env: dict[str, str] | None = None) -> ShellResult:
-        from piship_remote.testing.sandbox_utilities import Interpreter
+        from piship_remote.testing.sandbox_interpreter import Interpreter
 
         return Interpreter(self.tree, self.cwd, dict(env or {})).script(script)
 
     def run_argv(self, argv: list[str]) -> ShellResult:
         """Run an argv without a shell (as a runtime that splits a command line does)."""
-        from piship_remote.testing.sandbox_utilities import Interpreter
+        from piship_remote.testing.sandbox_interpreter import Interpreter
 
         return Interpreter(self.tree, self.cwd, {}).argv(argv)
