@@ -151,8 +151,8 @@ def test_valid_path_rules(rule: str) -> None:
             'sandbox policy field "network.hosts" is not recognized',
         ),
         (
-            {"filesystem": {"read": {"allow": []}}},
-            'sandbox policy field "filesystem.read.allow" is not recognized',
+            {"filesystem": {"read": {"permit": []}}},
+            'sandbox policy field "filesystem.read.permit" is not recognized',
         ),
         ([], "sandbox policy must be a mapping, not a list"),
         (None, "sandbox policy must be a mapping, not null"),
