@@ -3,6 +3,7 @@ settable clocks, the secret sweep."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from claims_support import FakeCluster
 from local_service_support import Client
 from seed_support import Clocks
@@ -95,9 +97,12 @@ def client(service: LocalE2bService) -> Iterator[Client]:
 
 
 @pytest.fixture
-def sandbox(client: Client) -> dict[str, Any]:
-    """A sandbox of the ``service``, deleted when the service stops."""
-    return client.create()
+def sandbox(client: Client) -> Iterator[dict[str, Any]]:
+    """A sandbox of the ``service``, deleted after the test (a module's service outlives it)."""
+    created = client.create()
+    yield created
+    with contextlib.suppress(requests.ConnectionError):  # a test may have stopped the service
+        client.control("DELETE", f"/sandboxes/{created['sandboxID']}")
 
 
 @pytest.fixture

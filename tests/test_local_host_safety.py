@@ -46,13 +46,6 @@ def service() -> Iterator[LocalE2bService]:
         yield running
 
 
-@pytest.fixture
-def sandbox(client: Client) -> Iterator[dict[str, Any]]:
-    created = client.create()
-    yield created
-    client.control("DELETE", f"/sandboxes/{created['sandboxID']}")
-
-
 def users() -> list[str]:
     return ["user", "root"] if root_mappable() else ["user"]
 

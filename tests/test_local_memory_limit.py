@@ -51,13 +51,6 @@ def service() -> Iterator[LocalE2bService]:
         yield running
 
 
-@pytest.fixture
-def sandbox(client: Client) -> Iterator[dict[str, Any]]:
-    created = client.create()
-    yield created
-    client.control("DELETE", f"/sandboxes/{created['sandboxID']}")
-
-
 def remove(client: Client, sandbox: dict[str, Any], path: str) -> int:
     response = client.session.post(
         f"{client.service.envd_url}/filesystem.Filesystem/Remove",

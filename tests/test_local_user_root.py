@@ -45,13 +45,6 @@ def service() -> Iterator[LocalE2bService]:
         yield running
 
 
-@pytest.fixture
-def sandbox(client: Client) -> Iterator[dict[str, Any]]:
-    created = client.create()
-    yield created
-    client.control("DELETE", f"/sandboxes/{created['sandboxID']}")
-
-
 def capabilities(output: str) -> dict[str, int]:
     """``{"CapEff": mask, …}`` from ``/proc/self/status`` lines."""
     fields = (line.split(":") for line in output.splitlines())
