@@ -185,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_average=(load_before, os.getloadavg()),
     )
     table = format_table(results, goals)
+    print(f"base64 decoder (ours): {report.machine.base64_decoder}\n")
     print(table)
     if report.leftover_threads:
         print(f"\nleftover threads: {', '.join(report.leftover_threads)}")

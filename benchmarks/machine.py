@@ -11,6 +11,7 @@ import os
 import platform
 
 from benchmarks.report import Machine
+from piship_remote.backends._e2b_stream import base64_decoder
 
 __all__ = ["describe"]
 
@@ -18,7 +19,8 @@ _PACKAGES = ("requests", "urllib3", "e2b", "werkzeug", "pyqwest", "connectrpc", 
 
 
 def describe() -> Machine:
-    """CPU count and model, platform, Python and the versions of the HTTP stacks."""
+    """CPU count and model, platform, Python, the versions of the HTTP stacks and the
+    base64 decoder our E2B stream reader uses."""
     versions: dict[str, str] = {}
     for name in _PACKAGES:
         try:
@@ -31,6 +33,7 @@ def describe() -> Machine:
         platform=platform.platform(),
         python=platform.python_version(),
         versions=versions,
+        base64_decoder=base64_decoder(),
     )
 
 

@@ -172,6 +172,7 @@ class Machine:
     platform: str
     python: str
     versions: Mapping[str, str]
+    base64_decoder: str = ""  # what decoded the E2B stream's output (pybase64 or binascii)
 
 
 @attrs.frozen

@@ -57,6 +57,7 @@ def render(report: Report, table: str) -> str:
             f"- {machine.nproc} CPUs, `{machine.cpu_model}`, {machine.platform}, "
             f"Python {machine.python}",
             f"- versions: {versions}",
+            f"- base64 decoder (ours): {machine.base64_decoder}",
             f"- command: `{report.command}`",
             f"- started {report.started}, took {report.seconds:.0f} s; size `{report.size}`, "
             f"round trips {', '.join(f'{rtt} ms' for rtt in report.rtts_ms)}",

@@ -235,4 +235,8 @@ def test_compare_and_results_page_in_one_run(tiny_report: dict[str, Any], tmp_pa
     assert "regression(s) beyond 10%" in done.stdout
     text = page.read_text(encoding="utf-8")
     assert "--compare" in text and "load average" in text and "exec_latency" in text
+    decoder = tiny_report["machine"]["base64_decoder"]
+    assert decoder.startswith("pybase64 ")  # a plain install's decoder
+    assert f"base64 decoder (ours): {decoder}" in done.stdout
+    assert f"- base64 decoder (ours): {decoder}" in text
     assert text.rstrip().endswith("## Notes\n\nkept by hand")

@@ -74,3 +74,9 @@ def _undeclared() -> list[str]:
 
 def test_every_import_of_a_shipped_module_is_declared() -> None:
     assert _undeclared() == []
+
+
+def test_the_fast_base64_decoder_comes_with_a_plain_install() -> None:
+    required, extras = _declared()
+    assert "pybase64" in required
+    assert "pybase64" in extras["speed"]  # the old install line keeps working

@@ -1114,6 +1114,13 @@ def test_the_data_fast_path_takes_only_canonical_base64(
     assert e2b_stream._data_output(memoryview(payload)) == expected
 
 
+def test_the_stream_names_the_base64_decoder_it_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pybase64", reason=install_hint("speed"))
+    assert e2b_stream.base64_decoder().startswith("pybase64 ")
+    monkeypatch.setattr(e2b_stream, "_FAST_B64", None)
+    assert e2b_stream.base64_decoder() == "binascii (standard library)"
+
+
 @pytest.mark.parametrize(
     "text",
     [

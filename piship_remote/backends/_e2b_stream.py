@@ -27,12 +27,14 @@ from piship_remote.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
 
 _FAST_B64: Callable[..., bytes] | None
-try:
+_FAST_B64_VERSION: Callable[[], str] | None
+try:  # a core dependency; an install without it (--no-deps) decodes ~7x slower
     from pybase64 import b64decode as _FAST_B64
-except ImportError:  # optional speed-up; the standard library decodes the same
-    _FAST_B64 = None
+    from pybase64 import get_version as _FAST_B64_VERSION
+except ImportError:
+    _FAST_B64 = _FAST_B64_VERSION = None
 
-__all__ = ["UNKNOWN_OUTCOME", "StreamOutcome", "end_exit_code", "read_stream"]
+__all__ = ["UNKNOWN_OUTCOME", "StreamOutcome", "base64_decoder", "end_exit_code", "read_stream"]
 
 # What every error after which a command may have run tells the user to do.
 UNKNOWN_OUTCOME = "check its effects before running it again"
@@ -303,10 +305,18 @@ def _lenient_b64(value: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
 
+def base64_decoder() -> str:
+    """What decodes command output: ``pybase64 <version and build>``, or the standard
+    library's ``binascii`` when pybase64 is not installed."""
+    if _FAST_B64 is not None and _FAST_B64_VERSION is not None:
+        return f"pybase64 {_FAST_B64_VERSION()}"
+    return "binascii (standard library)"
+
+
 def _strict_b64(data: bytes | memoryview) -> bytes:
     """Canonical base64 (padded, standard alphabet, nothing else); ``binascii.Error`` if not.
 
-    Uses ``pybase64`` (SIMD, ~30x faster on large output) when it is installed.
+    Uses ``pybase64`` (SIMD, ~30x faster on large output) unless it is missing.
     """
     return _FAST_B64(data, validate=True) if _FAST_B64 is not None else _stdlib_strict_b64(data)
 
