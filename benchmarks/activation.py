@@ -51,7 +51,7 @@ from benchmarks.loopback import ROOT, readline_within
 from benchmarks.proxy import ProxyProcess
 from benchmarks.report import Role, Row, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context
-from piship_remote.backends.e2b import E2bCompatibleBackend
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer, Recorded
 
 __all__ = ["NAME", "run"]

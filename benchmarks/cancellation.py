@@ -36,7 +36,7 @@ from benchmarks.clients import (
 from benchmarks.loopback import LoopbackServer
 from benchmarks.report import Row, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context, alternate
-from piship_remote.errors import CommandCancelled, CommandTimeout
+from piship_remote.model.errors import CommandCancelled, CommandTimeout
 
 __all__ = ["NAME", "run"]
 

@@ -28,11 +28,11 @@ import requests
 import requests.adapters
 
 from benchmarks.report import Role
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import ExecRequest, Instance
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.connect import connect_envelope
-from piship_remote.policy import SandboxProfile
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
+from piship_remote.wire.connect import connect_envelope
 
 __all__ = [
     "API_KEY",
@@ -54,7 +54,7 @@ __all__ = [
 API_KEY = "e2b_" + "0" * 40
 ACCESS_TOKEN = "envd-token-1"
 SDK_MISSING = "the official E2B SDK is not installed (pip install e2b==2.63.0)"
-KUBERNETES_MISSING = "piship_remote.backends.kubernetes is not available"
+KUBERNETES_MISSING = "piship_remote.backends.kubernetes.backend is not available"
 NAMESPACE = "agents"
 WARM_POOL = "bench-pool"
 POOL_SIZE = 64
@@ -325,7 +325,7 @@ class RawExecute:
 def kubernetes_backend(url: str, stack: contextlib.ExitStack) -> Any:
     """Our Kubernetes backend against the mock cluster at ``url`` (API and router)."""
     try:
-        module = importlib.import_module("piship_remote.backends.kubernetes")
+        module = importlib.import_module("piship_remote.backends.kubernetes.backend")
     except ImportError as error:
         raise _Skip(f"{KUBERNETES_MISSING}: {error}") from None
     backend = module.KubernetesAgentSandboxBackend(

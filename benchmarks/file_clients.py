@@ -30,7 +30,7 @@ import requests
 from benchmarks.clients import SDK_MISSING, load_sdk
 from benchmarks.local_service import USER, service_backend
 from benchmarks.report import Role
-from piship_remote.activation import Sandbox, activate_sandbox
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 
 __all__ = ["FileClient", "RawFileSocket", "file_clients", "ours_sandbox", "raw_sandbox"]
 

@@ -21,7 +21,7 @@ import sys
 from types import TracebackType
 
 from benchmarks.loopback import READY, ROOT, readline_within
-from piship_remote.backends.e2b import E2bCompatibleBackend
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
 __all__ = ["HOME", "USER", "LocalServiceProcess", "service_backend", "unavailable"]
 

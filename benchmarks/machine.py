@@ -11,7 +11,7 @@ import os
 import platform
 
 from benchmarks.report import Machine
-from piship_remote.backends._e2b_stream import base64_decoder
+from piship_remote.backends.e2b._stream import base64_decoder
 
 __all__ = ["describe"]
 

@@ -25,7 +25,7 @@ from benchmarks.file_transfer import SERVER, served
 from benchmarks.local_service import unavailable
 from benchmarks.report import Role, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context, alternate, timed
-from piship_remote.activation import Sandbox
+from piship_remote.sandbox.activation import Sandbox
 
 __all__ = ["NAME", "make_tree", "run"]
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 
 from seed_support import Clocks
 
-from piship_remote._cancel import CancelToken
-from piship_remote.backends.claims import Claim, ClaimGone, ClaimManager
+from piship_remote.backends.kubernetes.claims import Claim, ClaimGone, ClaimManager
 from piship_remote.backends.lifetime import Anchor
-from piship_remote.errors import CommandCancelled
+from piship_remote.model.errors import CommandCancelled
+from piship_remote.transport._cancel import CancelToken
 
 __all__ = ["FakeCluster", "MakeManager", "managers_on", "piship_threads"]
 

@@ -19,7 +19,7 @@ from claims_support import FakeCluster
 from local_service_support import Client
 from seed_support import Clocks
 
-from piship_remote.backends.kubernetes import KubernetesInstance
+from piship_remote.backends.kubernetes.backend import KubernetesInstance
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
 

@@ -19,8 +19,8 @@ import threading
 import piship_remote
 from piship_remote import activate_sandbox
 from piship_remote.backends.base import Backend
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
 
 def backend(kind: str, url: str, lifetime: float) -> Backend:

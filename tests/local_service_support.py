@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import requests
 
-from piship_remote.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
 from piship_remote.local import LocalE2bService
+from piship_remote.wire.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
 
 PROBLEM = LocalE2bService.check()
 needs_bwrap = pytest.mark.skipif(PROBLEM is not None, reason=f"bubblewrap cannot run: {PROBLEM}")

@@ -9,7 +9,7 @@ from typing import Any
 import requests
 from local_service_support import BASIC_USER, HTTP_TIMEOUT, Client, Stream
 
-from piship_remote.connect import connect_envelope
+from piship_remote.wire.connect import connect_envelope
 
 STREAM_TYPE = "application/connect+json"
 

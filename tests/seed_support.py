@@ -17,11 +17,11 @@ from typing import Any
 
 import attrs
 
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import Backend, ExecRequest
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.backends.lifetime import ClaimClock
-from piship_remote.policy import SandboxProfile
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 from piship_remote.testing import THREAD_PREFIX, Recorded
 
 T = 1790618400.0

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import Availability, BackendResult, ExecRequest
-from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
-from piship_remote.policy import SandboxProfile
-from piship_remote.redact import Redactor
-from piship_remote.report import Capabilities, describe_containment
+from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.redact import Redactor
+from piship_remote.model.report import Capabilities, describe_containment
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 
 ENV = {
     "PATH": "/opt/host/bin",

@@ -10,8 +10,8 @@ import pytest
 
 from piship_remote import activate_sandbox
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.e2b import E2bCompatibleBackend, E2bInstance
-from piship_remote.errors import SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend, E2bInstance
+from piship_remote.model.errors import SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.testing import E2bServer
 
 E2bFactory = Callable[..., E2bServer]

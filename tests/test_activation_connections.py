@@ -17,8 +17,8 @@ from loopback_http import LoopbackHttp
 
 from benchmarks.loopback import LoopbackServer
 from piship_remote import activate_sandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.redact import Redactor
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport
 
 pytestmark = pytest.mark.timeout(60)

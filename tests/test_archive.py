@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote import _archive
-from piship_remote._archive import (
+from piship_remote.model.errors import PiShipError
+from piship_remote.model.transfer import SkippedPath
+from piship_remote.workspace import _archive
+from piship_remote.workspace._archive import (
     StreamedArchives,
     _header,
     archive_parts,
@@ -19,9 +21,7 @@ from piship_remote._archive import (
     tar_stream,
     unpack_tar,
 )
-from piship_remote._workspace_tree import TreeEntry, select_tree
-from piship_remote.errors import PiShipError
-from piship_remote.transfer import SkippedPath
+from piship_remote.workspace._tree import TreeEntry, select_tree
 
 
 def hostile(*members: tuple[tarfile.TarInfo, bytes]) -> io.BytesIO:

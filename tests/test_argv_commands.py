@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from piship_remote import E2bCompatibleBackend, PiShipError, Sandbox, activate_sandbox
-from piship_remote._exec_engine import command_line
+from piship_remote.sandbox._exec_engine import command_line
 from piship_remote.testing import E2bServer
 
 pytestmark = pytest.mark.timeout(20)

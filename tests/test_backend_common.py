@@ -14,16 +14,16 @@ from seed_support import kubernetes
 
 from piship_remote.backends._common import exit_code_of, exit_status, remote_directory
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
-from piship_remote.errors import (
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+from piship_remote.model.errors import (
     CONFIG_INVALID,
     CREDENTIAL_REQUIRED,
     GATEWAY_UNREACHABLE,
     PiShipError,
 )
-from piship_remote.policy import SandboxProfile
-from piship_remote.redact import Redactor
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.redact import Redactor
 from piship_remote.testing import E2bServer, KubernetesServer
 from piship_remote.transport import HttpReply, Transport
 

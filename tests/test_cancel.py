@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from piship_remote._cancel import CancelToken, EventWatcher, bridge, when_cancelled
+from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge, when_cancelled
 
 
 def test_setting_a_token_runs_its_callbacks_once() -> None:

@@ -11,10 +11,10 @@ import pytest
 from claims_support import FakeCluster, MakeManager, managers_on, piship_threads
 from seed_support import Clocks, T
 
-from piship_remote._cancel import CancelToken
-from piship_remote.backends.claims import Claim, ClaimManager
+from piship_remote.backends.kubernetes.claims import Claim, ClaimManager
 from piship_remote.backends.lifetime import micros
-from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.transport._cancel import CancelToken
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -9,9 +9,9 @@ import pytest
 from claims_support import FakeCluster, MakeManager, managers_on
 from seed_support import Clocks
 
-from piship_remote._cancel import CancelToken
-from piship_remote.backends.claims import ClaimManager
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.backends.kubernetes.claims import ClaimManager
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.transport._cancel import CancelToken
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -13,8 +13,8 @@ from cli_support import NEEDS_BWRAP, E2bFactory, cli_process, e2b_environ, use_e
 from files_support import small_filesystem
 
 from piship_remote import cli
-from piship_remote.activation import activate_sandbox
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import KubernetesServer
 from piship_remote.testing.kubernetes_server import Cluster
 
@@ -155,7 +155,7 @@ def test_input_waiting_for_a_kubernetes_command_is_a_configuration_error(tmp_pat
 def test_the_kubernetes_backend_refuses_input_before_running_anything(
     kubernetes_server: KubernetesFactory, workspace: Path
 ) -> None:
-    from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
+    from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
     ran: list[str] = []
     mock = kubernetes_server(lambda command: ran.append(command) or {}, Cluster(token=K8S_TOKEN))

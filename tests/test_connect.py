@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from piship_remote.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
+from piship_remote.wire.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
 
 
 def test_an_envelope_is_flags_length_and_compact_json() -> None:

@@ -12,8 +12,8 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from piship_remote.backends._credential import Credential, send_credentialed
-from piship_remote.errors import CREDENTIAL_REQUIRED, PiShipError
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import CREDENTIAL_REQUIRED, PiShipError
+from piship_remote.model.redact import Redactor
 from piship_remote.testing import E2bServer
 from piship_remote.transport import HttpResponse, Transport
 

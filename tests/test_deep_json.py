@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from piship_remote.connect import EnvelopeReader, connect_envelope
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
 from piship_remote.testing import RecordingServer, json_response
 from piship_remote.transport import Transport
+from piship_remote.wire.connect import EnvelopeReader, connect_envelope
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
 

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from piship_remote import PiShipError, Sandbox, activate_sandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer
 from tests.seed_support import kubernetes
 

@@ -16,7 +16,6 @@ import pytest
 import requests
 from werkzeug import Request, Response
 
-from piship_remote.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
 from piship_remote.testing import (
     CLAIMS,
     THREAD_PREFIX,
@@ -31,6 +30,7 @@ from piship_remote.testing import (
 )
 from piship_remote.testing.kubernetes_server import claims_path
 from piship_remote.testing.plugin import _closing_factory
+from piship_remote.wire.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
 
 pytestmark = pytest.mark.timeout(20)
 

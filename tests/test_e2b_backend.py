@@ -27,22 +27,22 @@ from optional_peers import install_hint
 from seed_support import Clocks
 from werkzeug import Request, Response
 
-from piship_remote._cancel import CancelToken
-from piship_remote.backends import _e2b_stream as e2b_stream
 from piship_remote.backends.base import Backend, BackendResult, ExecRequest, Instance
-from piship_remote.backends.e2b import (
+from piship_remote.backends.e2b import _stream as e2b_stream
+from piship_remote.backends.e2b.backend import (
     CreateRetry,
     E2bCompatibleBackend,
     E2bInstance,
     remote_directory,
 )
-from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
-from piship_remote.errors import CommandCancelled, PiShipError
-from piship_remote.policy import SandboxProfile
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.redact import Redactor
 from piship_remote.testing import THREAD_PREFIX, E2bServer, RecordingServer, json_response
 from piship_remote.testing.recorder import DropConnection
 from piship_remote.transport import HttpReply, Transport, TransportError
+from piship_remote.transport._cancel import CancelToken
+from piship_remote.wire.connect import END_STREAM, EnvelopeReader, connect_envelope
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 import pytest
 
 from piship_remote.backends._common import SandboxErrors
-from piship_remote.backends._e2b_envd import _WIRE, start_envelope, start_request
-from piship_remote.backends._e2b_stream import StreamOutcome
-from piship_remote.connect import END_STREAM, Frame, connect_envelope
-from piship_remote.errors import PiShipError
+from piship_remote.backends.e2b._envd import _WIRE, start_envelope, start_request
+from piship_remote.backends.e2b._stream import StreamOutcome
+from piship_remote.model.errors import PiShipError
+from piship_remote.wire.connect import END_STREAM, Frame, connect_envelope
 
 ODD = 'é "quoted" \\ back \x00\x01\x1f\x7f \u2028\u2029 \U0001f600 </script> \t\n\r'
 

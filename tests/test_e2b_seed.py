@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from seed_support import SECRETS, Run, Seed, seed_policy
 
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
-from piship_remote.errors import CommandTimeout, PiShipError
-from piship_remote.report import NetworkDenial, describe_containment
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.model.errors import CommandTimeout, PiShipError
+from piship_remote.model.report import NetworkDenial, describe_containment
 from piship_remote.testing import E2bServer, Recorded, leaks
+from piship_remote.wire.connect import END_STREAM, EnvelopeReader, Frame, connect_envelope
 
 E2bFactory = Callable[..., E2bServer]
 

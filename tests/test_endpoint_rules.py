@@ -12,7 +12,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from piship_remote import E2bCompatibleBackend, PiShipError, activate_sandbox
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
 from piship_remote.testing import E2bServer
 from piship_remote.transport import Transport, check_endpoint
 from piship_remote.transport.endpoint import is_localhost_name, loopback_addresses

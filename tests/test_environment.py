@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote.activation import activate_sandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.connect import EnvelopeReader
-from piship_remote.environment import (
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.model.environment import (
     HOST_BOUND_VARIABLES,
     NETWORK_SETTING_VARIABLES,
     DroppedVariable,
@@ -20,8 +18,10 @@ from piship_remote.environment import (
     is_network_setting_name,
     screen_environment,
 )
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
+from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import E2bServer
+from piship_remote.wire.connect import EnvelopeReader
 
 # The seed's source environment and allow list.
 SEED_ENV = {

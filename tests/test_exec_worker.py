@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from piship_remote._exec_workers import Aborted, Channel, Output, Raised, Returned
-from piship_remote.activation import CHANNEL_BYTES, Sandbox, activate_sandbox
 from piship_remote.backends.base import Availability, BackendResult, ExecRequest
-from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
-from piship_remote.policy import SandboxProfile
-from piship_remote.redact import Redactor
-from piship_remote.report import Capabilities
+from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.redact import Redactor
+from piship_remote.model.report import Capabilities
+from piship_remote.sandbox._exec_workers import Aborted, Channel, Output, Raised, Returned
+from piship_remote.sandbox.activation import CHANNEL_BYTES, Sandbox, activate_sandbox
 
 POLICY = {"required": True, "network": {"mode": "deny"}, "environment": {"allow": ["LANG"]}}
 CHUNK = 64 * 1024

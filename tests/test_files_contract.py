@@ -23,9 +23,9 @@ import pytest
 from piship_remote import PiShipError, Sandbox, SkippedPath, activate_sandbox
 from piship_remote.backends._file_protocol import SizedChunks
 from piship_remote.backends.base import Backend
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.errors import CONFIG_INVALID, FILE_NOT_FOUND
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 from piship_remote.local import LocalE2bService
+from piship_remote.model.errors import CONFIG_INVALID, FILE_NOT_FOUND
 from piship_remote.testing import E2bServer, KubernetesServer
 from tests.files_support import DirectoryTree, EnvdDirectoryTree, bash_command, shell_execute
 from tests.seed_support import kubernetes

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from piship_remote import _archive
-from piship_remote._workspace_sync import WorkspaceSync
-from piship_remote.errors import PiShipError
-from piship_remote.files import SandboxFiles
-from piship_remote.transfer import SkippedPath
+from piship_remote.model.errors import PiShipError
+from piship_remote.model.transfer import SkippedPath
+from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.workspace import _archive
+from piship_remote.workspace._sync import WorkspaceSync
 from tests.files_support import DirectoryFiles, bash_runner, small_filesystem
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from piship_remote import PiShipError, Sandbox
-from piship_remote.errors import CONFIG_INVALID, FILE_WRITE_FAILED
-from piship_remote.transfer import SkippedPath, TransferLimits
+from piship_remote.model.errors import CONFIG_INVALID, FILE_WRITE_FAILED
+from piship_remote.model.transfer import SkippedPath, TransferLimits
 from tests import test_files_contract as contract
 from tests.files_support import small_filesystem
 from tests.test_files_contract import Activate, Service

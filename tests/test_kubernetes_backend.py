@@ -20,18 +20,20 @@ import pytest
 from seed_support import Clocks, Rejections, assert_no_library_thread_left, failure_of, kubernetes
 from werkzeug import Request, Response
 
-from piship_remote.activation import activate_sandbox
-from piship_remote.backends._claim_timing import DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW
-from piship_remote.backends._kubernetes_claims import _pod_ip
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.kubernetes import (
+from piship_remote.backends.kubernetes._claim_timing import (
+    DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW,
+)
+from piship_remote.backends.kubernetes._claims_api import _pod_ip
+from piship_remote.backends.kubernetes.backend import (
     KubernetesAgentSandboxBackend,
     KubernetesInstance,
     runtime_command,
 )
-from piship_remote.errors import CommandCancelled, PiShipError
-from piship_remote.policy import SandboxProfile
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.redact import Redactor
+from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import (
     CLAIMS,
     Cluster,

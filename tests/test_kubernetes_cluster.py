@@ -459,8 +459,8 @@ def test_paths_that_escape_the_base_are_403(kubernetes_server: Factory) -> None:
 @pytest.fixture
 def backend_on() -> Iterator[Callable[[KubernetesServer], Any]]:
     """``backend_on(mock)``: our backend prepared on the fake, disposed at teardown."""
-    from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
-    from piship_remote.policy import SandboxProfile
+    from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+    from piship_remote.model.policy import SandboxProfile
 
     made: list[Any] = []
 

@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, KubernetesInstance
-from piship_remote.errors import CommandCancelled
-from piship_remote.policy import SandboxProfile
+from piship_remote.backends.kubernetes.backend import (
+    KubernetesAgentSandboxBackend,
+    KubernetesInstance,
+)
+from piship_remote.model.errors import CommandCancelled
+from piship_remote.model.policy import SandboxProfile
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
 
 PROFILE = SandboxProfile(workspace="/ws", network="allow")
@@ -149,7 +152,11 @@ def test_a_command_that_fits_runs_detached_and_its_exit_code_comes_back(
 
 
 def test_the_report_says_commands_run_detached_and_direct_mode_adds_nothing() -> None:
-    from piship_remote.report import DETACHED_SENTENCE, ContainmentReport, describe_containment
+    from piship_remote.model.report import (
+        DETACHED_SENTENCE,
+        ContainmentReport,
+        describe_containment,
+    )
 
     def backend(execution: Any) -> KubernetesAgentSandboxBackend:
         return KubernetesAgentSandboxBackend(

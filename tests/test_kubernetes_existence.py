@@ -14,11 +14,11 @@ import attrs
 import pytest
 from seed_support import Clocks, assert_no_library_thread_left, failure_of, kubernetes
 
-from piship_remote.backends._claim_timing import DEFAULT_EXISTENCE_WINDOW as WINDOW
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.kubernetes import KubernetesInstance
-from piship_remote.errors import CONFIG_INVALID, PiShipError
-from piship_remote.policy import SandboxProfile
+from piship_remote.backends.kubernetes._claim_timing import DEFAULT_EXISTENCE_WINDOW as WINDOW
+from piship_remote.backends.kubernetes.backend import KubernetesInstance
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.policy import SandboxProfile
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
 
 KubernetesFactory = Callable[..., KubernetesServer]

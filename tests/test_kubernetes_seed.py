@@ -33,11 +33,11 @@ from seed_support import (
     wire,
 )
 
-from piship_remote.activation import Sandbox
 from piship_remote.backends.base import ExecRequest
-from piship_remote.backends.kubernetes import runtime_command
+from piship_remote.backends.kubernetes.backend import runtime_command
 from piship_remote.backends.lifetime import micros, rfc3339
-from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.sandbox.activation import Sandbox
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer, Recorded, leaks
 
 KubernetesFactory = Callable[..., KubernetesServer]

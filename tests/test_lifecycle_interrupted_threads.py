@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
     from concurrent.futures import ThreadPoolExecutor
     import piship_remote
     from piship_remote import activate_sandbox
-    from piship_remote.backends.e2b import E2bCompatibleBackend
+    from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
     url, key, form = sys.argv[1:4]
     if form == "with-block":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote import lifecycle
+from piship_remote.sandbox import lifecycle
 
 
 class Owner:
@@ -88,7 +88,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
     from pathlib import Path
-    from piship_remote import lifecycle
+    from piship_remote.sandbox import lifecycle
 
     class Owner: pass
     owner = Owner()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from piship_remote.errors import PiShipError
 from piship_remote.local import LocalE2bService
+from piship_remote.model.errors import PiShipError
 
 
 def refusal(bwrap: str) -> PiShipError:

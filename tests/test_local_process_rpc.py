@@ -11,8 +11,8 @@ import pytest
 from local_service_support import Client, has_stdout, needs_bwrap
 from process_rpc_support import open_stream, pid_of, send_input, start, unary
 
-from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.local import LocalE2bService
+from piship_remote.wire.connect import END_STREAM, EnvelopeReader, connect_envelope
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 

@@ -33,9 +33,9 @@ from local_service_support import (
     needs_bwrap,
 )
 
-from piship_remote.connect import connect_envelope
-from piship_remote.errors import PiShipError
 from piship_remote.local import LocalE2bService, isolation, serve
+from piship_remote.model.errors import PiShipError
+from piship_remote.wire.connect import connect_envelope
 
 
 @pytest.fixture
@@ -697,8 +697,8 @@ def test_serve_prints_the_endpoint_and_key_and_stops_on_request() -> None:
 def test_the_e2b_backend_runs_commands_through_activation(
     service: LocalE2bService, tmp_path: Path
 ) -> None:
-    pytest.importorskip("piship_remote.backends.e2b")
-    activation = pytest.importorskip("piship_remote.activation")
+    pytest.importorskip("piship_remote.backends.e2b.backend")
+    activation = pytest.importorskip("piship_remote.sandbox.activation")
     chunks: list[bytes] = []
     policy = {"required": True, "network": {"mode": "deny"}, "environment": {"allow": ["LANG"]}}
     with activation.activate_sandbox(
@@ -715,8 +715,8 @@ def test_the_e2b_backend_runs_commands_through_activation(
 def test_an_e2b_backend_timeout_kills_the_remote_tree(
     service: LocalE2bService, tmp_path: Path
 ) -> None:
-    pytest.importorskip("piship_remote.backends.e2b")
-    activation = pytest.importorskip("piship_remote.activation")
+    pytest.importorskip("piship_remote.backends.e2b.backend")
+    activation = pytest.importorskip("piship_remote.sandbox.activation")
     mark = marker()
     with (
         activation.activate_sandbox(

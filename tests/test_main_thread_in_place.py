@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from piship_remote._interrupts import InterruptGuard
-from piship_remote.activation import Sandbox, activate_sandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
-from piship_remote.errors import CommandTimeout
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+from piship_remote.model.errors import CommandTimeout
+from piship_remote.sandbox._interrupts import InterruptGuard
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 from piship_remote.testing import CLAIMS, Cluster, E2bServer, KubernetesServer
 
 E2B_POLICY = {"required": True, "network": {"mode": "deny"}}

@@ -8,7 +8,7 @@ import pytest
 from open_sockets import sockets_to
 
 from piship_remote import CommandCancelled, CommandTimeout, PiShipError, activate_sandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 from piship_remote.testing import E2bServer
 
 pytestmark = pytest.mark.timeout(30)

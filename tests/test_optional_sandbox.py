@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from piship_remote import E2bCompatibleBackend, PiShipError, Sandbox, activate_sandbox
-from piship_remote.report import describe_containment
+from piship_remote.model.report import describe_containment
 from piship_remote.testing import E2bServer
 
 POLICY = {"required": False, "network": {"mode": "deny"}}

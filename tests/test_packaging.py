@@ -44,7 +44,7 @@ def test_the_typing_marker_is_shipped() -> None:
 def test_the_library_and_its_pytest_plugin_load_without_the_test_extra() -> None:
     done = python_without_test_extra(
         "import piship_remote, piship_remote.testing.plugin\n"
-        "from piship_remote.backends.e2b import E2bCompatibleBackend\n"
+        "from piship_remote.backends.e2b.backend import E2bCompatibleBackend\n"
         "print('loaded')\n"
     )
     assert done.returncode == 0, done.stderr

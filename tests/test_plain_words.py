@@ -10,7 +10,7 @@ import tokenize
 from pathlib import Path
 
 import piship_remote
-from piship_remote.report import (
+from piship_remote.model.report import (
     ContainmentReport,
     WorkspaceSyncReport,
     describe_containment,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from piship_remote.errors import PiShipError
-from piship_remote.policy import (
+from piship_remote.model.errors import PiShipError
+from piship_remote.model.policy import (
     DEFAULT_ENVIRONMENT_ALLOW,
     DEFAULT_READ_DENY,
     SandboxPolicy,

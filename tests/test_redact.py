@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from piship_remote.backends._credential import Credential
-from piship_remote.redact import REDACTED, SECRET_KEY_PATTERN, Redactor, redact, redact_value
+from piship_remote.model.redact import REDACTED, SECRET_KEY_PATTERN, Redactor, redact, redact_value
 
 # ---------------------------------------------------------------- pattern rules
 

@@ -7,14 +7,14 @@ from typing import Any
 import attrs
 import pytest
 
-from piship_remote._capability_rules import (
+from piship_remote.model._capability_rules import (
     capability_mismatch,
     claimed_guarantees,
     declared_network_probe,
     network_probe_problem,
     required_planes,
 )
-from piship_remote.report import (
+from piship_remote.model.report import (
     GUARANTEES,
     Capabilities,
     ContainmentReport,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from pytest_httpserver import HTTPServer
 
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport
 from piship_remote.transport._steady_socket import TOLERANCE, SteadyTimeoutSocket
 

@@ -22,15 +22,15 @@ from loopback_http import LoopbackHttp
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from piship_remote._cancel import CancelToken
-from piship_remote.errors import CommandCancelled, PiShipError
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import (
     Transport,
     TransportError,
     _Dechunker,
     window_text,
 )
+from piship_remote.transport._cancel import CancelToken
 
 FAST = 0.1  # how soon a cancelled call must return (seconds)
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from drip_server import DripServer
 
-from piship_remote.errors import GATEWAY_UNREACHABLE
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import GATEWAY_UNREACHABLE
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport, TransportError
 
 TIMEOUT = 1.0

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"

@@ -10,8 +10,8 @@ import pytest
 import requests
 from test_transport_framing import RecordingServer
 
-from piship_remote.errors import CONFIG_INVALID, PiShipError
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import HeaderSet, Transport
 
 AGENT = f"python-requests/{requests.__version__}".encode()

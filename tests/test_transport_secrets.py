@@ -12,8 +12,8 @@ import pytest
 from drip_server import DripServer
 
 from piship_remote.backends._credential import Credential, send_credentialed
-from piship_remote.errors import PiShipError
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import PiShipError
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport, TransportError
 
 SECRET = "s3cr3t/ZQ7XK2+M9PL4=WRT8B"

@@ -12,7 +12,7 @@ import pytest
 import requests
 from loopback_http import LoopbackHttp
 
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport
 from piship_remote.transport._streamed_response import StreamedResponse
 

@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote._chunk_pipe import ChunkSink
-from piship_remote._unpack import HEADER_ALLOWANCE, TRAILING_ALLOWANCE, unpack_streamed, unpack_tar
-from piship_remote.errors import CONFIG_INVALID, FILE_WRITE_FAILED, PiShipError
-from piship_remote.transfer import SkippedPath, TransferLimits
+from piship_remote.model.errors import CONFIG_INVALID, FILE_WRITE_FAILED, PiShipError
+from piship_remote.model.transfer import SkippedPath, TransferLimits
+from piship_remote.workspace._chunk_pipe import ChunkSink
+from piship_remote.workspace._unpack import (
+    HEADER_ALLOWANCE,
+    TRAILING_ALLOWANCE,
+    unpack_streamed,
+    unpack_tar,
+)
 from tests.files_support import small_filesystem
 
 MIB = 1024 * 1024

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote._workspace_tree import IgnoreRules, TreeWalk, select_tree
-from piship_remote.transfer import SkippedPath, TransferSummary
+from piship_remote.model.transfer import SkippedPath, TransferSummary
+from piship_remote.workspace._tree import IgnoreRules, TreeWalk, select_tree
 
 
 def sent(root: Path, **options: object) -> list[str]:

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, overload
 
 import attrs
 
-from piship_remote._cancel import CancelToken, EventWatcher, bridge
-from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge
 
 if TYPE_CHECKING:
-    from piship_remote._cancel import Callback
     from piship_remote.backends.base import BackendResult, Instance
-    from piship_remote.redact import Redactor
+    from piship_remote.model.redact import Redactor
+    from piship_remote.transport._cancel import Callback
 
 __all__ = [
     "DETAIL_LIMIT",

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from piship_remote.errors import CREDENTIAL_REQUIRED, PiShipError
+from piship_remote.model.errors import CREDENTIAL_REQUIRED, PiShipError
 
 if TYPE_CHECKING:
-    from piship_remote.redact import Redactor
+    from piship_remote.model.redact import Redactor
     from piship_remote.transport import HttpClient, HttpReply
 
 __all__ = ["Credential", "send_credentialed"]

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
-from piship_remote.errors import FILE_WRITE_FAILED, PiShipError
-from piship_remote.transfer import FileInfo
+from piship_remote.model.errors import FILE_WRITE_FAILED, PiShipError
+from piship_remote.model.transfer import FileInfo
 
 __all__ = ["ChunkSink", "RemoteFiles", "SizedChunks", "SupportsFiles", "write_failed"]
 

@@ -1,6 +1,6 @@
 """What every backend provides: the request it runs, the result it gives, and its protocols.
 
-The activation layer (:mod:`piship_remote.activation`) drives a backend through
+The activation layer (:mod:`piship_remote.sandbox.activation`) drives a backend through
 these protocols only, so a test double or a third-party backend needs nothing more.
 """
 
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import attrs
 
 if TYPE_CHECKING:
-    from piship_remote.policy import SandboxProfile
-    from piship_remote.redact import Redactor
-    from piship_remote.report import Capabilities
+    from piship_remote.model.policy import SandboxProfile
+    from piship_remote.model.redact import Redactor
+    from piship_remote.model.report import Capabilities
 
 __all__ = ["Availability", "Backend", "BackendResult", "ExecRequest", "Instance", "OutputCallback"]
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from piship_remote import __version__, lifecycle
+from piship_remote import __version__
 from piship_remote.cli import _commands, _kept, _sweep
 from piship_remote.cli._commands import EXIT_CONFIG, EXIT_UNAVAILABLE, error_status
 from piship_remote.cli._parser import Parser, add_sandbox_options, port_number, positive_int
 from piship_remote.cli._streams import EXIT_BROKEN_PIPE, silence_stdout
-from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.sandbox import lifecycle
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

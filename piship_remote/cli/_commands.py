@@ -11,11 +11,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.cli._files import copy, describe_transfer
 from piship_remote.cli._kept import activated
 from piship_remote.cli._streams import command_input
-from piship_remote.errors import (
+from piship_remote.model.errors import (
     CONFIG_INVALID,
     CONFIG_UNAVAILABLE,
     CREDENTIAL_REQUIRED,
@@ -24,8 +23,9 @@ from piship_remote.errors import (
     NETWORK_DENIED,
     PiShipError,
 )
-from piship_remote.report import describe_containment
-from piship_remote.transfer import TransferSummary
+from piship_remote.model.report import describe_containment
+from piship_remote.model.transfer import TransferSummary
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 
 __all__ = [
     "CONFIG_CODES",

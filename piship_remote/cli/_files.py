@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from piship_remote.errors import CONFIG_INVALID, PiShipError
-from piship_remote.files import SandboxFiles
-from piship_remote.transfer import TransferSummary
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.transfer import TransferSummary
+from piship_remote.sandbox.files import SandboxFiles
 
 __all__ = ["PROGRESS_FROM", "Progress", "copy", "describe_transfer"]
 

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from types import FrameType
 
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends._owned import Reattachable
 from piship_remote.cli._setup import backend_for, lease_seconds, policy_for
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 
 __all__ = ["ENDING_SIGNALS", "activated", "create", "describe_lease", "keeps", "kill"]
 

@@ -10,8 +10,8 @@ from contextlib import ExitStack
 from typing import Any
 
 from piship_remote.backends.base import Backend
-from piship_remote.errors import CONFIG_INVALID, PiShipError
-from piship_remote.policy import SandboxPolicy
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.policy import SandboxPolicy
 
 __all__ = ["DEFAULT_ALLOW", "backend_for", "env_reader", "lease_seconds", "policy_for"]
 
@@ -53,7 +53,7 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
         return stack.enter_context(LocalE2bService()).backend(lifetime_seconds=lease_seconds(args))
     if args.backend == "kubernetes":
         return _kubernetes(args)
-    from piship_remote.backends.e2b import E2bCompatibleBackend
+    from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
     return E2bCompatibleBackend(
         endpoint=args.endpoint,
@@ -71,7 +71,7 @@ def env_reader(name: str, environ: Mapping[str, str] = os.environ) -> Callable[[
 
 
 def _kubernetes(args: argparse.Namespace) -> Backend:
-    from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
+    from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
     needed = (("--api", args.api), ("--router", args.router), ("--pool", args.pool))
     missing = [name for name, value in needed if not value]

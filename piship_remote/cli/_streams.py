@@ -17,7 +17,7 @@ import stat
 import sys
 from collections.abc import Iterable
 
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 
 __all__ = ["EXIT_BROKEN_PIPE", "INPUT_CHUNK", "command_input", "silence_stdout"]
 

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 
 from piship_remote.backends._owned import OwnedSandbox, Reattachable
 from piship_remote.cli._setup import backend_for
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 
 __all__ = ["duration", "sweep"]
 

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from piship_remote.connect import EnvelopeReader, connect_envelope
 from piship_remote.local.http_model import Reply, Request
 from piship_remote.local.process import Exited, InputFailed, LocalProcess, WindowSize
 from piship_remote.local.process_feed import Follower, ProcessFeed
@@ -54,6 +53,7 @@ from piship_remote.local.wire import (
     structure,
     to_json,
 )
+from piship_remote.wire.connect import EnvelopeReader, connect_envelope
 
 __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "STREAMING", "ProcessRpc", "stream_error"]
 

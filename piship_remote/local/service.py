@@ -32,7 +32,6 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from piship_remote.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.local.containment import Containment, containment
 from piship_remote.local.control import ControlPlane
 from piship_remote.local.envd import Envd, is_envd
@@ -52,9 +51,10 @@ from piship_remote.local.sandboxes import Registry, remove_tree
 from piship_remote.local.server import Head, HttpServer, Reply, Request
 from piship_remote.local.server import Limits as HttpLimits
 from piship_remote.local.user_map import root_mappable, unsearchable
+from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
 if TYPE_CHECKING:
-    from piship_remote.backends.e2b import E2bCompatibleBackend
+    from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
 __all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
 
@@ -194,7 +194,7 @@ class LocalE2bService:
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
         """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
-        from piship_remote.backends.e2b import E2bCompatibleBackend
+        from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
         options.setdefault("workdir", self.workdir)
         options.setdefault("user", self.user)

@@ -28,7 +28,6 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, override
 
-from piship_remote.connect import connect_envelope
 from piship_remote.local.http_model import Reply
 from piship_remote.local.sandbox_fs import run
 from piship_remote.local.sandboxes import Sandbox
@@ -42,6 +41,7 @@ from piship_remote.local.wire import (
     resolve,
     to_json,
 )
+from piship_remote.wire.connect import connect_envelope
 
 __all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
 

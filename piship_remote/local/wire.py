@@ -34,7 +34,6 @@ from urllib.parse import unquote
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from piship_remote.connect import END_STREAM, EnvelopeReader, connect_envelope
 from piship_remote.local.control_wire import (
     CONTROL_ALWAYS_SENT,
     CONTROL_NAMES,
@@ -68,6 +67,7 @@ from piship_remote.local.envd_wire import (
     StartRequest,
 )
 from piship_remote.local.sandbox_paths import PathError, resolve, signature
+from piship_remote.wire.connect import END_STREAM, EnvelopeReader, connect_envelope
 
 __all__ = [
     "ApiError",

@@ -29,7 +29,6 @@ from typing import Any, Protocol
 
 import attrs
 
-from piship_remote._sandbox_commands import working_directory_command
 from piship_remote.testing.k8s_runtime import (
     FileTree,
     Reply,
@@ -41,6 +40,7 @@ from piship_remote.testing.k8s_runtime import (
 from piship_remote.testing.k8s_store import SANDBOXES, Store
 from piship_remote.testing.recorder import DropConnection
 from piship_remote.testing.sandbox_shell import Shell, script_of
+from piship_remote.workspace._sandbox_commands import working_directory_command
 
 __all__ = ["CHECK_MARKER", "SANDBOX_PREFIX", "Router", "RouterRequest", "RouterSettings"]
 

@@ -15,9 +15,9 @@ import tarfile
 import tempfile
 from collections.abc import Iterable
 
-from piship_remote._archive import unpack_tar
+from piship_remote.model.transfer import SkippedPath
 from piship_remote.testing.sandbox_tree import ShellTree
-from piship_remote.transfer import SkippedPath
+from piship_remote.workspace._archive import unpack_tar
 
 __all__ = ["pack", "unpack"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tarfile
 
-from piship_remote.errors import PiShipError
+from piship_remote.model.errors import PiShipError
 from piship_remote.testing.sandbox_archive import pack, unpack
 from piship_remote.testing.sandbox_interpreter import Failed, Interpreter
 

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
-from piship_remote._cancel import CancelToken, EventWatcher, bridge
-from piship_remote.errors import CommandCancelled
-from piship_remote.redact import Redactor
+from piship_remote.model.errors import CommandCancelled
+from piship_remote.model.redact import Redactor
+from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge
 from piship_remote.transport.failures import (
     NETWORK_ERRORS,
     TransportError,

@@ -16,9 +16,9 @@ What it guarantees:
   request is never re-sent automatically (a POST may have created something);
 - ``timeout`` is a deadline for the whole exchange (a server dripping bytes cannot
   stretch it); a stream's body is bounded by ``idle_timeout`` and its reader instead;
-- ``cancel`` (a :class:`~piship_remote._cancel.CancelToken` or a plain ``threading.Event``)
+- ``cancel`` (a :class:`~piship_remote.transport._cancel.CancelToken` or a ``threading.Event``)
   shuts down the socket of *that* call only, so a connect, a wait for headers or a body
-  read ends within milliseconds with :class:`~piship_remote.errors.CommandCancelled`;
+  read ends within milliseconds with :class:`~piship_remote.model.errors.CommandCancelled`;
 - a transport failure is a :class:`~piship_remote.transport.TransportError` whose
   message never carries the underlying exception's text (it can contain header values),
   and which is raised from frames that no longer hold the request's headers.
@@ -41,14 +41,14 @@ import urllib3.connectionpool
 import urllib3.response
 from urllib3.util.timeout import Timeout
 
-from piship_remote._cancel import EventWatcher
-from piship_remote.errors import (
+from piship_remote.model.errors import (
     CONFIG_INVALID,
     TLS_POLICY_VIOLATION,
     CommandCancelled,
     PiShipError,
 )
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
+from piship_remote.transport._cancel import EventWatcher
 from piship_remote.transport._connection import HOSTS, CancellableAdapter
 from piship_remote.transport._headers import HeaderSet, header_set
 from piship_remote.transport._prepared import Outgoing, Route, Target

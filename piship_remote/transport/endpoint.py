@@ -26,7 +26,7 @@ from typing import cast
 import requests
 import requests.utils
 
-from piship_remote.errors import CONFIG_INVALID, NETWORK_DENIED, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, NETWORK_DENIED, PiShipError
 
 __all__ = ["check_endpoint", "is_localhost_name", "loopback_addresses"]
 

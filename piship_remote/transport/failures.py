@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import requests
 import urllib3.exceptions
 
-from piship_remote.errors import GATEWAY_UNREACHABLE, PiShipError
+from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
 
 __all__ = ["NETWORK_ERRORS", "TransportError", "failure_code", "timed_out"]
 

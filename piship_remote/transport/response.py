@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-from piship_remote.errors import CommandCancelled, PiShipError
+from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport._dechunk import Dechunker
 from piship_remote.transport._scope import Call
 from piship_remote.transport._streamed_response import Raw, StreamedResponse

@@ -25,19 +25,19 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from piship_remote._archive import unpack_tar
-from piship_remote.backends import _e2b_control as e2b_control
-from piship_remote.backends import _kubernetes_claims as kubernetes_claims
-from piship_remote.backends import _kubernetes_http as kubernetes_http
 from piship_remote.backends._common import SandboxErrors
 from piship_remote.backends._credential import Credential
-from piship_remote.backends._e2b_stream import StreamOutcome
-from piship_remote.backends._kubernetes_router import Router
-from piship_remote.backends.claims import ClaimGone
-from piship_remote.connect import EnvelopeReader, Frame
-from piship_remote.errors import CONFIG_INVALID, PiShipError
-from piship_remote.redact import Redactor
+from piship_remote.backends.e2b import _control as e2b_control
+from piship_remote.backends.e2b._stream import StreamOutcome
+from piship_remote.backends.kubernetes import _claims_api as kubernetes_claims
+from piship_remote.backends.kubernetes import _http as kubernetes_http
+from piship_remote.backends.kubernetes._router import Router
+from piship_remote.backends.kubernetes.claims import ClaimGone
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport
+from piship_remote.wire.connect import EnvelopeReader, Frame
+from piship_remote.workspace._archive import unpack_tar
 
 # -- Connect envelopes -----------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ import pytest
 from hostile_tar import Member, tar_bytes
 from parsers import check_stream_payloads, check_unpack_tar, stream_outcome
 
-from piship_remote._archive import unpack_tar
-from piship_remote.connect import END_STREAM, Frame
-from piship_remote.errors import PiShipError
+from piship_remote.model.errors import PiShipError
+from piship_remote.wire.connect import END_STREAM, Frame
+from piship_remote.workspace._archive import unpack_tar
 
 
 def test_an_end_of_stream_error_with_a_newline_gives_a_one_line_message() -> None:

@@ -20,7 +20,7 @@ from parsers import (
 )
 from vocabulary import KEYS, STRINGS
 
-from piship_remote.connect import END_STREAM
+from piship_remote.wire.connect import END_STREAM
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -27,11 +27,11 @@ from e2b import CommandExitException, Sandbox, TimeoutException
 from envd_peer import ENVD_PATH, ControlPlane, EnvdPeer, PeerProcess
 from seed_support import Seed, host_values_in, wire
 
-from piship_remote.activation import Sandbox as PiSandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.connect import EnvelopeReader, Frame, connect_envelope
-from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.sandbox.activation import Sandbox as PiSandbox
 from piship_remote.testing import leaks
+from piship_remote.wire.connect import EnvelopeReader, Frame, connect_envelope
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(20)]
 

@@ -32,8 +32,11 @@ from k8s_agent_sandbox.models import SandboxDirectConnectionConfig
 from kubernetes import client as kubernetes_client
 
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, KubernetesInstance
-from piship_remote.policy import SandboxProfile
+from piship_remote.backends.kubernetes.backend import (
+    KubernetesAgentSandboxBackend,
+    KubernetesInstance,
+)
+from piship_remote.model.policy import SandboxProfile
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
 from piship_remote.testing.k8s_store import CLAIMS as CLAIM_RESOURCE
 from piship_remote.testing.k8s_store import SANDBOXES as SANDBOX_RESOURCE

@@ -50,8 +50,8 @@ from types import TracebackType
 
 from werkzeug import Request, Response
 
-from piship_remote.connect import connect_envelope
 from piship_remote.testing import THREAD_PREFIX, DropConnection, RecordingServer, json_response
+from piship_remote.wire.connect import connect_envelope
 
 __all__ = ["FAULTS", "STATUS_FAULTS", "Door", "FaultProxy"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from piship_remote.errors import CommandCancelled, CommandTimeout, PiShipError
+from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
 from piship_remote.testing import THREAD_PREFIX
 
 API_KEY = "reliability-api-key-SENTINEL-0101"

@@ -31,18 +31,18 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from piship_remote.backends.base import ExecRequest
-from piship_remote.backends.kubernetes import runtime_command
-from piship_remote.connect import COMPRESSED, EnvelopeReader, Frame, connect_envelope
-from piship_remote.environment import (
+from piship_remote.backends.kubernetes.backend import runtime_command
+from piship_remote.model.environment import (
     HOST_BOUND_VARIABLES,
     NETWORK_SETTING_VARIABLES,
     command_environment,
     is_credential_name,
     is_network_setting_name,
 )
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
 from piship_remote.testing import RecordingServer, json_response
 from piship_remote.transport import Transport
+from piship_remote.wire.connect import COMPRESSED, EnvelopeReader, Frame, connect_envelope
 
 pytestmark = pytest.mark.timeout(60)
 

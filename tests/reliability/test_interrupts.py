@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent(
     """
     import sys
-    from piship_remote.activation import activate_sandbox
-    from piship_remote.backends.e2b import E2bCompatibleBackend
-    from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
+    from piship_remote.sandbox.activation import activate_sandbox
+    from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+    from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
     kind, url, workspace, credential = sys.argv[1:5]
     if kind == "e2b":

@@ -6,9 +6,9 @@ import pytest
 import requests
 
 from piship_remote import activate_sandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
-from piship_remote.errors import CONFIG_INVALID, PiShipError
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.testing import CLAIMS, E2bServer, KubernetesServer
 from piship_remote.testing.e2b_server import ENVD_ACCESS_TOKEN
 

@@ -15,8 +15,8 @@ import pytest
 import requests
 from reliability_support import API_KEY, BEARER, HOST_ENV, HOST_SECRETS, policy
 
-from piship_remote.activation import activate_sandbox
-from piship_remote.backends.e2b import E2bCompatibleBackend
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import Cluster, E2bServer, KubernetesServer
 
 pytestmark = pytest.mark.timeout(20)

@@ -44,10 +44,10 @@ from reliability_support import (
     settled,
 )
 
-from piship_remote.activation import Sandbox, activate_sandbox
 from piship_remote.backends.base import Backend
-from piship_remote.backends.e2b import E2bCompatibleBackend
-from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend
+from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 
 COMMANDS = int(os.environ.get("PISHIP_SOAK_COMMANDS", "5000"))
 THREADS = 16

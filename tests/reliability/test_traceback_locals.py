@@ -27,7 +27,7 @@ from test_fault_matrix import (  # noqa: F401
     harness,
 )
 
-from piship_remote.redact import Redactor
+from piship_remote.model.redact import Redactor
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,0 +1,363 @@
+"""The control plane of an E2B-compatible service: health, create, renew and delete sandboxes.
+
+The REST API under the endpoint (``/health``, ``/sandboxes…``) is the only
+place the API key travels (``X-API-Key``, read fresh per attempt, under the 401
+protocol)::
+
+    control = ControlPlane(transport, endpoint, credential, wire_lifetime(1800.0), redactor)
+    created = control.create(NewSandbox("base", control.lifetime, {}, False), closed)
+    control.renew(created.sandbox_id, cancel)
+    control.delete(created.sandbox_id)
+
+A create is repeated (bounded, jittered) only on 429 or 503, which mean nothing
+was created; lifetimes travel as whole seconds, rounded up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
+from piship_remote.backends._common import (
+    DETAIL_LIMIT,
+    SandboxErrors,
+    is_success,
+    retry_after_seconds,
+)
+from piship_remote.backends._credential import Credential, send_credentialed
+from piship_remote.backends.base import Availability
+from piship_remote.backends.lifetime import lifetime_seconds
+from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
+from piship_remote.model.redact import Redactor
+from piship_remote.transport import HttpClient, HttpReply, TransportError
+
+__all__ = [
+    "CONTROL_TIMEOUT",
+    "HEALTH_TIMEOUT",
+    "ControlPlane",
+    "CreateRetry",
+    "Created",
+    "NewSandbox",
+    "wire_lifetime",
+]
+
+BACKEND_ID = "e2b-compatible"
+HEALTH_TIMEOUT = 10.0
+CONTROL_TIMEOUT = 30.0
+MAX_CONTROL_RESPONSE = 1 << 20
+CREATE_ATTEMPTS = 3
+RETRY_BASE_DELAY = 0.5
+MAX_RETRY_AFTER = 10.0
+RETRIED_CREATE_STATUSES = frozenset({429, 503})
+
+_SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}\Z")
+_DOMAIN = re.compile(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?\Z")
+# What may travel in an HTTP header value: visible ASCII, nothing that ends a line.
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+\Z")
+
+
+@runtime_checkable
+class _ExtraConnection(Protocol):
+    """A client that can open a connection while a request is in flight (``Transport``)."""
+
+    def extra_connection(
+        self, url: str, timeout: float
+    ) -> contextlib.AbstractContextManager[None]: ...
+
+
+@attrs.frozen
+class CreateRetry:
+    """How a create answered 429 or 503 is repeated: bounded, exponential, jittered.
+
+    Like urllib3's ``Retry``, a value: :meth:`delay` draws its jitter from the
+    ``random.Random`` it is given, so callers (and tests) choose the source.
+
+    >>> CreateRetry().delay(1, None, random.Random(0)) <= RETRY_BASE_DELAY * 1.5
+    True
+    """
+
+    attempts: int = CREATE_ATTEMPTS
+    base_delay: float = RETRY_BASE_DELAY
+    max_retry_after: float = MAX_RETRY_AFTER
+
+    def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float | None:
+        """Seconds before repeat number ``attempt`` (from 1); ``None`` = do not repeat.
+
+        Without ``Retry-After``: ``base_delay * 2**(attempt-1)`` times 1 to 1.5. With it:
+        the asked time times 1 to 1.25, or ``None`` when it asks for more than
+        ``max_retry_after`` (the caller is told instead). Jitter spreads clients that
+        were refused together.
+        """
+        if retry_after is None:
+            return self.base_delay * 2.0 ** (attempt - 1) * rng.uniform(1.0, 1.5)
+        if retry_after > self.max_retry_after:
+            return None
+        return retry_after * rng.uniform(1.0, 1.25)
+
+
+def wire_lifetime(value: object) -> int:
+    """A lifetime option (seconds, int or float) as the whole seconds E2B takes, rounded up.
+
+    >>> wire_lifetime(1800.0), wire_lifetime(0.2), wire_lifetime("soon")
+    (1800, 1, 3600)
+    """
+    return math.ceil(lifetime_seconds(value))  # type: ignore[arg-type]
+
+
+@attrs.frozen
+class NewSandbox:
+    """The body of ``POST /sandboxes``."""
+
+    template_id: str
+    timeout: int
+    metadata: Mapping[str, str]
+    allow_internet_access: bool
+
+
+@attrs.frozen
+class _Renewal:
+    timeout: int
+
+
+def _wire_converter() -> cattrs.Converter:
+    converter = cattrs.Converter()
+    converter.register_unstructure_hook(
+        NewSandbox,
+        make_dict_unstructure_fn(NewSandbox, converter, template_id=override(rename="templateID")),
+    )
+    converter.register_unstructure_hook(Mapping, dict)
+    return converter
+
+
+_WIRE = _wire_converter()
+
+
+@attrs.frozen
+class Created:
+    """The parts of the create answer a backend uses."""
+
+    sandbox_id: str
+    access_token: str | None
+    domain: str | None
+
+
+class ControlPlane:
+    """The service's REST API (``/health``, ``/sandboxes…``): the only place the key is sent."""
+
+    def __init__(
+        self,
+        transport: HttpClient,
+        endpoint: str,
+        credential: Credential,
+        lifetime: int,
+        redactor: Redactor,
+        *,
+        retry: CreateRetry | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.lifetime = lifetime
+        self._transport = transport
+        self._credential = credential
+        self._redactor = redactor
+        self._errors = SandboxErrors(redactor)
+        self._retry = retry or CreateRetry()
+        self._random = rng or random.Random()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        repeatable: bool,
+        body: object = None,
+        cancel: threading.Event | None = None,
+    ) -> HttpReply:
+        """One request under the 401 protocol; ``body`` is an attrs wire shape."""
+        return send_credentialed(
+            self._transport,
+            method,
+            f"{self.endpoint}{path}",
+            credential=self._credential,
+            auth_header=_api_key_header,
+            repeatable=repeatable,
+            json=None if body is None else _WIRE.unstructure(body),
+            timeout=CONTROL_TIMEOUT,
+            cancel=cancel,
+        )
+
+    def health(self, spare: str | None = None) -> Availability:
+        """``GET /health`` without credentials; any 2xx means available. Never raises.
+
+        ``spare`` is the envd base URL when it is known before the create answers:
+        while the health check is in flight, one more connection to it is opened, so
+        the readiness command's renewal and Start go out together on open connections.
+        """
+        with self._extra_connection(spare):
+            return self._health()
+
+    def _extra_connection(self, url: str | None) -> contextlib.AbstractContextManager[None]:
+        client = self._transport
+        if url is None or not isinstance(client, _ExtraConnection):
+            return contextlib.nullcontext()
+        return client.extra_connection(url, HEALTH_TIMEOUT)
+
+    def _health(self) -> Availability:
+        try:
+            response = self._transport.request(
+                "GET", f"{self.endpoint}/health", timeout=HEALTH_TIMEOUT
+            )
+        except Exception as e:  # availability is reported, never raised
+            text = self._redactor.redact(str(e) or type(e).__name__)[:DETAIL_LIMIT]
+            return Availability(
+                False, f"the {BACKEND_ID} endpoint is unreachable: {text}", GATEWAY_UNREACHABLE
+            )
+        response.close()
+        if is_success(response.status):
+            return Availability(True)
+        return Availability(
+            False, f"the {BACKEND_ID} endpoint health check returned HTTP {response.status}"
+        )
+
+    def create(self, request: NewSandbox, closed: threading.Event) -> Created:
+        """``POST /sandboxes``; on any failure after the answer, the sandbox is deleted.
+
+        ``closed`` ends the waits between repeats (the backend was closed).
+        """
+        try:
+            response = self._create_response(request, closed)
+        except TransportError as error:
+            if error.request_sent:
+                raise self._lost_answer(error.message) from None
+            raise self._unreachable(error) from None
+        with response:
+            if not is_success(response.status):
+                raise self._create_failure(response)
+            try:
+                answer = response.json_object(MAX_CONTROL_RESPONSE)
+            except ValueError as e:
+                raise self._lost_answer(f"the create answer was invalid: {e}") from None
+            except TransportError as error:
+                raise self._lost_answer(error.message) from None
+        return self.sandbox_of(answer, delete_on_failure=True)
+
+    def sandbox_of(self, answer: Mapping[str, Any], *, delete_on_failure: bool) -> Created:
+        """The sandbox a create or connect answer names (its envd token registered as secret)."""
+        sandbox_id = answer.get("sandboxID")
+        if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
+            raise self._errors("the sandbox service returned no valid sandbox ID")
+        try:
+            return Created(sandbox_id, self._access_token(answer), _domain(answer))
+        except BaseException:
+            if delete_on_failure:
+                self.delete(sandbox_id)
+            raise
+
+    def renew(self, sandbox_id: str, cancel: threading.Event) -> None:
+        """``POST /sandboxes/<id>/timeout``: the sandbox lives ``lifetime`` seconds from now."""
+        try:
+            response = self.request(
+                "POST",
+                f"/sandboxes/{sandbox_id}/timeout",
+                repeatable=True,
+                body=_Renewal(self.lifetime),
+                cancel=cancel,
+            )
+        except TransportError as error:
+            raise TransportError(
+                f"renewing the sandbox failed: {error.message}",
+                request_sent=error.request_sent,
+                component=error.component or "sandbox",
+            ) from None
+        with response:
+            if not is_success(response.status):
+                raise self._errors(f"the sandbox is no longer available: {response.failure()}")
+
+    def delete(self, sandbox_id: str) -> None:
+        """``DELETE /sandboxes/<id>``; every outcome is ignored (it also expires on its own)."""
+        try:
+            self.request("DELETE", f"/sandboxes/{sandbox_id}", repeatable=True).close()
+        except Exception:
+            pass  # best effort by design
+
+    def closed_error(self) -> PiShipError:
+        """The error of a backend used after ``close()``."""
+        return self._errors(f"the {BACKEND_ID} backend was closed; create a new one")
+
+    def _create_response(self, request: NewSandbox, closed: threading.Event) -> HttpReply:
+        """Send the create; repeat it (bounded, jittered) only on 429 or 503.
+
+        Those statuses mean nothing was created, unlike a 401 or a lost answer,
+        after which a repeat could leave a second sandbox behind.
+        """
+        attempt = 0
+        while True:
+            response = self.request("POST", "/sandboxes", repeatable=False, body=request)
+            attempt += 1
+            if response.status not in RETRIED_CREATE_STATUSES or attempt >= self._retry.attempts:
+                return response
+            asked = retry_after_seconds(response.headers.get("Retry-After"))
+            delay = self._retry.delay(attempt, asked, self._random)
+            if delay is None:
+                return response
+            response.close()
+            if closed.wait(delay):
+                raise self.closed_error()
+
+    def _unreachable(self, error: TransportError) -> PiShipError:
+        """Nothing was sent (refused, unresolvable): safe to try again later."""
+        return self._errors(
+            f"the {BACKEND_ID} service at {self.endpoint} is unreachable: {error.message}",
+            code=GATEWAY_UNREACHABLE,
+            retryable=True,
+            user_action=f"Check that the sandbox service at {self.endpoint} is running and "
+            "reachable, then try again",
+        )
+
+    def _lost_answer(self, reason: str) -> PiShipError:
+        """The service may have created a sandbox whose ID never arrived.
+
+        Nothing can find it safely (the create carries no unique mark, and other
+        clients share the key), so the error says it may exist and how long it lives.
+        """
+        return self._errors(
+            f"creating the sandbox failed: {reason}; a sandbox may have been created "
+            f"without its ID reaching this library, and it expires on its own within "
+            f"{self.lifetime} s"
+        )
+
+    def _create_failure(self, response: HttpReply) -> PiShipError:
+        retryable = response.status in RETRIED_CREATE_STATUSES
+        retry_after = response.headers.get("Retry-After")
+        return self._errors(
+            f"creating the sandbox failed: {response.failure()}",
+            retryable=retryable,
+            retry_after=retry_after_seconds(retry_after) if retryable else None,
+        )
+
+    def _access_token(self, answer: Mapping[str, Any]) -> str | None:
+        token = answer.get("envdAccessToken")
+        if token is None or token == "":
+            return None
+        if not isinstance(token, str) or not _HEADER_VALUE.match(token):
+            raise self._errors("the sandbox service returned an invalid envd access token")
+        self._redactor.register(token)
+        return token
+
+
+def _api_key_header(key: str) -> Mapping[str, str]:
+    return {"X-API-Key": key}
+
+
+def _domain(answer: Mapping[str, Any]) -> str | None:
+    domain = answer.get("domain")
+    return domain if isinstance(domain, str) and _DOMAIN.match(domain) else None

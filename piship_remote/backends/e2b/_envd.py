@@ -1,0 +1,310 @@
+"""The envd client of one E2B sandbox: Start a command as a Connect stream, SendSignal to kill it.
+
+envd's Process service runs in the sandbox on port 49983; the service's edge
+routes to it by the ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers::
+
+    envd = Envd(transport, base, sandbox_id, access_token, "user", 100.0, errors)
+    with envd.start(start_request("make", {}, "/home/user", tag), cancel) as response:
+        ...                                   # decoded by e2b_stream.read_stream
+    envd.kill(tag, None)
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import threading
+from collections.abc import Mapping
+from json.encoder import encode_basestring
+
+import attrs
+import cattrs
+
+from piship_remote.backends._common import (
+    SandboxErrors,
+    is_success,
+    retry_after_seconds,
+)
+from piship_remote.backends.e2b._stream import UNKNOWN_OUTCOME
+from piship_remote.model.errors import PiShipError
+from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
+from piship_remote.wire.connect import connect_envelope, encoded_envelope
+from piship_remote.workspace._sandbox_commands import HELPER_SHELL
+
+__all__ = [
+    "CONNECT_CONTENT_TYPE",
+    "ENVD_PORT",
+    "KEEPALIVE_INTERVAL",
+    "SIGNAL_TIMEOUT",
+    "Envd",
+    "StartRequest",
+    "start_envelope",
+    "start_request",
+]
+
+ENVD_PORT = 49983
+SIGNAL_TIMEOUT = 5.0
+KEEPALIVE_INTERVAL = 50
+# envd is told a deadline this much later than ours, as a backstop if this client is gone.
+SERVER_DEADLINE_SLACK = 1.0
+CONNECT_CONTENT_TYPE = "application/connect+json"
+
+
+@attrs.frozen
+class _ProcessConfig:
+    cmd: str
+    args: tuple[str, ...]
+    envs: Mapping[str, str]
+    cwd: str
+
+
+@attrs.frozen
+class StartRequest:
+    """The body of ``/process.Process/Start``."""
+
+    process: _ProcessConfig
+    stdin: bool
+    tag: str
+
+
+@attrs.frozen
+class _ProcessSelector:
+    tag: str
+
+
+@attrs.frozen
+class _SignalRequest:
+    process: _ProcessSelector
+    signal: str
+
+
+@attrs.frozen
+class _Input:
+    stdin: str  # base64
+
+
+@attrs.frozen
+class _InputRequest:
+    process: _ProcessSelector
+    input: _Input
+
+
+@attrs.frozen
+class _CloseStdinRequest:
+    process: _ProcessSelector
+
+
+def _wire_converter() -> cattrs.Converter:
+    converter = cattrs.Converter()
+    converter.register_unstructure_hook(Mapping, dict)
+    return converter
+
+
+_WIRE = _wire_converter()
+
+
+def start_request(
+    command: str,
+    env: Mapping[str, str],
+    cwd: str,
+    tag: str,
+    *,
+    login: bool = True,
+    stdin: bool = False,
+) -> StartRequest:
+    """Start ``command`` with ``/bin/bash -l -c`` in ``cwd``, tagged for SendSignal; with
+    ``login=False`` with :data:`HELPER_SHELL` (``/bin/sh -c``), which reads no startup file.
+    ``stdin``: its standard input is a pipe that SendInput writes to."""
+    cmd, *args = ("/bin/bash", "-l", "-c") if login else HELPER_SHELL
+    return StartRequest(
+        process=_ProcessConfig(cmd=cmd, args=(*args, command), envs=env, cwd=cwd),
+        stdin=stdin,
+        tag=tag,
+    )
+
+
+def start_envelope(start: StartRequest) -> bytes:
+    """The Start request's envelope: the bytes ``connect_envelope`` makes of it, built
+    from its strings (each JSON-quoted as ``json.dumps`` quotes it), without walking it
+    generically; anything but strings in it goes through ``connect_envelope``."""
+    process = start.process
+    envs = process.envs
+    strings = (process.cmd, *process.args, process.cwd, start.tag, *envs.keys(), *envs.values())
+    if not all(type(text) is str for text in strings) or type(start.stdin) is not bool:
+        return connect_envelope(_WIRE.unstructure(start))
+    quote = encode_basestring
+    text = "".join(
+        (
+            '{"process":{"cmd":',
+            quote(process.cmd),
+            ',"args":[',
+            ",".join(map(quote, process.args)),
+            '],"envs":{',
+            ",".join(f"{quote(name)}:{quote(value)}" for name, value in envs.items()),
+            '},"cwd":',
+            quote(process.cwd),
+            '},"stdin":',
+            "true" if start.stdin else "false",
+            ',"tag":',
+            quote(start.tag),
+            "}",
+        )
+    )
+    return encoded_envelope(text.encode())
+
+
+class Envd:
+    """The Process service of one sandbox's envd: Start streams and SendSignal kills."""
+
+    def __init__(
+        self,
+        transport: HttpClient,
+        base: str,
+        sandbox_id: str,
+        access_token: str | None,
+        user: str,
+        idle_timeout: float,
+        errors: SandboxErrors,
+    ) -> None:
+        self._transport = transport
+        self._base = base
+        self._idle_timeout = idle_timeout
+        self._errors = errors
+        headers = {
+            "Connect-Protocol-Version": "1",
+            "E2b-Sandbox-Id": sandbox_id,
+            "E2b-Sandbox-Port": str(ENVD_PORT),
+        }
+        if access_token is not None:
+            headers["X-Access-Token"] = access_token
+        # Checked and encoded once for the connection, not for every request.
+        self._headers = HeaderSet(headers)
+        self._start_headers = HeaderSet(
+            {
+                "Content-Type": CONNECT_CONTENT_TYPE,
+                **headers,
+                "Keepalive-Ping-Interval": str(KEEPALIVE_INTERVAL),
+                "Authorization": _basic(user),
+                # A compressed body would hide the envelopes from the reader.
+                "Accept-Encoding": "identity",
+            }
+        )
+
+    def start(
+        self, start: StartRequest, cancel: threading.Event, timeout: float | None = None
+    ) -> HttpReply:
+        """Send Start; the response is checked to be a Connect stream, not yet read.
+
+        With a ``timeout`` envd is told the deadline too (``Connect-Timeout-Ms``), a
+        little later than ours, so it ends the command even if this client is gone.
+        """
+        try:
+            response = self._transport.request(
+                "POST",
+                f"{self._base}/process.Process/Start",
+                # Built in the call, so no frame of an error raised here holds the token.
+                headers=self._start_headers_within(timeout),
+                data=start_envelope(start),
+                timeout=self._idle_timeout,
+                idle_timeout=self._idle_timeout,
+                cancel=cancel,
+                stream=True,
+            )
+        except TransportError as e:
+            if not e.request_sent:
+                raise
+            raise self._errors(
+                f"starting the command failed: {e}; whether the command started is unknown, "
+                f"so {UNKNOWN_OUTCOME}"
+            ) from None
+        try:
+            self._check_started(response)
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    def kill(self, tag: str, cancel: threading.Event | None) -> None:
+        """SendSignal SIGKILL to the command tagged ``tag`` (plain JSON, short deadline)."""
+        self._transport.request(
+            "POST",
+            f"{self._base}/process.Process/SendSignal",
+            headers=self._headers,
+            json=_WIRE.unstructure(_SignalRequest(_ProcessSelector(tag), "SIGNAL_SIGKILL")),
+            timeout=SIGNAL_TIMEOUT,
+            cancel=cancel,
+        ).close()
+
+    def send_input(self, tag: str, data: bytes, cancel: threading.Event | None) -> bool:
+        """SendInput ``data`` to the stdin of the command tagged ``tag``; False if refused."""
+        encoded = base64.b64encode(data).decode("ascii")
+        body = _InputRequest(_ProcessSelector(tag), _Input(encoded))
+        return self._unary("SendInput", _WIRE.unstructure(body), cancel)
+
+    def close_stdin(self, tag: str, cancel: threading.Event | None) -> bool:
+        """CloseStdin of the command tagged ``tag`` (it reads end of file); False if refused."""
+        body = _CloseStdinRequest(_ProcessSelector(tag))
+        return self._unary("CloseStdin", _WIRE.unstructure(body), cancel)
+
+    def _unary(self, method: str, body: object, cancel: threading.Event | None) -> bool:
+        with self._transport.request(
+            "POST",
+            f"{self._base}/process.Process/{method}",
+            headers=self._headers,
+            json=body,
+            timeout=self._idle_timeout,
+            cancel=cancel,
+        ) as response:
+            return is_success(response.status)
+
+    def _start_headers_within(self, timeout: float | None) -> Mapping[str, str]:
+        if timeout is None:
+            return self._start_headers
+        deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
+        return self._start_headers.plus({"Connect-Timeout-Ms": str(max(1, deadline_ms))})
+
+    def _check_started(self, response: HttpReply) -> None:
+        status = response.status
+        if not is_success(status):
+            raise _start_failure(response, self._errors)
+        if status in (204, 205):
+            raise self._errors(f"starting the command failed: HTTP {status}")
+        content_type = response.headers.get("Content-Type", "")
+        if not content_type.lower().startswith(CONNECT_CONTENT_TYPE):
+            shown = content_type[:100] or "no content type"
+            raise self._errors(
+                f"starting the command failed: HTTP {status} with {shown}, not a Connect stream"
+            )
+
+
+def _start_failure(response: HttpReply, errors: SandboxErrors) -> PiShipError:
+    """A non-2xx Start: envd's own errors, or plain JSON and HTML from the edge proxy."""
+    status = response.status
+    if "html" in response.headers.get("Content-Type", "").lower():
+        detail = f"HTTP {status} (an HTML error page from a proxy, not an answer from envd)"
+        response.close()
+    else:
+        detail = response.failure()
+    hint = _start_hint(status, detail)
+    retry_after = response.headers.get("Retry-After")
+    return errors(
+        f"starting the command failed: {detail}" + (f"; {hint}" if hint else ""),
+        retryable=status == 429,
+        retry_after=retry_after_seconds(retry_after) if status == 429 else None,
+    )
+
+
+def _start_hint(status: int, detail: str) -> str | None:
+    if status == 401:
+        return "envd refused the access token or the user"
+    if status == 429:
+        return "the sandbox has too many concurrent connections; try again shortly"
+    if status == 502 and "not found" in detail.lower():
+        return "the sandbox is gone (it expired or was deleted); activate a new sandbox"
+    if status in (502, 503, 504):
+        return "the sandbox cannot be reached"
+    return None
+
+
+def _basic(user: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode("ascii")

@@ -1,0 +1,252 @@
+"""One prepared E2B-compatible sandbox: its commands (Start streams, stdin, SendSignal) and
+its disposal. :class:`~piship_remote.backends.e2b.backend.E2bCompatibleBackend` makes it."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+from collections.abc import Callable, Iterable
+
+from piship_remote.backends._common import CancelLinks, SandboxErrors, remote_directory
+from piship_remote.backends._file_protocol import RemoteFiles
+from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
+from piship_remote.backends.e2b._control import ControlPlane
+from piship_remote.backends.e2b._envd import Envd, start_request
+from piship_remote.backends.e2b._lease import SandboxLease
+from piship_remote.backends.e2b._stream import read_stream
+from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.transport._cancel import CancelToken
+
+__all__ = ["E2bInstance"]
+
+
+class E2bInstance:
+    """One prepared sandbox: run commands in it, then dispose of it.
+
+    Commands may run concurrently; each has its own tag (for SendSignal), its
+    own renewal and its own stream. :meth:`dispose` ends running commands with an
+    error mentioning "disposed", deletes the sandbox, and waits for the
+    background kill requests it started.
+    """
+
+    cancels_promptly = True
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        workdir: str,
+        control: ControlPlane,
+        lease: SandboxLease,
+        envd: Envd,
+        errors: SandboxErrors,
+        on_disposed: Callable[[E2bInstance], None],
+    ) -> None:
+        self.sandbox_id = sandbox_id
+        self._workdir = workdir
+        self._control = control
+        self._lease = lease
+        self._envd = envd
+        self._errors = errors
+        self._on_disposed = on_disposed
+        self._lock = threading.Lock()
+        self._disposed = False
+        self._closing = CancelToken()
+        self._running: dict[CancelToken, Callable[[], None]] = {}
+        self._signallers: set[threading.Thread] = set()
+        self._cancels = CancelLinks()
+        self._files: RemoteFiles | None = None
+        # Tags only need to be unique in this sandbox: a random prefix and a counter.
+        self._tag_prefix = f"piship-{secrets.token_hex(4)}"
+        self._tag_numbers = itertools.count()
+
+    def __repr__(self) -> str:
+        return f"<E2bInstance {self.sandbox_id}>"
+
+    def epoch(self) -> str | None:
+        """The sandbox ID: it never changes for an instance."""
+        return self.sandbox_id
+
+    def attach_files(self, files: RemoteFiles) -> None:
+        """Set the sandbox's file operations (envd's ``/files`` and Filesystem service)."""
+        self._files = files
+
+    def files(self) -> RemoteFiles:
+        """The sandbox's files; a call after dispose fails like a command."""
+        if self._files is None or self._closing.is_set():
+            raise self._errors("the sandbox was disposed")
+        return self._files
+
+    def exec(
+        self,
+        request: ExecRequest,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> BackendResult:
+        """Renew the sandbox, run ``request.command`` with ``/bin/bash -l -c``, stream its output.
+
+        Setting ``cancel`` sends SendSignal SIGKILL for the command (in the
+        background), closes the stream and raises :class:`CommandCancelled`.
+        """
+        if cancel is not None and cancel.is_set():
+            raise CommandCancelled()
+        cwd = remote_directory(self._workdir, request.workspace_path)
+        token = self._begin(cancel)
+        try:
+            result = self._run(request, cwd, token, on_stdout, on_stderr)
+            if token.is_set():
+                # Cancelled as it ended: the kill is on its way, so the caller is told so.
+                raise CommandCancelled()
+            return result
+        except (PiShipError, CommandCancelled) as e:
+            if not token.is_set():
+                raise
+            # The token ended the call: say why, whatever the interrupted read raised.
+            if self._closing.is_set() and not (cancel is not None and cancel.is_set()):
+                raise self._errors("the sandbox was disposed while the command ran") from None
+            if isinstance(e, CommandCancelled):
+                raise
+            raise CommandCancelled() from None
+        finally:
+            self._end(token)
+
+    def dispose(self) -> None:
+        """Delete the sandbox. Idempotent and thread-safe; running commands end at once."""
+        self._shut(delete=True)
+
+    def detach(self) -> str:
+        """Let go of the sandbox without deleting it; its id, to attach to later."""
+        self._shut(delete=False)
+        return self.sandbox_id
+
+    def _shut(self, *, delete: bool) -> None:
+        with self._lock:
+            if self._disposed:
+                return
+            self._disposed = True
+            running = list(self._running)
+        self._closing.set()
+        for token in running:
+            token.set()
+        self._lease.dispose()
+        if delete:
+            self._control.delete(self.sandbox_id)
+        with self._lock:
+            signallers = list(self._signallers)
+        for thread in signallers:
+            thread.join()
+        self._cancels.close()
+        self._on_disposed(self)
+
+    # -- one command ------------------------------------------------------------------------
+
+    def _begin(self, cancel: threading.Event | None) -> CancelToken:
+        """A token for this command, set by ``cancel`` or by dispose."""
+        token = CancelToken()
+        with self._lock:
+            if self._disposed:
+                raise self._errors("the sandbox was disposed")
+            self._running[token] = _nothing
+        if cancel is None:
+            return token
+        forget = self._cancels.follow(cancel, token)
+        with self._lock:
+            self._running[token] = forget
+        return token
+
+    def _end(self, token: CancelToken) -> None:
+        with self._lock:
+            forget = self._running.pop(token, _nothing)
+        forget()
+
+    def _run(
+        self,
+        request: ExecRequest,
+        cwd: str,
+        token: CancelToken,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> BackendResult:
+        tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
+        forget_kill = token.on_cancel(lambda: self._signal(tag))
+        try:
+            start = start_request(
+                request.command,
+                request.env,
+                cwd,
+                tag,
+                login=request.login,
+                stdin=request.stdin is not None,
+            )
+            # Start follows the renewal onto the wire; it is read once the renewal answered.
+            response = self._lease.cover(
+                lambda: self._envd.start(start, token, request.timeout),
+                token,
+                refused=lambda: self._signal(tag),
+            )
+            if request.stdin is not None:
+                self._feed(tag, request.stdin, token)
+            with response:
+                try:
+                    return read_stream(response, on_stdout, on_stderr, self._errors)
+                except PiShipError:
+                    if not token.is_set():
+                        # The stream broke (idle, dropped): envd keeps a command running
+                        # after a disconnect, so kill what can no longer be watched.
+                        self._signal(tag)
+                    raise
+        finally:
+            forget_kill()
+
+    def _feed(self, tag: str, chunks: Iterable[bytes], token: CancelToken) -> None:
+        """Start a ``piship-e2b-stdin`` thread: SendInput each chunk, then CloseStdin.
+
+        It is not joined: reading the input may block (a terminal, an open pipe) for
+        longer than the command runs. It stops at the first refusal (the command
+        ended, or closed its input) and when the command's token is set.
+        """
+
+        def feed() -> None:
+            try:
+                for chunk in chunks:
+                    if token.is_set():
+                        return
+                    if chunk and not self._envd.send_input(tag, chunk, token):
+                        return
+                if not token.is_set():
+                    self._envd.close_stdin(tag, token)
+            except Exception:
+                pass  # the input's end is the command's business: its exit status says it
+
+        threading.Thread(target=feed, name="piship-e2b-stdin", daemon=True).start()
+
+    # -- SendSignal, in the background ------------------------------------------------------
+
+    def _signal(self, tag: str) -> None:
+        """Start a ``piship-e2b-signal`` thread that kills the command ``tag``; never blocks."""
+        if self._closing.is_set():
+            return  # dispose deletes the whole sandbox instead
+        thread = threading.Thread(
+            target=self._kill, args=(tag,), name="piship-e2b-signal", daemon=True
+        )
+        with self._lock:
+            if self._disposed:
+                return
+            self._signallers.add(thread)
+            thread.start()
+
+    def _kill(self, tag: str) -> None:
+        try:
+            # Not cancelled by dispose: a kill on its way must arrive (it has a short deadline).
+            self._envd.kill(tag, None)
+        except Exception:
+            pass  # best effort: the stream is closed anyway
+        finally:
+            with self._lock:
+                self._signallers.discard(threading.current_thread())
+
+
+def _nothing() -> None:
+    return None

@@ -1,0 +1,101 @@
+"""How the Kubernetes backend talks HTTP: a bearer credential, and failure text from a Status.
+
+The Kubernetes API and the sandbox router share these rules: the credential is a
+bearer token read fresh per attempt under the 401 protocol (a POST is never
+repeated), and a failed answer reads ``HTTP <status>: <reason>: <message>``::
+
+    http = ClusterHttp(transport, credential, redactor)
+    response = http.call("GET", url, cancel=token)
+    if not is_success(response.status):
+        raise http.errors(f"reading the SandboxClaim failed: {http.failure(response)}")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from piship_remote.backends._common import DETAIL_LIMIT, SandboxErrors
+from piship_remote.backends._credential import Credential, send_credentialed
+from piship_remote.model.errors import CommandCancelled
+from piship_remote.model.redact import Redactor
+from piship_remote.transport import HttpClient, HttpReply, TransportError, window_text
+
+__all__ = ["API_TIMEOUT", "ClusterHttp", "transient"]
+
+API_TIMEOUT = 30.0
+_FAILURE_WINDOW = 4096
+
+
+class ClusterHttp:
+    """One backend's transport and credential, with its error factory."""
+
+    def __init__(self, transport: HttpClient, credential: Credential, redactor: Redactor) -> None:
+        self.transport = transport
+        self._credential = credential
+        self._redactor = redactor
+        self.errors = SandboxErrors(redactor)
+
+    def call(self, method: str, url: str, **kwargs: Any) -> HttpReply:
+        """One request with the bearer; ``timeout`` defaults to 30 s."""
+        kwargs.setdefault("timeout", API_TIMEOUT)
+        return send_credentialed(
+            self.transport,
+            method,
+            url,
+            credential=self._credential,
+            auth_header=_bearer,
+            repeatable=method != "POST",
+            **kwargs,
+        )
+
+    def failure(self, response: HttpReply) -> str:
+        """``HTTP <status>: <detail>``; a Kubernetes Status body gives its reason and message."""
+        body = window_text(_head(response, _FAILURE_WINDOW), _FAILURE_WINDOW)
+        detail = _status_detail(body) or body
+        redacted = self._redactor.redact(" ".join(detail.split()))
+        detail = redacted[:DETAIL_LIMIT].strip()
+        return f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"
+
+
+def transient(status: int) -> bool:
+    """Whether a failed status may pass on its own (429, 5xx)."""
+    return status == 429 or status >= 500
+
+
+def _bearer(token: str) -> Mapping[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _head(response: HttpReply, limit: int) -> bytes:
+    """Up to ``limit`` bytes of the body; a failed read keeps what arrived."""
+    body = bytearray()
+    try:
+        for chunk in response.iter_raw():
+            body += chunk
+            if len(body) >= limit:
+                break
+    except (TransportError, CommandCancelled):
+        pass
+    finally:
+        response.close()
+    return bytes(body[:limit])
+
+
+def _status_detail(body: str) -> str | None:
+    """The message of a Kubernetes ``Status`` (``<reason>: <message>``) or a router ``detail``."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    message = value.get("message")
+    if value.get("kind") == "Status" and isinstance(message, str):
+        reason = value.get("reason")
+        return f"{reason}: {message}" if isinstance(reason, str) and reason else message
+    detail = value.get("detail")
+    if isinstance(detail, str):
+        return detail
+    return message if isinstance(message, str) else None

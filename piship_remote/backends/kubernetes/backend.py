@@ -1,0 +1,452 @@
+"""The ``kubernetes-agent-sandbox`` backend: SandboxClaims and the sandbox router.
+
+``prepare()`` claims a sandbox from a warm pool (a ``SandboxClaim`` with a bounded
+``lifecycle.shutdownTime`` and ``shutdownPolicy: Delete``) and waits until it is
+ready; each command is one ``POST {router}/execute``. The claim is renewed while it
+is in use, replaced when it expired or got lost, and deleted at the end
+(:mod:`piship_remote.backends.kubernetes.claims`)::
+
+    backend = KubernetesAgentSandboxBackend(
+        endpoint="https://k8s.example.com", router="https://router.example.com",
+        template="python-pool", namespace="agents", credential=lambda: token())
+    sandbox = activate_sandbox({"required": True, "network": {"mode": "allow"}},
+                               backend=backend, workspace=".")
+
+The router runs commands without a shell and returns their whole output at once,
+so :func:`runtime_command` wraps each one in ``env … /bin/sh -c``. With
+``execution="detached"`` a command instead runs as a background job in the sandbox
+whose output is polled (:mod:`piship_remote.backends.kubernetes._jobs`): it outlives
+the router's proxy limit, streams its output, and a cancel kills it and keeps the claim.
+A command whose outcome the router cannot tell (dropped connection, 504) is never re-sent:
+its claim is retired and deleted, and the error says to check its effects first.
+
+A direct command is one request: a claim the API saw alive less than
+``existence_window`` seconds ago is not checked first. When the router then cannot
+reach the sandbox (404, or 502 "Could not connect"), the command never started and
+one GET of the claim decides: gone, and the command runs once in a new claim;
+still there, or the API cannot say, and the claim is retired without running the
+command again. The price: a claim removed within the window whose pod still
+answers runs that command and returns its real result.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Literal, TypeVar
+
+import requests
+
+from piship_remote.backends._common import (
+    DETAIL_LIMIT,
+    CancelLinks,
+    OpenInstances,
+    SandboxErrors,
+    is_success,
+    remote_directory,
+)
+from piship_remote.backends._credential import Credential
+from piship_remote.backends._file_protocol import RemoteFiles
+from piship_remote.backends._owned import OwnedSandbox
+from piship_remote.backends.base import (
+    Availability,
+    BackendResult,
+    ExecRequest,
+    OutputCallback,
+)
+from piship_remote.backends.kubernetes._attach import KeptClaims
+from piship_remote.backends.kubernetes._claim_timing import (
+    DEFAULT_EXISTENCE_WINDOW,
+    ExistenceWindow,
+    existence_window_seconds,
+)
+from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME, ClaimsApi
+from piship_remote.backends.kubernetes._files import RuntimeFiles
+from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._jobs import DetachedJobs
+from piship_remote.backends.kubernetes._router import Retire, Router
+from piship_remote.backends.kubernetes.claims import ClaimManager, ClaimUse, disposed_error
+from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
+from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
+from piship_remote.model.errors import (
+    CONFIG_INVALID,
+    GATEWAY_UNREACHABLE,
+    CommandCancelled,
+    PiShipError,
+)
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.redact import Redactor
+from piship_remote.model.report import Capabilities
+from piship_remote.transport import HttpClient, Transport, check_endpoint
+
+__all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "runtime_command"]
+
+PROVIDER = "kubernetes-agent-sandbox"
+EXECUTION_MODES = ("direct", "detached")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_T = TypeVar("_T")
+# What a user sets for the bearer token, named when it is missing.
+_CREDENTIAL_NAME = "the Kubernetes bearer token (the credential option)"
+
+
+def runtime_command(request: ExecRequest, workdir: str | None) -> str:
+    """The router command for ``request``: ``env 'K=V' … /bin/sh -c '<cd && command>'``.
+
+    The runtime splits the string like a POSIX shell but runs no shell, hence the
+    explicit ``/bin/sh -c``. Environment names that are not shell names are dropped.
+
+    >>> print(runtime_command(ExecRequest("ls", "/ws", "a/b", {"A": "x y"}), "/workspace"))
+    env 'A=x y' /bin/sh -c 'cd -- '"'"'/workspace/a/b'"'"' && ls'
+    """
+    directory = remote_directory(workdir, request.workspace_path)
+    script = (
+        request.command if directory is None else f"cd -- {_quote(directory)} && {request.command}"
+    )
+    assignments = [
+        _quote(f"{name}={value}")
+        for name, value in request.env.items()
+        if _ENV_NAME.fullmatch(name)
+    ]
+    return " ".join(["env", *assignments, "/bin/sh", "-c", _quote(script)])
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+class KubernetesInstance:
+    """A prepared Kubernetes sandbox: commands share and renew one claim at a time."""
+
+    cancels_promptly = True
+
+    def __init__(
+        self,
+        router: Router,
+        manager: ClaimManager,
+        workdir: str | None,
+        on_disposed: Callable[[KubernetesInstance], None],
+        files: Callable[[KubernetesInstance], RuntimeFiles] | None = None,
+        jobs: DetachedJobs | None = None,
+        claims: KeptClaims | None = None,
+    ) -> None:
+        self._router = router
+        self._jobs = jobs
+        self._manager = manager
+        self._claims = claims
+        self._workdir = workdir
+        self._on_disposed = on_disposed
+        self._cancels = CancelLinks()
+        self._files = files(self) if files is not None else None
+
+    def exec(
+        self,
+        request: ExecRequest,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> BackendResult:
+        """Run one command through the router.
+
+        Direct: stdout then stderr arrive once, at the end; ``CommandCancelled`` when
+        ``cancel`` is set retires the claim (the runtime cannot stop the command).
+        Detached: output arrives as it grows; cancelling kills the command's process
+        group and keeps the claim. ``PiShipError`` otherwise.
+        """
+        if request.stdin is not None:
+            raise PiShipError(
+                CONFIG_INVALID,
+                "the agent-sandbox router cannot pass standard input to a command",
+                user_action="Copy the input into the sandbox and redirect it"
+                " ('cmd < file'), or use an E2B-compatible backend",
+            )
+        command = runtime_command(request, self._workdir)
+        jobs = self._jobs
+        if jobs is not None:
+            code = self._in_claim(
+                cancel,
+                lambda use: jobs.run(use.claim, command, use.cancel, on_stdout, on_stderr),
+                retire_on_cancel=False,
+            )
+            return BackendResult(exit_code=code)
+        answer = self._in_claim(
+            cancel,
+            lambda use: self._router.execute(use.claim, command, use.cancel, request.timeout),
+            retire_on_cancel=True,
+            direct=True,
+        )
+        if answer.stdout and on_stdout is not None:
+            on_stdout(answer.stdout.encode())
+        if answer.stderr and on_stderr is not None:
+            on_stderr(answer.stderr.encode())
+        return BackendResult(exit_code=answer.exit_code)
+
+    def _in_claim(
+        self,
+        cancel: threading.Event | None,
+        run: Callable[[ClaimUse], _T],
+        *,
+        retire_on_cancel: bool,
+        direct: bool = False,
+    ) -> _T:
+        """``run`` inside one use of the claim; a cancelled direct command retires the claim
+        (the runtime cannot stop it), a detached one is killed and keeps it.
+
+        ``direct``: the claim may go unchecked within the existence window, so a command
+        the router could not deliver runs once more in a new claim when the API says the
+        old one is gone.
+        """
+        with self._cancels.token_for(cancel) as user:
+            if user.is_set():
+                raise CommandCancelled()
+            if self._manager.disposed:
+                raise disposed_error()
+            replay = direct
+            while True:
+                with self._manager.command(user, direct=direct) as use:
+                    try:
+                        return run(use)
+                    except CommandCancelled:
+                        if retire_on_cancel:
+                            use.retire()
+                        if not user.is_set() and self._manager.disposed:
+                            raise disposed_error() from None
+                        raise
+                    except Retire as outcome:
+                        if replay and outcome.unreached and use.exists() is False:
+                            replay = False  # the claim is gone and retired: run it once more
+                            continue
+                        use.retire(gone=outcome.gone)
+                        raise outcome.error from None
+
+    def epoch(self) -> str | None:
+        """The claim name the latest command ran in (``None`` before the first)."""
+        return self._manager.epoch()
+
+    def files(self) -> RemoteFiles:
+        """The sandbox's files, through the runtime's file endpoints and helper commands."""
+        if self._files is None:
+            raise disposed_error()
+        return self._files
+
+    @contextmanager
+    def claimed(self, cancel: threading.Event | None) -> Iterator[ClaimUse]:
+        """The current claim for one file call, held (and renewed) like a command's."""
+        with self._cancels.token_for(cancel) as user:
+            if user.is_set():
+                raise CommandCancelled()
+            if self._manager.disposed:
+                raise disposed_error()
+            with self._manager.command(user) as use:
+                try:
+                    yield use
+                except CommandCancelled:
+                    if not user.is_set() and self._manager.disposed:
+                        raise disposed_error() from None
+                    raise
+
+    def dispose(self) -> None:
+        """Delete the claim and create none later; commands in flight end at once."""
+        self._manager.dispose()
+        self._cancels.close()
+        self._on_disposed(self)
+
+    def detach(self) -> str:
+        """Stop renewing and let go of the current claim without deleting it; its name.
+
+        Any earlier claim this sandbox replaced is still deleted.
+        """
+        name = self._manager.epoch()
+        if name is None or self._claims is None:
+            raise SandboxErrors()("the sandbox has no claim to detach from")
+        self._claims.keep(name)
+        self.dispose()
+        return name
+
+
+class KubernetesAgentSandboxBackend:
+    """Runs commands in sandboxes claimed from a kubernetes-sigs/agent-sandbox warm pool.
+
+    All durations are seconds; ``now`` and ``monotonic`` are the wall and monotonic
+    clocks (injectable for tests). ``credential()`` is read for every request and sent
+    as a bearer to the API and the router; ``credential_rejected()`` is called on a
+    401 and returns ``True`` when a renewed credential is ready. ``client`` replaces
+    the HTTP client (any :class:`~piship_remote.transport.HttpClient`).
+    ``existence_window``: how long a claim the API saw alive goes unchecked before a
+    direct command (0: checked before every one; negative: ``CONFIG_INVALID``).
+    """
+
+    id = PROVIDER
+    provider = PROVIDER
+
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        router: str,
+        template: str,
+        namespace: str = "default",
+        port: int = 8888,
+        workdir: str | None = None,
+        lifetime_seconds: float = 3600,
+        poll_interval: float = 1.0,
+        ready_timeout: float = 120.0,
+        now: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        credential: Callable[[], str | None] | None = None,
+        credential_rejected: Callable[[], bool] | None = None,
+        session: requests.Session | None = None,
+        client: HttpClient | None = None,
+        execution: Literal["direct", "detached"] = "direct",
+        existence_window: float = DEFAULT_EXISTENCE_WINDOW,
+    ) -> None:
+        if execution not in EXECUTION_MODES:
+            raise ValueError('execution must be "direct" or "detached"')
+        self._existence_window = existence_window_seconds(existence_window)
+        if not all(
+            isinstance(name, str) and RESOURCE_NAME.match(name) for name in (namespace, template)
+        ):
+            raise ValueError("the namespace and warm pool must be Kubernetes resource names")
+        self.redactor = Redactor()
+        credentials = Credential(
+            credential, credential_rejected, self.redactor, name=_CREDENTIAL_NAME
+        )
+        endpoint, router = check_endpoint(endpoint), check_endpoint(router)
+        self._transport: HttpClient = client or Transport(
+            redactor=self.redactor, component="sandbox", session=session
+        )
+        self._lifetime = lifetime_seconds_or_default(lifetime_seconds)
+        self._clock = ClaimClock.for_lifetime(self._lifetime, now=now, monotonic=monotonic)
+        self._workdir = workdir
+        http = ClusterHttp(self._transport, credentials, self.redactor)
+        self._claims = ClaimsApi(
+            http,
+            endpoint=endpoint,
+            namespace=namespace,
+            template=template,
+            poll_interval=poll_interval,
+            ready_timeout=ready_timeout,
+            monotonic=monotonic,
+            sight=ExistenceWindow.of(self._existence_window, self._clock).now,
+        )
+        self._router = Router(http, router, namespace=namespace, port=port)
+        self._http, self._router_url = http, router
+        self._namespace, self._port = namespace, port
+        self.execution = execution
+        self._jobs = DetachedJobs(self._router, http.errors) if execution == "detached" else None
+        self._open = OpenInstances()
+
+    def __enter__(self) -> KubernetesAgentSandboxBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def capabilities(self) -> Capabilities:
+        """Remote isolation and the environment filter; network ``allow`` only.
+
+        A claim selects a preconfigured warm pool whose NetworkPolicy this backend
+        cannot prove, so it never offers network deny. In detached mode it says so
+        (``execution``), and the containment report repeats it.
+        """
+        return Capabilities(
+            isolation="remote",
+            planes=("host-filesystem-isolation", "environment-filter"),
+            network=("allow",),
+            local_processes=False,
+            workspace_mode="snapshot",
+            execution="detached" if self.execution == "detached" else None,
+        )
+
+    def available(self) -> Availability:
+        """One ``GET …/sandboxclaims?limit=1``; never raises for an unreachable API."""
+        try:
+            response = self._claims.list()
+        except PiShipError as error:
+            code = GATEWAY_UNREACHABLE if error.code == GATEWAY_UNREACHABLE else None
+            return Availability(
+                False, f"the Kubernetes API is unreachable: {str(error)[:DETAIL_LIMIT]}", code
+            )
+        response.close()
+        if is_success(response.status):
+            return Availability(True)
+        return Availability(False, f"listing SandboxClaims returned HTTP {response.status}")
+
+    def prepare(self, profile: SandboxProfile) -> KubernetesInstance:
+        """Claim a sandbox and wait until it is ready (``PiShipError`` when it cannot).
+
+        The profile needs nothing from this backend: the pool's pod is the
+        sandbox, and the activation layer filters the environment.
+        """
+        if self._open.closed.is_set():
+            raise self._closed_error()
+        return self._instance(None)
+
+    def attach(self, claim_name: str) -> KubernetesInstance:
+        """An instance for the existing claim ``claim_name``, which must carry this library's
+        label (``agents.x-k8s.io/created-by: piship``) and still be within its lifetime."""
+        return self._instance(claim_name)
+
+    def list_owned(self) -> list[OwnedSandbox]:
+        """The claims in the namespace labelled as created by this library."""
+        return self._claims.list_owned()
+
+    def delete_owned(self, claim_name: str) -> None:
+        """Delete one claim this library created (best effort)."""
+        self._claims.delete_owned(claim_name)
+
+    def _instance(self, adopt: str | None) -> KubernetesInstance:
+        if self._open.closed.is_set():
+            raise self._closed_error()
+        claims = KeptClaims(self._claims, adopt=adopt)
+        manager = ClaimManager(
+            claims,
+            self._clock,
+            keepalive_every=keepalive_interval(self._lifetime),
+            existence_window=self._existence_window,
+        )
+        manager.prepare()
+        instance = KubernetesInstance(
+            self._router,
+            manager,
+            self._workdir,
+            self._open.forget,
+            self._runtime_files,
+            self._jobs,
+            claims,
+        )
+        if self._open.admit(instance):
+            return instance
+        instance.dispose()
+        raise self._closed_error()
+
+    def close(self) -> None:
+        """Dispose every claim this backend still holds and release its connections.
+
+        Idempotent; ``prepare`` raises afterwards. ``with backend:`` calls it on exit.
+        """
+        self._open.close()
+        self._transport.close()
+
+    def _runtime_files(self, instance: KubernetesInstance) -> RuntimeFiles:
+        return RuntimeFiles(
+            self._http,
+            self._router,
+            self._router_url,
+            namespace=self._namespace,
+            port=self._port,
+            workdir=self._workdir,
+            claimed=instance.claimed,
+        )
+
+    def _closed_error(self) -> PiShipError:
+        return SandboxErrors(self.redactor)(f"the {PROVIDER} backend was closed; create a new one")

@@ -1,0 +1,1 @@
+"""The policy, the containment report, the environment filter, errors and redaction (no I/O)."""

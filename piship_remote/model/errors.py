@@ -1,0 +1,190 @@
+"""The exceptions of piship_remote.
+
+Every failure of an activation or a command is a :class:`PiShipError` carrying a
+stable ``code`` (``SANDBOX_UNAVAILABLE``, ``CONFIG_INVALID``, ...), a one-line
+message that never contains a secret, and optionally the action a user can take::
+
+    try:
+        sandbox = activate_sandbox(policy, backend=backend, workspace=".")
+    except PiShipError as e:
+        print(f"{e.code}: {e}")
+
+Two outcomes are not failures of the sandbox and so are not ``PiShipError``:
+:class:`CommandTimeout` (the caller's deadline passed) and :class:`CommandCancelled`
+(the caller cancelled).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from piship_remote.model.redact import redact
+
+if TYPE_CHECKING:
+    from piship_remote.model.redact import Redactor
+    from piship_remote.sandbox._output import CommandResult
+
+__all__ = [
+    "COMMAND_FAILED",
+    "CONFIG_INVALID",
+    "CONFIG_UNAVAILABLE",
+    "CREDENTIAL_DENIED",
+    "CREDENTIAL_REQUIRED",
+    "ERROR_CODES",
+    "FILE_NOT_FOUND",
+    "FILE_WRITE_FAILED",
+    "GATEWAY_PROTOCOL_ERROR",
+    "GATEWAY_UNREACHABLE",
+    "NETWORK_DENIED",
+    "SANDBOX_UNAVAILABLE",
+    "TLS_POLICY_VIOLATION",
+    "CommandCancelled",
+    "CommandFailed",
+    "CommandTimeout",
+    "PiShipError",
+    "format_seconds",
+]
+
+# Error codes: every PiShipError carries one of these.
+CONFIG_INVALID = "CONFIG_INVALID"
+CONFIG_UNAVAILABLE = "CONFIG_UNAVAILABLE"
+CREDENTIAL_REQUIRED = "CREDENTIAL_REQUIRED"
+CREDENTIAL_DENIED = "CREDENTIAL_DENIED"
+GATEWAY_UNREACHABLE = "GATEWAY_UNREACHABLE"
+GATEWAY_PROTOCOL_ERROR = "GATEWAY_PROTOCOL_ERROR"
+NETWORK_DENIED = "NETWORK_DENIED"
+TLS_POLICY_VIOLATION = "TLS_POLICY_VIOLATION"
+SANDBOX_UNAVAILABLE = "SANDBOX_UNAVAILABLE"
+COMMAND_FAILED = "COMMAND_FAILED"
+FILE_NOT_FOUND = "FILE_NOT_FOUND"
+# A file could not be written where it was asked (read-only, full disk, a file where a
+# folder must be), in the sandbox or on this host; the sandbox stays usable.
+FILE_WRITE_FAILED = "FILE_WRITE_FAILED"
+
+ERROR_CODES = frozenset(
+    {
+        CONFIG_INVALID,
+        CONFIG_UNAVAILABLE,
+        CREDENTIAL_REQUIRED,
+        CREDENTIAL_DENIED,
+        GATEWAY_UNREACHABLE,
+        GATEWAY_PROTOCOL_ERROR,
+        NETWORK_DENIED,
+        TLS_POLICY_VIOLATION,
+        SANDBOX_UNAVAILABLE,
+        COMMAND_FAILED,
+        FILE_NOT_FOUND,
+        FILE_WRITE_FAILED,
+    }
+)
+
+
+class PiShipError(Exception):
+    """A failure with a stable code and a redacted, user-facing message.
+
+    ``redactor`` (optional) also removes the secrets registered with it; the
+    pattern rules (bearer tokens, API-key shapes, ...) always apply.
+    """
+
+    code: str
+    retryable: bool
+    retry_after: float | None
+    user_action: str | None
+    component: str | None
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        user_action: str | None = None,
+        component: str | None = None,
+        redactor: Redactor | None = None,
+    ) -> None:
+        clean = redactor.redact if redactor is not None else redact
+        self.code = code
+        self.message = clean(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.user_action = clean(user_action) if user_action is not None else None
+        self.component = component
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"PiShipError({self.code!r}, {self.message!r})"
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form: ``code``, ``message``, ``retryable`` and, when set, the others."""
+        data: dict[str, object] = {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+        }
+        if self.retry_after is not None:
+            data["retryAfterMs"] = int(self.retry_after * 1000)
+        if self.user_action is not None:
+            data["userAction"] = self.user_action
+        if self.component is not None:
+            data["component"] = self.component
+        return data
+
+    def render(self) -> str:
+        """The command-line rendering: ``<CODE>: <message>`` plus retry and action lines."""
+        lines = [f"{self.code}: {self.message}"]
+        if self.retry_after is not None and self.retry_after > 0:
+            lines.append(f"Retry after: {-int(-self.retry_after // 1)} s")
+        if self.user_action:
+            lines.append(f"Action: {self.user_action}")
+        return "\n".join(lines)
+
+
+def format_seconds(seconds: float) -> str:
+    """Print a duration the way JavaScript prints a number: ``5`` not ``5.0``, ``0.3`` as is."""
+    if float(seconds).is_integer():
+        return str(int(seconds))
+    return repr(float(seconds))
+
+
+class CommandTimeout(TimeoutError):
+    """The command outlived its ``timeout``; the remote process was killed.
+
+    ``str(e)`` is ``timeout:<seconds>`` (``timeout:0.3``, ``timeout:5``).
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = float(timeout)
+        super().__init__(f"timeout:{format_seconds(timeout)}")
+
+    def __str__(self) -> str:
+        return f"timeout:{format_seconds(self.timeout)}"
+
+
+class CommandCancelled(Exception):
+    """The caller cancelled the command (its ``cancel`` event was set); ``str(e) == "aborted"``."""
+
+    def __init__(self, message: str = "aborted") -> None:
+        super().__init__(message)
+
+
+class CommandFailed(PiShipError):
+    """``Sandbox.run(..., check=True)`` saw a non-zero exit; carries the exit code and output."""
+
+    def __init__(self, result: CommandResult, *, redactor: Redactor | None = None) -> None:
+        self.result = result
+        self.exit_code = result.exit_code
+        tail = (result.stderr or result.stdout).strip()[-OUTPUT_TAIL:]
+        message = f"the command exited with status {result.exit_code}"
+        super().__init__(
+            COMMAND_FAILED,
+            f"{message}: {' '.join(tail.split())}" if tail else message,
+            component="sandbox",
+            redactor=redactor,
+        )
+
+
+OUTPUT_TAIL = 300

@@ -1,0 +1,1 @@
+"""One sandbox: activation, the Sandbox facade, the run engine, files, the lifecycle registry."""

@@ -1,0 +1,406 @@
+"""The steps of an activation, in order, and how each failure becomes the error or report.
+
+Availability, the capability check (before anything is created), prepare (or
+attach), the readiness check command, the network-denial evidence, the report,
+then the workspace push when sync asks for it. :func:`~piship_remote.sandbox.activation.
+activate_sandbox` runs them; a failed step of a required policy raises, one of an
+optional policy gives a sandbox whose report says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar, Union
+
+import attrs
+
+from piship_remote.backends._common import exit_status
+from piship_remote.backends._file_protocol import SupportsFiles
+from piship_remote.backends._owned import Detachable, Reattachable
+from piship_remote.backends.base import Backend, ExecRequest, Instance
+from piship_remote.model._capability_rules import (
+    capability_mismatch,
+    claimed_guarantees,
+)
+from piship_remote.model.environment import command_environment, screen_environment
+from piship_remote.model.errors import (
+    CONFIG_INVALID,
+    CREDENTIAL_REQUIRED,
+    GATEWAY_UNREACHABLE,
+    NETWORK_DENIED,
+    SANDBOX_UNAVAILABLE,
+    CommandCancelled,
+    CommandTimeout,
+    PiShipError,
+)
+from piship_remote.model.policy import SandboxPolicy, SandboxProfile
+from piship_remote.model.redact import Redactor
+from piship_remote.model.report import (
+    Capabilities,
+    ContainmentReport,
+    NetworkDenial,
+    snapshot_workspace_report,
+)
+from piship_remote.sandbox._exec_engine import ExecEngine, reason_text
+from piship_remote.sandbox._exec_workers import Stream
+from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
+
+if TYPE_CHECKING:
+    from piship_remote.sandbox.activation import Sandbox
+
+__all__ = ["Activation", "log_environment_warnings", "real_path"]
+
+_LOG = logging.getLogger("piship_remote")
+
+PathLike = Union[str, "os.PathLike[str]"]
+_T = TypeVar("_T")
+
+READY_MARKER = "piship-sandbox-ready"
+PROBE_VARIABLE = "PISHIP_PROBE_UNLISTED"
+CHECK_COMMAND = f"printf '%s %s\\n' {READY_MARKER} \"${{{PROBE_VARIABLE}:-unset}}\""
+CHECK_OUTPUT_LIMIT = 4096
+UNREACHABLE_ACTION = (
+    "Check that the sandbox service is running and reachable at the address named above, then retry"
+)
+# Causes whose own code and action say better what to do than SANDBOX_UNAVAILABLE.
+ACTIONABLE_CODES = frozenset(
+    {GATEWAY_UNREACHABLE, CREDENTIAL_REQUIRED, CONFIG_INVALID, NETWORK_DENIED}
+)
+UNSANDBOXED_ACTION = (
+    "Fix the sandbox backend reported above; piship_remote never runs a command outside a sandbox"
+)
+NO_PROBE_REASON = "the backend declares no network probe to check it with"
+UNCHECKED_PROBE_REASON = "piship_remote does not run the backend's network probe"
+
+
+@attrs.define
+class Activation:
+    policy: SandboxPolicy
+    profile: SandboxProfile
+    backend: Backend
+    env: dict[str, str]
+    settle_timeout: float
+    probe_timeout: float
+    sync: str = "none"
+    sync_ignore: bool = True
+    attach: str | None = None
+    sandbox_type: type[Sandbox] = attrs.field(kw_only=True)
+    # The caller passed env= on purpose: the names it does not allow are named too.
+    env_given: bool = attrs.field(default=False, kw_only=True)
+
+    def run(self) -> Sandbox:
+        instance: Instance | None = None
+        engine: ExecEngine | None = None
+        try:
+            capabilities = self._capabilities()
+            instance = self._prepare()
+            engine = self._engine(instance)
+            report = self._checked(engine, self._report(capabilities), capabilities)
+        except _Failure as failure:
+            self._discard(instance, engine)
+            return self._unavailable(failure)
+        except BaseException:
+            self._discard(instance, engine)
+            raise
+        sandbox = self.sandbox_type(
+            report=report, profile=self.profile, backend=self.backend, engine=engine, env=self.env
+        )
+        try:
+            self._with_files(sandbox, instance, engine)
+        except BaseException:
+            if self.attach is not None:
+                _quietly(sandbox.detach)  # it was there before: let go, never delete
+            else:
+                sandbox.dispose()
+            raise
+        return sandbox
+
+    def _with_files(self, sandbox: Sandbox, instance: Instance, engine: ExecEngine) -> None:
+        """Give the sandbox its file side (when the backend moves files) and push if asked."""
+        if not isinstance(instance, SupportsFiles):
+            if self.sync != "none":
+                raise PiShipError(
+                    CONFIG_INVALID,
+                    f"the {self.backend.id} sandbox backend cannot move files, so sync"
+                    f" {self.sync!r} is not possible",
+                    component="files",
+                )
+            return
+        transfers = SandboxTransfers(
+            instance, engine, self.profile, mode=self.sync, use_gitignore=self.sync_ignore
+        )
+        sandbox._attach_transfers(transfers)
+        if self.sync != "none":
+            transfers.push()
+            sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
+
+    def _discard(self, instance: Instance | None, engine: ExecEngine | None) -> None:
+        """Dispose what a failed activation built: its engine (and threads) or instance.
+
+        A sandbox it attached to is let go of, never deleted: it was there before.
+        """
+        if self.attach is not None:
+            if engine is not None:
+                _quietly(engine.detach)
+            elif isinstance(instance, Detachable):
+                _quietly(instance.detach)
+            return
+        if engine is not None:
+            engine.dispose()
+        elif instance is not None:
+            _quietly(instance.dispose)
+
+    def _capabilities(self) -> Capabilities:
+        backend = self.backend
+        availability = _call_reporting(backend.available, backend.redactor)
+        if isinstance(availability, _Failure):
+            raise availability
+        if not availability.available:
+            reason = reason_text(availability.reason or "unknown reason", backend.redactor)
+            if availability.code == GATEWAY_UNREACHABLE:
+                raise _Failure(
+                    reason,
+                    code=GATEWAY_UNREACHABLE,
+                    retryable=True,
+                    user_action=UNREACHABLE_ACTION,
+                )
+            if availability.code == CREDENTIAL_REQUIRED:
+                raise _Failure(
+                    reason,
+                    code=CREDENTIAL_REQUIRED,
+                    user_action=availability.user_action or UNSANDBOXED_ACTION,
+                )
+            raise _Failure(reason)
+        capabilities = _call_reporting(backend.capabilities, backend.redactor)
+        if isinstance(capabilities, _Failure):
+            raise capabilities.within(f"the {backend.id} sandbox backend reported no capabilities")
+        mismatch = capability_mismatch(capabilities, self.policy.network)
+        if mismatch is not None:
+            raise _Failure(
+                f"the {backend.id} sandbox backend cannot enforce this policy: {mismatch}",
+                user_action=_mismatch_action(mismatch, self.policy.network),
+            )
+        return capabilities
+
+    def _prepare(self) -> Instance:
+        if self.attach is not None:
+            return self._attached(self.attach)
+        instance = _call_reporting(
+            lambda: self.backend.prepare(self.profile), self.backend.redactor
+        )
+        if isinstance(instance, _Failure):
+            raise instance.within(
+                f"the {self.backend.id} sandbox backend could not prepare a sandbox"
+            )
+        return instance
+
+    def _attached(self, sandbox_id: str) -> Instance:
+        backend = self.backend
+        if not isinstance(backend, Reattachable):
+            raise _Failure(f"the {backend.id} sandbox backend cannot attach to a sandbox")
+        instance = _call_reporting(lambda: backend.attach(sandbox_id), backend.redactor)
+        if isinstance(instance, _Failure):
+            what = f"the {backend.id} sandbox backend could not attach to {sandbox_id}"
+            raise _Failure(f"{what}: {instance.reason}")
+        return instance
+
+    def _report(self, capabilities: Capabilities) -> ContainmentReport:
+        screened = screen_environment(
+            self.profile.environment_allow,
+            self.env,
+            secrets=self.backend.redactor,
+            name_unlisted=self.env_given,
+        )
+        log_environment_warnings(screened.warnings)
+        return ContainmentReport(
+            level="enforced",
+            adapter=self.backend.id,
+            provider=self.backend.provider,
+            required=self.policy.required,
+            planes=tuple(claimed_guarantees(capabilities, self.policy.network)),
+            network=self.policy.network,
+            verification="backend-attested",
+            local_processes=False,
+            warnings=(*self.profile.warnings, *screened.warnings),
+            isolation="remote",
+            workspace=snapshot_workspace_report(),
+            execution=capabilities.execution,
+        )
+
+    def _engine(self, instance: Instance) -> ExecEngine:
+        return ExecEngine(
+            instance,
+            adapter=self.backend.id,
+            redactor=self.backend.redactor,
+            settle_timeout=self.settle_timeout,
+        )
+
+    def _checked(
+        self, engine: ExecEngine, report: ContainmentReport, capabilities: Capabilities
+    ) -> ContainmentReport:
+        """Run the readiness check; ``report`` with the network-denial evidence."""
+        failure = self._readiness_failure(engine)
+        if failure is not None:
+            raise _Failure(f"the {self.backend.id} sandbox backend failed its check: {failure}")
+        if self.policy.network != "deny":
+            return report
+        if capabilities.network_probe is None:
+            denial = NetworkDenial(evidence="attested", probe=False, reason=NO_PROBE_REASON)
+            return attrs.evolve(report, network_denial=denial)
+        # piship_remote runs no connection probe: a declared one proves nothing yet.
+        denial = NetworkDenial(evidence="attested", probe=True, reason=UNCHECKED_PROBE_REASON)
+        warning = (
+            f"network denial is attested by the backend, not verified: {UNCHECKED_PROBE_REASON}"
+        )
+        return attrs.evolve(report, network_denial=denial, warnings=(*report.warnings, warning))
+
+    def _readiness_failure(self, engine: ExecEngine) -> str | None:
+        """Run the readiness check command; the failure text, or ``None`` when it passed."""
+        output = bytearray()
+
+        def collect(_stream: Stream, chunk: bytes) -> None:
+            if len(output) < CHECK_OUTPUT_LIMIT:
+                output.extend(chunk)
+
+        request = ExecRequest(
+            command=CHECK_COMMAND,
+            cwd=real_path(self.profile.workspace),
+            workspace_path=".",
+            env=command_environment(
+                self.profile.environment_allow,
+                {**self.env, PROBE_VARIABLE: "1"},
+                secrets=self.backend.redactor,
+            ),
+        )
+        try:
+            result = engine.run(request, collect, self.probe_timeout, None, retire=False)
+        except (CommandTimeout, CommandCancelled):
+            return "the sandbox check command timed out"
+        except Exception as e:
+            reason = reason_text(str(e), self.backend.redactor)
+            return f"the sandbox check command failed: {reason}"
+        return _verdict(exit_status(result), output.decode("utf-8", "replace"))
+
+    def _unavailable(self, failure: _Failure) -> Sandbox:
+        backend = self.backend
+        reason = failure.reason
+        if self.policy.required:
+            raise PiShipError(
+                failure.code,
+                f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
+                component="sandbox",
+                retryable=failure.retryable,
+                user_action=failure.user_action,
+                redactor=backend.redactor,
+            )
+        report = ContainmentReport(
+            level="unavailable",
+            adapter=backend.id,
+            provider=backend.provider,
+            required=False,
+            planes=(),
+            network=self.policy.network,
+            local_processes=False,
+            reason=backend.redactor.redact(reason),
+            warnings=tuple(self.profile.warnings),
+        )
+        return self.sandbox_type(
+            report=report, profile=self.profile, backend=backend, engine=None, env=self.env
+        )
+
+
+class _Failure(Exception):
+    """An activation step failed for ``reason`` (already redacted).
+
+    ``code``, ``retryable`` and ``user_action`` are kept from a cause that says better
+    than ``SANDBOX_UNAVAILABLE`` what to do (an unreachable service, a missing key).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        code: str = SANDBOX_UNAVAILABLE,
+        retryable: bool = False,
+        user_action: str = UNSANDBOXED_ACTION,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+        self.retryable = retryable
+        self.user_action = user_action
+
+    def within(self, context: str) -> _Failure:
+        """The same failure, its reason prefixed with ``context``."""
+        return _Failure(
+            f"{context}: {self.reason}",
+            code=self.code,
+            retryable=self.retryable,
+            user_action=self.user_action,
+        )
+
+
+def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure:
+    """Run an activation step; an exception becomes a :class:`_Failure` with a redacted reason."""
+    try:
+        return step()
+    except PiShipError as e:
+        reason = reason_text(str(e) or type(e).__name__, redactor)
+        if e.code not in ACTIONABLE_CODES:
+            return _Failure(reason)
+        return _Failure(
+            reason,
+            code=e.code,
+            retryable=e.retryable,
+            user_action=e.user_action or UNSANDBOXED_ACTION,
+        )
+    except Exception as e:
+        return _Failure(reason_text(str(e) or type(e).__name__, redactor))
+
+
+def log_environment_warnings(warnings: tuple[str, ...]) -> None:
+    """Each environment warning as a ``logging`` warning (names only, never values)."""
+    for warning in warnings:
+        _LOG.warning("environment: %s", warning)
+
+
+def _mismatch_action(mismatch: str, network: str) -> str:
+    if network == "deny" and "network-deny" in mismatch:
+        return (
+            'Use network "allow" (piship-remote --network allow) and enforce egress rules'
+            " in the cluster: this backend cannot prove a deny policy"
+        )
+    return UNSANDBOXED_ACTION
+
+
+def _verdict(exit_code: int, output: str) -> str | None:
+    lines = [line.strip() for line in output.splitlines()]
+    marker = next((line for line in lines if line.startswith(f"{READY_MARKER} ")), None)
+    if exit_code != 0 or marker is None:
+        return f"the sandbox check command did not report back (exit {exit_code})"
+    if marker != f"{READY_MARKER} unset":
+        return "an unapproved environment variable reached the sandboxed command"
+    return None
+
+
+def real_path(path: PathLike) -> str:
+    """The real path of ``path``'s nearest existing ancestor, plus the missing tail."""
+    absolute = os.path.abspath(os.fspath(path))
+    tail: list[str] = []
+    current = absolute
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        tail.append(os.path.basename(current))
+        current = parent
+    return os.path.join(os.path.realpath(current), *reversed(tail))
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except Exception:
+        pass

@@ -1,0 +1,433 @@
+"""The governed run of one command in an active sandbox: deadline, cancel, Ctrl-C, retire.
+
+:class:`ExecEngine` makes a backend instance's ``exec`` call on behalf of
+``Sandbox.exec``/``Sandbox.run`` and the activation's readiness check, and owns
+the threads that needs. There are three paths:
+
+- **The main thread, with a backend that cancels promptly** (its instance has
+  ``cancels_promptly = True``: a cancelled call returns within milliseconds)
+  makes the call itself (:class:`~piship_remote.sandbox._exec_workers.DirectCall`), output
+  going straight to the sink, under an
+  :class:`~piship_remote.sandbox._interrupts.InterruptGuard`: a SIGINT aborts the call
+  through the guard's ``piship-interrupt`` thread, and ``KeyboardInterrupt`` is
+  raised once the call has returned. The ``piship-exec-timer`` thread fires the
+  deadline.
+- **The main thread otherwise** (another backend, or a program with its own
+  SIGINT handler or wakeup fd) hands the backend call to a reusable
+  ``piship-exec-N`` worker (:class:`~piship_remote.sandbox._exec_workers.WorkerCall`) and
+  drains its bounded channel, forwarding output to the sink on the main thread.
+  It wakes every ``INTERRUPT_POLL`` seconds, because a signal delivered while
+  another thread runs does not wake a blocked wait, and that is when Python
+  raises ``KeyboardInterrupt``. It watches the deadline itself.
+- **Any other thread** makes the call itself (a ``DirectCall`` again); the
+  ``piship-exec-timer`` thread fires its deadline.
+
+An abort (timeout, cancel, dispose, Ctrl-C, a failing sink) sets the call's
+token, which cancels the backend call, and the caller then waits up to
+``settle_timeout`` for that call to return. A backend call that does not return
+in time *retires* the sandbox: its instance is disposed in the background and
+every later command is refused, so a command the library lost control of cannot
+keep running beside new ones. Dispose aborts every call at once and never waits.
+
+How a cancel travels, on the main thread's worker path, from ``Sandbox.exec(..., cancel=event)``
+to the socket (an E2B-compatible backend):
+
+1. The engine registers ``call.abort("cancel")`` with
+   :func:`~piship_remote.transport._cancel.when_cancelled`: a plain ``threading.Event`` is
+   polled every 2 ms by this engine's ``piship-cancel-watch`` thread, a
+   :class:`~piship_remote.transport._cancel.CancelToken` runs it from its own ``set()``.
+2. ``WorkerCall.abort`` marks the channel aborted, which wakes the main thread
+   (it raises :class:`CommandCancelled` after settling) and any worker blocked
+   writing output, then sets the call's token, the ``cancel`` argument the
+   worker passed to ``instance.exec``.
+3. The E2B instance chained its own per-command token to that one
+   (``on_cancel(token.set)``); setting it starts a ``piship-e2b-signal`` thread
+   that sends SendSignal SIGKILL for the command's tag.
+4. The transport registered its call scope's ``cancel`` on that same token when
+   the Start request was sent; the scope shuts down every socket the request
+   uses (found through the context variable the calling thread set while
+   connecting), so the worker's blocked stream read ends at once.
+5. The worker's ``instance.exec`` raises ``CommandCancelled``; the worker hands
+   the outcome over and goes idle, which ends the settle wait in step 2.
+
+Ctrl-C (raised in the drain loop) and a timeout (seen by the drain loop) skip
+step 1: the main thread calls ``call.stop()``, which sets the call's token
+(steps 3 to 5), and waits for the worker. On any other thread step 2 is
+``DirectCall.abort``, called by the watcher or the timer thread, and the wait
+for the call to return is a retire check scheduled on the timer thread.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from piship_remote.backends._owned import Detachable
+from piship_remote.backends.base import BackendResult, ExecRequest, Instance
+from piship_remote.model.errors import (
+    CONFIG_INVALID,
+    SANDBOX_UNAVAILABLE,
+    CommandCancelled,
+    CommandTimeout,
+    PiShipError,
+)
+from piship_remote.model.redact import Redactor
+from piship_remote.sandbox._exec_workers import (
+    STOPPED,
+    Aborted,
+    AbortKind,
+    DeadlineTimer,
+    DirectCall,
+    Outcome,
+    Output,
+    Raised,
+    Sink,
+    WorkerCall,
+    WorkerPool,
+)
+from piship_remote.sandbox._interrupts import Disarm, InterruptGuard
+from piship_remote.transport._cancel import EventWatcher, when_cancelled
+
+__all__ = [
+    "CHANNEL_BYTES",
+    "INTERRUPT_POLL",
+    "REASON_LIMIT",
+    "Command",
+    "ExecEngine",
+    "command_line",
+    "reason_text",
+]
+
+Command = str | Sequence[str | os.PathLike[str]]
+"""A shell command line, or its arguments one by one (``["pytest", "-k", "a b"]``)."""
+
+INTERRUPT_POLL = 0.05
+CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of its sink
+REASON_LIMIT = 400
+
+
+def command_line(command: object) -> str:
+    """The shell command line for ``command``: a ``str`` as is, a sequence of arguments
+    quoted one by one as :func:`shlex.join` does (path-like arguments included).
+
+    >>> command_line(["echo", "a b"])
+    "echo 'a b'"
+
+    Anything else is a ``TypeError``; an empty sequence is ``CONFIG_INVALID``.
+    """
+    if isinstance(command, str):
+        return command
+    if isinstance(command, (bytes, bytearray, memoryview)) or not isinstance(command, Sequence):
+        raise TypeError(
+            "command must be a str (a shell command line) or a list of str arguments,"
+            f" not {type(command).__name__}"
+        )
+    arguments: list[str] = []
+    for index, argument in enumerate(command):
+        if isinstance(argument, os.PathLike):
+            argument = os.fspath(argument)
+        if not isinstance(argument, str):
+            raise TypeError(
+                f"command argument {index} must be a str, not {type(argument).__name__}"
+            )
+        arguments.append(argument)
+    if not arguments:
+        raise PiShipError(CONFIG_INVALID, "the command is an empty list of arguments")
+    return shlex.join(arguments)
+
+
+class _Aborted(Exception):
+    """Why the calling thread stopped waiting for a command."""
+
+    def __init__(self, kind: AbortKind) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class ExecEngine:
+    """Runs commands on one backend instance under a deadline, a cancel event and Ctrl-C.
+
+    ``adapter`` names the backend in messages; ``redactor`` hides secrets in the
+    errors a backend raises.
+    """
+
+    def __init__(
+        self, instance: Instance, *, adapter: str, redactor: Redactor, settle_timeout: float
+    ) -> None:
+        self._instance = instance
+        self._adapter = adapter
+        self._redactor = redactor
+        self._settle_timeout = settle_timeout
+        self._lock = threading.Lock()
+        self._calls: set[WorkerCall | DirectCall] = set()
+        self._watcher = EventWatcher()
+        self._workers = WorkerPool()
+        self._timer = DeadlineTimer()
+        self._interrupts = InterruptGuard()
+        self._prompt = getattr(instance, "cancels_promptly", False) is True
+        self._disposed = False
+        self._retired = False
+
+    def ensure_usable(self) -> None:
+        """Raise ``SANDBOX_UNAVAILABLE`` once the sandbox is retired or disposed."""
+        with self._lock:
+            if self._retired or self._disposed:
+                raise self._retired_error()
+
+    def run(
+        self,
+        request: ExecRequest,
+        sink: Sink | None,
+        timeout: float | None,
+        cancel: threading.Event | None,
+        *,
+        retire: bool,
+    ) -> BackendResult:
+        """Run ``request``, its output to ``sink`` on this thread; ``timeout`` ``None``: none.
+
+        ``retire``: a backend call that ignores an abort retires the sandbox.
+        """
+        call: WorkerCall | DirectCall
+        disarm: Disarm | None = None
+        if threading.current_thread() is not threading.main_thread():
+            call = self._direct(sink, retire)
+        elif not self._prompt:
+            call = WorkerCall(self._instance, request, CHANNEL_BYTES)
+        else:
+            direct = self._direct(sink, retire)
+            disarm = self._interrupts.arm(lambda: direct.abort(STOPPED))
+            call = (
+                direct if disarm is not None else WorkerCall(self._instance, request, CHANNEL_BYTES)
+            )
+        try:
+            outcome = self._registered(call, request, sink, timeout, cancel, retire=retire)
+        finally:
+            if disarm is not None and disarm():
+                raise KeyboardInterrupt from None
+        if isinstance(outcome, Raised):
+            raise self._backend_error(outcome.error)
+        return outcome.result
+
+    def _direct(self, sink: Sink | None, retire: bool) -> DirectCall:
+        return DirectCall(sink, lambda call, kind: self._watch_settle(call, kind, retire))
+
+    def _registered(
+        self,
+        call: WorkerCall | DirectCall,
+        request: ExecRequest,
+        sink: Sink | None,
+        timeout: float | None,
+        cancel: threading.Event | None,
+        *,
+        retire: bool,
+    ) -> Outcome:
+        with self._lock:
+            if self._disposed:
+                raise self._retired_error()
+            self._calls.add(call)
+        try:
+            forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
+            try:
+                if isinstance(call, WorkerCall):
+                    return self._on_worker(call, sink, timeout, retire=retire)
+                return self._on_caller(call, request, timeout)
+            finally:
+                forget()
+        finally:
+            with self._lock:
+                self._calls.discard(call)
+
+    def epoch(self) -> str | None:
+        """The instance's current sandbox or claim id."""
+        return self._instance.epoch()
+
+    def dispose(self) -> None:
+        """Abort every running call, dispose the instance, stop the threads. Idempotent."""
+        self._shut(self._instance.dispose)
+
+    def detach(self) -> str:
+        """Like :meth:`dispose`, but the remote sandbox is left running; its id."""
+        instance = self._instance
+        if not isinstance(instance, Detachable):
+            raise PiShipError(
+                SANDBOX_UNAVAILABLE,
+                f"The {self._adapter} sandbox backend cannot detach from a sandbox",
+                component="sandbox",
+            )
+        with self._lock:
+            unusable = self._retired or self._disposed
+        if unusable:
+            raise self._retired_error()
+        kept: list[str] = []
+        error: list[Exception] = []
+
+        def let_go() -> None:
+            try:
+                kept.append(instance.detach())
+            except Exception as e:
+                error.append(e)
+
+        self._shut(let_go)
+        if error:
+            raise self._backend_error(error[0])
+        if not kept:
+            raise self._retired_error()
+        return kept[0]
+
+    def _shut(self, release: Callable[[], object]) -> None:
+        with self._lock:
+            if self._disposed:
+                return
+            self._disposed = True
+            retired = self._retired
+            calls = list(self._calls)
+        for call in calls:
+            call.abort("disposed")
+        if not retired:
+            _quietly(release)
+        self._watcher.close()
+        self._workers.close()
+        self._timer.close()
+        self._interrupts.close()
+
+    # The main thread: a worker makes the call, the main thread drains its channel.
+
+    def _on_worker(
+        self, call: WorkerCall, sink: Sink | None, timeout: float | None, *, retire: bool
+    ) -> Outcome:
+        worker = self._workers.submit(call)
+        if worker is None:  # disposed since the call was registered
+            raise self._abort_error("disposed", timeout)
+        try:
+            return self._drain(call, sink, timeout)
+        except _Aborted as aborted:
+            self._settle(call, retire=retire and aborted.kind != "disposed")
+            raise self._abort_error(aborted.kind, timeout) from None
+        except BaseException:  # Ctrl-C, or the sink failed
+            self._settle(call, retire=retire)
+            raise
+        finally:
+            if call.finished.is_set():
+                self._workers.reap(worker, self._settle_timeout)
+
+    def _drain(self, call: WorkerCall, sink: Sink | None, timeout: float | None) -> Outcome:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        channel = call.channel
+        while True:
+            taken = channel.take(_wait_slice(deadline, INTERRUPT_POLL))
+            if isinstance(taken, Aborted):
+                raise _Aborted(taken.kind)
+            for item in taken:
+                if not isinstance(item, Output):
+                    return item
+                if channel.aborted is not None:  # nothing is forwarded after an abort
+                    raise _Aborted(channel.aborted)
+                if sink is not None:
+                    sink(item.stream, item.chunk)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _Aborted("timeout")
+
+    def _settle(self, call: WorkerCall, *, retire: bool) -> None:
+        call.stop()
+        if call.finished.wait(self._settle_timeout) or not retire:
+            return
+        self._retire()
+
+    # Any other thread: it makes the call itself; the timer thread fires its deadline.
+
+    def _on_caller(self, call: DirectCall, request: ExecRequest, timeout: float | None) -> Outcome:
+        unschedule = None
+        if timeout is not None:
+            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
+        try:
+            outcome = call.run(self._instance, request)
+        finally:
+            if unschedule is not None:
+                unschedule()
+        if call.failure is not None:
+            raise call.failure
+        if call.aborted is not None:
+            raise self._abort_error(call.aborted, timeout)
+        return outcome
+
+    def _watch_settle(self, call: DirectCall, kind: AbortKind, retire: bool) -> None:
+        """Retire the sandbox if the aborted ``call`` has not returned in settle_timeout."""
+        if not retire or kind == "disposed":
+            return
+
+        def check() -> None:
+            if not call.finished.is_set():
+                self._retire()
+
+        self._timer.schedule(self._settle_timeout, check)
+
+    def _retire(self) -> None:
+        with self._lock:
+            if self._retired or self._disposed:
+                return
+            self._retired = True
+        threading.Thread(
+            target=_quietly, args=(self._instance.dispose,), name="piship-retire", daemon=True
+        ).start()
+
+    # -- errors --------------------------------------------------------------------
+
+    def _abort_error(self, kind: AbortKind, timeout: float | None) -> BaseException:
+        if kind == "timeout":
+            return CommandTimeout(timeout or 0)
+        if kind == "disposed":
+            return PiShipError(
+                SANDBOX_UNAVAILABLE,
+                f"The {self._adapter} sandbox was disposed while the command ran; "
+                "check its effects before running it again",
+                component="sandbox",
+            )
+        return CommandCancelled()
+
+    def _backend_error(self, error: BaseException) -> BaseException:
+        if isinstance(error, (PiShipError, CommandCancelled, CommandTimeout)):
+            return error
+        if not isinstance(error, Exception):
+            return error
+        return PiShipError(
+            SANDBOX_UNAVAILABLE,
+            reason_text(str(error) or type(error).__name__, self._redactor),
+            component="sandbox",
+            redactor=self._redactor,
+        )
+
+    def _retired_error(self) -> PiShipError:
+        if self._disposed and not self._retired:
+            text = (
+                f"The {self._adapter} sandbox was disposed, so piship_remote retired it; "
+                "activate a new sandbox"
+            )
+        else:
+            text = (
+                f"The {self._adapter} sandbox backend did not stop a timed-out or "
+                "cancelled command, so piship_remote retired it; activate a new sandbox"
+            )
+        return PiShipError(SANDBOX_UNAVAILABLE, text, component="sandbox")
+
+
+def reason_text(text: str, redactor: Redactor) -> str:
+    """``text`` redacted and cut to ``REASON_LIMIT`` characters, for an error message."""
+    redacted = redactor.redact(text)
+    return redacted if len(redacted) <= REASON_LIMIT else redacted[:REASON_LIMIT]
+
+
+def _wait_slice(deadline: float | None, poll: float | None) -> float | None:
+    if deadline is None:
+        return poll
+    remaining = max(0.0, deadline - time.monotonic())
+    return remaining if poll is None else min(remaining, poll)
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except Exception:
+        pass

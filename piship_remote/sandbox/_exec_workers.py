@@ -1,0 +1,435 @@
+"""How a backend call runs relative to the thread that asked for it.
+
+The main thread hands each call to a reusable ``piship-exec-N`` worker from a
+:class:`WorkerPool` (so it stays free to raise ``KeyboardInterrupt``) and reads
+the output through a :class:`Channel` bounded to a byte budget: a slow reader
+holds the backend call back instead of buffering without limit. Any other
+thread makes a :class:`DirectCall` itself, and a :class:`DeadlineTimer` thread
+(``piship-exec-timer``) fires its timeouts.
+
+An abort (timeout, cancel, dispose) sets the call's :class:`CancelToken`; on a
+worker call it also wakes a blocked writer, which then drops its data, and
+overtakes any output the reader has not taken yet.
+
+What moves between the threads is typed: a backend call ends :class:`Returned`
+or :class:`Raised` (together an :data:`Outcome`), output travels as
+:class:`Output`, and a reader told to stop gets :class:`Aborted`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+import time
+from collections.abc import Callable
+from itertools import count
+from typing import Literal, TypeAlias
+
+import attrs
+
+from piship_remote.backends.base import BackendResult, ExecRequest, Instance
+from piship_remote.transport._cancel import CancelToken
+
+__all__ = [
+    "STOPPED",
+    "AbortKind",
+    "Aborted",
+    "Channel",
+    "DeadlineTimer",
+    "DirectCall",
+    "Outcome",
+    "Output",
+    "Raised",
+    "Returned",
+    "Stream",
+    "WorkerCall",
+    "WorkerPool",
+]
+
+Stream = Literal["stdout", "stderr"]
+AbortKind = Literal["timeout", "cancel", "disposed", "stopped"]
+"""Why a call was aborted; ``stopped``: its reader gave up (Ctrl-C, ``on_data`` failed)."""
+Sink = Callable[[Stream, bytes], None]
+Action = Callable[[], None]
+BATCH = 256 * 1024  # output that wakes the reader at once
+LINGER = 0.001  # how long the reader waits for a batch to build (seconds)
+STOPPED: AbortKind = "stopped"
+
+
+@attrs.frozen
+class Returned:
+    """The backend call returned ``result``."""
+
+    result: BackendResult
+
+
+@attrs.frozen
+class Raised:
+    """The backend call raised ``error`` (any exception, ``KeyboardInterrupt`` included)."""
+
+    error: BaseException
+
+
+Outcome: TypeAlias = Returned | Raised
+"""How a backend call ended."""
+
+
+@attrs.frozen
+class Output:
+    """A chunk of the command's output on one of its streams."""
+
+    stream: Stream
+    chunk: bytes
+
+
+@attrs.frozen
+class Aborted:
+    """What :meth:`Channel.take` returns once the call was aborted, for ``kind``."""
+
+    kind: AbortKind
+
+
+def _call_backend(
+    instance: Instance,
+    request: ExecRequest,
+    on_stdout: Callable[[bytes], None],
+    on_stderr: Callable[[bytes], None],
+    token: CancelToken,
+) -> Outcome:
+    try:
+        result = instance.exec(request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token)
+    except BaseException as e:
+        return Raised(e)
+    return Returned(result)
+
+
+# -- the main thread's path ---------------------------------------------------------
+
+
+class Channel:
+    """Output from a worker to its reader, holding at most about ``limit`` bytes.
+
+    ``put`` blocks while ``limit`` bytes wait; the final outcome never blocks.
+    Once aborted, ``put`` drops its data and ``take`` returns :class:`Aborted`.
+    The reader takes everything waiting at once, and lingers up to ``LINGER`` for a
+    batch to build: handing the GIL between the two threads for every chunk would
+    cost more than moving the data.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._batch = min(BATCH, limit)
+        self._lock = threading.Lock()
+        self._readable = threading.Condition(self._lock)
+        self._writable = threading.Condition(self._lock)
+        self._items: list[Output | Outcome] = []
+        self._held = 0  # bytes put and not yet forwarded (taken ones count until the next take)
+        self._taken = 0
+        self._done = False
+        self.aborted: AbortKind | None = None
+
+    def put(self, stream: Stream, chunk: bytes) -> None:
+        with self._lock:
+            while self._held >= self._limit and self.aborted is None:
+                self._writable.wait()
+            if self.aborted is not None:
+                return
+            before = self._held
+            self._items.append(Output(stream, chunk))
+            self._held += len(chunk)
+            if not before or before < self._batch <= self._held:
+                self._readable.notify()
+
+    def finish(self, outcome: Outcome) -> None:
+        with self._lock:
+            self._items.append(outcome)
+            self._done = True
+            self._readable.notify()
+
+    def abort(self, kind: AbortKind) -> bool:
+        """Abort for ``kind``; ``False`` when it already was aborted."""
+        with self._lock:
+            if self.aborted is not None:
+                return False
+            self.aborted = kind
+            self._items.clear()
+            self._held = self._taken = 0
+            self._readable.notify_all()
+            self._writable.notify_all()
+        return True
+
+    def take(self, timeout: float | None) -> list[Output | Outcome] | Aborted:
+        """Every waiting item, :class:`Aborted` once aborted, ``[]`` after ``timeout``."""
+        with self._lock:
+            self._release_taken()
+            if self.aborted is None and not self._items:
+                self._readable.wait(timeout)
+            building = self.aborted is None and self._items and not self._done
+            if building and self._held < self._batch:
+                self._readable.wait(LINGER)
+            if self.aborted is not None:
+                return Aborted(self.aborted)
+            items, self._items = self._items, []
+            self._taken = self._held
+            return items
+
+    def _release_taken(self) -> None:
+        """The reader is back for more: what it took last time has been forwarded."""
+        if self._taken:
+            self._held -= self._taken
+            self._taken = 0
+            self._writable.notify()
+
+
+class WorkerCall:
+    """One backend call made on a worker; its output goes through a :class:`Channel`."""
+
+    def __init__(self, instance: Instance, request: ExecRequest, limit: int) -> None:
+        self.token = CancelToken()
+        self.finished = threading.Event()
+        self.channel = Channel(limit)
+        self._instance = instance
+        self._request = request
+
+    def abort(self, kind: AbortKind) -> None:
+        if self.channel.abort(kind):
+            self.token.set()
+
+    def stop(self) -> None:
+        """The reader gives up: drop further output and cancel the call."""
+        self.channel.abort(STOPPED)
+        self.token.set()
+
+    def execute(self) -> Outcome:
+        put = self.channel.put
+        return _call_backend(
+            self._instance,
+            self._request,
+            lambda chunk: put("stdout", chunk),
+            lambda chunk: put("stderr", chunk),
+            self.token,
+        )
+
+    def finish(self, outcome: Outcome) -> None:
+        self.finished.set()
+        self.channel.finish(outcome)
+
+
+class _Worker:
+    _ids = count(1)
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.jobs: queue.SimpleQueue[WorkerCall | None] = queue.SimpleQueue()
+        self._pool = pool
+        self.thread = threading.Thread(
+            target=self._run, name=f"piship-exec-{next(self._ids)}", daemon=True
+        )
+
+    def _run(self) -> None:
+        while True:
+            call = self.jobs.get()
+            if call is None:
+                return
+            outcome = call.execute()
+            # Idle again before the reader hears of the outcome, so that its next
+            # command takes this worker instead of starting another.
+            keep = self._pool._release(self)
+            call.finish(outcome)
+            if not keep:
+                return
+
+
+class WorkerPool:
+    """Reusable ``piship-exec-N`` threads: an idle one, or a new one when all are busy."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._closed = False
+
+    def submit(self, call: WorkerCall) -> _Worker | None:
+        """Run ``call`` on a worker; ``None`` once the pool is closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker(self)
+            worker.jobs.put(call)
+            worker.thread.start()
+        else:
+            worker.jobs.put(call)
+        return worker
+
+    def reap(self, worker: _Worker, timeout: float) -> None:
+        """Once the pool is closed, wait for ``worker`` (whose call returned) to exit."""
+        if self._closed and worker.thread is not threading.current_thread():
+            worker.thread.join(timeout)
+
+    def close(self) -> None:
+        """Stop and join the idle workers; busy ones exit when their call returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.jobs.put(None)
+        for worker in idle:
+            if worker.thread is not threading.current_thread():
+                worker.thread.join()
+
+    def _release(self, worker: _Worker) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._idle.append(worker)
+            return True
+
+
+# -- every other thread's path ------------------------------------------------------
+
+
+class DirectCall:
+    """One backend call made on the calling thread, ``sink`` called on it directly.
+
+    The first abort (or a failing ``sink``) sets the token and calls ``on_stop``
+    with the call and the abort's kind; output after that is dropped. (The call is
+    passed, not captured, so that nothing here forms a reference cycle: a cycle
+    per command would leave its locks and events to the garbage collector, whose
+    pauses stall every thread.)
+    """
+
+    def __init__(
+        self, sink: Sink | None, on_stop: Callable[[DirectCall, AbortKind], None]
+    ) -> None:
+        self.token = CancelToken()
+        self.finished = threading.Event()
+        self.aborted: AbortKind | None = None
+        self.failure: BaseException | None = None
+        self._sink = sink
+        self._on_stop = on_stop
+        self._lock = threading.Lock()
+
+    def abort(self, kind: AbortKind) -> None:
+        with self._lock:
+            if self.aborted is not None or self.failure is not None or self.finished.is_set():
+                return
+            self.aborted = kind
+        self.token.set()
+        self._on_stop(self, kind)
+
+    def run(self, instance: Instance, request: ExecRequest) -> Outcome:
+        try:
+            return _call_backend(
+                instance, request, self._forward("stdout"), self._forward("stderr"), self.token
+            )
+        finally:
+            self.finished.set()
+
+    def _forward(self, stream: Stream) -> Callable[[bytes], None]:
+        sink = self._sink
+        token = self.token
+        if sink is None:
+            return _drop
+
+        def forward(chunk: bytes) -> None:
+            if token.is_set():
+                return
+            try:
+                sink(stream, chunk)
+            except BaseException as e:
+                self._fail(e)
+
+        return forward
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self.aborted is not None or self.failure is not None:
+                return
+            self.failure = error
+        self.token.set()
+        self._on_stop(self, STOPPED)
+
+
+def _drop(chunk: bytes) -> None:
+    return None
+
+
+class DeadlineTimer:
+    """Runs actions at deadlines on one lazily started ``piship-exec-timer`` thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._actions: dict[int, Action] = {}
+        self._keys = count()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def schedule(self, delay: float, action: Action) -> Action:
+        """Run ``action`` in ``delay`` seconds; returns a function that cancels it."""
+        when = time.monotonic() + delay
+        with self._cond:
+            if self._closed:
+                return _nothing
+            key = next(self._keys)
+            self._actions[key] = action
+            heapq.heappush(self._heap, (when, key))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="piship-exec-timer", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][1] == key:
+                self._cond.notify()
+        return lambda: self._cancel(key)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._actions.clear()
+            thread, self._thread = self._thread, None
+            self._cond.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _cancel(self, key: int) -> None:
+        with self._cond:
+            if self._actions.pop(key, None) is None:
+                return
+            if len(self._heap) > 64 + 2 * len(self._actions):
+                # Cancelled deadlines would pile up until they are due: drop them.
+                self._heap = [entry for entry in self._heap if entry[1] in self._actions]
+                heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            action = self._next()
+            if action is None:
+                return
+            try:
+                action()
+            except Exception:
+                pass
+
+    def _next(self) -> Action | None:
+        with self._cond:
+            while not self._closed:
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                when, key = self._heap[0]
+                if key not in self._actions:
+                    heapq.heappop(self._heap)
+                    continue
+                delay = when - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                heapq.heappop(self._heap)
+                return self._actions.pop(key)
+            return None
+
+
+def _nothing() -> None:
+    return None
