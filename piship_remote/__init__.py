@@ -23,6 +23,7 @@ from piship_remote.model.report import (
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferSummary
 from piship_remote.sandbox._output import CommandResult
 from piship_remote.sandbox.activation import ExecResult, Sandbox, activate_sandbox
+from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.sandbox.lifecycle import cleanup_on_signals
 from piship_remote.wire.connect import EnvelopeReader, Frame, connect_envelope
@@ -37,6 +38,7 @@ __all__ = [
     "Capabilities",
     "CommandCancelled",
     "CommandFailed",
+    "CommandHandle",
     "CommandResult",
     "CommandTimeout",
     "ContainmentReport",

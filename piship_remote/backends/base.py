@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
+from piship_remote.backends.control import CommandControl, TerminalSize
+
 if TYPE_CHECKING:
     from piship_remote.model.policy import SandboxProfile
     from piship_remote.model.redact import Redactor
@@ -41,7 +43,12 @@ class ExecRequest:
     these with ``/bin/sh -c`` instead, so no startup file of the sandbox's can
     replace the tools they use. ``stdin``, when given, is the command's standard
     input: its chunks are written as they come and the input is closed when it
-    ends; a backend that cannot pass input raises ``PiShipError`` ``CONFIG_INVALID``.
+    ends. ``pty``: the command runs on a terminal of that size (its output is
+    stdout). ``control`` links a :class:`~piship_remote.CommandHandle` to the running
+    command (:mod:`piship_remote.backends.control`): a backend that has
+    ``controls_commands = True`` binds its input and says its pid; ``control.stdin``
+    asks for an input pipe the handle writes to. A backend that cannot pass input or
+    give a terminal raises ``PiShipError`` ``CONFIG_INVALID``.
     """
 
     command: str
@@ -51,11 +58,22 @@ class ExecRequest:
     timeout: float | None = None
     login: bool = True
     stdin: Iterable[bytes] | None = attrs.field(default=None, eq=False)
+    pty: TerminalSize | None = None
+    control: CommandControl | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def takes_input(self) -> bool:
+        """Whether the command's stdin is a pipe: ``stdin`` given, or written through
+        ``control`` (a terminal takes its input through ``control`` too)."""
+        return self.stdin is not None or (self.control is not None and self.control.stdin)
 
 
 @attrs.frozen
 class BackendResult:
-    """How a command ended: an exit code, or ``None`` with the signal that stopped it."""
+    """What a backend instance's ``exec`` returns: how the command ended, an exit code,
+    or ``None`` with the signal that stopped it. (``Sandbox.exec`` makes an
+    :class:`~piship_remote.ExecResult` of it, ``Sandbox.run`` and a handle's ``wait`` a
+    :class:`~piship_remote.CommandResult` with the output.)"""
 
     exit_code: int | None
     signal: str | None = None
@@ -83,7 +101,9 @@ class Instance(Protocol):
     An instance may also have ``cancels_promptly = True``: a promise that a call
     whose ``cancel`` is set returns within milliseconds. The main thread then makes
     its calls itself, with Ctrl-C turned into that cancel, instead of handing each
-    one to a worker thread.
+    one to a worker thread. ``controls_commands = True``: it binds a request's
+    ``control`` (a pid, input, a terminal) and honours ``pty``; without it a
+    handle's ``pid`` is ``None`` and ``Sandbox.start`` refuses ``stdin`` and ``pty``.
     """
 
     def exec(

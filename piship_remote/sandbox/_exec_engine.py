@@ -79,6 +79,7 @@ from piship_remote.sandbox._exec_workers import (
     STOPPED,
     Aborted,
     AbortKind,
+    BackgroundCall,
     DeadlineTimer,
     DirectCall,
     Outcome,
@@ -168,6 +169,7 @@ class ExecEngine:
         self._timer = DeadlineTimer()
         self._interrupts = InterruptGuard()
         self._prompt = getattr(instance, "cancels_promptly", False) is True
+        self._controls = getattr(instance, "controls_commands", False) is True
         self._disposed = False
         self._retired = False
 
@@ -207,6 +209,60 @@ class ExecEngine:
         finally:
             if disarm is not None and disarm():
                 raise KeyboardInterrupt from None
+        if isinstance(outcome, Raised):
+            raise self._backend_error(outcome.error)
+        return outcome.result
+
+    @property
+    def controls_commands(self) -> bool:
+        """Whether the instance gives a running command's pid, stdin and terminal."""
+        return self._controls
+
+    def begin(
+        self,
+        request: ExecRequest,
+        sink: Sink,
+        timeout: float | None,
+        on_done: Callable[[], None],
+        cancel: threading.Event | None = None,
+    ) -> BackgroundCall:
+        """Start ``request`` on a worker and return at once; ``sink`` gets its output on
+        that worker. A timeout, a kill (``call.abort``) and dispose abort it as they abort
+        a waited-for command, and one that ignores the abort retires the sandbox."""
+        call = self._direct(sink, retire=True)
+        unschedule: Callable[[], None] = _nothing
+        forget: Callable[[], None] = _nothing
+
+        def done() -> None:
+            unschedule()
+            forget()
+            with self._lock:
+                self._calls.discard(call)
+            on_done()
+
+        started = BackgroundCall(call, self._instance, request, done)
+        with self._lock:
+            if self._disposed:
+                raise self._retired_error()
+            self._calls.add(call)
+        if timeout is not None:
+            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
+        forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
+        if self._workers.submit(started) is None:
+            call.abort("disposed")
+            done()
+            raise self._abort_error("disposed", timeout)
+        return started
+
+    def result_of(self, started: BackgroundCall, timeout: float | None) -> BackendResult:
+        """How a :meth:`begin` call ended, once ``started.done`` is set: its result, or
+        the error a waited-for command raises (``CommandTimeout``, ``CommandCancelled``, ...)."""
+        call, outcome = started.call, started.outcome
+        if call.failure is not None:
+            raise call.failure
+        if call.aborted is not None:
+            raise self._abort_error(call.aborted, timeout)
+        assert outcome is not None
         if isinstance(outcome, Raised):
             raise self._backend_error(outcome.error)
         return outcome.result
@@ -431,3 +487,7 @@ def _quietly(action: Callable[[], object]) -> None:
         action()
     except Exception:
         pass
+
+
+def _nothing() -> None:
+    return None

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from itertools import count
-from typing import Literal, TypeAlias
+from typing import Literal, Protocol, TypeAlias
 
 import attrs
 
@@ -35,9 +35,11 @@ __all__ = [
     "STOPPED",
     "AbortKind",
     "Aborted",
+    "BackgroundCall",
     "Channel",
     "DeadlineTimer",
     "DirectCall",
+    "Job",
     "Outcome",
     "Output",
     "Raised",
@@ -216,11 +218,19 @@ class WorkerCall:
         self.channel.finish(outcome)
 
 
+class Job(Protocol):
+    """What a worker runs: ``execute`` makes the backend call, ``finish`` hands its outcome on."""
+
+    def execute(self) -> Outcome: ...
+
+    def finish(self, outcome: Outcome) -> None: ...
+
+
 class _Worker:
     _ids = count(1)
 
     def __init__(self, pool: WorkerPool) -> None:
-        self.jobs: queue.SimpleQueue[WorkerCall | None] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._pool = pool
         self.thread = threading.Thread(
             target=self._run, name=f"piship-exec-{next(self._ids)}", daemon=True
@@ -248,7 +258,7 @@ class WorkerPool:
         self._idle: list[_Worker] = []
         self._closed = False
 
-    def submit(self, call: WorkerCall) -> _Worker | None:
+    def submit(self, call: Job) -> _Worker | None:
         """Run ``call`` on a worker; ``None`` once the pool is closed."""
         with self._lock:
             if self._closed:
@@ -353,6 +363,34 @@ class DirectCall:
 
 def _drop(chunk: bytes) -> None:
     return None
+
+
+class BackgroundCall:
+    """A :class:`DirectCall` made on a worker, for a command nobody waits for yet.
+
+    ``done`` is set, and ``on_done`` called, once the backend call returned and
+    ``outcome`` says how; the request's ``control`` then refuses further input.
+    """
+
+    def __init__(
+        self, call: DirectCall, instance: Instance, request: ExecRequest, on_done: Action
+    ) -> None:
+        self.call = call
+        self.done = threading.Event()
+        self.outcome: Outcome | None = None
+        self._instance = instance
+        self._request = request
+        self._on_done = on_done
+
+    def execute(self) -> Outcome:
+        return self.call.run(self._instance, self._request)
+
+    def finish(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        if self._request.control is not None:
+            self._request.control.end()
+        self.done.set()
+        self._on_done()
 
 
 class DeadlineTimer:

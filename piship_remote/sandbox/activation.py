@@ -28,6 +28,7 @@ import attrs
 
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import Backend, ExecRequest
+from piship_remote.backends.control import CommandControl, TerminalSize
 from piship_remote.model.environment import screen_environment
 from piship_remote.model.errors import (
     CONFIG_INVALID,
@@ -49,9 +50,17 @@ from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, Command, ExecEngin
 from piship_remote.sandbox._exec_workers import Sink
 from piship_remote.sandbox._output import OUTPUT_LIMIT, CommandResult, OutputCapture
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_sync_mode
+from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
 
-__all__ = ["CHANNEL_BYTES", "CommandResult", "ExecResult", "Sandbox", "activate_sandbox"]
+__all__ = [
+    "CHANNEL_BYTES",
+    "CommandHandle",
+    "CommandResult",
+    "ExecResult",
+    "Sandbox",
+    "activate_sandbox",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
@@ -60,7 +69,9 @@ OnData = Callable[[bytes], None]
 
 @attrs.frozen
 class ExecResult:
-    """How a command ended: its exit code (``128 + n`` for signal ``n``)."""
+    """What ``Sandbox.exec`` returns: how the command ended, its exit code (``128 + n`` for
+    signal ``n``); its output went to ``on_data``. (``Sandbox.run`` and a handle's ``wait``
+    give a :class:`CommandResult`, with the output; a backend instance a ``BackendResult``.)"""
 
     exit_code: int
 
@@ -172,6 +183,41 @@ class Sandbox:
             raise CommandFailed(outcome, redactor=self.redactor)
         return outcome
 
+    def start(
+        self,
+        command: Command,
+        cwd: PathLike | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        timeout: float | None = None,
+        pty: bool = False,
+    ) -> CommandHandle:
+        """Start ``command`` and return at once with its :class:`CommandHandle`::
+
+            handle = sandbox.start("cat", stdin=True)
+            handle.send_stdin("hi\\n"); handle.close_stdin()
+            for stream, chunk in handle: ...
+            print(handle.wait().stdout)
+
+        ``stdin=True``: its input is a pipe written with ``send_stdin`` (else it reads end
+        of file). ``pty=True``: it runs on an 80x24 terminal (``resize`` changes it), its
+        output all on ``stdout``. ``timeout`` kills it and makes ``wait`` raise
+        :class:`CommandTimeout`. A service that cannot pass input or give a terminal (the
+        agent-sandbox router) refuses with ``PiShipError`` ``CONFIG_INVALID``.
+        """
+        engine = self._usable_engine()
+        if (stdin or pty) and not engine.controls_commands:
+            what = "give a command a terminal" if pty else "pass standard input to a command"
+            raise PiShipError(
+                CONFIG_INVALID,
+                f"the {self.report.adapter} sandbox backend cannot {what}",
+                user_action="Use an E2B-compatible backend, or run the command without it",
+            )
+        control = CommandControl(stdin=stdin)
+        handle = self._handle(command, cwd, timeout, env, control=control, pty=pty)
+        return handle._begin()
+
     def _execute(
         self,
         command: Command,
@@ -182,9 +228,25 @@ class Sandbox:
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
     ) -> ExecResult:
-        line = command_line(command)
+        """``exec`` and ``run``: the handle of ``start``, waited for at once on this thread."""
         if cancel is not None and cancel.is_set():
+            command_line(command)
             raise CommandCancelled()
+        handle = self._handle(command, cwd, timeout, env, stdin=stdin)
+        return ExecResult(exit_code=exit_status(handle._wait_here(sink, cancel)))
+
+    def _handle(
+        self,
+        command: Command,
+        cwd: PathLike | None,
+        timeout: float | None,
+        env: Mapping[str, str] | None,
+        *,
+        stdin: Iterable[bytes] | None = None,
+        control: CommandControl | None = None,
+        pty: bool = False,
+    ) -> CommandHandle:
+        line = command_line(command)
         engine = self._usable_engine()
         request = ExecRequest(
             command=line,
@@ -193,11 +255,12 @@ class Sandbox:
             env=self._command_env(env),
             timeout=timeout or None,
             stdin=stdin,
+            pty=TerminalSize() if pty else None,
+            control=control,
         )
         if timeout is not None and timeout < 0:
             raise PiShipError(CONFIG_INVALID, f"timeout must not be negative, not {timeout}")
-        result = engine.run(request, sink, timeout or None, cancel, retire=True)
-        return ExecResult(exit_code=exit_status(result))
+        return CommandHandle(engine, request, timeout or None, output_limit=OUTPUT_LIMIT)
 
     def workspace(self) -> WorkspaceReport | None:
         """The live workspace report (a snapshot's never changes); ``None`` when not enforced.

@@ -32,8 +32,9 @@ Routes:
   (which name its ``/.piship-`` staging files); any other goes to ``command(start)``
   (default: empty output, exit 0).
 - ``/process.Process/SendInput`` and ``CloseStdin``: 200 ``{}``; the input (base64
-  ``input.stdin``) is kept per ``process.tag`` (``stdin(tag)`` shows it) for a ``cat``
-  answer, which ends once CloseStdin named its tag.
+  ``input.stdin``, or ``input.pty`` typed on a terminal) is kept per ``process.tag``
+  (``stdin(tag)`` shows it) for a ``cat`` answer, which ends once CloseStdin named its tag.
+- ``/process.Process/Update`` (a terminal's new size): 200 ``{}``.
 - ``/process.Process/SendSignal``: ends the hung streams with the request's
   ``process.tag`` (every hung stream when it names no tag) with an end-of-stream
   frame ``{}``, and remembers the tag, so a Start with that tag that arrives later
@@ -265,6 +266,8 @@ class E2bServer(RecordingServer):
             return self._start(request)
         if path in ("/process.Process/SendInput", "/process.Process/CloseStdin"):
             return self._input(request, closing=path.endswith("CloseStdin"))
+        if path == "/process.Process/Update":
+            return json_response(200, {})
         return Response(b"", status=404)
 
     def _rejection(self, request: Request, path: str) -> Response | None:
@@ -425,11 +428,12 @@ class E2bServer(RecordingServer):
         tag = _object(body.get("process")).get("tag")
         if not isinstance(tag, str):
             return _json(400, ConnectError("invalid_argument", "a process tag is required"))
-        data = _object(body.get("input")).get("stdin", "")
+        given = _object(body.get("input"))
+        data = given.get("stdin", given.get("pty", ""))
         try:
             chunk = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
         except binascii.Error:
-            return _json(400, ConnectError("invalid_argument", "input.stdin is not base64"))
+            return _json(400, ConnectError("invalid_argument", "the input is not base64"))
         with self._state:
             received, closed = self._input_of(tag)
             received += chunk

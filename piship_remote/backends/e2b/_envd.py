@@ -25,6 +25,7 @@ from piship_remote.backends._common import (
     is_success,
     retry_after_seconds,
 )
+from piship_remote.backends.control import TerminalSize
 from piship_remote.backends.e2b._stream import UNKNOWN_OUTCOME
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
@@ -59,12 +60,24 @@ class _ProcessConfig:
 
 
 @attrs.frozen
+class _PtySize:
+    cols: int
+    rows: int
+
+
+@attrs.frozen
+class _Pty:
+    size: _PtySize
+
+
+@attrs.frozen
 class StartRequest:
     """The body of ``/process.Process/Start``."""
 
     process: _ProcessConfig
     stdin: bool
     tag: str
+    pty: _Pty | None = None
 
 
 @attrs.frozen
@@ -80,7 +93,14 @@ class _SignalRequest:
 
 @attrs.frozen
 class _Input:
-    stdin: str  # base64
+    stdin: str | None = None  # base64, one of the two
+    pty: str | None = None
+
+
+@attrs.frozen
+class _UpdateRequest:
+    process: _ProcessSelector
+    pty: _Pty
 
 
 @attrs.frozen
@@ -95,7 +115,7 @@ class _CloseStdinRequest:
 
 
 def _wire_converter() -> cattrs.Converter:
-    converter = cattrs.Converter()
+    converter = cattrs.Converter(omit_if_default=True)
     converter.register_unstructure_hook(Mapping, dict)
     return converter
 
@@ -111,15 +131,18 @@ def start_request(
     *,
     login: bool = True,
     stdin: bool = False,
+    pty: TerminalSize | None = None,
 ) -> StartRequest:
     """Start ``command`` with ``/bin/bash -l -c`` in ``cwd``, tagged for SendSignal; with
     ``login=False`` with :data:`HELPER_SHELL` (``/bin/sh -c``), which reads no startup file.
-    ``stdin``: its standard input is a pipe that SendInput writes to."""
+    ``stdin``: its standard input is a pipe that SendInput writes to; ``pty``: it runs
+    on a terminal of that size instead (its output then comes as ``pty`` data)."""
     cmd, *args = ("/bin/bash", "-l", "-c") if login else HELPER_SHELL
     return StartRequest(
         process=_ProcessConfig(cmd=cmd, args=(*args, command), envs=env, cwd=cwd),
         stdin=stdin,
         tag=tag,
+        pty=None if pty is None else _Pty(_PtySize(pty.cols, pty.rows)),
     )
 
 
@@ -130,7 +153,8 @@ def start_envelope(start: StartRequest) -> bytes:
     process = start.process
     envs = process.envs
     strings = (process.cmd, *process.args, process.cwd, start.tag, *envs.keys(), *envs.values())
-    if not all(type(text) is str for text in strings) or type(start.stdin) is not bool:
+    plain = all(type(text) is str for text in strings) and type(start.stdin) is bool
+    if not plain or start.pty is not None:
         return connect_envelope(_WIRE.unstructure(start))
     quote = encode_basestring
     text = "".join(
@@ -235,11 +259,20 @@ class Envd:
             cancel=cancel,
         ).close()
 
-    def send_input(self, tag: str, data: bytes, cancel: threading.Event | None) -> bool:
-        """SendInput ``data`` to the stdin of the command tagged ``tag``; False if refused."""
+    def send_input(
+        self, tag: str, data: bytes, cancel: threading.Event | None, *, pty: bool = False
+    ) -> bool:
+        """SendInput ``data`` to the stdin (``pty``: the terminal) of the command tagged
+        ``tag``; False if refused."""
         encoded = base64.b64encode(data).decode("ascii")
-        body = _InputRequest(_ProcessSelector(tag), _Input(encoded))
+        given = _Input(pty=encoded) if pty else _Input(stdin=encoded)
+        body = _InputRequest(_ProcessSelector(tag), given)
         return self._unary("SendInput", _WIRE.unstructure(body), cancel)
+
+    def resize(self, tag: str, size: TerminalSize, cancel: threading.Event | None) -> bool:
+        """Update the terminal of the command tagged ``tag`` to ``size``; False if refused."""
+        body = _UpdateRequest(_ProcessSelector(tag), _Pty(_PtySize(size.cols, size.rows)))
+        return self._unary("Update", _WIRE.unstructure(body), cancel)
 
     def close_stdin(self, tag: str, cancel: threading.Event | None) -> bool:
         """CloseStdin of the command tagged ``tag`` (it reads end of file); False if refused."""

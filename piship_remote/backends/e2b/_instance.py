@@ -1,5 +1,6 @@
-"""One prepared E2B-compatible sandbox: its commands (Start streams, stdin, SendSignal) and
-its disposal. :class:`~piship_remote.backends.e2b.backend.E2bCompatibleBackend` makes it."""
+"""One prepared E2B-compatible sandbox: its commands (Start streams, stdin, a terminal, a
+handle's controls, SendSignal) and its disposal.
+:class:`~piship_remote.backends.e2b.backend.E2bCompatibleBackend` makes it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
 from piship_remote.backends.e2b._control import ControlPlane
 from piship_remote.backends.e2b._envd import Envd, start_request
+from piship_remote.backends.e2b._input import EnvdInput
 from piship_remote.backends.e2b._lease import SandboxLease
 from piship_remote.backends.e2b._stream import read_stream
 from piship_remote.model.errors import CommandCancelled, PiShipError
@@ -31,6 +33,7 @@ class E2bInstance:
     """
 
     cancels_promptly = True
+    controls_commands = True
 
     def __init__(
         self,
@@ -171,6 +174,7 @@ class E2bInstance:
     ) -> BackendResult:
         tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
         forget_kill = token.on_cancel(lambda: self._signal(tag))
+        control = request.control
         try:
             start = start_request(
                 request.command,
@@ -178,7 +182,8 @@ class E2bInstance:
                 cwd,
                 tag,
                 login=request.login,
-                stdin=request.stdin is not None,
+                stdin=request.takes_input and request.pty is None,
+                pty=request.pty,
             )
             # Start follows the renewal onto the wire; it is read once the renewal answered.
             response = self._lease.cover(
@@ -188,9 +193,14 @@ class E2bInstance:
             )
             if request.stdin is not None:
                 self._feed(tag, request.stdin, token)
+            on_pid = None
+            if control is not None:
+                terminal = request.pty is not None
+                control.bind(EnvdInput(self._envd, tag, token, self._errors, terminal=terminal))
+                on_pid = control.started
             with response:
                 try:
-                    return read_stream(response, on_stdout, on_stderr, self._errors)
+                    return read_stream(response, on_stdout, on_stderr, self._errors, on_pid)
                 except PiShipError:
                     if not token.is_set():
                         # The stream broke (idle, dropped): envd keeps a command running

@@ -50,7 +50,7 @@ _CANONICAL_B64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 _EXIT_STATUS = re.compile(r"\s*exit status (-?[0-9]{1,10})\s*\Z")
 _STREAMS = ("stdout", "stderr")  # the order of _data_output's index
 # envd's start and keepalive events, and its end event, exactly as protojson writes them.
-_NO_OP_EVENT = re.compile(rb'\{"event":\{(?:"start":\{"pid":[0-9]{1,10}\}|"keepalive":\{\})\}\}')
+_NO_OP_EVENT = re.compile(rb'\{"event":\{(?:"start":\{"pid":([0-9]{1,10})\}|"keepalive":\{\})\}\}')
 _END_EVENT = re.compile(
     rb'\{"event":\{"end":\{(?:"exitCode":(-?(?:0|[1-9][0-9]{0,9})),)?'
     rb'"exited":(true|false),"status":"([\x20\x21\x23-\x5b\x5d-\x7e]*)"\}\}\}'
@@ -65,10 +65,13 @@ class StreamOutcome:
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
         errors: SandboxErrors,
+        on_pid: Callable[[int], None] | None = None,
     ) -> None:
         self.result: BackendResult | None = None
-        self._outputs = {"stdout": on_stdout, "stderr": on_stderr}
+        # A terminal's output (``pty``) is the command's stdout.
+        self._outputs = {"stdout": on_stdout, "stderr": on_stderr, "pty": on_stdout}
         self._errors = errors
+        self._on_pid = on_pid
 
     def handle_payload(self, flags: int, payload: bytes | memoryview) -> bool:
         """Act on one envelope; a plain data event skips the JSON parser (``True``: complete).
@@ -102,7 +105,11 @@ class StreamOutcome:
             return True
         if flags:
             return None
-        if _NO_OP_EVENT.fullmatch(payload):
+        no_op = _NO_OP_EVENT.fullmatch(payload)
+        if no_op is not None:
+            pid = no_op.group(1)
+            if pid is not None and self._on_pid is not None:
+                self._on_pid(int(pid))
             return False  # start and keepalive events carry nothing a result needs
         end = _END_EVENT.fullmatch(payload)
         if end is None:
@@ -120,6 +127,9 @@ class StreamOutcome:
             self._finish(frame.message)
             return True
         event = _object(frame.message.get("event"))
+        pid = _object(event.get("start")).get("pid")
+        if type(pid) is int and self._on_pid is not None:
+            self._on_pid(pid)
         data = _object(event.get("data"))
         for stream in self._outputs:
             value = data.get(stream)
@@ -180,15 +190,18 @@ def read_stream(
     on_stdout: OutputCallback | None,
     on_stderr: OutputCallback | None,
     errors: SandboxErrors,
+    on_pid: Callable[[int], None] | None = None,
 ) -> BackendResult:
-    """Decode frames as they arrive, until the end-of-stream frame.
+    """Decode frames as they arrive, until the end-of-stream frame; ``on_pid`` hears the
+    start event's pid.
 
     A failure is raised from this frame alone, without the frames below it or a
     chained context: those hold the body's bytes, into which a hostile server can
     echo a credential, and a traceback printed with its locals would show them.
     """
     try:
-        return _decode_frames(response, StreamOutcome(on_stdout, on_stderr, errors), errors)
+        outcome = StreamOutcome(on_stdout, on_stderr, errors, on_pid)
+        return _decode_frames(response, outcome, errors)
     except (PiShipError, CommandCancelled) as error:
         failure = error
     failure.__context__ = None

@@ -157,12 +157,18 @@ class KubernetesInstance:
         Detached: output arrives as it grows; cancelling kills the command's process
         group and keeps the claim. ``PiShipError`` otherwise.
         """
-        if request.stdin is not None:
+        if request.takes_input:
             raise PiShipError(
                 CONFIG_INVALID,
                 "the agent-sandbox router cannot pass standard input to a command",
                 user_action="Copy the input into the sandbox and redirect it"
                 " ('cmd < file'), or use an E2B-compatible backend",
+            )
+        if request.pty is not None:
+            raise PiShipError(
+                CONFIG_INVALID,
+                "the agent-sandbox router cannot give a command a terminal",
+                user_action="Run it without a terminal, or use an E2B-compatible backend",
             )
         command = runtime_command(request, self._workdir)
         jobs = self._jobs
