@@ -45,6 +45,7 @@ from piship_remote.workspace._sandbox_commands import working_directory_command
 __all__ = ["CHECK_MARKER", "SANDBOX_PREFIX", "Router", "RouterRequest", "RouterSettings"]
 
 CHECK_MARKER = "piship-sandbox-ready"
+_JOBS = "/piship-jobs/"  # in a detached job's scripts
 SANDBOX_PREFIX = "pool-"
 
 ExecuteAnswer = Mapping[str, Any]
@@ -245,7 +246,7 @@ class Router:
         return self._reply(request, answer)
 
     def _answer(self, command: str, claim: str) -> ExecuteAnswer:
-        if CHECK_MARKER in command:
+        if CHECK_MARKER in command and _JOBS not in command:  # a detached job's launch runs
             unlisted = "1" if "'PISHIP_PROBE_UNLISTED=" in command else "unset"
             return {"stdout": f"{CHECK_MARKER} {unlisted}\n", "exit_code": 0}
         if self._in_memory:
