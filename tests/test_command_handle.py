@@ -220,6 +220,16 @@ def test_a_terminal_command_starts_with_a_pty_of_80_by_24(
     assert start["stdin"] is False
 
 
+def test_a_terminal_of_a_given_size_starts_with_it(
+    served: Callable[[Answer], tuple[E2bServer, Sandbox]],
+) -> None:
+    mock, sandbox = served(lambda start: {})
+
+    sandbox.start("bash", pty=(132, 50)).wait(timeout=WITHIN)
+
+    assert bodies(mock, "Start")[-1]["pty"] == {"size": {"cols": 132, "rows": 50}}
+
+
 def test_input_to_a_terminal_is_typed_and_its_close_is_ctrl_d(
     served: Callable[[Answer], tuple[E2bServer, Sandbox]],
 ) -> None:

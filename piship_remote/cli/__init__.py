@@ -112,6 +112,12 @@ def _parser() -> Parser:
         action="store_true",
         help="pass no standard input (by default a non-terminal stdin is the command's)",
     )
+    run.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run the command on a terminal, typed into from this one (when stdin is a terminal)",
+    )
     run.add_argument("command", nargs="...", help="the command, after --")
     run.set_defaults(handler=_commands.run)
 

@@ -14,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 from piship_remote.cli._files import copy, describe_transfer
 from piship_remote.cli._kept import activated
 from piship_remote.cli._streams import command_input
+from piship_remote.cli._terminal import run_on_terminal, terminal_input
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     CONFIG_UNAVAILABLE,
@@ -70,7 +71,13 @@ def run(args: argparse.Namespace) -> int:
             "run needs a command after --",
             user_action="Example: piship-remote run -- echo hello",
         )
-    stdin = command_input(args)
+    terminal = terminal_input() if args.tty else None
+    if args.tty and terminal is None:
+        print(
+            "piship-remote: stdin is not a terminal, so the command runs without one",
+            file=sys.stderr,
+        )
+    stdin = None if terminal is not None else command_input(args)
     with ExitStack() as stack:
         sandbox = stack.enter_context(activated(args, stack))
         if not args.sync and not args.attach and _has_files(args.workspace):
@@ -81,8 +88,12 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.sync:
             _report_transfer("pushed", sandbox.push())
-        result = sandbox.run(_shell_line(command), timeout=args.timeout, echo=True, stdin=stdin)
-        status = exit_status(result.exit_code)
+        line = _shell_line(command)
+        if terminal is not None:
+            code = run_on_terminal(sandbox, line, terminal, args.timeout)
+        else:
+            code = sandbox.run(line, timeout=args.timeout, echo=True, stdin=stdin).exit_code
+        status = exit_status(code)
         if args.sync:
             return _pull_after(sandbox, status)
         return status

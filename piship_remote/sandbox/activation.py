@@ -191,7 +191,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         stdin: bool = False,
         timeout: float | None = None,
-        pty: bool = False,
+        pty: bool | tuple[int, int] = False,
     ) -> CommandHandle:
         """Start ``command`` and return at once with its :class:`CommandHandle`::
 
@@ -201,10 +201,11 @@ class Sandbox:
             print(handle.wait().stdout)
 
         ``stdin=True``: its input is a pipe written with ``send_stdin`` (else it reads end
-        of file). ``pty=True``: it runs on an 80x24 terminal (``resize`` changes it), its
-        output all on ``stdout``. ``timeout`` kills it and makes ``wait`` raise
-        :class:`CommandTimeout`. A service that cannot pass input or give a terminal (the
-        agent-sandbox router) refuses with ``PiShipError`` ``CONFIG_INVALID``.
+        of file). ``pty=True``: it runs on an 80x24 terminal (``pty=(cols, rows)``: of that
+        size; ``resize`` changes it), its output all on ``stdout``. ``timeout`` kills it
+        and makes ``wait`` raise :class:`CommandTimeout`. A service that cannot pass input
+        or give a terminal (the agent-sandbox router) refuses with ``PiShipError``
+        ``CONFIG_INVALID``.
         """
         engine = self._usable_engine()
         if (stdin or pty) and not engine.controls_commands:
@@ -244,7 +245,7 @@ class Sandbox:
         *,
         stdin: Iterable[bytes] | None = None,
         control: CommandControl | None = None,
-        pty: bool = False,
+        pty: bool | tuple[int, int] = False,
     ) -> CommandHandle:
         line = command_line(command)
         engine = self._usable_engine()
@@ -255,7 +256,7 @@ class Sandbox:
             env=self._command_env(env),
             timeout=timeout or None,
             stdin=stdin,
-            pty=TerminalSize() if pty else None,
+            pty=_terminal_size(pty),
             control=control,
         )
         if timeout is not None and timeout < 0:
@@ -447,6 +448,15 @@ def _check_workspace(workspace: PathLike) -> None:
         user_action="Pass workspace= an existing directory (the host folder whose files"
         ' the sandbox works on), e.g. workspace="."',
     )
+
+
+def _terminal_size(pty: bool | tuple[int, int]) -> TerminalSize | None:
+    if pty is True:
+        return TerminalSize()
+    if pty is False:
+        return None
+    cols, rows = pty
+    return TerminalSize(cols, rows)
 
 
 def _track(sandbox: Sandbox, engine: ExecEngine | None) -> int | None:
