@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -270,6 +272,46 @@ def test_resize_without_a_terminal_is_refused(sandbox_for: Callable[[Answer], Sa
     with pytest.raises(PiShipError, match="pty=True") as caught:
         handle.resize(100, 30)
     assert caught.value.code == "CONFIG_INVALID"
+
+
+def test_a_terminal_size_out_of_range_is_refused(sandbox_for: Callable[[Answer], Sandbox]) -> None:
+    gate = threading.Event()
+    sandbox = sandbox_for(lambda start: {"after": gate})
+    handle = sandbox.start("bash", pty=True)
+
+    with pytest.raises(ValueError, match="cols"):
+        handle.resize(0, 30)
+    gate.set()
+
+
+@pytest.mark.usefixtures("ctrl_c")
+def test_ctrl_c_while_waiting_kills_the_command_and_reraises(
+    served: Callable[[Answer], tuple[E2bServer, Sandbox]],
+) -> None:
+    mock, sandbox = served(lambda start: {"hang": True})
+    handle = sandbox.start("sleep 600")
+    threading.Thread(target=interrupt_main_inside, args=("wait",), daemon=True).start()
+
+    with pytest.raises(KeyboardInterrupt):
+        handle.wait()
+
+    signal_request = mock.wait_for("POST", "/process.Process/SendSignal", timeout=WITHIN)
+    assert signal_request.json()["process"]["tag"] == bodies(mock, "Start")[-1]["tag"]
+
+
+def interrupt_main_inside(method: str) -> None:
+    """SIGINT once the main thread runs ``CommandHandle.<method>`` (looked at every ms)."""
+    main = threading.main_thread().ident
+    looked = threading.Event()
+    for _ in range(int(WITHIN * 1000)):
+        frame = sys._current_frames().get(main or 0)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == method and code.co_filename.endswith("command_handle.py"):
+                signal.raise_signal(signal.SIGINT)
+                return
+            frame = frame.f_back
+        looked.wait(0.001)
 
 
 def test_dispose_ends_a_started_command_and_leaves_no_library_thread(
