@@ -2,7 +2,7 @@
 
 :class:`ExecEngine` makes a backend instance's ``exec`` call on behalf of
 ``Sandbox.exec``/``Sandbox.run`` and the activation's readiness check, and owns
-the threads that needs. There are three paths:
+the threads that needs. There are four paths:
 
 - **The main thread, with a backend that cancels promptly** (its instance has
   ``cancels_promptly = True``: a cancelled call returns within milliseconds)
@@ -21,6 +21,10 @@ the threads that needs. There are three paths:
   raises ``KeyboardInterrupt``. It watches the deadline itself.
 - **Any other thread** makes the call itself (a ``DirectCall`` again); the
   ``piship-exec-timer`` thread fires its deadline.
+- **A started command** (``Sandbox.start``, :meth:`ExecEngine.begin`) is a
+  ``DirectCall`` made on a ``piship-exec-N`` worker
+  (:class:`~piship_remote.sandbox._exec_workers.BackgroundCall`); its handle's
+  ``kill`` is an abort for ``cancel``, and the timer fires its deadline.
 
 An abort (timeout, cancel, dispose, Ctrl-C, a failing sink) sets the call's
 token, which cancels the backend call, and the caller then waits up to
