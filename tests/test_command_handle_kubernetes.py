@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from seed_support import assert_no_library_thread_left, kubernetes
 
-from piship_remote import CommandCancelled, PiShipError, Sandbox, activate_sandbox
+from piship_remote import (
+    CommandCancelled,
+    CommandHandle,
+    PiShipError,
+    Sandbox,
+    activate_sandbox,
+)
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
 
 POLICY = {"required": True, "network": {"mode": "allow"}, "environment": {"allow": ["LANG"]}}
@@ -62,6 +68,30 @@ def test_the_router_refuses_input_and_a_terminal_before_running_anything(
 
     assert caught.value.code == "CONFIG_INVALID"
     assert len(mock.requests) == sent
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda handle: handle.send_stdin("x"),
+        lambda handle: handle.close_stdin(),
+        lambda handle: handle.resize(100, 30),
+    ],
+    ids=["send_stdin", "close_stdin", "resize"],
+)
+def test_a_router_commands_input_and_terminal_are_refused(
+    kubernetes_server: KubernetesFactory,
+    activated: Callable[..., Sandbox],
+    call: Callable[[CommandHandle], None],
+) -> None:
+    sandbox = activated(kubernetes_server(hang_sleep).url)
+    handle = sandbox.start("echo hi")
+
+    with pytest.raises(PiShipError) as caught:
+        call(handle)
+
+    assert caught.value.code == "CONFIG_INVALID"
+    assert handle.wait(timeout=WITHIN).stdout == "ok\n"
 
 
 def test_a_router_command_has_no_pid(

@@ -68,6 +68,24 @@ def test_kill_ends_a_running_command(sandbox: Sandbox) -> None:
     assert not handle.running
 
 
+def test_kill_of_a_command_that_ended_returns_false(sandbox: Sandbox) -> None:
+    handle = sandbox.start("echo done")
+    handle.wait(timeout=WITHIN)
+
+    assert handle.kill() is False
+
+
+def test_wait_with_a_timeout_leaves_the_command_running(sandbox: Sandbox) -> None:
+    handle = sandbox.start("read x", stdin=True)
+
+    with pytest.raises(TimeoutError, match="still running"):
+        handle.wait(timeout=0.1)
+
+    assert handle.running
+    handle.close_stdin()
+    assert handle.wait(timeout=WITHIN).exit_code == 1
+
+
 def test_the_commands_own_timeout_raises_command_timeout(sandbox: Sandbox) -> None:
     handle = sandbox.start("sleep 600", timeout=0.3)
 
