@@ -247,3 +247,14 @@ def test_every_file_operation_takes_timeout_and_cancel_keywords(method: Any) -> 
     assert parameters["timeout"].kind is inspect.Parameter.KEYWORD_ONLY
     assert parameters["cancel"].kind is inspect.Parameter.KEYWORD_ONLY
     assert parameters["timeout"].default is None and parameters["cancel"].default is None
+
+
+def _files_timers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "piship-files-timer"]
+
+
+def test_the_file_timer_thread_ends_with_dispose(sandbox: Sandbox) -> None:
+    sandbox.files.read("data.bin", timeout=10)
+    assert len(_files_timers()) == 1
+    sandbox.dispose()
+    assert _files_timers() == []

@@ -9,7 +9,7 @@ A file operation is governed like a command. It gets a
 :class:`~piship_remote.transport._cancel.CancelToken` (``call.cancel``) that its
 requests and helper commands carry down to the socket, and that three things set:
 the caller's ``cancel`` event (bridged once, here), the deadline (the
-``piship-exec-timer`` thread) and :meth:`FileCalls.dispose`. Setting it shuts down
+``piship-files-timer`` thread) and :meth:`FileCalls.dispose`. Setting it shuts down
 the sockets of whatever request is in flight, so a stalled transfer ends within
 milliseconds. The deadline also goes down as ``call.deadline`` (a
 ``time.monotonic()`` instant), so each request is bounded by what is left of it.
@@ -101,7 +101,7 @@ class FileCalls:
         self._running: set[FileCall] = set()
         self._disposed = False
         self._watcher = EventWatcher()
-        self._timer = DeadlineTimer()
+        self._timer = DeadlineTimer("piship-files-timer")
         self.disposal = CancelToken()
 
     @contextmanager
