@@ -258,3 +258,9 @@ def test_the_file_timer_thread_ends_with_dispose(sandbox: Sandbox) -> None:
     assert len(_files_timers()) == 1
     sandbox.dispose()
     assert _files_timers() == []
+
+
+def test_the_file_timer_thread_ends_with_detach(sandbox: Sandbox) -> None:
+    sandbox.files.read("data.bin", timeout=10)
+    sandbox.detach()
+    assert _files_timers() == []

@@ -290,6 +290,8 @@ class Sandbox:
         deleted at exit, and it lives until its lifetime ends. Returns its id, for
         ``activate_sandbox(..., attach=id)`` (from this or another process)."""
         sandbox_id = self._usable_engine().detach()
+        if self._transfers is not None:
+            self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)
         return sandbox_id
 
