@@ -6,6 +6,7 @@ stops it; it must then end within ``PROMPT`` seconds with the error that says wh
 
 from __future__ import annotations
 
+import gc
 import inspect
 import threading
 import time
@@ -263,4 +264,23 @@ def test_the_file_timer_thread_ends_with_dispose(sandbox: Sandbox) -> None:
 def test_the_file_timer_thread_ends_with_detach(sandbox: Sandbox) -> None:
     sandbox.files.read("data.bin", timeout=10)
     sandbox.detach()
+    assert _files_timers() == []
+
+
+def test_the_file_timer_thread_ends_when_an_undisposed_sandbox_is_collected(
+    double: Double, tmp_path: Path
+) -> None:
+    backend: Any = (
+        E2bCompatibleBackend(
+            endpoint=double.url, envd_url=double.url, credential=lambda: "e2b-key-000001"
+        )
+        if isinstance(double, E2bServer)
+        else kubernetes(double.url)
+    )
+    dropped = activate_sandbox(POLICY, backend=backend, workspace=tmp_path)
+    dropped.files.exists("anything", timeout=10)
+    assert len(_files_timers()) == 1
+    with pytest.warns(ResourceWarning, match="garbage-collected"):
+        del dropped
+        gc.collect()
     assert _files_timers() == []

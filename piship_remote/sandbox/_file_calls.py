@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -103,6 +104,8 @@ class FileCalls:
         self._watcher = EventWatcher()
         self._timer = DeadlineTimer("piship-files-timer")
         self.disposal = CancelToken()
+        # A sandbox collected undisposed (the lifecycle registry deletes it) ends these too.
+        weakref.finalize(self, _close, self._watcher, self._timer)
 
     @contextmanager
     def begin(
@@ -152,8 +155,7 @@ class FileCalls:
         self.disposal.set()
         for call in running:
             call.stop("disposed")
-        self._watcher.close()
-        self._timer.close()
+        _close(self._watcher, self._timer)
 
     def _stopped_error(self, reason: Reason, call: FileCall) -> BaseException:
         if reason == "timeout":
@@ -171,6 +173,11 @@ class FileCalls:
         else:
             text = f"The {self._adapter} sandbox was disposed; activate a new sandbox"
         return PiShipError(SANDBOX_UNAVAILABLE, text, component="files")
+
+
+def _close(watcher: EventWatcher, timer: DeadlineTimer) -> None:
+    watcher.close()
+    timer.close()
 
 
 def _may_be_the_deadline(error: Exception) -> bool:
