@@ -55,7 +55,6 @@ from piship_remote.workspace._tree import TreeWalk, inside
 __all__ = ["CHUNK", "Progress", "SandboxFiles"]
 
 CHUNK = 1024 * 1024
-Cancel = threading.Event | None
 
 
 class SandboxFiles:
@@ -102,7 +101,7 @@ class SandboxFiles:
         data: bytes | str | BinaryIO,
         *,
         timeout: float | None = None,
-        cancel: Cancel = None,
+        cancel: threading.Event | None = None,
     ) -> FileInfo:
         """Write ``data`` (bytes, text as UTF-8, or a binary file object, streamed)."""
         with self._calls.begin(timeout, cancel) as call:
@@ -110,7 +109,9 @@ class SandboxFiles:
                 self._resolve(path, call), _chunks(data), cancel=call.cancel, deadline=call.deadline
             )
 
-    def read(self, path: str, *, timeout: float | None = None, cancel: Cancel = None) -> bytes:
+    def read(
+        self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> bytes:
         """The whole file ``path`` (use :meth:`download` for a large one)."""
         buffer = io.BytesIO()
         with self._calls.begin(timeout, cancel) as call:
@@ -128,13 +129,17 @@ class SandboxFiles:
         encoding: str = "utf-8",
         *,
         timeout: float | None = None,
-        cancel: Cancel = None,
+        cancel: threading.Event | None = None,
     ) -> str:
         """The file ``path`` decoded as ``encoding``."""
         return self.read(path, timeout=timeout, cancel=cancel).decode(encoding)
 
     def list(
-        self, path: str = ".", *, timeout: float | None = None, cancel: Cancel = None
+        self,
+        path: str = ".",
+        *,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> list[FileInfo]:
         """The entries directly in the directory ``path``, sorted by name."""
         with self._calls.begin(timeout, cancel) as call:
@@ -143,7 +148,9 @@ class SandboxFiles:
             )
         return sorted(entries, key=lambda info: info.name)
 
-    def exists(self, path: str, *, timeout: float | None = None, cancel: Cancel = None) -> bool:
+    def exists(
+        self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> bool:
         """Whether anything is at ``path``."""
         with self._calls.begin(timeout, cancel) as call:
             found = self._remote.stat(
@@ -151,26 +158,34 @@ class SandboxFiles:
             )
         return found is not None
 
-    def remove(self, path: str, *, timeout: float | None = None, cancel: Cancel = None) -> None:
+    def remove(
+        self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> None:
         """Remove a file, or a directory recursively (a missing path is fine)."""
         with self._calls.begin(timeout, cancel) as call:
             self._remote.remove(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
             )
 
-    def make_dir(self, path: str, *, timeout: float | None = None, cancel: Cancel = None) -> bool:
+    def make_dir(
+        self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> bool:
         """Create the directory ``path`` and its parents; ``False`` if it existed."""
         with self._calls.begin(timeout, cancel) as call:
             return self._remote.make_dir(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
             )
 
-    def resolve(self, path: str, *, timeout: float | None = None, cancel: Cancel = None) -> str:
+    def resolve(
+        self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> str:
         """The absolute remote path for ``path``."""
         with self._calls.begin(timeout, cancel) as call:
             return self._resolve(path, call)
 
-    def working_directory(self, *, timeout: float | None = None, cancel: Cancel = None) -> str:
+    def working_directory(
+        self, *, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> str:
         """The remote working directory (the remote image of the workspace root)."""
         with self._calls.begin(timeout, cancel) as call:
             return self._archives.working_directory(call)
@@ -191,7 +206,7 @@ class SandboxFiles:
         *,
         progress: Progress | None = None,
         timeout: float | None = None,
-        cancel: Cancel = None,
+        cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Copy a host file or directory into the sandbox (``cp -r local remote``)."""
         with self._calls.begin(timeout, cancel) as call:
@@ -227,7 +242,7 @@ class SandboxFiles:
         *,
         progress: Progress | None = None,
         timeout: float | None = None,
-        cancel: Cancel = None,
+        cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Copy a sandbox file or directory to the host path ``local`` (``cp -r``)."""
         with self._calls.begin(timeout, cancel) as call:
