@@ -8,17 +8,20 @@ import os
 import shlex
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.local.wire import ConnectError, EntryInfo, resolve, unstructure
 from piship_remote.model.errors import FILE_NOT_FOUND, CommandCancelled, PiShipError
 from piship_remote.model.transfer import FileInfo
+from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.testing.e2b_files import MemoryTree
 from piship_remote.testing.k8s_runtime import FileTree
+from piship_remote.workspace._remote_archives import CommandRunner, RemoteArchives
 
 
 class DirectoryFiles:
@@ -29,31 +32,46 @@ class DirectoryFiles:
         self.chunk = chunk
         self.writes: list[str] = []
 
-    def working_directory(self, *, cancel: threading.Event | None = None) -> str:
+    def working_directory(
+        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> str:
         return self.root
 
-    def stat(self, path: str, *, cancel: threading.Event | None = None) -> FileInfo | None:
+    def stat(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> FileInfo | None:
         _check(cancel)
         if not os.path.lexists(path):
             return None
         return _info(path)
 
-    def list_dir(self, path: str, *, cancel: threading.Event | None = None) -> list[FileInfo]:
+    def list_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> list[FileInfo]:
         _check(cancel)
         if not os.path.isdir(path):
             raise PiShipError(FILE_NOT_FOUND, f"no directory at {path}")
         return [_info(os.path.join(path, name)) for name in os.listdir(path)]
 
-    def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
+    def make_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> bool:
         existed = os.path.isdir(path)
         os.makedirs(path, exist_ok=True)
         return not existed
 
-    def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
+    def remove(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> None:
         subprocess.run(["rm", "-rf", "--", path], check=True)
 
     def write(
-        self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
+        self,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
     ) -> FileInfo:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.writes.append(path)
@@ -64,7 +82,12 @@ class DirectoryFiles:
         return _info(path)
 
     def read(
-        self, path: str, sink: Callable[[bytes], None], *, cancel: threading.Event | None = None
+        self,
+        path: str,
+        sink: Callable[[bytes], None],
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
     ) -> int:
         if not os.path.isfile(path):
             raise PiShipError(FILE_NOT_FOUND, f"no file at {path}")
@@ -98,7 +121,20 @@ def small_filesystem(path: Path, size: str, *, read_only: bool = False) -> Itera
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def bash_runner(command: str) -> tuple[int, str]:
+def sandbox_files(
+    remote: RemoteFiles,
+    run: CommandRunner,
+    *,
+    workspace: str | os.PathLike[str] | None = None,
+    read_deny: Sequence[str] = (),
+    write_allow: Sequence[str] = (),
+) -> SandboxFiles:
+    """``SandboxFiles`` over ``remote``, its helper commands run by ``run``."""
+    archives = RemoteArchives(remote, run, write_allow=write_allow)
+    return SandboxFiles(archives, workspace=workspace, read_deny=read_deny)
+
+
+def bash_runner(command: str, _call: object = None) -> tuple[int, str]:
     done = subprocess.run(
         ["bash", "-c", command], capture_output=True, text=True, timeout=60, check=False
     )

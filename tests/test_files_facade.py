@@ -17,7 +17,7 @@ from piship_remote.model.transfer import SkippedPath
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.workspace import _archive
 from piship_remote.workspace._sync import WorkspaceSync
-from tests.files_support import DirectoryFiles, bash_runner, small_filesystem
+from tests.files_support import DirectoryFiles, bash_runner, sandbox_files, small_filesystem
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def workspace(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def files(remote: Path, workspace: Path) -> SandboxFiles:
-    return SandboxFiles(
+    return sandbox_files(
         DirectoryFiles(str(remote)),
         bash_runner,
         workspace=workspace,
@@ -111,7 +111,7 @@ def test_upload_defaults_to_the_same_relative_path(
 
 def test_upload_sends_one_archive_for_a_directory(remote: Path, workspace: Path) -> None:
     stand_in = DirectoryFiles(str(remote))
-    files = SandboxFiles(stand_in, bash_runner, workspace=workspace)
+    files = sandbox_files(stand_in, bash_runner, workspace=workspace)
     for n in range(50):
         (workspace / f"f{n}").write_text(str(n))
     files.upload(workspace, "all")
@@ -120,7 +120,7 @@ def test_upload_sends_one_archive_for_a_directory(remote: Path, workspace: Path)
 
 def test_upload_of_a_read_denied_path_sends_nothing(remote: Path, workspace: Path) -> None:
     (workspace / ".env").write_text("SECRET=1")
-    files = SandboxFiles(
+    files = sandbox_files(
         DirectoryFiles(str(remote)), bash_runner, read_deny=[str(workspace / ".env")]
     )
     summary = files.upload(workspace / ".env", "env")
@@ -175,7 +175,7 @@ def later(path: Path) -> None:
 
 @pytest.fixture
 def sync(files: SandboxFiles, workspace: Path) -> WorkspaceSync:
-    return WorkspaceSync(files, workspace=workspace, write_allow=[str(workspace)])
+    return WorkspaceSync(files._archives, workspace=workspace, write_allow=[str(workspace)])
 
 
 def test_push_sends_the_workspace_less_what_is_ignored(
@@ -259,7 +259,7 @@ def test_a_tree_larger_than_a_part_goes_in_several_archives_and_arrives_whole(
     remote: Path, workspace: Path
 ) -> None:
     stand_in = DirectoryFiles(str(remote))
-    files = SandboxFiles(stand_in, bash_runner, workspace=workspace)
+    files = sandbox_files(stand_in, bash_runner, workspace=workspace)
     _tree(workspace, 35)
     files.upload(workspace, "all")
     assert len(stand_in.writes) == 4
@@ -278,13 +278,13 @@ def test_an_archive_unpacks_while_the_next_one_is_sent(remote: Path, workspace: 
                 second_sent.set()
             return super().write(path, chunks, **kwargs)
 
-    def runner(command: str) -> tuple[int, str]:
+    def runner(command: str, call: object = None) -> tuple[int, str]:
         if not overlapped:
             overlapped.append(second_sent.wait(10))
-        return bash_runner(command)
+        return bash_runner(command, call)
 
     _tree(workspace, 15)
-    SandboxFiles(Recording(str(remote)), runner, workspace=workspace).upload(workspace, "all")
+    sandbox_files(Recording(str(remote)), runner, workspace=workspace).upload(workspace, "all")
     assert overlapped == [True]
 
 
@@ -292,13 +292,13 @@ def test_an_archive_unpacks_while_the_next_one_is_sent(remote: Path, workspace: 
 def test_a_failed_unpack_stops_the_sending_and_is_raised(remote: Path, workspace: Path) -> None:
     stand_in = DirectoryFiles(str(remote))
 
-    def runner(command: str) -> tuple[int, str]:
+    def runner(command: str, call: object = None) -> tuple[int, str]:
         full = "tar_x() { echo 'tar: no space left on device'; return 2; }; " + command
         return bash_runner(full.replace("tar -xf", "tar_x"))
 
     _tree(workspace, 35)
     with pytest.raises(PiShipError, match="no space left") as raised:
-        SandboxFiles(stand_in, runner, workspace=workspace).upload(workspace, "all")
+        sandbox_files(stand_in, runner, workspace=workspace).upload(workspace, "all")
     assert raised.value.code == "FILE_WRITE_FAILED"  # a full sandbox disk: a file error
     assert len(stand_in.writes) == 2  # the first unpack's failure is seen after the second send
     assert not any(os.path.exists(path) for path in stand_in.writes)
@@ -328,10 +328,8 @@ def test_the_first_archive_goes_out_while_the_walk_goes_on(remote: Path, workspa
             return super().write(path, chunks, **kwargs)
 
     _tree(workspace, 15)
-    sync = WorkspaceSync(
-        SandboxFiles(MakingALateFile(str(remote)), bash_runner, workspace=workspace),
-        workspace=workspace,
-    )
+    files = sandbox_files(MakingALateFile(str(remote)), bash_runner, workspace=workspace)
+    sync = WorkspaceSync(files._archives, workspace=workspace)
     summary = sync.push()
     assert (remote / "zz-made-during-the-first-send").read_text() == "late"
     assert summary.files == 16
@@ -362,12 +360,13 @@ def test_a_walk_failure_unpacks_nothing_past_the_archives_already_unpacked(
     stand_in = DirectoryFiles(str(remote))
     commands: list[str] = []
 
-    def runner(command: str) -> tuple[int, str]:
+    def runner(command: str, call: object = None) -> tuple[int, str]:
         commands.append(command)
-        return bash_runner(command)
+        return bash_runner(command, call)
 
     _bad_gitignore_after_the_first_part(workspace)
-    sync = WorkspaceSync(SandboxFiles(stand_in, runner, workspace=workspace), workspace=workspace)
+    files = sandbox_files(stand_in, runner, workspace=workspace)
+    sync = WorkspaceSync(files._archives, workspace=workspace)
     with pytest.raises(ValueError):
         sync.push()
     # As when a later archive's send fails: the first stays unpacked, the one the failure
@@ -417,7 +416,7 @@ def test_pull_without_gitignore_brings_everything(
     files: SandboxFiles, workspace: Path, remote: Path
 ) -> None:
     (workspace / ".gitignore").write_text("*.pyc\n")
-    sync = WorkspaceSync(files, workspace=workspace, use_gitignore=False)
+    sync = WorkspaceSync(files._archives, workspace=workspace, use_gitignore=False)
     sync.push()
     (remote / "m.pyc").write_text("bytecode")
     later(remote / "m.pyc")
@@ -430,18 +429,20 @@ def test_push_leaves_secret_files_at_home_unless_named(
     (workspace / ".env").write_text("TOKEN=abc")
     (workspace / "deploy.pem").write_text("-----BEGIN PRIVATE KEY-----")
     (workspace / "main.py").write_text("print(1)")
-    summary = WorkspaceSync(files, workspace=workspace).push()
+    summary = WorkspaceSync(files._archives, workspace=workspace).push()
     assert sorted(summary.skipped, key=lambda s: s.path) == [
         SkippedPath(".env", "secret file"),
         SkippedPath("deploy.pem", "secret file"),
     ]
     assert sorted(os.listdir(remote)) == ["main.py"]
-    named = WorkspaceSync(files, workspace=workspace, send_secrets=[str(workspace / ".env")])
+    named = WorkspaceSync(
+        files._archives, workspace=workspace, send_secrets=[str(workspace / ".env")]
+    )
     named.push()
     assert (remote / ".env").read_text() == "TOKEN=abc"
 
 
-def _replacing_runner(command: str) -> tuple[int, str]:
+def _replacing_runner(command: str, _call: object = None) -> tuple[int, str]:
     """A helper runner that decodes as the real one does: undecodable bytes replaced."""
     done = subprocess.run(["bash", "-c", command], capture_output=True, timeout=60, check=False)
     return done.returncode, (done.stdout + done.stderr).decode("utf-8", "replace")
@@ -450,8 +451,8 @@ def _replacing_runner(command: str) -> tuple[int, str]:
 def test_pull_delete_keeps_a_file_whose_name_the_listing_cannot_show_exactly(
     remote: Path, workspace: Path
 ) -> None:
-    files = SandboxFiles(DirectoryFiles(str(remote)), _replacing_runner, workspace=workspace)
-    sync = WorkspaceSync(files, workspace=workspace)
+    files = sandbox_files(DirectoryFiles(str(remote)), _replacing_runner, workspace=workspace)
+    sync = WorkspaceSync(files._archives, workspace=workspace)
     odd = os.fsdecode(b"caf\xe9.txt")  # Latin-1, not UTF-8: the listing shows it as caf\ufffd
     (workspace / odd).write_text("kept")
     (workspace / "line\nbreak.txt").write_text("kept")
@@ -471,10 +472,10 @@ def test_pull_delete_refuses_a_cut_listing(
 ) -> None:
     (workspace / "kept.txt").write_text("x")
     sync.push()
-    def cut_listing(command: str) -> tuple[int, str]:
+    def cut_listing(command: str, call: object = None) -> tuple[int, str]:
         if "find . -type f" in command:
             return 0, "./other.txt\0"  # the output limit cut it: no end mark
-        return bash_runner(command)
+        return bash_runner(command, call)
 
     monkeypatch.setattr(sync._files, "_run", cut_listing)
     with pytest.raises(PiShipError, match="cut answer; nothing was deleted"):
@@ -484,8 +485,8 @@ def test_pull_delete_refuses_a_cut_listing(
 
 def test_pull_delete_on_a_read_only_host_names_the_file(remote: Path, tmp_path: Path) -> None:
     with small_filesystem(tmp_path / "ws", "1m") as workspace:
-        files = SandboxFiles(DirectoryFiles(str(remote)), bash_runner, workspace=workspace)
-        sync = WorkspaceSync(files, workspace=workspace)
+        files = sandbox_files(DirectoryFiles(str(remote)), bash_runner, workspace=workspace)
+        sync = WorkspaceSync(files._archives, workspace=workspace)
         (workspace / "gone.txt").write_text("x")
         sync.push()
         (remote / "gone.txt").unlink()

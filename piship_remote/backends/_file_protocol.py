@@ -2,11 +2,12 @@
 
 Paths given to a :class:`RemoteFiles` are absolute remote paths (the façade resolves
 relative ones against :meth:`RemoteFiles.working_directory`). Every call takes an
-optional ``cancel`` event and raises ``CommandCancelled`` promptly when it is set; a
-missing path is ``PiShipError`` with code ``FILE_NOT_FOUND``, a write the sandbox
-refused (read-only, full, a file where a folder must be) ``FILE_WRITE_FAILED``
-(:func:`write_failed`), and the sandbox stays usable; data moves in chunks, so
-memory stays bounded whatever the file's size::
+optional ``cancel`` event and raises ``CommandCancelled`` promptly when it is set, and
+an optional ``deadline`` (a ``time.monotonic()`` instant) that bounds each of its
+requests (:func:`request_timeout`); a missing path is ``PiShipError`` with code
+``FILE_NOT_FOUND``, a write the sandbox refused (read-only, full, a file where a
+folder must be) ``FILE_WRITE_FAILED`` (:func:`write_failed`), and the sandbox stays
+usable; data moves in chunks, so memory stays bounded whatever the file's size::
 
     files = instance.files()
     files.write("/home/user/data.csv", iter([b"a,b\\n", b"1,2\\n"]))
@@ -16,13 +17,21 @@ memory stays bounded whatever the file's size::
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
 from piship_remote.model.errors import FILE_WRITE_FAILED, PiShipError
 from piship_remote.model.transfer import FileInfo
 
-__all__ = ["ChunkSink", "RemoteFiles", "SizedChunks", "SupportsFiles", "write_failed"]
+__all__ = [
+    "ChunkSink",
+    "RemoteFiles",
+    "SizedChunks",
+    "SupportsFiles",
+    "request_timeout",
+    "write_failed",
+]
 
 ChunkSink = Callable[[bytes], None]
 
@@ -47,33 +56,55 @@ class SizedChunks:
 class RemoteFiles(Protocol):
     """File operations on one remote sandbox; thread-safe beside running commands."""
 
-    def working_directory(self, *, cancel: threading.Event | None = None) -> str:
+    def working_directory(
+        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> str:
         """The absolute remote directory that relative paths (and the workspace) map to."""
         ...
 
-    def stat(self, path: str, *, cancel: threading.Event | None = None) -> FileInfo | None:
+    def stat(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> FileInfo | None:
         """The entry at ``path`` (a symlink itself, not its target), or ``None`` if missing."""
         ...
 
-    def list_dir(self, path: str, *, cancel: threading.Event | None = None) -> list[FileInfo]:
+    def list_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> list[FileInfo]:
         """The entries directly in the directory ``path``, in any order."""
         ...
 
-    def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
+    def make_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> bool:
         """Create ``path`` and its parents; ``False`` when it already was a directory."""
         ...
 
-    def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
+    def remove(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> None:
         """Remove a file, or a directory recursively; a missing path is not an error."""
         ...
 
     def write(
-        self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
+        self,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
     ) -> FileInfo:
         """Stream ``chunks`` into the file ``path`` (parents created, replaced if present)."""
         ...
 
-    def read(self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None) -> int:
+    def read(
+        self,
+        path: str,
+        sink: ChunkSink,
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> int:
         """Stream the file ``path`` into ``sink`` chunk by chunk; returns the byte count."""
         ...
 
@@ -96,3 +127,13 @@ def write_failed(path: str, why: str) -> PiShipError:
         " with room on its disk",
         component="files",
     )
+
+
+def request_timeout(limit: float | None, deadline: float | None) -> float | None:
+    """The timeout for one request of a call bounded by ``deadline``: ``limit`` (the
+    request's own bound, ``None``: none), or the time left before ``deadline`` when that
+    is less (``0.0`` once it has passed, which the transport reports as timed out)."""
+    if deadline is None:
+        return limit
+    left = max(0.0, deadline - time.monotonic())
+    return left if limit is None else min(limit, left)

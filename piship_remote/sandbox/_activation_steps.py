@@ -129,7 +129,12 @@ class Activation:
                 )
             return
         transfers = SandboxTransfers(
-            instance, engine, self.profile, mode=self.sync, use_gitignore=self.sync_ignore
+            instance,
+            engine,
+            self.profile,
+            mode=self.sync,
+            use_gitignore=self.sync_ignore,
+            adapter=self.backend.id,
         )
         sandbox._attach_transfers(transfers)
         if self.sync != "none":

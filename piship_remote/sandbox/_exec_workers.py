@@ -394,9 +394,10 @@ class BackgroundCall:
 
 
 class DeadlineTimer:
-    """Runs actions at deadlines on one lazily started ``piship-exec-timer`` thread."""
+    """Runs actions at deadlines on one lazily started thread (``piship-exec-timer``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "piship-exec-timer") -> None:
+        self._name = name
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int]] = []
         self._actions: dict[int, Action] = {}
@@ -415,7 +416,7 @@ class DeadlineTimer:
             heapq.heappush(self._heap, (when, key))
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._run, name="piship-exec-timer", daemon=True
+                    target=self._run, name=self._name, daemon=True
                 )
                 self._thread.start()
             elif self._heap[0][1] == key:

@@ -1,13 +1,16 @@
 """The file side of an active sandbox: ``Sandbox.files``, ``push``, ``pull`` and sync at activation.
 
-    transfers = SandboxTransfers(instance, engine, profile, mode="push-pull")
+    transfers = SandboxTransfers(instance, engine, profile, mode="push-pull", adapter="e2b")
     transfers.push()                     # at activation, after the readiness check
-    transfers.files.read_text("out.txt")
+    transfers.files.read_text("out.txt", timeout=10)
     transfers.at_dispose()               # push-pull: pull back before the sandbox goes
+    transfers.stop()                     # file operations still running end ("disposed")
 
 Helper commands (tar, find, touch) run through the governed engine like any
 command, with an empty environment and bounded output, but without the login shell
 (``ExecRequest(login=False)``): a sandbox's startup files cannot replace their tools.
+They carry the token and deadline of the file operation they are part of, as its
+requests do (:class:`~piship_remote.sandbox._file_calls.FileCalls`).
 ``mode="push-pull"`` pulls at dispose; a failure there is logged (the sandbox is
 deleted anyway) and kept in :attr:`SandboxTransfers.dispose_error`, never raised from
 ``dispose()``.
@@ -34,7 +37,9 @@ from piship_remote.model.report import (
 from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_workers import Stream
+from piship_remote.sandbox._file_calls import FileCall, FileCalls
 from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.workspace._remote_archives import RemoteArchives
 from piship_remote.workspace._sync import SYNC_MODES, WorkspaceSync
 
 __all__ = ["HELPER_OUTPUT_LIMIT", "SYNC_MODES", "SandboxTransfers", "check_sync_mode"]
@@ -63,6 +68,7 @@ class SandboxTransfers:
         *,
         mode: str = "none",
         use_gitignore: bool = True,
+        adapter: str = "remote",
     ) -> None:
         self._engine = engine
         self._profile = profile
@@ -74,15 +80,13 @@ class SandboxTransfers:
                 f"the {type(instance).__name__} sandbox cannot move files",
                 component="files",
             )
-        self.files = SandboxFiles(
-            instance.files(),
-            self._run_helper,
-            workspace=self._root,
-            read_deny=profile.read_deny,
-            write_allow=profile.write_allow,
+        self._calls = FileCalls(adapter=adapter)
+        archives = RemoteArchives(
+            instance.files(), self._run_helper, self._calls, write_allow=profile.write_allow
         )
+        self.files = SandboxFiles(archives, workspace=self._root, read_deny=profile.read_deny)
         self._sync = WorkspaceSync(
-            self.files,
+            archives,
             workspace=self._root,
             read_deny=profile.read_deny,
             write_allow=profile.write_allow,
@@ -94,13 +98,26 @@ class SandboxTransfers:
         self._disposing = False
         self.dispose_error: BaseException | None = None
 
-    def push(self, paths: PathList | None = None) -> TransferSummary:
+    def push(
+        self,
+        paths: PathList | None = None,
+        *,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TransferSummary:
         """Send the workspace (or ``paths`` inside it) into the sandbox, as one archive."""
-        return self._sync.push(paths)
+        return self._sync.push(paths, timeout=timeout, cancel=cancel)
 
-    def pull(self, paths: PathList | None = None, *, delete: bool = False) -> TransferSummary:
+    def pull(
+        self,
+        paths: PathList | None = None,
+        *,
+        delete: bool = False,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TransferSummary:
         """Bring back what changed in the sandbox since the last push."""
-        return self._sync.pull(paths, delete=delete)
+        return self._sync.pull(paths, delete=delete, timeout=timeout, cancel=cancel)
 
     def workspace_report(self) -> WorkspaceReport | None:
         """The synced workspace report, or ``None`` when sync is off (the snapshot stays)."""
@@ -142,7 +159,12 @@ class SandboxTransfers:
             self.dispose_error = error
             _LOG.warning("pulling the workspace back at dispose failed: %s", error)
 
-    def _run_helper(self, command: str) -> tuple[int, str]:
+    def stop(self) -> None:
+        """End every file operation still running (each raises its "disposed" error) and
+        refuse new ones: the sandbox is being disposed."""
+        self._calls.dispose()
+
+    def _run_helper(self, command: str, call: FileCall) -> tuple[int, str]:
         output = bytearray()
 
         def collect(_stream: Stream, chunk: bytes) -> None:
@@ -153,7 +175,7 @@ class SandboxTransfers:
         request = ExecRequest(
             command=command, cwd=self._root, workspace_path=".", env={}, login=False
         )
-        result = self._engine.run(request, collect, None, None, retire=True)
+        result = self._engine.run(request, collect, call.remaining(), call.cancel, retire=True)
         return exit_status(result), output.decode("utf-8", "replace")
 
 

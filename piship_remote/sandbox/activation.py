@@ -275,23 +275,39 @@ class Sandbox:
 
     @property
     def files(self) -> SandboxFiles:
-        """Read, write, list and copy files in the sandbox (streamed, thread-safe)."""
+        """Read, write, list and copy files in the sandbox (streamed, thread-safe); each
+        operation takes ``timeout`` and ``cancel`` as :meth:`exec` does."""
         return self._file_side().files
 
-    def push(self, paths: Iterable[PathLike] | None = None) -> TransferSummary:
+    def push(
+        self,
+        paths: Iterable[PathLike] | None = None,
+        *,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TransferSummary:
         """Send the workspace (or ``paths`` inside it) into the sandbox as one archive.
 
         Never sent: paths under ``filesystem.read.deny``, ``.gitignore``d paths (unless
         activated with ``sync_ignore=False``), symlinks leaving the workspace.
+        ``timeout`` (seconds) stops the transfer and raises :class:`CommandTimeout`;
+        setting ``cancel`` stops it and raises :class:`CommandCancelled`; ``dispose()``
+        stops it with an error that mentions "disposed".
         """
-        return self._file_side().push(paths)
+        return self._file_side().push(paths, timeout=timeout, cancel=cancel)
 
     def pull(
-        self, paths: Iterable[PathLike] | None = None, delete: bool = False
+        self,
+        paths: Iterable[PathLike] | None = None,
+        delete: bool = False,
+        *,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Bring back what changed in the sandbox since the last push (deletions with
-        ``delete=True``), only where ``filesystem.write.allow`` permits."""
-        return self._file_side().pull(paths, delete=delete)
+        ``delete=True``), only where ``filesystem.write.allow`` permits; ``timeout`` and
+        ``cancel`` as for :meth:`push`."""
+        return self._file_side().pull(paths, delete=delete, timeout=timeout, cancel=cancel)
 
     def _attach_transfers(self, transfers: SandboxTransfers) -> None:
         self._transfers = transfers
@@ -309,7 +325,8 @@ class Sandbox:
     def dispose(self) -> None:
         """Delete the remote sandbox or claim. Idempotent, thread-safe, never waits for commands.
 
-        Commands still running end at once with an error that mentions "disposed".
+        Commands and file operations still running end at once with an error that
+        mentions "disposed".
         With ``sync="push-pull"`` the first call pulls the workspace back first (a failure
         is logged, not raised); concurrent calls return at once.
         """
@@ -320,6 +337,7 @@ class Sandbox:
             if not self._transfers.begin_dispose():
                 return  # the first call pulls (push-pull) and then disposes
             self._transfers.at_dispose()
+            self._transfers.stop()
         self._engine.dispose()
         lifecycle.untrack(self._lifecycle)
 
@@ -336,6 +354,8 @@ class Sandbox:
         deleted at exit, and it lives until its lifetime ends. Returns its id, for
         ``activate_sandbox(..., attach=id)`` (from this or another process)."""
         sandbox_id = self._usable_engine().detach()
+        if self._transfers is not None:
+            self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)
         return sandbox_id
 

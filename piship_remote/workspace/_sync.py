@@ -1,9 +1,9 @@
 """Workspace sync: push the host workspace into the sandbox, pull back what changed there.
 
-    sync = WorkspaceSync(files, workspace="/src/project", read_deny=..., write_allow=...)
+    sync = WorkspaceSync(archives, workspace="/src/project", read_deny=..., write_allow=...)
     pushed = sync.push()        # streamed archives; denied/ignored/escaping paths listed
     ...                          # commands change files in the sandbox
-    pulled = sync.pull()        # only files changed since the push, only where writes are allowed
+    pulled = sync.pull(timeout=60)  # only files changed since the push, where writes are allowed
 
 A push streams the workspace walk into archives of bounded size, each unpacked
 while the next is sent, and records a stamp file in the sandbox after the last
@@ -20,6 +20,9 @@ well-known secret files at home (``.env``, private keys, cloud credential folder
 listed as ``"secret file"``/``"secret folder"``) unless ``send_secrets`` names them.
 ``pull(delete=True)`` deletes a host file only when the sandbox's listing names it
 exactly; one whose name it cannot (not UTF-8) is kept and listed as ``"name not exact"``.
+
+Both take ``timeout`` and ``cancel`` and are stopped by dispose, as every file operation
+is (:class:`~piship_remote.sandbox._file_calls.FileCalls`).
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ import attrs
 
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.model.transfer import SkippedPath, TransferSummary
-from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.sandbox._file_calls import FileCall
 from piship_remote.workspace._host_writes import host_write_error
+from piship_remote.workspace._remote_archives import RemoteArchives
 from piship_remote.workspace._sandbox_commands import (
     LISTING_END,
     STAGING_PREFIX,
@@ -66,7 +70,7 @@ class WorkspaceSync:
 
     def __init__(
         self,
-        files: SandboxFiles,
+        archives: RemoteArchives,
         *,
         workspace: str | os.PathLike[str],
         read_deny: Sequence[str] = (),
@@ -77,7 +81,7 @@ class WorkspaceSync:
     ) -> None:
         if mode not in SYNC_MODES:
             raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, not {mode!r}")
-        self._files = files
+        self._files = archives
         self._root = os.path.realpath(workspace)
         self._read_deny = tuple(read_deny)
         self._write_allow = tuple(write_allow)
@@ -99,9 +103,21 @@ class WorkspaceSync:
     def mode(self) -> str:
         return self._record.mode
 
-    def push(self, paths: Iterable[str | os.PathLike[str]] | None = None) -> TransferSummary:
+    def push(
+        self,
+        paths: Iterable[str | os.PathLike[str]] | None = None,
+        *,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TransferSummary:
         """Send the workspace (or ``paths`` inside it) as streamed archives, the first going
         out while the walk goes on."""
+        with self._files.calls.begin(timeout, cancel) as call:
+            return self._push(paths, call)
+
+    def _push(
+        self, paths: Iterable[str | os.PathLike[str]] | None, call: FileCall
+    ) -> TransferSummary:
         starts = None if paths is None else [self._host_path(path) for path in paths]
         walk = TreeWalk(
             self._root,
@@ -114,7 +130,8 @@ class WorkspaceSync:
         pushed: set[str] = set()
         self._files.upload_walk(
             _noting_files(walk, pushed),
-            self._files.working_directory(),
+            self._files.working_directory(call),
+            call,
             then=stamp_command(self._stamp),
         )
         summary = walk.summary()
@@ -124,12 +141,23 @@ class WorkspaceSync:
         return summary
 
     def pull(
-        self, paths: Iterable[str | os.PathLike[str]] | None = None, *, delete: bool = False
+        self,
+        paths: Iterable[str | os.PathLike[str]] | None = None,
+        *,
+        delete: bool = False,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Bring back the files changed in the sandbox since the last push, less what the
         workspace's ``.gitignore`` files ignore."""
+        with self._files.calls.begin(timeout, cancel) as call:
+            return self._pull(paths, delete, call)
+
+    def _pull(
+        self, paths: Iterable[str | os.PathLike[str]] | None, delete: bool, call: FileCall
+    ) -> TransferSummary:
         relative = ["."] if paths is None else [self._relative(path) for path in paths]
-        root = self._files.working_directory()
+        root = self._files.working_directory(call)
         archive = posixpath.join(
             STAMP_DIRECTORY, f"{STAGING_PREFIX}pull-{secrets.token_hex(8)}.tar"
         )
@@ -138,10 +166,11 @@ class WorkspaceSync:
             pack_changed_command(root, relative, archive, newer_than=newer),
             archive,
             self._root,
+            call,
             exclude=self._ignored() if self._use_gitignore else None,
         )
         if delete:
-            summary = summary + self._delete_vanished(root)
+            summary = summary + self._delete_vanished(root, call)
         with self._lock:
             self._record = attrs.evolve(self._record, pulled=summary)
         return summary
@@ -159,8 +188,8 @@ class WorkspaceSync:
     def _stamp_exists(self) -> bool:
         return self._record.pushed is not None
 
-    def _delete_vanished(self, root: str) -> TransferSummary:
-        present = self._present(root)
+    def _delete_vanished(self, root: str, call: FileCall) -> TransferSummary:
+        present = self._present(root, call)
         deleted: list[SkippedPath] = []
         with self._lock:
             vanished = sorted(self._pushed_files - present)
@@ -187,11 +216,11 @@ class WorkspaceSync:
             self._pushed_files = self._pushed_files - set(vanished)
         return TransferSummary(skipped=tuple(deleted))
 
-    def _present(self, root: str) -> set[str]:
+    def _present(self, root: str, call: FileCall) -> set[str]:
         """The regular files in the sandbox's ``root``, relative; a cut listing is refused
         (a file missing from it would be deleted on the host)."""
         listing = self._files.run_checked(
-            list_files_command(root), "listing the working directory"
+            list_files_command(root), "listing the working directory", call
         )
         names, _, end = listing.rpartition("\0")
         if end != LISTING_END:

@@ -19,7 +19,12 @@ from typing import Any
 
 import attrs
 
-from piship_remote.backends._file_protocol import ChunkSink, SizedChunks, write_failed
+from piship_remote.backends._file_protocol import (
+    ChunkSink,
+    SizedChunks,
+    request_timeout,
+    write_failed,
+)
 from piship_remote.model.errors import FILE_NOT_FOUND, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
@@ -66,32 +71,49 @@ class EnvdFiles:
             "Authorization": "Basic " + base64.b64encode(f"{user}:".encode()).decode("ascii"),
         }
 
-    def working_directory(self, *, cancel: threading.Event | None = None) -> str:
+    def working_directory(
+        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> str:
         return self._workdir
 
-    def stat(self, path: str, *, cancel: threading.Event | None = None) -> FileInfo | None:
-        answer = self._rpc("Stat", {"path": path}, cancel, missing_ok=True)
+    def stat(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> FileInfo | None:
+        answer = self._rpc("Stat", {"path": path}, cancel, deadline, missing_ok=True)
         return None if answer is None else _entry(answer.get("entry"), path)
 
-    def list_dir(self, path: str, *, cancel: threading.Event | None = None) -> list[FileInfo]:
-        answer = self._rpc("ListDir", {"path": path, "depth": 1}, cancel)
+    def list_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> list[FileInfo]:
+        answer = self._rpc("ListDir", {"path": path, "depth": 1}, cancel, deadline)
         entries = answer.get("entries") if answer is not None else None
         if not isinstance(entries, list):
             return []
         return [_entry(entry, path) for entry in entries if _known_type(entry)]
 
-    def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
+    def make_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> bool:
         try:
-            self._rpc("MakeDir", {"path": path}, cancel, answer_needed=False)
+            self._rpc("MakeDir", {"path": path}, cancel, deadline, answer_needed=False)
         except _AlreadyExists:
             return False
         return True
 
-    def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
-        self._rpc("Remove", {"path": path}, cancel, missing_ok=True, answer_needed=False)
+    def remove(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> None:
+        self._rpc(
+            "Remove", {"path": path}, cancel, deadline, missing_ok=True, answer_needed=False
+        )
 
     def write(
-        self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
+        self,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
     ) -> FileInfo:
         sent: _Counted = _Counted(chunks)
         length: dict[str, str] = {}
@@ -110,7 +132,7 @@ class EnvdFiles:
                 **length,
             },
             data=sent,
-            timeout=None,
+            timeout=request_timeout(None, deadline),
             idle_timeout=TRANSFER_IDLE,
             cancel=cancel,
         )
@@ -125,12 +147,19 @@ class EnvdFiles:
         written = _entry(first, path)
         return attrs.evolve(written, size=sent.total) if written.type == "file" else written
 
-    def read(self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None) -> int:
+    def read(
+        self,
+        path: str,
+        sink: ChunkSink,
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> int:
         response = self._transport.request(
             "GET",
             self._files_url(path),
             headers={**self._headers, "Accept-Encoding": "identity"},
-            timeout=FILE_TIMEOUT,
+            timeout=request_timeout(FILE_TIMEOUT, deadline),
             idle_timeout=TRANSFER_IDLE,
             cancel=cancel,
             stream=True,
@@ -153,6 +182,7 @@ class EnvdFiles:
         method: str,
         body: Mapping[str, Any],
         cancel: threading.Event | None,
+        deadline: float | None,
         *,
         missing_ok: bool = False,
         answer_needed: bool = True,
@@ -162,7 +192,7 @@ class EnvdFiles:
             f"{self._base}/filesystem.Filesystem/{method}",
             headers=self._rpc_headers,
             json=body,
-            timeout=FILE_TIMEOUT,
+            timeout=request_timeout(FILE_TIMEOUT, deadline),
             cancel=cancel,
         )
         path = str(body.get("path", ""))

@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from piship_remote.backends._common import is_success
-from piship_remote.backends._file_protocol import ChunkSink, write_failed
+from piship_remote.backends._file_protocol import ChunkSink, request_timeout, write_failed
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer
@@ -101,14 +101,20 @@ class RuntimeFiles:
 
     # -- RemoteFiles ------------------------------------------------------------------
 
-    def working_directory(self, *, cancel: threading.Event | None = None) -> str:
-        return self._workdir if self._workdir is not None else self._base_directory(cancel)
+    def working_directory(
+        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> str:
+        if self._workdir is not None:
+            return self._workdir
+        return self._base_directory(cancel, deadline)
 
-    def stat(self, path: str, *, cancel: threading.Event | None = None) -> FileInfo | None:
-        relative = self._relative(path, cancel)
-        if relative is not None and not self._exists(relative, path, cancel):
+    def stat(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> FileInfo | None:
+        relative = self._relative(path, cancel, deadline)
+        if relative is not None and not self._exists(relative, path, cancel, deadline):
             return None
-        output = self._command(stat_command(path), f"checking {path}", cancel)
+        output = self._command(stat_command(path), f"checking {path}", cancel, deadline)
         kind, _, size = output.strip().partition(" ")
         if kind == "missing":
             return None
@@ -116,12 +122,14 @@ class RuntimeFiles:
             raise self._http.errors(f"checking {path} failed: the sandbox answered {kind!r}")
         return FileInfo(path, _name(path), kind, int(size) if size.isdigit() else 0)
 
-    def list_dir(self, path: str, *, cancel: threading.Event | None = None) -> list[FileInfo]:
-        relative = self._relative(path, cancel)
+    def list_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> list[FileInfo]:
+        relative = self._relative(path, cancel, deadline)
         if relative is None:
-            return self._listed_by_command(path, cancel)
+            return self._listed_by_command(path, cancel, deadline)
         with self._claimed(cancel) as use:
-            response = self._get(use, f"/list/{_url_path(relative)}", stream=False)
+            response = self._get(use, f"/list/{_url_path(relative)}", deadline, stream=False)
             with response:
                 if response.status == 404:
                     raise _not_found(path, "directory")
@@ -136,46 +144,70 @@ class RuntimeFiles:
             else []
         )
 
-    def make_dir(self, path: str, *, cancel: threading.Event | None = None) -> bool:
-        output = self._command(make_dir_command(path), f"making {path}", cancel, writing=path)
+    def make_dir(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> bool:
+        output = self._command(
+            make_dir_command(path), f"making {path}", cancel, deadline, writing=path
+        )
         return output.strip() == "made"
 
-    def remove(self, path: str, *, cancel: threading.Event | None = None) -> None:
-        self._command(remove_command(path), f"removing {path}", cancel, writing=path)
+    def remove(
+        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+    ) -> None:
+        self._command(remove_command(path), f"removing {path}", cancel, deadline, writing=path)
 
     def write(
-        self, path: str, chunks: Iterable[bytes], *, cancel: threading.Event | None = None
+        self,
+        path: str,
+        chunks: Iterable[bytes],
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
     ) -> FileInfo:
-        relative = self._relative(path, cancel)
+        relative = self._relative(path, cancel, deadline)
         if relative is not None and not _AWKWARD.intersection(relative):
-            size = self._upload(relative, path, chunks, cancel)
+            size = self._upload(relative, path, chunks, cancel, deadline)
             return FileInfo(path, _name(path), "file", size)
         staging = self._staging()
-        size = self._upload(staging, path, chunks, cancel)
-        source = posixpath.join(self._base_directory(cancel), staging)
+        size = self._upload(staging, path, chunks, cancel, deadline)
+        source = posixpath.join(self._base_directory(cancel, deadline), staging)
         parent = posixpath.dirname(path) or "/"
         self._command(
-            move_in_command(source, path, parent), f"writing {path}", cancel, writing=path
+            move_in_command(source, path, parent),
+            f"writing {path}",
+            cancel,
+            deadline,
+            writing=path,
         )
         return FileInfo(path, _name(path), "file", size)
 
-    def read(self, path: str, sink: ChunkSink, *, cancel: threading.Event | None = None) -> int:
-        relative = self._relative(path, cancel)
+    def read(
+        self,
+        path: str,
+        sink: ChunkSink,
+        *,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> int:
+        relative = self._relative(path, cancel, deadline)
         if relative is not None and not _AWKWARD.intersection(relative):
-            return self._download(relative, path, sink, cancel)
+            return self._download(relative, path, sink, cancel, deadline)
         staging = self._staging()
-        copy = posixpath.join(self._base_directory(cancel), staging)
-        output = self._command(copy_out_command(path, copy), f"reading {path}", cancel)
+        copy = posixpath.join(self._base_directory(cancel, deadline), staging)
+        output = self._command(copy_out_command(path, copy), f"reading {path}", cancel, deadline)
         if output.strip() != "copied":
             raise _not_found(path, "file")
         try:
-            return self._download(staging, path, sink, cancel)
+            return self._download(staging, path, sink, cancel, deadline)
         finally:
-            self._command(remove_command(copy), f"cleaning up after reading {path}", None)
+            self._command(remove_command(copy), f"cleaning up after reading {path}", None, None)
 
-    def _exists(self, relative: str, path: str, cancel: threading.Event | None) -> bool:
+    def _exists(
+        self, relative: str, path: str, cancel: threading.Event | None, deadline: float | None
+    ) -> bool:
         with self._claimed(cancel) as use:
-            response = self._get(use, f"/exists/{_url_path(relative)}", stream=False)
+            response = self._get(use, f"/exists/{_url_path(relative)}", deadline, stream=False)
             with response:
                 self._check(response, f"checking {path}")
                 try:
@@ -186,13 +218,16 @@ class RuntimeFiles:
 
     # -- the pieces -------------------------------------------------------------------
 
-    def _base_directory(self, cancel: threading.Event | None) -> str:
+    def _base_directory(self, cancel: threading.Event | None, deadline: float | None) -> str:
         """The runtime's base directory (where commands start), asked once."""
         with self._lock:
             if self._base is not None:
                 return self._base
         answer = self._command(
-            working_directory_command(), "finding the sandbox's working directory", cancel
+            working_directory_command(),
+            "finding the sandbox's working directory",
+            cancel,
+            deadline,
         )
         base = answer.strip()
         if not posixpath.isabs(base):
@@ -201,9 +236,11 @@ class RuntimeFiles:
             self._base = base
         return base
 
-    def _relative(self, path: str, cancel: threading.Event | None) -> str | None:
+    def _relative(
+        self, path: str, cancel: threading.Event | None, deadline: float | None
+    ) -> str | None:
         """``path`` relative to the runtime's base, or ``None`` when it lies outside it."""
-        base = self._base_directory(cancel)
+        base = self._base_directory(cancel, deadline)
         relative = posixpath.relpath(posixpath.normpath(path), base)
         if relative == ".":
             return ""
@@ -220,6 +257,7 @@ class RuntimeFiles:
         path: str,
         chunks: Iterable[bytes],
         cancel: threading.Event | None,
+        deadline: float | None,
     ) -> int:
         counted = _Counted(chunks)
         boundary = f"piship-{secrets.token_hex(16)}"
@@ -234,7 +272,7 @@ class RuntimeFiles:
                         "Content-Type": f"multipart/form-data; boundary={boundary}",
                     },
                     data=_multipart(boundary, relative, counted),
-                    timeout=None,
+                    timeout=request_timeout(None, deadline),
                     idle_timeout=TRANSFER_IDLE,
                 )
             except TransportError as error:
@@ -246,11 +284,18 @@ class RuntimeFiles:
         return counted.total
 
     def _download(
-        self, relative: str, path: str, sink: ChunkSink, cancel: threading.Event | None
+        self,
+        relative: str,
+        path: str,
+        sink: ChunkSink,
+        cancel: threading.Event | None,
+        deadline: float | None,
     ) -> int:
         total = 0
         with self._claimed(cancel) as use:
-            response = self._get(use, f"/download/{_url_path(relative)}", stream=True)
+            response = self._get(
+                use, f"/download/{_url_path(relative)}", deadline, stream=True
+            )
             with response:
                 if response.status == 404:
                     raise _not_found(path, "file")
@@ -267,7 +312,9 @@ class RuntimeFiles:
                     raise self._transfer_failed(f"reading {path}", error) from None
         return total
 
-    def _get(self, use: ClaimUse, route: str, *, stream: bool) -> HttpReply:
+    def _get(
+        self, use: ClaimUse, route: str, deadline: float | None, *, stream: bool
+    ) -> HttpReply:
         try:
             return self._http.call(
                 "GET",
@@ -277,7 +324,7 @@ class RuntimeFiles:
                     **sandbox_headers(use.claim, self._namespace, self._port),
                     "Accept-Encoding": "identity",
                 },
-                timeout=FILE_TIMEOUT,
+                timeout=request_timeout(FILE_TIMEOUT, deadline),
                 idle_timeout=TRANSFER_IDLE,
                 stream=stream,
             )
@@ -304,6 +351,7 @@ class RuntimeFiles:
         script: str,
         what: str,
         cancel: threading.Event | None,
+        deadline: float | None,
         *,
         writing: str | None = None,
     ) -> str:
@@ -312,7 +360,12 @@ class RuntimeFiles:
         command = _helper_command(script)
         with self._claimed(cancel) as use:
             try:
-                answer: RouterAnswer = self._router.execute(use.claim, command, use.cancel)
+                answer: RouterAnswer = self._router.execute(
+                    use.claim,
+                    command,
+                    use.cancel,
+                    read_timeout=request_timeout(None, deadline),
+                )
             except CommandCancelled:
                 use.retire()
                 raise
@@ -328,8 +381,10 @@ class RuntimeFiles:
             )
         return answer.stdout
 
-    def _listed_by_command(self, path: str, cancel: threading.Event | None) -> list[FileInfo]:
-        output = self._command(list_dir_command(path), f"listing {path}", cancel)
+    def _listed_by_command(
+        self, path: str, cancel: threading.Event | None, deadline: float | None
+    ) -> list[FileInfo]:
+        output = self._command(list_dir_command(path), f"listing {path}", cancel, deadline)
         if output.strip() == "missing":
             raise _not_found(path, "directory")
         entries = []
