@@ -149,13 +149,23 @@ def _without_local_service(scenario: dict[str, Any]) -> bool:
     return any(reason.startswith(NO_LOCAL_SERVICE) for reason in scenario["skipped"])
 
 
+def _ran_on_the_local_service(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The report's ``name`` scenarios that ran; the test is skipped, with the report's
+    reason, when none could (no local service here: bubblewrap missing)."""
+    found = [scenario for scenario in report["scenarios"] if scenario["name"] == name]
+    assert found, f"the report has no {name} scenario"
+    ran = [scenario for scenario in found if not _without_local_service(scenario)]
+    if not ran:
+        reasons = [r for r in found[0]["skipped"] if r.startswith(NO_LOCAL_SERVICE)]
+        pytest.skip(f"{name}: {reasons[0]}")
+    return ran
+
+
 @pytest.mark.timeout(180)
 def test_file_transfer_rows_compare_ours_the_sdk_and_the_socket_both_ways(
     tiny_report: dict[str, Any],
 ) -> None:
-    for scenario in tiny_report["scenarios"]:
-        if scenario["name"] != "file_transfer" or _without_local_service(scenario):
-            continue
+    for scenario in _ran_on_the_local_service(tiny_report, "file_transfer"):
         assert not [s for s in scenario["skipped"] if "differs" in s]
         rows = {(row["group"], row["client"]): row for row in scenario["rows"]}
         clients = {"ours-sandbox", "socket-raw"} | (
@@ -170,9 +180,7 @@ def test_file_transfer_rows_compare_ours_the_sdk_and_the_socket_both_ways(
 
 @pytest.mark.timeout(180)
 def test_push_rows_compare_ours_with_tar_into_one_post(tiny_report: dict[str, Any]) -> None:
-    for scenario in tiny_report["scenarios"]:
-        if scenario["name"] != "push" or _without_local_service(scenario):
-            continue
+    for scenario in _ran_on_the_local_service(tiny_report, "push"):
         assert not scenario["skipped"]  # every pushed file arrived
         clients = {row["client"]: row for row in scenario["rows"]}
         assert set(clients) == {"ours-sandbox", "tar-post-raw"}

@@ -131,6 +131,30 @@ def test_run_attach_leaves_the_sandbox_alive_after_the_command(
     assert deletes(mock) == 0
 
 
+def test_run_attach_without_lease_keeps_the_lease_the_sandbox_had(
+    e2b_server: E2bFactory,
+    workspace: Path,
+    cli_environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mock = e2b_server(api_key=API_KEY, command=lambda start: {"stdout": "ok\n"})
+    use_e2b(cli_environ, mock, API_KEY)
+    assert cli.main(["create", "--lease", "10m", "--workspace", str(workspace)]) == 0
+    sandbox_id = capsys.readouterr().out.strip()
+    status = cli.main(["run", "--attach", sandbox_id, "--workspace", str(workspace), "--", "x"])
+    assert status == 0
+    asked = [
+        r.json()["timeout"]
+        for r in mock.requests
+        if r.method == "POST" and r.path.startswith(f"/sandboxes/{sandbox_id}/")
+    ]
+    assert asked, "the attach sent no lifetime"
+    assert all(590 <= seconds <= 600 for seconds in asked), asked
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "kept sandbox" in line]
+    assert "for 1h" not in line
+    assert mock.live_sandboxes == [sandbox_id]
+
+
 def test_a_failed_cp_leaves_the_attached_sandbox_alive(
     e2b_server: E2bFactory,
     workspace: Path,

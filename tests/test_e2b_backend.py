@@ -38,7 +38,15 @@ from piship_remote.backends.e2b.backend import (
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.redact import Redactor
-from piship_remote.testing import THREAD_PREFIX, E2bServer, RecordingServer, json_response
+from piship_remote.testing import (
+    THREAD_PREFIX,
+    E2bServer,
+    MockHttpClient,
+    MockRequest,
+    MockResponse,
+    RecordingServer,
+    json_response,
+)
 from piship_remote.testing.recorder import DropConnection
 from piship_remote.transport import HttpReply, Transport, TransportError
 from piship_remote.transport._cancel import CancelToken
@@ -260,6 +268,37 @@ def start_bodies(server: RecordingServer) -> list[dict[str, Any]]:
     ]
 
 
+# -- without a socket: MockHttpClient, for tests about what the backend asks and decides ------
+
+MockRoute = Callable[[MockRequest], MockResponse]
+
+
+def reply(status: int, body: Any, **headers: str) -> MockRoute:
+    """A mock route answering ``body`` (JSON value, or bytes as they are) with ``status``.
+
+    ``headers`` are added with ``_`` in their names turned into ``-`` (``Retry_After``).
+    """
+    named = {name.replace("_", "-"): value for name, value in headers.items()}
+    if isinstance(body, bytes):
+        return lambda request: MockResponse(status, body, named)
+    return lambda request: MockResponse.of_json(status, body, named)
+
+
+def mock_control(create: MockRoute) -> MockHttpClient:
+    """A client answering creates with ``create`` and every DELETE with 204."""
+
+    def handle(request: MockRequest) -> MockResponse:
+        if (request.method, request.path) == ("POST", "/sandboxes"):
+            return create(request)
+        return MockResponse(204 if request.method == "DELETE" else 404)
+
+    return MockHttpClient(handle)
+
+
+def prepare_mocked(client: MockHttpClient, profile: SandboxProfile, **options: Any) -> E2bInstance:
+    return backend_for("http://127.0.0.1:1", client=client, **options).prepare(profile)
+
+
 # -- identity, options, availability ----------------------------------------------------------
 
 
@@ -382,17 +421,14 @@ def test_create_failure_redacts_the_echoed_key(
     ids=["not-json", "not-object", "too-large"],
 )
 def test_invalid_create_answer_is_reported_and_nothing_is_deleted(
-    raw_server: Callable[..., RecordingServer],
-    profile: SandboxProfile,
-    body: bytes,
-    expected: str,
+    profile: SandboxProfile, body: bytes, expected: str
 ) -> None:
-    server = raw_server(create=answer(201, body))
+    client = mock_control(create=reply(201, body))
     with pytest.raises(PiShipError) as caught:
-        prepare_raw(server, profile)
+        prepare_mocked(client, profile)
     assert caught.value.code == "SANDBOX_UNAVAILABLE"
     assert expected in str(caught.value)
-    assert server.count("DELETE") == 0
+    assert client.count("DELETE") == 0
 
 
 def test_a_lost_create_answer_says_a_sandbox_may_exist_and_when_it_expires(
@@ -415,24 +451,24 @@ def test_a_lost_create_answer_says_a_sandbox_may_exist_and_when_it_expires(
 
 @pytest.mark.parametrize("sandbox_id", [None, 123, "", "-leading-dash", "../sbx1", "a" * 129])
 def test_create_answer_without_a_valid_sandbox_id_is_refused(
-    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, sandbox_id: Any
+    profile: SandboxProfile, sandbox_id: Any
 ) -> None:
-    server = raw_server(create=answer(201, {**CREATED, "sandboxID": sandbox_id}))
+    client = mock_control(create=reply(201, {**CREATED, "sandboxID": sandbox_id}))
     with pytest.raises(PiShipError, match=r"^the sandbox service returned no valid sandbox ID$"):
-        prepare_raw(server, profile)
-    assert server.count("DELETE") == 0
+        prepare_mocked(client, profile)
+    assert client.count("DELETE") == 0
 
 
 @pytest.mark.parametrize("token", [123, ["t"], "token with spaces", "line\nbreak"])
 def test_invalid_envd_token_deletes_the_created_sandbox(
-    raw_server: Callable[..., RecordingServer], profile: SandboxProfile, token: Any
+    profile: SandboxProfile, token: Any
 ) -> None:
-    server = raw_server(create=answer(201, {**CREATED, "envdAccessToken": token}))
+    client = mock_control(create=reply(201, {**CREATED, "envdAccessToken": token}))
     with pytest.raises(PiShipError) as caught:
-        prepare_raw(server, profile)
+        prepare_mocked(client, profile)
     assert caught.value.code == "SANDBOX_UNAVAILABLE"
     assert str(caught.value) == "the sandbox service returned an invalid envd access token"
-    assert [r.path for r in server.find("DELETE")] == ["/sandboxes/sbx1"]
+    assert [r.path for r in client.find("DELETE")] == ["/sandboxes/sbx1"]
 
 
 def test_absent_envd_token_sends_no_access_token_header(
@@ -483,78 +519,66 @@ def test_envd_url_is_built_from_the_domain_and_refused_when_unusable(
     assert [r.path for r in server.find("DELETE")] == ["/sandboxes/sbx1"]
 
 
-def test_create_is_retried_on_429_honouring_retry_after(
-    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
-) -> None:
+def test_create_is_retried_on_429_honouring_retry_after(profile: SandboxProfile) -> None:
     answers = iter([429, 429, 201])
 
-    def create(server: RecordingServer, request: Request) -> Response:
+    def create(request: MockRequest) -> MockResponse:
         status = next(answers)
         if status == 429:
-            return answer(429, {"code": 429, "message": "rate limited"}, Retry_After="0")(
-                server, request
-            )
-        return answer(201, CREATED)(server, request)
+            return reply(429, {"code": 429, "message": "rate limited"}, Retry_After="0")(request)
+        return reply(201, CREATED)(request)
 
-    server = raw_server(create=create)
-    instance = prepare_raw(server, profile)
+    client = mock_control(create=create)
+    instance = prepare_mocked(client, profile)
     instance.dispose()
-    assert server.count("POST", "/sandboxes") == 3
+    assert client.count("POST", "/sandboxes") == 3
 
 
-def test_create_is_retried_on_503_without_retry_after(
-    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
-) -> None:
+def test_create_is_retried_on_503_without_retry_after(profile: SandboxProfile) -> None:
     answers = iter([503, 201])
 
-    def create(server: RecordingServer, request: Request) -> Response:
+    def create(request: MockRequest) -> MockResponse:
         status = next(answers)
         body = CREATED if status == 201 else {"code": 503, "message": "busy"}
-        return answer(status, body)(server, request)
+        return reply(status, body)(request)
 
-    server = raw_server(create=create)
-    prepare_raw(server, profile).dispose()
-    assert server.count("POST", "/sandboxes") == 2
+    client = mock_control(create=create)
+    prepare_mocked(client, profile).dispose()
+    assert client.count("POST", "/sandboxes") == 2
 
 
-def test_create_retries_are_bounded_and_the_error_is_retryable(
-    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
-) -> None:
-    server = raw_server(
-        create=answer(429, {"code": 429, "message": "rate limited"}, Retry_After="0")
+def test_create_retries_are_bounded_and_the_error_is_retryable(profile: SandboxProfile) -> None:
+    client = mock_control(
+        create=reply(429, {"code": 429, "message": "rate limited"}, Retry_After="0")
     )
     with pytest.raises(PiShipError) as caught:
-        prepare_raw(server, profile)
+        prepare_mocked(client, profile)
     assert caught.value.retryable is True
     assert caught.value.retry_after == 0
     assert "creating the sandbox failed: HTTP 429" in str(caught.value)
-    assert server.count("POST", "/sandboxes") == 3
+    assert client.count("POST", "/sandboxes") == 3
 
 
-def test_create_is_not_retried_when_retry_after_is_too_long(
-    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
-) -> None:
-    server = raw_server(create=answer(429, {"code": 429, "message": "later"}, Retry_After="60"))
+def test_create_is_not_retried_when_retry_after_is_too_long(profile: SandboxProfile) -> None:
+    client = mock_control(create=reply(429, {"code": 429, "message": "later"}, Retry_After="60"))
     with pytest.raises(PiShipError) as caught:
-        prepare_raw(server, profile)
+        prepare_mocked(client, profile)
     assert caught.value.retry_after == 60
-    assert server.count("POST", "/sandboxes") == 1
+    assert client.count("POST", "/sandboxes") == 1
 
 
-def test_a_rejected_create_is_never_repeated(
-    raw_server: Callable[..., RecordingServer], profile: SandboxProfile
-) -> None:
-    server = raw_server(create=answer(401, {"code": 401, "message": "invalid key"}))
+def test_a_rejected_create_is_never_repeated(profile: SandboxProfile) -> None:
+    client = mock_control(create=reply(401, {"code": 401, "message": "invalid key"}))
     rejections = Rejections(True)
     with pytest.raises(PiShipError, match="HTTP 401"):
-        prepare_raw(
-            server,
+        prepare_mocked(
+            client,
             profile,
             credential=lambda: "rejected-key-000001",
             credential_rejected=rejections,
         )
     assert rejections.count == 1
-    assert server.count("POST", "/sandboxes") == 1
+    assert client.count("POST", "/sandboxes") == 1
 
 
 # -- renewal ---------------------------------------------------------------------------------------

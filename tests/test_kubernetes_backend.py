@@ -39,6 +39,9 @@ from piship_remote.testing import (
     Cluster,
     DropConnection,
     KubernetesServer,
+    MockHttpClient,
+    MockRequest,
+    MockResponse,
     RecordingServer,
     json_response,
 )
@@ -73,6 +76,9 @@ def prepared(made: list[KubernetesInstance], url: str, **options: Any) -> Kubern
 def preparing_fails(url: str, **options: Any) -> BaseException:
     """What preparing an instance on ``url`` raises (it must fail)."""
     return failure_of(lambda: kubernetes(url, **options).prepare(PROFILE))
+
+
+API = "http://127.0.0.1:1"  # a client that answers in-process is given with it
 
 
 def unused_port() -> int:
@@ -193,16 +199,21 @@ def test_refuses_plain_http_to_a_remote_host() -> None:
 
 
 def test_available_reports_an_unreachable_api() -> None:
-    availability = kubernetes(f"http://127.0.0.1:{unused_port()}").available()
+    def refused(request: MockRequest) -> MockResponse:
+        raise ConnectionRefusedError(111, "refused")
+
+    availability = kubernetes(API, client=MockHttpClient(refused)).available()
     assert availability.available is False
     assert (availability.reason or "").startswith("the Kubernetes API is unreachable: ")
 
 
-def test_available_reports_the_listing_status(kubernetes_server: KubernetesFactory) -> None:
-    mock = kubernetes_server(None, Cluster(token="expected-token-0000"))
-    availability = kubernetes(mock.url).available()
+def test_available_reports_the_listing_status() -> None:
+    client = MockHttpClient(lambda request: MockResponse.of_json(401, {"kind": "Status"}))
+    availability = kubernetes(API, client=client).available()
     assert availability.available is False
     assert availability.reason == "listing SandboxClaims returned HTTP 401"
+    (listing,) = client.requests
+    assert (listing.method, listing.path.split("?")[0]) == ("GET", CLAIMS)
 
 
 # ---------------------------------------------------------------- runtime_command

@@ -5,6 +5,9 @@ split with ``shlex``, no shell of its own, its own session, strict UTF-8 output)
 
 from __future__ import annotations
 
+import errno
+import os
+import select
 import shlex
 import subprocess
 import threading
@@ -46,6 +49,27 @@ class ShellRuntime:
         )
         self.durations.append(time.monotonic() - started)
         return {"stdout": done.stdout, "stderr": done.stderr, "exit_code": done.returncode}
+
+
+def reader_gone(fifo: Path, timeout: float) -> bool:
+    """Whether, within ``timeout`` seconds, no process has ``fifo`` open for reading.
+
+    A non-blocking writer's open fails with ENXIO when nobody reads; otherwise the
+    writer, holding the FIFO open without writing, sees POLLERR when the last reader goes
+    (and releases no reader meanwhile: it sends nothing, and stays open until then).
+    """
+    try:
+        descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ENXIO:
+            return True
+        raise
+    try:
+        poller = select.poll()
+        poller.register(descriptor, select.POLLERR)
+        return bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(descriptor)
 
 
 @pytest.fixture
@@ -116,7 +140,11 @@ def test_a_cancelled_command_is_killed_and_its_claim_stays_usable(
             seen.set()
 
     marker = runtime.base / "survived"
-    command = f"echo running; sleep 5; touch {marker}"
+    gate = runtime.base / "gate"
+    os.mkfifo(gate)
+    # The job blocks opening the FIFO until a writer comes: while it lives, a writer can
+    # open it; once it is killed, nobody reads and nothing could ever touch the marker.
+    command = f"echo running; read -r line < {gate}; touch {marker}"
     failures: list[BaseException] = []
 
     def cancelled_run() -> None:
@@ -137,7 +165,7 @@ def test_a_cancelled_command_is_killed_and_its_claim_stays_usable(
     assert out == [b"again\n"]
     assert fake.count("POST", CLAIMS) == 1
     assert fake.count("DELETE") == 0
-    time.sleep(5.5)  # the killed job would have touched its marker by now
+    assert reader_gone(gate, timeout=10)  # the job was killed, not left waiting
     assert not marker.exists()
     assert list((runtime.base / "piship-jobs").iterdir()) == []
 

@@ -34,7 +34,7 @@ from seed_support import (
 )
 
 from piship_remote.backends.base import ExecRequest
-from piship_remote.backends.kubernetes.backend import runtime_command
+from piship_remote.backends.kubernetes.backend import KubernetesInstance, runtime_command
 from piship_remote.backends.lifetime import micros, rfc3339
 from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
 from piship_remote.sandbox.activation import Sandbox
@@ -144,6 +144,21 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 def hang_sleep(command: str) -> Mapping[str, Any]:
     return {"hang": True} if "sleep" in command else {"stdout": "ok\n"}
+
+
+def keepalive_ticks(sandbox: Sandbox, count: int = 2) -> None:
+    """``count`` keepalive intervals, without waiting for them: the claim manager's
+    keepalive ticks (its test seam ``keepalive_now``), run now on this thread, so what
+    they renew (or do not) is on the fake's record when this returns."""
+    instance = sandbox._engine._instance
+    assert isinstance(instance, KubernetesInstance)
+    for _ in range(count):
+        instance._manager.keepalive_now()
+
+
+def keepalive_armed(claim: str) -> bool:
+    """Whether ``claim`` still has a keepalive timer that could renew it later."""
+    return any(t.name == f"piship-keepalive-{claim}" for t in threading.enumerate())
 
 
 # ---------------------------------------------------------------- capability reporting
@@ -280,7 +295,7 @@ def test_keeps_renewing_a_claim_a_parallel_command_runs_in(
     cancelled.cancel(match="aborted")
     at_cancel = renewals(mock, first)
     # The parallel command still runs in the claim: it must not expire under it.
-    time.sleep(0.7)
+    keepalive_ticks(sandbox)
     assert renewals(mock, first) > at_cancel
     done.set()
     assert parallel.result(10).output == "long\n"
@@ -379,8 +394,10 @@ def test_stops_renewing_once_its_command_is_cancelled(
     wait_until(lambda: renewals(mock, first) >= 1)
     pending.cancel()
     at_retire = renewals(mock, first)
-    # ...and never again after retirement, over more than two intervals.
-    time.sleep(0.7)
+    # ...and never again after retirement: its timer is gone, and two more intervals'
+    # ticks leave it alone.
+    assert not keepalive_armed(first)
+    keepalive_ticks(sandbox)
     assert renewals(mock, first) == at_retire
     sandbox.dispose()
 
@@ -705,7 +722,7 @@ def test_a_late_keepalive_never_revives_a_claim(
     # The command runs; the machine sleeps past the claim's shutdownTime.
     clocks.wall += 5
     # Two keepalive intervals pass with the claim already expired.
-    time.sleep(0.7)
+    keepalive_ticks(sandbox)
     assert mock.count("PATCH") == 0
     pending.cancel()
     sandbox.dispose()

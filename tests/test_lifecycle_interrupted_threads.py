@@ -1,11 +1,14 @@
 """Ctrl-C in a script whose commands run on a ThreadPoolExecutor's worker threads.
 
 The script (a temporary file run with ``sys.executable``) starts four commands on a
-pool and waits for their results on the main thread. SIGINT raises
-``KeyboardInterrupt`` there; the process must then end within seconds, the commands
-killed and the sandbox deleted, instead of Python waiting for the workers' commands.
-Without a ``with`` block the library does it on its own at shutdown; in one (whose
-exit waits for the workers) the script asks for it with ``cleanup_on_signals``.
+pool. SIGINT raises ``KeyboardInterrupt`` on the main thread; the process must then end
+within seconds, the commands killed and the sandbox deleted, instead of Python waiting
+for the workers' commands. The library does it on its own when the interrupt ends the
+script (no ``with`` block, or Ctrl-C while the block's end waits for its workers). Ctrl-C
+while the main thread waits *inside* ``with ThreadPoolExecutor()`` leaves the block's
+exit waiting for the workers before any code can run, and the library installs no
+signal handler unasked: there the script calls ``cleanup_on_signals``, or a second
+Ctrl-C ends that wait and the library disposes then.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ SCRIPT = textwrap.dedent(
     url, key, form = sys.argv[1:4]
     if form == "with-block":
         piship_remote.cleanup_on_signals([signal.SIGINT, signal.SIGTERM])
+    else:
+
+        def interrupted(number, frame):  # Python's own handler, plus a line to wait for
+            print("interrupted", flush=True)
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, interrupted)
     backend = E2bCompatibleBackend(endpoint=url, envd_url=url, credential=lambda: key)
     sandbox = activate_sandbox(
         {"required": True, "network": {"mode": "deny"}}, backend=backend, workspace="."
@@ -49,9 +59,13 @@ SCRIPT = textwrap.dedent(
         for future in futures:
             future.result()
 
-    if form == "with-block":
+    if form in ("with-block", "with-block-twice"):
         with ThreadPoolExecutor(COMMANDS) as pool:
             run_all(pool)
+    elif form == "with-exit":
+        with ThreadPoolExecutor(COMMANDS) as pool:
+            for _ in range(COMMANDS):
+                pool.submit(sandbox.exec, "sleep 30")
     else:
         run_all(ThreadPoolExecutor(COMMANDS))
     print("not reached", flush=True)
@@ -73,9 +87,24 @@ def holding(started: threading.Semaphore) -> Callable[[Any], dict[str, Any]]:
     return answer
 
 
+def press_again_until_it_ends(process: subprocess.Popen[str], presses: int = 10) -> None:
+    """Ctrl-C again, as a user would, every half second until ``process`` ends.
+
+    The block's exit waits for the workers after the first; a later one ends that wait
+    (one that lands while Python still handles the first merges with it).
+    """
+    for _ in range(presses):
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(0.5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("ctrl_c")
-@pytest.mark.parametrize("form", ["pool", "with-block"])
+@pytest.mark.parametrize("form", ["pool", "with-block", "with-exit", "with-block-twice"])
 def test_ctrl_c_ends_the_commands_running_on_worker_threads(
     tmp_path: Path, e2b_server: Callable[..., E2bServer], form: str
 ) -> None:
@@ -97,6 +126,11 @@ def test_ctrl_c_ends_the_commands_running_on_worker_threads(
             assert started.acquire(timeout=20), "the commands never all reached the double"
         process.send_signal(signal.SIGINT)
         signalled = time.monotonic()
+        if form == "with-block-twice":
+            assert process.stdout is not None
+            assert process.stdout.readline() == "interrupted\n"
+            signalled = time.monotonic()
+            press_again_until_it_ends(process)
         stdout, stderr = process.communicate(timeout=3 * PROMPT_EXIT)
         took = time.monotonic() - signalled
     finally:

@@ -195,5 +195,6 @@ def _add_lease(parser: Parser) -> None:
         type=_sweep.duration,
         default=None,
         metavar="DURATION",
-        help="how long a kept sandbox lives after this command (30m, 2h; default 1h)",
+        help="how long a kept sandbox lives after this command (30m, 2h; default 1h,"
+        " or for --attach what it had left)",
     )

@@ -29,6 +29,8 @@ from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 __all__ = ["ENDING_SIGNALS", "activated", "create", "describe_lease", "keeps", "kill"]
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# An attached sandbox about to end still gets this long (seconds) after the command.
+_MIN_LEASE_LEFT = 60.0
 
 
 def keeps(args: argparse.Namespace) -> bool:
@@ -45,6 +47,7 @@ def activated(args: argparse.Namespace, stack: ExitStack) -> Iterator[Sandbox]:
     """
     if keeps(args):
         _refuse_local(args)
+        args = _with_lease_left(args)
     backend = backend_for(args, stack)
     sandbox = activate_sandbox(
         policy_for(args),
@@ -90,6 +93,40 @@ def _ending_signals_interrupt() -> Iterator[list[int]]:
         for number, handler in previous.items():
             if handler is not None:
                 signal.signal(number, handler)
+
+
+def _with_lease_left(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--lease`` set, for ``--attach ID`` without one, to what the sandbox
+    has left of its lease (at least a minute), so attaching neither shortens nor resets it.
+
+    Unchanged when ``--lease`` was given, or when the service does not list the sandbox
+    with an end (then the kept default applies).
+    """
+    attach: str | None = getattr(args, "attach", None)
+    if attach is None or getattr(args, "lease", None) is not None:
+        return args
+    left = _lease_left(args, attach)
+    if left is None:
+        return args
+    return argparse.Namespace(**{**vars(args), "lease": max(_MIN_LEASE_LEFT, left)})
+
+
+def _lease_left(args: argparse.Namespace, sandbox_id: str) -> float | None:
+    with ExitStack() as stack:
+        backend = backend_for(args, stack)
+        try:
+            if not isinstance(backend, Reattachable):
+                return None
+            owned = [o for o in backend.list_owned() if o.id == sandbox_id]
+        except PiShipError:
+            return None  # the attach itself reports what is wrong
+        finally:
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()
+    if len(owned) != 1 or owned[0].expires is None:
+        return None
+    return owned[0].expires - time.time()
 
 
 def _refuse_local(args: argparse.Namespace) -> None:

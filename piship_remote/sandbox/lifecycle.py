@@ -7,7 +7,10 @@ sandbox that is garbage-collected undisposed is disposed too, with a
 ``ResourceWarning``. When Ctrl-C (an uncaught ``KeyboardInterrupt``) ends the main
 thread, the live sandboxes are disposed before Python waits for the other threads,
 so commands running on worker threads (a ``ThreadPoolExecutor``) are killed instead
-of being waited for. Signals are opt-in::
+of being waited for. Ctrl-C while the main thread waits inside ``with
+ThreadPoolExecutor()`` does not end the main thread: the block's exit waits for the
+workers first, and only a second Ctrl-C (or ``cleanup_on_signals([SIGINT])``) reaches
+this module. Signals are opt-in::
 
     import piship_remote
     piship_remote.cleanup_on_signals()          # SIGTERM and SIGHUP dispose, then the old action

@@ -7,7 +7,9 @@ Usable from plain scripts and notebooks::
         ...  # point a backend at mock.url; inspect mock.requests afterwards
 
 and from pytest through the fixtures ``e2b_server`` and ``kubernetes_server``
-(:mod:`piship_remote.testing.plugin`). Every server listens on 127.0.0.1, records
+(:mod:`piship_remote.testing.plugin`). Where a test is not about the wire,
+:class:`~piship_remote.testing.mock_http.MockHttpClient` answers a backend's requests
+in-process, without sockets or threads. Every server listens on 127.0.0.1, records
 each request on arrival, and on exit releases every held request and stops.
 """
 
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from piship_remote.testing.e2b_server import E2bServer
     from piship_remote.testing.faults import Faults
     from piship_remote.testing.kubernetes_server import CLAIMS, Cluster, KubernetesServer
+    from piship_remote.testing.mock_http import MockHttpClient, MockRequest, MockResponse
     from piship_remote.testing.recorder import (
         THREAD_PREFIX,
         DropConnection,
@@ -40,6 +43,9 @@ _HOMES = {
     "CLAIMS": "kubernetes_server",
     "Cluster": "kubernetes_server",
     "KubernetesServer": "kubernetes_server",
+    "MockHttpClient": "mock_http",
+    "MockRequest": "mock_http",
+    "MockResponse": "mock_http",
     "THREAD_PREFIX": "recorder",
     "DropConnection": "recorder",
     "Recorded": "recorder",
@@ -73,6 +79,9 @@ __all__ = [
     "E2bServer",
     "Faults",
     "KubernetesServer",
+    "MockHttpClient",
+    "MockRequest",
+    "MockResponse",
     "Recorded",
     "RecordingServer",
     "json_response",
