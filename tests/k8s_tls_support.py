@@ -1,16 +1,15 @@
-"""A throw-away certificate authority for TLS tests: a server certificate for loopback,
-a client certificate, and the kubeconfig files that point at a TLS double.
+"""A throw-away certificate authority for TLS tests: a server certificate for loopback
+and a client certificate.
 
     pki = Pki.create(tmp_path)
     with KubernetesServer(cluster=cluster, tls=pki.server_context()) as mock:
-        write_kubeconfig(tmp_path / "config", mock.url, pki, user={...})
+        ...
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-import json
 import ssl
 from pathlib import Path
 from typing import Any
@@ -138,31 +137,3 @@ class Pki:
         context.load_verify_locations(self.ca)
         context.verify_mode = ssl.CERT_OPTIONAL
         return context
-
-
-def write_kubeconfig(
-    path: Path,
-    server: str,
-    user: dict[str, Any],
-    *,
-    ca: Path | None = None,
-    namespace: str | None = "agents",
-    context: str = "test",
-) -> Path:
-    """A one-context kubeconfig (JSON is YAML) whose current context is ``context``."""
-    cluster: dict[str, Any] = {"server": server}
-    if ca is not None:
-        cluster["certificate-authority"] = str(ca)
-    context_body: dict[str, Any] = {"cluster": "double", "user": "me"}
-    if namespace is not None:
-        context_body["namespace"] = namespace
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "double", "cluster": cluster}],
-        "users": [{"name": "me", "user": user}],
-        "contexts": [{"name": context, "context": context_body}],
-        "current-context": context,
-    }
-    path.write_text(json.dumps(config), encoding="utf-8")
-    return path

@@ -18,7 +18,8 @@ import requests
 pytest.importorskip("cryptography")  # the test CA
 pytest.importorskip("kubernetes.config")  # the kubernetes extra
 
-from k8s_tls_support import CLIENT_NAME, Pki, write_kubeconfig
+from k8s_tls_support import CLIENT_NAME, Pki
+from kubeconfig_support import write_kubeconfig
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.model.errors import CONFIG_INVALID, TLS_POLICY_VIOLATION, PiShipError

@@ -77,6 +77,7 @@ from piship_remote.backends.kubernetes._cluster_config import (
 from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
+from piship_remote.backends.kubernetes._preflight import Check, Preflight
 from piship_remote.backends.kubernetes._router import Retire, Router
 from piship_remote.backends.kubernetes.claims import ClaimManager, ClaimUse, disposed_error
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
@@ -384,6 +385,14 @@ class KubernetesAgentSandboxBackend:
             port=port,
             scoped=router_auth == "scoped-token",
         )
+        self._preflight = Preflight(
+            http,
+            router_http,
+            endpoint=endpoint,
+            router_url=router,
+            namespace=namespace,
+            template=template,
+        )
         self._http, self._router_url = router_http, router
         self._namespace, self._port = namespace, port
         self.execution = execution
@@ -473,6 +482,11 @@ class KubernetesAgentSandboxBackend:
         if is_success(response.status):
             return Availability(True)
         return Availability(False, f"listing SandboxClaims returned HTTP {response.status}")
+
+    def preflight(self) -> list[Check]:
+        """What the credentials may do, before any claim exists: one access review per
+        verb on claims, the warm pool's existence and readiness, the router's answer."""
+        return self._preflight.run()
 
     def prepare(self, profile: SandboxProfile) -> KubernetesInstance:
         """Claim a sandbox and wait until it is ready (``PiShipError`` when it cannot).
