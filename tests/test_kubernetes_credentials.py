@@ -4,6 +4,7 @@ cluster served over TLS with its own CA."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import sys
@@ -70,19 +71,25 @@ def run_commands_and_files(backend: KubernetesAgentSandboxBackend, workspace: Pa
         assert sandbox.files.read("notes.txt") == b"hello"
 
 
+def client_user(pki: Pki, embedded: bool) -> dict[str, str]:
+    if not embedded:
+        return {"client-certificate": str(pki.client_cert), "client-key": str(pki.client_key)}
+    return {
+        "client-certificate-data": base64.b64encode(pki.client_cert.read_bytes()).decode(),
+        "client-key-data": base64.b64encode(pki.client_key.read_bytes()).decode(),
+    }
+
+
+@pytest.mark.parametrize("embedded", [False, True], ids=["files", "embedded-data"])
 def test_a_client_certificate_from_the_kubeconfig_authenticates_to_the_api_server_only(
     tls_server: Callable[[Cluster], KubernetesServer],
     pki: Pki,
     router_session: requests.Session,
     tmp_path: Path,
+    embedded: bool,
 ) -> None:
     mock = tls_server(Cluster(client_subject=CLIENT_NAME))
-    config = write_kubeconfig(
-        tmp_path / "config",
-        mock.url,
-        {"client-certificate": str(pki.client_cert), "client-key": str(pki.client_key)},
-        ca=pki.ca,
-    )
+    config = write_kubeconfig(tmp_path / "config", mock.url, client_user(pki, embedded), ca=pki.ca)
     backend = KubernetesAgentSandboxBackend.from_kubeconfig(
         config, router=mock.url, template="python-pool", session=router_session
     )
