@@ -10,9 +10,11 @@ import socket
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 from piship_remote.cli._files import copy, describe_transfer
 from piship_remote.cli._kept import activated
+from piship_remote.cli._preflight import ChecksFailed, kubernetes_checks
 from piship_remote.cli._streams import command_input
 from piship_remote.cli._terminal import run_on_terminal, terminal_input
 from piship_remote.model.errors import (
@@ -154,18 +156,27 @@ def exit_status(remote: int) -> int:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    """Print the containment report; with ``--json`` always exactly one JSON object."""
+    """Print the containment report; with ``--json`` always exactly one JSON object.
+
+    On Kubernetes the credentials' checks come first (on stderr, or under ``checks``),
+    and a failed one ends the command before any claim is created.
+    """
+    checks: list[dict[str, Any]] | None = None
     try:
+        if args.backend == "kubernetes":
+            checks = kubernetes_checks(args, quiet=args.json)
         with ExitStack() as stack:
             sandbox = stack.enter_context(activated(args, stack))
             report = sandbox.report
     except PiShipError as e:
         if not args.json:
             raise
-        print(json.dumps({"error": e.to_dict()}, indent=2))
+        found = {"checks": e.checks} if isinstance(e, ChecksFailed) else {}
+        print(json.dumps({"error": e.to_dict(), **found}, indent=2))
         return EXIT_UNAVAILABLE
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        extra = {"checks": checks} if checks is not None else {}
+        print(json.dumps({**report.to_dict(), **extra}, indent=2))
     else:
         print(describe_containment(report))
     return 0

@@ -180,6 +180,37 @@ def add_sandbox_options(parser: Parser) -> None:
     parser.option(
         k8s,
         "--namespace",
-        default=env("PISHIP_K8S_NAMESPACE", "default"),
-        help="namespace (env PISHIP_K8S_NAMESPACE)",
+        default=env("PISHIP_K8S_NAMESPACE"),
+        help="namespace (env PISHIP_K8S_NAMESPACE; default: the kubeconfig context's, the"
+        " pod's, or default)",
+    )
+    parser.option(
+        k8s,
+        "--kubeconfig",
+        default=env("PISHIP_K8S_KUBECONFIG"),
+        help="kubeconfig file, when --api is not given (env PISHIP_K8S_KUBECONFIG; default:"
+        " $KUBECONFIG, else ~/.kube/config, or the pod's service account inside a cluster)",
+    )
+    parser.option(
+        k8s,
+        "--context",
+        default=env("PISHIP_K8S_CONTEXT"),
+        help="kubeconfig context (env PISHIP_K8S_CONTEXT; default: the current one)",
+    )
+    parser.option(
+        k8s,
+        "--router-token",
+        metavar="VARIABLE",
+        default=env("PISHIP_K8S_ROUTER_TOKEN_ENV", "PISHIP_K8S_ROUTER_TOKEN"),
+        help="the environment variable holding the router's own token, read for each"
+        " request (default PISHIP_K8S_ROUTER_TOKEN; unset: the router gets none with a"
+        " kubeconfig, PISHIP_K8S_TOKEN with --api)",
+    )
+    parser.option(
+        k8s,
+        "--router-auth",
+        choices=("bearer", "scoped-token"),
+        default=env("PISHIP_K8S_ROUTER_AUTH", "bearer"),
+        help="scoped-token: the router checks tokens scoped to one sandbox, so no pod IP or"
+        " UID is sent (env PISHIP_K8S_ROUTER_AUTH)",
     )

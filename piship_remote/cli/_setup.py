@@ -7,13 +7,23 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from piship_remote.backends.base import Backend
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.model.policy import SandboxPolicy
 
-__all__ = ["DEFAULT_ALLOW", "backend_for", "env_reader", "lease_seconds", "policy_for"]
+if TYPE_CHECKING:
+    from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+
+__all__ = [
+    "DEFAULT_ALLOW",
+    "backend_for",
+    "env_reader",
+    "kubernetes_backend",
+    "lease_seconds",
+    "policy_for",
+]
 
 DEFAULT_ALLOW = ("LANG", "LC_ALL", "TERM", "TZ")
 # The CLI's sandboxes live on a short lease the library renews while the CLI runs, so one
@@ -52,7 +62,7 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
 
         return stack.enter_context(LocalE2bService()).backend(lifetime_seconds=lease_seconds(args))
     if args.backend == "kubernetes":
-        return _kubernetes(args)
+        return kubernetes_backend(args)
     from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
     return E2bCompatibleBackend(
@@ -70,28 +80,56 @@ def env_reader(name: str, environ: Mapping[str, str] = os.environ) -> Callable[[
     return lambda: environ.get(name) or None
 
 
-def _kubernetes(args: argparse.Namespace) -> Backend:
+def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBackend:
+    """The Kubernetes backend: ``--api`` with ``PISHIP_K8S_TOKEN``, else the pod's service
+    account inside a cluster (without ``--kubeconfig``/``--context``), else a kubeconfig."""
     from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
-    needed = (("--api", args.api), ("--router", args.router), ("--pool", args.pool))
+    needed = (("--api", _cluster_known(args)), ("--router", args.router), ("--pool", args.pool))
     missing = [name for name, value in needed if not value]
     if missing:
         raise PiShipError(
             CONFIG_INVALID,
             f"the kubernetes backend needs {', '.join(missing)}",
-            user_action="Set PISHIP_K8S_API, PISHIP_K8S_ROUTER and PISHIP_K8S_TEMPLATE",
+            user_action="Set PISHIP_K8S_ROUTER and PISHIP_K8S_TEMPLATE, and PISHIP_K8S_API "
+            "unless a kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) names the cluster",
         )
+    router_token = env_reader(args.router_token)
+    options: dict[str, Any] = {
+        "router": args.router,
+        "template": args.pool,
+        "lifetime_seconds": lease_seconds(args),
+        "router_auth": args.router_auth,
+    }
+    if args.namespace:
+        options["namespace"] = args.namespace
     try:
-        return KubernetesAgentSandboxBackend(
-            endpoint=args.api,
-            router=args.router,
-            template=args.pool,
-            namespace=args.namespace,
-            credential=env_reader("PISHIP_K8S_TOKEN"),
-            lifetime_seconds=lease_seconds(args),
+        if args.api:
+            has_router_token = bool(os.environ.get(args.router_token))
+            return KubernetesAgentSandboxBackend(
+                endpoint=args.api,
+                credential=env_reader("PISHIP_K8S_TOKEN"),
+                router_credential=router_token if has_router_token else None,
+                **options,
+            )
+        options["router_credential"] = router_token
+        if not (args.kubeconfig or args.context) and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return KubernetesAgentSandboxBackend.in_cluster(**options)
+        return KubernetesAgentSandboxBackend.from_kubeconfig(
+            args.kubeconfig, context=args.context, **options
         )
     except ValueError as e:
         raise PiShipError(CONFIG_INVALID, str(e)) from None
+
+
+def _cluster_known(args: argparse.Namespace) -> bool:
+    """Whether ``--api``, a kubeconfig or the pod's service account says where the API is."""
+    if args.api or args.kubeconfig or args.context or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return True
+    from piship_remote.backends.kubernetes._cluster_config import kubeconfig_path
+
+    paths = kubeconfig_path(None).split(os.pathsep)
+    return any(os.path.exists(os.path.expanduser(path)) for path in paths if path)
 
 
 def _load_policy(path: str) -> dict[str, Any]:

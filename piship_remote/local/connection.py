@@ -14,6 +14,8 @@ import contextlib
 import http.client
 import logging
 import socket
+import socketserver
+import ssl
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -136,7 +138,9 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         except _Refused as e:
             self._refuse(e)
             return
-        request = Request(head.method, head.path, headers, body, head.target, stream)
+        request = Request(
+            head.method, head.path, headers, body, head.target, stream, _client_subject(self)
+        )
         self.owner._arrived(request)
         try:
             reply = self.owner.router(request)
@@ -341,3 +345,17 @@ class StreamedBody:
             return False
         self._left = size
         return True
+
+
+def _client_subject(handler: socketserver.StreamRequestHandler) -> str | None:
+    """The common name of the client certificate a TLS connection presented and the
+    server verified; ``None`` over plain HTTP or without one."""
+    connection = handler.connection
+    if not isinstance(connection, ssl.SSLSocket):
+        return None
+    certificate = connection.getpeercert() or {}
+    for entry in certificate.get("subject", ()):
+        for pair in entry:
+            if pair[0] == "commonName":
+                return str(pair[1])
+    return None

@@ -74,6 +74,8 @@ class Request:
     """The request target as sent, query included."""
     stream: BodyReader | None = None
     """For a route the server was told streams its body: the body, unread (``body`` is empty)."""
+    client_subject: str | None = None
+    """Over TLS: the common name of the client certificate the server verified, if any."""
 
 
 @attrs.frozen

@@ -38,6 +38,7 @@ import itertools
 import logging
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -87,7 +88,8 @@ class HttpServer:
     """A bound loopback server; :meth:`start` serves, :meth:`close` stops (or use ``with``).
 
     ``record`` keeps every request (as :class:`Recorded`, before the router runs);
-    ``keep_alive`` False closes each connection after one answer.
+    ``keep_alive`` False closes each connection after one answer; ``tls`` serves HTTPS
+    with that server context (which may require client certificates).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class HttpServer:
         keep_alive: bool = True,
         thread_prefix: str = "piship-http-",
         join_timeout: float = 5.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.router = router
         self.screen = screen
@@ -123,8 +126,13 @@ class HttpServer:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._listener = _Listener(self, (host, port))
+        if tls is not None:
+            # The handshake happens on each connection's own thread, at its first read.
+            self._listener.socket = tls.wrap_socket(
+                self._listener.socket, server_side=True, do_handshake_on_connect=False
+            )
         bracketed = f"[{host}]" if ":" in host else host
-        self.url = f"http://{bracketed}:{self.port}"
+        self.url = f"{'https' if tls is not None else 'http'}://{bracketed}:{self.port}"
         """Base URL without a trailing slash, e.g. ``http://127.0.0.1:40123``."""
 
     @property

@@ -55,7 +55,17 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
 - ``warm_pools``: when set, a claim naming another pool is ``WarmPoolNotFound``;
 - ``services``: False models warm-pool sandboxes without a Service: the router reaches
   them only by ``X-Sandbox-Pod-IP`` (by name it answers 502);
-- ``proxy_timeout`` / ``runtime_timeout``: the router's and the runtime's limits.
+- ``proxy_timeout`` / ``runtime_timeout``: the router's and the runtime's limits;
+- ``router_token``: the router's own bearer (401 ``{"detail": …}`` as the real router
+  answers), ``token`` then guards the API server only; ``scoped_router``: the router
+  refuses ``X-Sandbox-Pod-IP`` and ``X-Sandbox-UID`` (403);
+- ``denied``: ``"<verb> <resource>"`` pairs a ``SelfSubjectAccessReview``
+  (``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``) answers not allowed;
+  ``pool_ready_replicas``: the ready replicas a ``GET …/sandboxwarmpools/<name>`` reports.
+
+``tls`` (an ``ssl.SSLContext``) serves HTTPS; with ``cluster.client_subject`` the API
+server wants a client certificate of that name (or ``token``), and ``client_subjects``
+records which certificate each request came with.
 
 ``execute(command)`` returns a mapping with any of:
 
@@ -92,6 +102,7 @@ import io
 import json
 import logging
 import re
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -102,6 +113,7 @@ from werkzeug import Request, Response
 from werkzeug.formparser import parse_form_data
 
 from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
+from piship_remote.testing.k8s_access import access_review, refused, warm_pool
 from piship_remote.testing.k8s_controller import WALL_CLOCK, Controller
 from piship_remote.testing.k8s_router import (
     SANDBOX_PREFIX,
@@ -122,6 +134,7 @@ from piship_remote.testing.k8s_store import (
     Store,
 )
 from piship_remote.testing.recorder import (
+    CLIENT_SUBJECT,
     THREAD_PREFIX,
     DropConnection,
     RecordingServer,
@@ -145,6 +158,11 @@ _API_PATH = re.compile(
     r"^/apis/(?P<group>extensions\.agents\.x-k8s\.io|agents\.x-k8s\.io)/v1beta1/namespaces/"
     r"(?P<ns>[^/]+)/(?P<plural>sandboxclaims|sandboxes)(?:/(?P<name>[^/]+)(?P<status>/status)?)?$"
 )
+_WARM_POOL = re.compile(
+    r"^/apis/extensions\.agents\.x-k8s\.io/v1beta1/namespaces/(?P<ns>[^/]+)/"
+    r"sandboxwarmpools/(?P<name>[^/]+)$"
+)
+_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _RESOURCES = {r.plural: r for r in (CLAIM_RESOURCE, SANDBOXES)}
 _ROUTER_PATHS = re.compile(r"^/(execute|upload|download/.*|list/.*|exists/.*)?$")
 _RECONCILE_INTERVAL = 0.05
@@ -180,6 +198,17 @@ class Cluster:
     """Sandboxes have a Service, so the router reaches them by name; False: only by pod IP."""
     gone_as_http: bool = False
     """A watch from a compacted resourceVersion is refused with HTTP 410, not an ERROR event."""
+    router_token: str | None = None
+    """The router's own token (its ``ROUTER_AUTH_TOKEN``); ``token`` then guards the API only."""
+    scoped_router: bool = False
+    """The router checks scoped tokens: it refuses ``X-Sandbox-Pod-IP`` and ``X-Sandbox-UID``."""
+    denied: set[str] = attrs.field(factory=set)
+    """``"<verb> <resource>"`` pairs access reviews deny (e.g. ``"delete sandboxclaims"``)."""
+    pool_ready_replicas: int = 1
+    """How many of each warm pool's one replica are ready."""
+    client_subject: str | None = None
+    """The API server accepts only clients whose verified certificate has this common name
+    (with ``tls`` whose context asks for client certificates), or a bearer ``token``."""
 
 
 class KubernetesServer(RecordingServer):
@@ -191,6 +220,7 @@ class KubernetesServer(RecordingServer):
         cluster: Cluster | None = None,
         *,
         file_tree: Callable[[str], FileTree] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.cluster = cluster if cluster is not None else Cluster()
         self.store = Store()
@@ -208,7 +238,9 @@ class KubernetesServer(RecordingServer):
             self.faults.take_dropped_stream,
         )
         self._stop = threading.Event()
-        super().__init__(self._handle)
+        self.client_subjects: list[tuple[str, str | None]] = []
+        """Each request's path and its verified client certificate's common name, if any."""
+        super().__init__(self._handle, tls=tls)
         self._ticker = threading.Thread(
             target=self._tick, name=f"{THREAD_PREFIX}controller", daemon=True
         )
@@ -251,11 +283,26 @@ class KubernetesServer(RecordingServer):
 
     def _handle(self, request: Request) -> Response:
         hold_if_stalled(self.faults, request.path, self.wait, lambda: self.closing)
-        authorization = request.headers.get("Authorization")
-        token = self.cluster.token
-        if token is not None and authorization != f"Bearer {token}":
-            return json_response(401, {"message": f"Unauthorized: {authorization or 'no token'}"})
+        router = not request.path.startswith("/apis/")
+        subject = request.environ.get(CLIENT_SUBJECT)
+        self.client_subjects.append((request.path, subject))
+        refusal = refused(_lower(request), self.cluster, router=router, subject=subject)
+        if refusal is not None:
+            return json_response(*refusal)
         self._apply_expired()
+        if request.path == _ACCESS_REVIEWS and request.method == "POST":
+            try:
+                review = access_review(json_object(request.get_data()), self.cluster)
+            except ApiError as error:
+                return json_response(error.code, error.status())
+            return json_response(201, review)
+        pool = _WARM_POOL.match(request.path)
+        if pool is not None and request.method == "GET":
+            found = warm_pool(pool["ns"], pool["name"], self.cluster)
+            if found is None:
+                missing = ApiError(404, "NotFound", f'sandboxwarmpools "{pool["name"]}" not found')
+                return json_response(404, missing.status())
+            return json_response(200, found)
         match = _API_PATH.match(request.path)
         if match is not None:
             try:
@@ -454,8 +501,12 @@ def _line(kind: str, obj: dict[str, Any]) -> bytes:
     return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
+def _lower(request: Request) -> dict[str, str]:
+    return {name.lower(): value for name, value in request.headers.items()}
+
+
 def _router_request(request: Request) -> RouterRequest:
-    headers = {name.lower(): value for name, value in request.headers.items()}
+    headers = _lower(request)
     upload: tuple[str | None, bytes | None] = (None, None)
     if request.path == "/upload" and request.mimetype == "multipart/form-data":
         environ = {**request.environ, "wsgi.input": io.BytesIO(request.get_data())}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import ssl
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -48,6 +49,7 @@ except ModuleNotFoundError as missing:  # pragma: no cover - exercised by a simu
     ) from missing
 
 __all__ = [
+    "CLIENT_SUBJECT",
     "THREAD_PREFIX",
     "DropConnection",
     "Handler",
@@ -55,6 +57,9 @@ __all__ = [
     "RecordingServer",
     "json_response",
 ]
+
+CLIENT_SUBJECT = "piship.client_subject"
+"""The WSGI key holding the verified client certificate's common name (or ``None``)."""
 
 THREAD_PREFIX = "piship-double-"
 """Name prefix of every thread the doubles start (exclude it from leak checks)."""
@@ -80,10 +85,12 @@ class RecordingServer(HttpServer):
 
     ``handler`` answers every request. Requests are recorded before it runs; an
     exception it raises is logged, kept in :attr:`errors` and answered with an
-    empty 500.
+    empty 500. ``tls``: serve HTTPS with that server context.
     """
 
-    def __init__(self, handler: Handler, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, handler: Handler, *, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None
+    ) -> None:
         self._handler = handler
         self._errors: list[BaseException] = []
         super().__init__(
@@ -93,6 +100,7 @@ class RecordingServer(HttpServer):
             keep_alive=False,
             thread_prefix=THREAD_PREFIX,
             join_timeout=_CLOSE_JOIN_BUDGET,
+            tls=tls,
         )
         self.start()
 
@@ -164,6 +172,7 @@ def _environ(request: RawRequest, port: int) -> dict[str, Any]:
         "wsgi.multithread": True,
         "wsgi.multiprocess": False,
         "wsgi.run_once": False,
+        CLIENT_SUBJECT: request.client_subject,
     }
     for name, value in request.headers.items():
         key = name.upper().replace("-", "_")

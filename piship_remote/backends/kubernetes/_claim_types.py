@@ -34,6 +34,8 @@ class Claim:
     anchor: Anchor
     pod_ip: str | None = None
     seen: Sighting | None = attrs.field(default=None, eq=False)
+    uid: str | None = None
+    """The Sandbox's UID, when it was read (the router's ``X-Sandbox-UID``)."""
 
 
 class ClaimApi(Protocol):

@@ -19,6 +19,7 @@ ready, is :class:`~piship_remote.backends.kubernetes.claims.ClaimGone`.
 from __future__ import annotations
 
 import builtins
+import copy
 import ipaddress
 import re
 import secrets
@@ -28,6 +29,7 @@ from typing import Any
 
 from piship_remote.backends._common import DETAIL_LIMIT, is_success
 from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
+from piship_remote.backends.kubernetes._claim_options import ClaimOptions
 from piship_remote.backends.kubernetes._claim_timing import Sighting
 from piship_remote.backends.kubernetes._http import ClusterHttp, transient
 from piship_remote.backends.kubernetes.claims import Claim, ClaimGone
@@ -80,8 +82,10 @@ class ClaimsApi:
         ready_timeout: float,
         monotonic: Callable[[], float],
         sight: Callable[[], Sighting | None] = lambda: None,
+        options: ClaimOptions | None = None,
     ) -> None:
         self._http = http
+        self._options = options if options is not None else ClaimOptions()
         self._sight = sight
         self._endpoint = endpoint
         self.claims = f"{endpoint}/apis/{API_VERSION}/namespaces/{namespace}/sandboxclaims"
@@ -90,6 +94,12 @@ class ClaimsApi:
         self._poll = poll_interval
         self._ready_timeout = ready_timeout
         self._monotonic = monotonic
+
+    def with_options(self, options: ClaimOptions) -> ClaimsApi:
+        """This API, creating its claims with ``options``."""
+        clone = copy.copy(self)
+        clone._options = options
+        return clone
 
     def list(self) -> HttpReply:
         return self._http.call("GET", f"{self.claims}?limit=1", timeout=_AVAILABLE_TIMEOUT)
@@ -180,8 +190,8 @@ class ClaimsApi:
             self.renew(Claim(name, name, anchor), anchor.expires, cancel)
         except ClaimGone as gone:
             raise self._http.errors(f"SandboxClaim {name} cannot be attached to: {gone}") from None
-        sandbox, pod_ip, seen = self._wait_ready(name, cancel)
-        return Claim(name, sandbox, anchor, pod_ip, seen)
+        sandbox, pod_ip, seen, uid = self._wait_ready(name, cancel)
+        return Claim(name, sandbox, anchor, pod_ip, seen, uid)
 
     def list_owned(self) -> builtins.list[OwnedSandbox]:
         """Every claim in the namespace labelled as created by this library."""
@@ -201,11 +211,11 @@ class ClaimsApi:
 
     def _ready_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> Claim:
         try:
-            sandbox, pod_ip, seen = self._wait_ready(name, cancel)
+            sandbox, pod_ip, seen, uid = self._wait_ready(name, cancel)
         except BaseException:
             self._delete_name(name)
             raise
-        return Claim(name, sandbox, anchor, pod_ip, seen)
+        return Claim(name, sandbox, anchor, pod_ip, seen, uid)
 
     def _read(self, name: str, cancel: CancelToken) -> dict[str, Any] | None:
         """The claim ``name`` as the API has it; ``None`` when it does not exist."""
@@ -247,7 +257,7 @@ class ClaimsApi:
 
     def _post_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> HttpReply | None:
         """The create's answer; ``None`` when it was lost but the claim turned out ours."""
-        manifest = {
+        manifest: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": "SandboxClaim",
             "metadata": {"name": name, "labels": {CREATED_BY_LABEL: CREATOR}},
@@ -256,6 +266,7 @@ class ClaimsApi:
                 "lifecycle": {"shutdownTime": rfc3339(anchor.expires), "shutdownPolicy": "Delete"},
             },
         }
+        self._options.apply(manifest["spec"])
         try:
             return self._http.call("POST", self.claims, cancel=cancel, json=manifest)
         except TransportError as error:
@@ -269,8 +280,9 @@ class ClaimsApi:
 
     def _wait_ready(
         self, name: str, cancel: CancelToken
-    ) -> tuple[str, str | None, Sighting | None]:
-        """Poll the claim until Ready: its sandbox, pod IP, and when the last poll was sent.
+    ) -> tuple[str, str | None, Sighting | None, str | None]:
+        """Poll the claim until Ready: its sandbox, pod IP, when the last poll was sent,
+        and the Sandbox's UID when the Sandbox was read.
 
         The deadline is on the monotonic clock only.
         """
@@ -293,7 +305,11 @@ class ClaimsApi:
             ready = _ready_condition(claim)
             if ready.get("status") == "True":
                 sandbox = _sandbox_name(claim, name)
-                return sandbox, _pod_ip(claim) or self._sandbox_pod_ip(sandbox, cancel), sent
+                pod_ip = _pod_ip(claim)
+                if pod_ip is not None:
+                    return sandbox, pod_ip, sent, None
+                pod_ip, uid = self._sandbox_address(sandbox, cancel)
+                return sandbox, pod_ip, sent, uid
             reason = ready.get("reason")
             if isinstance(reason, str) and reason in _TERMINAL_REASONS:
                 raise self._http.errors(f"the SandboxClaim failed: {reason}")
@@ -304,8 +320,9 @@ class ClaimsApi:
             if cancel.wait(self._poll):
                 raise CommandCancelled()
 
-    def _sandbox_pod_ip(self, sandbox: str, cancel: CancelToken) -> str | None:
-        """The pod IP from the Sandbox object (claims mirror it only on some clusters).
+    def _sandbox_address(self, sandbox: str, cancel: CancelToken) -> tuple[str | None, str | None]:
+        """The pod IP and UID from the Sandbox object (claims mirror the IP only on some
+        clusters).
 
         Without it a router reaches the sandbox only by its Service, which warm-pool
         sandboxes lack; a failed read leaves that to the router.
@@ -313,12 +330,14 @@ class ClaimsApi:
         try:
             response = self._http.call("GET", f"{self._sandboxes}/{sandbox}", cancel=cancel)
         except TransportError:
-            return None
+            return None, None
         with response:
             if not is_success(response.status):
-                return None
-            status = _mapping(_lenient_json(response).get("status"))
-        return _best_ip(status.get("podIPs"))
+                return None, None
+            found = _lenient_json(response)
+        uid = _mapping(found.get("metadata")).get("uid")
+        address = _best_ip(_mapping(found.get("status")).get("podIPs"))
+        return address, uid if isinstance(uid, str) and uid else None
 
     def _delete_name(self, name: str) -> None:
         """Best effort: a failure leaves the claim to its shutdownTime."""

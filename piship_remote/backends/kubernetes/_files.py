@@ -30,7 +30,7 @@ from piship_remote.backends._file_protocol import ChunkSink, request_timeout, wr
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer
-from piship_remote.backends.kubernetes.claims import Claim, ClaimUse
+from piship_remote.backends.kubernetes.claims import ClaimUse
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     FILE_NOT_FOUND,
@@ -50,7 +50,7 @@ from piship_remote.workspace._sandbox_commands import (
     working_directory_command,
 )
 
-__all__ = ["FILE_TIMEOUT", "ClaimScope", "RuntimeFiles", "sandbox_headers"]
+__all__ = ["FILE_TIMEOUT", "ClaimScope", "RuntimeFiles"]
 
 FILE_TIMEOUT = 60.0
 TRANSFER_IDLE = 60.0
@@ -61,18 +61,6 @@ _AWKWARD = frozenset('%"\r\n\\')
 _TYPES = {"file": "file", "directory": "dir", "f": "file", "d": "dir", "l": "symlink"}
 
 ClaimScope = Callable[[threading.Event | None], AbstractContextManager[ClaimUse]]
-
-
-def sandbox_headers(claim: Claim, namespace: str, port: int) -> dict[str, str]:
-    """The router's routing headers for ``claim``'s sandbox."""
-    headers = {
-        "X-Sandbox-ID": claim.sandbox,
-        "X-Sandbox-Namespace": namespace,
-        "X-Sandbox-Port": str(port),
-    }
-    if claim.pod_ip is not None:
-        headers["X-Sandbox-Pod-IP"] = claim.pod_ip
-    return headers
 
 
 class RuntimeFiles:
@@ -268,7 +256,7 @@ class RuntimeFiles:
                     f"{self._url}/upload",
                     cancel=use.cancel,
                     headers={
-                        **sandbox_headers(use.claim, self._namespace, self._port),
+                        **self._router.headers(use.claim),
                         "Content-Type": f"multipart/form-data; boundary={boundary}",
                     },
                     data=_multipart(boundary, relative, counted),
@@ -321,7 +309,7 @@ class RuntimeFiles:
                 f"{self._url}{route}",
                 cancel=use.cancel,
                 headers={
-                    **sandbox_headers(use.claim, self._namespace, self._port),
+                    **self._router.headers(use.claim),
                     "Accept-Encoding": "identity",
                 },
                 timeout=request_timeout(FILE_TIMEOUT, deadline),

@@ -76,11 +76,34 @@ class RouterAnswer:
 class Router:
     """``POST {router}/execute`` for the sandboxes of one namespace."""
 
-    def __init__(self, http: ClusterHttp, router: str, *, namespace: str, port: int) -> None:
+    def __init__(
+        self, http: ClusterHttp, router: str, *, namespace: str, port: int, scoped: bool = False
+    ) -> None:
         self._http = http
         self._execute_url = f"{router}/execute"
         self._namespace = namespace
         self._port = port
+        self._scoped = scoped
+
+    def headers(self, claim: Claim) -> dict[str, str]:
+        """The routing headers for ``claim``'s sandbox.
+
+        The pod's address and the Sandbox's UID let the router skip DNS (warm-pool
+        sandboxes have no Service); a router checking scoped tokens refuses both, since
+        either would pick a pod other than the one its token names.
+        """
+        headers = {
+            "X-Sandbox-ID": claim.sandbox,
+            "X-Sandbox-Namespace": self._namespace,
+            "X-Sandbox-Port": str(self._port),
+        }
+        if self._scoped:
+            return headers
+        if claim.pod_ip is not None:
+            headers["X-Sandbox-Pod-IP"] = claim.pod_ip
+        if claim.uid is not None:
+            headers["X-Sandbox-UID"] = claim.uid
+        return headers
 
     def execute(
         self,
@@ -97,13 +120,7 @@ class Router:
         seconds after it, so a lost client cannot hold the request open for ever.
         ``read_timeout`` bounds this client's own wait (None: the command's end).
         """
-        headers = {
-            "X-Sandbox-ID": claim.sandbox,
-            "X-Sandbox-Namespace": self._namespace,
-            "X-Sandbox-Port": str(self._port),
-        }
-        if claim.pod_ip is not None:
-            headers["X-Sandbox-Pod-IP"] = claim.pod_ip
+        headers = self.headers(claim)
         if timeout is not None:
             headers["X-Sandbox-Timeout"] = str(math.ceil(max(timeout, 0.0) + TIMEOUT_SLACK))
         try:

@@ -31,13 +31,14 @@ answers runs that command and returns its real result.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import requests
 
@@ -59,15 +60,24 @@ from piship_remote.backends.base import (
     OutputCallback,
 )
 from piship_remote.backends.kubernetes._attach import KeptClaims
+from piship_remote.backends.kubernetes._claim_options import ClaimOptions
 from piship_remote.backends.kubernetes._claim_timing import (
     DEFAULT_EXISTENCE_WINDOW,
     ExistenceWindow,
     existence_window_seconds,
 )
 from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME, ClaimsApi
+from piship_remote.backends.kubernetes._cluster_config import (
+    SERVICE_ACCOUNT,
+    ClusterAccess,
+    cluster_options,
+    from_kubeconfig,
+    in_cluster,
+)
 from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
+from piship_remote.backends.kubernetes._preflight import Check, Preflight
 from piship_remote.backends.kubernetes._router import Retire, Router
 from piship_remote.backends.kubernetes.claims import ClaimManager, ClaimUse, disposed_error
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
@@ -87,10 +97,12 @@ __all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "r
 
 PROVIDER = "kubernetes-agent-sandbox"
 EXECUTION_MODES = ("direct", "detached")
+ROUTER_AUTH_MODES = ("bearer", "scoped-token")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _T = TypeVar("_T")
 # What a user sets for the bearer token, named when it is missing.
 _CREDENTIAL_NAME = "the Kubernetes bearer token (the credential option)"
+_ROUTER_CREDENTIAL_NAME = "the sandbox router's token (the router_credential option)"
 
 
 def runtime_command(request: ExecRequest, workdir: str | None) -> str:
@@ -284,6 +296,15 @@ class KubernetesAgentSandboxBackend:
     the HTTP client (any :class:`~piship_remote.transport.HttpClient`).
     ``existence_window``: how long a claim the API saw alive goes unchecked before a
     direct command (0: checked before every one; negative: ``CONFIG_INVALID``).
+
+    The router: ``router_credential()`` is its own bearer (its ``ROUTER_AUTH_TOKEN``),
+    sent instead of ``credential()``; ``router_session`` its own session (default:
+    ``session``); ``router_auth="scoped-token"`` for a router checking tokens scoped
+    to one sandbox, which refuses the pod-IP and UID routing headers.
+    The claim: ``env`` (through the policy's environment filter), ``pod_labels`` and
+    ``pod_annotations`` (``additionalPodMetadata``), ``volume_claim_templates``,
+    ``ttl_seconds_after_finished``.
+    :meth:`from_kubeconfig` and :meth:`in_cluster` take the cluster's own credentials.
     """
 
     id = PROVIDER
@@ -309,6 +330,14 @@ class KubernetesAgentSandboxBackend:
         client: HttpClient | None = None,
         execution: Literal["direct", "detached"] = "direct",
         existence_window: float = DEFAULT_EXISTENCE_WINDOW,
+        router_credential: Callable[[], str | None] | None = None,
+        router_session: requests.Session | None = None,
+        router_auth: Literal["bearer", "scoped-token"] = "bearer",
+        env: Mapping[str, str] | None = None,
+        pod_labels: Mapping[str, str] | None = None,
+        pod_annotations: Mapping[str, str] | None = None,
+        volume_claim_templates: Sequence[Mapping[str, Any]] | None = None,
+        ttl_seconds_after_finished: int | None = None,
     ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError('execution must be "direct" or "detached"')
@@ -317,13 +346,28 @@ class KubernetesAgentSandboxBackend:
             isinstance(name, str) and RESOURCE_NAME.match(name) for name in (namespace, template)
         ):
             raise ValueError("the namespace and warm pool must be Kubernetes resource names")
+        if router_auth not in ROUTER_AUTH_MODES:
+            raise ValueError('router_auth must be "bearer" or "scoped-token"')
+        self._claim_options = ClaimOptions(
+            env, pod_labels, pod_annotations, volume_claim_templates, ttl_seconds_after_finished
+        )
         self.redactor = Redactor()
         credentials = Credential(
             credential, credential_rejected, self.redactor, name=_CREDENTIAL_NAME
         )
+        router_credentials = (
+            credentials
+            if router_credential is None
+            else Credential(router_credential, None, self.redactor, name=_ROUTER_CREDENTIAL_NAME)
+        )
         endpoint, router = check_endpoint(endpoint), check_endpoint(router)
         self._transport: HttpClient = client or Transport(
             redactor=self.redactor, component="sandbox", session=session
+        )
+        self._router_transport: HttpClient = (
+            Transport(redactor=self.redactor, component="sandbox", session=router_session)
+            if client is None and router_session is not None
+            else self._transport
         )
         self._lifetime = lifetime_seconds_or_default(lifetime_seconds)
         self._clock = ClaimClock.for_lifetime(self._lifetime, now=now, monotonic=monotonic)
@@ -339,12 +383,70 @@ class KubernetesAgentSandboxBackend:
             monotonic=monotonic,
             sight=ExistenceWindow.of(self._existence_window, self._clock).now,
         )
-        self._router = Router(http, router, namespace=namespace, port=port)
-        self._http, self._router_url = http, router
+        router_http = ClusterHttp(self._router_transport, router_credentials, self.redactor)
+        self._router = Router(
+            router_http,
+            router,
+            namespace=namespace,
+            port=port,
+            scoped=router_auth == "scoped-token",
+        )
+        self._preflight = Preflight(
+            http,
+            router_http,
+            endpoint=endpoint,
+            router_url=router,
+            namespace=namespace,
+            template=template,
+        )
+        self._http, self._router_url = router_http, router
         self._namespace, self._port = namespace, port
         self.execution = execution
         self._jobs = DetachedJobs(self._router, http.errors) if execution == "detached" else None
         self._open = OpenInstances()
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        context: str | None = None,
+        router: str,
+        template: str,
+        **options: Any,
+    ) -> KubernetesAgentSandboxBackend:
+        """A backend for the API server, CA and user of a kubeconfig context.
+
+        ``path``, else ``$KUBECONFIG``, else ``~/.kube/config``; the current context
+        unless ``context``; its namespace unless ``namespace=`` is given. The user's
+        client certificate and key, token, token file or exec plugin (re-run when its
+        credential expires, or on a 401) authenticate to the API server only: the
+        router gets ``router_credential`` (nothing without it) through ``session``, or
+        a plain session. Needs ``pip install 'piship-remote[kubernetes]'``.
+        """
+        return cls._for_cluster(from_kubeconfig(path, context), router, template, options)
+
+    @classmethod
+    def in_cluster(
+        cls,
+        *,
+        router: str,
+        template: str,
+        service_account: str = SERVICE_ACCOUNT,
+        **options: Any,
+    ) -> KubernetesAgentSandboxBackend:
+        """A backend for the cluster this process runs in, as its pod's service account:
+        the API server from ``KUBERNETES_SERVICE_HOST``/``_PORT``, the mounted CA, the
+        token (re-read as the kubelet rotates it) and the pod's namespace.
+        ``service_account`` is the directory they are mounted in. Otherwise as
+        :meth:`from_kubeconfig`."""
+        return cls._for_cluster(in_cluster(service_account), router, template, options)
+
+    @classmethod
+    def _for_cluster(
+        cls, access: ClusterAccess, router: str, template: str, options: dict[str, Any]
+    ) -> KubernetesAgentSandboxBackend:
+        return cls(router=router, template=template, **cluster_options(access, options))
 
     def __enter__(self) -> KubernetesAgentSandboxBackend:
         return self
@@ -387,6 +489,11 @@ class KubernetesAgentSandboxBackend:
             return Availability(True)
         return Availability(False, f"listing SandboxClaims returned HTTP {response.status}")
 
+    def preflight(self) -> list[Check]:
+        """What the credentials may do, before any claim exists: one access review per
+        verb on claims, the warm pool's existence and readiness, the router's answer."""
+        return self._preflight.run()
+
     def prepare(self, profile: SandboxProfile) -> KubernetesInstance:
         """Claim a sandbox and wait until it is ready (``PiShipError`` when it cannot).
 
@@ -395,7 +502,7 @@ class KubernetesAgentSandboxBackend:
         """
         if self._open.closed.is_set():
             raise self._closed_error()
-        return self._instance(None)
+        return self._instance(None, profile)
 
     def attach(self, claim_name: str) -> KubernetesInstance:
         """An instance for the existing claim ``claim_name``, which must carry this library's
@@ -410,10 +517,13 @@ class KubernetesAgentSandboxBackend:
         """Delete one claim this library created (best effort)."""
         self._claims.delete_owned(claim_name)
 
-    def _instance(self, adopt: str | None) -> KubernetesInstance:
+    def _instance(
+        self, adopt: str | None, profile: SandboxProfile | None = None
+    ) -> KubernetesInstance:
         if self._open.closed.is_set():
             raise self._closed_error()
-        claims = KeptClaims(self._claims, adopt=adopt)
+        options = self._claim_options.screened(profile, self.redactor)
+        claims = KeptClaims(self._claims.with_options(options), adopt=adopt)
         manager = ClaimManager(
             claims,
             self._clock,
@@ -442,6 +552,8 @@ class KubernetesAgentSandboxBackend:
         """
         self._open.close()
         self._transport.close()
+        if self._router_transport is not self._transport:
+            self._router_transport.close()
 
     def _runtime_files(self, instance: KubernetesInstance) -> RuntimeFiles:
         return RuntimeFiles(

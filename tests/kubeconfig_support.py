@@ -1,0 +1,39 @@
+"""Kubeconfig files for tests: one cluster, one user, one context, written as JSON (which
+is YAML)::
+
+    config = write_kubeconfig(tmp_path / "config", mock.url, {"token": "t"}, ca=pki.ca)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    user: dict[str, Any],
+    *,
+    ca: Path | None = None,
+    namespace: str | None = "agents",
+    context: str = "test",
+) -> Path:
+    """A one-context kubeconfig (JSON is YAML) whose current context is ``context``."""
+    cluster: dict[str, Any] = {"server": server}
+    if ca is not None:
+        cluster["certificate-authority"] = str(ca)
+    context_body: dict[str, Any] = {"cluster": "double", "user": "me"}
+    if namespace is not None:
+        context_body["namespace"] = namespace
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "double", "cluster": cluster}],
+        "users": [{"name": "me", "user": user}],
+        "contexts": [{"name": context, "context": context_body}],
+        "current-context": context,
+    }
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
