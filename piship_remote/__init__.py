@@ -21,6 +21,7 @@ from piship_remote.model.report import (
     describe_containment,
 )
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferSummary
+from piship_remote.pool import SandboxPool, TaskResult
 from piship_remote.sandbox._output import CommandResult
 from piship_remote.sandbox.activation import ExecResult, Sandbox, activate_sandbox
 from piship_remote.sandbox.command_handle import CommandHandle
@@ -54,8 +55,10 @@ __all__ = [
     "Sandbox",
     "SandboxFiles",
     "SandboxPolicy",
+    "SandboxPool",
     "SandboxProfile",
     "SkippedPath",
+    "TaskResult",
     "TransferSummary",
     "WorkspaceReport",
     "__version__",

@@ -1,0 +1,95 @@
+"""One ``map``/``imap`` call: its items run by ``piship-pool-task-N`` threads.
+
+    run = MapRun(attempts, task, items, timeout=600, threads=4, progress=NoProgress())
+    for index, result in run.results():   # as they finish
+        ...
+
+Each thread takes the next item not yet started and runs it to its
+:class:`~piship_remote.pool.result.TaskResult`. The caller's thread only waits for
+results, waking often enough for Ctrl-C (``KeyboardInterrupt``) to reach it. When the
+caller stops early (Ctrl-C, an exception, a generator closed), :meth:`stop` cancels
+the items not started and every running command.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from piship_remote.model.errors import CommandCancelled
+from piship_remote.pool._attempts import Task, TaskAttempts
+from piship_remote.pool._progress import Progress
+from piship_remote.pool.result import CANCELLED, UNKNOWN, TaskResult
+
+__all__ = ["MapRun"]
+
+_WAKE = 0.05  # how often the waiting caller can take a KeyboardInterrupt
+_NUMBERS = itertools.count(1)
+
+
+class MapRun:
+    """The items of one call, the threads that run them and the results they give."""
+
+    def __init__(
+        self,
+        attempts: TaskAttempts,
+        task: Task,
+        items: Sequence[Any],
+        *,
+        timeout: float | None,
+        threads: int,
+        progress: Progress,
+    ) -> None:
+        self._attempts = attempts
+        self._task = task
+        self._items = items
+        self._timeout = timeout
+        self._progress = progress
+        self._next = iter(range(len(items)))
+        self._next_lock = threading.Lock()
+        self._results: queue.SimpleQueue[tuple[int, TaskResult]] = queue.SimpleQueue()
+        self.cancel = threading.Event()
+        self._threads = [
+            threading.Thread(
+                target=self._work, name=f"piship-pool-task-{next(_NUMBERS)}", daemon=True
+            )
+            for _ in range(min(threads, len(items)))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def results(self) -> Iterator[tuple[int, TaskResult]]:
+        """``(index, result)`` for every item, as each finishes."""
+        for _ in range(len(self._items)):
+            while True:
+                try:
+                    yield self._results.get(timeout=_WAKE)
+                    break
+                except queue.Empty:
+                    continue
+
+    def stop(self) -> None:
+        """Cancel the items not started and the running commands."""
+        self.cancel.set()
+
+    def _take(self) -> int | None:
+        with self._next_lock:
+            return next(self._next, None)
+
+    def _work(self) -> None:
+        while (index := self._take()) is not None:
+            item = self._items[index]
+            if self.cancel.is_set():
+                result = TaskResult(item, None, CommandCancelled(), CANCELLED, None, 0, 0.0)
+                self._results.put((index, result))
+                continue
+            self._progress.started()
+            try:
+                result = self._attempts.run(self._task, item, self._timeout, self.cancel)
+            except BaseException as error:  # a bug below: the item still gets its result
+                result = TaskResult(item, None, error, UNKNOWN, None, 1, 0.0)
+            self._progress.finished(result.outcome)
+            self._results.put((index, result))

@@ -1,0 +1,234 @@
+"""The sandboxes of one pool: at most ``size`` of them, ``warm`` kept ready ahead.
+
+    supply = SandboxSupply(activate, size=4, warm=2, throttle=CreateThrottle(None))
+    sandbox = supply.take(deadline=None, cancel=None)
+    ...
+    supply.give_back(sandbox, keep=True)
+    supply.close()
+
+``size`` counts every sandbox that exists: ready, leased, being activated and being
+deleted. The warm sandboxes are activated by ``piship-pool-warm-N`` threads, one per
+warm sandbox, which start at construction and refill as sandboxes are taken; a task
+that finds none ready activates its own on its own thread when ``size`` allows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from piship_remote.model.errors import SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
+from piship_remote.pool._throttle import CreateThrottle
+from piship_remote.sandbox.activation import Sandbox
+
+__all__ = ["CLOSE_DEADLINE", "NoSandboxInTime", "SandboxSupply", "closed_error"]
+
+_LOG = logging.getLogger("piship_remote")
+CLOSE_DEADLINE = 10.0  # seconds close() waits for deletions and warm activations in flight
+_WAKE = 0.05  # how often a waiting take() looks at its cancel event
+_WARM_BACKOFF = (0.5, 5.0)  # a failed warm activation's first and longest pause
+
+
+class NoSandboxInTime(Exception):
+    """No sandbox could be had before the deadline."""
+
+
+def closed_error() -> PiShipError:
+    return PiShipError(
+        SANDBOX_UNAVAILABLE,
+        "the sandbox pool was closed; its sandboxes were disposed",
+        component="pool",
+    )
+
+
+class SandboxSupply:
+    """Ready, leased and activating sandboxes under one condition variable."""
+
+    def __init__(
+        self,
+        activate: Callable[[], Sandbox],
+        *,
+        size: int,
+        warm: int,
+        throttle: CreateThrottle,
+    ) -> None:
+        self._activate = activate
+        self._size = size
+        self._warm = min(warm, size)
+        self._throttle = throttle
+        self._cond = threading.Condition()
+        self._ready: deque[Sandbox] = deque()
+        self._leased: set[Sandbox] = set()
+        self._activating = 0
+        self._warming = 0
+        self._deleting = 0
+        self._closed = threading.Event()
+        self._warmers = [
+            threading.Thread(target=self._keep_warm, name=f"piship-pool-warm-{n}", daemon=True)
+            for n in range(1, self._warm + 1)
+        ]
+        for thread in self._warmers:
+            thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def counts(self) -> tuple[int, int, int]:
+        """``(ready, leased, existing)``: existing counts activating and deleting ones."""
+        with self._cond:
+            return len(self._ready), len(self._leased), self._existing()
+
+    def _existing(self) -> int:
+        return len(self._ready) + len(self._leased) + self._activating + self._deleting
+
+    def take(self, deadline: float | None, cancel: threading.Event | None) -> Sandbox:
+        """A ready sandbox, else a new one when ``size`` allows, else wait for either.
+
+        Raises :class:`NoSandboxInTime` at ``deadline`` (``time.monotonic``),
+        ``CommandCancelled`` when ``cancel`` is set, the closed error once closed, and
+        the activation's own error when a create fails.
+        """
+        with self._cond:
+            while True:
+                if self._closed.is_set():
+                    raise closed_error()
+                if cancel is not None and cancel.is_set():
+                    raise CommandCancelled()
+                if self._ready:
+                    sandbox = self._ready.popleft()
+                    self._leased.add(sandbox)
+                    self._cond.notify_all()  # a warm thread refills
+                    return sandbox
+                if self._existing() < self._size:
+                    self._activating += 1
+                    break
+                self._cond.wait(_wait_time(deadline, cancel))
+        return self._lease(self._create(deadline))
+
+    def _lease(self, sandbox: Sandbox) -> Sandbox:
+        with self._cond:
+            self._activating -= 1
+            if not self._closed.is_set():
+                self._leased.add(sandbox)
+                return sandbox
+            self._deleting += 1
+        self._delete(sandbox)
+        raise closed_error()
+
+    def _create(self, deadline: float | None) -> Sandbox:
+        """Activate one sandbox (counted as activating), throttled; on failure uncounted."""
+        try:
+            if not self._throttle.wait_turn(self._closed, deadline):
+                if self._closed.is_set():
+                    raise closed_error()
+                raise NoSandboxInTime()
+            return self._activate()
+        except BaseException:
+            with self._cond:
+                self._activating -= 1
+                self._cond.notify_all()
+            raise
+
+    def give_back(self, sandbox: Sandbox, *, keep: bool) -> None:
+        """Return a leased sandbox: ready for the next task when ``keep``, else deleted."""
+        with self._cond:
+            self._leased.discard(sandbox)
+            if keep and not self._closed.is_set():
+                self._ready.append(sandbox)
+                self._cond.notify_all()
+                return
+            self._deleting += 1
+        self._delete(sandbox)
+
+    def _delete(self, sandbox: Sandbox) -> None:
+        """Dispose ``sandbox`` (counted as deleting until it is done)."""
+        try:
+            sandbox.dispose()
+        except Exception:  # a failed deletion is logged; the sandbox expires on its own
+            _LOG.warning("disposing a pool sandbox failed", exc_info=True)
+        finally:
+            with self._cond:
+                self._deleting -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Dispose every sandbox, ready or leased (their commands end at once); idempotent.
+
+        Waits (up to :data:`CLOSE_DEADLINE`) for the deletions and for the warm
+        activations in flight, never for a task.
+        """
+        with self._cond:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            doomed = [*self._ready, *self._leased]
+            self._ready.clear()
+            self._deleting += len(doomed)
+            self._cond.notify_all()
+        deleters = [
+            threading.Thread(
+                target=self._delete, args=(sandbox,), name=f"piship-pool-close-{n}", daemon=True
+            )
+            for n, sandbox in enumerate(doomed, 1)
+        ]
+        for thread in deleters:
+            thread.start()
+        end = time.monotonic() + CLOSE_DEADLINE
+        for thread in deleters + self._warmers:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, end - time.monotonic()))
+
+    # -- the warm threads ----------------------------------------------------------------
+
+    def _keep_warm(self) -> None:
+        backoff = _WARM_BACKOFF[0]
+        while self._claim_warm_slot():
+            try:
+                sandbox = self._create(None)
+            except Exception as error:
+                with self._cond:
+                    self._warming -= 1
+                _LOG.warning("activating a warm pool sandbox failed: %s", error)
+                if self._closed.wait(backoff):
+                    return
+                backoff = min(backoff * 2, _WARM_BACKOFF[1])
+                continue
+            backoff = _WARM_BACKOFF[0]
+            self._add_ready(sandbox)
+
+    def _claim_warm_slot(self) -> bool:
+        """Wait until a warm sandbox is missing and ``size`` allows one; False once closed."""
+        with self._cond:
+            while not self._closed.is_set():
+                short = len(self._ready) + self._warming < self._warm
+                if short and self._existing() < self._size:
+                    self._activating += 1
+                    self._warming += 1
+                    return True
+                self._cond.wait()
+            return False
+
+    def _add_ready(self, sandbox: Sandbox) -> None:
+        with self._cond:
+            self._activating -= 1
+            self._warming -= 1
+            if not self._closed.is_set():
+                self._ready.append(sandbox)
+                self._cond.notify_all()
+                return
+            self._deleting += 1
+        self._delete(sandbox)
+
+
+def _wait_time(deadline: float | None, cancel: threading.Event | None) -> float | None:
+    """How long a take() sleeps before it looks again; raises at the deadline."""
+    if deadline is None:
+        return _WAKE if cancel is not None else None
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise NoSandboxInTime()
+    return min(remaining, _WAKE) if cancel is not None else remaining

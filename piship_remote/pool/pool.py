@@ -1,0 +1,186 @@
+"""``SandboxPool``: many sandboxes at once, for test shards, evaluations and rollouts.
+
+    with SandboxPool(policy, backend=backend, workspace=".", size=8, warm=8) as pool:
+        results = pool.map("pytest -q tests/{item}", shards, timeout=900)
+        failed = [r.item for r in results if r.outcome != "ok"]
+
+The pool activates its sandboxes with :func:`~piship_remote.activate_sandbox` and
+runs tasks with ``Sandbox.run``; it holds at most ``size`` sandboxes, keeps ``warm``
+of them ready, and spaces creates to ``max_create_rate`` a second. Its sandboxes are
+in the lifecycle registry like any other, and the pool too: interpreter exit, Ctrl-C
+or ``close()`` dispose every one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from piship_remote.backends.base import Backend
+from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.policy import SandboxPolicy
+from piship_remote.pool._attempts import Task, TaskAttempts
+from piship_remote.pool._progress import progress_for
+from piship_remote.pool._run import MapRun
+from piship_remote.pool._supply import NoSandboxInTime, SandboxSupply
+from piship_remote.pool._throttle import CreateThrottle
+from piship_remote.pool.result import TaskResult, is_infrastructure
+from piship_remote.sandbox import lifecycle
+from piship_remote.sandbox.activation import PathLike, Sandbox, activate_sandbox
+
+__all__ = ["SandboxPool"]
+
+
+class SandboxPool:
+    """Sandboxes for many tasks at once; a context manager (``close()`` on exit).
+
+    ``size``: at most this many sandboxes exist at once (activating ones included).
+    ``warm``: this many are activated ahead, from construction on, and refilled.
+    ``reuse=False``: every task gets a fresh sandbox, disposed after it; ``True``: a
+    sandbox returns to the pool unless the task left it broken, ``reset`` (a shell
+    command) run in it first (a non-zero exit disposes it). ``max_create_rate``:
+    creates per second across the pool. ``max_attempts``: how many sandboxes a task
+    whose work never started may try. ``labels`` go on every sandbox or claim.
+    ``progress``: ``True`` shows a bar, ``False`` never, ``None`` on a terminal or in
+    a notebook. ``policy``, ``workspace``, ``sync`` and ``env`` are as for
+    :func:`~piship_remote.activate_sandbox`.
+    """
+
+    def __init__(
+        self,
+        policy: SandboxPolicy | Mapping[str, Any],
+        *,
+        backend: Backend,
+        workspace: PathLike,
+        size: int = 4,
+        warm: int = 0,
+        sync: str = "none",
+        env: Mapping[str, str] | None = None,
+        reuse: bool = True,
+        reset: str | None = None,
+        max_create_rate: float | None = None,
+        max_attempts: int = 2,
+        labels: Mapping[str, str] | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        _check_counts(size, warm, max_attempts)
+        self.size = size
+        self.labels = dict(labels or {})
+        self._progress = progress
+        activate = functools.partial(
+            activate_sandbox, policy, backend=backend, workspace=workspace, sync=sync, env=env
+        )
+        self._supply = SandboxSupply(
+            activate, size=size, warm=warm, throttle=CreateThrottle(max_create_rate)
+        )
+        self._attempts = TaskAttempts(
+            self._supply, reset=reset, reuse=reuse, max_attempts=max_attempts
+        )
+        self._token = lifecycle.track(self, "sandbox pool", self._supply.close)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        ready, leased, existing = self._supply.counts()
+        state = "closed" if self._supply.closed else f"{leased} busy, {ready} ready"
+        return f"<SandboxPool size={self.size} {state}, {existing} sandboxes>"
+
+    def close(self) -> None:
+        """Dispose every sandbox the pool holds; idempotent; waits for no running task
+        (each ends with an error mentioning "closed")."""
+        self._supply.close()
+        lifecycle.untrack(self._token)
+
+    @contextlib.contextmanager
+    def sandbox(self, timeout: float | None = None) -> Iterator[Sandbox]:
+        """Lease one ready sandbox (waiting up to ``timeout`` seconds) until the block ends.
+
+        It goes back to the pool at exit, or is disposed when the block raised a
+        failure of the sandbox itself.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            sandbox = self._supply.take(deadline, None)
+        except NoSandboxInTime:
+            raise PiShipError(
+                SANDBOX_UNAVAILABLE,
+                f"no sandbox of the pool became free within {timeout} s",
+                component="pool",
+                user_action="Wait longer, or make the pool larger (size=)",
+            ) from None
+        healthy = False
+        try:
+            yield sandbox
+            healthy = True
+        except Exception as error:
+            healthy = not is_infrastructure(error)
+            raise
+        finally:
+            self._attempts.give_back(sandbox, healthy=healthy)
+
+    def map(
+        self, task: Task, items: Iterable[Any], *, timeout: float | None = None
+    ) -> list[TaskResult]:
+        """Run ``task`` for every item, up to ``size`` at once; one result per item, in
+        the order of ``items``. Never raises for a task's failure.
+
+        ``task``: a shell command, formatted with ``str.format(item=item)`` and run
+        with ``Sandbox.run`` (its ``CommandResult`` is the value), or a callable
+        ``task(sandbox, item)`` whose return value is the value. ``timeout`` bounds
+        each task, waiting for its sandbox included. Ctrl-C kills every running remote
+        command, disposes the pool's sandboxes and is re-raised.
+        """
+        listed = list(items)
+        results: list[TaskResult | None] = [None] * len(listed)
+        for index, result in self._run(task, listed, timeout):
+            results[index] = result
+        return [result for result in results if result is not None]
+
+    def imap(
+        self, task: Task, items: Iterable[Any], *, timeout: float | None = None
+    ) -> Iterator[TaskResult]:
+        """As :meth:`map`, but yields each result as its task finishes."""
+        for _, result in self._run(task, list(items), timeout):
+            yield result
+
+    def _run(
+        self, task: Task, items: list[Any], timeout: float | None
+    ) -> Iterator[tuple[int, TaskResult]]:
+        if not isinstance(task, str) and not callable(task):
+            raise TypeError(
+                f"task must be a command (str) or a callable, not {type(task).__name__}"
+            )
+        if self._supply.closed:
+            raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox pool is closed", component="pool")
+        progress = progress_for(self._progress, len(items))
+        run = MapRun(
+            self._attempts, task, items, timeout=timeout, threads=self.size, progress=progress
+        )
+        finished = False
+        try:
+            yield from run.results()
+            finished = True
+        except KeyboardInterrupt:
+            run.stop()
+            self.close()  # disposing the sandboxes kills every running remote command
+            raise
+        finally:
+            if not finished:
+                run.stop()
+            progress.close()
+
+
+def _check_counts(size: int, warm: int, max_attempts: int) -> None:
+    if size < 1:
+        raise PiShipError(CONFIG_INVALID, f"size must be at least 1, not {size}")
+    if not 0 <= warm <= size:
+        raise PiShipError(CONFIG_INVALID, f"warm must be between 0 and size ({size}), not {warm}")
+    if max_attempts < 1:
+        raise PiShipError(CONFIG_INVALID, f"max_attempts must be at least 1, not {max_attempts}")
