@@ -496,6 +496,8 @@ class E2bServer(RecordingServer):
         with self._state:
             self._hung.append(entry)
             self._streams.append(stream)
+            if sandbox_id in self._gone:  # killed between the Start and this stream
+                entry[1].set()
         try:
             hang = lambda: self._hang(*entry) and not self._is_gone(sandbox_id)  # noqa: E731
             yield from answer_frames(answer, wait=self.wait, hang=hang)

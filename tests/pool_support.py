@@ -1,0 +1,41 @@
+"""Shared pieces of the pool tests: the E2B double's command answers and library threads."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from piship_remote.testing.sandbox_shell import script_of
+
+POLICY = {"required": True, "network": {"mode": "deny"}}
+K8S_POLICY = {"required": True, "network": {"mode": "allow"}}
+_EXIT = re.compile(r"exit-with-(\d+)")
+
+
+def script(start: dict[str, Any]) -> str:
+    """The shell script of an E2B Start request."""
+    return script_of(start.get("process", {}).get("args")) or ""
+
+
+def exit_as_asked(start: dict[str, Any]) -> dict[str, Any]:
+    """A command answer: ``exit-with-N`` in the script exits N, and the script is echoed."""
+    text = script(start)
+    found = _EXIT.search(text)
+    return {"stdout": text + "\n", "exit_code": int(found.group(1)) if found else 0}
+
+
+def pool_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("piship-pool")]
+
+
+def settled(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Whether ``check()`` became true within ``timeout`` seconds (polled)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()

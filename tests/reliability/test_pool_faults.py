@@ -1,0 +1,256 @@
+"""``SandboxPool`` under faults: only work that never started runs again, on another
+sandbox; an unknown outcome is never re-run; a broken sandbox is never handed on; close()
+and Ctrl-C leave no sandbox and no thread behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from piship_remote import (
+    E2bCompatibleBackend,
+    KubernetesAgentSandboxBackend,
+    SandboxPool,
+    TaskResult,
+)
+from piship_remote.testing import Cluster, E2bServer, KubernetesServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pool_support import K8S_POLICY, POLICY, pool_threads, script, settled
+
+pytestmark = pytest.mark.timeout(30)
+REPO = Path(__file__).resolve().parents[2]
+E2bFactory = Callable[..., E2bServer]
+
+
+class Commands:
+    """The E2B double's answers (to live sandboxes only): ``hang`` in a script hangs (and
+    is announced); ``ran`` lists every script run."""
+
+    def __init__(self) -> None:
+        self.hanging = threading.Event()
+        self.ran: list[str] = []
+
+    def __call__(self, start: dict[str, Any]) -> dict[str, Any]:
+        text = script(start)
+        self.ran.append(text)
+        if "hang" in text:
+            self.hanging.set()
+            return {"hang": True}
+        return {"stdout": text + "\n"}
+
+
+@pytest.fixture
+def commands() -> Commands:
+    return Commands()
+
+
+@pytest.fixture
+def server(e2b_server: E2bFactory, commands: Commands) -> E2bServer:
+    return e2b_server(command=commands, distinct_ids=True)
+
+
+@pytest.fixture
+def make_pool(server: E2bServer, workspace: Path) -> Iterator[Callable[..., SandboxPool]]:
+    pools: list[SandboxPool] = []
+    backend = E2bCompatibleBackend(endpoint=server.url, envd_url=server.url)
+
+    def make(**options: Any) -> SandboxPool:
+        pool = SandboxPool(POLICY, backend=backend, workspace=workspace, env={}, **options)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+    backend.close()
+    assert settled(lambda: pool_threads() == []), pool_threads()
+
+
+def starts_of(server: E2bServer, text: str) -> int:
+    """How many commands whose script contains ``text`` the double was asked to start."""
+    bodies = [r.body[5:] for r in server.requests if r.path == "/process.Process/Start"]
+    return sum(text in script(json.loads(body)) for body in bodies)
+
+
+def test_a_refused_create_is_infra_and_the_task_runs_on_another_sandbox(make_pool, server) -> None:
+    server.faults.fail_creates(1, status=500, retry_after=None)
+    with make_pool(size=2) as pool:
+        [result] = pool.map("echo {item}", ["x"])
+    assert (result.outcome, result.attempts) == ("ok", 2)
+
+
+def test_every_create_refused_is_infra_after_max_attempts(make_pool, server) -> None:
+    server.faults.fail_creates(5, status=500, retry_after=None)
+    with make_pool(size=2, max_attempts=3) as pool:
+        [result] = pool.map("echo {item}", ["x"])
+    assert (result.outcome, result.attempts) == ("infra", 3)
+    assert "creating the sandbox failed" in str(result.error)
+
+
+def test_a_sandbox_killed_before_the_command_started_is_retried_on_another(
+    make_pool, server, commands
+) -> None:
+    pool = make_pool(size=2)
+    with pool.sandbox() as ready:  # activated, then back in the pool
+        killed = ready.id
+    server.kill(killed)
+    [result] = pool.map("echo {item}", ["x"])
+    assert (result.outcome, result.attempts) == ("ok", 2)
+    assert result.sandbox_id != killed
+    assert commands.ran.count("echo x") == 1
+
+
+def test_a_sandbox_killed_after_the_command_started_is_unknown_and_never_rerun(
+    make_pool, server, commands
+) -> None:
+    pool = make_pool(size=2)
+    results: list[TaskResult] = []
+    runner = threading.Thread(target=lambda: results.extend(pool.map("hang {item}", ["x"])))
+    runner.start()
+    assert commands.hanging.wait(10)
+    [victim] = server.live_sandboxes
+    server.kill(victim)
+    runner.join(15)
+    [result] = results
+    assert (result.outcome, result.attempts, result.sandbox_id) == ("unknown", 1, victim)
+    assert starts_of(server, "hang x") == 1
+
+
+def test_a_dropped_command_stream_is_unknown_and_its_sandbox_not_reused(make_pool, server) -> None:
+    with make_pool(size=1) as pool:
+        with pool.sandbox():  # activated (its readiness check passed), then back
+            server.faults.drop_stream_after_output()
+        first, second = pool.map("echo {item}", ["a", "b"])
+        assert (first.outcome, first.attempts) == ("unknown", 1)
+        assert second.outcome == "ok" and second.sandbox_id != first.sandbox_id
+        assert first.sandbox_id not in server.live_sandboxes
+    assert starts_of(server, "echo a") == 1
+
+
+def test_close_with_tasks_running_ends_them_as_closed_and_leaves_nothing(
+    make_pool, server, commands
+) -> None:
+    pool = make_pool(size=2, warm=2)
+    results: list[TaskResult] = []
+    runner = threading.Thread(target=lambda: results.extend(pool.map("hang {item}", [1, 2, 3])))
+    runner.start()
+    assert commands.hanging.wait(10)
+    pool.close()
+    runner.join(15)
+    assert [r.outcome for r in results] == ["cancelled"] * 3
+    assert all("closed" in str(r.error) for r in results)
+    assert server.live_sandboxes == []
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from piship_remote import E2bCompatibleBackend, SandboxPool
+
+    url, workspace = sys.argv[1:3]
+    backend = E2bCompatibleBackend(endpoint=url, envd_url=url)
+    policy = {"required": True, "network": {"mode": "deny"}}
+    with SandboxPool(policy, backend=backend, workspace=workspace, size=3, progress=False) as pool:
+        print("started", flush=True)
+        pool.map("hang {item}", range(6))
+    print("not reached", flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.usefixtures("ctrl_c")
+def test_ctrl_c_kills_every_running_command_and_disposes_every_sandbox(
+    tmp_path: Path, workspace: Path, server: E2bServer, commands: Commands
+) -> None:
+    child = tmp_path / "pool_map.py"
+    child.write_text(CTRL_C_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    process = subprocess.Popen(
+        [sys.executable, str(child), server.url, str(workspace)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stdout is not None
+    try:
+        assert process.stdout.readline().strip() == "started"
+        assert settled(lambda: starts_of(server, "hang") == 3, timeout=10)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode in (1, -signal.SIGINT, 130), stderr[-2000:]
+    assert "KeyboardInterrupt" in stderr and "not reached" not in stdout
+    assert server.live_sandboxes == []
+    assert starts_of(server, "hang") == 3
+
+
+# -- Kubernetes ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster_pool(
+    kubernetes_server: Callable[..., KubernetesServer], workspace: Path
+) -> Iterator[tuple[KubernetesServer, Callable[..., SandboxPool]]]:
+    cluster = Cluster(real_router=True)
+    server = kubernetes_server(lambda command: {"stdout": "ran\n", "exit_code": 0}, cluster)
+    backend = KubernetesAgentSandboxBackend(
+        endpoint=server.url, router=server.url, template="python-pool", namespace="agents",
+        poll_interval=0.01,
+    )  # fmt: skip
+    pools: list[SandboxPool] = []
+
+    def make(**options: Any) -> SandboxPool:
+        pool = SandboxPool(K8S_POLICY, backend=backend, workspace=workspace, env={}, **options)
+        pools.append(pool)
+        return pool
+
+    yield server, make
+    for pool in pools:
+        pool.close()
+    backend.close()
+    assert settled(lambda: pool_threads() == []), pool_threads()
+
+
+def test_kubernetes_map_runs_every_item_and_deletes_every_claim(cluster_pool) -> None:
+    server, make = cluster_pool
+    with make(size=2, warm=1) as pool:
+        results = pool.map("echo {item}", range(4))
+    assert [r.outcome for r in results] == ["ok"] * 4
+    assert server.live_claims == []
+
+
+def test_kubernetes_a_refused_claim_is_infra_then_retried(cluster_pool) -> None:
+    server, make = cluster_pool
+    server.faults.fail_creates(1, status=500, retry_after=None)
+    with make(size=2) as pool:
+        [result] = pool.map("echo {item}", ["x"])
+    assert (result.outcome, result.attempts) == ("ok", 2)
+    assert server.live_claims == []
+
+
+def test_kubernetes_a_router_that_cannot_connect_is_infra_then_retried(cluster_pool) -> None:
+    server, make = cluster_pool
+    with make(size=2) as pool:
+        with pool.sandbox() as ready:
+            unreachable = ready.id
+        server.cluster.router_gone.add(unreachable)
+        [result] = pool.map("echo {item}", ["x"])
+    assert (result.outcome, result.attempts) == ("ok", 2)
+    assert result.sandbox_id != unreachable
+    assert server.live_claims == []
