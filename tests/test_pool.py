@@ -12,7 +12,7 @@ import pytest
 from pool_support import POLICY, exit_as_asked, pool_threads, script, settled
 
 from piship_remote import E2bCompatibleBackend, PiShipError, SandboxPool, TaskResult
-from piship_remote.errors import SANDBOX_UNAVAILABLE
+from piship_remote.model.errors import SANDBOX_UNAVAILABLE
 from piship_remote.testing import E2bServer
 
 pytestmark = pytest.mark.timeout(30)
