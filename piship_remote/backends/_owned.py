@@ -12,24 +12,37 @@ so a sweep can never touch another client's sandboxes::
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 
 from piship_remote.backends.base import Instance
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.policy import SandboxProfile
 
 __all__ = [
     "CREATED_BY",
     "CREATOR",
     "Detachable",
+    "Labelled",
     "OwnedSandbox",
     "Reattachable",
+    "check_labels",
+    "has_labels",
     "parse_timestamp",
 ]
 
 CREATED_BY = "created-by"  # the E2B metadata key; the claim label adds a prefix
 CREATOR = "piship"
+# A label as both services accept it (Kubernetes' rule): an optional DNS prefix and "/",
+# a name of up to 63 letters, digits, "-", "_", "." (alphanumeric at both ends), and
+# a value of the same shape or empty.
+_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"(?:[a-z0-9](?:[-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}\Z")
+_LABEL_VALUE = re.compile(rf"(?:{_LABEL_NAME})?\Z")
+_RESERVED = re.compile(r"(?:.*/)?(?:created-by|piship-.*)\Z")
 
 
 @attrs.frozen
@@ -40,6 +53,8 @@ class OwnedSandbox:
     created: float
     backend: str
     expires: float | None = None
+    labels: Mapping[str, str] = attrs.field(factory=dict, eq=False)
+    """Its metadata (E2B) or labels (Kubernetes), this library's own marks included."""
 
     def age(self, now: float) -> float:
         """Seconds since it was created (never negative)."""
@@ -69,6 +84,35 @@ class Reattachable(Protocol):
     def delete_owned(self, sandbox_id: str) -> None:
         """Delete one of :meth:`list_owned`'s sandboxes."""
         ...
+
+
+@runtime_checkable
+class Labelled(Protocol):
+    """A backend that puts labels on what it creates (E2B metadata, claim labels)."""
+
+    def prepare(
+        self, profile: SandboxProfile, *, labels: Mapping[str, str] | None = None
+    ) -> Instance:
+        """Create a sandbox for ``profile`` that carries ``labels``."""
+        ...
+
+
+def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """``labels`` as a dict, each key and value one both services accept; the library's
+    own keys (``created-by``, ``piship-…``) are refused."""
+    checked: dict[str, str] = {}
+    for key, value in (labels or {}).items():
+        if not isinstance(key, str) or not _LABEL_KEY.match(key) or _RESERVED.match(key):
+            raise PiShipError(CONFIG_INVALID, f"not a usable label name: {key!r}")
+        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+            raise PiShipError(CONFIG_INVALID, f"not a usable value for label {key}: {value!r}")
+        checked[key] = value
+    return checked
+
+
+def has_labels(owned: OwnedSandbox, wanted: Mapping[str, str]) -> bool:
+    """Whether ``owned`` carries every label of ``wanted``."""
+    return all(owned.labels.get(key) == value for key, value in wanted.items())
 
 
 @runtime_checkable

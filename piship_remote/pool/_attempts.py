@@ -20,7 +20,13 @@ from typing import Any
 import attrs
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
-from piship_remote.pool._supply import NoSandboxInTime, SandboxSupply, closed_error
+from piship_remote.pool._supply import (
+    NoSandboxInTime,
+    SandboxSupply,
+    busy_delay,
+    closed_error,
+    service_busy,
+)
 from piship_remote.pool.result import (
     CANCELLED,
     FAILED,
@@ -39,6 +45,8 @@ __all__ = ["RESET_TIMEOUT", "Task", "TaskAttempts"]
 Task = str | Callable[[Sandbox, Any], Any]
 RESET_TIMEOUT = 300.0  # seconds a reset command may take before its sandbox is disposed
 _REUSABLE = frozenset({OK, FAILED})
+_BUSY = "busy"  # an attempt's create was refused for capacity: wait, then try again
+_PAUSE_SLICE = 0.05  # how often a pause looks at the pool's closing
 
 
 @attrs.frozen
@@ -67,9 +75,16 @@ class TaskAttempts:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         attempts = 0
+        waits = 0
         while True:
             attempts += 1
             attempt = self._attempt(task, item, deadline, timeout, cancel)
+            if attempt.outcome == _BUSY:  # the service is full: not a failed attempt
+                attempts -= 1
+                waits += 1
+                attempt = self._wait_for_room(attempt, waits, deadline, cancel)
+                if attempt.outcome == _BUSY:
+                    continue
             if attempt.outcome != INFRA or attempts >= self._max_attempts:
                 break
         if self._supply.closed and attempt.outcome not in (OK, FAILED):
@@ -95,7 +110,7 @@ class TaskAttempts:
         except CommandCancelled as cancelled:
             return _Attempt(CANCELLED, error=cancelled)
         except Exception as error:  # activation failed: the work never started
-            return _Attempt(INFRA, error=error)
+            return _Attempt(_BUSY if service_busy(error) else INFRA, error=error)
         attempt = self._run_in(sandbox, task, item, deadline, cancel)
         self.give_back(sandbox, healthy=attempt.outcome in _REUSABLE)
         return attempt
@@ -104,6 +119,27 @@ class TaskAttempts:
         """Return a leased sandbox: kept when ``reuse``, ``healthy`` and reset, else disposed."""
         keep = self._reuse and healthy and self._reset_ok(sandbox)
         self._supply.give_back(sandbox, keep=keep)
+
+    def _wait_for_room(
+        self, busy: _Attempt, waits: int, deadline: float | None, cancel: threading.Event
+    ) -> _Attempt:
+        """Wait as a full service asked (``Retry-After``, else a growing pause); ``busy``
+        again to try once more, or how the task ends when its deadline comes first."""
+        delay = busy_delay(busy.error, waits)
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            self._pause(max(0.0, deadline - time.monotonic()), cancel)
+            return _Attempt(TIMEOUT, error=busy.error)
+        self._pause(delay, cancel)
+        if cancel.is_set():
+            return _Attempt(CANCELLED, error=CommandCancelled())
+        return busy
+
+    def _pause(self, seconds: float, cancel: threading.Event) -> None:
+        """Sleep ``seconds`` unless the task is cancelled or the pool closed first."""
+        end = time.monotonic() + seconds
+        while not self._supply.closed and (left := end - time.monotonic()) > 0:
+            if cancel.wait(min(left, _PAUSE_SLICE)):
+                return
 
     def _run_in(
         self,

@@ -15,6 +15,7 @@ that finds none ready activates its own on its own thread when ``size`` allows.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -30,10 +31,29 @@ _LOG = logging.getLogger("piship_remote")
 CLOSE_DEADLINE = 10.0  # seconds close() waits for deletions and warm activations in flight
 _WAKE = 0.05  # how often a waiting take() looks at its cancel event
 _WARM_BACKOFF = (0.5, 5.0)  # a failed warm activation's first and longest pause
+_BUSY_BACKOFF = (0.5, 10.0)  # a full service's first and longest wait without Retry-After
+_BUSY = re.compile(r"HTTP 429\b|too many sandboxes", re.IGNORECASE)
 
 
 class NoSandboxInTime(Exception):
     """No sandbox could be had before the deadline."""
+
+
+def service_busy(error: BaseException) -> bool:
+    """Whether a create failed because the service is full or rate-limited (429, "too many
+    sandboxes"): nothing was created, and waiting helps."""
+    if not isinstance(error, PiShipError):
+        return False
+    return error.retry_after is not None or _BUSY.search(error.message) is not None
+
+
+def busy_delay(error: BaseException | None, waits: int) -> float:
+    """Seconds to wait before wait number ``waits`` (from 1): ``Retry-After`` when the
+    service sent one, else 0.5 s doubling up to 10 s."""
+    asked = error.retry_after if isinstance(error, PiShipError) else None
+    if asked is not None:
+        return max(asked, 0.0)
+    return min(_BUSY_BACKOFF[0] * 2.0 ** (waits - 1), _BUSY_BACKOFF[1])
 
 
 def closed_error() -> PiShipError:
@@ -193,7 +213,8 @@ class SandboxSupply:
                 with self._cond:
                     self._warming -= 1
                 _LOG.warning("activating a warm pool sandbox failed: %s", error)
-                if self._closed.wait(backoff):
+                asked = error.retry_after if isinstance(error, PiShipError) else None
+                if self._closed.wait(max(backoff, asked or 0.0)):
                     return
                 backoff = min(backoff * 2, _WARM_BACKOFF[1])
                 continue

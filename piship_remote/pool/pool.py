@@ -23,6 +23,7 @@ from piship_remote.backends.base import Backend
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.model.policy import SandboxPolicy
 from piship_remote.pool._attempts import Task, TaskAttempts
+from piship_remote.pool._labels import labelled
 from piship_remote.pool._progress import progress_for
 from piship_remote.pool._run import MapRun
 from piship_remote.pool._supply import NoSandboxInTime, SandboxSupply
@@ -71,7 +72,12 @@ class SandboxPool:
         self.labels = dict(labels or {})
         self._progress = progress
         activate = functools.partial(
-            activate_sandbox, policy, backend=backend, workspace=workspace, sync=sync, env=env
+            activate_sandbox,
+            policy,
+            backend=labelled(backend, self.labels),
+            workspace=workspace,
+            sync=sync,
+            env=env,
         )
         self._supply = SandboxSupply(
             activate, size=size, warm=warm, throttle=CreateThrottle(max_create_rate)

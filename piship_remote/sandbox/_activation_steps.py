@@ -297,6 +297,7 @@ class Activation:
                 f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
                 component="sandbox",
                 retryable=failure.retryable,
+                retry_after=failure.retry_after,
                 user_action=failure.user_action,
                 redactor=backend.redactor,
             )
@@ -330,12 +331,14 @@ class _Failure(Exception):
         code: str = SANDBOX_UNAVAILABLE,
         retryable: bool = False,
         user_action: str = UNSANDBOXED_ACTION,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.code = code
         self.retryable = retryable
         self.user_action = user_action
+        self.retry_after = retry_after
 
     def within(self, context: str) -> _Failure:
         """The same failure, its reason prefixed with ``context``."""
@@ -344,6 +347,7 @@ class _Failure(Exception):
             code=self.code,
             retryable=self.retryable,
             user_action=self.user_action,
+            retry_after=self.retry_after,
         )
 
 
@@ -354,12 +358,16 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
     except PiShipError as e:
         reason = reason_text(str(e) or type(e).__name__, redactor)
         if e.code not in ACTIONABLE_CODES:
+            # A service that asked to be retried later (429) says when, and the caller may wait.
+            if e.retry_after is not None:
+                return _Failure(reason, retryable=e.retryable, retry_after=e.retry_after)
             return _Failure(reason)
         return _Failure(
             reason,
             code=e.code,
             retryable=e.retryable,
             user_action=e.user_action or UNSANDBOXED_ACTION,
+            retry_after=e.retry_after,
         )
     except Exception as e:
         return _Failure(reason_text(str(e) or type(e).__name__, redactor))

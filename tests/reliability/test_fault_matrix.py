@@ -15,8 +15,8 @@ or dispose), then a follow-up, then disposes, and checks:
   backend able to activate again;
 - after dispose the double holds no sandbox or claim (except where the delete
   itself met the fault: then the request was attempted and the lifetime bounds it;
-  or where an E2B create's answer was lost after the service acted: no ID ever
-  arrived, so the error must say a sandbox may exist and when it expires);
+  a create whose answer was lost is resolved: the claim is read by its name, the
+  E2B sandbox found by the create id in its metadata);
 - no library thread outlives dispose.
 
 Requests (the reference catalogues): E2B ``health``, ``create``, ``renew``, ``start``
@@ -204,8 +204,8 @@ def expect(cell: Cell) -> Expect:
     if request == "execute" and fault == "stall":
         return Expect(ok=False, error=CommandTimeout)
     if request == "create" and fault in FORWARDED:
-        why = "the create's answer was lost, so no ID to delete; its lifetime removes it"
-        return Expect(ok=False, leftover=why, orphan=True)
+        # Issue 31: the lost answer is resolved, the sandbox found by its create id.
+        return Expect(ok=True)
     if request == "claim-ready" and fault == "refused":
         why = "the API was down for the cleanup too; the claim's shutdownTime removes it"
         return Expect(ok=False, leftover=why)

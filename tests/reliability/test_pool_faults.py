@@ -254,3 +254,51 @@ def test_kubernetes_a_router_that_cannot_connect_is_infra_then_retried(cluster_p
     assert (result.outcome, result.attempts) == ("ok", 2)
     assert result.sandbox_id != unreachable
     assert server.live_claims == []
+
+
+# -- creates: lost answers and a full service ------------------------------------------
+
+
+def test_a_lost_create_answer_is_adopted_not_created_again(make_pool, server) -> None:
+    server.faults.lose_create_answer()
+    with make_pool(size=1) as pool:
+        [result] = pool.map("echo {item}", ["x"])
+        assert (result.outcome, result.attempts) == ("ok", 1)
+        assert server.count("POST", "/sandboxes") == 1
+        assert server.live_sandboxes == [result.sandbox_id]
+    assert server.live_sandboxes == []
+
+
+def test_a_create_refused_for_capacity_waits_and_is_not_a_failed_attempt(
+    make_pool, server
+) -> None:
+    server.faults.fail_creates(4, status=429, retry_after=0)
+    with make_pool(size=1, max_attempts=1) as pool:
+        [result] = pool.map("echo {item}", ["x"], timeout=20)
+    assert (result.outcome, result.attempts) == ("ok", 1)
+    assert server.count("POST", "/sandboxes") == 5
+
+
+def test_waiting_for_capacity_ends_at_the_task_timeout(make_pool, server) -> None:
+    server.faults.fail_creates(100, status=429, retry_after=None)
+    with make_pool(size=1) as pool:
+        [result] = pool.map("echo {item}", ["x"], timeout=0.3)
+    assert result.outcome == "timeout" and "429" in str(result.error)
+
+
+def test_kubernetes_a_lost_claim_answer_is_adopted_by_its_name(cluster_pool) -> None:
+    server, make = cluster_pool
+    server.faults.lose_create_answer()
+    with make(size=1) as pool:
+        [result] = pool.map("echo {item}", ["x"])
+        assert (result.outcome, result.attempts) == ("ok", 1)
+        assert server.live_claims == [result.sandbox_id]
+    assert server.live_claims == []
+
+
+def test_kubernetes_a_claim_refused_for_capacity_waits(cluster_pool) -> None:
+    server, make = cluster_pool
+    server.faults.fail_creates(2, status=429, retry_after=0)
+    with make(size=1, max_attempts=1) as pool:
+        [result] = pool.map("echo {item}", ["x"], timeout=20)
+    assert (result.outcome, result.attempts) == ("ok", 1)

@@ -20,7 +20,7 @@ import math
 import random
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -228,27 +228,55 @@ class ControlPlane:
             False, f"the {BACKEND_ID} endpoint health check returned HTTP {response.status}"
         )
 
-    def create(self, request: NewSandbox, closed: threading.Event) -> Created:
+    def create(
+        self,
+        request: NewSandbox,
+        closed: threading.Event,
+        recover: Callable[[], Created | None] | None = None,
+    ) -> Created:
         """``POST /sandboxes``; on any failure after the answer, the sandbox is deleted.
 
-        ``closed`` ends the waits between repeats (the backend was closed).
+        ``closed`` ends the waits between repeats (the backend was closed). When the
+        answer is lost, ``recover`` (if given) finds what the create made (by a mark
+        the request carries): that sandbox is used, and ``None`` means none was made.
         """
+        lost: str
         try:
             response = self._create_response(request, closed)
         except TransportError as error:
-            if error.request_sent:
-                raise self._lost_answer(error.message) from None
-            raise self._unreachable(error) from None
+            if not error.request_sent:
+                raise self._unreachable(error) from None
+            return self._after_lost_answer(error.message, recover)
         with response:
             if not is_success(response.status):
                 raise self._create_failure(response)
             try:
                 answer = response.json_object(MAX_CONTROL_RESPONSE)
             except ValueError as e:
-                raise self._lost_answer(f"the create answer was invalid: {e}") from None
+                lost = f"the create answer was invalid: {e}"
             except TransportError as error:
-                raise self._lost_answer(error.message) from None
-        return self.sandbox_of(answer, delete_on_failure=True)
+                lost = error.message
+            else:
+                return self.sandbox_of(answer, delete_on_failure=True)
+        return self._after_lost_answer(lost, recover)
+
+    def _after_lost_answer(
+        self, reason: str, recover: Callable[[], Created | None] | None
+    ) -> Created:
+        """The sandbox a create whose answer was lost made, found by ``recover``."""
+        if recover is None:
+            raise self._lost_answer(reason)
+        try:
+            found = recover()
+        except Exception:  # the lookup failed too: say the sandbox may exist
+            raise self._lost_answer(reason) from None
+        if found is None:
+            raise self._errors(
+                f"creating the sandbox failed: {reason}; no sandbox was created (none "
+                "carries this create's id)",
+                retryable=True,
+            )
+        return found
 
     def sandbox_of(self, answer: Mapping[str, Any], *, delete_on_failure: bool) -> Created:
         """The sandbox a create or connect answer names (its envd token registered as secret)."""
@@ -324,11 +352,8 @@ class ControlPlane:
         )
 
     def _lost_answer(self, reason: str) -> PiShipError:
-        """The service may have created a sandbox whose ID never arrived.
-
-        Nothing can find it safely (the create carries no unique mark, and other
-        clients share the key), so the error says it may exist and how long it lives.
-        """
+        """The service may have created a sandbox whose ID never arrived, and it could
+        not be looked up, so the error says it may exist and how long it lives."""
         return self._errors(
             f"creating the sandbox failed: {reason}; a sandbox may have been created "
             f"without its ID reaching this library, and it expires on its own within "

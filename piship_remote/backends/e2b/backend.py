@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import time
 import urllib.parse
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ from piship_remote.backends._common import (
     remote_directory,
 )
 from piship_remote.backends._credential import Credential
-from piship_remote.backends._owned import OwnedSandbox
+from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, check_labels
 from piship_remote.backends.base import Availability
 from piship_remote.backends.e2b._control import (
     BACKEND_ID,
@@ -55,7 +56,13 @@ from piship_remote.backends.e2b._envd import (
 from piship_remote.backends.e2b._files import EnvdFiles
 from piship_remote.backends.e2b._instance import E2bInstance
 from piship_remote.backends.e2b._lease import SandboxLease
-from piship_remote.backends.e2b._owned import check_id, connect, list_owned
+from piship_remote.backends.e2b._owned import (
+    CREATE_ID,
+    check_id,
+    connect,
+    find_created,
+    list_owned,
+)
 from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interval
 from piship_remote.model.errors import PiShipError
 from piship_remote.model.redact import Redactor
@@ -177,21 +184,32 @@ class E2bCompatibleBackend:
         known = self._envd_url if isinstance(self._envd_url, str) else None
         return self._control.health(spare=known)
 
-    def prepare(self, profile: SandboxProfile) -> E2bInstance:
-        """Create a sandbox for ``profile`` (only its network mode is used)."""
+    def prepare(
+        self, profile: SandboxProfile, *, labels: Mapping[str, str] | None = None
+    ) -> E2bInstance:
+        """Create a sandbox for ``profile`` (only its network mode is used), ``labels`` in
+        its metadata.
+
+        Its metadata also carries a create id: a create whose answer is lost is looked
+        up by it and the sandbox it made is used, so a lost answer never leaves a
+        second sandbox behind.
+        """
         if self._open.closed.is_set():
             raise self._control.closed_error()
         read = self._clock.anchor()
         # The service counts the lifetime from when the create arrived: later than this.
         anchor = Anchor(read.wall, read.monotonic, read.wall + self._clock.lifetime)
-        created = self._control.create(
+        create_id = uuid.uuid4().hex
+        control = self._control
+        created = control.create(
             NewSandbox(
                 template_id=self._template,
-                timeout=self._control.lifetime,
-                metadata={"created-by": "piship"},
+                timeout=control.lifetime,
+                metadata={**check_labels(labels), CREATED_BY: CREATOR, CREATE_ID: create_id},
                 allow_internet_access=profile.network == "allow",
             ),
             self._open.closed,
+            recover=lambda: find_created(control, create_id),
         )
         try:
             instance = self._instance(created, anchor)

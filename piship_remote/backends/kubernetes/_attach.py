@@ -14,6 +14,7 @@ deleted as usual except that one::
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 from piship_remote.backends.kubernetes._claims_api import ClaimsApi
 from piship_remote.backends.kubernetes.claims import Claim
@@ -26,8 +27,15 @@ __all__ = ["KeptClaims"]
 class KeptClaims:
     """A :class:`~piship_remote.backends.kubernetes.claims.ClaimApi` that adopts, then keeps."""
 
-    def __init__(self, api: ClaimsApi, *, adopt: str | None = None) -> None:
+    def __init__(
+        self,
+        api: ClaimsApi,
+        *,
+        adopt: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
         self._api = api
+        self._labels = dict(labels or {})
         self._lock = threading.Lock()
         self._adopt = adopt
         self._kept: str | None = None
@@ -42,7 +50,7 @@ class KeptClaims:
             adopt, self._adopt = self._adopt, None
         if adopt is not None:
             return self._api.adopt(adopt, anchor, cancel)
-        return self._api.create(anchor, cancel)
+        return self._api.create(anchor, cancel, labels=self._labels)
 
     def renew(self, claim: Claim, shutdown: int, cancel: CancelToken) -> None:
         self._api.renew(claim, shutdown, cancel)

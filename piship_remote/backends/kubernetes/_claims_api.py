@@ -104,11 +104,14 @@ class ClaimsApi:
     def list(self) -> HttpReply:
         return self._http.call("GET", f"{self.claims}?limit=1", timeout=_AVAILABLE_TIMEOUT)
 
-    def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
-        """POST a claim (a fresh name after a 409) and wait until it is ready."""
+    def create(
+        self, anchor: Anchor, cancel: CancelToken, *, labels: Mapping[str, str] | None = None
+    ) -> Claim:
+        """POST a claim (a fresh name after a 409), ``labels`` beside the library's own,
+        and wait until it is ready."""
         for _ in range(_CREATE_ATTEMPTS):
             name = f"piship-{secrets.token_hex(6)}"
-            response = self._post_claim(name, anchor, cancel)
+            response = self._post_claim(name, anchor, cancel, labels or {})
             if response is None:  # the answer was lost, but the claim exists and is ours
                 return self._ready_claim(name, anchor, cancel)
             if response.status == 409:
@@ -255,12 +258,14 @@ class ClaimsApi:
             retryable=True,
         )
 
-    def _post_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> HttpReply | None:
+    def _post_claim(
+        self, name: str, anchor: Anchor, cancel: CancelToken, labels: Mapping[str, str]
+    ) -> HttpReply | None:
         """The create's answer; ``None`` when it was lost but the claim turned out ours."""
         manifest: dict[str, Any] = {
             "apiVersion": API_VERSION,
             "kind": "SandboxClaim",
-            "metadata": {"name": name, "labels": {CREATED_BY_LABEL: CREATOR}},
+            "metadata": {"name": name, "labels": {**labels, CREATED_BY_LABEL: CREATOR}},
             "spec": {
                 "warmPoolRef": {"name": self._template},
                 "lifecycle": {"shutdownTime": rfc3339(anchor.expires), "shutdownPolicy": "Delete"},
@@ -392,6 +397,7 @@ def _owned(claim: Mapping[str, Any]) -> OwnedSandbox:
         created=parse_timestamp(metadata.get("creationTimestamp")) or 0.0,
         backend="kubernetes-agent-sandbox",
         expires=parse_timestamp(lifecycle.get("shutdownTime")),
+        labels={str(k): str(v) for k, v in _mapping(metadata.get("labels")).items()},
     )
 
 

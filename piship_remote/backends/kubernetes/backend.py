@@ -52,7 +52,7 @@ from piship_remote.backends._common import (
 )
 from piship_remote.backends._credential import Credential
 from piship_remote.backends._file_protocol import RemoteFiles
-from piship_remote.backends._owned import OwnedSandbox
+from piship_remote.backends._owned import OwnedSandbox, check_labels
 from piship_remote.backends.base import (
     Availability,
     BackendResult,
@@ -494,15 +494,18 @@ class KubernetesAgentSandboxBackend:
         verb on claims, the warm pool's existence and readiness, the router's answer."""
         return self._preflight.run()
 
-    def prepare(self, profile: SandboxProfile) -> KubernetesInstance:
+    def prepare(
+        self, profile: SandboxProfile, *, labels: Mapping[str, str] | None = None
+    ) -> KubernetesInstance:
         """Claim a sandbox and wait until it is ready (``PiShipError`` when it cannot).
 
         The profile needs nothing from this backend: the pool's pod is the
-        sandbox, and the activation layer filters the environment.
+        sandbox, and the activation layer filters the environment. ``labels`` go on
+        every claim this sandbox makes, beside the library's own.
         """
         if self._open.closed.is_set():
             raise self._closed_error()
-        return self._instance(None, profile)
+        return self._instance(None, profile, check_labels(labels))
 
     def attach(self, claim_name: str) -> KubernetesInstance:
         """An instance for the existing claim ``claim_name``, which must carry this library's
@@ -518,12 +521,15 @@ class KubernetesAgentSandboxBackend:
         self._claims.delete_owned(claim_name)
 
     def _instance(
-        self, adopt: str | None, profile: SandboxProfile | None = None
+        self,
+        adopt: str | None,
+        profile: SandboxProfile | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> KubernetesInstance:
         if self._open.closed.is_set():
             raise self._closed_error()
         options = self._claim_options.screened(profile, self.redactor)
-        claims = KeptClaims(self._claims.with_options(options), adopt=adopt)
+        claims = KeptClaims(self._claims.with_options(options), adopt=adopt, labels=labels)
         manager = ClaimManager(
             claims,
             self._clock,
