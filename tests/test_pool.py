@@ -247,3 +247,18 @@ def _starts(server: E2bServer) -> list[str]:
             body = request.body[5:]  # one Connect envelope: flags and length first
             found.append(script(json.loads(body)))
     return found
+
+
+def test_labels_go_into_every_e2b_sandboxs_metadata(make_pool, server) -> None:
+    with make_pool(size=2, reuse=False, labels={"run": "nightly-7"}) as pool:
+        pool.map("echo {item}", range(3))
+    creates = [json.loads(r.body) for r in server.requests if r.path == "/sandboxes"]
+    assert len(creates) == 3
+    assert all(body["metadata"]["run"] == "nightly-7" for body in creates)
+    assert all(body["metadata"]["created-by"] == "piship" for body in creates)
+
+
+def test_a_label_a_service_would_refuse_is_a_config_error(make_pool) -> None:
+    with pytest.raises(PiShipError) as raised:
+        make_pool(labels={"run id": "x"})
+    assert raised.value.code == "CONFIG_INVALID"

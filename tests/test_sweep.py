@@ -99,3 +99,29 @@ def test_a_bad_duration_is_a_usage_error(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["sweep", "--older-than", "soon"])
     assert exited.value.code == 2
+
+
+def test_e2b_sweep_with_a_label_deletes_only_what_carries_it(e2b_orphans, capsys) -> None:
+    e2b_orphans.plant("run-a", metadata={**PISHIP, "run": "a"}, age=10)
+    e2b_orphans.plant("run-b", metadata={**PISHIP, "run": "b"}, age=10)
+    assert main(e2b_sweep(e2b_orphans, "--label", "run=a")) == 0
+    assert "deleted run-a" in capsys.readouterr().out
+    assert "run-a" not in e2b_orphans.live_sandboxes
+    assert {"run-b", "ours-old", "ours-young"} <= set(e2b_orphans.live_sandboxes)
+
+
+def test_kubernetes_sweep_with_a_label_deletes_only_what_carries_it(k8s_orphans) -> None:
+    ours = {"agents.x-k8s.io/created-by": "piship"}
+    for name, run in (("piship-run-a", "a"), ("piship-run-b", "b")):
+        body = claim(name, {**ours, "run": run})
+        assert requests.post(k8s_orphans.url + CLAIMS, json=body, timeout=5).status_code == 201
+    assert main(k8s_sweep(k8s_orphans, "--label", "run=a")) == 0
+    assert sorted(k8s_orphans.live_claims) == [
+        "piship-orphan", "piship-run-b", "someone-elses", "unlabelled",
+    ]  # fmt: skip
+
+
+def test_a_label_without_a_value_sign_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["sweep", "--label", "run"])
+    assert exited.value.code == 2

@@ -183,6 +183,13 @@ def _parser() -> Parser:
         metavar="DURATION",
         help="only those created longer ago than this (30m, 2h, 1d; default: all)",
     )
+    sweep.add_argument(
+        "--label",
+        type=_sweep.label,
+        action="append",
+        metavar="K=V",
+        help="only those carrying this label (a pool's labels=; repeatable)",
+    )
     sweep.add_argument("--dry-run", action="store_true", help="list them, delete nothing")
     sweep.add_argument("--json", action="store_true", help="print one JSON object")
     sweep.set_defaults(handler=_sweep.sweep)

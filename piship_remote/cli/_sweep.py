@@ -2,9 +2,10 @@
 
 Only what carries this library's mark is listed (E2B metadata ``created-by: piship``,
 the claim label ``agents.x-k8s.io/created-by: piship``), and only what is older than
-``--older-than`` is deleted::
+``--older-than`` and carries every ``--label`` (a pool's ``labels``) is deleted::
 
     piship-remote sweep --backend e2b --older-than 2h --dry-run
+    piship-remote sweep --backend kubernetes --label run=nightly-42
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import sys
 import time
 from contextlib import ExitStack
 
-from piship_remote.backends._owned import OwnedSandbox, Reattachable
+from piship_remote.backends._owned import OwnedSandbox, Reattachable, has_labels
 from piship_remote.cli._setup import backend_for
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 
-__all__ = ["duration", "sweep"]
+__all__ = ["duration", "label", "sweep"]
 
 _DURATION = re.compile(r"(?P<amount>[0-9]+(?:\.[0-9]+)?)(?P<unit>[smhd]?)\Z")
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -34,14 +35,28 @@ def duration(text: str) -> float:
     return float(match["amount"]) * _UNIT_SECONDS[match["unit"]]
 
 
+def label(text: str) -> tuple[str, str]:
+    """``k=v`` as ``(k, v)``."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"not a label (like run=nightly): {text!r}")
+    return key, value
+
+
 def sweep(args: argparse.Namespace) -> int:
-    """Delete (or with ``--dry-run`` only list) this library's sandboxes older than asked."""
+    """Delete (or with ``--dry-run`` only list) this library's sandboxes older than asked
+    that carry every label asked for."""
     with ExitStack() as stack:
         backend = backend_for(args, stack)
         if not isinstance(backend, Reattachable):
             raise PiShipError(CONFIG_INVALID, f"the {backend.id} backend cannot be swept")
         now = time.time()
-        due = [owned for owned in backend.list_owned() if owned.age(now) >= args.older_than]
+        wanted = dict(args.label or ())
+        due = [
+            owned
+            for owned in backend.list_owned()
+            if owned.age(now) >= args.older_than and has_labels(owned, wanted)
+        ]
         if not args.dry_run:
             for owned in due:
                 backend.delete_owned(owned.id)

@@ -23,7 +23,7 @@ from piship_remote import (
     SandboxPool,
     TaskResult,
 )
-from piship_remote.testing import Cluster, E2bServer, KubernetesServer
+from piship_remote.testing import CLAIMS, Cluster, E2bServer, KubernetesServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pool_support import K8S_POLICY, POLICY, pool_threads, script, settled
@@ -302,3 +302,11 @@ def test_kubernetes_a_claim_refused_for_capacity_waits(cluster_pool) -> None:
     with make(size=1, max_attempts=1) as pool:
         [result] = pool.map("echo {item}", ["x"], timeout=20)
     assert (result.outcome, result.attempts) == ("ok", 1)
+
+
+def test_kubernetes_labels_go_on_every_claim(cluster_pool) -> None:
+    server, make = cluster_pool
+    with make(size=2, labels={"run": "nightly-7"}) as pool:
+        pool.map("echo {item}", range(2))
+    claims = [json.loads(r.body) for r in server.find("POST", CLAIMS)]
+    assert claims and all(c["metadata"]["labels"]["run"] == "nightly-7" for c in claims)
