@@ -66,7 +66,7 @@ def mock_env(mock: E2bServer) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["demo"], ["run"], ["create"], ["kill"], ["doctor"], ["serve"]]
+    "command", [[], ["demo"], ["run"], ["map"], ["create"], ["kill"], ["doctor"], ["serve"]]
 )
 def test_every_subcommand_has_help(command: list[str]) -> None:
     result = cli(*command, "--help")

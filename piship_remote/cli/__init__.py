@@ -1,8 +1,9 @@
-"""The ``piship-remote`` command line: ``demo``, ``run``, ``cp``, ``create``, ``kill``,
-``doctor``, ``serve``, ``sweep``.
+"""The ``piship-remote`` command line: ``demo``, ``run``, ``map``, ``cp``, ``create``,
+``kill``, ``doctor``, ``serve``, ``sweep``.
 
     piship-remote demo
     piship-remote run --backend local --sync -- make test
+    piship-remote map --size 8 --warm 8 --sync -- 'pytest -q tests/{item}' test_a.py test_b.py
     ID=$(piship-remote create --lease 2h)     # a kept sandbox; only its id on stdout
     piship-remote cp --attach "$ID" data.csv :data/data.csv
     piship-remote run --attach "$ID" -- wc -l data/data.csv
@@ -16,9 +17,10 @@ A sandbox named with ``--attach`` (or kept with ``--keep``) is never deleted by
 ``run`` or ``cp``, however they end.
 
 Exit status: the command's own for ``run`` (1 when the remote code does not fit
-0-255); 2 for a configuration error, 3 when no sandbox can be had, 124 when
-``--timeout`` expired, 130 after Ctrl-C (the remote command is killed first),
-141 when the reader of stdout went away (as ``cat`` in a shell).
+0-255); for ``map`` 0 when every task is ``ok``, else 1; 2 for a configuration
+error, 3 when no sandbox can be had, 124 when ``--timeout`` expired, 130 after
+Ctrl-C (the remote command is killed first), 141 when the reader of stdout went
+away (as ``cat`` in a shell).
 SIGTERM and SIGHUP delete the sandbox first (a kept one is let go of, its command
 killed), then end the process (128+n).
 """
@@ -29,9 +31,15 @@ import sys
 from collections.abc import Sequence
 
 from piship_remote import __version__
-from piship_remote.cli import _commands, _kept, _sweep
+from piship_remote.cli import _commands, _kept, _map, _sweep
 from piship_remote.cli._commands import EXIT_CONFIG, EXIT_UNAVAILABLE, error_status
-from piship_remote.cli._parser import Parser, add_sandbox_options, port_number, positive_int
+from piship_remote.cli._parser import (
+    Parser,
+    add_sandbox_options,
+    non_negative_int,
+    port_number,
+    positive_int,
+)
 from piship_remote.cli._streams import EXIT_BROKEN_PIPE, silence_stdout
 from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
 from piship_remote.sandbox import lifecycle
@@ -121,6 +129,8 @@ def _parser() -> Parser:
     run.add_argument("command", nargs="...", help="the command, after --")
     run.set_defaults(handler=_commands.run)
 
+    _add_map(parser)
+
     create = parser.command(
         "create", help="make a kept sandbox and print only its id (ID=$(piship-remote create))"
     )
@@ -194,6 +204,53 @@ def _parser() -> Parser:
     sweep.add_argument("--json", action="store_true", help="print one JSON object")
     sweep.set_defaults(handler=_sweep.sweep)
     return parser
+
+
+def _add_map(parser: Parser) -> None:
+    mapping = parser.command(
+        "map", help="run a command for each item over a pool of sandboxes ({item} in the command)"
+    )
+    add_sandbox_options(mapping)
+    mapping.add_argument(
+        "--size", type=positive_int, default=4, help="sandboxes at once (default 4)"
+    )
+    mapping.add_argument(
+        "--warm", type=non_negative_int, default=0, help="sandboxes activated ahead (default 0)"
+    )
+    mapping.add_argument(
+        "--sync", action="store_true", help="push the workspace into every sandbox once"
+    )
+    mapping.add_argument(
+        "--fresh", action="store_true", help="a new sandbox for every task (default: reuse)"
+    )
+    mapping.add_argument("--reset", metavar="CMD", help="a command run before a sandbox's reuse")
+    mapping.add_argument(
+        "--timeout", type=float, default=None, help="seconds each task may take at most"
+    )
+    mapping.add_argument(
+        "--max-create-rate", type=float, default=None, metavar="PER_SECOND", help="creates/s"
+    )
+    mapping.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=2,
+        help="sandboxes a task that never started may try (default 2)",
+    )
+    mapping.add_argument(
+        "--label",
+        type=_sweep.label,
+        action="append",
+        metavar="K=V",
+        help="put on every sandbox (sweep --label finds them; repeatable)",
+    )
+    mapping.add_argument(
+        "--items-file", metavar="PATH", help="more items, one per line (- reads standard input)"
+    )
+    mapping.add_argument(
+        "--jsonl", action="store_true", help="one JSON object per task on standard output"
+    )
+    mapping.add_argument("command", nargs="...", help="after --: the command, then the items")
+    mapping.set_defaults(handler=_map.map_items)
 
 
 def _add_lease(parser: Parser) -> None:

@@ -12,6 +12,7 @@ __all__ = [
     "Parser",
     "add_sandbox_options",
     "existing_directory",
+    "non_negative_int",
     "port_number",
     "positive_int",
     "suggest",
@@ -105,6 +106,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not above zero")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number, zero or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below zero")
     return value
 
 

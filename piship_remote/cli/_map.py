@@ -1,0 +1,129 @@
+"""``piship-remote map``: one command per item over a pool of sandboxes.
+
+    piship-remote map --size 8 --warm 8 --sync -- 'pytest -q tests/{item}' test_a.py test_b.py
+    ls tests | piship-remote map --size 4 --items-file - --jsonl -- 'pytest -q tests/{item}'
+
+Each item's line is the command with ``{item}`` replaced. Standard output gets one
+line per finished task (``--jsonl``: one JSON object, with its output); standard error
+gets the progress and, at the end, a table of the outcomes. The exit status is 0 when
+every task is ``ok``, 1 otherwise. ``--sync`` pushes the workspace into every sandbox
+once, when it is activated (nothing is pulled back from many sandboxes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from contextlib import ExitStack
+from typing import Any
+
+from piship_remote.cli._setup import backend_for, policy_for
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.pool import OUTCOMES, SandboxPool, TaskResult
+from piship_remote.sandbox._output import CommandResult
+
+__all__ = ["EXIT_NOT_ALL_OK", "map_items", "summary_table"]
+
+EXIT_NOT_ALL_OK = 1
+
+
+def map_items(args: argparse.Namespace) -> int:
+    """Run the command for every item; 0 when every task was ``ok``."""
+    template, items = _template_and_items(args)
+    counts: Counter[str] = Counter()
+    with ExitStack() as stack:
+        pool = SandboxPool(
+            policy_for(args),
+            backend=backend_for(args, stack),
+            workspace=args.workspace,
+            size=args.size,
+            warm=args.warm,
+            sync="push" if args.sync else "none",
+            reuse=not args.fresh,
+            reset=args.reset,
+            max_create_rate=args.max_create_rate,
+            max_attempts=args.max_attempts,
+            labels=dict(args.label or ()),
+        )
+        stack.enter_context(pool)
+        for result in pool.imap(template, items, timeout=args.timeout):
+            counts[result.outcome] += 1
+            print(_json_line(result) if args.jsonl else _text_line(result), flush=True)
+    sys.stderr.write(summary_table(counts))
+    return 0 if counts["ok"] == len(items) else EXIT_NOT_ALL_OK
+
+
+def _template_and_items(args: argparse.Namespace) -> tuple[str, list[str]]:
+    words = list(args.command)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise PiShipError(
+            CONFIG_INVALID,
+            "map needs a command after --",
+            user_action="Example: piship-remote map --size 4 -- 'pytest tests/{item}' a.py b.py",
+        )
+    template, items = words[0], words[1:]
+    if args.items_file is not None:
+        items += _read_items(args.items_file)
+    if not items:
+        raise PiShipError(
+            CONFIG_INVALID,
+            "map has no items: name them after the command, or with --items-file",
+        )
+    return template, items
+
+
+def _read_items(path: str) -> list[str]:
+    """One item per non-blank line of ``path`` (``-``: standard input)."""
+    if path == "-":
+        return _lines(sys.stdin)
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return _lines(stream)
+    except OSError as e:
+        raise PiShipError(
+            CONFIG_INVALID, f"cannot read the items file {path}: {e.strerror}"
+        ) from None
+
+
+def _lines(stream: Iterable[str]) -> list[str]:
+    return [line.strip() for line in stream if line.strip()]
+
+
+def _text_line(result: TaskResult) -> str:
+    detail = ""
+    if isinstance(result.value, CommandResult) and result.outcome != "ok":
+        detail = f" (exit {result.value.exit_code})"
+    elif result.error is not None and result.outcome != "ok":
+        detail = f": {' '.join(str(result.error).split())[:300]}"
+    return f"{result.outcome:<9} {result.item} {result.seconds:.1f}s{detail}"
+
+
+def _json_line(result: TaskResult) -> str:
+    line: dict[str, Any] = {
+        "item": result.item,
+        "outcome": result.outcome,
+        "sandboxId": result.sandbox_id,
+        "attempts": result.attempts,
+        "seconds": round(result.seconds, 3),
+    }
+    if isinstance(result.value, CommandResult):
+        line.update(
+            exitCode=result.value.exit_code, stdout=result.value.stdout, stderr=result.value.stderr
+        )
+    if result.error is not None:
+        error = result.error
+        line["error"] = error.to_dict() if isinstance(error, PiShipError) else str(error)
+    return json.dumps(line)
+
+
+def summary_table(counts: Counter[str]) -> str:
+    """The outcomes and how many tasks had each, in a fixed order, then the total."""
+    rows = [(outcome, counts[outcome]) for outcome in OUTCOMES if counts[outcome]]
+    rows.append(("total", sum(counts.values())))
+    width = max(len(str(n)) for _, n in rows)
+    return "".join(f"{name:<10}{n:>{width}}\n" for name, n in rows)
