@@ -262,3 +262,44 @@ def test_a_label_a_service_would_refuse_is_a_config_error(make_pool) -> None:
     with pytest.raises(PiShipError) as raised:
         make_pool(labels={"run id": "x"})
     assert raised.value.code == "CONFIG_INVALID"
+
+
+def test_the_create_throttle_gives_each_create_the_next_slot() -> None:
+    from piship_remote.pool._throttle import CreateThrottle
+
+    throttle = CreateThrottle(rate=10.0, clock=lambda: 100.0)
+    stop = threading.Event()
+    assert throttle.wait_turn(stop, deadline=None)  # slot 100.0: at once
+    assert throttle.wait_turn(stop, deadline=None)  # slot 100.1: after 0.1 s
+    assert not throttle.wait_turn(stop, deadline=100.15)  # slot 100.2 is past the deadline
+
+
+def test_max_create_rate_spaces_the_pools_creates(make_pool) -> None:
+    import time
+
+    started = time.monotonic()
+    with make_pool(size=3, reuse=False, max_create_rate=10.0) as pool:
+        results = pool.map("echo {item}", range(3))
+    assert [r.outcome for r in results] == ["ok"] * 3
+    assert time.monotonic() - started >= 0.2  # three creates, 0.1 s apart at least
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"size": 0}, {"size": 2, "warm": 3}, {"max_attempts": 0}, {"max_create_rate": 0}],
+)
+def test_impossible_sizes_and_rates_are_config_errors(make_pool, options) -> None:
+    with pytest.raises(PiShipError) as raised:
+        make_pool(**options)
+    assert raised.value.code == "CONFIG_INVALID"
+
+
+def test_the_api_key_travels_only_in_its_header(e2b_server: E2bFactory, workspace: Path) -> None:
+    from piship_remote.testing import leaks
+
+    key = "pool-api-key-SENTINEL"
+    server = e2b_server(api_key=key, distinct_ids=True)
+    backend = E2bCompatibleBackend(endpoint=server.url, envd_url=server.url, credential=lambda: key)
+    with backend, SandboxPool(POLICY, backend=backend, workspace=workspace, env={}) as pool:
+        assert [r.outcome for r in pool.map("echo {item}", range(3))] == ["ok"] * 3
+    assert leaks(server.requests, key, ["x-api-key"]) == []

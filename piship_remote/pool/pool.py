@@ -68,13 +68,13 @@ class SandboxPool:
         progress: bool | None = None,
     ) -> None:
         _check_counts(size, warm, max_attempts)
-        self.size = size
-        self.labels = dict(labels or {})
+        self._size = size
+        labels = dict(labels or {})
         self._progress = progress
         activate = functools.partial(
             activate_sandbox,
             policy,
-            backend=labelled(backend, self.labels),
+            backend=labelled(backend, labels),
             workspace=workspace,
             sync=sync,
             env=env,
@@ -96,7 +96,7 @@ class SandboxPool:
     def __repr__(self) -> str:
         ready, leased, existing = self._supply.counts()
         state = "closed" if self._supply.closed else f"{leased} busy, {ready} ready"
-        return f"<SandboxPool size={self.size} {state}, {existing} sandboxes>"
+        return f"<SandboxPool size={self._size} {state}, {existing} sandboxes>"
 
     def close(self) -> None:
         """Dispose every sandbox the pool holds; idempotent; waits for no running task
@@ -167,7 +167,7 @@ class SandboxPool:
             raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox pool is closed", component="pool")
         progress = progress_for(self._progress, len(items))
         run = MapRun(
-            self._attempts, task, items, timeout=timeout, threads=self.size, progress=progress
+            self._attempts, task, items, timeout=timeout, threads=self._size, progress=progress
         )
         finished = False
         try:

@@ -85,10 +85,6 @@ class TaskResult:
     attempts: int
     seconds: float
 
-    @property
-    def ok(self) -> bool:
-        return self.outcome == OK
-
 
 def is_infrastructure(error: BaseException) -> bool:
     """Whether ``error`` is a failure of the sandbox or its service, not of the task."""
