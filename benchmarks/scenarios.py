@@ -22,6 +22,7 @@ from benchmarks import (
     exec_latency,
     file_transfer,
     memory,
+    pool,
     push,
     stream_throughput,
 )
@@ -50,6 +51,7 @@ _REGISTERED = (
     Scenario(activation.NAME, activation.run, round_trips=True),
     Scenario(file_transfer.NAME, file_transfer.run, round_trips=True),
     Scenario(push.NAME, push.run, round_trips=True),
+    Scenario(pool.NAME, pool.run, round_trips=True),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}

@@ -26,6 +26,7 @@ SCENARIOS = {
     "activation",
     "file_transfer",
     "push",
+    "pool",
 }
 ROW_KEYS = {
     "scenario",
@@ -44,7 +45,7 @@ ROW_KEYS = {
     "extra",
     "rtt_ms",
 }
-ROUND_TRIP_SCENARIOS = {"exec_latency", "concurrency", "activation"}
+ROUND_TRIP_SCENARIOS = {"exec_latency", "concurrency", "activation", "pool"}
 FILE_SCENARIOS = {"file_transfer", "push"}  # measured at every round trip too
 NO_LOCAL_SERVICE = "the local service cannot run here"
 
@@ -111,6 +112,19 @@ def test_the_sdk_is_compared_or_skipped_with_a_reason(tiny_report: dict[str, Any
     else:
         assert "e2b-sdk" in clients
     assert "requests-raw" in clients
+
+
+@pytest.mark.timeout(180)
+def test_pool_rows_compare_the_pool_with_the_sdks_hand_rolled_loops(
+    tiny_report: dict[str, Any],
+) -> None:
+    pool = next(s for s in tiny_report["scenarios"] if s["name"] == "pool")
+    clients = {row["client"] for row in pool["rows"]}
+    assert {"ours-pool-reuse", "ours-pool-fresh-warm", "ours-loop-per-task"} <= clients
+    if importlib.util.find_spec("e2b") is None:
+        assert any("e2b-sdk" in reason for reason in pool["skipped"])
+    else:
+        assert {"e2b-sdk-per-task", "e2b-sdk-reuse"} <= clients
 
 
 @pytest.mark.timeout(180)
