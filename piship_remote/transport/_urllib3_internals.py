@@ -101,9 +101,7 @@ class PlainHeadResponse(http.client.HTTPResponse):
     is not plain goes through http.client's own ``begin``.
     """
 
-    def __init__(
-        self, sock: Any, *args: Any, head: PlainHead | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, sock: Any, *args: Any, head: PlainHead | None = None, **kwargs: Any) -> None:
         super().__init__(sock, *args, **kwargs)
         self._piship_head = head
         method = kwargs.get("method")

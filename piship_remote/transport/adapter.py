@@ -136,4 +136,3 @@ class PiShipAdapter(requests.adapters.HTTPAdapter):
         )
         assert isinstance(opened, urllib3.response.HTTPResponse)
         return opened
-
