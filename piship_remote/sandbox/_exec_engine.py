@@ -66,11 +66,11 @@ from __future__ import annotations
 import os
 import shlex
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from piship_remote.backends._owned import Detachable
-from piship_remote.backends.base import BackendResult, ExecRequest, Instance
+from piship_remote.backends.base import BackendResult, ExecRequest, Instance, takes_deadline
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     SANDBOX_UNAVAILABLE,
@@ -94,7 +94,8 @@ from piship_remote.sandbox._exec_workers import (
     WorkerPool,
 )
 from piship_remote.sandbox._interrupts import Disarm, InterruptGuard
-from piship_remote.transport._cancel import EventWatcher, when_cancelled
+from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge, when_cancelled
+from piship_remote.transport.deadline import Deadline
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -174,6 +175,7 @@ class ExecEngine:
         self._interrupts = InterruptGuard()
         self._prompt = getattr(instance, "cancels_promptly", False) is True
         self._controls = getattr(instance, "controls_commands", False) is True
+        self._deadlines = takes_deadline(instance)
         self._disposed = False
         self._retired = False
 
@@ -183,33 +185,46 @@ class ExecEngine:
             if self._retired or self._disposed:
                 raise self._retired_error()
 
+    @contextmanager
+    def cancel_token(self, cancel: threading.Event | None) -> Iterator[CancelToken]:
+        """The token for a caller's ``cancel`` during the block: itself if it is one, else
+        a mirror this engine's ``piship-cancel-watch`` thread sets (the one bridge)."""
+        with bridge(cancel, self._watcher) as token:
+            yield token
+
     def run(
         self,
         request: ExecRequest,
         sink: Sink | None,
-        timeout: float | None,
+        deadline: Deadline | float | None,
         cancel: threading.Event | None,
         *,
         retire: bool,
     ) -> BackendResult:
-        """Run ``request``, its output to ``sink`` on this thread; ``timeout`` ``None``: none.
+        """Run ``request``, its output to ``sink`` on this thread, until ``deadline``
+        (seconds from now also do; ``None``: none).
 
         ``retire``: a backend call that ignores an abort retires the sandbox.
         """
+        if not isinstance(deadline, Deadline):
+            deadline = Deadline.never() if deadline is None else Deadline.after(deadline)
+        given = deadline if self._deadlines else None
         call: WorkerCall | DirectCall
         disarm: Disarm | None = None
         if threading.current_thread() is not threading.main_thread():
             call = self._direct(sink, retire)
         elif not self._prompt:
-            call = WorkerCall(self._instance, request, CHANNEL_BYTES)
+            call = WorkerCall(self._instance, request, CHANNEL_BYTES, given)
         else:
             direct = self._direct(sink, retire)
             disarm = self._interrupts.arm(lambda: direct.abort(STOPPED))
             call = (
-                direct if disarm is not None else WorkerCall(self._instance, request, CHANNEL_BYTES)
+                direct
+                if disarm is not None
+                else WorkerCall(self._instance, request, CHANNEL_BYTES, given)
             )
         try:
-            outcome = self._registered(call, request, sink, timeout, cancel, retire=retire)
+            outcome = self._registered(call, request, sink, deadline, cancel, retire=retire)
         finally:
             if disarm is not None and disarm():
                 raise KeyboardInterrupt from None
@@ -279,7 +294,7 @@ class ExecEngine:
         call: WorkerCall | DirectCall,
         request: ExecRequest,
         sink: Sink | None,
-        timeout: float | None,
+        deadline: Deadline,
         cancel: threading.Event | None,
         *,
         retire: bool,
@@ -292,8 +307,8 @@ class ExecEngine:
             forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
             try:
                 if isinstance(call, WorkerCall):
-                    return self._on_worker(call, sink, timeout, retire=retire)
-                return self._on_caller(call, request, timeout)
+                    return self._on_worker(call, sink, deadline, retire=retire)
+                return self._on_caller(call, request, deadline)
             finally:
                 forget()
         finally:
@@ -356,16 +371,16 @@ class ExecEngine:
     # The main thread: a worker makes the call, the main thread drains its channel.
 
     def _on_worker(
-        self, call: WorkerCall, sink: Sink | None, timeout: float | None, *, retire: bool
+        self, call: WorkerCall, sink: Sink | None, deadline: Deadline, *, retire: bool
     ) -> Outcome:
         worker = self._workers.submit(call)
         if worker is None:  # disposed since the call was registered
-            raise self._abort_error("disposed", timeout)
+            raise self._abort_error("disposed", deadline)
         try:
-            return self._drain(call, sink, timeout)
+            return self._drain(call, sink, deadline)
         except _Aborted as aborted:
             self._settle(call, retire=retire and aborted.kind != "disposed")
-            raise self._abort_error(aborted.kind, timeout) from None
+            raise self._abort_error(aborted.kind, deadline) from None
         except BaseException:  # Ctrl-C, or the sink failed
             self._settle(call, retire=retire)
             raise
@@ -373,8 +388,7 @@ class ExecEngine:
             if call.finished.is_set():
                 self._workers.reap(worker, self._settle_timeout)
 
-    def _drain(self, call: WorkerCall, sink: Sink | None, timeout: float | None) -> Outcome:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _drain(self, call: WorkerCall, sink: Sink | None, deadline: Deadline) -> Outcome:
         channel = call.channel
         while True:
             taken = channel.take(_wait_slice(deadline, INTERRUPT_POLL))
@@ -387,7 +401,7 @@ class ExecEngine:
                     raise _Aborted(channel.aborted)
                 if sink is not None:
                     sink(item.stream, item.chunk)
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.expired:
                 raise _Aborted("timeout")
 
     def _settle(self, call: WorkerCall, *, retire: bool) -> None:
@@ -398,19 +412,20 @@ class ExecEngine:
 
     # Any other thread: it makes the call itself; the timer thread fires its deadline.
 
-    def _on_caller(self, call: DirectCall, request: ExecRequest, timeout: float | None) -> Outcome:
+    def _on_caller(self, call: DirectCall, request: ExecRequest, deadline: Deadline) -> Outcome:
         unschedule = None
-        if timeout is not None:
-            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
+        remaining = deadline.remaining()
+        if remaining is not None:
+            unschedule = self._timer.schedule(remaining, lambda: call.abort("timeout"))
         try:
-            outcome = call.run(self._instance, request)
+            outcome = call.run(self._instance, request, deadline if self._deadlines else None)
         finally:
             if unschedule is not None:
                 unschedule()
         if call.failure is not None:
             raise call.failure
         if call.aborted is not None:
-            raise self._abort_error(call.aborted, timeout)
+            raise self._abort_error(call.aborted, deadline)
         return outcome
 
     def _watch_settle(self, call: DirectCall, kind: AbortKind, retire: bool) -> None:
@@ -435,9 +450,9 @@ class ExecEngine:
 
     # -- errors --------------------------------------------------------------------
 
-    def _abort_error(self, kind: AbortKind, timeout: float | None) -> BaseException:
+    def _abort_error(self, kind: AbortKind, deadline: Deadline) -> BaseException:
         if kind == "timeout":
-            return CommandTimeout(timeout or 0)
+            return CommandTimeout(deadline.seconds or 0)
         if kind == "disposed":
             return PiShipError(
                 SANDBOX_UNAVAILABLE,
@@ -479,10 +494,10 @@ def reason_text(text: str, redactor: Redactor) -> str:
     return redacted if len(redacted) <= REASON_LIMIT else redacted[:REASON_LIMIT]
 
 
-def _wait_slice(deadline: float | None, poll: float | None) -> float | None:
-    if deadline is None:
+def _wait_slice(deadline: Deadline, poll: float | None) -> float | None:
+    remaining = deadline.remaining()
+    if remaining is None:
         return poll
-    remaining = max(0.0, deadline - time.monotonic())
     return remaining if poll is None else min(remaining, poll)
 
 

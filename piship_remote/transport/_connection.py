@@ -60,7 +60,7 @@ class _DeadlineResponse(PlainHeadResponse):
 
 def _response_reader(sock: socket.socket, scope: CallScope | None) -> io.BufferedReader:
     """The buffered reader a response reads from: deadline-bound while the call has one."""
-    if scope is not None and scope.deadline is not None:
+    if scope is not None and scope.deadline.bounded:
         return io.BufferedReader(DeadlineReader(sock, scope))
     return sock.makefile("rb")
 
@@ -124,7 +124,7 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
     def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
         scope = self._enter_response_scope()
         sock = self.sock
-        if scope is None or scope.deadline is None or not isinstance(sock, socket.socket):
+        if scope is None or not scope.deadline.bounded or not isinstance(sock, socket.socket):
             return super().getresponse()
         return self._answer(_response_reader(sock, scope), None)
 

@@ -59,6 +59,7 @@ from piship_remote.transport._urllib3_internals import (
     taken_from_pool,
 )
 from piship_remote.transport.adapter import PiShipAdapter
+from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import (
     check_endpoint,
     check_url,
@@ -136,11 +137,13 @@ class Transport:
         cancel: threading.Event | None = None,
         stream: bool = False,
         idle_timeout: float | None = None,
+        deadline: Deadline | None = None,
     ) -> HttpResponse:
         """Send one request; never retried, never redirected.
 
         ``timeout`` bounds the whole exchange: connect, headers and, unless ``stream``,
-        the body, however slowly the server sends it (``None``: no deadline). A stream's
+        the body, however slowly the server sends it (``None``: no deadline); a
+        ``deadline`` given instead is that bound as it is (``timeout`` is then unused). A stream's
         body has its own rules instead: ``idle_timeout`` bounds the silence between its
         bytes, and its reader decides how long the whole may take. ``cancel`` set before
         or during the call raises ``CommandCancelled``. ``json`` is sent compact.
@@ -149,7 +152,8 @@ class Transport:
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
+        if deadline is None:
+            deadline = Deadline.never() if timeout is None else Deadline.after(timeout)
         call = Call(
             self.component,
             self.redactor,

@@ -8,6 +8,7 @@ transport bounds its socket waits by it. Nobody keeps a copy in seconds::
     deadline.remaining()                 # 29.99..., never below 0; None for never
     deadline.expired                     # False, until 30 s have passed
     deadline.earliest(Deadline.after(5)) # the 5 s one
+    deadline.later(1)                    # a backstop one second after it
 
 ``timeout_deadline`` turns a caller's ``timeout`` argument into one, refusing what
 has no sensible meaning (zero, a negative number, NaN).
@@ -65,6 +66,13 @@ class Deadline:
     def expired(self) -> bool:
         """Whether it has passed."""
         return self.at is not None and self.clock() >= self.at
+
+    def later(self, seconds: float) -> Deadline:
+        """The same deadline ``seconds`` later (a backstop for a service or a socket,
+        so that the caller's own deadline acts first); never stays never."""
+        if self.at is None:
+            return self
+        return Deadline(self.at + seconds, self.seconds, self.clock)
 
     def earliest(self, other: Deadline) -> Deadline:
         """Whichever of the two passes first (``self`` when they are equal)."""
