@@ -1,5 +1,6 @@
 # ruff: noqa: F811  (a test names the fixture it takes from test_transport)
-"""A user's own requests.Session: its adapters, proxies and CA bundle are honoured.
+"""A user's own requests.Session is honoured (its adapters, proxies, CA bundle); a
+given Deadline bounds a request.
 
 The transport sends through the adapter the session routes a URL to: its own
 ``PiShipAdapter`` (the fast path), or one the user mounted, which then sends.
@@ -7,6 +8,8 @@ The transport sends through the adapter the session routes a URL to: its own
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +21,20 @@ from pytest_httpserver import HTTPServer
 from test_transport import (  # noqa: F401 (the fixtures, shared)
     KeepAliveServer,
     free_port,
+    gate,
+    hang_before_headers,
     keepalive,
     redactor,
+    server,
     tls_files,
     tls_server,
+    transport,
 )
 
 from piship_remote.model.redact import Redactor
-from piship_remote.transport import Transport
+from piship_remote.transport import Transport, TransportError
 from piship_remote.transport.adapter import PiShipAdapter
+from piship_remote.transport.deadline import Deadline
 
 
 class RecordingAdapter(requests.adapters.HTTPAdapter):
@@ -130,3 +138,28 @@ def test_plain_requests_through_the_adapter_work(
     adapter = PiShipAdapter()
     session.mount("http://", adapter)
     assert session.get(f"{keepalive.url}/x", timeout=5).json() == {"ok": True}
+
+
+# --------------------------------------------------------------------------- a given deadline
+
+
+@pytest.mark.timeout(10)
+def test_a_given_deadline_bounds_the_wait_instead_of_the_timeout(
+    transport: Transport, server: HTTPServer, gate: threading.Event
+) -> None:
+    url, _ = hang_before_headers(server, gate)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as caught:
+        transport.request("GET", url, timeout=30, deadline=Deadline.after(0.2))
+    assert 0.15 < time.monotonic() - started < 1.0
+    assert str(caught.value).endswith(" timed out")
+
+
+def test_a_passed_deadline_sends_nothing(transport: Transport, server: HTTPServer) -> None:
+    clock = [0.0]
+    deadline = Deadline.after(1, clock=lambda: clock[0])
+    clock[0] = 2.0
+    with pytest.raises(TransportError) as caught:
+        transport.request("GET", server.url_for("/x"), deadline=deadline)
+    assert caught.value.request_sent is False
+    assert server.log == []
