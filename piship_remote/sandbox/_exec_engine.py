@@ -36,10 +36,11 @@ keep running beside new ones. Dispose aborts every call at once and never waits.
 How a cancel travels, on the main thread's worker path, from ``Sandbox.exec(..., cancel=event)``
 to the socket (an E2B-compatible backend):
 
-1. The engine registers ``call.abort("cancel")`` with
-   :func:`~piship_remote.transport._cancel.when_cancelled`: a plain ``threading.Event`` is
-   polled every 2 ms by this engine's ``piship-cancel-watch`` thread, a
-   :class:`~piship_remote.transport._cancel.CancelToken` runs it from its own ``set()``.
+1. ``Sandbox.exec`` turned the caller's event into a
+   :class:`~piship_remote.transport._cancel.CancelToken` once (:meth:`ExecEngine.cancel_token`:
+   a plain ``threading.Event`` is polled every 2 ms by this engine's
+   ``piship-cancel-watch`` thread); the engine registers ``call.abort("cancel")`` on that
+   token, which runs it from its own ``set()``.
 2. ``WorkerCall.abort`` marks the channel aborted, which wakes the main thread
    (it raises :class:`CommandCancelled` after settling) and any worker blocked
    writing output, then sets the call's token, the ``cancel`` argument the
@@ -49,8 +50,8 @@ to the socket (an E2B-compatible backend):
    that sends SendSignal SIGKILL for the command's tag.
 4. The transport registered its call scope's ``cancel`` on that same token when
    the Start request was sent; the scope shuts down every socket the request
-   uses (found through the context variable the calling thread set while
-   connecting), so the worker's blocked stream read ends at once.
+   uses (the connection was handed the scope, and registered its socket there
+   while connecting), so the worker's blocked stream read ends at once.
 5. The worker's ``instance.exec`` raises ``CommandCancelled``; the worker hands
    the outcome over and goes idle, which ends the settle wait in step 2.
 

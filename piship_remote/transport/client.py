@@ -12,10 +12,15 @@ What it guarantees:
 
 - endpoint rules: no credentials in URLs, plain HTTP only to loopback, redirects never
   followed, TLS verification always on, proxies from the environment honoured;
+- it sends through the adapter its session routes the URL to: its own
+  :class:`~piship_remote.transport.adapter.PiShipAdapter` (mounted for ``http://`` and
+  ``https://`` unless the session has an adapter of another kind there), or one the user
+  mounted; the session's proxies, CA bundle and client certificate apply either way;
 - connections are pooled and kept alive (a short request costs one round trip), and a
   request is never re-sent automatically (a POST may have created something);
-- ``timeout`` is a deadline for the whole exchange (a server dripping bytes cannot
-  stretch it); a stream's body is bounded by ``idle_timeout`` and its reader instead;
+- ``timeout`` (or a :class:`~piship_remote.transport.deadline.Deadline` given as
+  ``deadline``) bounds the whole exchange (a server dripping bytes cannot stretch it); a
+  stream's body is bounded by ``idle_timeout`` and its reader instead;
 - ``cancel`` (a :class:`~piship_remote.transport._cancel.CancelToken` or a ``threading.Event``)
   shuts down the socket of *that* call only, so a connect, a wait for headers or a body
   read ends within milliseconds with :class:`~piship_remote.model.errors.CommandCancelled`;
