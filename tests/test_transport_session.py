@@ -163,3 +163,10 @@ def test_a_passed_deadline_sends_nothing(transport: Transport, server: HTTPServe
         transport.request("GET", server.url_for("/x"), deadline=deadline)
     assert caught.value.request_sent is False
     assert server.log == []
+
+
+def test_without_a_deadline_a_plain_body_is_read_whole(
+    transport: Transport, keepalive: KeepAliveServer
+) -> None:
+    response = transport.request("GET", f"{keepalive.url}/x", timeout=None)
+    assert response.json_object() == {"ok": True}
