@@ -242,13 +242,13 @@ class ExecEngine:
         self,
         request: ExecRequest,
         sink: Sink,
-        timeout: float | None,
+        deadline: Deadline,
         on_done: Callable[[], None],
         cancel: threading.Event | None = None,
     ) -> BackgroundCall:
         """Start ``request`` on a worker and return at once; ``sink`` gets its output on
-        that worker. A timeout, a kill (``call.abort``) and dispose abort it as they abort
-        a waited-for command, and one that ignores the abort retires the sandbox."""
+        that worker. Its ``deadline``, a kill (``call.abort``) and dispose abort it as they
+        abort a waited-for command, and one that ignores the abort retires the sandbox."""
         call = self._direct(sink, retire=True)
         unschedule: Callable[[], None] = _nothing
         forget: Callable[[], None] = _nothing
@@ -260,28 +260,31 @@ class ExecEngine:
                 self._calls.discard(call)
             on_done()
 
-        started = BackgroundCall(call, self._instance, request, done)
+        started = BackgroundCall(
+            call, self._instance, request, done, deadline if self._deadlines else None
+        )
         with self._lock:
             if self._disposed:
                 raise self._retired_error()
             self._calls.add(call)
-        if timeout is not None:
-            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
+        remaining = deadline.remaining()
+        if remaining is not None:
+            unschedule = self._timer.schedule(remaining, lambda: call.abort("timeout"))
         forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
         if self._workers.submit(started) is None:
             call.abort("disposed")
             done()
-            raise self._abort_error("disposed", timeout)
+            raise self._abort_error("disposed", deadline)
         return started
 
-    def result_of(self, started: BackgroundCall, timeout: float | None) -> BackendResult:
+    def result_of(self, started: BackgroundCall, deadline: Deadline) -> BackendResult:
         """How a :meth:`begin` call ended, once ``started.done`` is set: its result, or
         the error a waited-for command raises (``CommandTimeout``, ``CommandCancelled``, ...)."""
         call, outcome = started.call, started.outcome
         if call.failure is not None:
             raise call.failure
         if call.aborted is not None:
-            raise self._abort_error(call.aborted, timeout)
+            raise self._abort_error(call.aborted, deadline)
         assert outcome is not None
         if isinstance(outcome, Raised):
             raise self._backend_error(outcome.error)

@@ -393,9 +393,15 @@ class BackgroundCall:
     """
 
     def __init__(
-        self, call: DirectCall, instance: Instance, request: ExecRequest, on_done: Action
+        self,
+        call: DirectCall,
+        instance: Instance,
+        request: ExecRequest,
+        on_done: Action,
+        deadline: Deadline | None = None,
     ) -> None:
         self.call = call
+        self._deadline = deadline
         self.done = threading.Event()
         self.outcome: Outcome | None = None
         self._instance = instance
@@ -403,7 +409,7 @@ class BackgroundCall:
         self._on_done = on_done
 
     def execute(self) -> Outcome:
-        return self.call.run(self._instance, self._request)
+        return self.call.run(self._instance, self._request, self._deadline)
 
     def finish(self, outcome: Outcome) -> None:
         self.outcome = outcome
