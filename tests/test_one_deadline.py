@@ -21,7 +21,13 @@ from test_kubernetes_cluster import backend_on, exec_request  # noqa: F401 (fixt
 from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.backends.e2b._instance import E2bInstance
 from piship_remote.model.errors import CommandCancelled, PiShipError
-from piship_remote.testing import E2bServer, KubernetesServer
+from piship_remote.testing import (
+    E2bServer,
+    KubernetesServer,
+    MockHttpClient,
+    MockRequest,
+    MockResponse,
+)
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
 
@@ -147,3 +153,17 @@ def test_the_router_is_told_what_is_left_of_the_deadline(
     mock = kubernetes_server()
     backend_on(mock).exec(exec_request("true", timeout=600), deadline=deadline)
     assert mock.find("POST", "/execute")[-1].headers["x-sandbox-timeout"] == "8"
+
+
+def test_the_mock_client_takes_a_deadline_as_the_time_left_of_it() -> None:
+    clock = FakeClock()
+    deadline = Deadline.after(10, clock=clock)
+    clock.now += 4
+
+    def slow(request: MockRequest) -> MockResponse:
+        return MockResponse(200)
+
+    client = MockHttpClient(slow)
+    client.request("GET", "https://api.example.com/health", timeout=30, deadline=deadline).close()
+    (request,) = client.requests
+    assert request.timeout == 6
