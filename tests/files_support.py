@@ -21,6 +21,7 @@ from piship_remote.model.transfer import FileInfo
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.testing.e2b_files import MemoryTree
 from piship_remote.testing.k8s_runtime import FileTree
+from piship_remote.transport.deadline import Deadline
 from piship_remote.workspace._remote_archives import CommandRunner, RemoteArchives
 
 
@@ -33,12 +34,12 @@ class DirectoryFiles:
         self.writes: list[str] = []
 
     def working_directory(
-        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> str:
         return self.root
 
     def stat(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> FileInfo | None:
         _check(cancel)
         if not os.path.lexists(path):
@@ -46,7 +47,7 @@ class DirectoryFiles:
         return _info(path)
 
     def list_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> list[FileInfo]:
         _check(cancel)
         if not os.path.isdir(path):
@@ -54,14 +55,14 @@ class DirectoryFiles:
         return [_info(os.path.join(path, name)) for name in os.listdir(path)]
 
     def make_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> bool:
         existed = os.path.isdir(path)
         os.makedirs(path, exist_ok=True)
         return not existed
 
     def remove(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> None:
         subprocess.run(["rm", "-rf", "--", path], check=True)
 
@@ -71,7 +72,7 @@ class DirectoryFiles:
         chunks: Iterable[bytes],
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> FileInfo:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.writes.append(path)
@@ -87,7 +88,7 @@ class DirectoryFiles:
         sink: Callable[[bytes], None],
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> int:
         if not os.path.isfile(path):
             raise PiShipError(FILE_NOT_FOUND, f"no file at {path}")

@@ -26,6 +26,7 @@ from loopback_http import LoopbackHttp
 
 from piship_remote.transport._urllib3_internals import (
     RETIRED,
+    PlainHeadResponse,
     SingleWriteRequest,
     SocketFactoryHook,
     chunked_source,
@@ -293,3 +294,36 @@ def test_a_direct_request_that_fails_closes_its_connection_and_raises_as_urlopen
         finally:
             closer.join(5)
             pool.close()
+
+
+class _FixedSocket:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(io.BytesIO(self.data))
+
+
+_CHUNKED_ANSWER = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\nhello\r\n0\r\n\r\n"
+)
+
+
+def test_http_client_begin_sets_what_the_plain_head_response_sets() -> None:
+    stdlib = http.client.HTTPResponse(_FixedSocket(_CHUNKED_ANSWER), method="GET")  # type: ignore[arg-type]
+    stdlib.begin()
+    ours = PlainHeadResponse(_FixedSocket(_CHUNKED_ANSWER), method="GET")
+    ours.begin()
+    fields = (
+        "code",
+        "status",
+        "reason",
+        "version",
+        "chunked",
+        "chunk_left",
+        "length",
+        "will_close",
+    )
+    assert {f: getattr(ours, f) for f in fields} == {f: getattr(stdlib, f) for f in fields}
+    assert ours.read() == stdlib.read() == b"hello"

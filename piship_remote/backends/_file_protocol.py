@@ -3,7 +3,7 @@
 Paths given to a :class:`RemoteFiles` are absolute remote paths (the façade resolves
 relative ones against :meth:`RemoteFiles.working_directory`). Every call takes an
 optional ``cancel`` event and raises ``CommandCancelled`` promptly when it is set, and
-an optional ``deadline`` (a ``time.monotonic()`` instant) that bounds each of its
+an optional :class:`~piship_remote.transport.deadline.Deadline` that bounds each of its
 requests (:func:`request_timeout`); a missing path is ``PiShipError`` with code
 ``FILE_NOT_FOUND``, a write the sandbox refused (read-only, full, a file where a
 folder must be) ``FILE_WRITE_FAILED`` (:func:`write_failed`), and the sandbox stays
@@ -17,12 +17,12 @@ usable; data moves in chunks, so memory stays bounded whatever the file's size::
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
 from piship_remote.model.errors import FILE_WRITE_FAILED, PiShipError
 from piship_remote.model.transfer import FileInfo
+from piship_remote.transport.deadline import Deadline
 
 __all__ = [
     "ChunkSink",
@@ -57,31 +57,31 @@ class RemoteFiles(Protocol):
     """File operations on one remote sandbox; thread-safe beside running commands."""
 
     def working_directory(
-        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> str:
         """The absolute remote directory that relative paths (and the workspace) map to."""
         ...
 
     def stat(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> FileInfo | None:
         """The entry at ``path`` (a symlink itself, not its target), or ``None`` if missing."""
         ...
 
     def list_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> list[FileInfo]:
         """The entries directly in the directory ``path``, in any order."""
         ...
 
     def make_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> bool:
         """Create ``path`` and its parents; ``False`` when it already was a directory."""
         ...
 
     def remove(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> None:
         """Remove a file, or a directory recursively; a missing path is not an error."""
         ...
@@ -92,7 +92,7 @@ class RemoteFiles(Protocol):
         chunks: Iterable[bytes],
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> FileInfo:
         """Stream ``chunks`` into the file ``path`` (parents created, replaced if present)."""
         ...
@@ -103,7 +103,7 @@ class RemoteFiles(Protocol):
         sink: ChunkSink,
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> int:
         """Stream the file ``path`` into ``sink`` chunk by chunk; returns the byte count."""
         ...
@@ -129,11 +129,11 @@ def write_failed(path: str, why: str) -> PiShipError:
     )
 
 
-def request_timeout(limit: float | None, deadline: float | None) -> float | None:
+def request_timeout(limit: float | None, deadline: Deadline | None) -> float | None:
     """The timeout for one request of a call bounded by ``deadline``: ``limit`` (the
     request's own bound, ``None``: none), or the time left before ``deadline`` when that
     is less (``0.0`` once it has passed, which the transport reports as timed out)."""
-    if deadline is None:
+    left = None if deadline is None else deadline.remaining()
+    if left is None:
         return limit
-    left = max(0.0, deadline - time.monotonic())
     return left if limit is None else min(limit, left)

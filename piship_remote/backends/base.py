@@ -13,13 +13,23 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import attrs
 
 from piship_remote.backends.control import CommandControl, TerminalSize
+from piship_remote.transport.deadline import Deadline
+from piship_remote.transport.protocol import takes_keyword
 
 if TYPE_CHECKING:
     from piship_remote.model.policy import SandboxProfile
     from piship_remote.model.redact import Redactor
     from piship_remote.model.report import Capabilities
 
-__all__ = ["Availability", "Backend", "BackendResult", "ExecRequest", "Instance", "OutputCallback"]
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendResult",
+    "ExecRequest",
+    "Instance",
+    "OutputCallback",
+    "takes_deadline",
+]
 
 OutputCallback = Callable[[bytes], None]
 
@@ -49,6 +59,8 @@ class ExecRequest:
     ``controls_commands = True`` binds its input and says its pid; ``control.stdin``
     asks for an input pipe the handle writes to. A backend that cannot pass input or
     give a terminal raises ``PiShipError`` ``CONFIG_INVALID``.
+    ``timeout`` stays for backends whose ``exec`` takes no ``deadline``; the
+    built-in ones use the deadline they are given.
     """
 
     command: str
@@ -113,8 +125,14 @@ class Instance(Protocol):
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         cancel: threading.Event | None = None,
+        deadline: Deadline | None = None,
     ) -> BackendResult:
-        """Run one command; raise ``CommandCancelled`` when ``cancel`` is set."""
+        """Run one command; raise ``CommandCancelled`` when ``cancel`` is set.
+
+        ``deadline`` is the caller's (the same value the run engine fires): a backend
+        tells the service how long is left from it. An instance whose ``exec`` has
+        no ``deadline`` parameter is called without one (see :func:`takes_deadline`).
+        """
         ...
 
     def epoch(self) -> str | None:
@@ -145,3 +163,9 @@ class Backend(Protocol):
     def prepare(self, profile: SandboxProfile) -> Instance:
         """Create a sandbox (or a claim manager) for ``profile``."""
         ...
+
+
+def takes_deadline(instance: object) -> bool:
+    """Whether ``instance.exec`` accepts a ``deadline`` keyword (an instance written
+    before it existed does not, and is called without one)."""
+    return takes_keyword(getattr(instance, "exec", None), "deadline")

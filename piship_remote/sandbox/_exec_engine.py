@@ -36,10 +36,11 @@ keep running beside new ones. Dispose aborts every call at once and never waits.
 How a cancel travels, on the main thread's worker path, from ``Sandbox.exec(..., cancel=event)``
 to the socket (an E2B-compatible backend):
 
-1. The engine registers ``call.abort("cancel")`` with
-   :func:`~piship_remote.transport._cancel.when_cancelled`: a plain ``threading.Event`` is
-   polled every 2 ms by this engine's ``piship-cancel-watch`` thread, a
-   :class:`~piship_remote.transport._cancel.CancelToken` runs it from its own ``set()``.
+1. ``Sandbox.exec`` turned the caller's event into a
+   :class:`~piship_remote.transport._cancel.CancelToken` once (:meth:`ExecEngine.cancel_token`:
+   a plain ``threading.Event`` is polled every 2 ms by this engine's
+   ``piship-cancel-watch`` thread); the engine registers ``call.abort("cancel")`` on that
+   token, which runs it from its own ``set()``.
 2. ``WorkerCall.abort`` marks the channel aborted, which wakes the main thread
    (it raises :class:`CommandCancelled` after settling) and any worker blocked
    writing output, then sets the call's token, the ``cancel`` argument the
@@ -49,8 +50,8 @@ to the socket (an E2B-compatible backend):
    that sends SendSignal SIGKILL for the command's tag.
 4. The transport registered its call scope's ``cancel`` on that same token when
    the Start request was sent; the scope shuts down every socket the request
-   uses (found through the context variable the calling thread set while
-   connecting), so the worker's blocked stream read ends at once.
+   uses (the connection was handed the scope, and registered its socket there
+   while connecting), so the worker's blocked stream read ends at once.
 5. The worker's ``instance.exec`` raises ``CommandCancelled``; the worker hands
    the outcome over and goes idle, which ends the settle wait in step 2.
 
@@ -66,11 +67,11 @@ from __future__ import annotations
 import os
 import shlex
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from piship_remote.backends._owned import Detachable
-from piship_remote.backends.base import BackendResult, ExecRequest, Instance
+from piship_remote.backends.base import BackendResult, ExecRequest, Instance, takes_deadline
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     SANDBOX_UNAVAILABLE,
@@ -94,7 +95,8 @@ from piship_remote.sandbox._exec_workers import (
     WorkerPool,
 )
 from piship_remote.sandbox._interrupts import Disarm, InterruptGuard
-from piship_remote.transport._cancel import EventWatcher, when_cancelled
+from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge, when_cancelled
+from piship_remote.transport.deadline import Deadline
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -174,6 +176,7 @@ class ExecEngine:
         self._interrupts = InterruptGuard()
         self._prompt = getattr(instance, "cancels_promptly", False) is True
         self._controls = getattr(instance, "controls_commands", False) is True
+        self._deadlines = takes_deadline(instance)
         self._disposed = False
         self._retired = False
 
@@ -183,33 +186,46 @@ class ExecEngine:
             if self._retired or self._disposed:
                 raise self._retired_error()
 
+    @contextmanager
+    def cancel_token(self, cancel: threading.Event | None) -> Iterator[CancelToken]:
+        """The token for a caller's ``cancel`` during the block: itself if it is one, else
+        a mirror this engine's ``piship-cancel-watch`` thread sets (the one bridge)."""
+        with bridge(cancel, self._watcher) as token:
+            yield token
+
     def run(
         self,
         request: ExecRequest,
         sink: Sink | None,
-        timeout: float | None,
+        deadline: Deadline | float | None,
         cancel: threading.Event | None,
         *,
         retire: bool,
     ) -> BackendResult:
-        """Run ``request``, its output to ``sink`` on this thread; ``timeout`` ``None``: none.
+        """Run ``request``, its output to ``sink`` on this thread, until ``deadline``
+        (seconds from now also do; ``None``: none).
 
         ``retire``: a backend call that ignores an abort retires the sandbox.
         """
+        if not isinstance(deadline, Deadline):
+            deadline = Deadline.never() if deadline is None else Deadline.after(deadline)
+        given = deadline if self._deadlines else None
         call: WorkerCall | DirectCall
         disarm: Disarm | None = None
         if threading.current_thread() is not threading.main_thread():
             call = self._direct(sink, retire)
         elif not self._prompt:
-            call = WorkerCall(self._instance, request, CHANNEL_BYTES)
+            call = WorkerCall(self._instance, request, CHANNEL_BYTES, given)
         else:
             direct = self._direct(sink, retire)
             disarm = self._interrupts.arm(lambda: direct.abort(STOPPED))
             call = (
-                direct if disarm is not None else WorkerCall(self._instance, request, CHANNEL_BYTES)
+                direct
+                if disarm is not None
+                else WorkerCall(self._instance, request, CHANNEL_BYTES, given)
             )
         try:
-            outcome = self._registered(call, request, sink, timeout, cancel, retire=retire)
+            outcome = self._registered(call, request, sink, deadline, cancel, retire=retire)
         finally:
             if disarm is not None and disarm():
                 raise KeyboardInterrupt from None
@@ -226,13 +242,13 @@ class ExecEngine:
         self,
         request: ExecRequest,
         sink: Sink,
-        timeout: float | None,
+        deadline: Deadline,
         on_done: Callable[[], None],
         cancel: threading.Event | None = None,
     ) -> BackgroundCall:
         """Start ``request`` on a worker and return at once; ``sink`` gets its output on
-        that worker. A timeout, a kill (``call.abort``) and dispose abort it as they abort
-        a waited-for command, and one that ignores the abort retires the sandbox."""
+        that worker. Its ``deadline``, a kill (``call.abort``) and dispose abort it as they
+        abort a waited-for command, and one that ignores the abort retires the sandbox."""
         call = self._direct(sink, retire=True)
         unschedule: Callable[[], None] = _nothing
         forget: Callable[[], None] = _nothing
@@ -244,28 +260,31 @@ class ExecEngine:
                 self._calls.discard(call)
             on_done()
 
-        started = BackgroundCall(call, self._instance, request, done)
+        started = BackgroundCall(
+            call, self._instance, request, done, deadline if self._deadlines else None
+        )
         with self._lock:
             if self._disposed:
                 raise self._retired_error()
             self._calls.add(call)
-        if timeout is not None:
-            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
+        remaining = deadline.remaining()
+        if remaining is not None:
+            unschedule = self._timer.schedule(remaining, lambda: call.abort("timeout"))
         forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
         if self._workers.submit(started) is None:
             call.abort("disposed")
             done()
-            raise self._abort_error("disposed", timeout)
+            raise self._abort_error("disposed", deadline)
         return started
 
-    def result_of(self, started: BackgroundCall, timeout: float | None) -> BackendResult:
+    def result_of(self, started: BackgroundCall, deadline: Deadline) -> BackendResult:
         """How a :meth:`begin` call ended, once ``started.done`` is set: its result, or
         the error a waited-for command raises (``CommandTimeout``, ``CommandCancelled``, ...)."""
         call, outcome = started.call, started.outcome
         if call.failure is not None:
             raise call.failure
         if call.aborted is not None:
-            raise self._abort_error(call.aborted, timeout)
+            raise self._abort_error(call.aborted, deadline)
         assert outcome is not None
         if isinstance(outcome, Raised):
             raise self._backend_error(outcome.error)
@@ -279,7 +298,7 @@ class ExecEngine:
         call: WorkerCall | DirectCall,
         request: ExecRequest,
         sink: Sink | None,
-        timeout: float | None,
+        deadline: Deadline,
         cancel: threading.Event | None,
         *,
         retire: bool,
@@ -292,8 +311,8 @@ class ExecEngine:
             forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
             try:
                 if isinstance(call, WorkerCall):
-                    return self._on_worker(call, sink, timeout, retire=retire)
-                return self._on_caller(call, request, timeout)
+                    return self._on_worker(call, sink, deadline, retire=retire)
+                return self._on_caller(call, request, deadline)
             finally:
                 forget()
         finally:
@@ -356,16 +375,16 @@ class ExecEngine:
     # The main thread: a worker makes the call, the main thread drains its channel.
 
     def _on_worker(
-        self, call: WorkerCall, sink: Sink | None, timeout: float | None, *, retire: bool
+        self, call: WorkerCall, sink: Sink | None, deadline: Deadline, *, retire: bool
     ) -> Outcome:
         worker = self._workers.submit(call)
         if worker is None:  # disposed since the call was registered
-            raise self._abort_error("disposed", timeout)
+            raise self._abort_error("disposed", deadline)
         try:
-            return self._drain(call, sink, timeout)
+            return self._drain(call, sink, deadline)
         except _Aborted as aborted:
             self._settle(call, retire=retire and aborted.kind != "disposed")
-            raise self._abort_error(aborted.kind, timeout) from None
+            raise self._abort_error(aborted.kind, deadline) from None
         except BaseException:  # Ctrl-C, or the sink failed
             self._settle(call, retire=retire)
             raise
@@ -373,8 +392,7 @@ class ExecEngine:
             if call.finished.is_set():
                 self._workers.reap(worker, self._settle_timeout)
 
-    def _drain(self, call: WorkerCall, sink: Sink | None, timeout: float | None) -> Outcome:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _drain(self, call: WorkerCall, sink: Sink | None, deadline: Deadline) -> Outcome:
         channel = call.channel
         while True:
             taken = channel.take(_wait_slice(deadline, INTERRUPT_POLL))
@@ -387,7 +405,7 @@ class ExecEngine:
                     raise _Aborted(channel.aborted)
                 if sink is not None:
                     sink(item.stream, item.chunk)
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.expired:
                 raise _Aborted("timeout")
 
     def _settle(self, call: WorkerCall, *, retire: bool) -> None:
@@ -398,19 +416,20 @@ class ExecEngine:
 
     # Any other thread: it makes the call itself; the timer thread fires its deadline.
 
-    def _on_caller(self, call: DirectCall, request: ExecRequest, timeout: float | None) -> Outcome:
+    def _on_caller(self, call: DirectCall, request: ExecRequest, deadline: Deadline) -> Outcome:
         unschedule = None
-        if timeout is not None:
-            unschedule = self._timer.schedule(timeout, lambda: call.abort("timeout"))
+        remaining = deadline.remaining()
+        if remaining is not None:
+            unschedule = self._timer.schedule(remaining, lambda: call.abort("timeout"))
         try:
-            outcome = call.run(self._instance, request)
+            outcome = call.run(self._instance, request, deadline if self._deadlines else None)
         finally:
             if unschedule is not None:
                 unschedule()
         if call.failure is not None:
             raise call.failure
         if call.aborted is not None:
-            raise self._abort_error(call.aborted, timeout)
+            raise self._abort_error(call.aborted, deadline)
         return outcome
 
     def _watch_settle(self, call: DirectCall, kind: AbortKind, retire: bool) -> None:
@@ -435,9 +454,9 @@ class ExecEngine:
 
     # -- errors --------------------------------------------------------------------
 
-    def _abort_error(self, kind: AbortKind, timeout: float | None) -> BaseException:
+    def _abort_error(self, kind: AbortKind, deadline: Deadline) -> BaseException:
         if kind == "timeout":
-            return CommandTimeout(timeout or 0)
+            return CommandTimeout(deadline.seconds or 0)
         if kind == "disposed":
             return PiShipError(
                 SANDBOX_UNAVAILABLE,
@@ -479,10 +498,10 @@ def reason_text(text: str, redactor: Redactor) -> str:
     return redacted if len(redacted) <= REASON_LIMIT else redacted[:REASON_LIMIT]
 
 
-def _wait_slice(deadline: float | None, poll: float | None) -> float | None:
-    if deadline is None:
+def _wait_slice(deadline: Deadline, poll: float | None) -> float | None:
+    remaining = deadline.remaining()
+    if remaining is None:
         return poll
-    remaining = max(0.0, deadline - time.monotonic())
     return remaining if poll is None else min(remaining, poll)
 
 

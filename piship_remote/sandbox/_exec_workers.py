@@ -30,6 +30,7 @@ import attrs
 
 from piship_remote.backends.base import BackendResult, ExecRequest, Instance
 from piship_remote.transport._cancel import CancelToken
+from piship_remote.transport.deadline import Deadline
 
 __all__ = [
     "STOPPED",
@@ -98,9 +99,15 @@ def _call_backend(
     on_stdout: Callable[[bytes], None],
     on_stderr: Callable[[bytes], None],
     token: CancelToken,
+    deadline: Deadline | None,
 ) -> Outcome:
     try:
-        result = instance.exec(request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token)
+        if deadline is None:  # an instance whose exec takes no deadline
+            result = instance.exec(request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token)
+        else:
+            result = instance.exec(
+                request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token, deadline=deadline
+            )
     except BaseException as e:
         return Raised(e)
     return Returned(result)
@@ -187,12 +194,19 @@ class Channel:
 class WorkerCall:
     """One backend call made on a worker; its output goes through a :class:`Channel`."""
 
-    def __init__(self, instance: Instance, request: ExecRequest, limit: int) -> None:
+    def __init__(
+        self,
+        instance: Instance,
+        request: ExecRequest,
+        limit: int,
+        deadline: Deadline | None = None,
+    ) -> None:
         self.token = CancelToken()
         self.finished = threading.Event()
         self.channel = Channel(limit)
         self._instance = instance
         self._request = request
+        self._deadline = deadline
 
     def abort(self, kind: AbortKind) -> None:
         if self.channel.abort(kind):
@@ -211,6 +225,7 @@ class WorkerCall:
             lambda chunk: put("stdout", chunk),
             lambda chunk: put("stderr", chunk),
             self.token,
+            self._deadline,
         )
 
     def finish(self, outcome: Outcome) -> None:
@@ -309,9 +324,7 @@ class DirectCall:
     pauses stall every thread.)
     """
 
-    def __init__(
-        self, sink: Sink | None, on_stop: Callable[[DirectCall, AbortKind], None]
-    ) -> None:
+    def __init__(self, sink: Sink | None, on_stop: Callable[[DirectCall, AbortKind], None]) -> None:
         self.token = CancelToken()
         self.finished = threading.Event()
         self.aborted: AbortKind | None = None
@@ -328,10 +341,17 @@ class DirectCall:
         self.token.set()
         self._on_stop(self, kind)
 
-    def run(self, instance: Instance, request: ExecRequest) -> Outcome:
+    def run(
+        self, instance: Instance, request: ExecRequest, deadline: Deadline | None = None
+    ) -> Outcome:
         try:
             return _call_backend(
-                instance, request, self._forward("stdout"), self._forward("stderr"), self.token
+                instance,
+                request,
+                self._forward("stdout"),
+                self._forward("stderr"),
+                self.token,
+                deadline,
             )
         finally:
             self.finished.set()
@@ -373,9 +393,15 @@ class BackgroundCall:
     """
 
     def __init__(
-        self, call: DirectCall, instance: Instance, request: ExecRequest, on_done: Action
+        self,
+        call: DirectCall,
+        instance: Instance,
+        request: ExecRequest,
+        on_done: Action,
+        deadline: Deadline | None = None,
     ) -> None:
         self.call = call
+        self._deadline = deadline
         self.done = threading.Event()
         self.outcome: Outcome | None = None
         self._instance = instance
@@ -383,7 +409,7 @@ class BackgroundCall:
         self._on_done = on_done
 
     def execute(self) -> Outcome:
-        return self.call.run(self._instance, self._request)
+        return self.call.run(self._instance, self._request, self._deadline)
 
     def finish(self, outcome: Outcome) -> None:
         self.outcome = outcome

@@ -12,7 +12,8 @@ the caller's ``cancel`` event (bridged once, here), the deadline (the
 ``piship-files-timer`` thread) and :meth:`FileCalls.dispose`. Setting it shuts down
 the sockets of whatever request is in flight, so a stalled transfer ends within
 milliseconds. The deadline also goes down as ``call.deadline`` (a
-``time.monotonic()`` instant), so each request is bounded by what is left of it.
+:class:`~piship_remote.transport.deadline.Deadline`), so each request is bounded by
+what is left of it.
 
 Whatever the operation raises once its token was set is replaced by the reason:
 :class:`CommandTimeout` for the deadline, :class:`CommandCancelled` for the event,
@@ -22,7 +23,6 @@ Whatever the operation raises once its token was set is replaced by the reason:
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +39,7 @@ from piship_remote.model.errors import (
 )
 from piship_remote.sandbox._exec_workers import DeadlineTimer
 from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
+from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = ["FileCall", "FileCalls", "check_timeout"]
 
@@ -62,7 +63,7 @@ class FileCall:
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.deadline = timeout_deadline(timeout)
         self.cancel = CancelToken()
         self._reason: Reason | None = None
         self._lock = threading.Lock()
@@ -74,9 +75,7 @@ class FileCall:
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (``0.0`` once passed); ``None``: no deadline."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - time.monotonic())
+        return self.deadline.remaining()
 
     def stop(self, reason: Reason) -> None:
         """Stop the operation for ``reason`` (the first reason given is kept)."""
@@ -86,7 +85,7 @@ class FileCall:
         self.cancel.set()
 
     def expired(self) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.deadline.expired
 
 
 class FileCalls:

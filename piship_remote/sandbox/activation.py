@@ -52,6 +52,7 @@ from piship_remote.sandbox._output import OUTPUT_LIMIT, CommandResult, OutputCap
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_sync_mode
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -137,7 +138,8 @@ class Sandbox:
         as :func:`shlex.join` does (``["pytest", "-k", "a b"]``).
         ``cwd`` is a host path inside the workspace (default: its root), mapped
         onto the remote working directory. ``on_data`` gets stdout and stderr
-        chunks on the calling thread. ``timeout`` (seconds) kills the remote
+        chunks on the calling thread. ``timeout`` (seconds, more than 0; ``None``: no
+        limit; 0 or less is ``CONFIG_INVALID``) kills the remote
         command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
         and raises :class:`CommandCancelled`; Ctrl-C kills it and re-raises.
         ``env`` replaces the environment the allow list is applied to.
@@ -234,7 +236,10 @@ class Sandbox:
             command_line(command)
             raise CommandCancelled()
         handle = self._handle(command, cwd, timeout, env, stdin=stdin)
-        return ExecResult(exit_code=exit_status(handle._wait_here(sink, cancel)))
+        # The caller's cancel becomes the command's one token, here, once.
+        with self._usable_engine().cancel_token(cancel) as token:
+            result = handle._wait_here(sink, token)
+        return ExecResult(exit_code=exit_status(result))
 
     def _handle(
         self,
@@ -254,14 +259,13 @@ class Sandbox:
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
             env=self._command_env(env),
-            timeout=timeout or None,
+            timeout=timeout,
             stdin=stdin,
             pty=_terminal_size(pty),
             control=control,
         )
-        if timeout is not None and timeout < 0:
-            raise PiShipError(CONFIG_INVALID, f"timeout must not be negative, not {timeout}")
-        return CommandHandle(engine, request, timeout or None, output_limit=OUTPUT_LIMIT)
+        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
+        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
 
     def workspace(self) -> WorkspaceReport | None:
         """The live workspace report (a snapshot's never changes); ``None`` when not enforced.

@@ -33,6 +33,7 @@ from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, PiShipErr
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
 from piship_remote.sandbox._exec_workers import BackgroundCall, Sink, Stream
 from piship_remote.sandbox._output import CommandResult, OutputCapture
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["UNREAD_LIMIT", "CommandHandle"]
 
@@ -71,13 +72,13 @@ class CommandHandle:
         self,
         engine: ExecEngine,
         request: ExecRequest,
-        timeout: float | None,
+        deadline: Deadline,
         *,
         output_limit: int | None,
     ) -> None:
         self._engine = engine
         self._request = request
-        self._timeout = timeout
+        self._deadline = deadline
         self._capture = OutputCapture(limit=output_limit)
         self._cond = threading.Condition()
         self._unread: collections.deque[tuple[Stream, bytes]] = collections.deque()
@@ -93,12 +94,13 @@ class CommandHandle:
 
     def _begin(self) -> CommandHandle:
         """Start the command on a worker (``Sandbox.start``)."""
-        self._started = self._engine.begin(self._request, self._received, self._timeout, self._wake)
+        engine = self._engine
+        self._started = engine.begin(self._request, self._received, self._deadline, self._wake)
         return self
 
     def _wait_here(self, sink: Sink | None, cancel: threading.Event | None) -> BackendResult:
         """Run the command on this thread (``Sandbox.exec``/``run``), its output to ``sink``."""
-        return self._engine.run(self._request, sink, self._timeout, cancel, retire=True)
+        return self._engine.run(self._request, sink, self._deadline, cancel, retire=True)
 
     def _received(self, stream: Stream, chunk: bytes) -> None:
         """Output, on the worker: kept for the result and queued for the iteration."""
@@ -152,7 +154,7 @@ class CommandHandle:
         except KeyboardInterrupt:
             self.kill()
             raise
-        result = self._engine.result_of(started, self._timeout)
+        result = self._engine.result_of(started, self._deadline)
         with self._cond:
             return self._capture.result(exit_status(result))
 

@@ -51,6 +51,7 @@ from requests.structures import CaseInsensitiveDict
 from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
 from piship_remote.transport._scope import ON_SENT
+from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.failures import TransportError, failure_code, timed_out
 from piship_remote.transport.response import window_text
 
@@ -157,8 +158,15 @@ class MockHttpClient:
         cancel: threading.Event | None = None,
         stream: bool = False,
         idle_timeout: float | None = None,
+        deadline: Deadline | None = None,
     ) -> MockReply:
-        """Record the request, call the handler, answer with its response."""
+        """Record the request, call the handler, answer with its response.
+
+        A ``deadline`` given instead of ``timeout`` counts as the time left of it (on its
+        own clock), recorded as the request's ``timeout``.
+        """
+        if deadline is not None:
+            timeout = deadline.remaining()
         call = _Call(self, url, timeout, cancel, stream, idle_timeout)
         call.check()
         sent = _Call.lowered(headers)

@@ -4,11 +4,14 @@ The modules, one concept each:
 
 - :mod:`.protocol`: :class:`HttpClient`, what a backend needs from a client;
 - :mod:`.client`: :class:`Transport`, the default client (a pooled session);
+- :mod:`.adapter`: :class:`PiShipAdapter`, the requests adapter the transport sends through;
+- :mod:`.deadline`: :class:`Deadline`, one value for "must end by";
 - :mod:`.endpoint`: which URLs and headers may be sent;
 - ``_headers``: :class:`HeaderSet`, headers checked and encoded once for many requests;
 - :mod:`.response`: :class:`HttpResponse`, bodies read on demand;
 - :mod:`.failures`: :class:`TransportError` and how failures are named;
-- ``_scope`` (cancel and deadline reach the socket), ``_connection`` (the pool's
+- ``_cancel`` (:class:`CancelToken`), ``_scope`` (cancel and deadline reach the socket),
+  ``_connection`` (the pool's
   connections), ``_dechunk``, ``_prepared``, and ``_urllib3_internals``: the one
   module that touches private urllib3 / http.client members.
 
@@ -22,17 +25,21 @@ The modules, one concept each:
 from piship_remote.transport._dechunk import Dechunker as _Dechunker  # noqa: F401 (tests)
 from piship_remote.transport._headers import HeaderSet
 from piship_remote.transport._scope import when_sent
+from piship_remote.transport.adapter import PiShipAdapter
 from piship_remote.transport.client import Transport
+from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import check_endpoint
 from piship_remote.transport.failures import TransportError
 from piship_remote.transport.protocol import HttpClient, HttpReply
 from piship_remote.transport.response import HttpResponse, window_text
 
 __all__ = [
+    "Deadline",
     "HeaderSet",
     "HttpClient",
     "HttpReply",
     "HttpResponse",
+    "PiShipAdapter",
     "Transport",
     "TransportError",
     "check_endpoint",

@@ -1,10 +1,14 @@
-"""Pooled connections that register their sockets with the calling thread's call scope.
+"""Pooled connections that register their sockets with the scope of the call holding them.
 
-A connection registers its socket with :data:`~piship_remote.transport._scope.CURRENT`
-when it connects (before ``connect()``, so a cancel interrupts a hanging connect) and
-again just before it waits for the response headers. Taken from the pool by another
-call, it first leaves the previous call's scope; if that call was cancelled meanwhile
-(its cancel may have shut the socket down) the connection is closed and reopened.
+The scope is given explicitly by
+:func:`~piship_remote.transport._urllib3_internals.send_direct`; on the proxy path,
+where urllib3's ``urlopen`` takes the connection, it comes through the context
+variable :data:`~piship_remote.transport._scope.CURRENT`. A connection registers its
+socket when it connects (before ``connect()``, so a cancel interrupts a hanging
+connect) and again just before it waits for the response headers. Taken from the pool
+by another call, it first leaves the previous call's scope; if that call was cancelled
+meanwhile (its cancel may have shut the socket down) the connection is closed and
+reopened.
 
 A stream's answer is looked at before urllib3 wraps it (``getresponse_streamed``): a
 plain head over a bare chunked body becomes a
@@ -13,14 +17,12 @@ plain head over a bare chunked body becomes a
 
 from __future__ import annotations
 
-import contextvars
-import http.client
+import functools
 import io
 import socket
 import sys
 from typing import Any
 
-import requests.adapters
 import urllib3
 import urllib3.connection
 import urllib3.connectionpool
@@ -29,77 +31,36 @@ import urllib3.response
 from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
-from piship_remote.transport._response_head import PlainHead, peek_plain_head, read_plain_head
+from piship_remote.transport._response_head import PlainHead, peek_plain_head
 from piship_remote.transport._scope import CURRENT, ON_SENT, CallScope, DeadlineReader
 from piship_remote.transport._steady_socket import SteadyTimeoutSocket
 from piship_remote.transport._streamed_response import StreamedResponse
 from piship_remote.transport._urllib3_internals import (
+    PlainHeadResponse,
     SingleWriteRequest,
     SocketFactoryHook,
     http_client_response,
-    record_retired,
 )
 from piship_remote.transport.endpoint import is_localhost_name, loopback_addresses
 
-__all__ = ["CancellableAdapter"]
+__all__ = ["HOSTS", "POOL_CLASSES"]
 
 HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sandbox)
 
 
-class _DeadlineResponse(http.client.HTTPResponse):
-    """http.client's response, reading through a :class:`DeadlineReader` during a call.
+class _DeadlineResponse(PlainHeadResponse):
+    """http.client's response, reading from ``reader`` when the connection gives one
+    (a deadline-bound reader, or the one a stream's head was peeked from)."""
 
-    A plain head is read without the email parser (see :func:`read_plain_head`); a
-    head the connection already parsed (:data:`_PREPARED`) is taken as it is.
-    """
-
-    _piship_head: PlainHead | None = None
-
-    def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
-        prepared = _PREPARED.get()
-        if prepared is not None:
-            sock = _GivenReader(prepared[0])
-            self._piship_head = prepared[1]
-        else:
-            scope = CURRENT.get()
-            if scope is not None and scope.deadline is not None and isinstance(sock, socket.socket):
-                sock = _GivenReader(_response_reader(sock, scope))
-        super().__init__(sock, *args, **kwargs)
-        method = kwargs.get("method")
-        self._piship_method = method if isinstance(method, str) and not args else None
-
-    def begin(self) -> None:
-        if self.headers is not None or self.debuglevel > 0:
-            super().begin()
-            return
-        head = self._piship_head
-        if head is not None:
-            self.fp.read(head.size)  # parsed already; served from the buffer
-        else:
-            head = read_plain_head(self.fp, self._piship_method)
-        if head is None:
-            super().begin()
-            return
-        self.code = self.status = head.status
-        self.reason = head.reason
-        self.version = 11
-        self.headers = self.msg = head.headers
-        self.chunked = head.chunked
-        if head.chunked:
-            self.chunk_left = None
-        self.length = head.length
-        self.will_close = head.will_close
-
-
-# The reader and parsed head of the response a connection is about to hand to http.client.
-_PREPARED: contextvars.ContextVar[tuple[io.BufferedReader, PlainHead | None] | None] = (
-    contextvars.ContextVar("piship_prepared_response", default=None)
-)
+    def __init__(
+        self, sock: Any, *args: Any, reader: io.BufferedReader | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(sock if reader is None else _GivenReader(reader), *args, **kwargs)
 
 
 def _response_reader(sock: socket.socket, scope: CallScope | None) -> io.BufferedReader:
     """The buffered reader a response reads from: deadline-bound while the call has one."""
-    if scope is not None and scope.deadline is not None:
+    if scope is not None and scope.deadline.bounded:
         return io.BufferedReader(DeadlineReader(sock, scope))
     return sock.makefile("rb")
 
@@ -124,8 +85,13 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
     _piship_scope: CallScope | None = None
     _piship_socket: socket.socket | None = None
 
+    def _call(self) -> CallScope | None:
+        """The scope of the call holding this connection: given, else the context's."""
+        given: CallScope | None = self.call_scope
+        return given if given is not None else CURRENT.get()
+
     def open_socket(self) -> socket.socket:
-        scope = CURRENT.get()
+        scope = self._call()
         if scope is None:
             if is_localhost_name(self.host):
                 return _open_socket(self, None)  # never resolved: see loopback_addresses
@@ -144,7 +110,7 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
     def request(self, *args: Any, **kwargs: Any) -> None:
         method = args[0] if args else kwargs.get("method")
         self._piship_method = method if isinstance(method, str) else None
-        scope = CURRENT.get()
+        scope = self._call()
         if scope is not None:
             self._leave_scope(scope, close_if_cancelled=True)
             if self.sock is None:
@@ -156,8 +122,23 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
             on_sent()
 
     def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
-        self._enter_response_scope()
-        return super().getresponse()
+        scope = self._enter_response_scope()
+        sock = self.sock
+        if scope is None or not scope.deadline.bounded or not isinstance(sock, socket.socket):
+            return super().getresponse()
+        return self._answer(_response_reader(sock, scope), None)
+
+    def _answer(
+        self, reader: io.BufferedReader, head: PlainHead | None
+    ) -> urllib3.response.HTTPResponse:
+        """urllib3's response, its http.client response reading from ``reader``."""
+        self.response_class = functools.partial(  # type: ignore[assignment]
+            _DeadlineResponse, reader=reader, head=head
+        )
+        try:
+            return super().getresponse()
+        finally:
+            del self.response_class
 
     def getresponse_streamed(self) -> urllib3.response.HTTPResponse | StreamedResponse:
         """The answer to a stream's request; a :class:`StreamedResponse` when its head
@@ -173,17 +154,19 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
         except BaseException:
             reader.close()
             raise
-        token = _PREPARED.set((reader, head))
-        try:
-            if head is not None and head.bare_stream:
+        if head is not None and head.bare_stream:
+            self.response_class = functools.partial(  # type: ignore[assignment]
+                _DeadlineResponse, reader=reader, head=head
+            )
+            try:
                 return StreamedResponse(http_client_response(self), head, self)
-            return super().getresponse()
-        finally:
-            _PREPARED.reset(token)
+            finally:
+                del self.response_class
+        return self._answer(reader, head)
 
     def _enter_response_scope(self) -> CallScope | None:
-        """Register the socket the response arrives on with the calling thread's scope."""
-        scope = CURRENT.get()
+        """Register the socket the response arrives on with the holding call's scope."""
+        scope = self._call()
         sock = self.sock
         if scope is not None and sock is not None:
             remaining = scope.remaining()
@@ -261,26 +244,7 @@ class _TlsPool(urllib3.connectionpool.HTTPSConnectionPool):
     ConnectionCls = _TlsConnection
 
 
-_POOL_CLASSES: dict[str, type[urllib3.connectionpool.HTTPConnectionPool]] = {
+POOL_CLASSES: dict[str, type[urllib3.connectionpool.HTTPConnectionPool]] = {
     "http": _Pool,
     "https": _TlsPool,
 }
-
-
-class CancellableAdapter(requests.adapters.HTTPAdapter):
-    """An adapter whose pools use the scope-aware connection classes.
-
-    Its pool managers record the pools they drop (see ``record_retired``).
-    """
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
-        record_retired(self.poolmanager, HOSTS)
-
-    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> urllib3.PoolManager:
-        manager: urllib3.PoolManager = super().proxy_manager_for(proxy, **proxy_kwargs)
-        if not proxy.lower().startswith("socks"):
-            manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
-        record_retired(manager, HOSTS)
-        return manager

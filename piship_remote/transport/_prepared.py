@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import requests
@@ -12,8 +12,12 @@ import requests.structures
 import requests.utils
 import urllib3.connectionpool
 
+from piship_remote.transport._headers import HeaderSet
 from piship_remote.transport._urllib3_internals import RETIRED
 from piship_remote.transport.endpoint import request_path
+
+if TYPE_CHECKING:
+    from piship_remote.transport.adapter import PiShipAdapter
 
 __all__ = ["Outgoing", "Route", "Target"]
 
@@ -30,15 +34,18 @@ class Target:
 
 @attrs.frozen
 class Route:
-    """How requests to one origin are sent: the session's settings for it, and its pool.
+    """How requests to one origin are sent: the session's settings for it, the
+    adapter that sends them and its pool.
 
-    ``pool`` is ``None`` when the session routes the origin to an adapter of its own.
-    ``absolute``: the request line carries the whole URL (a plain-HTTP proxy).
+    ``adapter`` and ``pool`` are ``None`` when the session routes the origin to an
+    adapter that is not a ``PiShipAdapter`` (one a user mounted): ``Session.send``
+    sends then. ``absolute``: the request line carries the whole URL (a plain-HTTP proxy).
     """
 
     settings: dict[str, Any]
     pool: urllib3.connectionpool.HTTPConnectionPool | None
     absolute: bool
+    adapter: PiShipAdapter | None = None
 
     def current(self) -> bool:
         """Whether the pool is still open and its manager's (else: look the origin up again)."""
@@ -88,3 +95,18 @@ class Outgoing:
             prepared.hooks = requests.hooks.default_hooks()
             self._prepared = prepared
         return self._prepared
+
+    def chunked(self) -> bool:
+        """Whether the body goes out chunked: a streamed body whose length the caller
+        did not give.
+
+        A request never carries both framings: with ``Content-Length`` and
+        ``Transfer-Encoding: chunked`` together, servers and proxies may reject it as a
+        smuggling attempt or read the body by the wrong one.
+        """
+        if self.body is None or isinstance(self.body, bytes):
+            return False
+        headers = self.headers
+        if isinstance(headers, HeaderSet):
+            return not headers.has("content-length")
+        return not any(name.lower() == "content-length" for name in headers)

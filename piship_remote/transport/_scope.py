@@ -22,7 +22,6 @@ import contextvars
 import io
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
 from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge
+from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.failures import (
     NETWORK_ERRORS,
     TransportError,
@@ -54,7 +54,7 @@ class CallScope:
         "socket",
     )
 
-    def __init__(self, deadline: float | None) -> None:
+    def __init__(self, deadline: Deadline) -> None:
         self.deadline = deadline
         self.cancelled = False
         self.sent = False  # the request may have reached the server
@@ -70,17 +70,18 @@ class CallScope:
         return self._over
 
     def remaining(self) -> float | None:
-        return None if self.deadline is None else self.deadline - time.monotonic()
+        return self.deadline.remaining()
 
     def read_timeout(self) -> float | None:
         """The socket timeout the next read gets: what is left of the deadline.
 
         Raises ``TimeoutError`` (a socket timeout) once the deadline has passed.
         """
-        deadline = self.deadline
-        if deadline is None or self._over:
+        if self._over:
             return None
-        remaining = deadline - time.monotonic()
+        remaining = self.deadline.remaining()
+        if remaining is None:
+            return None
         if remaining <= 0:
             raise TimeoutError("the deadline passed")
         return remaining
@@ -185,7 +186,7 @@ class Call:
         component: str,
         redactor: Redactor,
         target: tuple[str, str],
-        deadline: float | None,
+        deadline: Deadline,
         *,
         stream: bool,
         idle_timeout: float | None,

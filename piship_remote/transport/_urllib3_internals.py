@@ -25,6 +25,10 @@ of these, ``tests/test_urllib3_internals.py`` fails before anything here misbeha
 - ``HTTPConnection._response_options``, again: a stream whose answer is plain and
   chunked skips urllib3's response object (see ``_streamed_response``); the answer
   is read by http.client's own ``getresponse`` after what urllib3's does before it.
+- ``http.client.HTTPResponse.chunk_left`` (set) and ``.begin()`` (re-implemented):
+  a plain head (see ``_response_head``) is read without the email parser, and a
+  head already parsed while peeking at a stream's answer is taken as it is
+  (:class:`PlainHeadResponse`).
 - ``HTTPConnectionPool._validate_conn`` and ``urllib3.response.HTTPResponse._pool`` /
   ``._connection``: a request that urllib3 would neither retry, redirect nor send
   through a proxy is sent by :func:`send_direct`, what ``urlopen`` and
@@ -52,12 +56,14 @@ import urllib3.response
 import urllib3.util.retry
 
 from piship_remote.transport._headers import HeaderSet
+from piship_remote.transport._response_head import PlainHead, read_plain_head
 
 if TYPE_CHECKING:
     from piship_remote.transport._streamed_response import StreamedResponse
 
 __all__ = [
     "RETIRED",
+    "PlainHeadResponse",
     "SingleWriteRequest",
     "SocketFactoryHook",
     "chunked_source",
@@ -71,7 +77,13 @@ __all__ = [
 
 
 class SocketFactoryHook(urllib3.connection.HTTPConnection):
-    """Routes urllib3's socket factory (``_new_conn``) to :meth:`open_socket`."""
+    """Routes urllib3's socket factory (``_new_conn``) to :meth:`open_socket`.
+
+    ``call_scope`` is what the call holding the connection gave it (set by
+    :func:`send_direct` for the length of the exchange); ``None`` otherwise.
+    """
+
+    call_scope: Any = None
 
     def _new_conn(self) -> socket.socket:
         return self.open_socket()
@@ -79,6 +91,43 @@ class SocketFactoryHook(urllib3.connection.HTTPConnection):
     def open_socket(self) -> socket.socket:
         """A connected socket; by default exactly what urllib3 does."""
         return super()._new_conn()
+
+
+class PlainHeadResponse(http.client.HTTPResponse):
+    """http.client's response, reading a plain head without the email parser.
+
+    ``head`` is a head parsed already (its bytes are still in the reader, and are
+    skipped); without one the head is read by :func:`read_plain_head`, and one that
+    is not plain goes through http.client's own ``begin``.
+    """
+
+    def __init__(self, sock: Any, *args: Any, head: PlainHead | None = None, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self._piship_head = head
+        method = kwargs.get("method")
+        self._piship_method = method if isinstance(method, str) and not args else None
+
+    def begin(self) -> None:
+        if self.headers is not None or self.debuglevel > 0:
+            super().begin()
+            return
+        head = self._piship_head
+        if head is not None:
+            self.fp.read(head.size)  # parsed already; served from the buffer
+        else:
+            head = read_plain_head(self.fp, self._piship_method)
+        if head is None:
+            super().begin()
+            return
+        self.code = self.status = head.status
+        self.reason = head.reason
+        self.version = 11
+        self.headers = self.msg = head.headers
+        self.chunked = head.chunked
+        if head.chunked:
+            self.chunk_left = None
+        self.length = head.length
+        self.will_close = head.will_close
 
 
 class SingleWriteRequest(urllib3.connection.HTTPConnection):
@@ -287,6 +336,7 @@ def send_direct(
     chunked: bool,
     retries: urllib3.util.retry.Retry,
     stream: bool = False,
+    scope: Any = None,
 ) -> urllib3.response.HTTPResponse | StreamedResponse:
     """What ``pool.urlopen`` does for a request without retries, redirects or a proxy.
 
@@ -296,10 +346,13 @@ def send_direct(
     back to the pool when the response is released. A failure closes the connection
     and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``. With
     ``stream``, a connection that can (see ``_connection``) may answer with a
-    :class:`StreamedResponse`.
+    :class:`StreamedResponse`. ``scope`` is handed to the connection (its
+    ``call_scope``) while it connects, sends and waits for the answer.
     """
     conn = pool._get_conn()
     assert isinstance(conn, urllib3.connection.HTTPConnection)
+    if isinstance(conn, SocketFactoryHook):
+        conn.call_scope = scope
     try:
         conn.timeout = timeout
         pool.num_requests += 1
@@ -319,6 +372,9 @@ def send_direct(
         conn.close()
         pool._put_conn(None)
         raise
+    finally:
+        if isinstance(conn, SocketFactoryHook):
+            conn.call_scope = None
     if not isinstance(response, urllib3.response.HTTPResponse):
         response.pool = pool
         return response

@@ -12,10 +12,15 @@ What it guarantees:
 
 - endpoint rules: no credentials in URLs, plain HTTP only to loopback, redirects never
   followed, TLS verification always on, proxies from the environment honoured;
+- it sends through the adapter its session routes the URL to: its own
+  :class:`~piship_remote.transport.adapter.PiShipAdapter` (mounted for ``http://`` and
+  ``https://`` unless the session has an adapter of another kind there), or one the user
+  mounted; the session's proxies, CA bundle and client certificate apply either way;
 - connections are pooled and kept alive (a short request costs one round trip), and a
   request is never re-sent automatically (a POST may have created something);
-- ``timeout`` is a deadline for the whole exchange (a server dripping bytes cannot
-  stretch it); a stream's body is bounded by ``idle_timeout`` and its reader instead;
+- ``timeout`` (or a :class:`~piship_remote.transport.deadline.Deadline` given as
+  ``deadline``) bounds the whole exchange (a server dripping bytes cannot stretch it); a
+  stream's body is bounded by ``idle_timeout`` and its reader instead;
 - ``cancel`` (a :class:`~piship_remote.transport._cancel.CancelToken` or a ``threading.Event``)
   shuts down the socket of *that* call only, so a connect, a wait for headers or a body
   read ends within milliseconds with :class:`~piship_remote.model.errors.CommandCancelled`;
@@ -36,10 +41,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import requests
+import requests.adapters
 import requests.cookies
 import urllib3.connectionpool
 import urllib3.response
-from urllib3.util.timeout import Timeout
 
 from piship_remote.model.errors import (
     CONFIG_INVALID,
@@ -49,23 +54,22 @@ from piship_remote.model.errors import (
 )
 from piship_remote.model.redact import Redactor
 from piship_remote.transport._cancel import EventWatcher
-from piship_remote.transport._connection import HOSTS, CancellableAdapter
 from piship_remote.transport._headers import HeaderSet, header_set
 from piship_remote.transport._prepared import Outgoing, Route, Target
-from piship_remote.transport._scope import CURRENT, Call
+from piship_remote.transport._scope import Call
 from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import (
     connect_taken,
     return_to_pool,
-    send_direct,
     taken_from_pool,
 )
+from piship_remote.transport.adapter import PiShipAdapter
+from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import (
     check_endpoint,
     check_url,
     is_localhost_name,
     request_path,
-    via_http_proxy,
 )
 from piship_remote.transport.response import EAGER_BYTES, HttpResponse
 
@@ -107,11 +111,10 @@ class Transport:
             )
         # A CA bundle path configured on the given session is kept; never False.
         self._verify: bool | str = verify if isinstance(verify, str) else True
-        self._adapter = CancellableAdapter(
-            pool_connections=HOSTS, pool_maxsize=pool_size, pool_block=False, max_retries=0
-        )
-        self._session.mount("http://", self._adapter)
-        self._session.mount("https://", self._adapter)
+        self._adapter = PiShipAdapter(pool_size=pool_size)
+        for prefix in ("http://", "https://"):
+            if _replaceable(self._session.adapters.get(prefix)):
+                self._session.mount(prefix, self._adapter)
         self._watcher = EventWatcher()
         # The session's own headers, checked and encoded once: nobody else holds it.
         self._defaults = HeaderSet(self._session.headers) if self._owns_session else None
@@ -139,11 +142,13 @@ class Transport:
         cancel: threading.Event | None = None,
         stream: bool = False,
         idle_timeout: float | None = None,
+        deadline: Deadline | None = None,
     ) -> HttpResponse:
         """Send one request; never retried, never redirected.
 
         ``timeout`` bounds the whole exchange: connect, headers and, unless ``stream``,
-        the body, however slowly the server sends it (``None``: no deadline). A stream's
+        the body, however slowly the server sends it (``None``: no deadline); a
+        ``deadline`` given instead is that bound as it is (``timeout`` is then unused). A stream's
         body has its own rules instead: ``idle_timeout`` bounds the silence between its
         bytes, and its reader decides how long the whole may take. ``cancel`` set before
         or during the call raises ``CommandCancelled``. ``json`` is sent compact.
@@ -152,7 +157,8 @@ class Transport:
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
+        if deadline is None:
+            deadline = Deadline.never() if timeout is None else Deadline.after(timeout)
         call = Call(
             self.component,
             self.redactor,
@@ -289,11 +295,7 @@ class Transport:
             raise TimeoutError("the deadline passed before the request")
         if remaining is None:
             remaining = call.idle_timeout  # no deadline: each socket wait is still bounded
-        token = CURRENT.set(call.scope)
-        try:
-            return self._open(outgoing, self._route(target), remaining, stream=call.stream)
-        finally:
-            CURRENT.reset(token)
+        return self._open(outgoing, self._route(target), call, remaining)
 
     def _target(self, url: str) -> Target:
         """``url`` checked against the endpoint rules and normalised, remembered per URL."""
@@ -376,31 +378,20 @@ class Transport:
         )
         if is_localhost_name(urllib.parse.urlsplit(target.origin).hostname or ""):
             settings["proxies"] = {}  # a proxy would resolve the name its own way
-        pool: urllib3.connectionpool.HTTPConnectionPool | None = None
-        absolute = False
-        if self._session.get_adapter(target.url) is self._adapter:
-            probe = requests.PreparedRequest()
-            probe.url = target.url
-            proxies, verify, cert = settings["proxies"], settings["verify"], settings["cert"]
-            found = self._adapter.get_connection_with_tls_context(
-                probe, verify, proxies=proxies, cert=cert
-            )
-            assert isinstance(found, urllib3.connectionpool.HTTPConnectionPool)
-            pool = found
-            self._adapter.cert_verify(pool, target.url, verify, cert)  # type: ignore[no-untyped-call]
-            absolute = via_http_proxy(target.url, target.origin, proxies)
-        route = Route(settings, pool, absolute)
+        adapter = self._session.get_adapter(target.url)
+        if isinstance(adapter, PiShipAdapter):
+            route = adapter.route(target.url, target.origin, settings)
+        else:
+            route = Route(settings, None, False)
         if len(self._routes) >= _SETTINGS_CACHE:
             self._routes.clear()
         self._routes[target.origin] = route
         return route
 
-    def _open(
-        self, outgoing: Outgoing, route: Route, remaining: float | None, *, stream: bool
-    ) -> Raw:
-        """What ``HTTPAdapter.send`` does, minus building a ``requests.Response``."""
-        pool = route.pool
-        if pool is None:  # an adapter the caller mounted on the session: it sends
+    def _open(self, outgoing: Outgoing, route: Route, call: Call, remaining: float | None) -> Raw:
+        """Send through the adapter the session routes the URL to; the answer's head read."""
+        adapter = route.adapter
+        if adapter is None:  # an adapter the caller mounted on the session: it sends
             response = self._session.send(
                 outgoing.prepared(),
                 timeout=(remaining, remaining),
@@ -409,36 +400,9 @@ class Transport:
             )
             raw: urllib3.response.HTTPResponse = response.raw
             return raw
-        opened: urllib3.response.BaseHTTPResponse | StreamedResponse
-        if pool.proxy is None and not route.absolute:
-            opened = send_direct(
-                pool,
-                outgoing.method,
-                outgoing.url_for(absolute=False),
-                outgoing.body,
-                outgoing.headers,
-                timeout=remaining,
-                chunked=_sent_chunked(outgoing),
-                retries=self._adapter.max_retries,
-                stream=stream,
-            )
-            if isinstance(opened, StreamedResponse):
-                return opened  # no cookie in its head
-        else:
-            opened = pool.urlopen(
-                method=outgoing.method,
-                url=outgoing.url_for(absolute=route.absolute),
-                body=outgoing.body,
-                headers=dict(outgoing.headers),  # type: ignore[arg-type]  # copied, + proxy's
-                redirect=False,
-                assert_same_host=False,
-                preload_content=False,
-                decode_content=False,
-                retries=self._adapter.max_retries,
-                timeout=Timeout(connect=remaining, read=remaining),
-                chunked=_sent_chunked(outgoing),
-            )
-        assert isinstance(opened, urllib3.response.HTTPResponse)
+        opened = adapter.open(outgoing, route, call.scope, remaining, stream=call.stream)
+        if isinstance(opened, StreamedResponse):
+            return opened  # no cookie in its head
         if "set-cookie" in opened.headers:
             self._jar_used = True
             requests.cookies.extract_cookies_to_jar(  # type: ignore[no-untyped-call]
@@ -447,19 +411,10 @@ class Transport:
         return opened
 
 
-def _sent_chunked(outgoing: Outgoing) -> bool:
-    """Whether the body goes out chunked: a streamed body whose length the caller did not give.
-
-    A request never carries both framings: with ``Content-Length`` and
-    ``Transfer-Encoding: chunked`` together, servers and proxies may reject it as a
-    smuggling attempt or read the body by the wrong one.
-    """
-    if outgoing.body is None or isinstance(outgoing.body, bytes):
-        return False
-    headers = outgoing.headers
-    if isinstance(headers, HeaderSet):
-        return not headers.has("content-length")
-    return not any(name.lower() == "content-length" for name in headers)
+def _replaceable(adapter: requests.adapters.BaseAdapter | None) -> bool:
+    """Whether the session's adapter for a prefix is requests' default (or none): one a
+    user mounted there, of another kind, is kept and sends for that prefix."""
+    return adapter is None or type(adapter) is requests.adapters.HTTPAdapter
 
 
 def _hold_connection(

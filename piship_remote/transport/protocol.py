@@ -26,12 +26,16 @@ text) when the request fails below HTTP or passes ``timeout``.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["HttpClient", "HttpReply"]
+if TYPE_CHECKING:
+    from piship_remote.transport.deadline import Deadline
+
+__all__ = ["HttpClient", "HttpReply", "takes_keyword"]
 
 
 class HttpReply(Protocol):
@@ -90,11 +94,15 @@ class HttpClient(Protocol):
         cancel: threading.Event | None = None,
         stream: bool = False,
         idle_timeout: float | None = None,
+        deadline: Deadline | None = None,
     ) -> HttpReply:
         """Send one request; never retried, never redirected.
 
         ``timeout`` bounds the whole exchange (connect, headers and, unless ``stream``,
-        the body); ``None``: no deadline. ``data`` given as an iterable of chunks is
+        the body); ``None``: no deadline. ``deadline``, when given, is that bound
+        instead (the caller's own, handed down as it is); a client written before it
+        existed is never passed one (see :func:`takes_keyword`). ``data`` given as an
+        iterable of chunks is
         streamed with chunked transfer encoding, never held whole. ``idle_timeout``
         bounds the silence between a stream's body bytes. ``cancel`` set before or
         during the call raises ``CommandCancelled``.
@@ -104,3 +112,16 @@ class HttpClient(Protocol):
     def close(self) -> None:
         """Release the client's connections."""
         ...
+
+
+def takes_keyword(function: object, name: str) -> bool:
+    """Whether ``function`` accepts the keyword argument ``name`` (or any keyword).
+
+    A client or instance written before a keyword was added to its protocol is
+    called without it.
+    """
+    try:
+        parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -222,7 +222,7 @@ class HttpResponse:
         """One read of up to ``size`` bytes: whatever has arrived, ``b""`` at the end."""
         call = self._call
         self._check_cancelled()
-        if not call.stream and call.scope.deadline is not None:
+        if not call.stream and call.scope.deadline.bounded:
             remaining = call.scope.remaining()
             if remaining is None or remaining <= 0:
                 self.close()

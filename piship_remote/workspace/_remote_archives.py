@@ -19,7 +19,6 @@ import os
 import posixpath
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from piship_remote.backends._file_protocol import ChunkSink, RemoteFiles
@@ -32,6 +31,7 @@ from piship_remote.model.errors import (
 from piship_remote.model.transfer import TransferLimits, TransferSummary
 from piship_remote.sandbox._file_calls import FileCall, FileCalls
 from piship_remote.sandbox._worker import Worker
+from piship_remote.transport.deadline import Deadline
 from piship_remote.workspace._archive import StreamedArchives
 from piship_remote.workspace._sandbox_commands import STAGING_PREFIX, unpack_command
 from piship_remote.workspace._tree import TreeEntry, inside
@@ -208,7 +208,7 @@ class RemoteArchives:
     def _remove(self, path: str) -> None:
         """Remove a staged archive, also after a timeout or a cancel (not after dispose),
         for at most ``CLEANUP_TIMEOUT`` seconds."""
-        deadline = time.monotonic() + CLEANUP_TIMEOUT
+        deadline = Deadline.after(CLEANUP_TIMEOUT)
         self.remote.remove(path, cancel=self.calls.disposal, deadline=deadline)
 
     def _remove_quietly(self, path: str) -> None:

@@ -16,6 +16,7 @@ import math
 import threading
 from collections.abc import Mapping
 from json.encoder import encode_basestring
+from typing import Any
 
 import attrs
 import cattrs
@@ -29,6 +30,8 @@ from piship_remote.backends.control import TerminalSize
 from piship_remote.backends.e2b._stream import UNKNOWN_OUTCOME
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
+from piship_remote.transport.deadline import Deadline
+from piship_remote.transport.protocol import takes_keyword
 from piship_remote.wire.connect import connect_envelope, encoded_envelope
 from piship_remote.workspace._sandbox_commands import HELPER_SHELL
 
@@ -191,6 +194,7 @@ class Envd:
         errors: SandboxErrors,
     ) -> None:
         self._transport = transport
+        self._deadlines = takes_keyword(transport.request, "deadline")
         self._base = base
         self._idle_timeout = idle_timeout
         self._errors = errors
@@ -215,24 +219,28 @@ class Envd:
         )
 
     def start(
-        self, start: StartRequest, cancel: threading.Event, timeout: float | None = None
+        self,
+        start: StartRequest,
+        cancel: threading.Event,
+        deadline: Deadline | float | None = None,
     ) -> HttpReply:
         """Send Start; the response is checked to be a Connect stream, not yet read.
 
-        With a ``timeout`` envd is told the deadline too (``Connect-Timeout-Ms``), a
-        little later than ours, so it ends the command even if this client is gone.
+        With a ``deadline`` (or seconds from now) envd is told what is left of it
+        (``Connect-Timeout-Ms``), a little later than ours, so it ends the command even
+        if this client is gone.
         """
         try:
             response = self._transport.request(
                 "POST",
                 f"{self._base}/process.Process/Start",
                 # Built in the call, so no frame of an error raised here holds the token.
-                headers=self._start_headers_within(timeout),
+                headers=self._start_headers_within(deadline),
                 data=start_envelope(start),
-                timeout=self._idle_timeout,
                 idle_timeout=self._idle_timeout,
                 cancel=cancel,
                 stream=True,
+                **self._head_bound(deadline),
             )
         except TransportError as e:
             if not e.request_sent:
@@ -290,7 +298,16 @@ class Envd:
         ) as response:
             return is_success(response.status)
 
-    def _start_headers_within(self, timeout: float | None) -> Mapping[str, str]:
+    def _head_bound(self, deadline: Deadline | float | None) -> dict[str, Any]:
+        """How long Start may wait for its answer's head: ``idle_timeout``, cut to a
+        little after the command's deadline (the run engine fires that one first)."""
+        if not isinstance(deadline, Deadline) or not deadline.bounded or not self._deadlines:
+            return {"timeout": self._idle_timeout}
+        idle = Deadline.after(self._idle_timeout, clock=deadline.clock)
+        return {"deadline": idle.earliest(deadline.later(SERVER_DEADLINE_SLACK))}
+
+    def _start_headers_within(self, deadline: Deadline | float | None) -> Mapping[str, str]:
+        timeout = deadline.remaining() if isinstance(deadline, Deadline) else deadline
         if timeout is None:
             return self._start_headers
         deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)

@@ -28,6 +28,7 @@ from piship_remote.backends._file_protocol import (
 from piship_remote.model.errors import FILE_NOT_FOUND, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["FILE_TIMEOUT", "EnvdFiles"]
 
@@ -72,18 +73,18 @@ class EnvdFiles:
         }
 
     def working_directory(
-        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> str:
         return self._workdir
 
     def stat(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> FileInfo | None:
         answer = self._rpc("Stat", {"path": path}, cancel, deadline, missing_ok=True)
         return None if answer is None else _entry(answer.get("entry"), path)
 
     def list_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> list[FileInfo]:
         answer = self._rpc("ListDir", {"path": path, "depth": 1}, cancel, deadline)
         entries = answer.get("entries") if answer is not None else None
@@ -92,7 +93,7 @@ class EnvdFiles:
         return [_entry(entry, path) for entry in entries if _known_type(entry)]
 
     def make_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> bool:
         try:
             self._rpc("MakeDir", {"path": path}, cancel, deadline, answer_needed=False)
@@ -101,7 +102,7 @@ class EnvdFiles:
         return True
 
     def remove(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> None:
         self._rpc(
             "Remove", {"path": path}, cancel, deadline, missing_ok=True, answer_needed=False
@@ -113,7 +114,7 @@ class EnvdFiles:
         chunks: Iterable[bytes],
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> FileInfo:
         sent: _Counted = _Counted(chunks)
         length: dict[str, str] = {}
@@ -153,7 +154,7 @@ class EnvdFiles:
         sink: ChunkSink,
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> int:
         response = self._transport.request(
             "GET",
@@ -182,7 +183,7 @@ class EnvdFiles:
         method: str,
         body: Mapping[str, Any],
         cancel: threading.Event | None,
-        deadline: float | None,
+        deadline: Deadline | None,
         *,
         missing_ok: bool = False,
         answer_needed: bool = True,

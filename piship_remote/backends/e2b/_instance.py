@@ -19,6 +19,7 @@ from piship_remote.backends.e2b._lease import SandboxLease
 from piship_remote.backends.e2b._stream import read_stream
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport._cancel import CancelToken
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["E2bInstance"]
 
@@ -87,18 +88,21 @@ class E2bInstance:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         cancel: threading.Event | None = None,
+        deadline: Deadline | None = None,
     ) -> BackendResult:
         """Renew the sandbox, run ``request.command`` with ``/bin/bash -l -c``, stream its output.
 
         Setting ``cancel`` sends SendSignal SIGKILL for the command (in the
-        background), closes the stream and raises :class:`CommandCancelled`.
+        background), closes the stream and raises :class:`CommandCancelled`. envd
+        is told what is left of ``deadline`` (default: ``request.timeout``).
         """
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         cwd = remote_directory(self._workdir, request.workspace_path)
         token = self._begin(cancel)
         try:
-            result = self._run(request, cwd, token, on_stdout, on_stderr)
+            limit = deadline if deadline is not None else request.timeout
+            result = self._run(request, cwd, token, limit, on_stdout, on_stderr)
             if token.is_set():
                 # Cancelled as it ended: the kill is on its way, so the caller is told so.
                 raise CommandCancelled()
@@ -169,6 +173,7 @@ class E2bInstance:
         request: ExecRequest,
         cwd: str,
         token: CancelToken,
+        limit: Deadline | float | None,
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> BackendResult:
@@ -187,7 +192,7 @@ class E2bInstance:
             )
             # Start follows the renewal onto the wire; it is read once the renewal answered.
             response = self._lease.cover(
-                lambda: self._envd.start(start, token, request.timeout),
+                lambda: self._envd.start(start, token, limit),
                 token,
                 refused=lambda: self._signal(tag),
             )

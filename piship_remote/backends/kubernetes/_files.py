@@ -39,6 +39,7 @@ from piship_remote.model.errors import (
 )
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpReply, TransportError
+from piship_remote.transport.deadline import Deadline
 from piship_remote.workspace._sandbox_commands import (
     STAGING_PREFIX,
     copy_out_command,
@@ -90,14 +91,14 @@ class RuntimeFiles:
     # -- RemoteFiles ------------------------------------------------------------------
 
     def working_directory(
-        self, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> str:
         if self._workdir is not None:
             return self._workdir
         return self._base_directory(cancel, deadline)
 
     def stat(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> FileInfo | None:
         relative = self._relative(path, cancel, deadline)
         if relative is not None and not self._exists(relative, path, cancel, deadline):
@@ -111,7 +112,7 @@ class RuntimeFiles:
         return FileInfo(path, _name(path), kind, int(size) if size.isdigit() else 0)
 
     def list_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> list[FileInfo]:
         relative = self._relative(path, cancel, deadline)
         if relative is None:
@@ -133,7 +134,7 @@ class RuntimeFiles:
         )
 
     def make_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> bool:
         output = self._command(
             make_dir_command(path), f"making {path}", cancel, deadline, writing=path
@@ -141,7 +142,7 @@ class RuntimeFiles:
         return output.strip() == "made"
 
     def remove(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: float | None = None
+        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> None:
         self._command(remove_command(path), f"removing {path}", cancel, deadline, writing=path)
 
@@ -151,7 +152,7 @@ class RuntimeFiles:
         chunks: Iterable[bytes],
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> FileInfo:
         relative = self._relative(path, cancel, deadline)
         if relative is not None and not _AWKWARD.intersection(relative):
@@ -176,7 +177,7 @@ class RuntimeFiles:
         sink: ChunkSink,
         *,
         cancel: threading.Event | None = None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> int:
         relative = self._relative(path, cancel, deadline)
         if relative is not None and not _AWKWARD.intersection(relative):
@@ -192,7 +193,7 @@ class RuntimeFiles:
             self._command(remove_command(copy), f"cleaning up after reading {path}", None, None)
 
     def _exists(
-        self, relative: str, path: str, cancel: threading.Event | None, deadline: float | None
+        self, relative: str, path: str, cancel: threading.Event | None, deadline: Deadline | None
     ) -> bool:
         with self._claimed(cancel) as use:
             response = self._get(use, f"/exists/{_url_path(relative)}", deadline, stream=False)
@@ -206,7 +207,7 @@ class RuntimeFiles:
 
     # -- the pieces -------------------------------------------------------------------
 
-    def _base_directory(self, cancel: threading.Event | None, deadline: float | None) -> str:
+    def _base_directory(self, cancel: threading.Event | None, deadline: Deadline | None) -> str:
         """The runtime's base directory (where commands start), asked once."""
         with self._lock:
             if self._base is not None:
@@ -225,7 +226,7 @@ class RuntimeFiles:
         return base
 
     def _relative(
-        self, path: str, cancel: threading.Event | None, deadline: float | None
+        self, path: str, cancel: threading.Event | None, deadline: Deadline | None
     ) -> str | None:
         """``path`` relative to the runtime's base, or ``None`` when it lies outside it."""
         base = self._base_directory(cancel, deadline)
@@ -245,7 +246,7 @@ class RuntimeFiles:
         path: str,
         chunks: Iterable[bytes],
         cancel: threading.Event | None,
-        deadline: float | None,
+        deadline: Deadline | None,
     ) -> int:
         counted = _Counted(chunks)
         boundary = f"piship-{secrets.token_hex(16)}"
@@ -277,7 +278,7 @@ class RuntimeFiles:
         path: str,
         sink: ChunkSink,
         cancel: threading.Event | None,
-        deadline: float | None,
+        deadline: Deadline | None,
     ) -> int:
         total = 0
         with self._claimed(cancel) as use:
@@ -301,7 +302,7 @@ class RuntimeFiles:
         return total
 
     def _get(
-        self, use: ClaimUse, route: str, deadline: float | None, *, stream: bool
+        self, use: ClaimUse, route: str, deadline: Deadline | None, *, stream: bool
     ) -> HttpReply:
         try:
             return self._http.call(
@@ -339,7 +340,7 @@ class RuntimeFiles:
         script: str,
         what: str,
         cancel: threading.Event | None,
-        deadline: float | None,
+        deadline: Deadline | None,
         *,
         writing: str | None = None,
     ) -> str:
@@ -370,7 +371,7 @@ class RuntimeFiles:
         return answer.stdout
 
     def _listed_by_command(
-        self, path: str, cancel: threading.Event | None, deadline: float | None
+        self, path: str, cancel: threading.Event | None, deadline: Deadline | None
     ) -> list[FileInfo]:
         output = self._command(list_dir_command(path), f"listing {path}", cancel, deadline)
         if output.strip() == "missing":

@@ -29,6 +29,8 @@ from piship_remote.backends.kubernetes.claims import Claim
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import TransportError
 from piship_remote.transport._cancel import CancelToken
+from piship_remote.transport.deadline import Deadline
+from piship_remote.transport.protocol import takes_keyword
 
 __all__ = ["TIMEOUT_SLACK", "Retire", "Router", "RouterAnswer", "runtime_failure"]
 
@@ -80,6 +82,7 @@ class Router:
         self, http: ClusterHttp, router: str, *, namespace: str, port: int, scoped: bool = False
     ) -> None:
         self._http = http
+        self._deadlines = takes_keyword(http.transport.request, "deadline")
         self._execute_url = f"{router}/execute"
         self._namespace = namespace
         self._port = port
@@ -110,17 +113,23 @@ class Router:
         claim: Claim,
         command: str,
         cancel: CancelToken,
-        timeout: float | None = None,
+        timeout: Deadline | float | None = None,
         *,
         read_timeout: float | None = None,
     ) -> RouterAnswer:
         """Run ``command`` once. Raises :class:`Retire` when the claim must not be reused.
 
-        With a ``timeout`` the router is told (``X-Sandbox-Timeout``) to give up a few
-        seconds after it, so a lost client cannot hold the request open for ever.
+        With a ``timeout`` (a deadline, or seconds from now) the router is told
+        (``X-Sandbox-Timeout``) to give up a few seconds after what is left of it, so a
+        lost client cannot hold the request open for ever.
         ``read_timeout`` bounds this client's own wait (None: the command's end).
         """
         headers = self.headers(claim)
+        bound: dict[str, Any] = {"timeout": read_timeout}
+        if isinstance(timeout, Deadline):
+            if read_timeout is None and timeout.bounded and self._deadlines:
+                bound = {"deadline": timeout.later(TIMEOUT_SLACK)}  # the router's, as told
+            timeout = timeout.remaining()
         if timeout is not None:
             headers["X-Sandbox-Timeout"] = str(math.ceil(max(timeout, 0.0) + TIMEOUT_SLACK))
         try:
@@ -130,8 +139,8 @@ class Router:
                 cancel=cancel,
                 headers=headers,
                 json={"command": command},
-                timeout=read_timeout,
                 stream=True,
+                **bound,
             )
         except TransportError as error:
             if not error.request_sent:

@@ -92,6 +92,7 @@ from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.redact import Redactor
 from piship_remote.model.report import Capabilities
 from piship_remote.transport import HttpClient, Transport, check_endpoint
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "runtime_command"]
 
@@ -161,8 +162,10 @@ class KubernetesInstance:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         cancel: threading.Event | None = None,
+        deadline: Deadline | None = None,
     ) -> BackendResult:
-        """Run one command through the router.
+        """Run one command through the router (told what is left of ``deadline``,
+        default: ``request.timeout``).
 
         Direct: stdout then stderr arrive once, at the end; ``CommandCancelled`` when
         ``cancel`` is set retires the claim (the runtime cannot stop the command).
@@ -193,7 +196,12 @@ class KubernetesInstance:
             return BackendResult(exit_code=code)
         answer = self._in_claim(
             cancel,
-            lambda use: self._router.execute(use.claim, command, use.cancel, request.timeout),
+            lambda use: self._router.execute(
+                use.claim,
+                command,
+                use.cancel,
+                deadline if deadline is not None else request.timeout,
+            ),
             retire_on_cancel=True,
             direct=True,
         )

@@ -1,0 +1,138 @@
+"""The transport adapter: the fast path, behind requests' own extension point.
+
+:class:`PiShipAdapter` is a ``requests.adapters.HTTPAdapter`` that the
+:class:`~piship_remote.transport.Transport` mounts on its session (``http://`` and
+``https://``, unless the session already has an adapter of its own there). The
+transport asks the session which adapter serves a URL, as requests does: for a
+:class:`PiShipAdapter` it sends through :meth:`PiShipAdapter.open` (cancellable
+connections, one total deadline, a kept-alive request without requests' per-call
+costs); any other adapter (one a user mounted for a prefix) gets the request through
+``Session.send``. Either way the session's proxies, CA bundle and client certificate
+apply, looked up once per origin (:meth:`PiShipAdapter.route`)::
+
+    session = requests.Session()
+    session.mount("https://", PiShipAdapter(pool_size=16))  # or let the Transport mount one
+    transport = Transport(redactor=Redactor(), session=session)
+
+Used through plain requests (``session.get(url)``) it is an ``HTTPAdapter`` whose
+pools have the cancellable connection classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+import requests.adapters
+import urllib3
+import urllib3.connectionpool
+import urllib3.response
+from urllib3.util.timeout import Timeout
+
+from piship_remote.transport._connection import HOSTS, POOL_CLASSES
+from piship_remote.transport._prepared import Outgoing, Route
+from piship_remote.transport._scope import CURRENT, CallScope
+from piship_remote.transport._streamed_response import Raw
+from piship_remote.transport._urllib3_internals import record_retired, send_direct
+from piship_remote.transport.endpoint import via_http_proxy
+
+__all__ = ["PiShipAdapter"]
+
+
+class PiShipAdapter(requests.adapters.HTTPAdapter):
+    """An ``HTTPAdapter`` whose pools use the cancellable connection classes, and that
+    sends a :class:`~piship_remote.transport.Transport`'s requests itself.
+
+    It never retries (``max_retries=0``): a POST may have created something. Its pool
+    managers record the pools they drop (see ``record_retired``).
+    """
+
+    def __init__(self, *, pool_size: int = 64) -> None:
+        super().__init__(
+            pool_connections=HOSTS, pool_maxsize=pool_size, pool_block=False, max_retries=0
+        )
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(POOL_CLASSES)
+        record_retired(self.poolmanager, HOSTS)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> urllib3.PoolManager:
+        manager: urllib3.PoolManager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):
+            manager.pool_classes_by_scheme = dict(POOL_CLASSES)
+        record_retired(manager, HOSTS)
+        return manager
+
+    def route(self, url: str, origin: str, settings: dict[str, Any]) -> Route:
+        """How requests to ``url`` (whose origin is ``origin``) go out under the
+        session's ``settings`` (``proxies``, ``verify``, ``cert``): the pool, found and
+        checked once."""
+        probe = requests.PreparedRequest()
+        probe.url = url
+        proxies, verify, cert = settings["proxies"], settings["verify"], settings["cert"]
+        found = self.get_connection_with_tls_context(probe, verify, proxies=proxies, cert=cert)
+        assert isinstance(found, urllib3.connectionpool.HTTPConnectionPool)
+        self.cert_verify(found, url, verify, cert)  # type: ignore[no-untyped-call]
+        absolute = via_http_proxy(url, origin, proxies)
+        return Route(settings, found, absolute, self)
+
+    def open(
+        self,
+        outgoing: Outgoing,
+        route: Route,
+        scope: CallScope,
+        remaining: float | None,
+        *,
+        stream: bool,
+    ) -> Raw:
+        """Send ``outgoing`` on ``route``'s pool; the answer's head read, its body not.
+
+        ``scope`` is the call's: its cancel shuts the connection's socket down, its
+        deadline bounds the reads. ``remaining`` is the socket timeout of the connect
+        and of the wait for the answer.
+        """
+        pool = route.pool
+        assert pool is not None
+        if pool.proxy is None and not route.absolute:
+            return send_direct(
+                pool,
+                outgoing.method,
+                outgoing.url_for(absolute=False),
+                outgoing.body,
+                outgoing.headers,
+                timeout=remaining,
+                chunked=outgoing.chunked(),
+                retries=self.max_retries,
+                stream=stream,
+                scope=scope,
+            )
+        token = CURRENT.set(scope)  # urlopen takes the connection: no other way to it
+        try:
+            opened = self._urlopen(pool, outgoing, route, remaining)
+        finally:
+            CURRENT.reset(token)
+        return opened
+
+    def _urlopen(
+        self,
+        pool: urllib3.connectionpool.HTTPConnectionPool,
+        outgoing: Outgoing,
+        route: Route,
+        remaining: float | None,
+    ) -> urllib3.response.HTTPResponse:
+        opened = pool.urlopen(
+            method=outgoing.method,
+            url=outgoing.url_for(absolute=route.absolute),
+            body=outgoing.body,
+            headers=dict(outgoing.headers),  # type: ignore[arg-type]  # copied, + proxy's
+            redirect=False,
+            assert_same_host=False,
+            preload_content=False,
+            decode_content=False,
+            retries=self.max_retries,
+            timeout=Timeout(connect=remaining, read=remaining),
+            chunked=outgoing.chunked(),
+        )
+        assert isinstance(opened, urllib3.response.HTTPResponse)
+        return opened
