@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
-from piship_remote.local.wire import ConnectError, EntryInfo, resolve, unstructure
 from piship_remote.model.errors import FILE_NOT_FOUND, CommandCancelled, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.testing.e2b_files import MemoryTree
 from piship_remote.testing.k8s_runtime import FileTree
+from piship_remote.wire.e2b_json import unstructure
+from piship_remote.wire.envd import ConnectError, EntryInfo
+from piship_remote.wire.envd_paths import resolve
 
 
 class DirectoryFiles:

@@ -81,18 +81,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from piship_remote.local.wire import (
-    ApiError,
-    ConnectError,
-    SandboxInfo,
-    SignalRequest,
-    WireError,
-    metadata_filter,
-    resolve,
-    start_message,
-    structure,
-    to_json,
-)
 from piship_remote.testing.e2b_commands import (
     CHECK_MARKER,
     PID,
@@ -113,6 +101,16 @@ from piship_remote.testing.e2b_listing import (
 from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
 from piship_remote.testing.sandbox_shell import Shell, script_of
+from piship_remote.wire.e2b_control import ApiError, SandboxInfo
+from piship_remote.wire.e2b_json import (
+    WireError,
+    metadata_filter,
+    start_message,
+    structure,
+    to_json,
+)
+from piship_remote.wire.envd import ConnectError, SignalRequest
+from piship_remote.wire.envd_paths import resolve
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
 
