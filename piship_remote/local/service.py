@@ -54,7 +54,7 @@ from piship_remote.local.sandbox.registry import Registry, remove_tree
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
 if TYPE_CHECKING:
-    from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+    from piship_remote import E2bCompatibleBackend
 
 __all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
 
@@ -194,7 +194,7 @@ class LocalE2bService:
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
         """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
-        from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+        from piship_remote import E2bCompatibleBackend
 
         options.setdefault("workdir", self.workdir)
         options.setdefault("user", self.user)
