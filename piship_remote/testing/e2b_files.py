@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from piship_remote.wire.e2b_control import ApiError
 from piship_remote.wire.e2b_json import WireError, structure, unstructure
 from piship_remote.wire.envd import (
     ConnectError,
@@ -38,7 +39,7 @@ Answer = tuple[int, Any]
 
 
 def _api_error(status: int, message: str) -> Answer:
-    return status, {"code": status, "message": message}
+    return status, unstructure(ApiError(status, message))
 
 
 def _rpc_error(code: str, message: str) -> Answer:

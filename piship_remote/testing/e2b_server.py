@@ -366,7 +366,7 @@ class E2bServer(RecordingServer):
         headers = {name.lower(): value for name, value in request.headers.items()}
         refusal = files_refusal(headers, request.args, operation, ENVD_ACCESS_TOKEN)
         if refusal is not None:
-            return json_response(401, {"code": 401, "message": refusal})
+            return _json(401, ApiError(401, refusal))
         tree = self._tree(sandbox_id)
         path = request.args.get("path")
         if request.method == "GET":
@@ -378,13 +378,13 @@ class E2bServer(RecordingServer):
         if media == "application/octet-stream":
             if path is None:
                 message = "path query parameter is required for raw body upload"
-                return json_response(400, {"code": 400, "message": message})
+                return _json(400, ApiError(400, message))
             return json_response(*tree.write(path, request.get_data()))
         if media.startswith("multipart/"):
             return self._multipart(tree, request, path)
         expected = "expected multipart/form-data or application/octet-stream"
         message = f"unsupported content type: {media}, {expected}"
-        return json_response(400, {"code": 400, "message": message})
+        return _json(400, ApiError(400, message))
 
     def _multipart(self, tree: MemoryTree, request: Request, path: str | None) -> Response:
         written: list[Any] = []

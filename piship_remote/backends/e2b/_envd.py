@@ -29,6 +29,9 @@ from piship_remote.backends.e2b._stream import UNKNOWN_OUTCOME
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
 from piship_remote.wire.connect import connect_envelope, encoded_envelope
+from piship_remote.wire.e2b_json import unstructure
+from piship_remote.wire.envd import ProcessSelector, SignalRequest
+from piship_remote.wire.envd_process import CloseStdinRequest, ProcessInput, SendInputRequest
 from piship_remote.workspace._sandbox_commands import HELPER_SHELL
 
 __all__ = [
@@ -65,33 +68,6 @@ class StartRequest:
     process: _ProcessConfig
     stdin: bool
     tag: str
-
-
-@attrs.frozen
-class _ProcessSelector:
-    tag: str
-
-
-@attrs.frozen
-class _SignalRequest:
-    process: _ProcessSelector
-    signal: str
-
-
-@attrs.frozen
-class _Input:
-    stdin: str  # base64
-
-
-@attrs.frozen
-class _InputRequest:
-    process: _ProcessSelector
-    input: _Input
-
-
-@attrs.frozen
-class _CloseStdinRequest:
-    process: _ProcessSelector
 
 
 def _wire_converter() -> cattrs.Converter:
@@ -230,7 +206,7 @@ class Envd:
             "POST",
             f"{self._base}/process.Process/SendSignal",
             headers=self._headers,
-            json=_WIRE.unstructure(_SignalRequest(_ProcessSelector(tag), "SIGNAL_SIGKILL")),
+            json=unstructure(SignalRequest(ProcessSelector(tag=tag), "SIGNAL_SIGKILL")),
             timeout=SIGNAL_TIMEOUT,
             cancel=cancel,
         ).close()
@@ -238,13 +214,13 @@ class Envd:
     def send_input(self, tag: str, data: bytes, cancel: threading.Event | None) -> bool:
         """SendInput ``data`` to the stdin of the command tagged ``tag``; False if refused."""
         encoded = base64.b64encode(data).decode("ascii")
-        body = _InputRequest(_ProcessSelector(tag), _Input(encoded))
-        return self._unary("SendInput", _WIRE.unstructure(body), cancel)
+        body = SendInputRequest(ProcessSelector(tag=tag), ProcessInput(stdin=encoded))
+        return self._unary("SendInput", unstructure(body), cancel)
 
     def close_stdin(self, tag: str, cancel: threading.Event | None) -> bool:
         """CloseStdin of the command tagged ``tag`` (it reads end of file); False if refused."""
-        body = _CloseStdinRequest(_ProcessSelector(tag))
-        return self._unary("CloseStdin", _WIRE.unstructure(body), cancel)
+        body = CloseStdinRequest(ProcessSelector(tag=tag))
+        return self._unary("CloseStdin", unstructure(body), cancel)
 
     def _unary(self, method: str, body: object, cancel: threading.Event | None) -> bool:
         with self._transport.request(
