@@ -10,6 +10,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import piship_remote
 
 PACKAGE = Path(piship_remote.__file__).parent
@@ -103,3 +105,24 @@ def test_the_wire_shapes_do_no_io() -> None:
     ]
 
     assert doing_io == []
+
+
+@pytest.mark.parametrize(
+    ("folder", "may_import"),
+    [
+        ("local/isolation", ("isolation",)),
+        ("local/sandbox", ("sandbox", "isolation")),
+        ("local/envd", ("envd", "sandbox", "isolation")),
+    ],
+)
+def test_the_local_service_layers_import_only_downwards(
+    folder: str, may_import: tuple[str, ...]
+) -> None:
+    upwards = [
+        (f, n)
+        for f, n in _imports_of(folder)
+        if _within(n, "piship_remote.local")
+        and not any(_within(n, f"piship_remote.local.{lower}") for lower in may_import)
+    ]
+
+    assert upwards == []
