@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 
 from piship_remote.backends._file_protocol import RemoteFiles
-from piship_remote.local.wire import ConnectError, EntryInfo, resolve, unstructure
 from piship_remote.model.errors import FILE_NOT_FOUND, CommandCancelled, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.testing.e2b_files import MemoryTree
 from piship_remote.testing.k8s_runtime import FileTree
 from piship_remote.transport.deadline import Deadline
+from piship_remote.wire.e2b_json import unstructure
+from piship_remote.wire.envd import ConnectError, EntryInfo
+from piship_remote.wire.envd_paths import resolve
 from piship_remote.workspace._remote_archives import CommandRunner, RemoteArchives
 
 

@@ -10,8 +10,15 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 
-from piship_remote.local import connection
-from piship_remote.local.server import DropConnection, Head, HttpServer, Limits, Reply, Request
+from piship_remote._http_server import connection
+from piship_remote._http_server.server import (
+    DropConnection,
+    Head,
+    HttpServer,
+    Limits,
+    Reply,
+    Request,
+)
 
 TIMEOUT = 5.0
 

@@ -45,8 +45,8 @@ from piship_remote.testing import (
     RecordingServer,
     json_response,
 )
-from piship_remote.testing.k8s_store import CLAIMS as CLAIM_RESOURCE
-from piship_remote.testing.k8s_store import SANDBOXES
+from piship_remote.wire.agent_sandbox import CLAIMS as CLAIM_RESOURCE
+from piship_remote.wire.agent_sandbox import SANDBOXES
 
 KubernetesFactory = Callable[..., KubernetesServer]
 Answer = tuple[int, Any]

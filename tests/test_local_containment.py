@@ -6,7 +6,7 @@ import pytest
 
 from piship_remote.local import containment as containment_module
 from piship_remote.local.containment import COMMAND_LINES, NETWORK_ALLOW, containment
-from piship_remote.local.limits import MIB, Enforcement, Limits
+from piship_remote.local.isolation.limits import MIB, Enforcement, Limits
 
 ENFORCED = Enforcement(cgroup="v1", processes="v1", memory="v1", disk=True)
 NOTHING = Enforcement(

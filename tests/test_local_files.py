@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import requests
 
-from piship_remote.local import LocalE2bService, isolation
+from piship_remote.local import LocalE2bService
+from piship_remote.local.isolation import bubblewrap as isolation
 
 PROBLEM = isolation.isolation_problem()
 pytestmark = [

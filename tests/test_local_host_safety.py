@@ -21,7 +21,7 @@ from local_service_support import Client, gone, marked, marker, needs_bwrap, run
 
 import piship_remote
 from piship_remote.local import LocalE2bService
-from piship_remote.local.user_map import USER_HOST_UID, root_mappable
+from piship_remote.local.isolation.user_map import USER_HOST_UID, root_mappable
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(60)]

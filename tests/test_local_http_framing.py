@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from piship_remote.local.server import HttpServer, Reply, Request
+from piship_remote._http_server.server import HttpServer, Reply, Request
 
 TIMEOUT = 5.0
 

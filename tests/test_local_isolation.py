@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from local_service_support import Client, gone, marked, needs_bwrap
 
-from piship_remote.local import LocalE2bService, network
-from piship_remote.local.limits import Enforcement
+from piship_remote.local import LocalE2bService
+from piship_remote.local.isolation import network
+from piship_remote.local.isolation.limits import Enforcement
 
 SLIRP = network.egress_problem()
 needs_slirp = pytest.mark.skipif(SLIRP is not None, reason=f"no egress stack: {SLIRP}")

@@ -19,7 +19,7 @@ import pytest
 from local_service_support import HTTP_TIMEOUT, Client, gone, marked, marker, needs_bwrap
 
 from piship_remote.local import LocalE2bService
-from piship_remote.local.limits import Enforcement
+from piship_remote.local.isolation.limits import Enforcement
 
 MEMORY_MIB = 64
 CAP_SYS_RESOURCE = 24

@@ -20,8 +20,8 @@ import pytest
 from local_service_support import Client, gone, marked, marker, needs_bwrap
 
 from piship_remote.local import LocalE2bService
-from piship_remote.local.limits import CgroupSet
-from piship_remote.local.pause import PauseState, tree_pids
+from piship_remote.local.isolation.limits import CgroupSet
+from piship_remote.local.sandbox.pause import PauseState, tree_pids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -216,7 +216,7 @@ def test_without_a_freezer_pausing_stops_the_whole_tree_and_resuming_continues_i
 def test_without_a_freezer_a_tree_that_does_not_stop_in_time_is_continued_and_the_pause_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from piship_remote.local import pause as pause_module
+    from piship_remote.local.sandbox import pause as pause_module
 
     monkeypatch.setattr(pause_module, "_held", lambda pid: False)
     monkeypatch.setattr(pause_module, "STOP_TIMEOUT", 0.0)
@@ -247,7 +247,7 @@ def _seconds(rfc3339: str) -> float:
 def test_a_v1_group_left_freezing_by_a_fork_is_asked_again_with_a_thaw_between(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from piship_remote.local import limits
+    from piship_remote.local.isolation import limits
 
     written: list[str] = []
     monkeypatch.setattr(limits, "_write", lambda path, text: written.append(text))

@@ -16,11 +16,11 @@ import requests
 from local_service_support import BASIC_USER, Client, needs_bwrap
 
 from piship_remote.local import LocalE2bService
-from piship_remote.local.pause import Paused
-from piship_remote.local.process import LocalProcess, Output
-from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.wire import ProcessConfig
+from piship_remote.local.isolation.process import LocalProcess, Output
+from piship_remote.local.sandbox.pause import Paused
+from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.connect import connect_envelope
+from piship_remote.wire.envd import ProcessConfig
 
 pytestmark = pytest.mark.timeout(30)
 

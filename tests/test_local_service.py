@@ -33,7 +33,8 @@ from local_service_support import (
     needs_bwrap,
 )
 
-from piship_remote.local import LocalE2bService, isolation, serve
+from piship_remote.local import LocalE2bService, serve
+from piship_remote.local.isolation import bubblewrap as isolation
 from piship_remote.model.errors import PiShipError
 from piship_remote.wire.connect import connect_envelope
 

@@ -18,8 +18,9 @@ import requests
 from local_service_support import HTTP_TIMEOUT, Client, basic, needs_bwrap, run_as, start_as
 from process_rpc_support import pid_of, pty_shows, pty_text
 
-from piship_remote.local import LocalE2bService, sandboxes
-from piship_remote.local.user_map import CAPABILITIES, ROOT_HOST_UID, USER_HOST_UID
+from piship_remote.local import LocalE2bService
+from piship_remote.local.isolation.user_map import CAPABILITIES, ROOT_HOST_UID, USER_HOST_UID
+from piship_remote.local.sandbox import registry as sandboxes
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from local_service_support import BASIC_USER, Client, Stream, gone, needs_bwrap
 
-from piship_remote.local.watch_rpc import MAX_WATCHERS
+from piship_remote.local.envd.watch_rpc import MAX_WATCHERS
 from piship_remote.wire.connect import connect_envelope
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(60)]

@@ -10,7 +10,7 @@ why it cannot run here, or returns ``None``. It needs Linux and bubblewrap:
 ``pip install 'piship-remote[local]'``.
 """
 
-from piship_remote.local.isolation import find_bwrap, isolation_problem
+from piship_remote.local.isolation.bubblewrap import find_bwrap, isolation_problem
 from piship_remote.local.service import LocalE2bService, main, serve
 
 __all__ = ["LocalE2bService", "check", "find_bwrap", "isolation_problem", "main", "serve"]

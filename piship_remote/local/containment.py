@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import attrs
 
-from piship_remote.local.limits import MIB, Enforcement, Limits
-from piship_remote.local.network import egress_problem
+from piship_remote.local.isolation.limits import MIB, Enforcement, Limits
+from piship_remote.local.isolation.network import egress_problem
 
 __all__ = ["Containment", "containment"]
 

@@ -23,7 +23,7 @@ absent) gives it a new lifetime from then. ``memory: false`` on pause (E2B's
 filesystem-only snapshot) is accepted and pauses it whole. A sandbox created with
 ``autoPause: true`` is paused, not killed, when its timeout is reached; with
 ``autoResume: {"enabled": true}`` envd traffic naming it resumes it (see
-:class:`~piship_remote.local.listing.Lifecycle`). Details carry its ``lifecycle``.
+:class:`~piship_remote.local.sandbox.listing.Lifecycle`). Details carry its ``lifecycle``.
 
 Every ``/sandboxes…`` request needs ``X-API-Key``. A create without ``timeout``
 lives 300 s on ``/v2/sandboxes`` (the current SDKs send none) and 15 s on
@@ -47,8 +47,8 @@ import time
 from collections.abc import Mapping
 from urllib.parse import parse_qs, urlsplit
 
-from piship_remote.local.http_model import Head, Reply, Request
-from piship_remote.local.listing import (
+from piship_remote._http_server.messages import Head, Reply, Request
+from piship_remote.local.sandbox.listing import (
     Lifecycle,
     ListError,
     Page,
@@ -60,8 +60,8 @@ from piship_remote.local.listing import (
     rfc3339,
     state,
 )
-from piship_remote.local.sandboxes import Registry, Sandbox, SandboxGone, TooManySandboxes
-from piship_remote.local.wire import (
+from piship_remote.local.sandbox.registry import Registry, Sandbox, SandboxGone, TooManySandboxes
+from piship_remote.wire.e2b_control import (
     ApiError,
     ConnectRequest,
     ListedSandbox,
@@ -70,11 +70,8 @@ from piship_remote.local.wire import (
     SandboxDetail,
     SandboxInfo,
     TimeoutRequest,
-    WireError,
-    parse,
-    to_json,
-    unstructure,
 )
+from piship_remote.wire.e2b_json import WireError, parse, to_json, unstructure
 
 __all__ = ["CLIENT_ID", "ENVD_VERSION", "ControlPlane"]
 

@@ -9,7 +9,7 @@ library's own E2B backend drives it unchanged::
         with activate_sandbox({"required": True}, backend=backend, workspace=".") as sandbox:
             sandbox.exec("id; ls -la")
 
-Every command runs under bubblewrap (see :mod:`piship_remote.local.isolation`).
+Every command runs under bubblewrap (see :mod:`piship_remote.local.isolation.bubblewrap`).
 Where bubblewrap cannot run, the service refuses to start with
 ``PiShipError(SANDBOX_UNAVAILABLE, …)`` saying why; it never runs a command
 unisolated. :meth:`LocalE2bService.check` tells the reason without starting.
@@ -32,29 +32,29 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from piship_remote._http_server.server import Head, HttpServer, Reply, Request
+from piship_remote._http_server.server import Limits as HttpLimits
 from piship_remote.local.containment import Containment, containment
 from piship_remote.local.control import ControlPlane
-from piship_remote.local.envd import Envd, is_envd
-from piship_remote.local.isolation import (
+from piship_remote.local.envd.router import Envd, is_envd
+from piship_remote.local.isolation.bubblewrap import (
     find_bwrap,
     isolation_problem,
     validate_workdir,
 )
-from piship_remote.local.limits import (
+from piship_remote.local.isolation.limits import (
     DEFAULT_DISK_MIB,
     DEFAULT_MEMORY_MIB,
     DEFAULT_PROCESSES,
     MIB,
     Limits,
 )
-from piship_remote.local.sandboxes import Registry, remove_tree
-from piship_remote.local.server import Head, HttpServer, Reply, Request
-from piship_remote.local.server import Limits as HttpLimits
-from piship_remote.local.user_map import root_mappable, unsearchable
+from piship_remote.local.isolation.user_map import root_mappable, unsearchable
+from piship_remote.local.sandbox.registry import Registry, remove_tree
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
 if TYPE_CHECKING:
-    from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+    from piship_remote import E2bCompatibleBackend
 
 __all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
 
@@ -194,7 +194,7 @@ class LocalE2bService:
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
         """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
-        from piship_remote.backends.e2b.backend import E2bCompatibleBackend
+        from piship_remote import E2bCompatibleBackend
 
         options.setdefault("workdir", self.workdir)
         options.setdefault("user", self.user)

@@ -43,16 +43,9 @@ import base64
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from piship_remote.local.wire import (
-    ConnectError,
-    DataEvent,
-    EndEvent,
-    StartEvent,
-    end_stream_frame,
-    event_frame,
-    unstructure,
-)
 from piship_remote.testing.recorder import DropConnection
+from piship_remote.wire.e2b_json import end_stream_frame, event_frame, unstructure
+from piship_remote.wire.envd import ConnectError, DataEvent, EndEvent, StartEvent
 
 __all__ = [
     "CHECK_MARKER",

@@ -20,19 +20,16 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from piship_remote.local.wire import (
+from piship_remote.wire.e2b_control import ApiError
+from piship_remote.wire.e2b_json import WireError, structure, unstructure
+from piship_remote.wire.envd import (
     ConnectError,
     EntryInfo,
     ListDirRequest,
     MoveRequest,
-    PathError,
     PathRequest,
-    WireError,
-    resolve,
-    signature,
-    structure,
-    unstructure,
 )
+from piship_remote.wire.envd_paths import PathError, resolve, signature
 
 __all__ = ["HOME", "MemoryTree", "files_refusal"]
 
@@ -42,7 +39,7 @@ Answer = tuple[int, Any]
 
 
 def _api_error(status: int, message: str) -> Answer:
-    return status, {"code": status, "message": message}
+    return status, unstructure(ApiError(status, message))
 
 
 def _rpc_error(code: str, message: str) -> Answer:

@@ -9,6 +9,9 @@ from typing import Any
 
 import attrs
 
+from piship_remote.wire.e2b_control import ListedSandbox
+from piship_remote.wire.e2b_json import unstructure
+
 __all__ = ["CLIENT_ID", "ENVD_VERSION", "TEMPLATE_ID", "LiveSandbox", "has_metadata", "listed"]
 
 CLIENT_ID = "client1"
@@ -28,19 +31,21 @@ class LiveSandbox:
 
 def listed(live: LiveSandbox, now: float) -> dict[str, Any]:
     end = time.time() + max(live.expires_at - now, 0.0)
-    return {
-        "sandboxID": live.sandbox_id,
-        "templateID": TEMPLATE_ID,
-        "clientID": CLIENT_ID,
-        "startedAt": rfc3339(live.started_at),
-        "endAt": rfc3339(end),
-        "cpuCount": 2,
-        "memoryMB": 512,
-        "diskSizeMB": 1024,
-        "state": "running",
-        "envdVersion": ENVD_VERSION,
-        "metadata": live.metadata,
-    }
+    entry = ListedSandbox(
+        sandbox_id=live.sandbox_id,
+        template_id=TEMPLATE_ID,
+        client_id=CLIENT_ID,
+        started_at=rfc3339(live.started_at),
+        end_at=rfc3339(end),
+        cpu_count=2,
+        memory_mb=512,
+        disk_size_mb=1024,
+        state="running",
+        envd_version=ENVD_VERSION,
+        metadata=live.metadata,
+    )
+    listed: dict[str, Any] = unstructure(entry)
+    return listed
 
 
 def rfc3339(timestamp: float) -> str:

@@ -82,18 +82,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from piship_remote.local.wire import (
-    ApiError,
-    ConnectError,
-    SandboxInfo,
-    SignalRequest,
-    WireError,
-    metadata_filter,
-    resolve,
-    start_message,
-    structure,
-    to_json,
-)
 from piship_remote.testing.e2b_commands import (
     CHECK_MARKER,
     PID,
@@ -114,6 +102,16 @@ from piship_remote.testing.e2b_listing import (
 from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
 from piship_remote.testing.sandbox_shell import Shell, script_of
+from piship_remote.wire.e2b_control import ApiError, SandboxInfo
+from piship_remote.wire.e2b_json import (
+    WireError,
+    metadata_filter,
+    start_message,
+    structure,
+    to_json,
+)
+from piship_remote.wire.envd import ConnectError, SignalRequest
+from piship_remote.wire.envd_paths import resolve
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
 
@@ -371,7 +369,7 @@ class E2bServer(RecordingServer):
         headers = {name.lower(): value for name, value in request.headers.items()}
         refusal = files_refusal(headers, request.args, operation, ENVD_ACCESS_TOKEN)
         if refusal is not None:
-            return json_response(401, {"code": 401, "message": refusal})
+            return _json(401, ApiError(401, refusal))
         tree = self._tree(sandbox_id)
         path = request.args.get("path")
         if request.method == "GET":
@@ -383,13 +381,13 @@ class E2bServer(RecordingServer):
         if media == "application/octet-stream":
             if path is None:
                 message = "path query parameter is required for raw body upload"
-                return json_response(400, {"code": 400, "message": message})
+                return _json(400, ApiError(400, message))
             return json_response(*tree.write(path, request.get_data()))
         if media.startswith("multipart/"):
             return self._multipart(tree, request, path)
         expected = "expected multipart/form-data or application/octet-stream"
         message = f"unsupported content type: {media}, {expected}"
-        return json_response(400, {"code": 400, "message": message})
+        return _json(400, ApiError(400, message))
 
     def _multipart(self, tree: MemoryTree, request: Request, path: str | None) -> Response:
         written: list[Any] = []

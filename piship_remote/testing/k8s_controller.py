@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from piship_remote.testing.k8s_store import CLAIMS, SANDBOXES, ApiError, Store
+from piship_remote.testing.k8s_store import ApiError, Store
+from piship_remote.wire.agent_sandbox import CLAIMS, SANDBOXES
 
 __all__ = ["WALL_CLOCK", "Controller", "ControllerSettings"]
 

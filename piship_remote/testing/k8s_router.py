@@ -37,9 +37,10 @@ from piship_remote.testing.k8s_runtime import (
     spawn_failure,
     timed_out,
 )
-from piship_remote.testing.k8s_store import SANDBOXES, Store
+from piship_remote.testing.k8s_store import Store
 from piship_remote.testing.recorder import DropConnection
 from piship_remote.testing.sandbox_shell import Shell, script_of
+from piship_remote.wire.agent_sandbox import SANDBOXES
 from piship_remote.workspace._sandbox_commands import working_directory_command
 
 __all__ = ["CHECK_MARKER", "SANDBOX_PREFIX", "Router", "RouterRequest", "RouterSettings"]

@@ -12,7 +12,8 @@ import json
 import secrets
 from typing import Any
 
-from piship_remote.testing.k8s_store import CLAIMS, ApiError
+from piship_remote.testing.k8s_store import ApiError
+from piship_remote.wire.agent_sandbox import CLAIMS
 
 __all__ = ["defaulted_claim", "field_selector_name", "json_object"]
 

@@ -26,12 +26,11 @@ from typing import Any, cast
 
 import attrs
 
+from piship_remote.wire.agent_sandbox import Resource
+
 __all__ = [
-    "CLAIMS",
-    "SANDBOXES",
     "ApiError",
     "Event",
-    "Resource",
     "Store",
     "merge_patch",
     "rfc3339_seconds",
@@ -39,29 +38,6 @@ __all__ = [
 ]
 
 Object = dict[str, Any]
-
-
-@attrs.frozen
-class Resource:
-    """A namespaced custom resource: its plural, API group and Kind."""
-
-    plural: str
-    group: str
-    kind: str
-    version: str = "v1beta1"
-
-    @property
-    def qualified(self) -> str:
-        """``<plural>.<group>``, as API-server messages name it."""
-        return f"{self.plural}.{self.group}"
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
-
-
-CLAIMS = Resource("sandboxclaims", "extensions.agents.x-k8s.io", "SandboxClaim")
-SANDBOXES = Resource("sandboxes", "agents.x-k8s.io", "Sandbox")
 
 
 @attrs.frozen

@@ -124,15 +124,7 @@ from piship_remote.testing.k8s_router import (
 )
 from piship_remote.testing.k8s_runtime import FileTree, Reply
 from piship_remote.testing.k8s_schema import defaulted_claim, field_selector_name, json_object
-from piship_remote.testing.k8s_store import (
-    CLAIMS as CLAIM_RESOURCE,
-)
-from piship_remote.testing.k8s_store import (
-    SANDBOXES,
-    ApiError,
-    Resource,
-    Store,
-)
+from piship_remote.testing.k8s_store import ApiError, Store
 from piship_remote.testing.recorder import (
     CLIENT_SUBJECT,
     THREAD_PREFIX,
@@ -140,6 +132,8 @@ from piship_remote.testing.recorder import (
     RecordingServer,
     json_response,
 )
+from piship_remote.wire.agent_sandbox import CLAIMS as CLAIM_RESOURCE
+from piship_remote.wire.agent_sandbox import SANDBOXES, Resource
 
 __all__ = ["CLAIMS", "Cluster", "ExecuteAnswer", "KubernetesServer", "claims_path"]
 
@@ -148,7 +142,7 @@ _LOG = logging.getLogger("piship_remote.testing")
 
 def claims_path(namespace: str) -> str:
     """The SandboxClaim collection path of ``namespace``."""
-    return f"/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{namespace}/sandboxclaims"
+    return CLAIM_RESOURCE.collection(namespace)
 
 
 CLAIMS = claims_path("agents")

@@ -20,7 +20,7 @@ item), wait on events that :meth:`RecordingServer.close` releases
 (raise :class:`DropConnection`). ``close()`` releases every waiting handler,
 force-closes every open connection and returns within a few tens of milliseconds.
 
-The server is :class:`piship_remote.local.server.HttpServer` (the local service's
+The server is :class:`piship_remote._http_server.server.HttpServer` (the local service's
 too); handlers see werkzeug ``Request`` objects and answer werkzeug ``Response``
 objects. Each connection is closed after its answer. The server thread and every
 connection thread are daemons named ``piship-double-…``.
@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
-from piship_remote.local.server import DropConnection, HttpServer, Recorded, Reply
-from piship_remote.local.server import Request as RawRequest
+from piship_remote._http_server.server import DropConnection, HttpServer, Recorded, Reply
+from piship_remote._http_server.server import Request as RawRequest
 
 try:
     from werkzeug import Request, Response

@@ -38,8 +38,8 @@ from piship_remote.backends.kubernetes.backend import (
 )
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
-from piship_remote.testing.k8s_store import CLAIMS as CLAIM_RESOURCE
-from piship_remote.testing.k8s_store import SANDBOXES as SANDBOX_RESOURCE
+from piship_remote.wire.agent_sandbox import CLAIMS as CLAIM_RESOURCE
+from piship_remote.wire.agent_sandbox import SANDBOXES as SANDBOX_RESOURCE
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(30)]
 

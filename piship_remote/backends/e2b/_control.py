@@ -39,6 +39,7 @@ from piship_remote.backends.lifetime import lifetime_seconds
 from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
 from piship_remote.model.redact import Redactor
 from piship_remote.transport import HttpClient, HttpReply, TransportError
+from piship_remote.wire.e2b_control import TimeoutRequest
 
 __all__ = [
     "CONTROL_TIMEOUT",
@@ -121,11 +122,6 @@ class NewSandbox:
     timeout: int
     metadata: Mapping[str, str]
     allow_internet_access: bool
-
-
-@attrs.frozen
-class _Renewal:
-    timeout: int
 
 
 def _wire_converter() -> cattrs.Converter:
@@ -297,7 +293,7 @@ class ControlPlane:
                 "POST",
                 f"/sandboxes/{sandbox_id}/timeout",
                 repeatable=True,
-                body=_Renewal(self.lifetime),
+                body=TimeoutRequest(self.lifetime),
                 cancel=cancel,
             )
         except TransportError as error:

@@ -42,11 +42,11 @@ from piship_remote.model.errors import (
 )
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken
+from piship_remote.wire.agent_sandbox import CLAIMS, SANDBOXES
 
 __all__ = ["API_VERSION", "CREATED_BY_LABEL", "RESOURCE_NAME", "ClaimsApi"]
 
-API_VERSION = "extensions.agents.x-k8s.io/v1beta1"
-SANDBOX_API_VERSION = "agents.x-k8s.io/v1beta1"
+API_VERSION = CLAIMS.api_version
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _AVAILABLE_TIMEOUT = 10.0
 # Every claim this backend creates carries it; attach and sweep touch no other claim.
@@ -88,8 +88,8 @@ class ClaimsApi:
         self._options = options if options is not None else ClaimOptions()
         self._sight = sight
         self._endpoint = endpoint
-        self.claims = f"{endpoint}/apis/{API_VERSION}/namespaces/{namespace}/sandboxclaims"
-        self._sandboxes = f"{endpoint}/apis/{SANDBOX_API_VERSION}/namespaces/{namespace}/sandboxes"
+        self.claims = endpoint + CLAIMS.collection(namespace)
+        self._sandboxes = endpoint + SANDBOXES.collection(namespace)
         self._template = template
         self._poll = poll_interval
         self._ready_timeout = ready_timeout
@@ -264,7 +264,7 @@ class ClaimsApi:
         """The create's answer; ``None`` when it was lost but the claim turned out ours."""
         manifest: dict[str, Any] = {
             "apiVersion": API_VERSION,
-            "kind": "SandboxClaim",
+            "kind": CLAIMS.kind,
             "metadata": {"name": name, "labels": {**labels, CREATED_BY_LABEL: CREATOR}},
             "spec": {
                 "warmPoolRef": {"name": self._template},

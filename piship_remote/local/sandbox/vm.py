@@ -17,7 +17,7 @@ namespace's init dies)::
 It works unprivileged too: nothing here needs root but the cgroups, the
 size-capped home and the service's own uid map (a jail with ``own_map`` or
 ``root_home``: the sandbox's uids are nobody on the host, see
-:mod:`piship_remote.local.user_map`), which the service only uses where it may.
+:mod:`piship_remote.local.isolation.user_map`), which the service only uses where it may.
 """
 
 from __future__ import annotations
@@ -35,19 +35,19 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TypeVar
 
-from piship_remote.local.agent_link import AgentLink
-from piship_remote.local.isolation import (
+from piship_remote.local.isolation.agent_link import AgentLink
+from piship_remote.local.isolation.bubblewrap import (
     AGENT_PATH,
     Jail,
     find_python,
     options_fd,
     uid_for,
 )
-from piship_remote.local.limits import CgroupSet
-from piship_remote.local.mount_sources import OpenProgram, Sources
-from piship_remote.local.network import UserModeNetwork
-from piship_remote.local.process import LocalProcess, WindowSize
-from piship_remote.local.user_map import bwrap_options, host_uid, write_maps
+from piship_remote.local.isolation.limits import CgroupSet
+from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
+from piship_remote.local.isolation.network import UserModeNetwork
+from piship_remote.local.isolation.process import LocalProcess, WindowSize
+from piship_remote.local.isolation.user_map import bwrap_options, host_uid, write_maps
 
 __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
 

@@ -2,9 +2,9 @@
 Move, Remove, the watcher RPCs (unary, JSON codec), and WatchDir (a server stream).
 
 Stat … Remove each run as a script inside the sandbox (see
-:mod:`piship_remote.local.sandbox_fs`), and answer envd's shapes: ``{"entry":
+:mod:`piship_remote.local.sandbox.fs`), and answer envd's shapes: ``{"entry":
 EntryInfo}``, ``{"entries": [...]}``, ``{}``; the watchers are
-:mod:`piship_remote.local.watch_rpc`'s. Unary errors are Connect's ``{"code":
+:mod:`piship_remote.local.envd.watch_rpc`'s. Unary errors are Connect's ``{"code":
 "not_found", "message": …}`` with the matching HTTP status and envd's wording;
 WatchDir's are an end-of-stream error on HTTP 200, as Connect streams' are::
 
@@ -20,25 +20,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.http_model import Reply, Request
-from piship_remote.local.sandbox_fs import ENTRY_FORMAT, Ran, parse_entries, run
-from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.user_map import Identity
-from piship_remote.local.watch_rpc import CONNECT_JSON, Watches, WatchFailed
-from piship_remote.local.wire import (
-    ConnectError,
-    ListDirRequest,
-    MoveRequest,
-    PathError,
-    PathRequest,
+from piship_remote._http_server.messages import Reply, Request
+from piship_remote.local.envd.watch_rpc import CONNECT_JSON, Watches, WatchFailed
+from piship_remote.local.isolation.user_map import Identity
+from piship_remote.local.sandbox.fs import ENTRY_FORMAT, Ran, parse_entries, run
+from piship_remote.local.sandbox.registry import Sandbox
+from piship_remote.wire.e2b_json import (
     WireError,
     end_stream_frame,
     parse,
-    resolve,
     start_message,
     to_json,
     unstructure,
 )
+from piship_remote.wire.envd import ConnectError, ListDirRequest, MoveRequest, PathRequest
+from piship_remote.wire.envd_paths import PathError, resolve
 
 __all__ = ["FILESYSTEM_PREFIX", "FilesystemRpc", "connect_error"]
 

@@ -15,7 +15,7 @@ of the sandbox and removes its files::
     registry.delete(sandbox.id)
     registry.close()
 
-A paused sandbox (its processes frozen, see :mod:`piship_remote.local.pause`) is
+A paused sandbox (its processes frozen, see :mod:`piship_remote.local.sandbox.pause`) is
 found by :meth:`Registry.lookup` but not by :meth:`Registry.get`, so envd does not
 serve it (unless it was created with ``auto_resume``: ``get`` then resumes it); its
 lifetime stops until it is resumed with a new one. A command being started holds a
@@ -31,15 +31,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation import DEFAULT_PATH, Jail, uid_for
-from piship_remote.local.limits import Enforcement, Limits, limit_check, unmount
-from piship_remote.local.network import egress_problem
-from piship_remote.local.pause import PauseState
-from piship_remote.local.process import REAP_TIMEOUT, LocalProcess, StartFailed, WindowSize
-from piship_remote.local.sandbox_env import BootFailed, SandboxLayout, boot, remove_tree
-from piship_remote.local.sandbox_vm import SandboxVm, Spawner
-from piship_remote.local.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
-from piship_remote.local.wire import PathError, ProcessConfig, resolve
+from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
+from piship_remote.local.isolation.limits import Enforcement, Limits, limit_check, unmount
+from piship_remote.local.isolation.network import egress_problem
+from piship_remote.local.isolation.process import (
+    REAP_TIMEOUT,
+    LocalProcess,
+    StartFailed,
+    WindowSize,
+)
+from piship_remote.local.isolation.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
+from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, remove_tree
+from piship_remote.local.sandbox.pause import PauseState
+from piship_remote.local.sandbox.vm import SandboxVm, Spawner
+from piship_remote.wire.envd import ProcessConfig
+from piship_remote.wire.envd_paths import PathError, resolve
 
 __all__ = [
     "Registry",
@@ -182,7 +188,7 @@ class Sandbox:
 
         ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
         ``~`` are taken from the user's home). :class:`StartRefused`, :class:`SandboxGone`,
-        or :class:`~piship_remote.local.pause.Paused` (a pause waits for a start under way).
+        or :class:`~piship_remote.local.sandbox.pause.Paused` (a pause waits for a start under way).
         """
         who = user or self._default
         try:

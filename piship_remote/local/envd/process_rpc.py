@@ -20,22 +20,23 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from piship_remote.local.http_model import Reply, Request
-from piship_remote.local.process import Exited, InputFailed, LocalProcess, WindowSize
-from piship_remote.local.process_feed import Follower, ProcessFeed
-from piship_remote.local.process_wire import (
-    CloseStdinRequest,
-    ConnectProcessRequest,
-    ProcessInput,
-    SendInputRequest,
-    StreamInputMessage,
-    UpdateRequest,
-    decoded,
+from piship_remote._http_server.messages import Reply, Request
+from piship_remote.local.envd.process_feed import Follower, ProcessFeed
+from piship_remote.local.isolation.process import Exited, InputFailed, LocalProcess, WindowSize
+from piship_remote.local.isolation.user_map import Identity
+from piship_remote.local.sandbox.fs import TAG_PREFIX
+from piship_remote.local.sandbox.registry import Sandbox, SandboxGone, StartRefused
+from piship_remote.wire.connect import EnvelopeReader, connect_envelope
+from piship_remote.wire.e2b_json import (
+    WireError,
+    end_stream_frame,
+    event_frame,
+    parse,
+    start_message,
+    structure,
+    to_json,
 )
-from piship_remote.local.sandbox_fs import TAG_PREFIX
-from piship_remote.local.sandboxes import Sandbox, SandboxGone, StartRefused
-from piship_remote.local.user_map import Identity
-from piship_remote.local.wire import (
+from piship_remote.wire.envd import (
     ConnectError,
     DataEvent,
     EndEvent,
@@ -45,15 +46,16 @@ from piship_remote.local.wire import (
     SignalRequest,
     StartEvent,
     StartRequest,
-    WireError,
-    end_stream_frame,
-    event_frame,
-    parse,
-    start_message,
-    structure,
-    to_json,
 )
-from piship_remote.wire.connect import EnvelopeReader, connect_envelope
+from piship_remote.wire.envd_process import (
+    CloseStdinRequest,
+    ConnectProcessRequest,
+    ProcessInput,
+    SendInputRequest,
+    StreamInputMessage,
+    UpdateRequest,
+    decoded,
+)
 
 __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "STREAMING", "ProcessRpc", "stream_error"]
 

@@ -26,9 +26,10 @@ from datetime import datetime, timezone
 
 import attrs
 
-from piship_remote.local.sandbox_fs import run
-from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.wire import SandboxMetric, WireError, metadata_filter
+from piship_remote.local.sandbox.fs import run
+from piship_remote.local.sandbox.registry import Sandbox
+from piship_remote.wire.e2b_control import SandboxMetric
+from piship_remote.wire.e2b_json import WireError, metadata_filter
 
 __all__ = [
     "Lifecycle",

@@ -23,10 +23,16 @@ from collections.abc import Callable
 
 import attrs
 
-from piship_remote.local.isolation import Jail, uid_for, write_etc
-from piship_remote.local.limits import CgroupSet, Enforcement, Limits, mount_tmpfs, unmount
-from piship_remote.local.sandbox_vm import SandboxVm, Spawner
-from piship_remote.local.user_map import give_to, make_root_home, root_mappable
+from piship_remote.local.isolation.bubblewrap import Jail, uid_for, write_etc
+from piship_remote.local.isolation.limits import (
+    CgroupSet,
+    Enforcement,
+    Limits,
+    mount_tmpfs,
+    unmount,
+)
+from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
+from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
 __all__ = ["BootFailed", "SandboxLayout", "boot", "remove_tree"]
 

@@ -17,7 +17,7 @@ import re
 
 import attrs
 
-from piship_remote.local.http_model import BodyReader
+from piship_remote._http_server.messages import BodyReader
 
 __all__ = ["MultipartError", "MultipartReader", "Part", "boundary_of"]
 

@@ -23,8 +23,8 @@ longest-idle connection is closed to admit a new one, else the new one gets an
 immediate 503). ``streamed(head)`` names the routes that read their body themselves
 (``request.stream``), of any size, instead of getting it whole.
 
-The values live in :mod:`piship_remote.local.http_model` and each connection's
-handling in :mod:`piship_remote.local.connection`; both are re-exported here.
+The values live in :mod:`piship_remote._http_server.messages` and each connection's
+handling in :mod:`piship_remote._http_server.connection`; both are re-exported here.
 
 Threads: ``<prefix>http`` accepts, ``<prefix>conn-N`` serves one connection; all
 daemons, all joined by :meth:`HttpServer.close`, which also releases every
@@ -45,8 +45,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from piship_remote.local.connection import ConnectionHandler, cut
-from piship_remote.local.http_model import (
+from piship_remote._http_server.connection import ConnectionHandler, cut
+from piship_remote._http_server.messages import (
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
     BodyReader,

@@ -5,7 +5,7 @@
 ``multipart/form-data`` body (each ``file`` part's filename is its path, unless
 ``path`` is given) into it, creating missing parent directories. Bodies of any
 size pass through in pieces (chunked request bodies too), and every byte is read
-and written by a process inside the sandbox (see :mod:`piship_remote.local.sandbox_fs`).
+and written by a process inside the sandbox (see :mod:`piship_remote.local.sandbox.fs`).
 
 A request carrying ``X-Access-Token`` must carry the sandbox's; one without it must
 carry a valid ``signature`` (``v1_`` + unpadded base64 of SHA-256 over
@@ -35,18 +35,20 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO
 from urllib.parse import parse_qs, urlsplit
 
-from piship_remote.local.http_model import BodyReader, DropConnection, Head, Reply, Request
-from piship_remote.local.multipart import MultipartError, MultipartReader, boundary_of
-from piship_remote.local.sandbox_fs import (
+from piship_remote._http_server.messages import BodyReader, DropConnection, Head, Reply, Request
+from piship_remote.local.envd.multipart import MultipartError, MultipartReader, boundary_of
+from piship_remote.local.isolation.user_map import ROOT_REFUSAL, Identity, SandboxUsers
+from piship_remote.local.sandbox.fs import (
     FEED_PIECE,
     Ran,
     StreamBroken,
     open_stream,
     run,
 )
-from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.user_map import ROOT_REFUSAL, Identity, SandboxUsers
-from piship_remote.local.wire import ApiError, PathError, resolve, signature, to_json
+from piship_remote.local.sandbox.registry import Sandbox
+from piship_remote.wire.e2b_control import ApiError
+from piship_remote.wire.e2b_json import to_json
+from piship_remote.wire.envd_paths import PathError, resolve, signature
 
 __all__ = ["FILES_PATH", "FileEndpoints", "sandbox_missing"]
 

@@ -1,8 +1,8 @@
 """One command running in a sandbox: start it through the agent, follow its output, kill it.
 
 A :class:`LocalProcess` is a command the sandbox's agent started (see
-:mod:`piship_remote.local.agent`) through its :class:`AgentLink` (the control
-socket and start handshake, :mod:`piship_remote.local.agent_link`; ``AgentLink``
+:mod:`piship_remote.local.isolation.agent`) through its :class:`AgentLink` (the control
+socket and start handshake, :mod:`piship_remote.local.isolation.agent_link`; ``AgentLink``
 and ``StartFailed`` are importable from here too). The service holds the read
 ends of its stdout, stderr and status pipes. The command ends when its main process exits;
 whatever it left in the background keeps running in the sandbox (its output,
@@ -37,7 +37,7 @@ from typing import IO, Literal
 
 import attrs
 
-from piship_remote.local.agent_link import (
+from piship_remote.local.isolation.agent_link import (
     AgentLink,
     StartFailed,
     parse_status,

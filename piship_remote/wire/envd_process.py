@@ -14,7 +14,8 @@ import binascii
 
 import attrs
 
-from piship_remote.local.wire import ProcessSelector, Pty, WireError, parse
+from piship_remote.wire.e2b_json import WireError
+from piship_remote.wire.envd import ProcessSelector, Pty
 
 __all__ = [
     "CloseStdinRequest",
@@ -24,7 +25,6 @@ __all__ = [
     "StreamInputMessage",
     "UpdateRequest",
     "decoded",
-    "parse",
 ]
 
 

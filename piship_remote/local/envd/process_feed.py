@@ -19,7 +19,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from piship_remote.local.process import Exited, LocalProcess, Output
+from piship_remote.local.isolation.process import Exited, LocalProcess, Output
 
 __all__ = ["Follower", "ProcessFeed"]
 

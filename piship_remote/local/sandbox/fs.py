@@ -26,10 +26,11 @@ from typing import IO
 
 import attrs
 
-from piship_remote.local.process import Exited, LocalProcess, Output
-from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.user_map import Identity
-from piship_remote.local.wire import EntryInfo, ProcessConfig, resolve
+from piship_remote.local.isolation.process import Exited, LocalProcess, Output
+from piship_remote.local.isolation.user_map import Identity
+from piship_remote.local.sandbox.registry import Sandbox
+from piship_remote.wire.envd import EntryInfo, ProcessConfig
+from piship_remote.wire.envd_paths import resolve
 
 __all__ = [
     "ENTRY_FORMAT",

@@ -5,7 +5,7 @@ options give it:
 
 - new user, pid, mount, ipc, uts, cgroup and network namespaces (loopback only;
   with network allowed a user-mode stack adds ``tap0``, see
-  :mod:`piship_remote.local.network`);
+  :mod:`piship_remote.local.isolation.network`);
 - the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links or binds)
   read-only, a synthesised ``/etc`` (``passwd``, ``group``, ``hosts``, …) plus a
   few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
@@ -16,9 +16,9 @@ options give it:
   writable (size-capped tmpfs); everything else read-only;
 - no host path of the service: the ``/etc`` files and the agent are copied in
   from descriptors, and bubblewrap runs as ``/proc/self/fd/N`` (see
-  :mod:`piship_remote.local.mount_sources`);
+  :mod:`piship_remote.local.isolation.mount_sources`);
 - an empty environment, no capabilities (with a root beside the user, the agent
-  keeps the few of :mod:`piship_remote.local.user_map`, which user commands drop
+  keeps the few of :mod:`piship_remote.local.isolation.user_map`, which user commands drop
   and root commands get), its own session, and death when the service dies.
 
 The options travel through a memfd (``--args``), not the command line::
@@ -42,9 +42,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from piship_remote.local.mount_sources import OpenProgram, Sources
-from piship_remote.local.network import DNS_SERVER
-from piship_remote.local.user_map import (
+from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
+from piship_remote.local.isolation.network import DNS_SERVER
+from piship_remote.local.isolation.user_map import (
     ROOT_HOME,
     SANDBOX_UID,
     capability_options,
@@ -284,11 +284,11 @@ class Jail:
     ``/etc`` files. With ``scratch_size`` (bytes), ``/tmp`` and ``/dev/shm`` are
     instead fresh tmpfs of that size each (for hosts where the service cannot
     mount a size-capped tmpfs under all three itself). With ``root_home``, the
-    sandbox has a root beside its user (see :mod:`piship_remote.local.user_map`):
+    sandbox has a root beside its user (see :mod:`piship_remote.local.isolation.user_map`):
     that host directory is mounted at ``/root`` and the agent keeps the
     capabilities to run commands as root. With ``own_map`` (a service running as
     host root), the service writes the namespace's uid map itself, onto host uids
-    that own nothing (see :mod:`piship_remote.local.user_map`); a jail with
+    that own nothing (see :mod:`piship_remote.local.isolation.user_map`); a jail with
     ``root_home`` always has it.
     """
 

@@ -7,15 +7,15 @@ routes on), or a ``Host`` of ``49983-<id>.<domain>``, and must carry that sandbo
 them is answered as one for an unknown sandbox, so ids cannot be probed. A Basic
 ``Authorization`` user must be the service's user (a missing header means it), or
 ``root`` where the sandboxes have a root beside it (the service runs as host root,
-see :mod:`~piship_remote.local.user_map`): root's commands and file operations
+see :mod:`~piship_remote.local.isolation.user_map`): root's commands and file operations
 run as uid 0 with home ``/root``. Any other name is refused with envd's
 ``unauthenticated``, as an end-of-stream error on a streaming call. The Process RPCs are
-:class:`~piship_remote.local.process_rpc.ProcessRpc`; the Filesystem RPCs, directory
-watchers included, :class:`~piship_remote.local.filesystem_rpc.FilesystemRpc`; ``/health``,
-``/envs`` and ``/metrics`` are answered by :mod:`~piship_remote.local.envd_http`. A paused
+:class:`~piship_remote.local.envd.process_rpc.ProcessRpc`; the Filesystem RPCs, directory
+watchers included, :class:`~piship_remote.local.envd.filesystem_rpc.FilesystemRpc`; ``/health``,
+``/envs`` and ``/metrics`` are answered by :mod:`~piship_remote.local.envd.plain_http`. A paused
 sandbox is not found (502), as on E2B, also when it was paused while a request for it
 was under way; one created with ``autoResume`` is resumed by any request naming it
-(see :class:`~piship_remote.local.listing.Lifecycle`)::
+(see :class:`~piship_remote.local.sandbox.listing.Lifecycle`)::
 
     envd = Envd(registry)            # its users: registry.users
     reply = envd.handle(request)     # a server.Reply; Start's carries a stream
@@ -39,13 +39,12 @@ from collections.abc import Mapping
 
 import attrs
 
-from piship_remote.local.envd_http import ENVD_HTTP_PATHS, envd_http
-from piship_remote.local.files_http import FILES_PATH, FileEndpoints
-from piship_remote.local.files_http import sandbox_missing as _missing
-from piship_remote.local.filesystem_rpc import FILESYSTEM_PREFIX, FilesystemRpc
-from piship_remote.local.http_model import Head, Reply, Request
-from piship_remote.local.pause import Paused
-from piship_remote.local.process_rpc import (
+from piship_remote._http_server.messages import Head, Reply, Request
+from piship_remote.local.envd.files_http import FILES_PATH, FileEndpoints
+from piship_remote.local.envd.files_http import sandbox_missing as _missing
+from piship_remote.local.envd.filesystem_rpc import FILESYSTEM_PREFIX, FilesystemRpc
+from piship_remote.local.envd.plain_http import ENVD_HTTP_PATHS, envd_http
+from piship_remote.local.envd.process_rpc import (
     CONNECT_JSON,
     DEFAULT_KEEPALIVE,
     STREAMING,
@@ -53,8 +52,9 @@ from piship_remote.local.process_rpc import (
     connect_error,
     stream_error,
 )
-from piship_remote.local.sandboxes import Registry, Sandbox
-from piship_remote.local.user_map import Identity
+from piship_remote.local.isolation.user_map import Identity
+from piship_remote.local.sandbox.pause import Paused
+from piship_remote.local.sandbox.registry import Registry, Sandbox
 
 __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "ENVD_PORT", "PREFIX", "Envd", "is_envd"]
 

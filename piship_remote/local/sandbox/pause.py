@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from piship_remote.local.limits import CgroupSet
+from piship_remote.local.isolation.limits import CgroupSet
 
 __all__ = ["PauseState", "Paused", "tree_pids"]
 

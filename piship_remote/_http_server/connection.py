@@ -22,10 +22,10 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from piship_remote.local.http_model import DropConnection, Head, Reply, Request
+from piship_remote._http_server.messages import DropConnection, Head, Reply, Request
 
 if TYPE_CHECKING:
-    from piship_remote.local.server import HttpServer, _Listener
+    from piship_remote._http_server.server import HttpServer, _Listener
 
 __all__ = ["ConnectionHandler", "StreamedBody", "cut"]
 

@@ -28,20 +28,15 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, override
 
-from piship_remote.local.http_model import Reply
-from piship_remote.local.sandbox_fs import run
-from piship_remote.local.sandboxes import Sandbox
-from piship_remote.local.user_map import Identity
-from piship_remote.local.watcher import DirWatch, WatchEvent, WatchPump
-from piship_remote.local.wire import (
-    ConnectError,
-    PathError,
-    WireError,
-    end_stream_frame,
-    resolve,
-    to_json,
-)
+from piship_remote._http_server.messages import Reply
+from piship_remote.local.envd.watcher import DirWatch, WatchEvent, WatchPump
+from piship_remote.local.isolation.user_map import Identity
+from piship_remote.local.sandbox.fs import run
+from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.connect import connect_envelope
+from piship_remote.wire.e2b_json import WireError, end_stream_frame, to_json
+from piship_remote.wire.envd import ConnectError
+from piship_remote.wire.envd_paths import PathError, resolve
 
 __all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
 

@@ -4,7 +4,7 @@ As protojson writes them (``exitCode``, ``modifiedTime``: :data:`ENVD_NAMES`), f
 ``process.Process`` (:class:`StartRequest`, the Start stream's :class:`StartEvent`,
 :class:`DataEvent`, :class:`EndEvent`, :class:`SignalRequest`, :class:`ProcessList`)
 and ``filesystem.Filesystem`` (:class:`EntryInfo`, :class:`PathRequest`, ...), and
-Connect's :class:`ConnectError`. The converter of :mod:`piship_remote.local.wire`
+Connect's :class:`ConnectError`. The converter of :mod:`piship_remote.wire.e2b_json`
 reads and writes them::
 
     >>> to_json(EndEvent(exit_code=3, exited=True, status="exit status 3"))

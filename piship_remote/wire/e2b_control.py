@@ -3,7 +3,7 @@
 Each shape is an attrs class with Python field names; :data:`CONTROL_NAMES` gives
 the JSON names that differ (``templateID``, ``envdAccessToken``, ...) and
 :data:`CONTROL_ALWAYS_SENT` the fields written even at their default. The
-converter of :mod:`piship_remote.local.wire` reads and writes them::
+converter of :mod:`piship_remote.wire.e2b_json` reads and writes them::
 
     >>> parse(b'{"templateID": "base", "timeout": 60}', NewSandbox)
     NewSandbox(template_id='base', timeout=60, allow_internet_access=None, env_vars={}, metadata={})

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 
-from piship_remote.local.http_model import Reply, Request
-from piship_remote.local.listing import metric
-from piship_remote.local.sandboxes import Sandbox
+from piship_remote._http_server.messages import Reply, Request
+from piship_remote.local.sandbox.listing import metric
+from piship_remote.local.sandbox.registry import Sandbox
 
 __all__ = ["ENVD_HTTP_PATHS", "envd_http"]
 

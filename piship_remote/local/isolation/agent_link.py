@@ -1,7 +1,7 @@
 """The service's end of a sandbox agent's control socket, and the start handshake on it.
 
 An :class:`AgentLink` sends the agent its JSON packets (with file descriptors
-alongside; see :mod:`piship_remote.local.agent` for the protocol). Starting a
+alongside; see :mod:`piship_remote.local.isolation.agent` for the protocol). Starting a
 command is a packet plus a status pipe: :func:`send_start` sends the one and
 returns the read end of the other, :func:`started_pid` reads the agent's first
 status line from it (the pid, or :class:`StartFailed` with envd's wording)::
@@ -11,7 +11,7 @@ status line from it (the pid, or :class:`StartFailed` with envd's wording)::
     pid = started_pid(status_read)          # then {"exit": n} or {"signal": n} follows
     link.send({"op": "kill", "id": ident, "signal": 9})
 
-:class:`~piship_remote.local.process.LocalProcess` is the command started this way.
+:class:`~piship_remote.local.isolation.process.LocalProcess` is the command started this way.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import socket
 import threading
 from collections.abc import Mapping, Sequence
 
-from piship_remote.local.isolation import options_fd
+from piship_remote.local.isolation.bubblewrap import options_fd
 
 __all__ = [
     "START_TIMEOUT",

@@ -1,12 +1,11 @@
 """Reading and writing the E2B wire model: JSON bodies to shapes and back, Connect envelopes.
 
 Shared by the local service and the E2B test double. The shapes are the control
-plane's (:mod:`piship_remote.local.control_wire`: :class:`NewSandbox`,
-:class:`SandboxInfo`, ...) and envd's (:mod:`piship_remote.local.envd_wire`:
+plane's (:mod:`piship_remote.wire.e2b_control`: :class:`NewSandbox`,
+:class:`SandboxInfo`, ...) and envd's (:mod:`piship_remote.wire.envd`:
 :class:`StartRequest`, the Start stream's :class:`StartEvent`, :class:`DataEvent`,
 :class:`EndEvent`, ...); envd's path rule and URL signature are in
-:mod:`piship_remote.local.sandbox_paths`. Every one of those names is importable
-from here too. A Start stream's envelopes are :func:`event_frame`,
+:mod:`piship_remote.wire.envd_paths`. A Start stream's envelopes are :func:`event_frame`,
 :func:`end_stream_frame` and :func:`start_message`::
 
     >>> event_frame("start", StartEvent(42))[5:]
@@ -18,7 +17,7 @@ Requests are structured with :func:`parse`, which rejects wrong JSON types
     >>> parse(b'{"templateID": "base", "timeout": "5"}', NewSandbox)
     Traceback (most recent call last):
     ...
-    piship_remote.local.wire.WireError: invalid value for type, expected int | None @ $.timeout
+    piship_remote.wire.e2b_json.WireError: invalid value for type, expected int | None @ $.timeout
 
 Answers are unstructured with :func:`to_json`, which leaves out default values the
 way protojson does (``exitCode`` 0, empty ``error``, absent ``stdout``).
@@ -34,75 +33,16 @@ from urllib.parse import unquote
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from piship_remote.local.control_wire import (
-    CONTROL_ALWAYS_SENT,
-    CONTROL_NAMES,
-    ApiError,
-    ConnectRequest,
-    ListedSandbox,
-    NewSandbox,
-    Refresh,
-    SandboxDetail,
-    SandboxInfo,
-    SandboxMetric,
-    TimeoutRequest,
-)
-from piship_remote.local.envd_wire import (
-    ENVD_NAMES,
-    ConnectError,
-    DataEvent,
-    EndEvent,
-    EntryInfo,
-    ListDirRequest,
-    MoveRequest,
-    PathRequest,
-    ProcessConfig,
-    ProcessInfo,
-    ProcessList,
-    ProcessSelector,
-    Pty,
-    PtySize,
-    SignalRequest,
-    StartEvent,
-    StartRequest,
-)
-from piship_remote.local.sandbox_paths import PathError, resolve, signature
 from piship_remote.wire.connect import END_STREAM, EnvelopeReader, connect_envelope
+from piship_remote.wire.e2b_control import CONTROL_ALWAYS_SENT, CONTROL_NAMES
+from piship_remote.wire.envd import ENVD_NAMES, ConnectError
 
 __all__ = [
-    "ApiError",
-    "ConnectError",
-    "ConnectRequest",
-    "DataEvent",
-    "EndEvent",
-    "EntryInfo",
-    "ListDirRequest",
-    "ListedSandbox",
-    "MoveRequest",
-    "NewSandbox",
-    "PathError",
-    "PathRequest",
-    "ProcessConfig",
-    "ProcessInfo",
-    "ProcessList",
-    "ProcessSelector",
-    "Pty",
-    "PtySize",
-    "Refresh",
-    "SandboxDetail",
-    "SandboxInfo",
-    "SandboxMetric",
-    "SignalRequest",
-    "StartEvent",
-    "StartRequest",
-    "TimeoutRequest",
     "WireError",
     "end_stream_frame",
     "event_frame",
     "metadata_filter",
     "parse",
-    "resolve",
-    "signature",
     "start_message",
     "structure",
     "to_json",

@@ -1,7 +1,7 @@
 """What a sandbox is made from, opened by the service and handed to bubblewrap as descriptors.
 
 Where the service runs as host root, bubblewrap runs as the sandbox's own
-unprivileged host uid (see :mod:`piship_remote.local.user_map`), which may not
+unprivileged host uid (see :mod:`piship_remote.local.isolation.user_map`), which may not
 look up the service's directories; so the service opens them and bubblewrap
 binds the descriptors (``--bind-fd``). Small files (the synthesised ``/etc``
 files, the agent's source) are copied in (``--file``) rather than bound, so no

@@ -1,0 +1,1 @@
+"""What holds a local sandbox in: bubblewrap, the user map, mounts, limits, network, the agent."""
