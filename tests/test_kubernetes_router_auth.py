@@ -13,7 +13,7 @@ from seed_support import kubernetes
 from piship_remote.model.errors import PiShipError
 from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import Cluster, KubernetesServer
-from piship_remote.testing.k8s_store import SANDBOXES
+from piship_remote.wire.agent_sandbox import SANDBOXES
 
 KubernetesFactory = Callable[..., KubernetesServer]
 
