@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from piship_remote.model.redact import Redactor
     from piship_remote.model.report import Capabilities
 
-__all__ = ["Availability", "Backend", "BackendResult", "ExecRequest", "Instance", "OutputCallback"]
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendResult",
+    "ExecRequest",
+    "Instance",
+    "OutputCallback",
+    "ServesPorts",
+]
 
 OutputCallback = Callable[[bytes], None]
 
@@ -103,6 +111,15 @@ class Instance(Protocol):
 
     def dispose(self) -> None:
         """Delete the remote sandbox or claim; idempotent and thread-safe."""
+        ...
+
+
+@runtime_checkable
+class ServesPorts(Protocol):
+    """An instance whose sandbox's ports are reached from this host through its service."""
+
+    def url(self, port: int) -> str:
+        """The address of ``port`` inside the sandbox (``ValueError`` for no valid port)."""
         ...
 
 

@@ -1,8 +1,9 @@
 """The embedded E2B-compatible service: real commands, really isolated, on loopback.
 
 One port serves both E2B's control plane and envd's Connect RPCs (envd requests
-name their sandbox in ``E2b-Sandbox-Id``, as E2B's edge routes them), so the
-library's own E2B backend drives it unchanged::
+name their sandbox in ``E2b-Sandbox-Id``, as E2B's edge routes them), and a ``Host`` of
+``<port>-<id>.localhost:<port>`` reaches a server in a sandbox (see
+:mod:`piship_remote.local.ports`), so the library's own E2B backend drives it unchanged::
 
     with LocalE2bService() as service:
         backend = service.backend()      # E2bCompatibleBackend(endpoint=service.url, ...)
@@ -50,6 +51,7 @@ from piship_remote.local.isolation.limits import (
     Limits,
 )
 from piship_remote.local.isolation.user_map import root_mappable, unsearchable
+from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
@@ -139,6 +141,7 @@ class LocalE2bService:
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
         self._envd = Envd(self._registry)
+        self._ports = SandboxPorts(self._registry)
         self._lock = threading.Lock()
         self._closed = False
         try:
@@ -149,6 +152,7 @@ class LocalE2bService:
                 screen=self._screen,
                 limits=http_limits,
                 streamed=self._envd.streams_body,
+                tunnel=self._ports.tunnel,
                 thread_prefix="piship-local-",
             )
         except OSError as e:
@@ -229,6 +233,8 @@ class LocalE2bService:
         return f"LocalE2bService(url={self.url!r})"
 
     def _screen(self, head: Head) -> Reply | None:
+        if port_target(head.headers) is not None:
+            return None  # the tunnel checks its tokens
         if is_envd(head):
             return self._envd.screen(head)
         return self._control.screen(head)

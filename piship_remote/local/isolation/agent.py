@@ -15,6 +15,7 @@ message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
     {"op": "drain"}           + fds [stdout, stderr]   (read to EOF, then close)
     {"op": "protect"}         + fds [its own oom_score_adj, opened by a root service]
     {"op": "cgroup"}          + fds [the sandbox's memory cgroup.procs, opened by the service]
+    {"op": "dial", "port": 8000}  + fds [channel]
 
 ``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}`` (and ``"size"``,
 ``{"cols", "rows"}``, for a pty; ``"limited": false`` for the service's file helpers, which
@@ -47,6 +48,11 @@ the sandbox's ``cgroup.procs``, open for writing: each command writes itself the
 before its program starts, so the memory limit holds for commands and the agent
 stays outside it.
 
+A ``dial`` connects to a port on the sandbox's own loopback (``127.0.0.1``, else ``::1``),
+from inside its network namespace, and sends the connected socket back over ``channel``
+(or the packet ``error: …`` when nothing listens there): how the service reaches a
+server in the sandbox whether or not the sandbox has a network.
+
 A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
 variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
 in the shell's argv either, where any host user could read it in ``/proc``.
@@ -76,6 +82,8 @@ ROOT_UID, USER_UID = 0, 1000
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
 OOM_KILLABLE, OOM_PROTECTED = b"0", b"-1000"
+DIAL_TIMEOUT = 2.0
+LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
 # Portable sh (dash has no `export -n`): copy into an unexported variable, unset, eval.
 HIDDEN_SCRIPT = '__piship_script=$PISHIP_SCRIPT; unset PISHIP_SCRIPT; eval "$__piship_script"'
 
@@ -139,6 +147,10 @@ class Agent:
                 self.oom_score = fds[0]
             else:
                 self.command_group = fds[0]
+            for fd in fds[1:]:
+                os.close(fd)
+        elif op == "dial" and fds:
+            dial(int(message.get("port", 0)), fds[0])
             for fd in fds[1:]:
                 os.close(fd)
         elif op == "drain":
@@ -296,6 +308,31 @@ class Agent:
             pass
         self.draining.discard(fd)
         os.close(fd)
+
+
+def dial(port: int, channel: int) -> None:
+    """Connect to ``port`` on the loopback; send the socket (or why not) on ``channel``."""
+    with socket.socket(fileno=channel) as sender:
+        problem = "no such port" if not 0 < port < 65536 else ""
+        for family, address in LOOPBACKS if not problem else ():
+            connection = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                connection.settimeout(DIAL_TIMEOUT)
+                connection.connect((address, port))
+            except OSError as e:
+                connection.close()
+                problem = os.strerror(e.errno).lower() if e.errno else str(e)
+                continue
+            with connection:
+                try:
+                    socket.send_fds(sender, [b"ok"], [connection.fileno()])
+                except OSError:
+                    pass
+            return
+        try:
+            sender.send(f"error: {problem}".encode())
+        except OSError:
+            pass
 
 
 def _session_members(session: int) -> list[int]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -92,9 +93,12 @@ class Sandbox:
         lifetime: int = 0,
         auto_pause: bool = False,
         auto_resume: bool = False,
+        private_traffic: bool = False,
     ) -> None:
         self.id = sandbox_id
         self.access_token = secrets.token_hex(16)
+        self.traffic_access_token = secrets.token_hex(16) if private_traffic else None
+        """What a request to one of its ports must carry (``allowPublicTraffic: false``)."""
         self.template = template
         self.metadata = dict(metadata)
         self.started_at = time.time()
@@ -222,6 +226,18 @@ class Sandbox:
             self._configs[process.pid] = config
         return process
 
+    def dial(self, port: int) -> socket.socket:
+        """A socket connected to ``port`` on the sandbox's own loopback.
+
+        :class:`~piship_remote.local.isolation.agent_link.DialFailed` when nothing listens
+        there, :class:`SandboxGone` once deleted, ``OSError`` when its agent is gone.
+        """
+        with self._lock:
+            if self._deleted is not None:
+                raise SandboxGone(self._deleted)
+        with self.pause_state.running():
+            return self._vm.dial(port)
+
     def forget(self, process: LocalProcess) -> None:
         """Drop a finished process from the sandbox's list."""
         with self._lock:
@@ -315,6 +331,7 @@ class Registry:
         metadata: Mapping[str, str] | None = None,
         auto_pause: bool = False,
         auto_resume: bool = False,
+        private_traffic: bool = False,
     ) -> Sandbox:
         """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
@@ -361,6 +378,7 @@ class Registry:
                 lifetime=lifetime,
                 auto_pause=auto_pause,
                 auto_resume=auto_resume,
+                private_traffic=private_traffic,
             )
             self._sandboxes[sandbox_id] = sandbox
             self._changed.notify_all()

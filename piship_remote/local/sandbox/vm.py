@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TypeVar
 
-from piship_remote.local.isolation.agent_link import AgentLink
+from piship_remote.local.isolation.agent_link import AgentLink, dial
 from piship_remote.local.isolation.bubblewrap import (
     AGENT_PATH,
     Jail,
@@ -304,6 +304,10 @@ class SandboxVm:
         return LocalProcess.start(
             self._link, spec, tag=tag, limit_check=limit_check, stdin=stdin, size=size
         )
+
+    def dial(self, port: int) -> socket.socket:
+        """A socket connected to ``port`` on the sandbox's loopback (see :func:`dial`)."""
+        return dial(self._link, port)
 
     def close(self) -> None:
         """End every process of the sandbox, its network stack and its cgroups; idempotent."""
