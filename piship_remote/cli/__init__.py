@@ -31,7 +31,13 @@ from collections.abc import Sequence
 from piship_remote import __version__
 from piship_remote.cli import _commands, _kept, _sweep
 from piship_remote.cli._commands import EXIT_CONFIG, EXIT_UNAVAILABLE, error_status
-from piship_remote.cli._parser import Parser, add_sandbox_options, port_number, positive_int
+from piship_remote.cli._parser import (
+    Parser,
+    add_sandbox_options,
+    port_number,
+    positive_int,
+    template_pair,
+)
 from piship_remote.cli._streams import EXIT_BROKEN_PIPE, silence_stdout
 from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
 from piship_remote.sandbox import lifecycle
@@ -164,6 +170,15 @@ def _parser() -> Parser:
         ("--max-lifetime", "seconds a sandbox may live at most"),
     ):
         serve.add_argument(option, type=positive_int, default=None, help=what)
+    serve.add_argument(
+        "--template",
+        metavar="NAME=PATH",
+        type=template_pair,
+        action="append",
+        default=[],
+        help="offer template NAME made from PATH: a root filesystem directory or an image"
+        " archive (docker save, podman save, an OCI layout tar); repeatable",
+    )
     serve.set_defaults(handler=_commands.serve)
 
     sweep = parser.command(

@@ -62,7 +62,13 @@ from piship_remote.local.sandbox.listing import (
     rfc3339,
     state,
 )
-from piship_remote.local.sandbox.registry import Registry, Sandbox, SandboxGone, TooManySandboxes
+from piship_remote.local.sandbox.registry import (
+    Registry,
+    Sandbox,
+    SandboxGone,
+    TooManySandboxes,
+    UnknownTemplate,
+)
 from piship_remote.wire.e2b_control import (
     ApiError,
     ConnectRequest,
@@ -252,6 +258,8 @@ class ControlPlane:
                 auto_resume=ending.auto_resume,
                 private_traffic=_private_traffic(body),
             )
+        except UnknownTemplate:
+            return _error(404, f"template '{new.template_id}' not found")
         except TooManySandboxes as e:
             return _error(429, str(e))
         except SandboxGone as e:

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from piship_remote.local.isolation.host_python import agent_argv, host_view_options
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
 from piship_remote.local.isolation.network import DNS_SERVER
 from piship_remote.local.isolation.user_map import (
@@ -303,6 +304,10 @@ class Jail:
     scratch_size: int | None = None
     root_home: str | None = None
     own_map: bool = False
+    rootfs: str | None = None
+    """An image template's root filesystem (shared, read-only), instead of the host's
+    ``/usr``: the sandbox sees it through an overlay whose writes stay in memory,
+    and the host's ``/usr`` only at a private path, for the agent's Python."""
 
     @property
     def maps_users(self) -> bool:
@@ -320,8 +325,11 @@ class Jail:
         if self.root_home is not None:
             options += capability_options()
         options += ["--die-with-parent", "--new-session", "--clearenv"]
-        options += ["--hostname", HOSTNAME, "--ro-bind", "/usr", "/usr"]
-        options += _system_dirs()
+        options += ["--hostname", HOSTNAME]
+        if self.rootfs is None:
+            options += ["--ro-bind", "/usr", "/usr", *_system_dirs()]
+        else:
+            options += ["--overlay-src", self.rootfs, "--tmp-overlay", "/", *host_view_options()]
         # Read-only /proc: the sandbox changes no kernel setting, not even one its
         # namespaces would scope (bubblewrap covers /proc/sys; this covers the rest).
         options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
@@ -356,6 +364,12 @@ class Jail:
             if prefix is not None:
                 dirs.append(prefix)
         return Sources.open(dirs=dirs, files=files)
+
+    def agent_command(self, python: str, *args: str) -> list[str]:
+        """The argv running the agent with ``python`` (the host's) and ``args``."""
+        if self.rootfs is None:
+            return [python, "-I", "-S", AGENT_PATH, *args]
+        return agent_argv(python, AGENT_PATH, *args)
 
     def _places(self) -> list[str]:
         """The host directories mounted writable in the sandbox."""
@@ -399,8 +413,8 @@ class Jail:
 
     def missing_program(self, cmd: str) -> bool:
         """Whether ``cmd`` is a system path (``/usr``, ``/bin``, …) with no program behind it."""
-        if not cmd.startswith("/"):
-            return False
+        if not cmd.startswith("/") or self.rootfs is not None:
+            return False  # in an image, the agent says so
         path = posixpath.normpath(cmd)
         if not any(path == d or path.startswith(d + "/") for d in ("/usr", *_SYSTEM_DIRS)):
             return False
@@ -411,6 +425,8 @@ class Jail:
         for inside, fd in sorted(sources.files.items()):
             if inside.startswith("/etc/"):
                 options += ["--perms", "0644", "--file", str(fd), inside]
+        if self.rootfs is not None:
+            return options  # the image's own
         for name in _HOST_ETC + (_NETWORK_ETC if self.network else ()):
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         return options

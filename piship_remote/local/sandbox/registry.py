@@ -44,6 +44,7 @@ from piship_remote.local.isolation.process import (
 from piship_remote.local.isolation.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, remove_tree
 from piship_remote.local.sandbox.pause import PauseState
+from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 from piship_remote.wire.envd import ProcessConfig
 from piship_remote.wire.envd_paths import PathError, resolve
@@ -55,6 +56,7 @@ __all__ = [
     "SandboxUnavailable",
     "StartRefused",
     "TooManySandboxes",
+    "UnknownTemplate",
     "remove_tree",
 ]
 
@@ -69,6 +71,10 @@ class SandboxUnavailable(SandboxGone):
 
 class TooManySandboxes(Exception):
     """The service already runs its maximum number of sandboxes."""
+
+
+class UnknownTemplate(LookupError):
+    """The service offers no template of that name."""
 
 
 class StartRefused(ValueError):
@@ -296,7 +302,10 @@ class Registry:
         enforcement: Enforcement | None = None,
         clock: Callable[[], float] = time.monotonic,
         with_root: bool | None = None,
+        templates: Mapping[str, str | None] | None = None,
     ) -> None:
+        self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
+        """Each template's root filesystem (``None``: the host's ``/usr``)."""
         mapped = root_mappable() if with_root is None else with_root
         self.users = SandboxUsers.of(user=user, workdir=workdir, root=mapped)  # who may run
         self.root = root
@@ -339,6 +348,8 @@ class Registry:
         its environment cannot be made here (network asked for and no user-mode
         stack installed, or the sandbox would not start).
         """
+        if template not in self.templates:
+            raise UnknownTemplate(template)
         problem = egress_problem() if network else None
         if problem is not None:
             raise SandboxUnavailable(problem)
@@ -352,7 +363,12 @@ class Registry:
             self._booting += 1
         try:
             jail, vm = boot(
-                sandbox_id, directory, self._layout, network=network, spawner=self._spawner
+                sandbox_id,
+                directory,
+                self._layout,
+                network=network,
+                spawner=self._spawner,
+                rootfs=self.templates[template],
             )
         except BootFailed as e:
             raise SandboxUnavailable(str(e)) from None

@@ -37,7 +37,6 @@ from typing import TypeVar
 
 from piship_remote.local.isolation.agent_link import AgentLink, dial
 from piship_remote.local.isolation.bubblewrap import (
-    AGENT_PATH,
     Jail,
     find_python,
     options_fd,
@@ -159,7 +158,7 @@ class SandboxVm:
             child_ends.append(args)
             program = OpenProgram.open(jail.bwrap)
             programs.append(program)
-            agent = [python, "-I", "-S", AGENT_PATH, str(agent_end.fileno())]
+            agent = jail.agent_command(python, str(agent_end.fileno()))
             argv = ["bwrap", "--args", str(args), "--", *agent]
             run_as = host_uid(uid_for(jail.user)) if jail.maps_users else None
             executable: str | None = program.executable
