@@ -25,6 +25,7 @@ from local_service_support import Client, needs_bwrap
 from piship_remote import E2bCompatibleBackend, activate_sandbox
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.oci_archive import ImageRefused, unpack_image
+from piship_remote.local.isolation.user_map import root_mappable
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 
 pytestmark = pytest.mark.timeout(120)
@@ -191,3 +192,44 @@ def test_a_sandbox_s_writes_outside_its_places_do_not_reach_the_template(
     finally:
         for created in (first, second):
             client.control("DELETE", f"/sandboxes/{created['sandboxID']}")
+
+
+# -- the base template: what E2B's base offers by name ---------------------------------------
+
+
+@needs_bwrap
+def test_the_base_template_runs_python_as_python3(service: LocalE2bService) -> None:
+    client = Client(service)
+    sandbox = client.create()
+    try:
+        ran = client.run(sandbox, "python -c 'import sys; print(sys.version_info[0])'")
+        assert ran.stdout == "3\n"
+    finally:
+        client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}")
+
+
+@needs_bwrap
+@pytest.mark.skipif(not root_mappable(), reason="a sandbox has a root only under a root service")
+def test_the_base_templates_user_runs_a_command_as_root_with_sudo(
+    service: LocalE2bService,
+) -> None:
+    client = Client(service)
+    sandbox = client.create()
+    try:
+        ran = client.run(sandbox, "id -u; sudo id -u; sudo -u root sh -c 'echo $HOME; exit 3'")
+        assert ran.stdout == "1000\n0\n/root\n"
+        assert ran.end is not None and ran.end["exitCode"] == 3
+    finally:
+        client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}")
+
+
+@needs_bwrap
+def test_sudo_refuses_another_target_user(service: LocalE2bService) -> None:
+    client = Client(service)
+    sandbox = client.create()
+    try:
+        ran = client.run(sandbox, "sudo -u nobody id")
+        assert ran.stderr == "sudo: only root can be the target user here\n"
+        assert ran.end is not None and ran.end["exitCode"] == 1
+    finally:
+        client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}")

@@ -53,6 +53,11 @@ from inside its network namespace, and sends the connected socket back over ``ch
 (or the packet ``error: …`` when nothing listens there): how the service reaches a
 server in the sandbox whether or not the sandbox has a network.
 
+Where it runs commands as root, the agent also listens on the abstract socket
+``\0piship-sudo`` (private to the sandbox's network namespace): the sandbox's ``sudo``
+(see ``sudo.py``) sends one spec there with its stdin, stdout and stderr, and reads the
+status lines back on the same connection; the command runs as root.
+
 A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
 variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
 in the shell's argv either, where any host user could read it in ``/proc``.
@@ -62,6 +67,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import select
@@ -83,6 +89,8 @@ PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
 OOM_KILLABLE, OOM_PROTECTED = b"0", b"-1000"
 DIAL_TIMEOUT = 2.0
+SUDO_ADDRESS = "\0piship-sudo"
+STDIO_FDS = 3
 LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
 # Portable sh (dash has no `export -n`): copy into an unexported variable, unset, eval.
 HIDDEN_SCRIPT = '__piship_script=$PISHIP_SCRIPT; unset PISHIP_SCRIPT; eval "$__piship_script"'
@@ -111,6 +119,8 @@ class Agent:
         self.draining: set[int] = set()
         self.oom_score: int | None = None  # its own oom_score_adj, where it is protected
         self.command_group: int | None = None  # the cgroup.procs commands join
+        self.sudo = _sudo_listener() if self.capable else None
+        self.sudo_ids = itertools.count(-1, -1)  # below the service's ids
         self.wakeup_read, wakeup_write = os.pipe()
         os.set_blocking(wakeup_write, False)
         signal.set_wakeup_fd(wakeup_write)
@@ -119,10 +129,14 @@ class Agent:
     def run(self) -> None:
         while True:
             watched = [self.control.fileno(), self.wakeup_read, *self.draining]
+            if self.sudo is not None:
+                watched.append(self.sudo.fileno())
             readable, _, _ = select.select(watched, [], [])
             if self.wakeup_read in readable:
                 os.read(self.wakeup_read, 4096)
             self.reap()
+            if self.sudo is not None and self.sudo.fileno() in readable:
+                self.start_sudo(self.sudo)
             for fd in readable:
                 if fd in self.draining:
                     self.drain(fd)
@@ -176,6 +190,28 @@ class Agent:
             os.close(stderr)
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
+
+    def start_sudo(self, listener: socket.socket) -> None:
+        """One ``sudo``: its spec and stdio on a new connection, which carries the status back."""
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        with connection:
+            connection.settimeout(DIAL_TIMEOUT)
+            try:
+                data, fds, _, _ = socket.recv_fds(connection, PACKET_BYTES, STDIO_FDS)
+                spec = json.loads(data)
+            except (OSError, ValueError):
+                return
+            try:
+                if len(fds) == STDIO_FDS and _valid_spec(spec):
+                    spec["uid"] = ROOT_UID
+                    status = os.dup(connection.fileno())
+                    self.spawn(next(self.sudo_ids), spec, status, (fds[0], fds[1], fds[2]))
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
     def start_pty(self, ident: int, fds: list[int]) -> None:
         channel, status, spec_fd = fds[:3]
@@ -333,6 +369,31 @@ def dial(port: int, channel: int) -> None:
             sender.send(f"error: {problem}".encode())
         except OSError:
             pass
+
+
+def _valid_spec(spec: object) -> bool:
+    """Whether a ``sudo`` spec has a command, string arguments, environment and directory."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("cmd"), str):
+        return False
+    args, env, cwd = spec.get("args"), spec.get("env"), spec.get("cwd")
+    return (
+        isinstance(args, list)
+        and all(isinstance(a, str) for a in args)
+        and isinstance(env, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        and isinstance(cwd, str)
+    )
+
+
+def _sudo_listener() -> socket.socket | None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(SUDO_ADDRESS)
+        listener.listen(8)
+    except OSError:
+        listener.close()
+        return None
+    return listener
 
 
 def _session_members(session: int) -> list[int]:

@@ -97,6 +97,9 @@ _HOST_ETC = (
 )
 _NETWORK_ETC = ("gai.conf",)
 AGENT_PATH = "/run/piship/agent.py"
+LOCAL_BIN = "/usr/local/bin"
+SUDO_PATH = LOCAL_BIN + "/sudo"
+PYTHON_ALIAS = LOCAL_BIN + "/python"
 _MOUNTED = ("/usr", *_SYSTEM_DIRS, "/etc", "/proc", "/dev", "/tmp", "/sys", "/run")
 
 
@@ -327,7 +330,7 @@ class Jail:
         options += ["--die-with-parent", "--new-session", "--clearenv"]
         options += ["--hostname", HOSTNAME]
         if self.rootfs is None:
-            options += ["--ro-bind", "/usr", "/usr", *_system_dirs()]
+            options += ["--ro-bind", "/usr", "/usr", *_system_dirs(), *_base_extras(sources)]
         else:
             options += ["--overlay-src", self.rootfs, "--tmp-overlay", "/", *host_view_options()]
         # Read-only /proc: the sandbox changes no kernel setting, not even one its
@@ -343,7 +346,7 @@ class Jail:
             options += ["--bind-fd", str(sources.dir(host)), inside]
         # After /root: a Python prefix under /root (the agent's) stays visible.
         for inside, fd in sources.files.items():
-            if not inside.startswith("/etc/"):
+            if not inside.startswith("/etc/") and inside != SUDO_PATH:
                 options += ["--file", str(fd), inside]
         for host, fd in sources.dirs.items():
             if host not in self._places():
@@ -360,6 +363,8 @@ class Jail:
         files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
         if python is not None:
             files[AGENT_PATH] = agent_source()
+            if self.rootfs is None:
+                files[SUDO_PATH] = sudo_source()
             prefix = python_prefix(python)
             if prefix is not None:
                 dirs.append(prefix)
@@ -440,6 +445,25 @@ def _nested(a: str, b: str) -> bool:
 def agent_source() -> str:
     """The host path of the in-sandbox agent's source file."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+
+
+def sudo_source() -> str:
+    """The host path of the base template's ``sudo``."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "sudo.py")
+
+
+def _base_extras(sources: Sources) -> list[str]:
+    """What E2B's ``base`` offers by name, over the host's ``/usr/local/bin`` (kept): ``python``
+    (the host's ``python3``) and ``sudo`` (see :mod:`piship_remote.local.isolation.sudo`)."""
+    if not os.path.isdir(LOCAL_BIN) or SUDO_PATH not in sources.files:
+        return []
+    options = ["--overlay-src", LOCAL_BIN, "--tmp-overlay", LOCAL_BIN]
+    taken = any(os.path.lexists(p) for p in ("/usr/bin/python", PYTHON_ALIAS))
+    if not taken and os.path.exists("/usr/bin/python3"):
+        options += ["--symlink", "/usr/bin/python3", PYTHON_ALIAS]
+    if not os.path.lexists(SUDO_PATH):
+        options += ["--perms", "0755", "--file", str(sources.files[SUDO_PATH]), SUDO_PATH]
+    return [*options, "--remount-ro", LOCAL_BIN]
 
 
 def find_python() -> str:
