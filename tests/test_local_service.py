@@ -112,9 +112,9 @@ def test_create_without_the_api_key_is_401(service: LocalE2bService) -> None:
 
 @needs_bwrap
 def test_create_answers_the_e2b_sandbox_shape(client: Client) -> None:
-    sandbox = client.create(templateID="piship-workspace")
+    sandbox = client.create(templateID="base")  # an unknown template is refused (issue 33)
     assert re.fullmatch(r"[a-z0-9]{20}", sandbox["sandboxID"])
-    assert sandbox["templateID"] == "piship-workspace"
+    assert sandbox["templateID"] == "base"
     assert sandbox["envdVersion"] == "0.5.7"  # octet-stream and streamed uploads
     assert sandbox["domain"] == f"localhost:{client.service.url.rsplit(':', 1)[1]}"
     assert sandbox["clientID"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from piship_remote._http_server.messages import DropConnection, Head, Reply, Request
+from piship_remote._http_server.tunnel import splice
 
 if TYPE_CHECKING:
     from piship_remote._http_server.server import HttpServer, _Listener
@@ -131,6 +132,14 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # its body, if any, is never read
             self._send(rejected)
             return
+        upstream = self.owner.tunnel(head) if self.owner.tunnel is not None else None
+        if upstream is not None:
+            self.close_connection = True
+            if isinstance(upstream, Reply):
+                self._send(upstream)
+            else:
+                self._splice(upstream)
+            return
         streamed = self.owner.streamed is not None and self.owner.streamed(head)
         try:
             stream = self._streamed_body() if streamed else None
@@ -156,6 +165,13 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         if stream is not None and not stream.exhausted:
             self.close_connection = True  # the unread rest of the body is never read
         self._send(reply)
+
+    def _splice(self, upstream: socket.socket) -> None:
+        """Hand the connection to ``upstream``, this request's head first, as it arrived."""
+        lines = [self.raw_requestline]
+        lines += [f"{name}: {value}\r\n".encode("latin-1") for name, value in self.headers.items()]
+        head = b"".join([*lines, b"\r\n"])
+        splice(head, self.rfile, self.connection, upstream, name=self.owner.tunnel_name())
 
     def _refuse(self, refused: _Refused) -> None:
         self.close_connection = True

@@ -15,6 +15,7 @@ instead of ``body`` bytes::
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -32,6 +33,7 @@ __all__ = [
     "Request",
     "Router",
     "Screen",
+    "Tunnel",
 ]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024 + 5
@@ -128,3 +130,5 @@ class DropConnection(Exception):
 
 Router = Callable[[Request], Reply]
 Screen = Callable[[Head], "Reply | None"]
+Tunnel = Callable[[Head], "socket.socket | Reply | None"]
+"""For a request to hand over whole: a connected upstream socket, or the refusal; else ``None``."""

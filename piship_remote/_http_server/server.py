@@ -21,12 +21,15 @@ can hold: the size of the head and of the body, how long a read may stall or a
 connection idle, and how many connections are open at once (when full, the
 longest-idle connection is closed to admit a new one, else the new one gets an
 immediate 503). ``streamed(head)`` names the routes that read their body themselves
-(``request.stream``), of any size, instead of getting it whole.
+(``request.stream``), of any size, instead of getting it whole. ``tunnel(head)``, asked
+after ``screen``, may hand the whole connection to an upstream socket it connected
+(see :mod:`piship_remote._http_server.tunnel`), or refuse it with a reply.
 
 The values live in :mod:`piship_remote._http_server.messages` and each connection's
 handling in :mod:`piship_remote._http_server.connection`; both are re-exported here.
 
-Threads: ``<prefix>http`` accepts, ``<prefix>conn-N`` serves one connection; all
+Threads: ``<prefix>http`` accepts, ``<prefix>conn-N`` serves one connection (and
+``<prefix>tunnel-N`` carries a tunnel's answers); all
 daemons, all joined by :meth:`HttpServer.close`, which also releases every
 :meth:`HttpServer.wait` and cuts every open connection.
 """
@@ -58,6 +61,7 @@ from piship_remote._http_server.messages import (
     Request,
     Router,
     Screen,
+    Tunnel,
 )
 
 __all__ = [
@@ -73,6 +77,7 @@ __all__ = [
     "Request",
     "Router",
     "Screen",
+    "Tunnel",
 ]
 
 POLL_INTERVAL = 0.02
@@ -101,6 +106,7 @@ class HttpServer:
         screen: Screen | None = None,
         limits: Limits = _NO_LIMITS,
         streamed: Callable[[Head], bool] | None = None,
+        tunnel: Tunnel | None = None,
         record: bool = False,
         keep_alive: bool = True,
         thread_prefix: str = "piship-http-",
@@ -111,6 +117,7 @@ class HttpServer:
         self.screen = screen
         self.limits = limits
         self.streamed = streamed
+        self.tunnel = tunnel
         self.keep_alive = keep_alive
         self._record = record
         self._prefix = thread_prefix
@@ -285,6 +292,10 @@ class HttpServer:
                 self._idle_since.pop(connection, None)
                 self._changed.notify_all()
             self._listener.shutdown_request(connection)
+
+    def tunnel_name(self) -> str:
+        """A name for a tunnel's thread."""
+        return f"{self._prefix}tunnel-{next(self._counter)}"
 
     def _set_idle(self, connection: socket.socket, idle: bool) -> None:
         with self._lock:

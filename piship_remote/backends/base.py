@@ -28,6 +28,7 @@ __all__ = [
     "ExecRequest",
     "Instance",
     "OutputCallback",
+    "ServesPorts",
     "takes_deadline",
 ]
 
@@ -141,6 +142,15 @@ class Instance(Protocol):
 
     def dispose(self) -> None:
         """Delete the remote sandbox or claim; idempotent and thread-safe."""
+        ...
+
+
+@runtime_checkable
+class ServesPorts(Protocol):
+    """An instance whose sandbox's ports are reached from this host through its service."""
+
+    def url(self, port: int) -> str:
+        """The address of ``port`` inside the sandbox (``ValueError`` for no valid port)."""
         ...
 
 

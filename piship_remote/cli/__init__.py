@@ -39,6 +39,7 @@ from piship_remote.cli._parser import (
     non_negative_int,
     port_number,
     positive_int,
+    template_pair,
 )
 from piship_remote.cli._streams import EXIT_BROKEN_PIPE, silence_stdout
 from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
@@ -180,6 +181,15 @@ def _parser() -> Parser:
         ("--max-lifetime", "seconds a sandbox may live at most"),
     ):
         serve.add_argument(option, type=positive_int, default=None, help=what)
+    serve.add_argument(
+        "--template",
+        metavar="NAME=PATH",
+        type=template_pair,
+        action="append",
+        default=[],
+        help="offer template NAME made from PATH: a root filesystem directory or an image"
+        " archive (docker save, podman save, an OCI layout tar); repeatable",
+    )
     serve.set_defaults(handler=_commands.serve)
 
     sweep = parser.command(

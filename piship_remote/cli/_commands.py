@@ -191,7 +191,10 @@ def serve(args: argparse.Namespace) -> int:
         for name in ("max_processes", "max_memory_mib", "max_disk_mib", "max_lifetime")
         if getattr(args, name) is not None
     }
-    local.serve(host=args.host, port=args.port, api_key=_serve_key(args), **limits)
+    templates = dict(args.template)
+    local.serve(
+        host=args.host, port=args.port, api_key=_serve_key(args), templates=templates, **limits
+    )
     return 0
 
 

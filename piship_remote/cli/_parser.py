@@ -16,6 +16,7 @@ __all__ = [
     "port_number",
     "positive_int",
     "suggest",
+    "template_pair",
 ]
 
 BACKENDS = ("e2b", "kubernetes", "local")
@@ -96,6 +97,14 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is not between 0 and 65535")
     return port
+
+
+def template_pair(text: str) -> tuple[str, str]:
+    """An argparse type: ``NAME=PATH`` (a ``serve --template``)."""
+    name, separator, path = text.partition("=")
+    if not (separator and name and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, not {text!r}")
+    return name, path
 
 
 def positive_int(text: str) -> int:

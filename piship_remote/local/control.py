@@ -28,8 +28,10 @@ filesystem-only snapshot) is accepted and pauses it whole. A sandbox created wit
 Every ``/sandboxes…`` request needs ``X-API-Key``. A create without ``timeout``
 lives 300 s on ``/v2/sandboxes`` (the current SDKs send none) and 15 s on
 ``/sandboxes``, E2B's defaults. Create and connect answers carry ``domain``
-(``localhost:<port>``), so ``get_host(port)`` names a loopback host. Errors are E2B's
-``{"code": <status>, "message": …}``. A sandbox may reach the internet only when
+(``localhost:<port>``), so ``get_host(port)`` names a loopback host the service routes
+(see :mod:`~piship_remote.local.ports`); a sandbox created with
+``network.allowPublicTraffic: false`` also gets a ``trafficAccessToken`` its ports want.
+Errors are E2B's ``{"code": <status>, "message": …}``. A sandbox may reach the internet only when
 created with ``"allow_internet_access": true`` (E2B's default is to allow)::
 
     control = ControlPlane(registry, api_key="e2b_…")
@@ -60,7 +62,13 @@ from piship_remote.local.sandbox.listing import (
     rfc3339,
     state,
 )
-from piship_remote.local.sandbox.registry import Registry, Sandbox, SandboxGone, TooManySandboxes
+from piship_remote.local.sandbox.registry import (
+    Registry,
+    Sandbox,
+    SandboxGone,
+    TooManySandboxes,
+    UnknownTemplate,
+)
 from piship_remote.wire.e2b_control import (
     ApiError,
     ConnectRequest,
@@ -230,6 +238,7 @@ class ControlPlane:
             envd_version=ENVD_VERSION,
             envd_access_token=sandbox.access_token,
             domain=self.domain,
+            traffic_access_token=sandbox.traffic_access_token,
         )
 
     def _create(self, body: bytes, default_timeout: int) -> Reply:
@@ -247,7 +256,10 @@ class ControlPlane:
                 metadata=new.metadata,
                 auto_pause=ending.auto_pause,
                 auto_resume=ending.auto_resume,
+                private_traffic=_private_traffic(body),
             )
+        except UnknownTemplate:
+            return _error(404, f"template '{new.template_id}' not found")
         except TooManySandboxes as e:
             return _error(429, str(e))
         except SandboxGone as e:
@@ -318,6 +330,12 @@ def _sizes(sandbox: Sandbox) -> tuple[int, int, int]:
     """CPUs, memory MiB and disk MiB: the host's, which the sandbox shares."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB
     return os.cpu_count() or 1, memory, shutil.disk_usage(sandbox.home).total // MIB
+
+
+def _private_traffic(body: bytes) -> bool:
+    """Whether a create asked for its ports to need a traffic token (``allowPublicTraffic``)."""
+    network = json.loads(body).get("network") if body.strip() else None
+    return isinstance(network, dict) and network.get("allowPublicTraffic") is False
 
 
 def _error(status: int, message: str) -> Reply:

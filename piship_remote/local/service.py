@@ -1,8 +1,9 @@
 """The embedded E2B-compatible service: real commands, really isolated, on loopback.
 
 One port serves both E2B's control plane and envd's Connect RPCs (envd requests
-name their sandbox in ``E2b-Sandbox-Id``, as E2B's edge routes them), so the
-library's own E2B backend drives it unchanged::
+name their sandbox in ``E2b-Sandbox-Id``, as E2B's edge routes them), and a ``Host`` of
+``<port>-<id>.localhost:<port>`` reaches a server in a sandbox (see
+:mod:`piship_remote.local.ports`), so the library's own E2B backend drives it unchanged::
 
     with LocalE2bService() as service:
         backend = service.backend()      # E2bCompatibleBackend(endpoint=service.url, ...)
@@ -28,7 +29,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
@@ -49,8 +50,10 @@ from piship_remote.local.isolation.limits import (
     MIB,
     Limits,
 )
-from piship_remote.local.isolation.user_map import root_mappable, unsearchable
+from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
+from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
+from piship_remote.local.sandbox.templates import prepare_templates, template_names
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
 if TYPE_CHECKING:
@@ -60,6 +63,7 @@ __all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_direc
 
 COMPONENT = "local"
 DIRECTORY_PREFIX = "piship-local-"
+TEMPLATE_CACHE = "templates"
 DEFAULT_HTTP_LIMITS = HttpLimits(
     header_bytes=32 * 1024,
     read_timeout=5.0,
@@ -82,6 +86,10 @@ class LocalE2bService:
     sandbox directories are made (default: the system temporary directory); the
     directories there of services whose process is gone are removed at start.
     ``max_processes``, ``max_memory_mib`` and ``max_disk_mib`` bound each sandbox;
+    ``templates`` maps a template name to a directory holding a root filesystem or to an
+    image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
+    unpacked once into the service's files; ``base`` is the host's ``/usr``, and a create
+    naming a template the service does not offer is refused (404).
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
@@ -104,6 +112,7 @@ class LocalE2bService:
         max_memory_mib: int = DEFAULT_MEMORY_MIB,
         max_disk_mib: int = DEFAULT_DISK_MIB,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
+        templates: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         _check_loopback(host)
         try:
@@ -129,6 +138,13 @@ class LocalE2bService:
         directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-", dir=parent)
         if root_mappable():
             os.chmod(directory, 0o711)  # its sandboxes' host uids look their places up
+        try:
+            cache = os.path.join(directory, TEMPLATE_CACHE)
+            owner = host_uid(0) if root_mappable() else None
+            offered = prepare_templates(templates or {}, cache, owner=owner)
+        except ValueError as e:
+            remove_tree(directory)
+            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         self._registry = Registry(
             directory,
             bwrap=binary,
@@ -136,9 +152,11 @@ class LocalE2bService:
             user=user,
             max_sandboxes=max_sandboxes,
             limits=limits,
+            templates=offered,
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
         self._envd = Envd(self._registry)
+        self._ports = SandboxPorts(self._registry)
         self._lock = threading.Lock()
         self._closed = False
         try:
@@ -149,6 +167,7 @@ class LocalE2bService:
                 screen=self._screen,
                 limits=http_limits,
                 streamed=self._envd.streams_body,
+                tunnel=self._ports.tunnel,
                 thread_prefix="piship-local-",
             )
         except OSError as e:
@@ -178,6 +197,11 @@ class LocalE2bService:
     def envd_url(self) -> str:
         """The envd base URL for every sandbox (the same port; routed by ``E2b-Sandbox-Id``)."""
         return self.url
+
+    @property
+    def templates(self) -> list[str]:
+        """The template names a create may ask for (``base``, the host view, first)."""
+        return template_names(self._registry.templates)
 
     @property
     def root(self) -> str:
@@ -229,6 +253,8 @@ class LocalE2bService:
         return f"LocalE2bService(url={self.url!r})"
 
     def _screen(self, head: Head) -> Reply | None:
+        if port_target(head.headers) is not None:
+            return None  # the tunnel checks its tokens
         if is_envd(head):
             return self._envd.screen(head)
         return self._control.screen(head)
@@ -249,6 +275,7 @@ def serve(
     out: IO[str] | None = None,
     stop: threading.Event | None = None,
     api_key: str | None = None,
+    templates: Mapping[str, str | os.PathLike[str]] | None = None,
     **limits: Any,
 ) -> None:
     """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it.
@@ -267,6 +294,7 @@ def serve(
             user=user,
             bwrap=bwrap,
             api_key=api_key,
+            templates=templates,
             **limits,
         ) as service,
         _stopped_by_sigterm(stop),
@@ -275,6 +303,7 @@ def serve(
         print(f"endpoint: {service.url}", file=out)
         print(f"envd url: {service.envd_url}", file=out)
         print(f"api key:  {service.api_key}", file=out)
+        print(f"templates: {', '.join(service.templates)}", file=out)
         for line in service.containment.lines():
             print(line, file=out)
         print("\nTo use it from another shell (piship-remote, or your own code):", file=out)
@@ -307,13 +336,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", default="/home/user", help="where sandbox homes are mounted")
     parser.add_argument("--user", default="user", help="the envd user (default user)")
     parser.add_argument("--bwrap", default=None, help="the bubblewrap binary to use")
+    add_template_option(parser)
     args = parser.parse_args(argv)
     try:
-        serve(args.host, args.port, workdir=args.workdir, user=args.user, bwrap=args.bwrap)
+        templates = dict(args.template)
+        serve(
+            args.host,
+            args.port,
+            workdir=args.workdir,
+            user=args.user,
+            bwrap=args.bwrap,
+            templates=templates,
+        )
     except PiShipError as e:
         print(e.render(), file=sys.stderr)
         return 3 if e.code == SANDBOX_UNAVAILABLE else 2
     return 0
+
+
+def add_template_option(parser: argparse.ArgumentParser) -> None:
+    """``--template NAME=PATH`` (repeatable) onto ``parser``, collected as ``(name, path)``."""
+    parser.add_argument(
+        "--template",
+        metavar="NAME=PATH",
+        type=_template_pair,
+        action="append",
+        default=[],
+        help="offer template NAME made from PATH: a root filesystem directory or an image"
+        " archive (docker save, podman save, an OCI layout tar); repeatable",
+    )
+
+
+def _template_pair(text: str) -> tuple[str, str]:
+    name, separator, path = text.partition("=")
+    if not (separator and name and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, not {text!r}")
+    return name, path
 
 
 @contextlib.contextmanager

@@ -71,7 +71,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from piship_remote.backends._owned import Detachable
-from piship_remote.backends.base import BackendResult, ExecRequest, Instance, takes_deadline
+from piship_remote.backends.base import (
+    BackendResult,
+    ExecRequest,
+    Instance,
+    ServesPorts,
+    takes_deadline,
+)
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     SANDBOX_UNAVAILABLE,
@@ -326,6 +332,23 @@ class ExecEngine:
     def dispose(self) -> None:
         """Abort every running call, dispose the instance, stop the threads. Idempotent."""
         self._shut(self._instance.dispose)
+
+    def url(self, port: int) -> str:
+        """The address of ``port`` inside the sandbox, where its service routes ports."""
+        instance = self._instance
+        if not isinstance(instance, ServesPorts):
+            raise PiShipError(
+                CONFIG_INVALID,
+                f"The {self._adapter} sandbox backend does not reach a sandbox's ports from this"
+                " host",
+                component="sandbox",
+                user_action="Use an E2B-compatible service (or the local service) to reach a"
+                " server in the sandbox",
+            )
+        try:
+            return instance.url(port)
+        except ValueError as e:
+            raise PiShipError(CONFIG_INVALID, str(e), component="sandbox") from None
 
     def detach(self) -> str:
         """Like :meth:`dispose`, but the remote sandbox is left running; its id."""

@@ -353,6 +353,15 @@ class Sandbox:
             raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox has no id yet", component="sandbox")
         return sandbox_id
 
+    def url(self, port: int) -> str:
+        """The address at which a server listening on ``port`` inside the sandbox is reached
+        from this host (``http://8000-<id>.localhost:<port>`` on the local service).
+
+        ``PiShipError`` ``CONFIG_INVALID`` for a port outside 1-65535, or on a backend that
+        does not route a sandbox's ports (Kubernetes agent-sandbox).
+        """
+        return self._usable_engine().url(port)
+
     def detach(self) -> str:
         """Let go of the sandbox without deleting it: renewals stop, it is no longer
         deleted at exit, and it lives until its lifetime ends. Returns its id, for

@@ -75,6 +75,8 @@ class SandboxInfo:
     envd_version: str
     envd_access_token: str
     domain: str | None = None
+    traffic_access_token: str | None = None
+    """Set when the sandbox was created with ``network.allowPublicTraffic: false``."""
 
 
 @attrs.frozen
@@ -144,6 +146,7 @@ CONTROL_NAMES: Mapping[type, Mapping[str, str]] = {
         "client_id": "clientID",
         "envd_version": "envdVersion",
         "envd_access_token": "envdAccessToken",
+        "traffic_access_token": "trafficAccessToken",
     },
     SandboxDetail: {
         "sandbox_id": "sandboxID",

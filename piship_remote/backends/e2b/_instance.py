@@ -60,6 +60,7 @@ class E2bInstance:
         self._signallers: set[threading.Thread] = set()
         self._cancels = CancelLinks()
         self._files: RemoteFiles | None = None
+        self._ports: tuple[str, str] | None = None  # (scheme, domain) of the sandbox's hosts
         # Tags only need to be unique in this sandbox: a random prefix and a counter.
         self._tag_prefix = f"piship-{secrets.token_hex(4)}"
         self._tag_numbers = itertools.count()
@@ -74,6 +75,19 @@ class E2bInstance:
     def attach_files(self, files: RemoteFiles) -> None:
         """Set the sandbox's file operations (envd's ``/files`` and Filesystem service)."""
         self._files = files
+
+    def attach_ports(self, scheme: str, domain: str) -> None:
+        """Where the sandbox's ports are: ``<scheme>://<port>-<id>.<domain>``."""
+        self._ports = (scheme, domain)
+
+    def url(self, port: int) -> str:
+        """The address of ``port`` in the sandbox, through the service's edge."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"a port is a number from 1 to 65535, not {port!r}")
+        if self._ports is None:
+            raise self._errors("the service named no domain for the sandbox's ports")
+        scheme, domain = self._ports
+        return f"{scheme}://{port}-{self.sandbox_id}.{domain}"
 
     def files(self) -> RemoteFiles:
         """The sandbox's files; a call after dispose fails like a command."""

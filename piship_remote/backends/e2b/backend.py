@@ -277,6 +277,8 @@ class E2bCompatibleBackend:
             sandbox_id, self._workdir, self._control, lease, envd, self._errors, self._open.forget
         )
         instance.attach_files(self._envd_files(created, base))
+        parts = urllib.parse.urlsplit(self._control.endpoint)
+        instance.attach_ports(parts.scheme, created.domain or _strip_api(parts.netloc))
         lease.start()
         return instance
 

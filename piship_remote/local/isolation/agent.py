@@ -15,6 +15,7 @@ message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
     {"op": "drain"}           + fds [stdout, stderr]   (read to EOF, then close)
     {"op": "protect"}         + fds [its own oom_score_adj, opened by a root service]
     {"op": "cgroup"}          + fds [the sandbox's memory cgroup.procs, opened by the service]
+    {"op": "dial", "port": 8000}  + fds [channel]
 
 ``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}`` (and ``"size"``,
 ``{"cols", "rows"}``, for a pty; ``"limited": false`` for the service's file helpers, which
@@ -47,6 +48,16 @@ the sandbox's ``cgroup.procs``, open for writing: each command writes itself the
 before its program starts, so the memory limit holds for commands and the agent
 stays outside it.
 
+A ``dial`` connects to a port on the sandbox's own loopback (``127.0.0.1``, else ``::1``),
+from inside its network namespace, and sends the connected socket back over ``channel``
+(or the packet ``error: …`` when nothing listens there): how the service reaches a
+server in the sandbox whether or not the sandbox has a network.
+
+Where it runs commands as root, the agent also listens on the abstract socket
+``\0piship-sudo`` (private to the sandbox's network namespace): the sandbox's ``sudo``
+(see ``sudo.py``) sends one spec there with its stdin, stdout and stderr, and reads the
+status lines back on the same connection; the command runs as root.
+
 A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
 variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
 in the shell's argv either, where any host user could read it in ``/proc``.
@@ -56,6 +67,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import select
@@ -76,6 +88,10 @@ ROOT_UID, USER_UID = 0, 1000
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
 OOM_KILLABLE, OOM_PROTECTED = b"0", b"-1000"
+DIAL_TIMEOUT = 2.0
+SUDO_ADDRESS = "\0piship-sudo"
+STDIO_FDS = 3
+LOOPBACKS = ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1"))
 # Portable sh (dash has no `export -n`): copy into an unexported variable, unset, eval.
 HIDDEN_SCRIPT = '__piship_script=$PISHIP_SCRIPT; unset PISHIP_SCRIPT; eval "$__piship_script"'
 
@@ -103,6 +119,8 @@ class Agent:
         self.draining: set[int] = set()
         self.oom_score: int | None = None  # its own oom_score_adj, where it is protected
         self.command_group: int | None = None  # the cgroup.procs commands join
+        self.sudo = _sudo_listener() if self.capable else None
+        self.sudo_ids = itertools.count(-1, -1)  # below the service's ids
         self.wakeup_read, wakeup_write = os.pipe()
         os.set_blocking(wakeup_write, False)
         signal.set_wakeup_fd(wakeup_write)
@@ -111,10 +129,14 @@ class Agent:
     def run(self) -> None:
         while True:
             watched = [self.control.fileno(), self.wakeup_read, *self.draining]
+            if self.sudo is not None:
+                watched.append(self.sudo.fileno())
             readable, _, _ = select.select(watched, [], [])
             if self.wakeup_read in readable:
                 os.read(self.wakeup_read, 4096)
             self.reap()
+            if self.sudo is not None and self.sudo.fileno() in readable:
+                self.start_sudo(self.sudo)
             for fd in readable:
                 if fd in self.draining:
                     self.drain(fd)
@@ -141,6 +163,10 @@ class Agent:
                 self.command_group = fds[0]
             for fd in fds[1:]:
                 os.close(fd)
+        elif op == "dial" and fds:
+            dial(int(message.get("port", 0)), fds[0])
+            for fd in fds[1:]:
+                os.close(fd)
         elif op == "drain":
             for fd in fds:
                 os.set_blocking(fd, False)
@@ -164,6 +190,28 @@ class Agent:
             os.close(stderr)
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
+
+    def start_sudo(self, listener: socket.socket) -> None:
+        """One ``sudo``: its spec and stdio on a new connection, which carries the status back."""
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        with connection:
+            connection.settimeout(DIAL_TIMEOUT)
+            try:
+                data, fds, _, _ = socket.recv_fds(connection, PACKET_BYTES, STDIO_FDS)
+                spec = json.loads(data)
+            except (OSError, ValueError):
+                return
+            try:
+                if len(fds) == STDIO_FDS and _valid_spec(spec):
+                    spec["uid"] = ROOT_UID
+                    status = os.dup(connection.fileno())
+                    self.spawn(next(self.sudo_ids), spec, status, (fds[0], fds[1], fds[2]))
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
     def start_pty(self, ident: int, fds: list[int]) -> None:
         channel, status, spec_fd = fds[:3]
@@ -296,6 +344,56 @@ class Agent:
             pass
         self.draining.discard(fd)
         os.close(fd)
+
+
+def dial(port: int, channel: int) -> None:
+    """Connect to ``port`` on the loopback; send the socket (or why not) on ``channel``."""
+    with socket.socket(fileno=channel) as sender:
+        problem = "no such port" if not 0 < port < 65536 else ""
+        for family, address in LOOPBACKS if not problem else ():
+            connection = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                connection.settimeout(DIAL_TIMEOUT)
+                connection.connect((address, port))
+            except OSError as e:
+                connection.close()
+                problem = os.strerror(e.errno).lower() if e.errno else str(e)
+                continue
+            with connection:
+                try:
+                    socket.send_fds(sender, [b"ok"], [connection.fileno()])
+                except OSError:
+                    pass
+            return
+        try:
+            sender.send(f"error: {problem}".encode())
+        except OSError:
+            pass
+
+
+def _valid_spec(spec: object) -> bool:
+    """Whether a ``sudo`` spec has a command, string arguments, environment and directory."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("cmd"), str):
+        return False
+    args, env, cwd = spec.get("args"), spec.get("env"), spec.get("cwd")
+    return (
+        isinstance(args, list)
+        and all(isinstance(a, str) for a in args)
+        and isinstance(env, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        and isinstance(cwd, str)
+    )
+
+
+def _sudo_listener() -> socket.socket | None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(SUDO_ADDRESS)
+        listener.listen(8)
+    except OSError:
+        listener.close()
+        return None
+    return listener
 
 
 def _session_members(session: int) -> list[int]:

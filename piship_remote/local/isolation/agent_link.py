@@ -10,6 +10,7 @@ status line from it (the pid, or :class:`StartFailed` with envd's wording)::
     ident, status_read = send_start(link, spec, {}, [out_write, err_write], [], [out_read])
     pid = started_pid(status_read)          # then {"exit": n} or {"signal": n} follows
     link.send({"op": "kill", "id": ident, "signal": 9})
+    upstream = dial(link, 8000)             # a socket connected to the sandbox's port 8000
 
 :class:`~piship_remote.local.isolation.process.LocalProcess` is the command started this way.
 """
@@ -29,7 +30,9 @@ from piship_remote.local.isolation.bubblewrap import options_fd
 __all__ = [
     "START_TIMEOUT",
     "AgentLink",
+    "DialFailed",
     "StartFailed",
+    "dial",
     "first_status",
     "parse_status",
     "received_fd",
@@ -42,6 +45,10 @@ START_TIMEOUT = 10.0
 
 class StartFailed(Exception):
     """The agent could not start the program (its message is envd's wording)."""
+
+
+class DialFailed(OSError):
+    """Nothing in the sandbox listens on the port (the message says why)."""
 
 
 class AgentLink:
@@ -119,6 +126,27 @@ def started_pid(status_read: int) -> int:
         os.close(status_read)
         raise StartFailed(str(first.get("error", "the sandbox agent did not start it")))
     return pid
+
+
+def dial(link: AgentLink, port: int) -> socket.socket:
+    """A socket connected to ``port`` on the sandbox's loopback, made by its agent.
+
+    :class:`DialFailed` when nothing listens there; ``OSError`` when the agent is gone.
+    """
+    receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with receiver:
+        try:
+            link.send({"op": "dial", "port": port}, [sender.fileno()])
+        finally:
+            sender.close()
+        ready, _, _ = select.select([receiver], [], [], START_TIMEOUT)
+        if not ready:
+            raise OSError("the sandbox agent did not answer in time")
+        message, fds, _, _ = socket.recv_fds(receiver, 256, 1)
+    if not fds:
+        reason = message.decode(errors="replace").removeprefix("error: ")
+        raise DialFailed(reason or "the sandbox agent is gone")
+    return socket.socket(fileno=fds[0])
 
 
 def received_fd(receiver: socket.socket) -> int:

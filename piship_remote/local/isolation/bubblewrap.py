@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from piship_remote.local.isolation.host_python import agent_argv, host_view_options
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
 from piship_remote.local.isolation.network import DNS_SERVER
 from piship_remote.local.isolation.user_map import (
@@ -96,6 +97,9 @@ _HOST_ETC = (
 )
 _NETWORK_ETC = ("gai.conf",)
 AGENT_PATH = "/run/piship/agent.py"
+LOCAL_BIN = "/usr/local/bin"
+SUDO_PATH = LOCAL_BIN + "/sudo"
+PYTHON_ALIAS = LOCAL_BIN + "/python"
 _MOUNTED = ("/usr", *_SYSTEM_DIRS, "/etc", "/proc", "/dev", "/tmp", "/sys", "/run")
 
 
@@ -303,6 +307,10 @@ class Jail:
     scratch_size: int | None = None
     root_home: str | None = None
     own_map: bool = False
+    rootfs: str | None = None
+    """An image template's root filesystem (shared, read-only), instead of the host's
+    ``/usr``: the sandbox sees it through an overlay whose writes stay in memory,
+    and the host's ``/usr`` only at a private path, for the agent's Python."""
 
     @property
     def maps_users(self) -> bool:
@@ -320,8 +328,11 @@ class Jail:
         if self.root_home is not None:
             options += capability_options()
         options += ["--die-with-parent", "--new-session", "--clearenv"]
-        options += ["--hostname", HOSTNAME, "--ro-bind", "/usr", "/usr"]
-        options += _system_dirs()
+        options += ["--hostname", HOSTNAME]
+        if self.rootfs is None:
+            options += ["--ro-bind", "/usr", "/usr", *_system_dirs(), *_base_extras(sources)]
+        else:
+            options += ["--overlay-src", self.rootfs, "--tmp-overlay", "/", *host_view_options()]
         # Read-only /proc: the sandbox changes no kernel setting, not even one its
         # namespaces would scope (bubblewrap covers /proc/sys; this covers the rest).
         options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
@@ -335,7 +346,7 @@ class Jail:
             options += ["--bind-fd", str(sources.dir(host)), inside]
         # After /root: a Python prefix under /root (the agent's) stays visible.
         for inside, fd in sources.files.items():
-            if not inside.startswith("/etc/"):
+            if not inside.startswith("/etc/") and inside != SUDO_PATH:
                 options += ["--file", str(fd), inside]
         for host, fd in sources.dirs.items():
             if host not in self._places():
@@ -352,10 +363,18 @@ class Jail:
         files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
         if python is not None:
             files[AGENT_PATH] = agent_source()
+            if self.rootfs is None:
+                files[SUDO_PATH] = sudo_source()
             prefix = python_prefix(python)
             if prefix is not None:
                 dirs.append(prefix)
         return Sources.open(dirs=dirs, files=files)
+
+    def agent_command(self, python: str, *args: str) -> list[str]:
+        """The argv running the agent with ``python`` (the host's) and ``args``."""
+        if self.rootfs is None:
+            return [python, "-I", "-S", AGENT_PATH, *args]
+        return agent_argv(python, AGENT_PATH, *args)
 
     def _places(self) -> list[str]:
         """The host directories mounted writable in the sandbox."""
@@ -399,8 +418,8 @@ class Jail:
 
     def missing_program(self, cmd: str) -> bool:
         """Whether ``cmd`` is a system path (``/usr``, ``/bin``, …) with no program behind it."""
-        if not cmd.startswith("/"):
-            return False
+        if not cmd.startswith("/") or self.rootfs is not None:
+            return False  # in an image, the agent says so
         path = posixpath.normpath(cmd)
         if not any(path == d or path.startswith(d + "/") for d in ("/usr", *_SYSTEM_DIRS)):
             return False
@@ -411,6 +430,8 @@ class Jail:
         for inside, fd in sorted(sources.files.items()):
             if inside.startswith("/etc/"):
                 options += ["--perms", "0644", "--file", str(fd), inside]
+        if self.rootfs is not None:
+            return options  # the image's own
         for name in _HOST_ETC + (_NETWORK_ETC if self.network else ()):
             options += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         return options
@@ -424,6 +445,25 @@ def _nested(a: str, b: str) -> bool:
 def agent_source() -> str:
     """The host path of the in-sandbox agent's source file."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+
+
+def sudo_source() -> str:
+    """The host path of the base template's ``sudo``."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "sudo.py")
+
+
+def _base_extras(sources: Sources) -> list[str]:
+    """What E2B's ``base`` offers by name, over the host's ``/usr/local/bin`` (kept): ``python``
+    (the host's ``python3``) and ``sudo`` (see :mod:`piship_remote.local.isolation.sudo`)."""
+    if not os.path.isdir(LOCAL_BIN) or SUDO_PATH not in sources.files:
+        return []
+    options = ["--overlay-src", LOCAL_BIN, "--tmp-overlay", LOCAL_BIN]
+    taken = any(os.path.lexists(p) for p in ("/usr/bin/python", PYTHON_ALIAS))
+    if not taken and os.path.exists("/usr/bin/python3"):
+        options += ["--symlink", "/usr/bin/python3", PYTHON_ALIAS]
+    if not os.path.lexists(SUDO_PATH):
+        options += ["--perms", "0755", "--file", str(sources.files[SUDO_PATH]), SUDO_PATH]
+    return [*options, "--remount-ro", LOCAL_BIN]
 
 
 def find_python() -> str:

@@ -55,12 +55,19 @@ class SandboxLayout:
 
 
 def boot(
-    sandbox_id: str, directory: str, layout: SandboxLayout, *, network: bool, spawner: Spawner
+    sandbox_id: str,
+    directory: str,
+    layout: SandboxLayout,
+    *,
+    network: bool,
+    spawner: Spawner,
+    rootfs: str | None = None,
 ) -> tuple[Jail, SandboxVm]:
-    """The sandbox's files, cgroups and running environment; :class:`BootFailed` if not."""
+    """The sandbox's files, cgroups and running environment (from the image root filesystem
+    ``rootfs``, else the host's ``/usr``); :class:`BootFailed` if not."""
     cgroups: CgroupSet | None = None
     try:
-        jail = _jail(directory, layout, network)
+        jail = _jail(directory, layout, network, rootfs)
         cgroups = CgroupSet.create(layout.enforcement, f"piship-{sandbox_id}", layout.limits)
         vm = SandboxVm.boot(jail, cgroups=cgroups, network=network, spawner=spawner)
     except OSError as e:
@@ -72,7 +79,7 @@ def boot(
     return jail, vm
 
 
-def _jail(directory: str, layout: SandboxLayout, network: bool) -> Jail:
+def _jail(directory: str, layout: SandboxLayout, network: bool, rootfs: str | None) -> Jail:
     paths = [os.path.join(directory, name) for name in ("home", "tmp", "shm", "etc")]
     own_map = layout.with_root or root_mappable()
     # bubblewrap, run as the sandbox's host uid, looks its places up: 0711 lets it.
@@ -99,6 +106,7 @@ def _jail(directory: str, layout: SandboxLayout, network: bool) -> Jail:
         scratch_size=None if layout.enforcement.disk else layout.limits.disk,
         root_home=make_root_home(directory) if layout.with_root else None,
         own_map=own_map,
+        rootfs=rootfs,
     )
 
 

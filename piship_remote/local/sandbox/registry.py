@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from piship_remote.local.isolation.process import (
 from piship_remote.local.isolation.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, remove_tree
 from piship_remote.local.sandbox.pause import PauseState
+from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 from piship_remote.wire.envd import ProcessConfig
 from piship_remote.wire.envd_paths import PathError, resolve
@@ -54,6 +56,7 @@ __all__ = [
     "SandboxUnavailable",
     "StartRefused",
     "TooManySandboxes",
+    "UnknownTemplate",
     "remove_tree",
 ]
 
@@ -68,6 +71,10 @@ class SandboxUnavailable(SandboxGone):
 
 class TooManySandboxes(Exception):
     """The service already runs its maximum number of sandboxes."""
+
+
+class UnknownTemplate(LookupError):
+    """The service offers no template of that name."""
 
 
 class StartRefused(ValueError):
@@ -92,9 +99,12 @@ class Sandbox:
         lifetime: int = 0,
         auto_pause: bool = False,
         auto_resume: bool = False,
+        private_traffic: bool = False,
     ) -> None:
         self.id = sandbox_id
         self.access_token = secrets.token_hex(16)
+        self.traffic_access_token = secrets.token_hex(16) if private_traffic else None
+        """What a request to one of its ports must carry (``allowPublicTraffic: false``)."""
         self.template = template
         self.metadata = dict(metadata)
         self.started_at = time.time()
@@ -222,6 +232,18 @@ class Sandbox:
             self._configs[process.pid] = config
         return process
 
+    def dial(self, port: int) -> socket.socket:
+        """A socket connected to ``port`` on the sandbox's own loopback.
+
+        :class:`~piship_remote.local.isolation.agent_link.DialFailed` when nothing listens
+        there, :class:`SandboxGone` once deleted, ``OSError`` when its agent is gone.
+        """
+        with self._lock:
+            if self._deleted is not None:
+                raise SandboxGone(self._deleted)
+        with self.pause_state.running():
+            return self._vm.dial(port)
+
     def forget(self, process: LocalProcess) -> None:
         """Drop a finished process from the sandbox's list."""
         with self._lock:
@@ -280,7 +302,10 @@ class Registry:
         enforcement: Enforcement | None = None,
         clock: Callable[[], float] = time.monotonic,
         with_root: bool | None = None,
+        templates: Mapping[str, str | None] | None = None,
     ) -> None:
+        self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
+        """Each template's root filesystem (``None``: the host's ``/usr``)."""
         mapped = root_mappable() if with_root is None else with_root
         self.users = SandboxUsers.of(user=user, workdir=workdir, root=mapped)  # who may run
         self.root = root
@@ -315,6 +340,7 @@ class Registry:
         metadata: Mapping[str, str] | None = None,
         auto_pause: bool = False,
         auto_resume: bool = False,
+        private_traffic: bool = False,
     ) -> Sandbox:
         """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
@@ -322,6 +348,8 @@ class Registry:
         its environment cannot be made here (network asked for and no user-mode
         stack installed, or the sandbox would not start).
         """
+        if template not in self.templates:
+            raise UnknownTemplate(template)
         problem = egress_problem() if network else None
         if problem is not None:
             raise SandboxUnavailable(problem)
@@ -335,7 +363,12 @@ class Registry:
             self._booting += 1
         try:
             jail, vm = boot(
-                sandbox_id, directory, self._layout, network=network, spawner=self._spawner
+                sandbox_id,
+                directory,
+                self._layout,
+                network=network,
+                spawner=self._spawner,
+                rootfs=self.templates[template],
             )
         except BootFailed as e:
             raise SandboxUnavailable(str(e)) from None
@@ -361,6 +394,7 @@ class Registry:
                 lifetime=lifetime,
                 auto_pause=auto_pause,
                 auto_resume=auto_resume,
+                private_traffic=private_traffic,
             )
             self._sandboxes[sandbox_id] = sandbox
             self._changed.notify_all()

@@ -35,9 +35,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TypeVar
 
-from piship_remote.local.isolation.agent_link import AgentLink
+from piship_remote.local.isolation.agent_link import AgentLink, dial
 from piship_remote.local.isolation.bubblewrap import (
-    AGENT_PATH,
     Jail,
     find_python,
     options_fd,
@@ -159,7 +158,7 @@ class SandboxVm:
             child_ends.append(args)
             program = OpenProgram.open(jail.bwrap)
             programs.append(program)
-            agent = [python, "-I", "-S", AGENT_PATH, str(agent_end.fileno())]
+            agent = jail.agent_command(python, str(agent_end.fileno()))
             argv = ["bwrap", "--args", str(args), "--", *agent]
             run_as = host_uid(uid_for(jail.user)) if jail.maps_users else None
             executable: str | None = program.executable
@@ -304,6 +303,10 @@ class SandboxVm:
         return LocalProcess.start(
             self._link, spec, tag=tag, limit_check=limit_check, stdin=stdin, size=size
         )
+
+    def dial(self, port: int) -> socket.socket:
+        """A socket connected to ``port`` on the sandbox's loopback (see :func:`dial`)."""
+        return dial(self._link, port)
 
     def close(self) -> None:
         """End every process of the sandbox, its network stack and its cgroups; idempotent."""

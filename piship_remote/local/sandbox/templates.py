@@ -1,0 +1,77 @@
+"""The templates a local service offers: the host view (``base``) and image root filesystems.
+
+A template is made from a directory holding a root filesystem (copied, so the
+sandboxes' host uids can read it wherever it lies) or from an image archive
+(``docker save`` / ``podman save`` output, or an OCI layout in a tar), unpacked once
+into the service's cache (see
+:mod:`piship_remote.local.isolation.oci_archive`). Every sandbox of a template
+shares its root filesystem read-only; each one's writes stay its own::
+
+    templates = prepare_templates({"alpine": "alpine.tar", "tools": "./rootfs"}, cache)
+    templates["alpine"]      # the unpacked root filesystem
+    templates["base"]        # None: the host's /usr, as without templates
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from piship_remote.local.isolation.oci_archive import (
+    ImageRefused,
+    copy_root,
+    is_image_archive,
+    unpack_image,
+)
+
+__all__ = ["DEFAULT_TEMPLATE", "prepare_templates", "template_names"]
+
+DEFAULT_TEMPLATE = "base"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def prepare_templates(
+    sources: Mapping[str, str | os.PathLike[str]], cache: str, *, owner: int | None = None
+) -> dict[str, str | None]:
+    """Each template's root filesystem (``None``: the host view), archives unpacked into
+    ``cache``; ``ValueError`` naming the template that cannot be made.
+
+    ``owner`` is the host uid (and gid) the sandboxes' root maps to, where the service
+    maps one: the files then belong to root inside, as in the image.
+    """
+    templates: dict[str, str | None] = {DEFAULT_TEMPLATE: None}
+    for name, source in sources.items():
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"template name {name!r} must be letters, digits, '.', '_' or '-'")
+        path = os.path.abspath(os.fspath(source))
+        if not (os.path.isdir(path) or is_image_archive(path)):
+            raise ValueError(
+                f"template {name}: {path} is neither a directory (a root filesystem) nor an"
+                " image archive (docker save, podman save, or an OCI layout in a tar)"
+            )
+        os.makedirs(cache, 0o755, exist_ok=True)
+        target = os.path.join(cache, name)
+        try:
+            if os.path.isdir(path):
+                copy_root(path, target)
+            else:
+                unpack_image(path, target)
+            if owner is not None:
+                _give_tree(target, owner)
+        except (ImageRefused, OSError) as e:
+            raise ValueError(f"template {name}: {path} cannot be unpacked: {e}") from None
+        templates[name] = target
+    return templates
+
+
+def _give_tree(root: str, owner: int) -> None:
+    os.lchown(root, owner, owner)
+    for directory, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(directory, name), owner, owner)
+
+
+def template_names(templates: Mapping[str, str | None]) -> list[str]:
+    """The names, the default first."""
+    return [DEFAULT_TEMPLATE, *sorted(n for n in templates if n != DEFAULT_TEMPLATE)]
