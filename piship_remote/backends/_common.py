@@ -15,7 +15,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, overload
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DETAIL_LIMIT",
     "CancelLinks",
+    "CountedChunks",
     "OpenInstances",
     "SandboxErrors",
     "exit_code_of",
@@ -229,3 +230,16 @@ class OpenInstances:
             instances = list(self._instances)
         for instance in instances:
             instance.dispose()
+
+
+class CountedChunks:
+    """A body's chunks, passed through while their bytes are counted (``total``)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.total = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.total += len(chunk)
+            yield chunk

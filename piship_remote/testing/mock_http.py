@@ -37,7 +37,6 @@ client would raise. A handler that stands for a server that never answers can wa
 from __future__ import annotations
 
 import json as jsonlib
-import re
 import threading
 import time
 import urllib.parse
@@ -53,13 +52,15 @@ from piship_remote.model.redact import Redactor
 from piship_remote.transport._scope import ON_SENT
 from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.failures import TransportError, failure_code, timed_out
-from piship_remote.transport.response import window_text
+from piship_remote.transport.response import (
+    FAILURE_WINDOW,
+    failure_line,
+    json_object_of,
+    json_of,
+)
 
 __all__ = ["MockHttpClient", "MockRequest", "MockResponse"]
 
-_FAILURE_WINDOW = 4096
-_FAILURE_CHARS = 300
-_WHITESPACE = re.compile(r"\s+")
 _NOT_SENT = (ConnectionRefusedError,)
 
 
@@ -275,34 +276,22 @@ class MockReply:
         self.close()
 
     def json_object(self, max_bytes: int = 1 << 20) -> dict[str, Any]:
-        value = self.json_value(max_bytes)
-        if isinstance(value, dict):
-            return value
-        raise ValueError("the response is not a JSON object")
+        return json_object_of(self.json_value(max_bytes))
 
     def json_value(self, max_bytes: int = 1 << 20) -> Any:
         try:
-            body = self._read_upto(max_bytes + 1)
+            return json_of(self._read_upto(max_bytes + 1), max_bytes)
         finally:
             self.close()
-        if len(body) > max_bytes:
-            raise ValueError("the response is too large")
-        try:
-            return jsonlib.loads(body)
-        except (ValueError, RecursionError):
-            pass
-        raise ValueError("the response is not JSON")
 
     def failure(self) -> str:
         try:
-            body = self._read_upto(_FAILURE_WINDOW)
+            body = self._read_upto(FAILURE_WINDOW)
         except TransportError:
             body = self._buffer
         finally:
             self.close()
-        text = _WHITESPACE.sub(" ", window_text(body[:_FAILURE_WINDOW], _FAILURE_WINDOW)).strip()
-        detail = self._call.client.redactor.redact(text)[:_FAILURE_CHARS].strip()
-        return f"HTTP {self.status}: {detail}" if detail else f"HTTP {self.status}"
+        return failure_line(self.status, body, self._call.client.redactor)
 
     def iter_raw(self) -> Iterator[bytes | memoryview]:
         if self._buffer:

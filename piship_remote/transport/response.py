@@ -17,13 +17,21 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.model.redact import Redactor
 from piship_remote.transport._dechunk import Dechunker
 from piship_remote.transport._scope import Call
 from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import chunked_source
 from piship_remote.transport.failures import TransportError
 
-__all__ = ["HttpResponse", "window_text"]
+__all__ = [
+    "FAILURE_WINDOW",
+    "HttpResponse",
+    "failure_line",
+    "json_object_of",
+    "json_of",
+    "window_text",
+]
 
 # The largest single read of a body: big enough that streaming hundreds of MiB costs
 # few Python-level iterations, while read1() still returns whatever has arrived.
@@ -34,7 +42,7 @@ EAGER_BYTES = 64 * 1024
 # How long finish() waits for the rest of a body (a stream's chunked terminator).
 _FINISH_WAIT = 0.25
 # How much of an error body failure() looks at before cutting it to 300 characters.
-_FAILURE_WINDOW = 4096
+FAILURE_WINDOW = 4096
 _FAILURE_CHARS = 300
 _WHITESPACE = re.compile(r"\s+")
 Read = TypeVar("Read")
@@ -51,6 +59,36 @@ def window_text(body: bytes, limit: int) -> str:
         return text
     words = text.rsplit(None, 1)
     return words[0] if len(words) == 2 else ""
+
+
+def json_of(body: bytes, max_bytes: int) -> Any:
+    """``body`` parsed as JSON; ``ValueError`` when it is over ``max_bytes`` or not JSON."""
+    if len(body) > max_bytes:
+        raise ValueError("the response is too large")
+    try:
+        return jsonlib.loads(body)
+    except (ValueError, RecursionError):
+        pass
+    # Raised outside the handler and without the body, so neither this frame nor a
+    # chained context (the parser's frames) holds what the server sent.
+    del body
+    raise ValueError("the response is not JSON")
+
+
+def json_object_of(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else ``ValueError``."""
+    if isinstance(value, dict):
+        return value
+    del value  # what a hostile server sent (an echoed credential) stays out of the traceback
+    raise ValueError("the response is not a JSON object")
+
+
+def failure_line(status: int, body: bytes, redactor: Redactor) -> str:
+    """``HTTP <status>``, plus ``: <start of the body>`` (one line, redacted) if any."""
+    text = _WHITESPACE.sub(" ", window_text(body[:FAILURE_WINDOW], FAILURE_WINDOW)).strip()
+    # Redacted before cutting, so a secret across the cut cannot leak its start.
+    detail = redactor.redact(text)[:_FAILURE_CHARS].strip()
+    return f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
 
 
 class HttpResponse:
@@ -99,41 +137,24 @@ class HttpResponse:
         Raises ``ValueError`` (``the response is too large``, ``... is not JSON``,
         ``... is not a JSON object``), :class:`TransportError` or ``CommandCancelled``.
         """
-        value = self.json_value(max_bytes)
-        if isinstance(value, dict):
-            return value
-        del value  # what a hostile server sent (an echoed credential) stays out of the traceback
-        raise ValueError("the response is not a JSON object")
+        return json_object_of(self.json_value(max_bytes))
 
     def json_value(self, max_bytes: int = 1 << 20) -> Any:
         """Read and parse the body as any JSON value of at most ``max_bytes`` bytes."""
         try:
-            body = self._read_upto(max_bytes + 1)
+            return json_of(self._read_upto(max_bytes + 1), max_bytes)
         finally:
             self.close()
-        if len(body) > max_bytes:
-            raise ValueError("the response is too large")
-        try:
-            return jsonlib.loads(body)
-        except (ValueError, RecursionError):
-            pass
-        # Raised outside the handler and without the body, so neither this frame nor a
-        # chained context (the parser's frames) holds what the server sent.
-        del body
-        raise ValueError("the response is not JSON")
 
     def failure(self) -> str:
         """``HTTP <status>``, plus ``: <start of the body>`` (one line, redacted) if any."""
         try:
-            body = self._read_upto(_FAILURE_WINDOW)
+            body = self._read_upto(FAILURE_WINDOW)
         except TransportError:
             body = bytes(self._buffer)
         finally:
             self.close()
-        text = _WHITESPACE.sub(" ", window_text(body, _FAILURE_WINDOW)).strip()
-        # Redacted before cutting, so a secret across the cut cannot leak its start.
-        detail = self._call.redactor.redact(text)[:_FAILURE_CHARS].strip()
-        return f"HTTP {self.status}: {detail}" if detail else f"HTTP {self.status}"
+        return failure_line(self.status, body, self._call.redactor)
 
     def iter_raw(self) -> Iterator[bytes | memoryview]:
         """The body's bytes as they arrive (each chunk at most 1 MiB).

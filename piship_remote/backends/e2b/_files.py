@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from piship_remote.backends._common import CountedChunks
 from piship_remote.backends._file_protocol import (
     ChunkSink,
     SizedChunks,
@@ -116,7 +117,7 @@ class EnvdFiles:
         cancel: threading.Event | None = None,
         deadline: Deadline | None = None,
     ) -> FileInfo:
-        sent: _Counted = _Counted(chunks)
+        sent: CountedChunks = CountedChunks(chunks)
         length: dict[str, str] = {}
         if isinstance(chunks, SizedChunks):
             sent = _Exact(chunks, chunks.size, path, self._errors)
@@ -248,20 +249,7 @@ class _AlreadyExists(Exception):
     pass
 
 
-class _Counted:
-    """The upload's chunks, passed through while their bytes are counted."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks = chunks
-        self.total = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self._chunks:
-            self.total += len(chunk)
-            yield chunk
-
-
-class _Exact(_Counted):
+class _Exact(CountedChunks):
     """Exactly ``size`` bytes of the chunks: cut where the source grew, a failure where it
     came up short (the declared length must match what is sent)."""
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from piship_remote.backends._common import is_success
+from piship_remote.backends._common import CountedChunks, is_success
 from piship_remote.backends._file_protocol import ChunkSink, request_timeout, write_failed
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
@@ -248,7 +248,7 @@ class RuntimeFiles:
         cancel: threading.Event | None,
         deadline: Deadline | None,
     ) -> int:
-        counted = _Counted(chunks)
+        counted = CountedChunks(chunks)
         boundary = f"piship-{secrets.token_hex(16)}"
         with self._claimed(cancel) as use:
             try:
@@ -390,19 +390,6 @@ class RuntimeFiles:
                     )
                 )
         return entries
-
-
-class _Counted:
-    """The chunks of a body, counted as they are sent."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks = chunks
-        self.total = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self._chunks:
-            self.total += len(chunk)
-            yield chunk
 
 
 def _multipart(boundary: str, filename: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
