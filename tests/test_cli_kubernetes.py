@@ -3,6 +3,7 @@ router's own token from the environment, and ``doctor``'s checks before any clai
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -112,6 +113,9 @@ def test_doctor_says_when_the_router_refuses_the_token(
     assert mock.count("POST", CLAIMS) == 0
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("kubernetes") is None, reason="needs the kubernetes extra"
+)
 def test_run_reads_the_cluster_from_a_kubeconfig_context(
     kubernetes_server: KubernetesFactory,
     workspace: Path,
