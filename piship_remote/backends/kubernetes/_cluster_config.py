@@ -242,7 +242,7 @@ def _reason(error: BaseException) -> str:
 
 def _config_module() -> Any:
     try:
-        import kubernetes.config  # type: ignore[import-untyped, unused-ignore]
+        import kubernetes.config  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except ImportError:
         raise PiShipError(
             CONFIG_INVALID,
@@ -253,6 +253,6 @@ def _config_module() -> Any:
 
 
 def _new_configuration() -> Any:
-    from kubernetes.client import Configuration  # type: ignore[import-untyped, unused-ignore]
+    from kubernetes.client import Configuration  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
     return Configuration()
