@@ -151,6 +151,7 @@ class SandboxErrors:
         *,
         code: str = SANDBOX_UNAVAILABLE,
         retryable: bool = False,
+        not_started: bool = False,
         retry_after: float | None = None,
         user_action: str | None = None,
     ) -> PiShipError:
@@ -158,6 +159,7 @@ class SandboxErrors:
             code,
             message,
             retryable=retryable,
+            not_started=not_started,
             retry_after=retry_after,
             user_action=user_action,
             component="sandbox",

@@ -88,6 +88,7 @@ class PiShipError(Exception):
 
     code: str
     retryable: bool
+    not_started: bool
     retry_after: float | None
     user_action: str | None
     component: str | None
@@ -98,6 +99,7 @@ class PiShipError(Exception):
         message: str,
         *,
         retryable: bool = False,
+        not_started: bool = False,
         retry_after: float | None = None,
         user_action: str | None = None,
         component: str | None = None,
@@ -107,6 +109,7 @@ class PiShipError(Exception):
         self.code = code
         self.message = clean(message)
         self.retryable = retryable
+        self.not_started = not_started
         self.retry_after = retry_after
         self.user_action = clean(user_action) if user_action is not None else None
         self.component = component

@@ -54,17 +54,6 @@ OUTCOMES = (OK, FAILED, INFRA, UNKNOWN, TIMEOUT, CANCELLED)
 _INFRASTRUCTURE_CODES = frozenset(
     {SANDBOX_UNAVAILABLE, GATEWAY_UNREACHABLE, GATEWAY_PROTOCOL_ERROR}
 )
-# Refusals the library meets before it sends a command: the sandbox was found gone by
-# the renewal ahead of it, envd or the router answered that the sandbox does not
-# exist, or this library had already retired or disposed it.
-_BEFORE_SENDING = (
-    "the sandbox is no longer available",
-    "the sandbox is gone",
-    "so the command did not run",
-    "so the command was not sent",
-    "no longer knows this sandbox",
-    "so piship_remote retired it",
-)
 
 
 @attrs.frozen
@@ -104,7 +93,7 @@ def never_started(error: BaseException) -> bool:
     assert isinstance(error, PiShipError)
     if "unknown" in error.message:
         return False
-    return error.retryable or any(mark in error.message for mark in _BEFORE_SENDING)
+    return error.retryable or error.not_started
 
 
 def command_outcome(error: BaseException) -> str:

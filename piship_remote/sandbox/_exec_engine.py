@@ -512,7 +512,7 @@ class ExecEngine:
                 f"The {self._adapter} sandbox backend did not stop a timed-out or "
                 "cancelled command, so piship_remote retired it; activate a new sandbox"
             )
-        return PiShipError(SANDBOX_UNAVAILABLE, text, component="sandbox")
+        return PiShipError(SANDBOX_UNAVAILABLE, text, not_started=True, component="sandbox")
 
 
 def reason_text(text: str, redactor: Redactor) -> str:

@@ -304,7 +304,10 @@ class ControlPlane:
             ) from None
         with response:
             if not is_success(response.status):
-                raise self._errors(f"the sandbox is no longer available: {response.failure()}")
+                raise self._errors(
+                    f"the sandbox is no longer available: {response.failure()}",
+                    not_started=True,
+                )
 
     def delete(self, sandbox_id: str) -> None:
         """``DELETE /sandboxes/<id>``; every outcome is ignored (it also expires on its own)."""

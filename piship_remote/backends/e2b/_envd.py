@@ -327,6 +327,9 @@ class Envd:
             )
 
 
+_GONE_HINT = "the sandbox is gone (it expired or was deleted); activate a new sandbox"
+
+
 def _start_failure(response: HttpReply, errors: SandboxErrors) -> PiShipError:
     """A non-2xx Start: envd's own errors, or plain JSON and HTML from the edge proxy."""
     status = response.status
@@ -340,6 +343,7 @@ def _start_failure(response: HttpReply, errors: SandboxErrors) -> PiShipError:
     return errors(
         f"starting the command failed: {detail}" + (f"; {hint}" if hint else ""),
         retryable=status == 429,
+        not_started=hint == _GONE_HINT,
         retry_after=retry_after_seconds(retry_after) if status == 429 else None,
     )
 
@@ -350,7 +354,7 @@ def _start_hint(status: int, detail: str) -> str | None:
     if status == 429:
         return "the sandbox has too many concurrent connections; try again shortly"
     if status == 502 and "not found" in detail.lower():
-        return "the sandbox is gone (it expired or was deleted); activate a new sandbox"
+        return _GONE_HINT
     if status in (502, 503, 504):
         return "the sandbox cannot be reached"
     return None

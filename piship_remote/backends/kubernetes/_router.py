@@ -147,12 +147,15 @@ class Router:
                 raise self._http.errors(
                     f"the sandbox router is unreachable, so the command was not sent: {error}",
                     retryable=True,
+                    not_started=True,
                 ) from None
             raise self._unknown(f"the connection to the sandbox router failed ({error})") from None
         with response:
             if response.status == 404:
                 raise Retire(
-                    self._http.errors("the sandbox router no longer knows this sandbox"),
+                    self._http.errors(
+                        "the sandbox router no longer knows this sandbox", not_started=True
+                    ),
                     gone=True,
                     unreached=True,
                 )
