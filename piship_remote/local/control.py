@@ -4,7 +4,7 @@
 ``GET /health``                            204, no key needed
 ``POST /sandboxes`` (and ``/v2/sandboxes``)  201 with ``sandboxID``, ``envdAccessToken``…
 ``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
-``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``limit``…)
+``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``template``…)
 ``GET /sandboxes/<id>``                    200 with the sandbox's details (``state``)
 ``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 201 if it resumed
 ``POST /sandboxes/<id>/pause``             204: its processes frozen; 409 if already paused
@@ -45,11 +45,11 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Mapping
 from urllib.parse import parse_qs, urlsplit
 
 from piship_remote._http_server.messages import Head, Reply, Request
+from piship_remote.local.sandbox.list_filter import ListFilter
 from piship_remote.local.sandbox.listing import (
     Lifecycle,
     ListError,
@@ -163,15 +163,12 @@ class ControlPlane:
             duration = min(max(parse(request.body, Refresh).duration, 0), MAX_REFRESH)
             return self._lifetime(sandbox_id, duration, extend_only=True)
         if request.method == "GET":
-            detail = unstructure(_detail(sandbox, self._left(sandbox), self.domain))
+            detail = unstructure(_detail(sandbox, self.domain))
             detail["lifecycle"] = lifecycle(sandbox)
             text = json.dumps(detail, separators=(",", ":"), ensure_ascii=False)
             return Reply(200, text.encode(), "application/json")
         self._registry.delete(sandbox_id)
         return Reply(204)
-
-    def _left(self, sandbox: Sandbox) -> float:
-        return max(sandbox.expires_at - self._registry.clock(), 0.0)
 
     def _list(self, request: Request) -> Reply:
         query = {k: v[0] for k, v in parse_qs(urlsplit(request.target).query).items()}
@@ -182,13 +179,13 @@ class ControlPlane:
             wanted = metadata_filter(query.get("metadata"))
             chosen = [s for s in running if all(s.metadata.get(k) == v for k, v in wanted.items())]
         else:
-            page = Page.of(query)
-            chosen, token = page.select(sandboxes)
+            page, wanted_too = Page.of(query), ListFilter.of(query)
+            chosen, token = page.select(s for s in sandboxes if wanted_too.matches(s))
             if "running" in page.states:
                 headers = (("X-Total-Running", str(len(running))),)
             if token is not None:
                 headers += (("X-Next-Token", token),)
-        listed = [_listed(s, self._left(s)) for s in chosen]
+        listed = [_listed(s) for s in chosen]
         return Reply(200, to_json(listed), "application/json", headers)
 
     def _connect(self, sandbox: Sandbox, body: bytes) -> Reply:
@@ -284,7 +281,7 @@ class ControlPlane:
         return None
 
 
-def _detail(sandbox: Sandbox, left: float, domain: str | None) -> SandboxDetail:
+def _detail(sandbox: Sandbox, domain: str | None) -> SandboxDetail:
     size = _sizes(sandbox)
     return SandboxDetail(
         sandbox_id=sandbox.id,
@@ -293,7 +290,7 @@ def _detail(sandbox: Sandbox, left: float, domain: str | None) -> SandboxDetail:
         envd_version=ENVD_VERSION,
         envd_access_token=sandbox.access_token,
         started_at=rfc3339(sandbox.started_at),
-        end_at=_end_at(sandbox, left),
+        end_at=_end_at(sandbox),
         cpu_count=size[0],
         memory_mb=size[1],
         disk_size_mb=size[2],
@@ -303,14 +300,14 @@ def _detail(sandbox: Sandbox, left: float, domain: str | None) -> SandboxDetail:
     )
 
 
-def _listed(sandbox: Sandbox, left: float) -> ListedSandbox:
+def _listed(sandbox: Sandbox) -> ListedSandbox:
     size = _sizes(sandbox)
     return ListedSandbox(
         sandbox_id=sandbox.id,
         template_id=sandbox.template,
         client_id=CLIENT_ID,
         started_at=rfc3339(sandbox.started_at),
-        end_at=_end_at(sandbox, left),
+        end_at=_end_at(sandbox),
         cpu_count=size[0],
         memory_mb=size[1],
         disk_size_mb=size[2],
@@ -320,10 +317,10 @@ def _listed(sandbox: Sandbox, left: float) -> ListedSandbox:
     )
 
 
-def _end_at(sandbox: Sandbox, left: float) -> str:
+def _end_at(sandbox: Sandbox) -> str:
     """When its lifetime ends; for a paused sandbox, when it was paused (its clock stopped)."""
     paused_at = sandbox.pause_state.paused_at
-    return rfc3339(paused_at if paused_at is not None else time.time() + left)
+    return rfc3339(paused_at if paused_at is not None else sandbox.ends_at)
 
 
 def _sizes(sandbox: Sandbox) -> tuple[int, int, int]:

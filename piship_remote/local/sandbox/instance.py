@@ -61,6 +61,7 @@ class Sandbox:
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str],
         expires_at: float,
+        ends_at: float | None = None,
         lifetime: int = 0,
         auto_pause: bool = False,
         auto_resume: bool = False,
@@ -74,6 +75,9 @@ class Sandbox:
         self.metadata = dict(metadata)
         self.started_at = time.time()
         self.expires_at = expires_at
+        """When its lifetime ends, on the registry's clock."""
+        self.ends_at = time.time() if ends_at is None else ends_at
+        """The same moment as wall-clock time (what ``endAt`` reports), fixed when it is set."""
         self.lifetime = lifetime
         """The seconds it was created to live (an auto-resume gives it as many again)."""
         self.auto_pause = auto_pause

@@ -168,6 +168,7 @@ class Registry:
                 env_vars=env_vars,
                 metadata=metadata or {},
                 expires_at=self._expiry(lifetime),
+                ends_at=time.time() + self._bounded(lifetime),
                 lifetime=lifetime,
                 auto_pause=auto_pause,
                 auto_resume=auto_resume,
@@ -233,7 +234,10 @@ class Registry:
             if sandbox is None:
                 return False
             expiry = self._expiry(seconds)
-            sandbox.expires_at = max(expiry, sandbox.expires_at) if extend_only else expiry
+            if extend_only and expiry <= sandbox.expires_at:
+                return True
+            sandbox.expires_at = expiry
+            sandbox.ends_at = time.time() + self._bounded(seconds)
             self._changed.notify_all()
             return True
 
@@ -261,7 +265,10 @@ class Registry:
         remove_tree(self.root)
 
     def _expiry(self, seconds: int) -> float:
-        return self.clock() + min(max(seconds, 0), self.max_lifetime)
+        return self.clock() + self._bounded(seconds)
+
+    def _bounded(self, seconds: int) -> int:
+        return min(max(seconds, 0), self.max_lifetime)
 
     def _reap(self) -> None:
         while True:
