@@ -49,6 +49,8 @@ from collections.abc import Mapping
 from urllib.parse import parse_qs, urlsplit
 
 from piship_remote._http_server.messages import Head, Reply, Request
+from piship_remote.local.control_copies import SandboxCopies, api_error
+from piship_remote.local.idempotency import IdempotencyKeys
 from piship_remote.local.sandbox.list_filter import ListFilter
 from piship_remote.local.sandbox.listing import (
     Lifecycle,
@@ -70,7 +72,6 @@ from piship_remote.local.sandbox.registry import (
     UnknownTemplate,
 )
 from piship_remote.wire.e2b_control import (
-    ApiError,
     ConnectRequest,
     ListedSandbox,
     NewSandbox,
@@ -91,7 +92,7 @@ V2_TIMEOUT = 300
 V1_TIMEOUT = 15
 _SANDBOX_PATH = re.compile(
     r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})"
-    r"(/timeout|/refreshes|/connect|/metrics|/pause|/resume)?\Z"
+    r"(/timeout|/refreshes|/connect|/metrics|/pause|/resume|/fork|/snapshots)?\Z"
 )
 _ACTION_METHOD = {
     None: ("GET", "DELETE"),
@@ -101,7 +102,10 @@ _ACTION_METHOD = {
     "/metrics": ("GET",),
     "/pause": ("POST",),
     "/resume": ("POST",),
+    "/fork": ("POST",),
+    "/snapshots": ("POST",),
 }
+_SNAPSHOT_PATH = re.compile(r"/templates/([A-Za-z0-9_.:/-]{1,256})\Z")
 _RUNNING_ONLY = ("/timeout", "/refreshes")
 
 
@@ -113,6 +117,8 @@ class ControlPlane:
         self._api_key = api_key
         self.domain = domain
         """What create and connect answers give as ``domain`` (the service's loopback host)."""
+        self._copies = SandboxCopies(registry, info=self._info)
+        self._keys = IdempotencyKeys()
 
     def screen(self, head: Head) -> Reply | None:
         """The refusal of a request its headers already rule out (no key), before its body."""
@@ -128,31 +134,41 @@ class ControlPlane:
         try:
             return self._route(request)
         except (WireError, ListError) as e:
-            return _error(400, str(e))
+            return api_error(400, str(e))
 
     def _route(self, request: Request) -> Reply:
         if request.path in ("/sandboxes", "/v2/sandboxes"):
             if request.method == "GET":
                 return self._list(request)
             if request.method != "POST":
-                return _error(405, f"{request.method} is not allowed on {request.path}")
+                return api_error(405, f"{request.method} is not allowed on {request.path}")
             default = V2_TIMEOUT if request.path.startswith("/v2/") else V1_TIMEOUT
-            return self._create(request.body, default)
+            key = request.headers.get("idempotency-key")
+            if key:
+                return self._create_once(key, request.body, default)
+            return self._create(request.body, default)[0]
+        copies = self._copy_route(request)
+        if copies is not None:
+            return copies
         match = _SANDBOX_PATH.match(request.path)
         if match is None:
-            return _error(404, "not found")
+            return api_error(404, "not found")
         sandbox_id, action = match.group(1), match.group(2)
         sandbox = self._registry.lookup(sandbox_id)
         if sandbox is None or (action in _RUNNING_ONLY and sandbox.pause_state.paused):
-            return _error(404, f'sandbox "{sandbox_id}" not found')
+            return api_error(404, f'sandbox "{sandbox_id}" not found')
         if request.method not in _ACTION_METHOD[action]:
-            return _error(405, f"{request.method} is not allowed on {request.path}")
+            return api_error(405, f"{request.method} is not allowed on {request.path}")
         if action == "/connect":
             return self._connect(sandbox, request.body)
         if action == "/pause":
             return self._pause(sandbox, request.body)
         if action == "/resume":
             return self._resume(sandbox, request.body)
+        if action == "/fork":
+            return self._copies.fork(sandbox, request.body)
+        if action == "/snapshots":
+            return self._copies.snapshot(sandbox, request.body)
         if action == "/metrics":
             samples = [] if sandbox.pause_state.paused else [metric(sandbox)]
             return Reply(200, to_json(samples), "application/json")
@@ -169,6 +185,19 @@ class ControlPlane:
             return Reply(200, text.encode(), "application/json")
         self._registry.delete(sandbox_id)
         return Reply(204)
+
+    def _copy_route(self, request: Request) -> Reply | None:
+        """The answer to ``GET /snapshots`` or ``DELETE /templates/<id>``, else ``None``."""
+        if request.path == "/snapshots":
+            if request.method != "GET":
+                return api_error(405, f"{request.method} is not allowed on {request.path}")
+            return self._copies.list(request)
+        match = _SNAPSHOT_PATH.match(request.path)
+        if match is None:
+            return None
+        if request.method != "DELETE":
+            return api_error(405, f"{request.method} is not allowed on {request.path}")
+        return self._copies.delete(match.group(1))
 
     def _list(self, request: Request) -> Reply:
         query = {k: v[0] for k, v in parse_qs(urlsplit(request.target).query).items()}
@@ -192,11 +221,11 @@ class ControlPlane:
         timeout = parse(body, ConnectRequest).timeout
         seconds = V2_TIMEOUT if timeout is None else timeout
         if seconds <= 0:
-            return _error(400, "Timeout must be greater than 0")
+            return api_error(400, "Timeout must be greater than 0")
         if self._registry.resume(sandbox.id, seconds):
             return Reply(201, to_json(self._info(sandbox)), "application/json")
         if not self._registry.set_lifetime(sandbox.id, seconds, extend_only=True):
-            return _error(404, f'sandbox "{sandbox.id}" not found')
+            return api_error(404, f'sandbox "{sandbox.id}" not found')
         # The sandbox's own envd token, as E2B answers: rotating it would cut off every
         # client already attached.
         return Reply(200, to_json(self._info(sandbox)), "application/json")
@@ -206,25 +235,25 @@ class ControlPlane:
         try:
             paused = self._registry.pause(sandbox.id)
         except OSError as e:
-            return _error(500, f"the sandbox could not be paused: {e}")
+            return api_error(500, f"the sandbox could not be paused: {e}")
         if paused is None:
-            return _error(404, f'sandbox "{sandbox.id}" not found')
+            return api_error(404, f'sandbox "{sandbox.id}" not found')
         if not paused:
-            return _error(409, f'sandbox "{sandbox.id}" is already paused')
+            return api_error(409, f'sandbox "{sandbox.id}" is already paused')
         return Reply(204)
 
     def _resume(self, sandbox: Sandbox, body: bytes) -> Reply:
         seconds = parse(body, ResumeRequest).timeout
         if seconds <= 0:
-            return _error(400, "Timeout must be greater than 0")
+            return api_error(400, "Timeout must be greater than 0")
         try:
             resumed = self._registry.resume(sandbox.id, seconds)
         except OSError as e:
-            return _error(500, f"the sandbox could not be resumed: {e}")
+            return api_error(500, f"the sandbox could not be resumed: {e}")
         if resumed is None:
-            return _error(404, f'sandbox "{sandbox.id}" not found')
+            return api_error(404, f'sandbox "{sandbox.id}" not found')
         if not resumed:
-            return _error(409, f'sandbox "{sandbox.id}" is already running')
+            return api_error(409, f'sandbox "{sandbox.id}" is already running')
         return Reply(201, to_json(self._info(sandbox)), "application/json")
 
     def _info(self, sandbox: Sandbox) -> SandboxInfo:
@@ -238,12 +267,25 @@ class ControlPlane:
             traffic_access_token=sandbox.traffic_access_token,
         )
 
-    def _create(self, body: bytes, default_timeout: int) -> Reply:
+    def _create_once(self, key: str, body: bytes, default_timeout: int) -> Reply:
+        """A create with an ``Idempotency-Key``: the key's sandbox, made once."""
+        with self._keys.held(key, body) as claim:
+            if claim.refused:
+                return api_error(422, "the Idempotency-Key was used for a different request")
+            earlier = self._registry.lookup(claim.sandbox_id) if claim.sandbox_id else None
+            if earlier is not None:
+                return Reply(201, to_json(self._info(earlier)), "application/json")
+            reply, sandbox = self._create(body, default_timeout)
+            if sandbox is not None:
+                claim.record(sandbox)
+            return reply
+
+    def _create(self, body: bytes, default_timeout: int) -> tuple[Reply, Sandbox | None]:
         new = parse(body, NewSandbox)
         ending = Lifecycle.of(body)
         timeout = default_timeout if new.timeout is None else new.timeout
         if timeout < 0:
-            return _error(400, "timeout must not be negative")
+            return api_error(400, "timeout must not be negative"), None
         try:
             sandbox = self._registry.create(
                 template=new.template_id,
@@ -256,28 +298,28 @@ class ControlPlane:
                 private_traffic=_private_traffic(body),
             )
         except UnknownTemplate:
-            return _error(404, f"template '{new.template_id}' not found")
+            return api_error(404, f"template '{new.template_id}' not found"), None
         except TooManySandboxes as e:
-            return _error(429, str(e))
+            return api_error(429, str(e)), None
         except SandboxGone as e:
-            return _error(503, str(e))
-        return Reply(201, to_json(self._info(sandbox)), "application/json")
+            return api_error(503, str(e)), None
+        return Reply(201, to_json(self._info(sandbox)), "application/json"), sandbox
 
     def _lifetime(self, sandbox_id: str, seconds: int, *, extend_only: bool) -> Reply:
         if seconds < 0:
-            return _error(400, "timeout must not be negative")
+            return api_error(400, "timeout must not be negative")
         if not self._registry.set_lifetime(sandbox_id, seconds, extend_only=extend_only):
-            return _error(404, f'sandbox "{sandbox_id}" not found')
+            return api_error(404, f'sandbox "{sandbox_id}" not found')
         return Reply(204)
 
     def _refusal(self, path: str, headers: Mapping[str, str]) -> Reply | None:
         if path == "/health":
             return None
-        if not path.startswith(("/sandboxes", "/v2/sandboxes")):
-            return _error(404, "not found")
+        if not path.startswith(("/sandboxes", "/v2/sandboxes", "/snapshots", "/templates/")):
+            return api_error(404, "not found")
         key = headers.get("x-api-key", "")
         if not hmac.compare_digest(key.encode(), self._api_key.encode()):
-            return _error(401, "Invalid API key")
+            return api_error(401, "Invalid API key")
         return None
 
 
@@ -333,7 +375,3 @@ def _private_traffic(body: bytes) -> bool:
     """Whether a create asked for its ports to need a traffic token (``allowPublicTraffic``)."""
     network = json.loads(body).get("network") if body.strip() else None
     return isinstance(network, dict) and network.get("allowPublicTraffic") is False
-
-
-def _error(status: int, message: str) -> Reply:
-    return Reply(status, to_json(ApiError(status, message)), "application/json")

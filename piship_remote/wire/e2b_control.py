@@ -22,12 +22,15 @@ __all__ = [
     "CONTROL_NAMES",
     "ApiError",
     "ConnectRequest",
+    "ForkRequest",
     "ListedSandbox",
     "NewSandbox",
     "Refresh",
     "SandboxDetail",
     "SandboxInfo",
     "SandboxMetric",
+    "SnapshotInfo",
+    "SnapshotRequest",
     "TimeoutRequest",
 ]
 
@@ -138,7 +141,34 @@ class ApiError:
     message: str
 
 
+@attrs.frozen
+class ForkRequest:
+    """``POST /sandboxes/<id>/fork``: each fork's lifetime and how many (1 to 20)."""
+
+    timeout: int | None = None
+    count: int = 1
+
+
+@attrs.frozen
+class SnapshotRequest:
+    """``POST /sandboxes/<id>/snapshots``: an optional name; ``memory`` (false:
+    filesystem-only) is accepted, and a snapshot keeps the files either way."""
+
+    name: str | None = None
+    memory: bool | None = None
+
+
+@attrs.frozen
+class SnapshotInfo:
+    """A snapshot as created and listed: its ID (a template to create sandboxes from)
+    and its names."""
+
+    snapshot_id: str
+    names: list[str] = attrs.field(factory=list)
+
+
 CONTROL_NAMES: Mapping[type, Mapping[str, str]] = {
+    SnapshotInfo: {"snapshot_id": "snapshotID"},
     NewSandbox: {"template_id": "templateID", "env_vars": "envVars"},
     SandboxInfo: {
         "sandbox_id": "sandboxID",
@@ -188,5 +218,6 @@ CONTROL_ALWAYS_SENT: Mapping[type, frozenset[str]] = {
     SandboxInfo: frozenset({"domain"}),
     SandboxMetric: frozenset(a.name for a in attrs.fields(SandboxMetric)),
     ListedSandbox: frozenset({"metadata"}),
+    SnapshotInfo: frozenset({"names"}),
 }
 """Fields written even at their default value (``"domain": null``, every metric)."""

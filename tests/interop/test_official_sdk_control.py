@@ -17,7 +17,7 @@ from optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
 
-from e2b import Sandbox, SandboxQuery
+from e2b import Sandbox, SandboxException, SandboxNotFoundException, SandboxQuery
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 
@@ -87,3 +87,89 @@ def test_list_template_filter_matches_the_sandbox_template_only(
     template = sandbox.get_info().template_id
     assert target.listed(SandboxQuery(template=template)) == [sandbox.sandbox_id]
     assert target.listed(SandboxQuery(template="unknown-template")) == []
+
+
+def test_one_idempotency_key_makes_one_sandbox(target: Target) -> None:
+    first = target.create(idempotency_key="build-42")
+    try:
+        again = target.create(idempotency_key="build-42")
+        assert again.sandbox_id == first.sandbox_id
+        assert target.listed(SandboxQuery()) == [first.sandbox_id]
+    finally:
+        first.kill()
+
+
+def test_an_idempotency_key_reused_for_another_request_is_refused(target: Target) -> None:
+    first = target.create(idempotency_key="build-43")
+    try:
+        with pytest.raises(SandboxException, match="422"):
+            target.create(idempotency_key="build-43", metadata={"other": "request"})
+    finally:
+        first.kill()
+
+
+def test_a_fork_starts_with_the_files_and_then_goes_its_own_way(
+    target: Target, sandbox: Sandbox
+) -> None:
+    sandbox.files.write("/home/user/state.txt", "before fork")
+    (fork,) = sandbox.fork()
+    assert isinstance(fork, Sandbox)
+    try:
+        assert fork.sandbox_id != sandbox.sandbox_id and fork.is_running()
+        assert fork.files.read("/home/user/state.txt") == "before fork"
+        fork.files.write("/home/user/state.txt", "in fork")
+        assert sandbox.files.read("/home/user/state.txt") == "before fork"
+    finally:
+        fork.kill()
+
+
+def test_fork_count_makes_that_many_sandboxes(target: Target, sandbox: Sandbox) -> None:
+    forks = Sandbox.fork(sandbox.sandbox_id, count=2, timeout=60, **target.options())  # type: ignore[arg-type]
+    try:
+        assert len({f.sandbox_id for f in forks if isinstance(f, Sandbox)}) == 2
+    finally:
+        for fork in forks:
+            if isinstance(fork, Sandbox):
+                fork.kill()
+
+
+def test_forking_a_killed_sandbox_is_not_found(target: Target) -> None:
+    sandbox = target.create()
+    sandbox.kill()
+    with pytest.raises(SandboxNotFoundException):
+        sandbox.fork()
+
+
+def test_a_sandbox_created_from_a_snapshot_has_its_files(
+    target: Target, sandbox: Sandbox
+) -> None:
+    sandbox.files.make_dir("/home/user/app")
+    sandbox.files.write("/home/user/app/data.txt", "kept")
+    snapshot = sandbox.create_snapshot()
+    made = target.create(snapshot.snapshot_id)
+    try:
+        assert made.files.read("/home/user/app/data.txt") == "kept"
+        assert made.get_info().template_id == snapshot.snapshot_id
+    finally:
+        made.kill()
+
+
+def test_snapshots_are_listed_by_sandbox_and_by_name(target: Target, sandbox: Sandbox) -> None:
+    snapshot = sandbox.create_snapshot(name="snap-app")
+    assert snapshot.names == ["snap-app"]
+    options = target.options()
+
+    def ids(**query: object) -> list[str]:
+        page = Sandbox.list_snapshots(**query, **options).next_items()  # type: ignore[arg-type]
+        return [s.snapshot_id for s in page]
+
+    assert ids(sandbox_id=sandbox.sandbox_id) == [snapshot.snapshot_id]
+    assert ids(name="snap-app") == [snapshot.snapshot_id]
+    assert ids(name="snap-app-does-not-exist") == []
+
+
+def test_a_snapshot_is_deleted_once(target: Target, sandbox: Sandbox) -> None:
+    snapshot = sandbox.create_snapshot()
+    options = target.options()
+    assert Sandbox.delete_snapshot(snapshot.snapshot_id, **options) is True  # type: ignore[arg-type]
+    assert Sandbox.delete_snapshot(snapshot.snapshot_id, **options) is False  # type: ignore[arg-type]

@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+import attrs
+
 from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
 from piship_remote.local.isolation.limits import Limits, limit_check, unmount
 from piship_remote.local.isolation.process import (
@@ -35,7 +37,26 @@ from piship_remote.local.sandbox.vm import SandboxVm
 from piship_remote.wire.envd import ProcessConfig
 from piship_remote.wire.envd_paths import PathError, resolve
 
-__all__ = ["Sandbox", "SandboxGone", "StartRefused"]
+__all__ = ["Sandbox", "SandboxGone", "StartRefused", "Wanted"]
+
+
+@attrs.frozen
+class Wanted:
+    """What a sandbox was asked to be: its template (as reported) and the image it runs
+    (the same template, or the one a snapshot was taken from), its network, variables,
+    metadata, what ends its lifetime, and whether its ports want a traffic token."""
+
+    template: str
+    image: str
+    network: bool = False
+    env_vars: Mapping[str, str] = attrs.field(factory=dict)
+    metadata: Mapping[str, str] = attrs.field(factory=dict)
+    auto_pause: bool = False
+    """Whether the end of its lifetime pauses it (``autoPause``) rather than killing it."""
+    auto_resume: bool = False
+    """Whether envd traffic resumes it while it is paused (``autoResume``)."""
+    private_traffic: bool = False
+    """Whether a request to one of its ports must carry its traffic token."""
 
 
 class SandboxGone(Exception):
@@ -57,22 +78,18 @@ class Sandbox:
         vm: SandboxVm,
         limits: Limits,
         root: str,
-        template: str,
-        env_vars: Mapping[str, str],
-        metadata: Mapping[str, str],
+        wanted: Wanted,
         expires_at: float,
         ends_at: float | None = None,
         lifetime: int = 0,
-        auto_pause: bool = False,
-        auto_resume: bool = False,
-        private_traffic: bool = False,
     ) -> None:
         self.id = sandbox_id
         self.access_token = secrets.token_hex(16)
-        self.traffic_access_token = secrets.token_hex(16) if private_traffic else None
+        self.traffic_access_token = secrets.token_hex(16) if wanted.private_traffic else None
         """What a request to one of its ports must carry (``allowPublicTraffic: false``)."""
-        self.template = template
-        self.metadata = dict(metadata)
+        self.wanted = wanted
+        self.template = wanted.template
+        self.metadata = dict(wanted.metadata)
         self.started_at = time.time()
         self.expires_at = expires_at
         """When its lifetime ends, on the registry's clock."""
@@ -80,16 +97,14 @@ class Sandbox:
         """The same moment as wall-clock time (what ``endAt`` reports), fixed when it is set."""
         self.lifetime = lifetime
         """The seconds it was created to live (an auto-resume gives it as many again)."""
-        self.auto_pause = auto_pause
-        """Whether the end of its lifetime pauses it (``autoPause``) rather than killing it."""
-        self.auto_resume = auto_resume
-        """Whether envd traffic resumes it while it is paused (``autoResume``)."""
+        self.auto_pause = wanted.auto_pause
+        self.auto_resume = wanted.auto_resume
         self._jail = jail
         self._default = Identity(jail.user, uid_for(jail.user), jail.workdir)
         self._vm = vm
         self._limits = limits
         self._root = root
-        self._env_vars = dict(env_vars)
+        self._env_vars = dict(wanted.env_vars)
         self._lock = threading.Lock()
         self._processes: dict[int, LocalProcess] = {}
         self._configs: dict[int, ProcessConfig] = {}

@@ -31,12 +31,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.limits import Enforcement, Limits, unmount
+from piship_remote.local.isolation.limits import Enforcement, Limits
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, remove_tree
-from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused
+from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
+from piship_remote.local.sandbox.snapshots import (
+    Snapshot,
+    SnapshotStore,
+    TooManySnapshots,
+    copy_places,
+)
 from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
 from piship_remote.local.sandbox.vm import Spawner
 
@@ -45,9 +51,12 @@ __all__ = [
     "Sandbox",
     "SandboxGone",
     "SandboxUnavailable",
+    "Snapshot",
     "StartRefused",
     "TooManySandboxes",
+    "TooManySnapshots",
     "UnknownTemplate",
+    "Wanted",
     "remove_tree",
 ]
 
@@ -83,6 +92,8 @@ class Registry:
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
+        self.snapshots = SnapshotStore(os.path.join(root, "snapshots"))
+        """The snapshots taken, each a template too (by its ID)."""
         mapped = root_mappable() if with_root is None else with_root
         self.users = SandboxUsers.of(user=user, workdir=workdir, root=mapped)  # who may run
         self.root = root
@@ -121,13 +132,49 @@ class Registry:
     ) -> Sandbox:
         """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
+        ``template`` is one of :attr:`templates` or a snapshot's ID (the sandbox then
+        starts with the snapshot's files). :class:`UnknownTemplate` if it is neither;
         :class:`TooManySandboxes` at the limit; :class:`SandboxUnavailable` when
         its environment cannot be made here (network asked for and no user-mode
         stack installed, or the sandbox would not start).
         """
-        if template not in self.templates:
+        snapshot = None if template in self.templates else self.snapshots.get(template)
+        if template not in self.templates and snapshot is None:
             raise UnknownTemplate(template)
-        problem = egress_problem() if network else None
+        wanted = Wanted(
+            template=template,
+            image=template if snapshot is None else snapshot.template,
+            network=network,
+            env_vars=dict(env_vars),
+            metadata=dict(metadata or {}),
+            auto_pause=auto_pause,
+            auto_resume=auto_resume,
+            private_traffic=private_traffic,
+        )
+        return self._create(wanted, lifetime, None if snapshot is None else snapshot.places)
+
+    def fork(self, sandbox_id: str, lifetime: int) -> Sandbox | None:
+        """A new sandbox made as ``sandbox_id`` was, with a copy of its files now
+        (``None`` if it is unknown); what :meth:`create` raises."""
+        source = self.lookup(sandbox_id)
+        if source is None:
+            return None
+        return self._create(source.wanted, lifetime, source.host_dirs)
+
+    def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot | None:
+        """A snapshot of the sandbox's files now (``None`` if it is unknown).
+
+        ``OSError`` when they cannot be copied, :class:`TooManySnapshots` at the limit.
+        """
+        source = self.lookup(sandbox_id)
+        if source is None:
+            return None
+        image = source.wanted.image
+        return self.snapshots.take(source.host_dirs, template=image, source=source.id, name=name)
+
+    def _create(self, wanted: Wanted, lifetime: int, seed: Mapping[str, str] | None) -> Sandbox:
+        """Boot a sandbox as ``wanted``, its places seeded with copies of ``seed``'s."""
+        problem = egress_problem() if wanted.network else None
         if problem is not None:
             raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
@@ -143,39 +190,42 @@ class Registry:
                 sandbox_id,
                 directory,
                 self._layout,
-                network=network,
+                network=wanted.network,
                 spawner=self._spawner,
-                rootfs=self.templates[template],
+                rootfs=self.templates[wanted.image],
             )
         except BootFailed as e:
             raise SandboxUnavailable(str(e)) from None
         finally:
             with self._changed:
                 self._booting -= 1
+        sandbox = Sandbox(
+            sandbox_id,
+            jail=jail,
+            vm=vm,
+            limits=self.limits,
+            root=directory,
+            wanted=wanted,
+            expires_at=self._expiry(lifetime),
+            ends_at=time.time() + self._bounded(lifetime),
+            lifetime=lifetime,
+        )
+        try:
+            if seed is not None:
+                copy_places(seed, sandbox.host_dirs)
+        except OSError as e:
+            sandbox.destroy("the sandbox's files could not be copied")
+            raise SandboxUnavailable(str(e)) from None
         with self._changed:
             if self._closed:
-                vm.close()
-                unmount(directory)
-                remove_tree(directory)
-                raise SandboxGone("the local sandbox service stopped")
-            sandbox = Sandbox(
-                sandbox_id,
-                jail=jail,
-                vm=vm,
-                limits=self.limits,
-                root=directory,
-                template=template,
-                env_vars=env_vars,
-                metadata=metadata or {},
-                expires_at=self._expiry(lifetime),
-                ends_at=time.time() + self._bounded(lifetime),
-                lifetime=lifetime,
-                auto_pause=auto_pause,
-                auto_resume=auto_resume,
-                private_traffic=private_traffic,
-            )
-            self._sandboxes[sandbox_id] = sandbox
-            self._changed.notify_all()
+                closed = True
+            else:
+                closed = False
+                self._sandboxes[sandbox_id] = sandbox
+                self._changed.notify_all()
+        if closed:
+            sandbox.destroy("stopped")
+            raise SandboxGone("the local sandbox service stopped")
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox | None:
