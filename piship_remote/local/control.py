@@ -218,11 +218,15 @@ class ControlPlane:
         return Reply(200, to_json(listed), "application/json", headers)
 
     def _connect(self, sandbox: Sandbox, body: bytes) -> Reply:
-        timeout = parse(body, ConnectRequest).timeout
-        seconds = V2_TIMEOUT if timeout is None else timeout
+        request = parse(body, ConnectRequest)
+        seconds = V2_TIMEOUT if request.timeout is None else request.timeout
         if seconds <= 0:
             return api_error(400, "Timeout must be greater than 0")
-        if self._registry.resume(sandbox.id, seconds):
+        try:
+            resumed = self._registry.resume(sandbox.id, seconds, memory=request.memory is not False)
+        except OSError as e:
+            return api_error(500, f"the sandbox could not be resumed: {e}")
+        if resumed:
             return Reply(201, to_json(self._info(sandbox)), "application/json")
         if not self._registry.set_lifetime(sandbox.id, seconds, extend_only=True):
             return api_error(404, f'sandbox "{sandbox.id}" not found')
@@ -231,9 +235,9 @@ class ControlPlane:
         return Reply(200, to_json(self._info(sandbox)), "application/json")
 
     def _pause(self, sandbox: Sandbox, body: bytes) -> Reply:
-        parse(body, PauseRequest)
+        memory = parse(body, PauseRequest).memory is not False
         try:
-            paused = self._registry.pause(sandbox.id)
+            paused = self._registry.pause(sandbox.id, memory=memory)
         except OSError as e:
             return api_error(500, f"the sandbox could not be paused: {e}")
         if paused is None:
@@ -295,6 +299,7 @@ class ControlPlane:
                 metadata=new.metadata,
                 auto_pause=ending.auto_pause,
                 auto_resume=ending.auto_resume,
+                auto_pause_memory=new.auto_pause_memory is not False,
                 private_traffic=_private_traffic(body),
             )
         except UnknownTemplate:

@@ -5,8 +5,8 @@ the JSON names that differ (``templateID``, ``envdAccessToken``, ...) and
 :data:`CONTROL_ALWAYS_SENT` the fields written even at their default. The
 converter of :mod:`piship_remote.wire.e2b_json` reads and writes them::
 
-    >>> parse(b'{"templateID": "base", "timeout": 60}', NewSandbox)
-    NewSandbox(template_id='base', timeout=60, allow_internet_access=None, env_vars={}, metadata={})
+    >>> parse(b'{"templateID": "base", "timeout": 60}', NewSandbox).timeout
+    60
     >>> to_json(ApiError(404, "not found"))
     b'{"code":404,"message":"not found"}'
 """
@@ -45,6 +45,8 @@ class NewSandbox:
     allow_internet_access: bool | None = None
     env_vars: dict[str, str] = attrs.field(factory=dict)
     metadata: dict[str, str] = attrs.field(factory=dict)
+    auto_pause_memory: bool | None = None
+    """``false``: the pause at the timeout keeps only the files (resuming reboots)."""
 
 
 @attrs.frozen
@@ -56,9 +58,11 @@ class TimeoutRequest:
 
 @attrs.frozen
 class ConnectRequest:
-    """``POST /sandboxes/<id>/connect``: the lifetime from now (absent: 300 s)."""
+    """``POST /sandboxes/<id>/connect``: the lifetime from now (absent: 300 s); ``memory:
+    false`` (the SDKs' ``on_resume="reboot"``) resumes a paused sandbox by rebooting it."""
 
     timeout: int | None = None
+    memory: bool | None = None
 
 
 @attrs.frozen
@@ -169,7 +173,11 @@ class SnapshotInfo:
 
 CONTROL_NAMES: Mapping[type, Mapping[str, str]] = {
     SnapshotInfo: {"snapshot_id": "snapshotID"},
-    NewSandbox: {"template_id": "templateID", "env_vars": "envVars"},
+    NewSandbox: {
+        "template_id": "templateID",
+        "env_vars": "envVars",
+        "auto_pause_memory": "autoPauseMemory",
+    },
     SandboxInfo: {
         "sandbox_id": "sandboxID",
         "template_id": "templateID",

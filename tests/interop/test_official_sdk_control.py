@@ -8,6 +8,7 @@ the machine. Polls wait for what they expect, with a deadline.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -17,7 +18,13 @@ from optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
 
-from e2b import Sandbox, SandboxException, SandboxNotFoundException, SandboxQuery
+from e2b import (
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxQuery,
+    SandboxState,
+)
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 
@@ -173,3 +180,57 @@ def test_a_snapshot_is_deleted_once(target: Target, sandbox: Sandbox) -> None:
     options = target.options()
     assert Sandbox.delete_snapshot(snapshot.snapshot_id, **options) is True  # type: ignore[arg-type]
     assert Sandbox.delete_snapshot(snapshot.snapshot_id, **options) is False  # type: ignore[arg-type]
+
+
+def _boot_id(sandbox: Sandbox) -> str:
+    return sandbox.files.read("/proc/sys/kernel/random/boot_id").strip()
+
+
+def test_a_filesystem_only_pause_reboots_on_connect_with_the_files_kept(
+    target: Target, sandbox: Sandbox
+) -> None:
+    sandbox.files.write("/home/user/marker.txt", "persisted")
+    boot = _boot_id(sandbox)
+    assert boot
+    assert sandbox.pause(keep_memory=False) is True
+    assert sandbox.is_running() is False
+    resumed = sandbox.connect()
+    assert resumed.is_running() and resumed.sandbox_id == sandbox.sandbox_id
+    assert resumed.files.read("/home/user/marker.txt") == "persisted"
+    assert _boot_id(resumed) != boot
+
+
+def test_a_full_pause_resumes_the_same_boot(target: Target, sandbox: Sandbox) -> None:
+    boot = _boot_id(sandbox)
+    sandbox.pause()
+    assert _boot_id(target.connect(sandbox.sandbox_id)) == boot
+
+
+def test_connect_on_resume_reboot_reboots_a_paused_sandbox(
+    target: Target, sandbox: Sandbox
+) -> None:
+    boot = _boot_id(sandbox)
+    sandbox.pause()
+    resumed = target.connect(sandbox.sandbox_id, on_resume="reboot")
+    assert _boot_id(resumed) != boot
+
+
+def test_a_filesystem_only_auto_pause_waits_for_connect_then_reboots(target: Target) -> None:
+    sandbox = target.create(
+        timeout=60, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}}
+    )
+    try:
+        sandbox.files.write("/home/user/marker.txt", "persisted")
+        boot = _boot_id(sandbox)
+        sandbox.set_timeout(0)  # the timeout is reached now
+        deadline = time.monotonic() + 10
+        while sandbox.get_info().state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "the sandbox was not paused at its timeout"
+            time.sleep(0.05)
+        assert sandbox.is_running() is False
+        resumed = sandbox.connect()
+        assert resumed.get_info().state == SandboxState.RUNNING
+        assert resumed.files.read("/home/user/marker.txt") == "persisted"
+        assert _boot_id(resumed) != boot
+    finally:
+        sandbox.kill()

@@ -55,6 +55,8 @@ class Wanted:
     """Whether the end of its lifetime pauses it (``autoPause``) rather than killing it."""
     auto_resume: bool = False
     """Whether envd traffic resumes it while it is paused (``autoResume``)."""
+    auto_pause_memory: bool = True
+    """Whether that pause keeps what runs (``autoPauseMemory``); if not, resuming reboots it."""
     private_traffic: bool = False
     """Whether a request to one of its ports must carry its traffic token."""
 
@@ -112,6 +114,8 @@ class Sandbox:
         self._ended: list[Callable[[], None]] = []
         self.pause_state = PauseState(vm.cgroups, lambda: vm.init_pid)
         """Whether the sandbox is paused (its processes frozen), and pausing it."""
+        self.reboots_on_resume = False
+        """Whether its pause kept only its files (``memory: false``): resuming reboots it."""
 
     @property
     def home(self) -> str:
@@ -251,6 +255,29 @@ class Sandbox:
         """The processes still running, each with what it was started as."""
         with self._lock:
             return [(p, self._configs[pid]) for pid, p in self._processes.items()]
+
+    def reboot(self, start: Callable[[Jail], SandboxVm]) -> None:
+        """End every process and the environment, keeping the files, then run the new
+        environment ``start`` makes in the same jail. What ``start`` raises is raised
+        (the sandbox is then left without one: delete it); :class:`SandboxGone` once deleted.
+        """
+        with self._lock:
+            if self._deleted is not None:
+                raise SandboxGone(self._deleted)
+            processes = list(self._processes.values())
+            self._processes.clear()
+            self._configs.clear()
+        self.pause_state.release()  # a frozen process cannot take its SIGKILL
+        for process in processes:
+            process.kill("the sandbox was rebooted")
+        self._vm.close()
+        for process in processes:
+            process.wait(REAP_TIMEOUT)
+        vm = start(self._jail)
+        with self._lock:
+            self._vm = vm
+            self.pause_state = PauseState(vm.cgroups, lambda: vm.init_pid)
+            self.reboots_on_resume = False
 
     def destroy(self, reason: str) -> None:
         """End every process (reporting ``reason``) and the environment; remove the files."""

@@ -35,7 +35,7 @@ from piship_remote.local.isolation.limits import Enforcement, Limits
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
-from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, remove_tree
+from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
 from piship_remote.local.sandbox.snapshots import (
     Snapshot,
@@ -113,6 +113,7 @@ class Registry:
         self._sandboxes: dict[str, Sandbox] = {}
         self._booting = 0
         self._changed = threading.Condition()
+        self._resuming = threading.Lock()  # one resume at a time: a reboot is not repeated
         self._closed = False
         self._spawner = Spawner()
         self._reaper = threading.Thread(target=self._reap, name="piship-local-reaper", daemon=True)
@@ -128,6 +129,7 @@ class Registry:
         metadata: Mapping[str, str] | None = None,
         auto_pause: bool = False,
         auto_resume: bool = False,
+        auto_pause_memory: bool = True,
         private_traffic: bool = False,
     ) -> Sandbox:
         """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
@@ -149,6 +151,7 @@ class Registry:
             metadata=dict(metadata or {}),
             auto_pause=auto_pause,
             auto_resume=auto_resume,
+            auto_pause_memory=auto_pause_memory,
             private_traffic=private_traffic,
         )
         return self._create(wanted, lifetime, None if snapshot is None else snapshot.places)
@@ -245,32 +248,49 @@ class Registry:
         with self._changed:
             return self._sandboxes.get(sandbox_id)
 
-    def pause(self, sandbox_id: str) -> bool | None:
+    def pause(self, sandbox_id: str, *, memory: bool = True) -> bool | None:
         """Freeze the sandbox; ``False`` if it is paused already, ``None`` if unknown.
 
         A paused sandbox's lifetime stops: it is kept (up to the service's maximum
-        lifetime) until it is resumed with a new one, or deleted.
+        lifetime) until it is resumed with a new one, or deleted. Without ``memory``
+        (a filesystem-only pause) only its files are kept: resuming reboots it.
         """
         sandbox = self.lookup(sandbox_id)
         if sandbox is None:
             return None
         if not sandbox.pause_state.pause():
             return False if self.lookup(sandbox_id) is sandbox else None
+        sandbox.reboots_on_resume = not memory
         self.set_lifetime(sandbox_id, self.max_lifetime)
         return True
 
-    def resume(self, sandbox_id: str, seconds: int) -> bool | None:
-        """Thaw the sandbox to live ``seconds`` more.
+    def resume(self, sandbox_id: str, seconds: int, *, memory: bool = True) -> bool | None:
+        """Thaw the sandbox to live ``seconds`` more; without ``memory``, or after a
+        filesystem-only pause, reboot it instead (its files kept, nothing of what ran).
 
-        ``False`` if it was running, ``None`` if unknown.
+        ``False`` if it was running, ``None`` if unknown; ``OSError`` when it could not be
+        resumed (a sandbox that could not be rebooted is deleted).
         """
         sandbox = self.lookup(sandbox_id)
         if sandbox is None:
             return None
-        if not sandbox.pause_state.resume():
-            return False
+        with self._resuming:
+            if not sandbox.pause_state.paused:
+                return False
+            if memory and not sandbox.reboots_on_resume:
+                sandbox.pause_state.resume()
+            else:
+                self._reboot(sandbox)
         self.set_lifetime(sandbox_id, seconds)
         return True
+
+    def _reboot(self, sandbox: Sandbox) -> None:
+        try:
+            spawner, layout = self._spawner, self._layout
+            sandbox.reboot(lambda jail: reboot(sandbox.id, jail, layout, spawner=spawner))
+        except BootFailed as e:
+            self.delete(sandbox.id, "the sandbox could not be rebooted")
+            raise OSError(str(e)) from None
 
     def ids(self) -> list[str]:
         """The live sandboxes' IDs."""
@@ -340,7 +360,7 @@ class Registry:
                 return  # deleted or renewed meanwhile
         if sandbox.auto_pause and not sandbox.pause_state.paused:
             with contextlib.suppress(OSError):
-                if self.pause(sandbox_id):
+                if self.pause(sandbox_id, memory=sandbox.wanted.auto_pause_memory):
                     return
         self.delete(sandbox_id, "expired")
 
