@@ -8,6 +8,7 @@ the machine. Polls wait for what they expect, with a deadline.
 
 from __future__ import annotations
 
+import http.client
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -232,5 +233,67 @@ def test_a_filesystem_only_auto_pause_waits_for_connect_then_reboots(target: Tar
         assert resumed.get_info().state == SandboxState.RUNNING
         assert resumed.files.read("/home/user/marker.txt") == "persisted"
         assert _boot_id(resumed) != boot
+    finally:
+        sandbox.kill()
+
+
+SERVE = (
+    "mkdir -p /tmp/site && cd /tmp/site && echo up > index.html"
+    " && exec python3 -m http.server 8000"
+)
+
+
+def _fetch(target: Target, host: str) -> int:
+    """The status of ``GET /index.html`` for ``host``, sent to the service's loopback address
+    (``*.localhost`` names need not resolve on the test host)."""
+    port = int(target.url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/index.html", headers={"Host": host})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def _paused_at_timeout(sandbox: Sandbox) -> None:
+    """Reach the sandbox's timeout now, and wait (through the control plane only) for the pause."""
+    sandbox.set_timeout(0)
+    deadline = time.monotonic() + 10
+    while sandbox.get_info().state != SandboxState.PAUSED:
+        assert time.monotonic() < deadline, "the sandbox was not paused at its timeout"
+        time.sleep(0.05)
+
+
+def _serving(target: Target, sandbox: Sandbox) -> str:
+    sandbox.commands.run(SERVE, background=True)
+    host = sandbox.get_host(8000)
+    deadline = time.monotonic() + 15
+    while _fetch(target, host) == 502:
+        assert time.monotonic() < deadline, "the server in the sandbox did not start"
+        time.sleep(0.1)
+    return host
+
+
+def test_auto_resume_wakes_a_paused_sandbox_on_a_request_to_its_port(target: Target) -> None:
+    sandbox = target.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        host = _serving(target, sandbox)
+        _paused_at_timeout(sandbox)
+        assert _fetch(target, host) == 200
+        assert sandbox.get_info().state == SandboxState.RUNNING
+    finally:
+        sandbox.kill()
+
+
+def test_without_auto_resume_a_port_request_leaves_the_sandbox_paused(target: Target) -> None:
+    sandbox = target.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        host = _serving(target, sandbox)
+        _paused_at_timeout(sandbox)
+        assert _fetch(target, host) == 502
+        assert sandbox.get_info().state == SandboxState.PAUSED
+        sandbox.connect()
+        assert sandbox.get_info().state == SandboxState.RUNNING
+        assert _fetch(target, host) == 200
     finally:
         sandbox.kill()
