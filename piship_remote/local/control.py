@@ -13,23 +13,28 @@
 ``POST /sandboxes/<id>/timeout``           204: live ``timeout`` more seconds from now
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
 ``DELETE /sandboxes/<id>``                 204: kill its processes, remove its files
+``PUT /sandboxes/<id>/network``            204 when it changes nothing; 400 for egress rules
+``POST /sandboxes/<id>/fork``, snapshots   see :mod:`~piship_remote.local.control_copies`
 =========================================  ======================================
 
 A paused sandbox keeps its files and its frozen processes; envd answers for it as
 for a sandbox that is not there (502), its lifetime stops (it is kept up to the
 service's maximum lifetime), and the timeout calls answer 404 for it, as E2B's
 do. Resuming (``resume``, or ``connect`` with its ``timeout``, 300 s on v2 when
-absent) gives it a new lifetime from then. ``memory: false`` on pause (E2B's
-filesystem-only snapshot) is accepted and pauses it whole. A sandbox created with
-``autoPause: true`` is paused, not killed, when its timeout is reached; with
-``autoResume: {"enabled": true}`` envd traffic naming it resumes it (see
+absent) gives it a new lifetime from then; ``connect`` on a running sandbox only ever
+extends its lifetime. A sandbox created with ``autoPause: true`` is paused, not killed,
+when its timeout is reached; with ``autoResume: {"enabled": true}`` envd traffic naming
+it, or a request to one of its ports, resumes it (see
 :class:`~piship_remote.local.sandbox.listing.Lifecycle`). Details carry its ``lifecycle``.
 
 Every ``/sandboxes…`` request needs ``X-API-Key``. A create without ``timeout``
 lives 300 s on ``/v2/sandboxes`` (the current SDKs send none) and 15 s on
-``/sandboxes``, E2B's defaults. Create and connect answers carry ``domain``
-(``localhost:<port>``), so ``get_host(port)`` names a loopback host the service routes
-(see :mod:`~piship_remote.local.ports`); a sandbox created with
+``/sandboxes``, E2B's defaults; one carrying an ``Idempotency-Key`` makes one sandbox per key
+(see :mod:`~piship_remote.local.idempotency`). ``memory: false`` on pause, ``autoPauseMemory:
+false`` and ``memory: false`` on connect ask for a filesystem-only pause or resume: the
+files are kept and resuming reboots the sandbox (nothing of what ran survives). Create
+and connect answers carry ``domain`` (``localhost:<port>``), so ``get_host(port)`` names a
+loopback host the service routes (see :mod:`~piship_remote.local.ports`); a sandbox created with
 ``network.allowPublicTraffic: false`` also gets a ``trafficAccessToken`` its ports want.
 Errors are E2B's ``{"code": <status>, "message": …}``. A sandbox may reach the internet only when
 created with ``"allow_internet_access": true`` (E2B's default is to allow)::
@@ -74,6 +79,7 @@ from piship_remote.local.sandbox.registry import (
 from piship_remote.wire.e2b_control import (
     ConnectRequest,
     ListedSandbox,
+    NetworkUpdate,
     NewSandbox,
     Refresh,
     SandboxDetail,
@@ -92,7 +98,7 @@ V2_TIMEOUT = 300
 V1_TIMEOUT = 15
 _SANDBOX_PATH = re.compile(
     r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})"
-    r"(/timeout|/refreshes|/connect|/metrics|/pause|/resume|/fork|/snapshots)?\Z"
+    r"(/timeout|/refreshes|/connect|/metrics|/pause|/resume|/fork|/snapshots|/network)?\Z"
 )
 _ACTION_METHOD = {
     None: ("GET", "DELETE"),
@@ -104,9 +110,10 @@ _ACTION_METHOD = {
     "/resume": ("POST",),
     "/fork": ("POST",),
     "/snapshots": ("POST",),
+    "/network": ("PUT",),
 }
 _SNAPSHOT_PATH = re.compile(r"/templates/([A-Za-z0-9_.:/-]{1,256})\Z")
-_RUNNING_ONLY = ("/timeout", "/refreshes")
+_RUNNING_ONLY = ("/timeout", "/refreshes", "/network")
 
 
 class ControlPlane:
@@ -169,6 +176,8 @@ class ControlPlane:
             return self._copies.fork(sandbox, request.body)
         if action == "/snapshots":
             return self._copies.snapshot(sandbox, request.body)
+        if action == "/network":
+            return _network_update(sandbox, parse(request.body, NetworkUpdate))
         if action == "/metrics":
             samples = [] if sandbox.pause_state.paused else [metric(sandbox)]
             return Reply(200, to_json(samples), "application/json")
@@ -326,6 +335,25 @@ class ControlPlane:
         if not hmac.compare_digest(key.encode(), self._api_key.encode()):
             return api_error(401, "Invalid API key")
         return None
+
+
+def _network_update(sandbox: Sandbox, update: NetworkUpdate) -> Reply:
+    """204 when the update leaves the sandbox's egress as it is (all of it or none, as
+    created); 400 for what a local sandbox cannot do: filter by address, proxy, or switch."""
+    if update.filters:
+        return api_error(
+            400,
+            "the local service cannot filter or proxy a sandbox's egress: a sandbox has all "
+            "of it (created with allow_internet_access) or none",
+        )
+    wanted = update.allow_internet_access
+    if wanted is not None and wanted != sandbox.network:
+        return api_error(
+            400,
+            "the local service cannot switch a running sandbox's internet access: create "
+            f"one with allow_internet_access={wanted}",
+        )
+    return Reply(204)
 
 
 def _detail(sandbox: Sandbox, domain: str | None) -> SandboxDetail:

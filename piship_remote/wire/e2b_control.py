@@ -14,6 +14,7 @@ converter of :mod:`piship_remote.wire.e2b_json` reads and writes them::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -24,6 +25,7 @@ __all__ = [
     "ConnectRequest",
     "ForkRequest",
     "ListedSandbox",
+    "NetworkUpdate",
     "NewSandbox",
     "Refresh",
     "SandboxDetail",
@@ -154,6 +156,25 @@ class ForkRequest:
 
 
 @attrs.frozen
+class NetworkUpdate:
+    """``PUT /sandboxes/<id>/network``: the egress rules that replace the sandbox's."""
+
+    allow_out: list[str] = attrs.field(factory=list)
+    deny_out: list[str] = attrs.field(factory=list)
+    dns_servers: list[str] = attrs.field(factory=list)
+    egress_proxy: dict[str, Any] | None = None
+    rules: dict[str, Any] = attrs.field(factory=dict)
+    allow_internet_access: bool | None = None
+
+    @property
+    def filters(self) -> bool:
+        """Whether it asks for egress filtered by address or sent through a proxy."""
+        return bool(self.allow_out or self.deny_out or self.dns_servers or self.rules) or (
+            self.egress_proxy is not None
+        )
+
+
+@attrs.frozen
 class SnapshotRequest:
     """``POST /sandboxes/<id>/snapshots``: an optional name; ``memory`` (false:
     filesystem-only) is accepted, and a snapshot keeps the files either way."""
@@ -173,6 +194,12 @@ class SnapshotInfo:
 
 CONTROL_NAMES: Mapping[type, Mapping[str, str]] = {
     SnapshotInfo: {"snapshot_id": "snapshotID"},
+    NetworkUpdate: {
+        "allow_out": "allowOut",
+        "deny_out": "denyOut",
+        "dns_servers": "dnsServers",
+        "egress_proxy": "egressProxy",
+    },
     NewSandbox: {
         "template_id": "templateID",
         "env_vars": "envVars",

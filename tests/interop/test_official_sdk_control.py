@@ -297,3 +297,21 @@ def test_without_auto_resume_a_port_request_leaves_the_sandbox_paused(target: Ta
         assert _fetch(target, host) == 200
     finally:
         sandbox.kill()
+
+
+def test_update_network_that_changes_nothing_is_accepted(sandbox: Sandbox) -> None:
+    sandbox.update_network({})
+    sandbox.update_network({"allow_internet_access": False})
+    assert sandbox.is_running()
+
+
+def test_update_network_with_egress_rules_is_refused_saying_why(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="cannot filter or proxy"):
+        sandbox.update_network({"deny_out": ["8.8.8.8"]})
+
+
+def test_update_network_on_a_killed_sandbox_is_not_found(target: Target) -> None:
+    sandbox = target.create()
+    sandbox.kill()
+    with pytest.raises(SandboxNotFoundException):
+        sandbox.update_network({})
