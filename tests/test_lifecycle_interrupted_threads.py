@@ -33,7 +33,7 @@ API_KEY = "e2b_threads0123456789"
 COMMANDS = 4
 SCRIPT = textwrap.dedent(
     """
-    import signal, sys
+    import signal, sys, threading
     from concurrent.futures import ThreadPoolExecutor
     import piship_remote
     from piship_remote import activate_sandbox
@@ -59,9 +59,23 @@ SCRIPT = textwrap.dedent(
         for future in futures:
             future.result()
 
-    if form in ("with-block", "with-block-twice"):
+    if form in ("with-block", "with-block-twice", "with-block-once"):
         with ThreadPoolExecutor(COMMANDS) as pool:
             run_all(pool)
+    elif form == "shutdown-in-finally":
+        pool = ThreadPoolExecutor(COMMANDS)
+        try:
+            run_all(pool)
+        finally:
+            pool.shutdown(wait=True)
+    elif form == "threads":
+        threads = [
+            threading.Thread(target=sandbox.exec, args=("sleep 30",)) for _ in range(COMMANDS)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     elif form == "with-exit":
         with ThreadPoolExecutor(COMMANDS) as pool:
             for _ in range(COMMANDS):
@@ -104,7 +118,18 @@ def press_again_until_it_ends(process: subprocess.Popen[str], presses: int = 10)
 
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("ctrl_c")
-@pytest.mark.parametrize("form", ["pool", "with-block", "with-exit", "with-block-twice"])
+@pytest.mark.parametrize(
+    "form",
+    [
+        "pool",
+        "threads",
+        "with-block",
+        "with-block-once",
+        "shutdown-in-finally",
+        "with-exit",
+        "with-block-twice",
+    ],
+)
 def test_ctrl_c_ends_the_commands_running_on_worker_threads(
     tmp_path: Path, e2b_server: Callable[..., E2bServer], form: str
 ) -> None:

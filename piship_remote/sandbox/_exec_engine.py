@@ -20,7 +20,9 @@ the threads that needs. There are four paths:
   another thread runs does not wake a blocked wait, and that is when Python
   raises ``KeyboardInterrupt``. It watches the deadline itself.
 - **Any other thread** makes the call itself (a ``DirectCall`` again); the
-  ``piship-exec-timer`` thread fires its deadline.
+  ``piship-exec-timer`` thread fires its deadline. The call is marked
+  :func:`~piship_remote.sandbox.lifecycle.running_off_main_thread`, so that Ctrl-C
+  while the main thread waits for a pool's workers disposes the sandbox.
 - **A started command** (``Sandbox.start``, :meth:`ExecEngine.begin`) is a
   ``DirectCall`` made on a ``piship-exec-N`` worker
   (:class:`~piship_remote.sandbox._exec_workers.BackgroundCall`); its handle's
@@ -68,7 +70,7 @@ import os
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from piship_remote.backends._owned import Detachable
 from piship_remote.backends.base import (
@@ -80,6 +82,7 @@ from piship_remote.backends.base import (
 )
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.model.redact import Redactor
+from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_errors import ExecErrors
 from piship_remote.sandbox._exec_workers import (
     STOPPED,
@@ -210,7 +213,8 @@ class ExecEngine:
         given = deadline if self._deadlines else None
         call: WorkerCall | DirectCall
         disarm: Disarm | None = None
-        if threading.current_thread() is not threading.main_thread():
+        off_main = threading.current_thread() is not threading.main_thread()
+        if off_main:
             call = self._direct(sink, retire)
         elif not self._prompt:
             call = WorkerCall(self._instance, request, CHANNEL_BYTES, given)
@@ -223,7 +227,8 @@ class ExecEngine:
                 else WorkerCall(self._instance, request, CHANNEL_BYTES, given)
             )
         try:
-            outcome = self._registered(call, request, sink, deadline, cancel, retire=retire)
+            with lifecycle.running_off_main_thread() if off_main else nullcontext():
+                outcome = self._registered(call, request, sink, deadline, cancel, retire=retire)
         finally:
             if disarm is not None and disarm():
                 raise KeyboardInterrupt from None
