@@ -1,14 +1,15 @@
 """Ctrl-C in a script whose commands run on a ThreadPoolExecutor's worker threads.
 
 The script (a temporary file run with ``sys.executable``) starts four commands on a
-pool. SIGINT raises ``KeyboardInterrupt`` on the main thread; the process must then end
-within seconds, the commands killed and the sandbox deleted, instead of Python waiting
-for the workers' commands. The library does it on its own when the interrupt ends the
-script (no ``with`` block, or Ctrl-C while the block's end waits for its workers). Ctrl-C
-while the main thread waits *inside* ``with ThreadPoolExecutor()`` leaves the block's
-exit waiting for the workers before any code can run, and the library installs no
-signal handler unasked: there the script calls ``cleanup_on_signals``, or a second
-Ctrl-C ends that wait and the library disposes then.
+pool (or on plain threads). SIGINT raises ``KeyboardInterrupt`` on the main thread; the
+process must then end within seconds, the commands killed and the sandbox deleted,
+instead of Python waiting for the workers' commands. When the interrupt ends the script
+(``future.result()`` or ``thread.join()`` outside a block, or Ctrl-C while the block's end
+waits), the library's shutdown hook disposes. Ctrl-C while the main thread waits *inside*
+``with ThreadPoolExecutor()`` (or before a ``shutdown()`` in ``finally``) leaves the
+main thread waiting for the workers, and the library's ``piship-interrupt-watch`` thread
+disposes; with ``cleanup_on_signals([SIGINT])`` the signal handler does it first, and a
+second Ctrl-C during the disposal changes nothing.
 """
 
 from __future__ import annotations
@@ -104,8 +105,7 @@ def holding(started: threading.Semaphore) -> Callable[[Any], dict[str, Any]]:
 def press_again_until_it_ends(process: subprocess.Popen[str], presses: int = 10) -> None:
     """Ctrl-C again, as a user would, every half second until ``process`` ends.
 
-    The block's exit waits for the workers after the first; a later one ends that wait
-    (one that lands while Python still handles the first merges with it).
+    One that lands while Python still handles the first merges with it.
     """
     for _ in range(presses):
         process.send_signal(signal.SIGINT)
