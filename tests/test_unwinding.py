@@ -17,15 +17,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from test_activation import FakeBackend, activate, hangs_until_cancelled, ws  # noqa: F401 (fixture)
+from test_activation import (  # noqa: F401 (fixture)
+    Behaviour,
+    FakeBackend,
+    activate,
+    hangs_until_cancelled,
+    ws,
+)
 
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.model.errors import PiShipError
+from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.sandbox._unwinding import (
     THREAD_NAME,
     UnwindWatch,
     waits_for_workers_after_interrupt,
 )
+from piship_remote.sandbox.activation import Sandbox
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -141,48 +148,54 @@ def test_the_watch_thread_runs_only_while_a_watching_block_is_open() -> None:
     assert watch_threads() == []
 
 
-def test_the_watch_thread_ends_when_the_last_command_off_the_main_thread_returns(ws: Path) -> None:
-    backend = FakeBackend(hangs_until_cancelled)
-    sandbox = activate(backend, ws)
-    outcome: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            sandbox.exec("sleep", timeout=0.5)
-        except BaseException as e:
-            outcome.append(e)
-
-    try:
-        assert watch_threads() == []
-        worker = threading.Thread(target=run)
-        worker.start()
-        worker.join(10)
-        assert len(outcome) == 1
-        assert watch_threads() == []
-    finally:
-        sandbox.dispose()
-
-
-def test_the_watch_thread_is_gone_once_dispose_ends_the_commands(ws: Path) -> None:
-    started = threading.Event()
-
+def hangs_once_started(started: threading.Event) -> Behaviour:
     def hangs(
         request: ExecRequest, out: Callable[[bytes], None], cancel: threading.Event
     ) -> BackendResult:
         started.set()
         return hangs_until_cancelled(request, out, cancel)
 
-    sandbox = activate(FakeBackend(hangs), ws)
-    errors: list[BaseException] = []
+    return hangs
+
+
+def exec_on_a_thread(
+    sandbox: Sandbox, errors: list[BaseException], cancel: threading.Event | None = None
+) -> threading.Thread:
+    """``sandbox.exec`` on a new thread; what it raises goes to ``errors``."""
 
     def run() -> None:
         try:
-            sandbox.exec("sleep")
+            sandbox.exec("sleep", cancel=cancel)
         except BaseException as e:
             errors.append(e)
 
     worker = threading.Thread(target=run)
     worker.start()
+    return worker
+
+
+def test_the_watch_thread_ends_with_the_last_command_off_the_main_thread(ws: Path) -> None:
+    started = threading.Event()
+    sandbox = activate(FakeBackend(hangs_once_started(started)), ws)
+    cancel = threading.Event()
+    errors: list[BaseException] = []
+    try:
+        worker = exec_on_a_thread(sandbox, errors, cancel)
+        assert started.wait(10)
+        assert len(watch_threads()) == 1
+        cancel.set()
+        worker.join(10)
+        assert watch_threads() == []  # the sandbox is still live
+    finally:
+        sandbox.dispose()
+    assert [type(e) for e in errors] == [CommandCancelled]
+
+
+def test_the_watch_thread_is_gone_once_dispose_ends_the_commands(ws: Path) -> None:
+    started = threading.Event()
+    sandbox = activate(FakeBackend(hangs_once_started(started)), ws)
+    errors: list[BaseException] = []
+    worker = exec_on_a_thread(sandbox, errors)
     try:
         assert started.wait(10)
         assert len(watch_threads()) == 1

@@ -35,7 +35,7 @@ def waits_for_workers_after_interrupt(thread_id: int) -> bool:
     """Whether thread ``thread_id`` waits in a ``ThreadPoolExecutor``'s shutdown while it
     handles a ``KeyboardInterrupt`` (the one a ``with`` block's end passes on counts)."""
     current_exceptions = getattr(sys, "_current_exceptions", None)
-    if current_exceptions is None:  # not CPython 3.10 or later: the exit hook is left
+    if current_exceptions is None:  # another Python: only the exit hook is left
         return False
     handled = current_exceptions().get(thread_id)
     if isinstance(handled, tuple):  # before Python 3.12, the sys.exc_info() triple
