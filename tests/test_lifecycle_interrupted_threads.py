@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent(
     url, key, form = sys.argv[1:4]
     if form == "with-block":
         piship_remote.cleanup_on_signals([signal.SIGINT, signal.SIGTERM])
-    else:
+    elif form == "with-block-twice":
 
         def interrupted(number, frame):  # Python's own handler, plus a line to wait for
             print("interrupted", flush=True)
