@@ -9,7 +9,8 @@ waits), the library's shutdown hook disposes. Ctrl-C while the main thread waits
 ``with ThreadPoolExecutor()`` (or before a ``shutdown()`` in ``finally``) leaves the
 main thread waiting for the workers, and the library's ``piship-interrupt-watch`` thread
 disposes; with ``cleanup_on_signals([SIGINT])`` the signal handler does it first, and a
-second Ctrl-C during the disposal changes nothing.
+second Ctrl-C during the disposal changes nothing. On the Kubernetes agent-sandbox double
+the same Ctrl-C inside the block deletes the claim.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from piship_remote.testing import E2bServer
+from piship_remote.testing import E2bServer, KubernetesServer
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "e2b_threads0123456789"
@@ -40,7 +41,7 @@ SCRIPT = textwrap.dedent(
     from piship_remote import activate_sandbox
     from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
-    url, key, form = sys.argv[1:4]
+    url, key, form, kind = sys.argv[1:5]
     if form == "with-block":
         piship_remote.cleanup_on_signals([signal.SIGINT, signal.SIGTERM])
     elif form == "with-block-twice":
@@ -50,9 +51,15 @@ SCRIPT = textwrap.dedent(
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGINT, interrupted)
-    backend = E2bCompatibleBackend(endpoint=url, envd_url=url, credential=lambda: key)
+    if kind == "k8s":
+        from tests.lifecycle_child import backend as kubernetes
+
+        backend, network = kubernetes("k8s", url, 3600.0), "allow"
+    else:
+        backend = E2bCompatibleBackend(endpoint=url, envd_url=url, credential=lambda: key)
+        network = "deny"
     sandbox = activate_sandbox(
-        {"required": True, "network": {"mode": "deny"}}, backend=backend, workspace="."
+        {"required": True, "network": {"mode": network}}, backend=backend, workspace="."
     )
 
     def run_all(pool):
@@ -116,6 +123,40 @@ def press_again_until_it_ends(process: subprocess.Popen[str], presses: int = 10)
             continue
 
 
+def interrupted_run(
+    tmp_path: Path, url: str, form: str, kind: str, started: threading.Semaphore
+) -> tuple[str, str, float]:
+    """Run the script, Ctrl-C it once its commands all reached the double: its output,
+    and the seconds from the (last) Ctrl-C to its end."""
+    script = tmp_path / "pool_script.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    process = subprocess.Popen(
+        [sys.executable, str(script), url, API_KEY, form, kind],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        for _ in range(COMMANDS):
+            assert started.acquire(timeout=20), "the commands never all reached the double"
+        process.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        if form == "with-block-twice":
+            assert process.stdout is not None
+            assert process.stdout.readline() == "interrupted\n"
+            signalled = time.monotonic()
+            press_again_until_it_ends(process)
+        stdout, stderr = process.communicate(timeout=3 * PROMPT_EXIT)
+        return stdout, stderr, time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("ctrl_c")
 @pytest.mark.parametrize(
@@ -135,33 +176,7 @@ def test_ctrl_c_ends_the_commands_running_on_worker_threads(
 ) -> None:
     started = threading.Semaphore(0)
     mock = e2b_server(command=holding(started), api_key=API_KEY)
-    script = tmp_path / "pool_script.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
-    process = subprocess.Popen(
-        [sys.executable, str(script), mock.url, API_KEY, form],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        for _ in range(COMMANDS):
-            assert started.acquire(timeout=20), "the commands never all reached the double"
-        process.send_signal(signal.SIGINT)
-        signalled = time.monotonic()
-        if form == "with-block-twice":
-            assert process.stdout is not None
-            assert process.stdout.readline() == "interrupted\n"
-            signalled = time.monotonic()
-            press_again_until_it_ends(process)
-        stdout, stderr = process.communicate(timeout=3 * PROMPT_EXIT)
-        took = time.monotonic() - signalled
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    stdout, stderr, took = interrupted_run(tmp_path, mock.url, form, "e2b", started)
     assert "KeyboardInterrupt" in stderr, stderr[-2000:]
     assert "not reached" not in stdout
     assert took < PROMPT_EXIT, f"the process ran on for {took:.1f} s after Ctrl-C"
@@ -169,3 +184,18 @@ def test_ctrl_c_ends_the_commands_running_on_worker_threads(
     assert [kill.json()["signal"] for kill in kills] == ["SIGNAL_SIGKILL"] * COMMANDS
     assert mock.count("DELETE", "/sandboxes/sbx1") == 1
     assert mock.live_sandboxes == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("ctrl_c")
+def test_ctrl_c_inside_a_pool_block_deletes_the_kubernetes_claim_of_its_commands(
+    tmp_path: Path,
+) -> None:
+    started = threading.Semaphore(0)
+    with KubernetesServer(execute=holding(started)) as k8s:
+        stdout, stderr, took = interrupted_run(tmp_path, k8s.url, "with-block-once", "k8s", started)
+        assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+        assert "not reached" not in stdout
+        assert took < PROMPT_EXIT, f"the process ran on for {took:.1f} s after Ctrl-C"
+        assert k8s.count("DELETE") == 1
+        assert k8s.live_claims == []
