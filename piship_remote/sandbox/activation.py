@@ -231,14 +231,17 @@ class Sandbox:
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
     ) -> ExecResult:
-        """``exec`` and ``run``: the handle of ``start``, waited for at once on this thread."""
+        """``exec`` and ``run``: the command run at once on this thread, its output to
+        ``sink``; no handle, as nothing else can reach the command while it runs."""
         if cancel is not None and cancel.is_set():
             command_line(command)
             raise CommandCancelled()
-        handle = self._handle(command, cwd, timeout, env, stdin=stdin)
+        request = self._request(command, cwd, timeout, env, stdin=stdin)
+        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
+        engine = self._usable_engine()
         # The caller's cancel becomes the command's one token, here, once.
-        with self._usable_engine().cancel_token(cancel) as token:
-            result = handle._wait_here(sink, token)
+        with engine.cancel_token(cancel) as token:
+            result = engine.run(request, sink, deadline, token, retire=True)
         return ExecResult(exit_code=exit_status(result))
 
     def _handle(
@@ -248,13 +251,27 @@ class Sandbox:
         timeout: float | None,
         env: Mapping[str, str] | None,
         *,
+        control: CommandControl,
+        pty: bool | tuple[int, int],
+    ) -> CommandHandle:
+        request = self._request(command, cwd, timeout, env, control=control, pty=pty)
+        deadline = timeout_deadline(timeout)
+        return CommandHandle(self._usable_engine(), request, deadline, output_limit=OUTPUT_LIMIT)
+
+    def _request(
+        self,
+        command: Command,
+        cwd: PathLike | None,
+        timeout: float | None,
+        env: Mapping[str, str] | None,
+        *,
         stdin: Iterable[bytes] | None = None,
         control: CommandControl | None = None,
         pty: bool | tuple[int, int] = False,
-    ) -> CommandHandle:
+    ) -> ExecRequest:
         line = command_line(command)
-        engine = self._usable_engine()
-        request = ExecRequest(
+        self._usable_engine()
+        return ExecRequest(
             command=line,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
@@ -264,8 +281,6 @@ class Sandbox:
             pty=_terminal_size(pty),
             control=control,
         )
-        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
-        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
 
     def workspace(self) -> WorkspaceReport | None:
         """The live workspace report (a snapshot's never changes); ``None`` when not enforced.
