@@ -152,6 +152,11 @@ class SandboxPool:
         ``task(sandbox, item)`` whose return value is the value. ``timeout`` bounds
         each task, waiting for its sandbox included. Ctrl-C kills every running remote
         command, disposes the pool's sandboxes and is re-raised.
+
+        A callable runs on a ``piship-pool-call-N`` daemon thread: when its timeout
+        expires (or the pool closes) first, its result says ``"timeout"``
+        (``"cancelled"``) at once and its sandbox is disposed, never handed on, but
+        Python cannot stop the thread, which lingers until the callable returns.
         """
         listed = list(items)
         results: list[TaskResult | None] = [None] * len(listed)
