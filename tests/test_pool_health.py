@@ -242,3 +242,39 @@ def test_a_kubernetes_pool_lists_claims_for_its_health_once(
     assert [r.outcome for r in results] == ["ok"] * 4
     assert server.count("POST", CLAIMS) == 4
     assert server.count("GET", f"{CLAIMS}?limit=1") == 1
+
+
+def test_creates_that_waited_for_a_check_that_raised_ask_on_their_own(monkeypatch) -> None:
+    followers = Followers(monkeypatch)
+    gate = threading.Event()
+    service = Service(UP, gate=gate)
+    raised = threading.Event()
+    first_check = service.available
+
+    def raising_once() -> Availability:
+        if not raised.is_set():
+            raised.set()
+            assert gate.wait(10)
+            raise RuntimeError("a bug in the backend's check")
+        return first_check()
+
+    service.available = raising_once  # type: ignore[method-assign]
+    health = HealthOnce(service)  # type: ignore[arg-type]
+    leader_saw: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            health.available()
+        except RuntimeError as error:
+            leader_saw.append(error)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    assert raised.wait(10)
+    threads, answers = concurrent_answers(health, 1)
+    assert settled(lambda: followers.count == 1)
+    gate.set()
+    for thread in [leader, *threads]:
+        thread.join(10)
+    assert [str(e) for e in leader_saw] == ["a bug in the backend's check"]
+    assert answers == [UP] and service.checks == 1
