@@ -269,7 +269,9 @@ def test_a_lost_create_answer_is_adopted_not_created_again(make_pool, server) ->
     assert server.live_sandboxes == []
 
 
-def test_a_create_refused_for_capacity_waits_and_is_not_a_failed_attempt(make_pool, server) -> None:
+def test_a_create_refused_for_capacity_waits_and_is_not_a_failed_attempt(
+    make_pool, server
+) -> None:
     server.faults.fail_creates(4, status=429, retry_after=0)
     with make_pool(size=1, max_attempts=1) as pool:
         [result] = pool.map("echo {item}", ["x"], timeout=20)
