@@ -218,8 +218,9 @@ class Sandbox:
                 user_action="Use an E2B-compatible backend, or run the command without it",
             )
         control = CommandControl(stdin=stdin)
-        handle = self._handle(command, cwd, timeout, env, control=control, pty=pty)
-        return handle._begin()
+        request = self._request(command, cwd, timeout, env, control=control, pty=pty)
+        deadline = timeout_deadline(timeout)
+        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)._begin()
 
     def _execute(
         self,
@@ -231,8 +232,7 @@ class Sandbox:
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
     ) -> ExecResult:
-        """``exec`` and ``run``: the command run at once on this thread, its output to
-        ``sink``; no handle, as nothing else can reach the command while it runs."""
+        """``exec`` and ``run``: run on this thread, output to ``sink``; no handle needed."""
         if cancel is not None and cancel.is_set():
             command_line(command)
             raise CommandCancelled()
@@ -243,20 +243,6 @@ class Sandbox:
         with engine.cancel_token(cancel) as token:
             result = engine.run(request, sink, deadline, token, retire=True)
         return ExecResult(exit_code=exit_status(result))
-
-    def _handle(
-        self,
-        command: Command,
-        cwd: PathLike | None,
-        timeout: float | None,
-        env: Mapping[str, str] | None,
-        *,
-        control: CommandControl,
-        pty: bool | tuple[int, int],
-    ) -> CommandHandle:
-        request = self._request(command, cwd, timeout, env, control=control, pty=pty)
-        deadline = timeout_deadline(timeout)
-        return CommandHandle(self._usable_engine(), request, deadline, output_limit=OUTPUT_LIMIT)
 
     def _request(
         self,
