@@ -243,16 +243,20 @@ SERVE = (
 )
 
 
-def _fetch(target: Target, host: str) -> int:
-    """The status of ``GET /index.html`` for ``host``, sent to the service's loopback address
+def _status(target: Target, path: str, headers: dict[str, str]) -> int:
+    """The status of ``GET path`` sent to the service's loopback address with ``headers``
     (``*.localhost`` names need not resolve on the test host)."""
     port = int(target.url.rsplit(":", 1)[1])
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        connection.request("GET", "/index.html", headers={"Host": host})
+        connection.request("GET", path, headers=headers)
         return connection.getresponse().status
     finally:
         connection.close()
+
+
+def _fetch(target: Target, host: str) -> int:
+    return _status(target, "/index.html", {"Host": host})
 
 
 def _paused_at_timeout(sandbox: Sandbox) -> None:
@@ -315,3 +319,20 @@ def test_update_network_on_a_killed_sandbox_is_not_found(target: Target) -> None
     sandbox.kill()
     with pytest.raises(SandboxNotFoundException):
         sandbox.update_network({})
+
+
+def _health(target: Target, headers: dict[str, str]) -> int:
+    """``GET /health`` at the stable host form ``sandbox.<domain>``, routed by headers only."""
+    stable_host = "sandbox." + target.url.rsplit("//", 1)[1].replace("127.0.0.1", "localhost")
+    return _status(target, "/health", {**headers, "Host": stable_host})
+
+
+def test_the_routing_headers_connect_sets_reach_the_sandbox_by_themselves(
+    target: Target, sandbox: Sandbox
+) -> None:
+    headers = dict(target.connect(sandbox.sandbox_id).connection_config.sandbox_headers)
+    assert headers["E2b-Sandbox-Id"] == sandbox.sandbox_id
+    assert headers["E2b-Sandbox-Port"] == "49983"
+    assert _health(target, headers) == 204
+    sandbox.kill()
+    assert _health(target, headers) == 502
