@@ -12,13 +12,17 @@ of the sandbox and removes its files::
     sandbox = registry.create(template="base", lifetime=300, network=False, env_vars={})
     process = sandbox.start(ProcessConfig(cmd="/bin/bash", args=["-c", "id"]), tag="t1")
     registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
+    fork = registry.fork(sandbox.id, 300)           # a new sandbox with a copy of its files
+    snapshot = registry.snapshot(sandbox.id, "app")  # a copy kept; its ID is a template
     registry.delete(sandbox.id)
     registry.close()
 
 A paused sandbox (its processes frozen, see :mod:`piship_remote.local.sandbox.pause`) is
 found by :meth:`Registry.lookup` but not by :meth:`Registry.get`, so envd does not
 serve it (unless it was created with ``auto_resume``: ``get`` then resumes it); its
-lifetime stops until it is resumed with a new one. One sandbox itself (its processes,
+lifetime stops until it is resumed with a new one. A filesystem-only pause
+(``memory=False``) is resumed by rebooting the sandbox: its files kept, a fresh
+environment. One sandbox itself (its processes,
 ports and end) is a :class:`~piship_remote.local.sandbox.instance.Sandbox`.
 """
 
