@@ -137,6 +137,30 @@ def test_a_half_sent_body_is_dropped_after_the_read_timeout(
     assert time.monotonic() - started < 2.0
 
 
+def test_a_kept_alive_connection_idle_past_the_read_timeout_still_serves(
+    serve: Callable[..., HttpServer],
+) -> None:
+    server = serve(limits=Limits(read_timeout=0.2, idle_timeout=TIMEOUT))
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    with connect(server) as sock:
+        sock.sendall(request)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(0.5)  # idle longer than a read may stall
+        sock.sendall(request)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+def test_with_a_long_idle_timeout_a_stalled_head_is_still_dropped_at_the_read_timeout(
+    serve: Callable[..., HttpServer],
+) -> None:
+    server = serve(limits=Limits(read_timeout=0.3, idle_timeout=TIMEOUT))
+    with connect(server) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        assert answer(sock) == b""
+    assert time.monotonic() - started < 2.0
+
+
 def test_a_trickled_body_is_dropped_at_its_deadline(serve: Callable[..., HttpServer]) -> None:
     server = serve(limits=Limits(read_timeout=1.0, body_seconds=0.5))
     with connect(server) as sock:

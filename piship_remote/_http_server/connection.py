@@ -96,12 +96,16 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         _log.debug("%s " + format, self.address_string(), *args)
 
     def _handle_one(self) -> None:
-        limit = self.owner.limits.header_bytes
+        limits = self.owner.limits
+        idle = limits.read_timeout if limits.idle_timeout is None else limits.idle_timeout
+        self.connection.settimeout(idle)
         self.owner._set_idle(self.connection, True)
         try:
-            self.raw_requestline = self.rfile.readline(limit + 1)
+            self.raw_requestline = self.rfile.readline(limits.header_bytes + 1)
         finally:
             self.owner._set_idle(self.connection, False)
+            self.connection.settimeout(limits.read_timeout)
+        limit = limits.header_bytes
         if not self.raw_requestline:
             self.close_connection = True
             return
