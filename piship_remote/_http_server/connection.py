@@ -98,8 +98,8 @@ class ConnectionHandler(BaseHTTPRequestHandler):
     def _handle_one(self) -> None:
         limits = self.owner.limits
         idle = limits.read_timeout if limits.idle_timeout is None else limits.idle_timeout
-        self.connection.settimeout(idle)
         self.owner._set_idle(self.connection, True)
+        self.connection.settimeout(idle)
         try:
             self.raw_requestline = self.rfile.readline(limits.header_bytes + 1)
         finally:
