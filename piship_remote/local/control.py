@@ -83,7 +83,7 @@ from piship_remote.wire.e2b_json import WireError, parse, to_json, unstructure
 
 __all__ = ["CLIENT_ID", "ENVD_VERSION", "ControlPlane"]
 
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.4"
 CLIENT_ID = "piship-local"
 MAX_REFRESH = 3600
 MIB = 1024 * 1024

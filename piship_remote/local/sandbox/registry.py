@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
+from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, find_python, uid_for
 from piship_remote.local.isolation.limits import Enforcement, Limits, limit_check, unmount
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import (
@@ -128,6 +128,10 @@ class Sandbox:
         self._ended: list[Callable[[], None]] = []
         self.pause_state = PauseState(vm.cgroups, lambda: vm.init_pid)
         """Whether the sandbox is paused (its processes frozen), and pausing it."""
+
+    def python_command(self, *args: str) -> list[str]:
+        """The argv running the host's Python (standard library only) inside the sandbox."""
+        return self._jail.python_command(find_python(), *args)
 
     @property
     def home(self) -> str:
