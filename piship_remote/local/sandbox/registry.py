@@ -33,7 +33,13 @@ import time
 from collections.abc import Callable, Mapping
 
 from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, find_python, uid_for
-from piship_remote.local.isolation.limits import Enforcement, Limits, limit_check, unmount
+from piship_remote.local.isolation.limits import (
+    CgroupSet,
+    Enforcement,
+    Limits,
+    limit_check,
+    unmount,
+)
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import (
     REAP_TIMEOUT,
@@ -147,6 +153,11 @@ class Sandbox:
     def network(self) -> bool:
         """Whether this sandbox has network egress (through its user-mode stack)."""
         return self._jail.network
+
+    @property
+    def cgroups(self) -> CgroupSet:
+        """The cgroups holding its processes (and its limits, where they are enforced)."""
+        return self._vm.cgroups
 
     @property
     def limits(self) -> Limits:
