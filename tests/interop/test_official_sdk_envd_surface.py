@@ -185,3 +185,10 @@ def test_killing_a_terminal_ends_its_wait_with_the_exit_error(sandbox: Sandbox) 
     with pytest.raises(CommandExitException) as ended:
         terminal.wait()
     assert (ended.value.exit_code, ended.value.error) == (-1, "signal: killed")
+
+
+def test_a_killed_command_is_gone_for_the_next_one(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("sleep 30", background=True)
+    assert sandbox.commands.kill(handle.pid)
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run(f"kill -0 {handle.pid}")
