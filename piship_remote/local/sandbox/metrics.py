@@ -1,10 +1,9 @@
 """A local sandbox's metrics, as E2B's ``GET /sandboxes/<id>/metrics`` reports them.
 
-A sample is taken each time metrics are asked for, from the sandbox's own cgroup
-where it has one (v2: ``memory.current``, the ``file`` pages of ``memory.stat``,
-``cpu.stat``'s ``usage_usec``; v1: the ``memory.usage_in_bytes`` of its commands'
-and its agent's groups, CPU time from its processes), else from its processes; the
-memory total is the sandbox's memory limit, not the host's. CPU use is over the time
+A sample is taken each time metrics are asked for, from the sandbox's own cgroups
+where it has them (:meth:`CgroupSet.usage`; CPU time from its processes where they
+count none), else from its processes; the memory total is the sandbox's memory
+limit, not the host's. CPU use is over the time
 since the previous sample (since the start for the first). Samples are kept (the
 last :data:`MAX_SAMPLES`), newest last, so a time range gets those taken within it::
 
@@ -24,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
-from piship_remote.local.isolation.limits import CgroupSet
+from piship_remote.local.isolation.limits import GroupUsage
 from piship_remote.local.sandbox.fs import run
 from piship_remote.local.sandbox.listing import rfc3339
 from piship_remote.local.sandbox.registry import Sandbox
@@ -35,8 +34,6 @@ __all__ = [
     "MAX_SAMPLES",
     "MetricsHistory",
     "SandboxMetrics",
-    "Usage",
-    "cgroup_usage",
     "snapshot",
     "time_range",
 ]
@@ -44,15 +41,6 @@ __all__ = [
 MAX_SAMPLES = 720
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICKS = os.sysconf("SC_CLK_TCK")
-
-
-@attrs.frozen
-class Usage:
-    """What the sandbox used at one moment: CPU seconds so far, memory and page cache bytes."""
-
-    cpu_seconds: float
-    memory: int
-    cache: int
 
 
 class MetricsHistory:
@@ -71,7 +59,7 @@ class MetricsHistory:
             usage = _usage(sandbox)
             since, before = self._last or (sandbox.started_at, 0.0)
             cpus = os.cpu_count() or 1
-            busy = max(usage.cpu_seconds - before, 0.0) / max(now - since, 1e-3) / cpus
+            busy = max((usage.cpu_seconds or 0.0) - before, 0.0) / max(now - since, 1e-3) / cpus
             self._samples.append(
                 SandboxMetric(
                     timestamp=rfc3339(now),
@@ -85,7 +73,7 @@ class MetricsHistory:
                     disk_total=shutil.disk_usage(sandbox.home).total,
                 )
             )
-            self._last = (now, usage.cpu_seconds)
+            self._last = (now, usage.cpu_seconds or 0.0)
 
     def within(self, start: int | None, end: int | None) -> list[SandboxMetric]:
         """The samples taken from ``start`` to ``end`` (unix seconds, both optional, inclusive)."""
@@ -141,29 +129,11 @@ def time_range(target: str) -> tuple[int | None, int | None]:
     return bounds[0], bounds[1]
 
 
-def cgroup_usage(cgroups: CgroupSet) -> Usage | None:
-    """Usage read from the sandbox's memory groups (v2: its one group, CPU time included;
-    v1: the commands' group and the agent's, CPU time left at 0); ``None`` without any.
-
-    The memory used leaves out the page cache, reported apart as E2B's ``memCache``."""
-    if cgroups.memory is None:
-        return None
-    if cgroups.version == "v2":
-        memory = _number(os.path.join(cgroups.memory, "memory.current"))
-        cache = _field(os.path.join(cgroups.memory, "memory.stat"), "file")
-        usec = _field(os.path.join(cgroups.memory, "cpu.stat"), "usage_usec")
-        return Usage(usec / 1e6, max(memory - cache, 0), cache)
-    memory = cache = 0
-    for group in filter(None, (cgroups.memory, cgroups.agent_memory)):
-        memory += _number(os.path.join(group, "memory.usage_in_bytes"))
-        cache += _field(os.path.join(group, "memory.stat"), "cache")
-    return Usage(0.0, max(memory - cache, 0), cache)
-
-
-def _usage(sandbox: Sandbox) -> Usage:
-    """The cgroup's figures, with the CPU time of the sandbox's processes where it has none."""
-    grouped = cgroup_usage(sandbox.cgroups)
-    if grouped is not None and grouped.cpu_seconds > 0:
+def _usage(sandbox: Sandbox) -> GroupUsage:
+    """The cgroups' figures, with the CPU time of the sandbox's processes where they count none
+    (the processes' figures where the sandbox has no memory group)."""
+    grouped = sandbox.cgroups.usage()
+    if grouped is not None and grouped.cpu_seconds is not None:
         return grouped
     processes = _process_usage(sandbox)
     if grouped is None:
@@ -171,7 +141,7 @@ def _usage(sandbox: Sandbox) -> Usage:
     return attrs.evolve(grouped, cpu_seconds=processes.cpu_seconds)
 
 
-def _process_usage(sandbox: Sandbox) -> Usage:
+def _process_usage(sandbox: Sandbox) -> GroupUsage:
     """CPU seconds and resident bytes of the sandbox's processes and their descendants."""
     parents: dict[int, int] = {}
     for name in os.listdir("/proc"):
@@ -191,7 +161,7 @@ def _process_usage(sandbox: Sandbox) -> Usage:
         if fields is not None:
             cpu += (int(fields[11]) + int(fields[12])) / _TICKS
             rss += int(fields[21]) * _PAGE
-    return Usage(cpu, rss, 0)
+    return GroupUsage(cpu, rss, 0)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -211,25 +181,3 @@ def _disk_used(sandbox: Sandbox) -> int:
     ran = run(sandbox, script, *places, user=sandbox.root_user)
     text = ran.stdout.decode(errors="replace").split()
     return int(text[0]) if text and text[0].isdigit() else 0
-
-
-def _number(path: str) -> int:
-    try:
-        with open(path, encoding="ascii") as handle:
-            text = handle.read().strip()
-    except (OSError, ValueError):
-        return 0
-    return int(text) if text.isdigit() else 0
-
-
-def _field(path: str, name: str) -> int:
-    """The value of ``name`` in a ``key value`` file (0 when absent)."""
-    try:
-        with open(path, encoding="ascii") as handle:
-            for line in handle:
-                key, _, value = line.partition(" ")
-                if key == name and value.strip().isdigit():
-                    return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
