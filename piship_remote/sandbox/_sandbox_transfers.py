@@ -175,7 +175,7 @@ class SandboxTransfers:
         request = ExecRequest(
             command=command, cwd=self._root, workspace_path=".", env={}, login=False
         )
-        result = self._engine.run(request, collect, call.remaining(), call.cancel, retire=True)
+        result = self._engine.run(request, collect, call.deadline, call.cancel, retire=True)
         return exit_status(result), output.decode("utf-8", "replace")
 
 

@@ -218,8 +218,9 @@ class Sandbox:
                 user_action="Use an E2B-compatible backend, or run the command without it",
             )
         control = CommandControl(stdin=stdin)
-        handle = self._handle(command, cwd, timeout, env, control=control, pty=pty)
-        return handle._begin()
+        request = self._request(command, cwd, timeout, env, control=control, pty=pty)
+        deadline = timeout_deadline(timeout)
+        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)._begin()
 
     def _execute(
         self,
@@ -231,17 +232,19 @@ class Sandbox:
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
     ) -> ExecResult:
-        """``exec`` and ``run``: the handle of ``start``, waited for at once on this thread."""
+        """``exec`` and ``run``: run on this thread, output to ``sink``; no handle needed."""
         if cancel is not None and cancel.is_set():
             command_line(command)
             raise CommandCancelled()
-        handle = self._handle(command, cwd, timeout, env, stdin=stdin)
+        request = self._request(command, cwd, timeout, env, stdin=stdin)
+        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
+        engine = self._usable_engine()
         # The caller's cancel becomes the command's one token, here, once.
-        with self._usable_engine().cancel_token(cancel) as token:
-            result = handle._wait_here(sink, token)
+        with engine.cancel_token(cancel) as token:
+            result = engine.run(request, sink, deadline, token, retire=True)
         return ExecResult(exit_code=exit_status(result))
 
-    def _handle(
+    def _request(
         self,
         command: Command,
         cwd: PathLike | None,
@@ -251,10 +254,10 @@ class Sandbox:
         stdin: Iterable[bytes] | None = None,
         control: CommandControl | None = None,
         pty: bool | tuple[int, int] = False,
-    ) -> CommandHandle:
+    ) -> ExecRequest:
         line = command_line(command)
-        engine = self._usable_engine()
-        request = ExecRequest(
+        self._usable_engine()
+        return ExecRequest(
             command=line,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
@@ -264,8 +267,6 @@ class Sandbox:
             pty=_terminal_size(pty),
             control=control,
         )
-        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
-        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
 
     def workspace(self) -> WorkspaceReport | None:
         """The live workspace report (a snapshot's never changes); ``None`` when not enforced.
