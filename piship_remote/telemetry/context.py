@@ -1,0 +1,51 @@
+"""The caller's trace context on the library's own threads, and on the wire to a service.
+
+A span the caller started is the parent of the spans the library starts on its
+threads (``piship-pool-task-N``, ``piship-exec-N``): :func:`carried` takes the context
+where work is handed over and makes it current where the work runs. Neither function
+imports ``opentelemetry``: when the application has not imported it, no span can be
+current, so there is nothing to carry.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["carried", "trace_headers"]
+
+_R = TypeVar("_R")
+
+
+def carried(work: Callable[[], _R]) -> Callable[[], _R]:
+    """``work``, to run on another thread in this thread's current trace context."""
+    if "opentelemetry.context" not in sys.modules:
+        return work
+    from opentelemetry import context
+
+    captured = context.get_current()
+
+    def in_context() -> _R:
+        token = context.attach(captured)
+        try:
+            return work()
+        finally:
+            context.detach(token)
+
+    return in_context
+
+
+def trace_headers() -> dict[str, str]:
+    """The ``traceparent`` header of the current span (W3C Trace Context), or nothing.
+
+    Only ``traceparent``: no baggage, whose entries the application may fill with
+    anything. Sent to a service's control plane only, never to a sandbox.
+    """
+    if "opentelemetry.trace" not in sys.modules:
+        return {}
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return {"traceparent": carrier["traceparent"]} if "traceparent" in carrier else {}

@@ -1,0 +1,140 @@
+"""What one backend, activation, sandbox or pool records: spans and metrics, or nothing.
+
+    telemetry = Telemetry.load("e2b", redactor)
+    with telemetry.span(names.PUSH_SPAN, sandbox_id) as span:
+        ...
+    telemetry.transferred(4096, "upload")
+
+:meth:`Telemetry.load` imports ``opentelemetry`` (the ``otel`` extra). Without it the
+object it returns does nothing and nothing more is imported. With it, spans and metrics
+go to the global tracer and meter providers the application configured (none
+configured: OpenTelemetry's own no-op). The tracer and instruments are held here, made
+once per object, so no module keeps any state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from piship_remote.model.redact import Redactor
+from piship_remote.telemetry import names
+from piship_remote.telemetry._instruments import Instruments
+from piship_remote.telemetry.spans import AttributeValue, Ended, LiveSpan, NoSpan, clean_attributes
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+__all__ = ["NO_SPAN", "Telemetry"]
+
+NO_SPAN = NoSpan()
+
+
+class Telemetry:
+    """The spans and metrics of one part of the library, for the backend ``backend``."""
+
+    __slots__ = ("_instruments", "_redactor", "_tracer", "backend")
+
+    def __init__(
+        self,
+        backend: str,
+        redactor: Redactor | None = None,
+        tracer: Tracer | None = None,
+        instruments: Instruments | None = None,
+    ) -> None:
+        self.backend = backend
+        self._redactor = redactor
+        self._tracer = tracer
+        self._instruments = instruments
+
+    @classmethod
+    def load(cls, backend: str, redactor: Redactor | None = None) -> Telemetry:
+        """Spans and metrics when ``opentelemetry`` is installed, else one that does nothing."""
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError:
+            return cls(backend, redactor)
+        from piship_remote import __version__
+
+        tracer = trace.get_tracer(names.SCOPE, __version__)
+        instruments = Instruments(metrics.get_meter(names.SCOPE, __version__))
+        return cls(backend, redactor, tracer, instruments)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is recorded (the ``otel`` extra is installed)."""
+        return self._tracer is not None
+
+    def span(
+        self,
+        name: str,
+        sandbox_id: str | None = None,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
+        *,
+        ended: Ended | None = None,
+        command: bool = False,
+    ) -> LiveSpan | NoSpan:
+        """A span named ``name``, current on this thread during the ``with`` block, with
+        the backend, ``sandbox_id`` and ``attributes`` (names from :mod:`names`).
+        ``ended`` is told its duration and outcome; ``command``: a failure after the command
+        was sent is ``unknown``."""
+        if self._tracer is None:
+            return NO_SPAN
+        given = dict(attributes or {})
+        given[names.BACKEND] = self.backend
+        given[names.SANDBOX_ID] = sandbox_id
+        clean = clean_attributes(given, self._redactor)
+        return LiveSpan(self._tracer, name, clean, self._redactor, ended=ended, command=command)
+
+    # -- metrics ---------------------------------------------------------------------
+
+    def activation_ended(self, seconds: float, outcome: str, failure: str | None) -> None:
+        """Record an activation's duration."""
+        if self._instruments is not None:
+            self._instruments.activation_duration.record(seconds, self._labels(outcome, failure))
+
+    def command_ended(self, seconds: float, outcome: str, failure: str | None) -> None:
+        """Record a command's duration and count its outcome."""
+        if self._instruments is not None:
+            labels = self._labels(outcome, failure)
+            self._instruments.command_duration.record(seconds, labels)
+            self._instruments.command_outcomes.add(1, labels)
+
+    def pool_task_ended(self, seconds: float, outcome: str, failure: str | None) -> None:
+        """Record a pool task's duration."""
+        if self._instruments is not None:
+            self._instruments.pool_task_duration.record(seconds, self._labels(outcome, failure))
+
+    def create_refused(self, status: int) -> None:
+        """Count a create the service refused for capacity (HTTP ``status``)."""
+        if self._instruments is not None:
+            labels: dict[str, AttributeValue] = {
+                names.BACKEND: self.backend,
+                names.HTTP_STATUS: status,
+            }
+            self._instruments.create_refusals.add(1, labels)
+
+    def create_retried(self) -> None:
+        """Count a create sent again after a refusal."""
+        if self._instruments is not None:
+            self._instruments.create_retries.add(1, {names.BACKEND: self.backend})
+
+    def transferred(self, size: int, direction: str) -> None:
+        """Count ``size`` bytes moved in ``direction`` (``upload`` or ``download``)."""
+        if self._instruments is not None and size > 0:
+            labels: dict[str, AttributeValue] = {
+                names.BACKEND: self.backend,
+                names.DIRECTION: direction,
+            }
+            self._instruments.transfer_io.add(size, labels)
+
+    def sandbox_active(self, change: int) -> None:
+        """A sandbox activated (``+1``) or disposed or detached (``-1``)."""
+        if self._instruments is not None:
+            self._instruments.active_sandboxes.add(change, {names.BACKEND: self.backend})
+
+    def _labels(self, outcome: str, failure: str | None) -> dict[str, AttributeValue]:
+        labels: dict[str, AttributeValue] = {names.BACKEND: self.backend, names.OUTCOME: outcome}
+        if failure is not None:
+            labels[names.ERROR_TYPE] = failure
+        return labels
