@@ -39,6 +39,7 @@ from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_workers import Stream
 from piship_remote.sandbox._file_calls import FileCall, FileCalls
 from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.telemetry import Telemetry
 from piship_remote.workspace._remote_archives import RemoteArchives
 from piship_remote.workspace._sync import SYNC_MODES, WorkspaceSync
 
@@ -69,6 +70,7 @@ class SandboxTransfers:
         mode: str = "none",
         use_gitignore: bool = True,
         adapter: str = "remote",
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._engine = engine
         self._profile = profile
@@ -84,7 +86,13 @@ class SandboxTransfers:
         archives = RemoteArchives(
             instance.files(), self._run_helper, self._calls, write_allow=profile.write_allow
         )
-        self.files = SandboxFiles(archives, workspace=self._root, read_deny=profile.read_deny)
+        self.files = SandboxFiles(
+            archives,
+            workspace=self._root,
+            read_deny=profile.read_deny,
+            telemetry=telemetry,
+            sandbox_id=engine.epoch,
+        )
         self._sync = WorkspaceSync(
             archives,
             workspace=self._root,

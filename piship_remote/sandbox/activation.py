@@ -49,9 +49,12 @@ from piship_remote.sandbox._activation_steps import Activation, log_environment_
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
 from piship_remote.sandbox._output import OUTPUT_LIMIT, CommandResult, OutputCapture
+from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_sync_mode
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.telemetry import Telemetry
+from piship_remote.telemetry.names import PULL_SPAN, PUSH_SPAN
 from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = [
@@ -96,6 +99,7 @@ class Sandbox:
         backend: Backend,
         engine: ExecEngine | None,
         env: Mapping[str, str],
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.report = report
         self.profile = profile
@@ -105,6 +109,12 @@ class Sandbox:
         self._logged_warnings: set[str] = set()
         self._workspace_root = real_path(profile.workspace)
         self._transfers: SandboxTransfers | None = None
+        self._telemetry = SandboxTelemetry(
+            telemetry or Telemetry(report.adapter),
+            engine,
+            adapter=report.adapter,
+            redactor=backend.redactor,
+        )
         self._lifecycle = _track(self, engine)
 
     @property
@@ -219,7 +229,7 @@ class Sandbox:
             )
         control = CommandControl(stdin=stdin)
         handle = self._handle(command, cwd, timeout, env, control=control, pty=pty)
-        return handle._begin()
+        return self._telemetry.started(handle)
 
     def _execute(
         self,
@@ -236,10 +246,13 @@ class Sandbox:
             command_line(command)
             raise CommandCancelled()
         handle = self._handle(command, cwd, timeout, env, stdin=stdin)
-        # The caller's cancel becomes the command's one token, here, once.
-        with self._usable_engine().cancel_token(cancel) as token:
-            result = handle._wait_here(sink, token)
-        return ExecResult(exit_code=exit_status(result))
+        with self._telemetry.command() as span:
+            # The caller's cancel becomes the command's one token, here, once.
+            with self._usable_engine().cancel_token(cancel) as token:
+                result = handle._wait_here(sink, token)
+            code = exit_status(result)
+            span.exit_code(code)
+        return ExecResult(exit_code=code)
 
     def _handle(
         self,
@@ -298,7 +311,10 @@ class Sandbox:
         setting ``cancel`` stops it and raises :class:`CommandCancelled`; ``dispose()``
         stops it with an error that mentions "disposed".
         """
-        return self._file_side().push(paths, timeout=timeout, cancel=cancel)
+        side = self._file_side()
+        return self._telemetry.transfer(
+            PUSH_SPAN, "upload", lambda: side.push(paths, timeout=timeout, cancel=cancel)
+        )
 
     def pull(
         self,
@@ -311,7 +327,12 @@ class Sandbox:
         """Bring back what changed in the sandbox since the last push (deletions with
         ``delete=True``), only where ``filesystem.write.allow`` permits; ``timeout`` and
         ``cancel`` as for :meth:`push`."""
-        return self._file_side().pull(paths, delete=delete, timeout=timeout, cancel=cancel)
+        side = self._file_side()
+        return self._telemetry.transfer(
+            PULL_SPAN,
+            "download",
+            lambda: side.pull(paths, delete=delete, timeout=timeout, cancel=cancel),
+        )
 
     def _attach_transfers(self, transfers: SandboxTransfers) -> None:
         self._transfers = transfers
@@ -342,8 +363,10 @@ class Sandbox:
                 return  # the first call pulls (push-pull) and then disposes
             self._transfers.at_dispose()
             self._transfers.stop()
+        sandbox_id = self._engine.epoch()
         self._engine.dispose()
         lifecycle.untrack(self._lifecycle)
+        self._telemetry.let_go(sandbox_id, "deleted")
 
     @property
     def id(self) -> str:
@@ -370,6 +393,7 @@ class Sandbox:
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)
+        self._telemetry.let_go(sandbox_id, "detached")
         return sandbox_id
 
     def _usable_engine(self) -> ExecEngine:
@@ -460,6 +484,7 @@ def activate_sandbox(
         attach,
         sandbox_type=Sandbox,
         env_given=env is not None,
+        telemetry=Telemetry.load(backend.id, backend.redactor),
     )
     return activation.run()
 

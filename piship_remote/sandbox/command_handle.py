@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import BackendResult, ExecRequest
@@ -92,10 +92,17 @@ class CommandHandle:
 
     # -- how it runs -------------------------------------------------------------------
 
-    def _begin(self) -> CommandHandle:
-        """Start the command on a worker (``Sandbox.start``)."""
+    def _begin(self, on_end: Callable[[], None] | None = None) -> CommandHandle:
+        """Start the command on a worker (``Sandbox.start``); ``on_end`` is called there once
+        it ended (its span's end)."""
         engine = self._engine
-        self._started = engine.begin(self._request, self._received, self._deadline, self._wake)
+
+        def done() -> None:
+            self._wake()
+            if on_end is not None:
+                on_end()
+
+        self._started = engine.begin(self._request, self._received, self._deadline, done)
         return self
 
     def _wait_here(self, sink: Sink | None, cancel: threading.Event | None) -> BackendResult:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["AttributeValue", "Ended", "LiveSpan", "NoSpan", "clean_attributes"]
+__all__ = ["AttributeValue", "Ended", "LiveSpan", "NoSpan", "StartedSpan", "clean_attributes"]
 
 AttributeValue = str | int | float | bool
 Ended = Callable[[float, str, "str | None"], None]
@@ -133,8 +133,54 @@ class LiveSpan:
         self._outcome = outcome
 
     def _failed(self, failure: str) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
         assert self._span is not None
         self.set(names.ERROR_TYPE, failure)
-        self._span.set_status(Status(StatusCode.ERROR, failure))
+        _mark_failed(self._span, failure)
+
+
+class StartedSpan:
+    """A span that ends on another thread than the one it began on (a started command's):
+    a child of the context current at its start, never current itself."""
+
+    __slots__ = ("_ended", "_redactor", "_span", "_started")
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        name: str,
+        attributes: dict[str, AttributeValue],
+        redactor: Redactor | None,
+        *,
+        ended: Ended | None,
+    ) -> None:
+        self._span = tracer.start_span(name, attributes=attributes, record_exception=False)
+        self._redactor = redactor
+        self._ended = ended
+        self._started = time.perf_counter()
+
+    def finish(self, result: Callable[[], int]) -> None:
+        """End the span with the exit code ``result()`` returns, or the error it raises."""
+        seconds = time.perf_counter() - self._started
+        failure = None
+        try:
+            code = result()
+        except BaseException as error:
+            failure = error_type(error)
+            outcome = outcome_of(error, command=True)
+            self._span.set_attribute(names.ERROR_TYPE, failure)
+            _mark_failed(self._span, failure)
+        else:
+            outcome = exit_outcome(code)
+            self._span.set_attribute(names.EXIT_CODE, code)
+        self._span.set_attribute(names.OUTCOME, outcome)
+        try:
+            if self._ended is not None:
+                self._ended(seconds, outcome, failure)
+        finally:
+            self._span.end()
+
+
+def _mark_failed(span: Span, failure: str) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, failure))

@@ -14,13 +14,20 @@ once per object, so no module keeps any state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from piship_remote.model.redact import Redactor
 from piship_remote.telemetry import names
 from piship_remote.telemetry._instruments import Instruments
-from piship_remote.telemetry.spans import AttributeValue, Ended, LiveSpan, NoSpan, clean_attributes
+from piship_remote.telemetry.spans import (
+    AttributeValue,
+    Ended,
+    LiveSpan,
+    NoSpan,
+    StartedSpan,
+    clean_attributes,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["NO_SPAN", "Telemetry"]
 
 NO_SPAN = NoSpan()
+_T = TypeVar("_T")
 
 
 class Telemetry:
@@ -85,6 +93,37 @@ class Telemetry:
         given[names.SANDBOX_ID] = sandbox_id
         clean = clean_attributes(given, self._redactor)
         return LiveSpan(self._tracer, name, clean, self._redactor, ended=ended, command=command)
+
+    def started(
+        self, name: str, sandbox_id: str | None = None, *, ended: Ended | None = None
+    ) -> StartedSpan | None:
+        """A span begun here and ended by :meth:`StartedSpan.finish`, possibly on another
+        thread; ``None`` without the extra."""
+        if self._tracer is None:
+            return None
+        given = {names.BACKEND: self.backend, names.SANDBOX_ID: sandbox_id}
+        clean = clean_attributes(given, self._redactor)
+        return StartedSpan(self._tracer, name, clean, self._redactor, ended=ended)
+
+    def transfer(
+        self,
+        name: str,
+        direction: str,
+        move: Callable[[], _T],
+        size: Callable[[_T], int],
+        sandbox_id: Callable[[], str | None] | None = None,
+    ) -> _T:
+        """``move()`` in a span named ``name``, with the bytes ``size`` finds it moved
+        (counted in ``piship.transfer.io``); ``sandbox_id`` is asked only when recording."""
+        if self._tracer is None:
+            return move()
+        given = sandbox_id() if sandbox_id is not None else None
+        with self.span(name, given, {names.DIRECTION: direction}) as span:
+            result = move()
+            moved = size(result)
+            span.set(names.BYTES, moved)
+        self.transferred(moved, direction)
+        return result
 
     # -- metrics ---------------------------------------------------------------------
 
