@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["carried", "trace_headers"]
+__all__ = ["Job", "carried", "carried_job", "trace_headers"]
 
 _R = TypeVar("_R")
+_O = TypeVar("_O")
+
+
+class Job(Protocol[_O]):
+    """Work handed to a worker thread: ``execute`` there, then ``finish`` with its outcome."""
+
+    def execute(self) -> _O: ...
+
+    def finish(self, outcome: _O) -> None: ...
 
 
 def carried(work: Callable[[], _R]) -> Callable[[], _R]:
@@ -34,6 +43,24 @@ def carried(work: Callable[[], _R]) -> Callable[[], _R]:
             context.detach(token)
 
     return in_context
+
+
+class _CarriedJob(Generic[_O]):
+    __slots__ = ("_job", "execute")
+
+    def __init__(self, job: Job[_O]) -> None:
+        self._job = job
+        self.execute = carried(job.execute)
+
+    def finish(self, outcome: _O) -> None:
+        self._job.finish(outcome)
+
+
+def carried_job(job: Job[_O]) -> Job[_O]:
+    """``job``, its ``execute`` to run in this thread's current trace context."""
+    if "opentelemetry.context" not in sys.modules:
+        return job
+    return _CarriedJob(job)
 
 
 def trace_headers() -> dict[str, str]:
