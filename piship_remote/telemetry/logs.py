@@ -23,4 +23,4 @@ def info(message: str, *args: object, redactor: Redactor | None = None) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
     clean = redactor.redact if redactor is not None else redact
-    log.info(message, *(clean(arg) if isinstance(arg, str) else arg for arg in args))
+    log.info(message, *(clean(arg) if isinstance(arg, str) else arg for arg in args), stacklevel=2)
