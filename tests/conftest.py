@@ -23,7 +23,7 @@ from piship_remote.backends.kubernetes.backend import KubernetesInstance
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
 
-pytest_plugins = ["piship_remote.testing.plugin"]
+pytest_plugins = ["piship_remote.testing.plugin", "telemetry_support"]
 
 
 @pytest.fixture

@@ -11,13 +11,11 @@ from typing import Any
 import pytest
 from conftest import HOST_SECRETS
 from pool_support import exit_as_asked
-from telemetry_support import Recorded, otel, otel_sdk, total
+from telemetry_support import Recorded, total
 
 from piship_remote import CommandTimeout, E2bCompatibleBackend, SandboxPool, activate_sandbox
 from piship_remote.telemetry import names
 from piship_remote.testing import E2bServer
-
-__all__ = ["otel", "otel_sdk"]  # the fixtures, used by name
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,13 +9,10 @@ from collections.abc import Iterator
 import pytest
 from claims_support import FakeCluster
 from seed_support import Clocks
-from telemetry_support import otel, otel_sdk
 
 from piship_remote.backends.kubernetes.claims import ClaimManager
 from piship_remote.telemetry import Telemetry, names
 from piship_remote.transport._cancel import CancelToken
-
-__all__ = ["otel", "otel_sdk"]  # the fixtures, used by name
 
 pytestmark = pytest.mark.timeout(10)
 

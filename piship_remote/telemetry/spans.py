@@ -21,8 +21,6 @@ from piship_remote.telemetry import names
 from piship_remote.telemetry.outcomes import error_type, exit_outcome, outcome_of
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from opentelemetry.trace import Span, Tracer
 
 __all__ = ["AttributeValue", "Ended", "LiveSpan", "NoSpan", "StartedSpan", "clean_attributes"]
@@ -68,7 +66,7 @@ class NoSpan:
 class LiveSpan:
     """A started span, current on this thread until the block ends."""
 
-    __slots__ = ("_command", "_ended", "_entered", "_outcome", "_redactor", "_span", "_started")
+    __slots__ = ("_command", "_ended", "_outcome", "_redactor", "_span", "_started", "_token")
 
     def __init__(
         self,
@@ -80,18 +78,18 @@ class LiveSpan:
         ended: Ended | None,
         command: bool,
     ) -> None:
-        self._entered: AbstractContextManager[Span] = tracer.start_as_current_span(
-            name, attributes=attributes, record_exception=False, set_status_on_exception=False
-        )
+        self._span: Span = tracer.start_span(name, attributes=attributes, record_exception=False)
         self._redactor = redactor
         self._ended = ended
         self._command = command
         self._outcome = "ok"
         self._started = 0.0
-        self._span: Span | None = None
+        self._token: object = None
 
     def __enter__(self) -> LiveSpan:
-        self._span = self._entered.__enter__()
+        from opentelemetry import context, trace
+
+        self._token = context.attach(trace.set_span_in_context(self._span))
         self._started = time.perf_counter()
         return self
 
@@ -101,23 +99,27 @@ class LiveSpan:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        from opentelemetry import context
+
         seconds = time.perf_counter() - self._started
         failure = None
         if error is not None:
             failure = error_type(error)
             self._outcome = outcome_of(error, command=self._command)
-            self._failed(failure)
-        self.set(names.OUTCOME, self._outcome)
+            self._span.set_attribute(names.ERROR_TYPE, failure)
+            _mark_failed(self._span, failure)
+        self._span.set_attribute(names.OUTCOME, self._outcome)
         try:
             if self._ended is not None:
                 self._ended(seconds, self._outcome, failure)
         finally:
             # The error went to the caller as it is: the span holds only its name.
-            self._entered.__exit__(None, None, None)
+            context.detach(self._token)  # type: ignore[arg-type]
+            self._span.end()
 
     def set(self, key: str, value: AttributeValue | None) -> None:
         """Add an attribute (text through the redaction); ``None`` adds nothing."""
-        if value is None or self._span is None:
+        if value is None:
             return
         if isinstance(value, str):
             value = self._redactor.redact(value) if self._redactor is not None else redact(value)
@@ -125,17 +127,12 @@ class LiveSpan:
 
     def exit_code(self, code: int) -> None:
         """The command's exit code, and the outcome it makes (``ok`` or ``failed``)."""
-        self.set(names.EXIT_CODE, code)
+        self._span.set_attribute(names.EXIT_CODE, code)
         self._outcome = exit_outcome(code)
 
     def outcome(self, outcome: str) -> None:
         """How the call ended, when the block itself says so (it raised nothing)."""
         self._outcome = outcome
-
-    def _failed(self, failure: str) -> None:
-        assert self._span is not None
-        self.set(names.ERROR_TYPE, failure)
-        _mark_failed(self._span, failure)
 
 
 class StartedSpan:

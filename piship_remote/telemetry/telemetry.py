@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-from piship_remote.model.redact import Redactor
+from piship_remote.model.redact import Redactor, redact
 from piship_remote.telemetry import names
 from piship_remote.telemetry._instruments import Instruments
 from piship_remote.telemetry.spans import (
@@ -30,7 +30,8 @@ from piship_remote.telemetry.spans import (
 )
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Tracer
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Tracer, TracerProvider
 
 __all__ = ["NO_SPAN", "Telemetry"]
 
@@ -41,7 +42,7 @@ _T = TypeVar("_T")
 class Telemetry:
     """The spans and metrics of one part of the library, for the backend ``backend``."""
 
-    __slots__ = ("_instruments", "_redactor", "_tracer", "backend")
+    __slots__ = ("_attributes", "_instruments", "_last_id", "_redactor", "_tracer", "backend")
 
     def __init__(
         self,
@@ -54,18 +55,32 @@ class Telemetry:
         self._redactor = redactor
         self._tracer = tracer
         self._instruments = instruments
+        self._attributes = clean_attributes({names.BACKEND: backend}, redactor)
+        self._last_id = ("", "")  # the last sandbox id seen, and its redacted form
 
     @classmethod
     def load(cls, backend: str, redactor: Redactor | None = None) -> Telemetry:
-        """Spans and metrics when ``opentelemetry`` is installed, else one that does nothing."""
+        """Spans and metrics to the global providers when ``opentelemetry`` is installed,
+        else one that does nothing."""
         try:
             from opentelemetry import metrics, trace
         except ImportError:
             return cls(backend, redactor)
+        return cls.of(backend, redactor, trace.get_tracer_provider(), metrics.get_meter_provider())
+
+    @classmethod
+    def of(
+        cls,
+        backend: str,
+        redactor: Redactor | None,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+    ) -> Telemetry:
+        """Spans and metrics to the given providers (the ``otel`` extra must be installed)."""
         from piship_remote import __version__
 
-        tracer = trace.get_tracer(names.SCOPE, __version__)
-        instruments = Instruments(metrics.get_meter(names.SCOPE, __version__))
+        tracer = tracer_provider.get_tracer(names.SCOPE, __version__)
+        instruments = Instruments(meter_provider.get_meter(names.SCOPE, __version__))
         return cls(backend, redactor, tracer, instruments)
 
     @property
@@ -88,10 +103,7 @@ class Telemetry:
         was sent is ``unknown``."""
         if self._tracer is None:
             return NO_SPAN
-        given = dict(attributes or {})
-        given[names.BACKEND] = self.backend
-        given[names.SANDBOX_ID] = sandbox_id
-        clean = clean_attributes(given, self._redactor)
+        clean = self._clean(sandbox_id, attributes)
         return LiveSpan(self._tracer, name, clean, self._redactor, ended=ended, command=command)
 
     def started(
@@ -101,8 +113,7 @@ class Telemetry:
         thread; ``None`` without the extra."""
         if self._tracer is None:
             return None
-        given = {names.BACKEND: self.backend, names.SANDBOX_ID: sandbox_id}
-        clean = clean_attributes(given, self._redactor)
+        clean = self._clean(sandbox_id, None)
         return StartedSpan(self._tracer, name, clean, self._redactor, ended=ended)
 
     def transfer(
@@ -171,6 +182,23 @@ class Telemetry:
         """A sandbox activated (``+1``) or disposed or detached (``-1``)."""
         if self._instruments is not None:
             self._instruments.active_sandboxes.add(change, {names.BACKEND: self.backend})
+
+    def _clean(
+        self, sandbox_id: str | None, attributes: Mapping[str, AttributeValue | None] | None
+    ) -> dict[str, AttributeValue]:
+        """The span's attributes, redacted: the backend's once, an id when it changes."""
+        clean = dict(self._attributes)
+        if attributes:
+            clean.update(clean_attributes(attributes, self._redactor))
+        if sandbox_id is not None:
+            seen, redacted = self._last_id
+            if seen != sandbox_id:
+                redacted = (
+                    self._redactor.redact(sandbox_id) if self._redactor else redact(sandbox_id)
+                )
+                self._last_id = (sandbox_id, redacted)
+            clean[names.SANDBOX_ID] = redacted
+        return clean
 
     def _labels(self, outcome: str, failure: str | None) -> dict[str, AttributeValue]:
         labels: dict[str, AttributeValue] = {names.BACKEND: self.backend, names.OUTCOME: outcome}
