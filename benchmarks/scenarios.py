@@ -53,7 +53,7 @@ _REGISTERED = (
     Scenario(file_transfer.NAME, file_transfer.run, round_trips=True),
     Scenario(push.NAME, push.run, round_trips=True),
     Scenario(pool.NAME, pool.run, round_trips=True),
-    Scenario(tracing_cost.NAME, tracing_cost.run),
+    Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}

@@ -82,7 +82,7 @@ class SandboxTelemetry:
 
     def _span_id(self) -> str | None:
         """The sandbox's id for a span; not looked up when nothing is recorded."""
-        if not self._telemetry.enabled or self._engine is None:
+        if self._engine is None or not self._telemetry.recording:
             return None
         return self._engine.epoch()
 

@@ -66,13 +66,15 @@ def carried_job(job: Job[_O]) -> Job[_O]:
 def trace_headers() -> dict[str, str]:
     """The ``traceparent`` header of the current span (W3C Trace Context), or nothing.
 
-    Only ``traceparent``: no baggage, whose entries the application may fill with
-    anything. Sent to a service's control plane only, never to a sandbox.
+    Only ``traceparent``: no ``tracestate`` or baggage, whose entries the application may
+    fill with anything. Sent to a service's control plane only, never to a sandbox.
     """
     if "opentelemetry.trace" not in sys.modules:
         return {}
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry import trace
 
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
-    return {"traceparent": carrier["traceparent"]} if "traceparent" in carrier else {}
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return {}
+    flags = int(span.trace_flags) & 0xFF
+    return {"traceparent": f"00-{span.trace_id:032x}-{span.span_id:016x}-{flags:02x}"}

@@ -109,13 +109,11 @@ class LiveSpan:
             self._span.set_attribute(names.ERROR_TYPE, failure)
             _mark_failed(self._span, failure)
         self._span.set_attribute(names.OUTCOME, self._outcome)
-        try:
-            if self._ended is not None:
-                self._ended(seconds, self._outcome, failure)
-        finally:
-            # The error went to the caller as it is: the span holds only its name.
-            context.detach(self._token)  # type: ignore[arg-type]
-            self._span.end()
+        # The error went to the caller as it is: the span holds only its name.
+        context.detach(self._token)  # type: ignore[arg-type]
+        self._span.end()
+        if self._ended is not None:  # outside the span: no exemplar sampling per measurement
+            self._ended(seconds, self._outcome, failure)
 
     def set(self, key: str, value: AttributeValue | None) -> None:
         """Add an attribute (text through the redaction); ``None`` adds nothing."""

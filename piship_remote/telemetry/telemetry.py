@@ -88,6 +88,17 @@ class Telemetry:
         """Whether anything is recorded (the ``otel`` extra is installed)."""
         return self._tracer is not None
 
+    @property
+    def recording(self) -> bool:
+        """Enabled, and not suppressed: OpenTelemetry's ``suppress_instrumentation`` context
+        (``opentelemetry.instrumentation.utils``) turns this library's spans and metrics off
+        for a block, as it does every instrumentation's."""
+        if self._tracer is None:
+            return False
+        from opentelemetry import context
+
+        return not context.get_value(context._SUPPRESS_INSTRUMENTATION_KEY)
+
     def span(
         self,
         name: str,
@@ -101,8 +112,9 @@ class Telemetry:
         the backend, ``sandbox_id`` and ``attributes`` (names from :mod:`names`).
         ``ended`` is told its duration and outcome; ``command``: a failure after the command
         was sent is ``unknown``."""
-        if self._tracer is None:
+        if not self.recording:
             return NO_SPAN
+        assert self._tracer is not None
         clean = self._clean(sandbox_id, attributes)
         return LiveSpan(self._tracer, name, clean, self._redactor, ended=ended, command=command)
 
@@ -111,8 +123,9 @@ class Telemetry:
     ) -> StartedSpan | None:
         """A span begun here and ended by :meth:`StartedSpan.finish`, possibly on another
         thread; ``None`` without the extra."""
-        if self._tracer is None:
+        if not self.recording:
             return None
+        assert self._tracer is not None
         clean = self._clean(sandbox_id, None)
         return StartedSpan(self._tracer, name, clean, self._redactor, ended=ended)
 
@@ -126,7 +139,7 @@ class Telemetry:
     ) -> _T:
         """``move()`` in a span named ``name``, with the bytes ``size`` finds it moved
         (counted in ``piship.transfer.io``); ``sandbox_id`` is asked only when recording."""
-        if self._tracer is None:
+        if not self.recording:
             return move()
         given = sandbox_id() if sandbox_id is not None else None
         with self.span(name, given, {names.DIRECTION: direction}) as span:
@@ -157,7 +170,7 @@ class Telemetry:
 
     def create_refused(self, status: int) -> None:
         """Count a create the service refused for capacity (HTTP ``status``)."""
-        if self._instruments is not None:
+        if self._instruments is not None and self.recording:
             labels: dict[str, AttributeValue] = {
                 names.BACKEND: self.backend,
                 names.HTTP_STATUS: status,
@@ -166,12 +179,12 @@ class Telemetry:
 
     def create_retried(self) -> None:
         """Count a create sent again after a refusal."""
-        if self._instruments is not None:
+        if self._instruments is not None and self.recording:
             self._instruments.create_retries.add(1, {names.BACKEND: self.backend})
 
     def transferred(self, size: int, direction: str) -> None:
         """Count ``size`` bytes moved in ``direction`` (``upload`` or ``download``)."""
-        if self._instruments is not None and size > 0:
+        if self._instruments is not None and size > 0 and self.recording:
             labels: dict[str, AttributeValue] = {
                 names.BACKEND: self.backend,
                 names.DIRECTION: direction,
