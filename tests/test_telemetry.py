@@ -3,6 +3,7 @@ in-memory exporter and reader; none of them carries a secret."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,8 +14,15 @@ from conftest import HOST_SECRETS
 from pool_support import exit_as_asked
 from telemetry_support import Recorded, total
 
-from piship_remote import CommandTimeout, E2bCompatibleBackend, SandboxPool, activate_sandbox
-from piship_remote.telemetry import names
+from piship_remote import (
+    CommandTimeout,
+    E2bCompatibleBackend,
+    PiShipError,
+    SandboxPool,
+    activate_sandbox,
+)
+from piship_remote.model.redact import Redactor
+from piship_remote.telemetry import Telemetry, names, trace_headers
 from piship_remote.testing import E2bServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -229,3 +237,50 @@ def test_refused_creates_are_counted_with_their_retries(otel, server, backend, w
         refusals + 2
     )
     assert total(otel, "piship.sandbox.create.retries") == retries + 2
+
+
+def test_a_warm_pool_activates_under_the_span_that_made_the_pool(otel, backend, workspace):
+    from opentelemetry import trace
+
+    with trace.get_tracer("app").start_as_current_span("caller") as caller:
+        pool = SandboxPool(POLICY, backend=backend, workspace=workspace, env={}, size=1, warm=1)
+    with pool:
+        pool.map("echo {item}", [1])
+    activations = _by_name(otel, names.ACTIVATION_SPAN)
+    assert {s.parent.span_id for s in activations} == {caller.get_span_context().span_id}
+
+
+def test_a_command_whose_outcome_is_unknown_says_so_in_its_span_and_log(
+    otel, server, backend, workspace, caplog
+):
+    caplog.set_level(logging.INFO, logger="piship_remote")
+    with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:
+        server.faults.drop_stream_after_output()
+        with pytest.raises(PiShipError):
+            sandbox.run("echo some output")
+    [span] = [s for s in _by_name(otel, names.COMMAND_SPAN) if names.ERROR_TYPE in s.attributes]
+    assert span.attributes[names.OUTCOME] == "unknown"
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(m.startswith("a command's outcome is unknown") for m in said)
+
+
+def test_a_sandbox_id_holding_a_registered_secret_is_redacted_in_spans(otel):
+    redactor = Redactor()
+    redactor.register("s3cr3t-in-an-id")
+    telemetry = Telemetry.load("e2b-compatible", redactor)
+    with telemetry.span(names.COMMAND_SPAN, "sbx-s3cr3t-in-an-id") as span:
+        span.set(names.DIRECTION, "upload s3cr3t-in-an-id")
+    [recorded] = otel.spans(names.COMMAND_SPAN)
+    assert recorded.attributes[names.SANDBOX_ID] == "sbx-[REDACTED]"
+    assert recorded.attributes[names.DIRECTION] == "upload [REDACTED]"
+
+
+def test_traceparent_is_the_w3c_header_of_the_current_span(otel):
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    assert trace_headers() == {}
+    with trace.get_tracer("app").start_as_current_span("caller"):
+        expected: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(expected)
+        assert trace_headers() == {"traceparent": expected["traceparent"]}
