@@ -2,7 +2,8 @@
 
 The global tracer and meter providers can be set once per process, so they are set
 once (``otel_sdk``, session-wide; a plugin of ``conftest.py``, so that every module shares
-it) and each test starts from an empty exporter (``otel``). Without the SDK the tests that need it skip, naming what to install.
+it) and each test starts from an empty exporter (``otel``). Without the SDK the tests
+that need it skip, naming what to install.
 """
 
 from __future__ import annotations
