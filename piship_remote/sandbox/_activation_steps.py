@@ -48,7 +48,7 @@ from piship_remote.sandbox._exec_workers import Stream
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
-from piship_remote.telemetry.names import ACTIVATION_SPAN, BYTES, SANDBOX_ID, STEP_SPANS
+from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPANS
 
 if TYPE_CHECKING:
     from piship_remote.sandbox.activation import Sandbox
@@ -167,10 +167,8 @@ class Activation:
         )
         sandbox._attach_transfers(transfers)
         if self.sync != "none":
-            with self.telemetry.span(STEP_SPANS["push"]) as span:
-                pushed = transfers.push()
-                span.set(BYTES, pushed.bytes)
-            self.telemetry.transferred(pushed.bytes, "upload")
+            with self.telemetry.span(STEP_SPANS["push"]):
+                transfers.push()
             sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
 
     def _discard(self, instance: Instance | None, engine: ExecEngine | None) -> None:

@@ -443,7 +443,9 @@ class DeadlineTimer:
             self._actions[key] = action
             heapq.heappush(self._heap, (when, key))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name=self._name, daemon=True
+                )
                 self._thread.start()
             elif self._heap[0][1] == key:
                 self._cond.notify()

@@ -54,7 +54,6 @@ from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_syn
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.telemetry import Telemetry
-from piship_remote.telemetry.names import PULL_SPAN, PUSH_SPAN
 from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = [
@@ -109,12 +108,7 @@ class Sandbox:
         self._logged_warnings: set[str] = set()
         self._workspace_root = real_path(profile.workspace)
         self._transfers: SandboxTransfers | None = None
-        self._telemetry = SandboxTelemetry(
-            telemetry or Telemetry(report.adapter),
-            engine,
-            adapter=report.adapter,
-            redactor=backend.redactor,
-        )
+        self._telemetry = SandboxTelemetry(telemetry or Telemetry(report.adapter), engine)
         self._lifecycle = _track(self, engine)
 
     @property
@@ -228,7 +222,9 @@ class Sandbox:
                 user_action="Use an E2B-compatible backend, or run the command without it",
             )
         control = CommandControl(stdin=stdin)
-        handle = self._handle(command, cwd, timeout, env, control=control, pty=pty)
+        request = self._request(command, cwd, timeout, env, control=control, pty=pty)
+        deadline = timeout_deadline(timeout)
+        handle = CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
         return self._telemetry.started(handle)
 
     def _execute(
@@ -241,20 +237,19 @@ class Sandbox:
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
     ) -> ExecResult:
-        """``exec`` and ``run``: the handle of ``start``, waited for at once on this thread."""
+        """``exec`` and ``run``: run on this thread, output to ``sink``; no handle needed."""
         if cancel is not None and cancel.is_set():
             command_line(command)
             raise CommandCancelled()
-        handle = self._handle(command, cwd, timeout, env, stdin=stdin)
-        with self._telemetry.command() as span:
-            # The caller's cancel becomes the command's one token, here, once.
-            with self._usable_engine().cancel_token(cancel) as token:
-                result = handle._wait_here(sink, token)
-            code = exit_status(result)
-            span.exit_code(code)
-        return ExecResult(exit_code=code)
+        request = self._request(command, cwd, timeout, env, stdin=stdin)
+        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
+        engine = self._usable_engine()
+        # The caller's cancel becomes the command's one token, here, once.
+        with self._telemetry.command() as span, engine.cancel_token(cancel) as token:
+            result = engine.run(request, sink, deadline, token, retire=True)
+            return ExecResult(exit_code=span.exit_code(exit_status(result)))
 
-    def _handle(
+    def _request(
         self,
         command: Command,
         cwd: PathLike | None,
@@ -264,10 +259,10 @@ class Sandbox:
         stdin: Iterable[bytes] | None = None,
         control: CommandControl | None = None,
         pty: bool | tuple[int, int] = False,
-    ) -> CommandHandle:
+    ) -> ExecRequest:
         line = command_line(command)
-        engine = self._usable_engine()
-        request = ExecRequest(
+        self._usable_engine()
+        return ExecRequest(
             command=line,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
@@ -277,8 +272,6 @@ class Sandbox:
             pty=_terminal_size(pty),
             control=control,
         )
-        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
-        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
 
     def workspace(self) -> WorkspaceReport | None:
         """The live workspace report (a snapshot's never changes); ``None`` when not enforced.
@@ -311,10 +304,7 @@ class Sandbox:
         setting ``cancel`` stops it and raises :class:`CommandCancelled`; ``dispose()``
         stops it with an error that mentions "disposed".
         """
-        side = self._file_side()
-        return self._telemetry.transfer(
-            PUSH_SPAN, "upload", lambda: side.push(paths, timeout=timeout, cancel=cancel)
-        )
+        return self._file_side().push(paths, timeout=timeout, cancel=cancel)
 
     def pull(
         self,
@@ -327,12 +317,7 @@ class Sandbox:
         """Bring back what changed in the sandbox since the last push (deletions with
         ``delete=True``), only where ``filesystem.write.allow`` permits; ``timeout`` and
         ``cancel`` as for :meth:`push`."""
-        side = self._file_side()
-        return self._telemetry.transfer(
-            PULL_SPAN,
-            "download",
-            lambda: side.pull(paths, delete=delete, timeout=timeout, cancel=cancel),
-        )
+        return self._file_side().pull(paths, delete=delete, timeout=timeout, cancel=cancel)
 
     def _attach_transfers(self, transfers: SandboxTransfers) -> None:
         self._transfers = transfers
@@ -363,10 +348,9 @@ class Sandbox:
                 return  # the first call pulls (push-pull) and then disposes
             self._transfers.at_dispose()
             self._transfers.stop()
-        sandbox_id = self._engine.epoch()
         self._engine.dispose()
         lifecycle.untrack(self._lifecycle)
-        self._telemetry.let_go(sandbox_id, "deleted")
+        self._telemetry.let_go("deleted")
 
     @property
     def id(self) -> str:
@@ -393,7 +377,7 @@ class Sandbox:
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)
-        self._telemetry.let_go(sandbox_id, "detached")
+        self._telemetry.let_go("detached")
         return sandbox_id
 
     def _usable_engine(self) -> ExecEngine:

@@ -7,10 +7,10 @@
         ...
     result = handle.wait()                # a CommandResult, as Sandbox.run gives
 
-``Sandbox.exec`` and ``Sandbox.run`` build the same handle and wait for it at once on the
-calling thread (the engine's paths: output to ``on_data`` on that thread, Ctrl-C, the
-deadline), so they cost what they cost before. ``Sandbox.start`` makes the backend call on
-a ``piship-exec-N`` worker and returns at once.
+``Sandbox.exec`` and ``Sandbox.run`` build no handle: they hand the same request to the
+engine and wait at once on the calling thread (output to ``on_data`` on that thread,
+Ctrl-C, the deadline). ``Sandbox.start`` makes the backend call on a ``piship-exec-N``
+worker and returns at once.
 
 One result per level: a backend instance returns a :class:`~piship_remote.BackendResult`
 (an exit code, or the signal that stopped the command), ``Sandbox.exec`` an
@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 
 from piship_remote.backends._common import exit_status
-from piship_remote.backends.base import BackendResult, ExecRequest
+from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.control import CommandInput, TerminalSize
 from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, PiShipError
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
-from piship_remote.sandbox._exec_workers import BackgroundCall, Sink, Stream
+from piship_remote.sandbox._exec_workers import BackgroundCall, Stream
 from piship_remote.sandbox._output import CommandResult, OutputCapture
 from piship_remote.transport.deadline import Deadline
 
@@ -104,10 +104,6 @@ class CommandHandle:
 
         self._started = engine.begin(self._request, self._received, self._deadline, done)
         return self
-
-    def _wait_here(self, sink: Sink | None, cancel: threading.Event | None) -> BackendResult:
-        """Run the command on this thread (``Sandbox.exec``/``run``), its output to ``sink``."""
-        return self._engine.run(self._request, sink, self._deadline, cancel, retire=True)
 
     def _received(self, stream: Stream, chunk: bytes) -> None:
         """Output, on the worker: kept for the result and queued for the iteration."""

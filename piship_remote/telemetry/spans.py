@@ -56,8 +56,9 @@ class NoSpan:
     def set(self, key: str, value: AttributeValue | None) -> None:
         """Nothing to set."""
 
-    def exit_code(self, code: int) -> None:
-        """Nothing to set."""
+    def exit_code(self, code: int) -> int:
+        """``code``, nothing set."""
+        return code
 
     def outcome(self, outcome: str) -> None:
         """Nothing to set."""
@@ -123,10 +124,12 @@ class LiveSpan:
             value = self._redactor.redact(value) if self._redactor is not None else redact(value)
         self._span.set_attribute(key, value)
 
-    def exit_code(self, code: int) -> None:
-        """The command's exit code, and the outcome it makes (``ok`` or ``failed``)."""
+    def exit_code(self, code: int) -> int:
+        """Set the command's exit code, and the outcome it makes (``ok`` or ``failed``);
+        returns ``code``."""
         self._span.set_attribute(names.EXIT_CODE, code)
         self._outcome = exit_outcome(code)
+        return code
 
     def outcome(self, outcome: str) -> None:
         """How the call ended, when the block itself says so (it raised nothing)."""
