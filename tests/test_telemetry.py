@@ -197,6 +197,18 @@ def test_a_callers_span_is_the_parent_of_pool_task_spans(otel, backend, workspac
     assert {s.parent.span_id for s in commands} <= task_ids
 
 
+def test_a_callable_tasks_commands_are_children_of_its_task_span(otel, backend, workspace):
+    from opentelemetry import trace
+
+    with SandboxPool(POLICY, backend=backend, workspace=workspace, env={}, size=2) as pool:
+        with trace.get_tracer("app").start_as_current_span("caller"):
+            pool.map(lambda sandbox, item: sandbox.run(f"echo {item}"), [1, 2])
+    tasks = {s.context.span_id for s in _by_name(otel, names.POOL_TASK_SPAN)}
+    commands = _by_name(otel, names.COMMAND_SPAN)
+    assert len(tasks) == 2
+    assert {s.parent.span_id for s in commands} == tasks
+
+
 def test_a_callers_span_reaches_the_main_thread_worker(otel, backend, workspace):
     from opentelemetry import trace
 
