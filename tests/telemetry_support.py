@@ -90,11 +90,13 @@ def otel_sdk() -> tuple[Any, Any]:
 
 
 @pytest.fixture
-def otel(otel_sdk: tuple[Any, Any]) -> Iterator[Recorded]:
-    """The spans and metrics of this test (spans cleared first; metrics are cumulative)."""
+def otel(otel_sdk: tuple[Any, Any], secret_sweep: Any) -> Iterator[Recorded]:
+    """The spans and metrics of this test (spans cleared first; metrics are cumulative),
+    handed to the suite's secret sweep at the end."""
     recorded = Recorded(*otel_sdk)
     recorded.clear()
     yield recorded
+    secret_sweep.exported.extend(recorded.texts())
     recorded.clear()
 
 
