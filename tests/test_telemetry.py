@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import HOST_SECRETS
+from optional_peers import install_hint
 from pool_support import exit_as_asked
 from telemetry_support import Recorded, total
 
@@ -274,6 +275,36 @@ def test_a_command_whose_outcome_is_unknown_says_so_in_its_span_and_log(
             sandbox.run("echo some output")
     [span] = [s for s in _by_name(otel, names.COMMAND_SPAN) if names.ERROR_TYPE in s.attributes]
     assert span.attributes[names.OUTCOME] == "unknown"
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(m.startswith("a command's outcome is unknown") for m in said)
+
+
+def test_each_started_command_has_a_span_ended_with_its_exit_code(otel, backend, workspace):
+    with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:
+        otel.clear()
+        handles = [sandbox.start(f"exit-with-{code}") for code in (0, 4, 0, 4)]
+        results = [handle.wait(timeout=10) for handle in handles]
+    assert [r.exit_code for r in results] == [0, 4, 0, 4]
+    commands = _by_name(otel, names.COMMAND_SPAN)
+    assert sorted(s.attributes[names.EXIT_CODE] for s in commands) == [0, 0, 4, 4]
+    assert {s.attributes[names.OUTCOME] for s in commands} == {"ok", "failed"}
+
+
+def test_a_started_command_whose_outcome_is_unknown_is_logged_when_nothing_is_recorded(
+    server, backend, workspace, caplog
+):
+    context = pytest.importorskip("opentelemetry.context", reason=install_hint("otel"))
+    caplog.set_level(logging.INFO, logger="piship_remote")
+    suppressed = context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True)
+    token = context.attach(suppressed)  # OpenTelemetry's suppress_instrumentation
+    try:
+        with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:
+            server.faults.drop_stream_after_output()
+            handle = sandbox.start("echo some output")
+            with pytest.raises(PiShipError):
+                handle.wait(timeout=10)
+    finally:
+        context.detach(token)
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any(m.startswith("a command's outcome is unknown") for m in said)
 

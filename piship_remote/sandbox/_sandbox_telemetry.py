@@ -4,9 +4,10 @@ file transfers are recorded by ``SandboxTransfers`` and ``SandboxFiles``)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING
 
 from piship_remote.model.errors import PiShipError
@@ -41,17 +42,35 @@ class SandboxTelemetry:
             try:
                 yield span
             except PiShipError as error:
-                if outcome_of(error, command=True) == "unknown":
-                    info("a command's outcome is unknown (%s)", error.code)
+                _say_if_unknown(error)
                 raise
 
     def started(self, handle: CommandHandle) -> CommandHandle:
-        """Start ``handle`` on its worker, its span ended there when the command ends."""
+        """Start ``handle`` on its worker; when the command ends, there, its span ends and
+        an unknown outcome is logged."""
         telemetry = self._telemetry
         span = telemetry.started(COMMAND_SPAN, self._span_id(), ended=telemetry.command_ended)
-        if span is None:
-            return handle._begin()
-        return handle._begin(lambda: span.finish(lambda: handle.wait(0).exit_code))
+
+        def exit_code() -> int:
+            try:
+                return handle.wait(0).exit_code  # it has ended: this only reads the outcome
+            except PiShipError as error:
+                _say_if_unknown(error)
+                raise
+
+        def ended() -> None:
+            if span is not None:
+                span.finish(exit_code)
+                return
+            with suppress(BaseException):  # the handle's own wait raises it to its caller
+                exit_code()
+
+        try:
+            return handle._begin(ended)
+        except BaseException as error:  # refused before it started: ended is not called
+            if span is not None:
+                span.finish(functools.partial(_reraise, error))
+            raise
 
     def activated(self) -> None:
         """Count the sandbox among the active ones."""
@@ -70,3 +89,12 @@ class SandboxTelemetry:
         if self._engine is None or not self._telemetry.recording:
             return None
         return self._engine.epoch()
+
+
+def _say_if_unknown(error: PiShipError) -> None:
+    if outcome_of(error, command=True) == "unknown":
+        info("a command's outcome is unknown (%s)", error.code)
+
+
+def _reraise(error: BaseException) -> int:
+    raise error

@@ -93,16 +93,23 @@ class CommandHandle:
     # -- how it runs -------------------------------------------------------------------
 
     def _begin(self, on_end: Callable[[], None] | None = None) -> CommandHandle:
-        """Start the command on a worker (``Sandbox.start``); ``on_end`` is called there once
-        it ended (its span's end)."""
-        engine = self._engine
+        """Start the command on a worker (``Sandbox.start``); ``on_end`` is called once it
+        ended and ``_started`` is set (its span's end), by whichever of the two comes last."""
+        arrivals = [0]
+
+        def arrive() -> None:
+            with self._cond:
+                arrivals[0] += 1
+                last = arrivals[0] == 2
+            if last and on_end is not None:
+                on_end()
 
         def done() -> None:
             self._wake()
-            if on_end is not None:
-                on_end()
+            arrive()
 
-        self._started = engine.begin(self._request, self._received, self._deadline, done)
+        self._started = self._engine.begin(self._request, self._received, self._deadline, done)
+        arrive()
         return self
 
     def _received(self, stream: Stream, chunk: bytes) -> None:
