@@ -23,6 +23,8 @@ from piship_remote.telemetry.outcomes import error_type, exit_outcome, outcome_o
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
+    from piship_remote.telemetry._api import OtelApi
+
 __all__ = ["AttributeValue", "Ended", "LiveSpan", "NoSpan", "StartedSpan", "clean_attributes"]
 
 AttributeValue = str | int | float | bool
@@ -67,10 +69,20 @@ class NoSpan:
 class LiveSpan:
     """A started span, current on this thread until the block ends."""
 
-    __slots__ = ("_command", "_ended", "_outcome", "_redactor", "_span", "_started", "_token")
+    __slots__ = (
+        "_api",
+        "_command",
+        "_ended",
+        "_outcome",
+        "_redactor",
+        "_span",
+        "_started",
+        "_token",
+    )
 
     def __init__(
         self,
+        api: OtelApi,
         tracer: Tracer,
         name: str,
         attributes: dict[str, AttributeValue],
@@ -79,6 +91,7 @@ class LiveSpan:
         ended: Ended | None,
         command: bool,
     ) -> None:
+        self._api = api
         self._span: Span = tracer.start_span(name, attributes=attributes, record_exception=False)
         self._redactor = redactor
         self._ended = ended
@@ -88,9 +101,7 @@ class LiveSpan:
         self._token: object = None
 
     def __enter__(self) -> LiveSpan:
-        from opentelemetry import context, trace
-
-        self._token = context.attach(trace.set_span_in_context(self._span))
+        self._token = self._api.attach(self._api.in_context(self._span))
         self._started = time.perf_counter()
         return self
 
@@ -100,8 +111,6 @@ class LiveSpan:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        from opentelemetry import context
-
         seconds = time.perf_counter() - self._started
         failure = None
         if error is not None:
@@ -111,7 +120,7 @@ class LiveSpan:
             _mark_failed(self._span, failure)
         self._span.set_attribute(names.OUTCOME, self._outcome)
         # The error went to the caller as it is: the span holds only its name.
-        context.detach(self._token)  # type: ignore[arg-type]
+        self._api.detach(self._token)
         self._span.end()
         if self._ended is not None:  # outside the span: no exemplar sampling per measurement
             self._ended(seconds, self._outcome, failure)

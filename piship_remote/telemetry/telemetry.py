@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from piship_remote.model.redact import Redactor, redact
 from piship_remote.telemetry import names
+from piship_remote.telemetry._api import OtelApi
 from piship_remote.telemetry._instruments import Instruments
 from piship_remote.telemetry.spans import (
     AttributeValue,
@@ -42,7 +43,15 @@ _T = TypeVar("_T")
 class Telemetry:
     """The spans and metrics of one part of the library, for the backend ``backend``."""
 
-    __slots__ = ("_attributes", "_instruments", "_last_id", "_redactor", "_tracer", "backend")
+    __slots__ = (
+        "_api",
+        "_attributes",
+        "_instruments",
+        "_last_id",
+        "_redactor",
+        "_tracer",
+        "backend",
+    )
 
     def __init__(
         self,
@@ -55,6 +64,7 @@ class Telemetry:
         self._redactor = redactor
         self._tracer = tracer
         self._instruments = instruments
+        self._api = OtelApi.load() if tracer is not None else None
         self._attributes = clean_attributes({names.BACKEND: backend}, redactor)
         self._last_id = ("", "")  # the last sandbox id seen, and its redacted form
 
@@ -93,11 +103,8 @@ class Telemetry:
         """Enabled, and not suppressed: OpenTelemetry's ``suppress_instrumentation`` context
         (``opentelemetry.instrumentation.utils``) turns this library's spans and metrics off
         for a block, as it does every instrumentation's."""
-        if self._tracer is None:
-            return False
-        from opentelemetry import context
-
-        return not context.get_value(context._SUPPRESS_INSTRUMENTATION_KEY)
+        api = self._api
+        return api is not None and not api.get_value(api.suppressed)
 
     def span(
         self,
@@ -114,9 +121,10 @@ class Telemetry:
         was sent is ``unknown``."""
         if not self.recording:
             return NO_SPAN
-        assert self._tracer is not None
+        assert self._tracer is not None and self._api is not None
         clean = self._clean(sandbox_id, attributes)
-        return LiveSpan(self._tracer, name, clean, self._redactor, ended=ended, command=command)
+        tracer, redactor = self._tracer, self._redactor
+        return LiveSpan(self._api, tracer, name, clean, redactor, ended=ended, command=command)
 
     def started(
         self, name: str, sandbox_id: str | None = None, *, ended: Ended | None = None
