@@ -43,7 +43,8 @@ from piship_remote.model.report import (
     NetworkDenial,
     snapshot_workspace_report,
 )
-from piship_remote.sandbox._exec_engine import ExecEngine, reason_text
+from piship_remote.sandbox._exec_engine import ExecEngine
+from piship_remote.sandbox._exec_errors import reason_text
 from piship_remote.sandbox._exec_workers import Stream
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
 from piship_remote.telemetry import Telemetry
