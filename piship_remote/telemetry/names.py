@@ -8,6 +8,8 @@ reuse the conventions' own where one exists (``error.type``, ``process.exit.code
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 __all__ = [
     "ACTIVATION_DURATION",
     "ACTIVATION_SPAN",
@@ -46,12 +48,14 @@ SCOPE = "piship_remote"
 # -- spans ------------------------------------------------------------------------------
 
 ACTIVATION_SPAN = "piship.activate"
-STEP_SPANS = {
-    "health": "piship.activate.health",
-    "create": "piship.activate.create",
-    "readiness": "piship.activate.readiness",
-    "push": "piship.activate.push",
-}
+STEP_SPANS = MappingProxyType(
+    {
+        "health": "piship.activate.health",
+        "create": "piship.activate.create",
+        "readiness": "piship.activate.readiness",
+        "push": "piship.activate.push",
+    }
+)
 COMMAND_SPAN = "piship.command"
 TRANSFER_SPAN = "piship.files.transfer"
 PUSH_SPAN = "piship.push"
