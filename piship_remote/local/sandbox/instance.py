@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
-from piship_remote.local.isolation.limits import Limits, limit_check, unmount
+from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, find_python, uid_for
+from piship_remote.local.isolation.limits import CgroupSet, Limits, limit_check, unmount
 from piship_remote.local.isolation.process import (
     REAP_TIMEOUT,
     LocalProcess,
@@ -117,6 +117,10 @@ class Sandbox:
         self.reboots_on_resume = False
         """Whether its pause kept only its files (``memory: false``): resuming reboots it."""
 
+    def python_command(self, *args: str) -> list[str]:
+        """The argv running the host's Python (standard library only) inside the sandbox."""
+        return self._jail.python_command(find_python(), *args)
+
     @property
     def home(self) -> str:
         """The host directory mounted as the sandbox's home."""
@@ -131,6 +135,11 @@ class Sandbox:
     def network(self) -> bool:
         """Whether this sandbox has network egress (through its user-mode stack)."""
         return self._jail.network
+
+    @property
+    def cgroups(self) -> CgroupSet:
+        """The cgroups holding its processes (and its limits, where they are enforced)."""
+        return self._vm.cgroups
 
     @property
     def limits(self) -> Limits:
