@@ -63,6 +63,12 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
   (``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``) answers not allowed;
   ``pool_ready_replicas``: the ready replicas a ``GET …/sandboxwarmpools/<name>`` reports.
 
+**The router's Service** (:mod:`~piship_remote.testing.k8s_portforward`):
+``sandbox-router-svc`` in ``agent-sandbox-system`` (``cluster.router_service``,
+``router_namespace``), its Endpoints (``router_pods``) and each pod's
+``portforward`` subresource (WebSocket, ``v4.channel.k8s.io``), whose port 8080 is
+this server's router, as ``kubectl port-forward svc/sandbox-router-svc`` reaches it.
+
 ``tls`` (an ``ssl.SSLContext``) serves HTTPS; with ``cluster.client_subject`` the API
 server wants a client certificate of that name (or ``token``), and ``client_subjects``
 records which certificate each request came with.
@@ -113,6 +119,7 @@ from piship_remote.testing.faults import Faults, hold_if_stalled
 from piship_remote.testing.k8s_access import access_review, refused, warm_pool
 from piship_remote.testing.k8s_api import RESOURCE_PATH, ResourceApi
 from piship_remote.testing.k8s_controller import WALL_CLOCK, Controller
+from piship_remote.testing.k8s_portforward import PortForwards
 from piship_remote.testing.k8s_router import (
     SANDBOX_PREFIX,
     Execute,
@@ -193,6 +200,11 @@ class Cluster:
     client_subject: str | None = None
     """The API server accepts only clients whose verified certificate has this common name
     (with ``tls`` whose context asks for client certificates), or a bearer ``token``."""
+    router_service: str = "sandbox-router-svc"
+    """The router's Service, in ``router_namespace`` (a port-forward's target)."""
+    router_namespace: str = "agent-sandbox-system"
+    router_pods: list[str] = attrs.field(factory=lambda: ["sandbox-router-6d8f9-x7k2p"])
+    """The router Service's ready pods (its Endpoints); empty: none ready."""
 
 
 class KubernetesServer(RecordingServer):
@@ -227,7 +239,8 @@ class KubernetesServer(RecordingServer):
         self._stop = threading.Event()
         self.client_subjects: list[tuple[str, str | None]] = []
         """Each request's path and its verified client certificate's common name, if any."""
-        super().__init__(self._handle, tls=tls)
+        self._port_forwards = PortForwards(self.cluster, self)
+        super().__init__(self._handle, tls=tls, tunnel=self._port_forwards.tunnel)
         self._ticker = threading.Thread(
             target=self._tick, name=f"{THREAD_PREFIX}controller", daemon=True
         )
@@ -270,7 +283,7 @@ class KubernetesServer(RecordingServer):
 
     def _handle(self, request: Request) -> Response:
         hold_if_stalled(self.faults, request.path, self.wait, lambda: self.closing)
-        router = not request.path.startswith("/apis/")
+        router = not request.path.startswith(("/apis/", "/api/"))
         subject = request.environ.get(CLIENT_SUBJECT)
         self.client_subjects.append((request.path, subject))
         refusal = refused(_lower(request), self.cluster, router=router, subject=subject)
@@ -283,6 +296,9 @@ class KubernetesServer(RecordingServer):
             except ApiError as error:
                 return json_response(error.code, error.status())
             return json_response(201, review)
+        core = self._port_forwards.core(request)
+        if core is not None:
+            return core
         pool = _WARM_POOL.match(request.path)
         if pool is not None and request.method == "GET":
             found = warm_pool(pool["ns"], pool["name"], self.cluster)

@@ -21,6 +21,7 @@ import attrs
 
 from piship_remote.backends._common import is_success
 from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._port_forward import RouterTunnel
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HttpReply, TransportError
 
@@ -61,8 +62,10 @@ class Preflight:
         router_url: str,
         namespace: str,
         template: str,
+        tunnel: RouterTunnel | None = None,
     ) -> None:
         self._api, self._router = api, router
+        self._tunnel = tunnel
         self._endpoint, self._router_url = endpoint, router_url
         self._namespace, self._template = namespace, template
 
@@ -144,6 +147,24 @@ class Preflight:
         )
 
     def _router_answer(self) -> Check:
+        if self._tunnel is None:
+            return self._router_reply()
+        try:
+            self._tunnel.hold()
+        except PiShipError as error:
+            return Check(
+                "fail",
+                f"the sandbox router cannot be port-forwarded: {error}",
+                "check the router's Service and namespace (--router-service, "
+                "--router-namespace) and that the credential may get services and endpoints "
+                "and create pods/portforward there",
+            )
+        try:
+            return self._router_reply()
+        finally:
+            self._tunnel.release()
+
+    def _router_reply(self) -> Check:
         url = f"{self._router_url}/"
         try:
             reply = self._router.call("GET", url, timeout=_TIMEOUT)
