@@ -144,3 +144,25 @@ def test_port_forward_options_are_checked() -> None:
         PortForward(namespace="Not_A_Name")
     with pytest.raises(ValueError, match=r"1\.\.65535"):
         PortForward(port=0)
+
+
+def test_a_kubeconfig_client_certificate_opens_the_port_forward_over_tls(
+    kubernetes_server: KubernetesFactory, tmp_path: Path
+) -> None:
+    pytest.importorskip("cryptography")
+    pytest.importorskip("kubernetes.config")
+    from k8s_tls_support import CLIENT_NAME, Pki
+    from kubeconfig_support import write_kubeconfig
+
+    pki = Pki.create(tmp_path)
+    cluster = Cluster(client_subject=CLIENT_NAME)
+    mock = kubernetes_server(cluster=cluster, tls=pki.server_context())
+    user = {"client-certificate": str(pki.client_cert), "client-key": str(pki.client_key)}
+    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
+    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
+        config, router="port-forward", template="python-pool"
+    )
+    with backend, activate_sandbox(POLICY, backend=backend, workspace=tmp_path) as sandbox:
+        assert sandbox.run("echo over-tls").stdout == "over-tls\n"
+    assert mock.find("GET", FORWARD)  # accepted: the double wants this client certificate
+    assert all("authorization" not in r.headers for r in mock.requests)
