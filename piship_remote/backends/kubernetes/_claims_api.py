@@ -27,6 +27,8 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
 from piship_remote.backends._common import DETAIL_LIMIT, is_success
 from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
 from piship_remote.backends.kubernetes._claim_options import ClaimOptions
@@ -83,8 +85,14 @@ class ClaimsApi:
         monotonic: Callable[[], float],
         sight: Callable[[], Sighting | None] = lambda: None,
         options: ClaimOptions | None = None,
+        foreground_deletion: bool = False,
     ) -> None:
         self._http = http
+        self._delete_options = (
+            {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}
+            if foreground_deletion
+            else None
+        )
         self._options = options if options is not None else ClaimOptions()
         self._sight = sight
         self._endpoint = endpoint
@@ -193,8 +201,7 @@ class ClaimsApi:
             self.renew(Claim(name, name, anchor), anchor.expires, cancel)
         except ClaimGone as gone:
             raise self._http.errors(f"SandboxClaim {name} cannot be attached to: {gone}") from None
-        sandbox, pod_ip, seen, uid = self._wait_ready(name, cancel)
-        return Claim(name, sandbox, anchor, pod_ip, seen, uid)
+        return self._claim(name, anchor, *self._wait_ready(name, cancel))
 
     def list_owned(self) -> builtins.list[OwnedSandbox]:
         """Every claim in the namespace labelled as created by this library."""
@@ -214,11 +221,31 @@ class ClaimsApi:
 
     def _ready_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> Claim:
         try:
-            sandbox, pod_ip, seen, uid = self._wait_ready(name, cancel)
+            return self._claim(name, anchor, *self._wait_ready(name, cancel))
         except BaseException:
             self._delete_name(name)
             raise
-        return Claim(name, sandbox, anchor, pod_ip, seen, uid)
+
+    @staticmethod
+    def _claim(
+        name: str,
+        anchor: Anchor,
+        sandbox: str,
+        pod_ip: str | None,
+        seen: Sighting | None,
+        facts: SandboxFacts,
+    ) -> Claim:
+        """The ready claim: the pod IP the claim mirrors, else the Sandbox's."""
+        return Claim(
+            name,
+            sandbox,
+            anchor,
+            pod_ip or facts.pod_ip,
+            seen,
+            facts.uid,
+            facts.service_fqdn,
+            facts.node_name,
+        )
 
     def _read(self, name: str, cancel: CancelToken) -> dict[str, Any] | None:
         """The claim ``name`` as the API has it; ``None`` when it does not exist."""
@@ -285,9 +312,9 @@ class ClaimsApi:
 
     def _wait_ready(
         self, name: str, cancel: CancelToken
-    ) -> tuple[str, str | None, Sighting | None, str | None]:
-        """Poll the claim until Ready: its sandbox, pod IP, when the last poll was sent,
-        and the Sandbox's UID when the Sandbox was read.
+    ) -> tuple[str, str | None, Sighting | None, SandboxFacts]:
+        """Poll the claim until Ready: its sandbox, the pod IP the claim mirrors, when
+        the last poll was sent, and what the Sandbox itself says.
 
         The deadline is on the monotonic clock only.
         """
@@ -310,11 +337,7 @@ class ClaimsApi:
             ready = _ready_condition(claim)
             if ready.get("status") == "True":
                 sandbox = _sandbox_name(claim, name)
-                pod_ip = _pod_ip(claim)
-                if pod_ip is not None:
-                    return sandbox, pod_ip, sent, None
-                pod_ip, uid = self._sandbox_address(sandbox, cancel)
-                return sandbox, pod_ip, sent, uid
+                return sandbox, _pod_ip(claim), sent, self._sandbox_facts(sandbox, cancel)
             reason = ready.get("reason")
             if isinstance(reason, str) and reason in _TERMINAL_REASONS:
                 raise self._http.errors(f"the SandboxClaim failed: {reason}")
@@ -325,29 +348,36 @@ class ClaimsApi:
             if cancel.wait(self._poll):
                 raise CommandCancelled()
 
-    def _sandbox_address(self, sandbox: str, cancel: CancelToken) -> tuple[str | None, str | None]:
-        """The pod IP and UID from the Sandbox object (claims mirror the IP only on some
-        clusters).
+    def _sandbox_facts(self, sandbox: str, cancel: CancelToken) -> SandboxFacts:
+        """The pod IP, UID, Service name and node from the Sandbox object (claims mirror
+        the IP only on some clusters).
 
-        Without it a router reaches the sandbox only by its Service, which warm-pool
+        Without the IP a router reaches the sandbox only by its Service, which warm-pool
         sandboxes lack; a failed read leaves that to the router.
         """
         try:
             response = self._http.call("GET", f"{self._sandboxes}/{sandbox}", cancel=cancel)
         except TransportError:
-            return None, None
+            return SandboxFacts()
         with response:
             if not is_success(response.status):
-                return None, None
+                return SandboxFacts()
             found = _lenient_json(response)
-        uid = _mapping(found.get("metadata")).get("uid")
-        address = _best_ip(_mapping(found.get("status")).get("podIPs"))
-        return address, uid if isinstance(uid, str) and uid else None
+        status = _mapping(found.get("status"))
+        return SandboxFacts(
+            _best_ip(status.get("podIPs")),
+            _text(_mapping(found.get("metadata")).get("uid")),
+            _text(status.get("serviceFQDN")),
+            _text(status.get("nodeName")),
+        )
 
     def _delete_name(self, name: str) -> None:
         """Best effort: a failure leaves the claim to its shutdownTime."""
         try:
-            self._http.call("DELETE", self._claim_url(name)).close()
+            if self._delete_options is None:
+                self._http.call("DELETE", self._claim_url(name)).close()
+            else:
+                self._http.call("DELETE", self._claim_url(name), json=self._delete_options).close()
         except Exception:
             pass
 
@@ -374,6 +404,20 @@ class ClaimsApi:
             user_action=f"Check that the Kubernetes API at {self._endpoint} is running and "
             "reachable, then try again",
         )
+
+
+@attrs.frozen
+class SandboxFacts:
+    """What a Sandbox's own object says about it (each ``None`` when not said)."""
+
+    pod_ip: str | None = None
+    uid: str | None = None
+    service_fqdn: str | None = None
+    node_name: str | None = None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _lenient_json(response: HttpReply) -> dict[str, Any]:

@@ -124,7 +124,10 @@ class KubernetesAgentSandboxBackend:
     (needs the ``kubernetes`` extra).
     The claim: ``env`` (through the policy's environment filter), ``pod_labels`` and
     ``pod_annotations`` (``additionalPodMetadata``), ``volume_claim_templates``,
-    ``ttl_seconds_after_finished``.
+    ``ttl_seconds_after_finished``; ``foreground_deletion=True`` deletes each claim with
+    ``propagationPolicy: Foreground``, so the claim stays (with a ``deletionTimestamp``)
+    until its Sandbox and pod are gone. ``KubernetesInstance.claim()`` gives the current
+    claim with its Sandbox's ``service_fqdn`` and ``node_name``.
     :meth:`from_kubeconfig` and :meth:`in_cluster` take the cluster's own credentials.
     """
 
@@ -159,6 +162,7 @@ class KubernetesAgentSandboxBackend:
         pod_annotations: Mapping[str, str] | None = None,
         volume_claim_templates: Sequence[Mapping[str, Any]] | None = None,
         ttl_seconds_after_finished: int | None = None,
+        foreground_deletion: bool = False,
     ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError('execution must be "direct" or "detached"')
@@ -205,6 +209,7 @@ class KubernetesAgentSandboxBackend:
             ready_timeout=ready_timeout,
             monotonic=monotonic,
             sight=ExistenceWindow.of(self._existence_window, self._clock).now,
+            foreground_deletion=foreground_deletion,
         )
         router_http = ClusterHttp(self._router_transport, router_credentials, self.redactor)
         self._router = Router(
