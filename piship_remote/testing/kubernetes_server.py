@@ -107,6 +107,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -115,6 +116,8 @@ import attrs
 from werkzeug import Request, Response
 from werkzeug.formparser import parse_form_data
 
+from piship_remote._http_server.server import Head
+from piship_remote._http_server.server import Reply as RawReply
 from piship_remote.testing.faults import Faults, hold_if_stalled
 from piship_remote.testing.k8s_access import access_review, refused, warm_pool
 from piship_remote.testing.k8s_api import RESOURCE_PATH, ResourceApi
@@ -240,7 +243,7 @@ class KubernetesServer(RecordingServer):
         self.client_subjects: list[tuple[str, str | None]] = []
         """Each request's path and its verified client certificate's common name, if any."""
         self._port_forwards = PortForwards(self.cluster, self)
-        super().__init__(self._handle, tls=tls, tunnel=self._port_forwards.tunnel)
+        super().__init__(self._handle, tls=tls, tunnel=self._tunnel)
         self._ticker = threading.Thread(
             target=self._tick, name=f"{THREAD_PREFIX}controller", daemon=True
         )
@@ -280,6 +283,12 @@ class KubernetesServer(RecordingServer):
             self._ticker.join()
 
     # ---- the HTTP layer --------------------------------------------------------------
+
+    def _tunnel(self, head: Head) -> socket.socket | RawReply | None:
+        upstream = self._port_forwards.tunnel(head)
+        if upstream is not None:
+            self.client_subjects.append((head.path, head.client_subject))
+        return upstream
 
     def _handle(self, request: Request) -> Response:
         hold_if_stalled(self.faults, request.path, self.wait, lambda: self.closing)
