@@ -205,3 +205,22 @@ def test_doctor_says_when_the_router_cannot_be_port_forwarded(
     assert "fail: the sandbox router cannot be port-forwarded" in err
     assert "no ready pod to port-forward to" in err
     assert mock.count("POST", CLAIMS) == 0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("websocket") is None, reason="needs the kubernetes extra"
+)
+def test_doctor_names_a_missing_port_forward_permission_in_the_router_namespace(
+    kubernetes_server: KubernetesFactory,
+    workspace: Path,
+    cli_environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cluster = Cluster(token=K8S_TOKEN, denied={"create pods/portforward"})
+    mock = kubernetes_server(cluster=cluster)
+    use_kubernetes(cli_environ, mock)
+    assert doctor(workspace, "--router", "port-forward") != 0
+    err = capsys.readouterr().err
+    assert "ok: may get endpoints in namespace agent-sandbox-system" in err
+    assert "fail: may not create pods/portforward in namespace agent-sandbox-system" in err
+    assert mock.count("POST", CLAIMS) == 0

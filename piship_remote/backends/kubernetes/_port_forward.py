@@ -117,6 +117,11 @@ class RouterTunnel:
         self._target: _Target | None = None
         self._counter = itertools.count(1)
 
+    @property
+    def forward(self) -> PortForward:
+        """The Service this tunnel reaches."""
+        return self._forward
+
     def hold(self) -> None:
         """Serve until the matching :meth:`release`; finds the router's pod first."""
         with self._lock:

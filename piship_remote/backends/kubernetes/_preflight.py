@@ -6,7 +6,9 @@ Each check is one line a user can act on (``doctor --backend kubernetes`` prints
                            template="python-pool").run():
         print(check.line)   # "ok: may create sandboxclaims in namespace agents"
 
-- a ``SelfSubjectAccessReview`` for each verb the backend uses on claims;
+- a ``SelfSubjectAccessReview`` for each verb the backend uses on claims (and, reaching
+  the router by port-forward, for reading its Service and Endpoints and creating
+  ``pods/portforward`` in its namespace);
 - the ``SandboxWarmPool``: it exists, and has ready sandboxes (else a claim waits for
   a cold start);
 - the router: a request without routing headers, which the router answers 400 once
@@ -72,21 +74,42 @@ class Preflight:
     def run(self) -> list[Check]:
         """Every check, in order; none creates anything but access reviews."""
         checks = [self._may(verb) for verb in CLAIM_VERBS]
+        if self._tunnel is not None:
+            checks += self._may_port_forward(self._tunnel.forward.namespace)
         return [*checks, self._warm_pool(), self._router_answer()]
 
-    def _may(self, verb: str) -> Check:
-        what = f"{verb} sandboxclaims in namespace {self._namespace}"
+    def _may_port_forward(self, namespace: str) -> list[Check]:
+        """What ``kubectl port-forward svc/…`` needs in the router's namespace."""
+        fix = (
+            f"grant it, e.g. kubectl create role piship-router-tunnel -n {namespace} "
+            "--verb=get --resource=services,endpoints and a role with --verb=create "
+            "--resource=pods/portforward, then bind them with kubectl create rolebinding"
+        )
+        return [
+            self._may("get", "services", "", namespace, fix=fix),
+            self._may("get", "endpoints", "", namespace, fix=fix),
+            self._may("create", "pods/portforward", "", namespace, fix=fix),
+        ]
+
+    def _may(
+        self,
+        verb: str,
+        resource: str = "sandboxclaims",
+        group: str = _GROUP,
+        namespace: str | None = None,
+        *,
+        fix: str | None = None,
+    ) -> Check:
+        namespace = namespace or self._namespace
+        what = f"{verb} {resource} in namespace {namespace}"
+        plural, _, subresource = resource.partition("/")
+        attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": plural}
+        if subresource:
+            attributes["subresource"] = subresource
         review = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SelfSubjectAccessReview",
-            "spec": {
-                "resourceAttributes": {
-                    "namespace": self._namespace,
-                    "verb": verb,
-                    "group": _GROUP,
-                    "resource": "sandboxclaims",
-                }
-            },
+            "spec": {"resourceAttributes": attributes},
         }
         try:
             reply = self._api.call(
@@ -107,7 +130,8 @@ class Preflight:
         return Check(
             "fail",
             f"may not {what}",
-            f"grant it, e.g. kubectl create role piship-claims -n {self._namespace} "
+            fix
+            or f"grant it, e.g. kubectl create role piship-claims -n {self._namespace} "
             f"--verb={','.join(CLAIM_VERBS)} --resource=sandboxclaims.{_GROUP}, then bind it "
             "to this user or service account with kubectl create rolebinding",
         )
