@@ -17,6 +17,7 @@ from seed_support import assert_no_library_thread_left
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend, PortForward
 from piship_remote.model.errors import PiShipError
+from piship_remote.model.policy import SandboxProfile
 from piship_remote.pool import SandboxPool
 from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
@@ -166,3 +167,17 @@ def test_a_kubeconfig_client_certificate_opens_the_port_forward_over_tls(
         assert sandbox.run("echo over-tls").stdout == "over-tls\n"
     assert mock.find("GET", FORWARD)  # accepted: the double wants this client certificate
     assert all("authorization" not in r.headers for r in mock.requests)
+
+
+def test_a_sandbox_disposed_twice_leaves_the_tunnel_to_the_one_still_open(
+    kubernetes_server: KubernetesFactory, tmp_path: Path
+) -> None:
+    mock = kubernetes_server()
+    with backend_for(mock) as backend:
+        first = backend.prepare(SandboxProfile(workspace=str(tmp_path)))
+        second = activate_sandbox(POLICY, backend=backend, workspace=tmp_path)
+        first.dispose()
+        first.dispose()
+        assert second.run("echo still").stdout == "still\n"
+        second.dispose()
+        assert tunnel_threads() == []

@@ -7,9 +7,9 @@ process: it listens on a loopback port (its :attr:`~RouterTunnel.url` is the
 router's URL) and opens one stream per connection made to it::
 
     tunnel = RouterTunnel(PortForward(), api, endpoint, credential, tls)
-    tunnel.hold()             # serving: the pod is found now (PiShipError if none is)
+    tunnel.hold(sandbox)      # serving: the pod is found now (PiShipError if none is)
     ...requests to tunnel.url...
-    tunnel.release()          # the last holder gone: every tunnel thread ends
+    tunnel.release(sandbox)   # the last holder gone: every tunnel thread ends
 
 Threads: ``piship-router-tunnel-accept`` while held, and for each connection
 ``piship-router-tunnel-N`` (with ``-down``); all daemons, all joined when the
@@ -109,7 +109,7 @@ class RouterTunnel:
         self._listener.listen(64)
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._lock = threading.Lock()
-        self._holders = 0
+        self._holders: set[object] = set()
         self._closed = False
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._accepting: threading.Thread | None = None
@@ -122,12 +122,12 @@ class RouterTunnel:
         """The Service this tunnel reaches."""
         return self._forward
 
-    def hold(self) -> None:
-        """Serve until the matching :meth:`release`; finds the router's pod first."""
+    def hold(self, holder: object) -> None:
+        """Serve until ``holder`` is released; finds the router's pod first."""
         with self._lock:
             if self._closed:
                 raise self._api.errors("the sandbox router's port-forward was closed")
-            self._holders += 1
+            self._holders.add(holder)
             if self._accepting is None:
                 self._wake = socket.socketpair()
                 self._accepting = threading.Thread(
@@ -137,13 +137,15 @@ class RouterTunnel:
         try:
             self._resolved(fresh=False)
         except BaseException:
-            self.release()
+            self.release(holder)
             raise
 
-    def release(self) -> None:
-        """One holder is done; the last one stops every tunnel thread."""
+    def release(self, holder: object) -> None:
+        """``holder`` is done (again: nothing); the last one stops every tunnel thread."""
         with self._lock:
-            self._holders = max(0, self._holders - 1)
+            if holder not in self._holders:
+                return
+            self._holders.discard(holder)
             if self._holders:
                 return
         self._stop()
@@ -152,7 +154,7 @@ class RouterTunnel:
         """Stop serving and free the port. Idempotent."""
         with self._lock:
             self._closed = True
-            self._holders = 0
+            self._holders.clear()
         self._stop()
         self._listener.close()
 

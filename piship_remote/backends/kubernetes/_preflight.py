@@ -174,7 +174,7 @@ class Preflight:
         if self._tunnel is None:
             return self._router_reply()
         try:
-            self._tunnel.hold()
+            self._tunnel.hold(self)
         except PiShipError as error:
             return Check(
                 "fail",
@@ -186,7 +186,7 @@ class Preflight:
         try:
             return self._router_reply()
         finally:
-            self._tunnel.release()
+            self._tunnel.release(self)
 
     def _router_reply(self) -> Check:
         url = f"{self._router_url}/"

@@ -363,28 +363,25 @@ class KubernetesAgentSandboxBackend:
             raise self._closed_error()
         options = self._claim_options.screened(profile, self.redactor)
         claims = KeptClaims(self._claims.with_options(options), adopt=adopt, labels=labels)
-        if self._tunnel is not None:
-            self._tunnel.hold()
-        try:
-            return self._admitted(claims)
-        except BaseException:
-            if self._tunnel is not None:
-                self._tunnel.release()
-            raise
-
-    def _admitted(self, claims: KeptClaims) -> KubernetesInstance:
         manager = ClaimManager(
             claims,
             self._clock,
             keepalive_every=keepalive_interval(self._lifetime),
             existence_window=self._existence_window,
         )
-        manager.prepare()
+        if self._tunnel is not None:
+            self._tunnel.hold(manager)  # the router is reached through it while this lives
+        try:
+            manager.prepare()
+        except BaseException:
+            if self._tunnel is not None:
+                self._tunnel.release(manager)
+            raise
         instance = KubernetesInstance(
             self._router,
             manager,
             self._workdir,
-            self._disposed,
+            lambda disposed: self._disposed(disposed, manager),
             self._runtime_files,
             self._jobs,
             claims,
@@ -394,10 +391,10 @@ class KubernetesAgentSandboxBackend:
         instance.dispose()
         raise self._closed_error()
 
-    def _disposed(self, instance: KubernetesInstance) -> None:
+    def _disposed(self, instance: KubernetesInstance, manager: ClaimManager) -> None:
         self._open.forget(instance)
         if self._tunnel is not None:
-            self._tunnel.release()
+            self._tunnel.release(manager)
 
     def close(self) -> None:
         """Dispose every claim this backend still holds and release its connections.
