@@ -127,7 +127,6 @@ def test_the_claim_carries_its_sandbox_service_name_and_node(
         instance = backend.prepare(SandboxProfile(workspace="/ws"))
         claim = instance.claim()
         instance.dispose()
-    assert claim is not None
     assert claim.sandbox == f"pool-{claim.name}"
     assert claim.service_fqdn == f"pool-{claim.name}.agents.svc.cluster.local"
     assert claim.node_name == NODE_NAME
@@ -142,6 +141,5 @@ def test_a_sandbox_without_a_service_has_no_service_name(
         instance = backend.prepare(SandboxProfile(workspace="/ws"))
         claim = instance.claim()
         instance.dispose()
-    assert claim is not None
     assert claim.service_fqdn is None
     assert (claim.pod_ip, claim.node_name) == ("10.0.0.7", NODE_NAME)

@@ -193,10 +193,12 @@ class KubernetesInstance:
         """The claim name the latest command ran in (``None`` before the first)."""
         return self._manager.epoch()
 
-    def claim(self) -> Claim | None:
-        """The claim the next command runs in, with what its Sandbox said when it became
-        ready (``sandbox``, ``pod_ip``, ``uid``, ``service_fqdn``, ``node_name``)."""
-        return self._manager.current()
+    def claim(self) -> Claim:
+        """The claim the next command runs in (renewed or replaced first, as for a
+        command), with what its Sandbox said when it became ready (``sandbox``,
+        ``pod_ip``, ``uid``, ``service_fqdn``, ``node_name``)."""
+        with self.claimed(None) as use:
+            return use.claim
 
     def files(self) -> RemoteFiles:
         """The sandbox's files, through the runtime's file endpoints and helper commands."""

@@ -118,17 +118,6 @@ class ClaimManager:
         with self._lock:
             return self._last
 
-    def current(self) -> Claim | None:
-        """The claim the next command runs in, once it is ready (``None`` before, or after
-        it was retired and before its replacement is ready)."""
-        with self._lock:
-            lease = self._current
-        if lease is None or lease.retired or not lease.future.done():
-            return None
-        if lease.future.exception() is not None:
-            return None
-        return lease.future.result()
-
     def prepare(self) -> None:
         """Create the first claim and wait until it is ready; on failure nothing is left."""
         try:
