@@ -4,6 +4,7 @@ Service, Endpoints and ``pods/<pod>/portforward`` WebSocket."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ pytest.importorskip("websocket")  # websocket-client: the kubernetes extra
 from seed_support import assert_no_library_thread_left
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend, PortForward
-from piship_remote.model.errors import PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.pool import SandboxPool
 from piship_remote.sandbox.activation import activate_sandbox
@@ -181,3 +182,13 @@ def test_a_sandbox_disposed_twice_leaves_the_tunnel_to_the_one_still_open(
         assert second.run("echo still").stdout == "still\n"
         second.dispose()
         assert tunnel_threads() == []
+
+
+def test_without_websocket_client_the_extra_is_named(
+    kubernetes_server: KubernetesFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "websocket", None)
+    with pytest.raises(PiShipError) as raised:
+        backend_for(kubernetes_server())
+    assert raised.value.code == CONFIG_INVALID
+    assert "piship-remote[kubernetes]" in (raised.value.user_action or "")

@@ -44,6 +44,7 @@ from piship_remote.backends.kubernetes._port_forward_stream import (
     DialRefused,
     Relay,
     dial,
+    require_websocket_client,
 )
 from piship_remote.model.errors import GATEWAY_UNREACHABLE
 from piship_remote.transport import TransportError
@@ -99,6 +100,7 @@ class RouterTunnel:
         credential: Credential,
         tls: TlsSettings,
     ) -> None:
+        require_websocket_client()
         self._forward = forward
         self._api = api
         self._endpoint = endpoint

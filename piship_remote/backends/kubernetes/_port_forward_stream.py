@@ -27,7 +27,7 @@ import attrs
 
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 
-__all__ = ["PROTOCOL", "Dial", "DialRefused", "Relay", "dial"]
+__all__ = ["PROTOCOL", "Dial", "DialRefused", "Relay", "dial", "require_websocket_client"]
 
 PROTOCOL = "v4.channel.k8s.io"
 _DATA, _ERROR = 0, 1
@@ -170,6 +170,11 @@ def _refusal(refused: Any) -> str:
 
 def _short(error: object) -> str:
     return " ".join(str(error).split())[:200] or type(error).__name__
+
+
+def require_websocket_client() -> None:
+    """``CONFIG_INVALID`` naming the extra when websocket-client is not installed."""
+    _websocket_module()
 
 
 def _websocket_module() -> Any:
