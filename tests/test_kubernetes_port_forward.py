@@ -21,7 +21,7 @@ from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.pool import SandboxPool
 from piship_remote.sandbox.activation import activate_sandbox
-from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
+from piship_remote.testing import CLAIMS, Cluster, KubernetesServer, RecordingServer, json_response
 
 KubernetesFactory = Callable[..., KubernetesServer]
 
@@ -192,3 +192,24 @@ def test_without_websocket_client_the_extra_is_named(
         backend_for(kubernetes_server())
     assert raised.value.code == CONFIG_INVALID
     assert "piship-remote[kubernetes]" in (raised.value.user_action or "")
+
+
+def test_the_double_forwards_to_a_loopback_router_upstream(
+    kubernetes_server: KubernetesFactory,
+) -> None:
+    websocket = pytest.importorskip("websocket")
+    with RecordingServer(lambda request: json_response(200, {"upstream": request.path})) as up:
+        mock = kubernetes_server(cluster=Cluster(router_upstream=("127.0.0.1", up.port)))
+        url = mock.url.replace("http://", "ws://") + FORWARD
+        stream = websocket.create_connection(url, subprotocols=["v4.channel.k8s.io"], timeout=5)
+        try:
+            prefixes = [stream.recv_data()[1] for _ in range(2)]
+            stream.send_binary(b"\x00GET /healthz HTTP/1.1\r\nHost: router\r\n\r\n")
+            answer = b""
+            while (message := stream.recv_data()[1]) and message[:1] == b"\x00":
+                answer += message[1:]
+        finally:
+            stream.close()
+    assert prefixes == [b"\x00\x90\x1f", b"\x01\x90\x1f"]  # each channel's port, 8080
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"upstream":"/healthz"}')
+    assert up.count("GET", "/healthz") == 1

@@ -13,7 +13,8 @@ The stream protocol is the kubelet's: channel 2i carries port i's data and 2i+1 
 errors; each message is one channel byte, then the data; each channel's first
 message from the server is the port number (2 bytes, little endian). The forwarded
 port reaches the router itself: the server serves the stream as a new plain-HTTP
-connection (:meth:`~piship_remote._http_server.server.HttpServer.serve_connection`).
+connection (:meth:`~piship_remote._http_server.server.HttpServer.serve_connection`), or,
+with ``cluster.router_upstream`` (a loopback ``(host, port)``), a router listening there.
 A port the router pod does not listen on gets the kubelet's error on the error
 channel, then the stream closes. ``"create pods/portforward"`` in ``cluster.denied``
 refuses the upgrade with 403.
@@ -58,6 +59,7 @@ class RouterServiceSettings(AccessSettings, Protocol):
     router_service: str
     router_namespace: str
     router_pods: list[str]
+    router_upstream: tuple[str, int] | None
 
 
 class Serving(Protocol):
@@ -108,7 +110,10 @@ class PortForwards:
         ours, theirs = socket.socketpair()
         name = f"{THREAD_PREFIX}portforward-{next(self._counter)}"
         forward = _Forward(theirs, head.headers["sec-websocket-key"], int(ports[0]), match["pod"])
-        thread = threading.Thread(target=forward.run, args=(self._server, name), name=name)
+        upstream = self._cluster.router_upstream
+        thread = threading.Thread(
+            target=forward.run, args=(self._server, name, upstream), name=name
+        )
         thread.daemon = True
         thread.start()
         return ours
@@ -124,7 +129,7 @@ class _Forward:
         self._pod = pod
         self._lock = threading.Lock()
 
-    def run(self, server: Serving, name: str) -> None:
+    def run(self, server: Serving, name: str, upstream: tuple[str, int] | None) -> None:
         with contextlib.closing(self._ws):
             reader = self._ws.makefile("rb")
             if not _skip_head(reader):
@@ -141,8 +146,9 @@ class _Forward:
             if self._port != ROUTER_PORT:
                 self._refuse_port(reader)
                 return
-            router, ours = socket.socketpair()
-            server.serve_connection(ours)
+            router = self._router(server, upstream)
+            if router is None:
+                return
             back = threading.Thread(target=self._answers, args=(router,), name=f"{name}-back")
             back.daemon = True
             back.start()
@@ -152,6 +158,22 @@ class _Forward:
                 _cut(router)
                 back.join()
                 router.close()
+
+    def _router(self, server: Serving, upstream: tuple[str, int] | None) -> socket.socket | None:
+        """This server's own router, or a loopback ``upstream`` one (its port: the pod's)."""
+        if upstream is None:
+            router, ours = socket.socketpair()
+            server.serve_connection(ours)
+            return router
+        if upstream[0] not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError("router_upstream must be a loopback address")
+        try:
+            return socket.create_connection(upstream, timeout=5.0)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                self._send(_BINARY, b"\x01" + f"error forwarding port: {error}".encode())
+                self._send(_CLOSE, struct.pack("!H", 1000))
+            return None
 
     def _requests(self, reader: Any, router: socket.socket) -> None:
         """The client's frames to the router, until the client closes."""

@@ -208,6 +208,8 @@ class Cluster:
     router_namespace: str = "agent-sandbox-system"
     router_pods: list[str] = attrs.field(factory=lambda: ["sandbox-router-6d8f9-x7k2p"])
     """The router Service's ready pods (its Endpoints); empty: none ready."""
+    router_upstream: tuple[str, int] | None = None
+    """A loopback router a port-forward reaches instead of this server's (e.g. the real one)."""
 
 
 class KubernetesServer(RecordingServer):
