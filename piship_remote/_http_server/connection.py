@@ -130,7 +130,9 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self._refuse(_Refused(400, problem))
             return
         headers = {name.lower(): value for name, value in self.headers.items()}
-        head = Head(self.command, self.path, urlsplit(self.path).path, headers)
+        head = Head(
+            self.command, self.path, urlsplit(self.path).path, headers, _client_subject(self)
+        )
         rejected = self.owner.screen(head) if self.owner.screen is not None else None
         if rejected is not None:
             self.close_connection = True  # its body, if any, is never read
@@ -139,6 +141,11 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         upstream = self.owner.tunnel(head) if self.owner.tunnel is not None else None
         if upstream is not None:
             self.close_connection = True
+            self.owner._arrived(
+                Request(
+                    head.method, head.path, headers, b"", head.target, None, head.client_subject
+                )
+            )
             if isinstance(upstream, Reply):
                 self._send(upstream)
             else:
@@ -152,7 +159,7 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self._refuse(e)
             return
         request = Request(
-            head.method, head.path, headers, body, head.target, stream, _client_subject(self)
+            head.method, head.path, headers, body, head.target, stream, head.client_subject
         )
         self.owner._arrived(request)
         try:

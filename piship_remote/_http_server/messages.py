@@ -62,6 +62,8 @@ class Head:
     path: str
     headers: Mapping[str, str]
     """Header names lower-cased."""
+    client_subject: str | None = None
+    """Over TLS: the common name of the client certificate the server verified, if any."""
 
 
 @attrs.frozen
