@@ -261,6 +261,8 @@ class HttpServer:
             admitted = not self._closed and self._make_room()
             if admitted:
                 self._connections[connection] = thread
+                # idle until its first request line arrives, so a full server can make room
+                self._idle_since[connection] = time.monotonic()
         if not admitted:
             _refuse(connection)
             return
