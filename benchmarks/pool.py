@@ -22,13 +22,18 @@ more). The Kubernetes rows are :mod:`benchmarks.pool_kubernetes`, time to first 
 from __future__ import annotations
 
 import contextlib
-import queue
 import time
-from collections.abc import Callable
 from typing import Any
 
 from benchmarks.clients import API_KEY, SDK_MISSING, activate_e2b, load_sdk, ours_backend
-from benchmarks.pool_loops import POOL_SIZE, Loop, pool_loop, threaded, throughput_rows
+from benchmarks.pool_loops import (
+    POOL_SIZE,
+    Loop,
+    pool_loop,
+    reuse_loop,
+    threaded,
+    throughput_rows,
+)
 from benchmarks.report import Role, ScenarioResult, with_ratios
 from benchmarks.rounds import Context
 
@@ -109,28 +114,3 @@ def _sdk_per_task(sdk: Any, url: str) -> Loop:
 
 def _sdk_reuse(sdk: Any, url: str, stack: contextlib.ExitStack) -> Loop:
     return reuse_loop(lambda: _sdk_create(sdk, url), "kill", stack)
-
-
-def reuse_loop(create: Callable[[], Any], delete: str, stack: contextlib.ExitStack) -> Loop:
-    """:data:`POOL_SIZE` sandboxes from ``create()`` (each deleted by its method ``delete``
-    when ``stack`` closes); each task runs ``commands.run("true")`` on a free one: the
-    reuse loop users hand-roll around a single-sandbox SDK."""
-    free: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    for _ in range(POOL_SIZE):
-        sandbox = create()
-        stack.callback(_quietly, getattr(sandbox, delete))
-        free.put(sandbox)
-
-    def one() -> None:
-        sandbox = free.get()
-        try:
-            sandbox.commands.run("true")
-        finally:
-            free.put(sandbox)
-
-    return threaded(one, "bench-reuse")
-
-
-def _quietly(action: Callable[[], object]) -> None:
-    with contextlib.suppress(Exception):
-        action()

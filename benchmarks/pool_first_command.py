@@ -39,7 +39,7 @@ SERVER = "loopback"
 _DENY = {"required": True, "network": {"mode": "deny"}}
 
 
-@attrs.frozen
+@attrs.define  # not frozen: rounds.Named wants a plain ``name`` attribute
 class _Client:
     name: str
     role: Role

@@ -28,8 +28,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from benchmarks.clients import NAMESPACE, WARM_POOL, kubernetes_backend
-from benchmarks.pool import reuse_loop
-from benchmarks.pool_loops import POOL_SIZE, Loop, pool_loop, threaded, throughput_rows
+from benchmarks.pool_loops import (
+    POOL_SIZE,
+    Loop,
+    pool_loop,
+    reuse_loop,
+    threaded,
+    throughput_rows,
+)
 from benchmarks.proxy import ProxyProcess
 from benchmarks.report import Role, ScenarioResult, with_ratios
 from benchmarks.rounds import Context

@@ -14,6 +14,7 @@ created) is reported per task.
 from __future__ import annotations
 
 import contextlib
+import queue
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ __all__ = [
     "Loop",
     "PoolLoop",
     "pool_loop",
+    "reuse_loop",
     "task_count",
     "threaded",
     "throughput_rows",
@@ -105,6 +107,26 @@ def threaded(one: Callable[[], None], prefix: str) -> Loop:
     return loop
 
 
+def reuse_loop(create: Callable[[], Any], delete: str, stack: contextlib.ExitStack) -> Loop:
+    """:data:`POOL_SIZE` sandboxes from ``create()`` (each deleted by its method ``delete``
+    when ``stack`` closes); each task runs ``commands.run("true")`` on a free one: the
+    reuse loop users hand-roll around a single-sandbox SDK."""
+    free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for _ in range(POOL_SIZE):
+        sandbox = create()
+        stack.callback(_quietly, getattr(sandbox, delete))
+        free.put(sandbox)
+
+    def one() -> None:
+        sandbox = free.get()
+        try:
+            sandbox.commands.run("true")
+        finally:
+            free.put(sandbox)
+
+    return threaded(one, "bench-reuse")
+
+
 def throughput_rows(
     context: Context, scenario: str, server: str, loops: Loops, *, counters: Counters
 ) -> list[Row]:
@@ -147,3 +169,8 @@ def throughput_rows(
 def _settle(loop: Loop) -> None:
     if isinstance(loop, PoolLoop):
         loop.settle()
+
+
+def _quietly(action: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        action()
