@@ -23,6 +23,7 @@ from piship_remote.model.errors import CommandCancelled
 from piship_remote.pool._attempts import Task, TaskAttempts
 from piship_remote.pool._progress import Progress
 from piship_remote.pool.result import CANCELLED, UNKNOWN, TaskResult
+from piship_remote.transport._cancel import CancelToken
 
 __all__ = ["MapRun"]
 
@@ -51,7 +52,9 @@ class MapRun:
         self._next = iter(range(len(items)))
         self._next_lock = threading.Lock()
         self._results: queue.SimpleQueue[tuple[int, TaskResult]] = queue.SimpleQueue()
-        self.cancel = threading.Event()
+        # A token, not a plain Event: a command given a plain Event has its sandbox's
+        # watcher thread poll it every 2 ms while it runs, one thread per busy sandbox.
+        self.cancel = CancelToken()
         self._threads = [
             threading.Thread(
                 target=self._work, name=f"piship-pool-task-{next(_NUMBERS)}", daemon=True
