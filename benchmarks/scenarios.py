@@ -28,6 +28,7 @@ from benchmarks import (
     pool_scale,
     push,
     stream_throughput,
+    tracing_cost,
 )
 from benchmarks.report import ScenarioResult
 from benchmarks.rounds import Context
@@ -58,6 +59,7 @@ _REGISTERED = (
     Scenario(pool_kubernetes.NAME, pool_kubernetes.run, round_trips=True),
     Scenario(pool_first_command.NAME, pool_first_command.run, round_trips=True),
     Scenario(pool_scale.NAME, pool_scale.run, round_trips=True),
+    Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}

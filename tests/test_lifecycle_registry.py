@@ -60,6 +60,25 @@ def test_dispose_all_gives_up_at_its_deadline_and_names_what_is_left() -> None:
         release.set()
 
 
+def test_dispose_all_waits_for_a_deletion_an_earlier_call_started() -> None:
+    release = threading.Event()
+    done = threading.Event()
+    owner = Owner()
+
+    def slow() -> None:
+        release.wait(10)
+        done.set()
+
+    lifecycle.track(owner, "sbx-slow", slow)
+    assert lifecycle.dispose_all(0.0) == ["sbx-slow"]  # started, not waited for
+    try:
+        assert lifecycle.dispose_all(0.1) == ["sbx-slow"]  # still under way: named again
+    finally:
+        release.set()
+    assert lifecycle.dispose_all(5.0) == []
+    assert done.is_set()
+
+
 def test_a_collected_undisposed_sandbox_is_disposed_with_a_resource_warning() -> None:
     done = threading.Event()
     owner = Owner()

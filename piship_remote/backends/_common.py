@@ -16,22 +16,18 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, overload
 
 import attrs
 
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
-from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge
 
 if TYPE_CHECKING:
     from piship_remote.backends.base import BackendResult, Instance
     from piship_remote.model.redact import Redactor
-    from piship_remote.transport._cancel import Callback
 
 __all__ = [
     "DETAIL_LIMIT",
-    "CancelLinks",
     "CountedChunks",
     "OpenInstances",
     "SandboxErrors",
@@ -165,36 +161,6 @@ class SandboxErrors:
             component="sandbox",
             redactor=self.redactor,
         )
-
-
-class CancelLinks:
-    """Makes tokens follow callers' cancel events; owns the one watcher thread for them.
-
-    A ``CancelToken`` is followed by callback; a plain ``threading.Event`` by the
-    ``piship-cancel-watch`` thread, started on first use and ended by :meth:`close`.
-    """
-
-    def __init__(self) -> None:
-        self._watcher = EventWatcher()
-
-    def follow(self, cancel: threading.Event, token: CancelToken) -> Callback:
-        """Set ``token`` when ``cancel`` is set (at once if it already is); returns the unlink."""
-        if isinstance(cancel, CancelToken):
-            return cancel.on_cancel(token.set)
-        forget = self._watcher.watch(cancel, token)
-        if cancel.is_set():
-            token.set()
-        return forget
-
-    @contextmanager
-    def token_for(self, cancel: threading.Event | None) -> Iterator[CancelToken]:
-        """A token for ``cancel`` during the block: itself if it is a token, else a mirror."""
-        with bridge(cancel, self._watcher) as token:
-            yield token
-
-    def close(self) -> None:
-        """Stop the watcher thread; later links are never woken by it."""
-        self._watcher.close()
 
 
 class OpenInstances:

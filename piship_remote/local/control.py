@@ -9,7 +9,7 @@
 ``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 201 if it resumed
 ``POST /sandboxes/<id>/pause``             204: its processes frozen; 409 if already paused
 ``POST /sandboxes/<id>/resume``            201: thawed, to live ``timeout`` (15) s; 409 running
-``GET /sandboxes/<id>/metrics``            200: one sample read from its processes (``[]`` paused)
+``GET /sandboxes/<id>/metrics``            200: its samples (one taken now), ``?start=&end=``
 ``POST /sandboxes/<id>/timeout``           204: live ``timeout`` more seconds from now
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
 ``DELETE /sandboxes/<id>``                 204: kill its processes, remove its files
@@ -58,10 +58,10 @@ from piship_remote.local.sandbox.listing import (
     ResumeRequest,
     lifecycle,
     metadata_filter,
-    metric,
     rfc3339,
     state,
 )
+from piship_remote.local.sandbox.metrics import SandboxMetrics, time_range
 from piship_remote.local.sandbox.registry import (
     Registry,
     Sandbox,
@@ -83,7 +83,7 @@ from piship_remote.wire.e2b_json import WireError, parse, to_json, unstructure
 
 __all__ = ["CLIENT_ID", "ENVD_VERSION", "ControlPlane"]
 
-ENVD_VERSION = "0.5.7"
+ENVD_VERSION = "0.6.4"
 CLIENT_ID = "piship-local"
 MAX_REFRESH = 3600
 MIB = 1024 * 1024
@@ -113,6 +113,7 @@ class ControlPlane:
         self._api_key = api_key
         self.domain = domain
         """What create and connect answers give as ``domain`` (the service's loopback host)."""
+        self._metrics = SandboxMetrics()
 
     def screen(self, head: Head) -> Reply | None:
         """The refusal of a request its headers already rule out (no key), before its body."""
@@ -154,7 +155,8 @@ class ControlPlane:
         if action == "/resume":
             return self._resume(sandbox, request.body)
         if action == "/metrics":
-            samples = [] if sandbox.pause_state.paused else [metric(sandbox)]
+            start, end = time_range(request.target)
+            samples = self._metrics.read(sandbox, start, end)
             return Reply(200, to_json(samples), "application/json")
         if action == "/timeout":
             seconds = parse(request.body, TimeoutRequest).timeout

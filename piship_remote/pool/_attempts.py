@@ -7,11 +7,14 @@ An attempt takes a sandbox and runs the task in it. Only an attempt whose work n
 started (no sandbox could be had, or its command was refused before it was sent) is
 followed by another, on another sandbox. A sandbox whose attempt ended ``"infra"``,
 ``"unknown"``, ``"timeout"`` or ``"cancelled"`` is disposed; one that ended ``"ok"`` or
-``"failed"`` goes back to the pool when ``reuse`` (after ``reset`` exits 0).
+``"failed"`` goes back to the pool when ``reuse`` (after ``reset`` exits 0). A callable
+task runs on a thread of its own (:mod:`~piship_remote.pool._call`), so its timeout
+ends the task even when the callable does not return.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +23,7 @@ from typing import Any
 import attrs
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
+from piship_remote.pool._call import BoundedCall
 from piship_remote.pool._supply import (
     NoSandboxInTime,
     SandboxSupply,
@@ -61,12 +65,20 @@ class TaskAttempts:
     """Runs tasks on the sandboxes of ``supply``; shared by every thread of the pool."""
 
     def __init__(
-        self, supply: SandboxSupply, *, reset: str | None, reuse: bool, max_attempts: int
+        self,
+        supply: SandboxSupply,
+        *,
+        reset: str | None,
+        reuse: bool,
+        max_attempts: int,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         self._supply = supply
         self._reset = reset
         self._reuse = reuse
         self._max_attempts = max_attempts
+        self._on_failure = on_failure
+        self._calls = itertools.count(1)
 
     def run(
         self, task: Task, item: Any, timeout: float | None, cancel: threading.Event
@@ -111,12 +123,15 @@ class TaskAttempts:
             return _Attempt(CANCELLED, error=cancelled)
         except Exception as error:  # activation failed: the work never started
             return _Attempt(_BUSY if service_busy(error) else INFRA, error=error)
-        attempt = self._run_in(sandbox, task, item, deadline, cancel)
+        attempt = self._run_in(sandbox, task, item, deadline, timeout, cancel)
         self.give_back(sandbox, healthy=attempt.outcome in _REUSABLE)
         return attempt
 
     def give_back(self, sandbox: Sandbox, *, healthy: bool) -> None:
-        """Return a leased sandbox: kept when ``reuse``, ``healthy`` and reset, else disposed."""
+        """Return a leased sandbox: kept when ``reuse``, ``healthy`` and reset, else disposed
+        (and, when not ``healthy``, ``on_failure`` called)."""
+        if not healthy:
+            self._on_failure()
         keep = self._reuse and healthy and self._reset_ok(sandbox)
         self._supply.give_back(sandbox, keep=keep)
 
@@ -147,6 +162,7 @@ class TaskAttempts:
         task: Task,
         item: Any,
         deadline: float | None,
+        timeout: float | None,
         cancel: threading.Event,
     ) -> _Attempt:
         sandbox_id = _id_of(sandbox)
@@ -156,8 +172,9 @@ class TaskAttempts:
             except (KeyError, IndexError, ValueError) as error:  # the task's own mistake
                 return _Attempt(FAILED, error=error, sandbox_id=sandbox_id)
             return self._run_command(sandbox, command, deadline, cancel, sandbox_id)
+        call = BoundedCall(task, sandbox, item, name=f"piship-pool-call-{next(self._calls)}")
         try:
-            value = task(sandbox, item)
+            value = call.result(deadline, timeout, cancel, lambda: self._supply.closed)
         except CommandTimeout as error:
             return _Attempt(TIMEOUT, error=error, sandbox_id=sandbox_id)
         except CommandCancelled as error:

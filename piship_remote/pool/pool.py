@@ -8,7 +8,8 @@ The pool activates its sandboxes with :func:`~piship_remote.activate_sandbox` an
 runs tasks with ``Sandbox.run``; it holds at most ``size`` sandboxes, keeps ``warm``
 of them ready, and spaces creates to ``max_create_rate`` a second. Its sandboxes are
 in the lifecycle registry like any other, and the pool too: interpreter exit, Ctrl-C
-or ``close()`` dispose every one of them.
+or ``close()`` dispose every one of them. The service's health is checked once for the
+pool and again after any failure, not before every create (see ``_health``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from piship_remote.backends.base import Backend
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.model.policy import SandboxPolicy
 from piship_remote.pool._attempts import Task, TaskAttempts
+from piship_remote.pool._health import HealthOnce
 from piship_remote.pool._labels import labelled
 from piship_remote.pool._progress import progress_for
 from piship_remote.pool._run import MapRun
@@ -31,6 +33,7 @@ from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.pool.result import TaskResult, is_infrastructure
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox.activation import PathLike, Sandbox, activate_sandbox
+from piship_remote.telemetry import Telemetry
 
 __all__ = ["SandboxPool"]
 
@@ -71,20 +74,29 @@ class SandboxPool:
         self._size = size
         labels = dict(labels or {})
         self._progress = progress
+        health = HealthOnce(labelled(backend, labels))
         activate = functools.partial(
             activate_sandbox,
             policy,
-            backend=labelled(backend, labels),
+            backend=health.backend,
             workspace=workspace,
             sync=sync,
             env=env,
         )
         self._supply = SandboxSupply(
-            activate, size=size, warm=warm, throttle=CreateThrottle(max_create_rate)
+            functools.partial(health.watch, activate),
+            size=size,
+            warm=warm,
+            throttle=CreateThrottle(max_create_rate),
         )
         self._attempts = TaskAttempts(
-            self._supply, reset=reset, reuse=reuse, max_attempts=max_attempts
+            self._supply,
+            reset=reset,
+            reuse=reuse,
+            max_attempts=max_attempts,
+            on_failure=health.forget,
         )
+        self._telemetry = Telemetry.load(backend.id, backend.redactor)
         self._token = lifecycle.track(self, "sandbox pool", self._supply.close)
 
     def __enter__(self) -> SandboxPool:
@@ -142,6 +154,11 @@ class SandboxPool:
         ``task(sandbox, item)`` whose return value is the value. ``timeout`` bounds
         each task, waiting for its sandbox included. Ctrl-C kills every running remote
         command, disposes the pool's sandboxes and is re-raised.
+
+        A callable runs on a ``piship-pool-call-N`` daemon thread: when its timeout
+        expires (or the pool closes) first, its result says ``"timeout"``
+        (``"cancelled"``) at once and its sandbox is disposed, never handed on, but
+        Python cannot stop the thread, which lingers until the callable returns.
         """
         listed = list(items)
         results: list[TaskResult | None] = [None] * len(listed)
@@ -167,7 +184,13 @@ class SandboxPool:
             raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox pool is closed", component="pool")
         progress = progress_for(self._progress, len(items))
         run = MapRun(
-            self._attempts, task, items, timeout=timeout, threads=self._size, progress=progress
+            self._attempts,
+            task,
+            items,
+            timeout=timeout,
+            threads=self._size,
+            progress=progress,
+            telemetry=self._telemetry,
         )
         finished = False
         try:

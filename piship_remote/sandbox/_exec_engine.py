@@ -20,7 +20,9 @@ the threads that needs. There are four paths:
   another thread runs does not wake a blocked wait, and that is when Python
   raises ``KeyboardInterrupt``. It watches the deadline itself.
 - **Any other thread** makes the call itself (a ``DirectCall`` again); the
-  ``piship-exec-timer`` thread fires its deadline.
+  ``piship-exec-timer`` thread fires its deadline. The call is marked
+  :func:`~piship_remote.sandbox.lifecycle.running_off_main_thread`, so that Ctrl-C
+  while the main thread waits for a pool's workers disposes the sandbox.
 - **A started command** (``Sandbox.start``, :meth:`ExecEngine.begin`) is a
   ``DirectCall`` made on a ``piship-exec-N`` worker
   (:class:`~piship_remote.sandbox._exec_workers.BackgroundCall`); its handle's
@@ -68,7 +70,7 @@ import os
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from piship_remote.backends._owned import Detachable
 from piship_remote.backends.base import (
@@ -78,14 +80,10 @@ from piship_remote.backends.base import (
     ServesPorts,
     takes_deadline,
 )
-from piship_remote.model.errors import (
-    CONFIG_INVALID,
-    SANDBOX_UNAVAILABLE,
-    CommandCancelled,
-    CommandTimeout,
-    PiShipError,
-)
+from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.model.redact import Redactor
+from piship_remote.sandbox import lifecycle
+from piship_remote.sandbox._exec_errors import ExecErrors
 from piship_remote.sandbox._exec_workers import (
     STOPPED,
     Aborted,
@@ -107,11 +105,9 @@ from piship_remote.transport.deadline import Deadline
 __all__ = [
     "CHANNEL_BYTES",
     "INTERRUPT_POLL",
-    "REASON_LIMIT",
     "Command",
     "ExecEngine",
     "command_line",
-    "reason_text",
 ]
 
 Command = str | Sequence[str | os.PathLike[str]]
@@ -119,7 +115,6 @@ Command = str | Sequence[str | os.PathLike[str]]
 
 INTERRUPT_POLL = 0.05
 CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of its sink
-REASON_LIMIT = 400
 
 
 def command_line(command: object) -> str:
@@ -172,7 +167,7 @@ class ExecEngine:
     ) -> None:
         self._instance = instance
         self._adapter = adapter
-        self._redactor = redactor
+        self._errors = ExecErrors(adapter=adapter, redactor=redactor)
         self._settle_timeout = settle_timeout
         self._lock = threading.Lock()
         self._calls: set[WorkerCall | DirectCall] = set()
@@ -190,7 +185,7 @@ class ExecEngine:
         """Raise ``SANDBOX_UNAVAILABLE`` once the sandbox is retired or disposed."""
         with self._lock:
             if self._retired or self._disposed:
-                raise self._retired_error()
+                raise self._refusal()
 
     @contextmanager
     def cancel_token(self, cancel: threading.Event | None) -> Iterator[CancelToken]:
@@ -218,7 +213,8 @@ class ExecEngine:
         given = deadline if self._deadlines else None
         call: WorkerCall | DirectCall
         disarm: Disarm | None = None
-        if threading.current_thread() is not threading.main_thread():
+        off_main = threading.current_thread() is not threading.main_thread()
+        if off_main:
             call = self._direct(sink, retire)
         elif not self._prompt:
             call = WorkerCall(self._instance, request, CHANNEL_BYTES, given)
@@ -231,12 +227,13 @@ class ExecEngine:
                 else WorkerCall(self._instance, request, CHANNEL_BYTES, given)
             )
         try:
-            outcome = self._registered(call, request, sink, deadline, cancel, retire=retire)
+            with lifecycle.running_off_main_thread() if off_main else nullcontext():
+                outcome = self._registered(call, request, sink, deadline, cancel, retire=retire)
         finally:
             if disarm is not None and disarm():
                 raise KeyboardInterrupt from None
         if isinstance(outcome, Raised):
-            raise self._backend_error(outcome.error)
+            raise self._errors.from_backend(outcome.error)
         return outcome.result
 
     @property
@@ -271,7 +268,7 @@ class ExecEngine:
         )
         with self._lock:
             if self._disposed:
-                raise self._retired_error()
+                raise self._refusal()
             self._calls.add(call)
         remaining = deadline.remaining()
         if remaining is not None:
@@ -280,7 +277,7 @@ class ExecEngine:
         if self._workers.submit(started) is None:
             call.abort("disposed")
             done()
-            raise self._abort_error("disposed", deadline)
+            raise self._errors.aborted("disposed", deadline)
         return started
 
     def result_of(self, started: BackgroundCall, deadline: Deadline) -> BackendResult:
@@ -290,10 +287,10 @@ class ExecEngine:
         if call.failure is not None:
             raise call.failure
         if call.aborted is not None:
-            raise self._abort_error(call.aborted, deadline)
+            raise self._errors.aborted(call.aborted, deadline)
         assert outcome is not None
         if isinstance(outcome, Raised):
-            raise self._backend_error(outcome.error)
+            raise self._errors.from_backend(outcome.error)
         return outcome.result
 
     def _direct(self, sink: Sink | None, retire: bool) -> DirectCall:
@@ -311,7 +308,7 @@ class ExecEngine:
     ) -> Outcome:
         with self._lock:
             if self._disposed:
-                raise self._retired_error()
+                raise self._refusal()
             self._calls.add(call)
         try:
             forget = when_cancelled(cancel, self._watcher, lambda: call.abort("cancel"))
@@ -362,7 +359,7 @@ class ExecEngine:
         with self._lock:
             unusable = self._retired or self._disposed
         if unusable:
-            raise self._retired_error()
+            raise self._refusal()
         kept: list[str] = []
         error: list[Exception] = []
 
@@ -374,9 +371,9 @@ class ExecEngine:
 
         self._shut(let_go)
         if error:
-            raise self._backend_error(error[0])
+            raise self._errors.from_backend(error[0])
         if not kept:
-            raise self._retired_error()
+            raise self._refusal()
         return kept[0]
 
     def _shut(self, release: Callable[[], object]) -> None:
@@ -402,12 +399,12 @@ class ExecEngine:
     ) -> Outcome:
         worker = self._workers.submit(call)
         if worker is None:  # disposed since the call was registered
-            raise self._abort_error("disposed", deadline)
+            raise self._errors.aborted("disposed", deadline)
         try:
             return self._drain(call, sink, deadline)
         except _Aborted as aborted:
             self._settle(call, retire=retire and aborted.kind != "disposed")
-            raise self._abort_error(aborted.kind, deadline) from None
+            raise self._errors.aborted(aborted.kind, deadline) from None
         except BaseException:  # Ctrl-C, or the sink failed
             self._settle(call, retire=retire)
             raise
@@ -452,7 +449,7 @@ class ExecEngine:
         if call.failure is not None:
             raise call.failure
         if call.aborted is not None:
-            raise self._abort_error(call.aborted, deadline)
+            raise self._errors.aborted(call.aborted, deadline)
         return outcome
 
     def _watch_settle(self, call: DirectCall, kind: AbortKind, retire: bool) -> None:
@@ -466,6 +463,9 @@ class ExecEngine:
 
         self._timer.schedule(self._settle_timeout, check)
 
+    def _refusal(self) -> PiShipError:
+        return self._errors.retired(disposed=self._disposed, retired=self._retired)
+
     def _retire(self) -> None:
         with self._lock:
             if self._retired or self._disposed:
@@ -474,51 +474,6 @@ class ExecEngine:
         threading.Thread(
             target=_quietly, args=(self._instance.dispose,), name="piship-retire", daemon=True
         ).start()
-
-    # -- errors --------------------------------------------------------------------
-
-    def _abort_error(self, kind: AbortKind, deadline: Deadline) -> BaseException:
-        if kind == "timeout":
-            return CommandTimeout(deadline.seconds or 0)
-        if kind == "disposed":
-            return PiShipError(
-                SANDBOX_UNAVAILABLE,
-                f"The {self._adapter} sandbox was disposed while the command ran; "
-                "check its effects before running it again",
-                component="sandbox",
-            )
-        return CommandCancelled()
-
-    def _backend_error(self, error: BaseException) -> BaseException:
-        if isinstance(error, (PiShipError, CommandCancelled, CommandTimeout)):
-            return error
-        if not isinstance(error, Exception):
-            return error
-        return PiShipError(
-            SANDBOX_UNAVAILABLE,
-            reason_text(str(error) or type(error).__name__, self._redactor),
-            component="sandbox",
-            redactor=self._redactor,
-        )
-
-    def _retired_error(self) -> PiShipError:
-        if self._disposed and not self._retired:
-            text = (
-                f"The {self._adapter} sandbox was disposed, so piship_remote retired it; "
-                "activate a new sandbox"
-            )
-        else:
-            text = (
-                f"The {self._adapter} sandbox backend did not stop a timed-out or "
-                "cancelled command, so piship_remote retired it; activate a new sandbox"
-            )
-        return PiShipError(SANDBOX_UNAVAILABLE, text, not_started=True, component="sandbox")
-
-
-def reason_text(text: str, redactor: Redactor) -> str:
-    """``text`` redacted and cut to ``REASON_LIMIT`` characters, for an error message."""
-    redacted = redactor.redact(text)
-    return redacted if len(redacted) <= REASON_LIMIT else redacted[:REASON_LIMIT]
 
 
 def _wait_slice(deadline: Deadline, poll: float | None) -> float | None:

@@ -49,9 +49,11 @@ from piship_remote.sandbox._activation_steps import Activation, log_environment_
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
 from piship_remote.sandbox._output import OUTPUT_LIMIT, CommandResult, OutputCapture
+from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_sync_mode
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.telemetry import Telemetry
 from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = [
@@ -96,6 +98,7 @@ class Sandbox:
         backend: Backend,
         engine: ExecEngine | None,
         env: Mapping[str, str],
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.report = report
         self.profile = profile
@@ -105,6 +108,7 @@ class Sandbox:
         self._logged_warnings: set[str] = set()
         self._workspace_root = real_path(profile.workspace)
         self._transfers: SandboxTransfers | None = None
+        self._telemetry = SandboxTelemetry(telemetry or Telemetry(report.adapter), engine)
         self._lifecycle = _track(self, engine)
 
     @property
@@ -218,8 +222,10 @@ class Sandbox:
                 user_action="Use an E2B-compatible backend, or run the command without it",
             )
         control = CommandControl(stdin=stdin)
-        handle = self._handle(command, cwd, timeout, env, control=control, pty=pty)
-        return handle._begin()
+        request = self._request(command, cwd, timeout, env, control=control, pty=pty)
+        deadline = timeout_deadline(timeout)
+        handle = CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
+        return self._telemetry.started(handle)
 
     def _execute(
         self,
@@ -231,17 +237,19 @@ class Sandbox:
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
     ) -> ExecResult:
-        """``exec`` and ``run``: the handle of ``start``, waited for at once on this thread."""
+        """``exec`` and ``run``: run on this thread, output to ``sink``; no handle needed."""
         if cancel is not None and cancel.is_set():
             command_line(command)
             raise CommandCancelled()
-        handle = self._handle(command, cwd, timeout, env, stdin=stdin)
+        request = self._request(command, cwd, timeout, env, stdin=stdin)
+        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
+        engine = self._usable_engine()
         # The caller's cancel becomes the command's one token, here, once.
-        with self._usable_engine().cancel_token(cancel) as token:
-            result = handle._wait_here(sink, token)
-        return ExecResult(exit_code=exit_status(result))
+        with self._telemetry.command() as span, engine.cancel_token(cancel) as token:
+            result = engine.run(request, sink, deadline, token, retire=True)
+            return ExecResult(exit_code=span.exit_code(exit_status(result)))
 
-    def _handle(
+    def _request(
         self,
         command: Command,
         cwd: PathLike | None,
@@ -251,10 +259,10 @@ class Sandbox:
         stdin: Iterable[bytes] | None = None,
         control: CommandControl | None = None,
         pty: bool | tuple[int, int] = False,
-    ) -> CommandHandle:
+    ) -> ExecRequest:
         line = command_line(command)
-        engine = self._usable_engine()
-        request = ExecRequest(
+        self._usable_engine()
+        return ExecRequest(
             command=line,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
@@ -264,8 +272,6 @@ class Sandbox:
             pty=_terminal_size(pty),
             control=control,
         )
-        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
-        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
 
     def workspace(self) -> WorkspaceReport | None:
         """The live workspace report (a snapshot's never changes); ``None`` when not enforced.
@@ -344,6 +350,7 @@ class Sandbox:
             self._transfers.stop()
         self._engine.dispose()
         lifecycle.untrack(self._lifecycle)
+        self._telemetry.let_go("deleted")
 
     @property
     def id(self) -> str:
@@ -370,6 +377,7 @@ class Sandbox:
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)
+        self._telemetry.let_go("detached")
         return sandbox_id
 
     def _usable_engine(self) -> ExecEngine:
@@ -460,6 +468,7 @@ def activate_sandbox(
         attach,
         sandbox_type=Sandbox,
         env_given=env is not None,
+        telemetry=Telemetry.load(backend.id, backend.redactor),
     )
     return activation.run()
 

@@ -7,10 +7,10 @@
         ...
     result = handle.wait()                # a CommandResult, as Sandbox.run gives
 
-``Sandbox.exec`` and ``Sandbox.run`` build the same handle and wait for it at once on the
-calling thread (the engine's paths: output to ``on_data`` on that thread, Ctrl-C, the
-deadline), so they cost what they cost before. ``Sandbox.start`` makes the backend call on
-a ``piship-exec-N`` worker and returns at once.
+``Sandbox.exec`` and ``Sandbox.run`` build no handle: they hand the same request to the
+engine and wait at once on the calling thread (output to ``on_data`` on that thread,
+Ctrl-C, the deadline). ``Sandbox.start`` makes the backend call on a ``piship-exec-N``
+worker and returns at once.
 
 One result per level: a backend instance returns a :class:`~piship_remote.BackendResult`
 (an exit code, or the signal that stopped the command), ``Sandbox.exec`` an
@@ -24,14 +24,14 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from piship_remote.backends._common import exit_status
-from piship_remote.backends.base import BackendResult, ExecRequest
+from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.control import CommandInput, TerminalSize
 from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, PiShipError
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
-from piship_remote.sandbox._exec_workers import BackgroundCall, Sink, Stream
+from piship_remote.sandbox._exec_workers import BackgroundCall, Stream
 from piship_remote.sandbox._output import CommandResult, OutputCapture
 from piship_remote.transport.deadline import Deadline
 
@@ -92,15 +92,25 @@ class CommandHandle:
 
     # -- how it runs -------------------------------------------------------------------
 
-    def _begin(self) -> CommandHandle:
-        """Start the command on a worker (``Sandbox.start``)."""
-        engine = self._engine
-        self._started = engine.begin(self._request, self._received, self._deadline, self._wake)
-        return self
+    def _begin(self, on_end: Callable[[], None] | None = None) -> CommandHandle:
+        """Start the command on a worker (``Sandbox.start``); ``on_end`` is called once it
+        ended and ``_started`` is set (its span's end), by whichever of the two comes last."""
+        arrivals = [0]
 
-    def _wait_here(self, sink: Sink | None, cancel: threading.Event | None) -> BackendResult:
-        """Run the command on this thread (``Sandbox.exec``/``run``), its output to ``sink``."""
-        return self._engine.run(self._request, sink, self._deadline, cancel, retire=True)
+        def arrive() -> None:
+            with self._cond:
+                arrivals[0] += 1
+                last = arrivals[0] == 2
+            if last and on_end is not None:
+                on_end()
+
+        def done() -> None:
+            self._wake()
+            arrive()
+
+        self._started = self._engine.begin(self._request, self._received, self._deadline, done)
+        arrive()
+        return self
 
     def _received(self, stream: Stream, chunk: bytes) -> None:
         """Output, on the worker: kept for the result and queued for the iteration."""

@@ -8,9 +8,11 @@ sandbox that is garbage-collected undisposed is disposed too, with a
 thread, the live sandboxes are disposed before Python waits for the other threads,
 so commands running on worker threads (a ``ThreadPoolExecutor``) are killed instead
 of being waited for. Ctrl-C while the main thread waits inside ``with
-ThreadPoolExecutor()`` does not end the main thread: the block's exit waits for the
-workers first, and only a second Ctrl-C (or ``cleanup_on_signals([SIGINT])``) reaches
-this module. Signals are opt-in::
+ThreadPoolExecutor()`` does not end the main thread at once: the block's exit waits
+for the workers first. There the registry's ``piship-interrupt-watch`` thread (see
+:mod:`piship_remote.sandbox._unwinding`), which runs while a command runs off the
+main thread, disposes the live sandboxes, and the exit hooks wait for those deletions.
+Signals are opt-in::
 
     import piship_remote
     piship_remote.cleanup_on_signals()          # SIGTERM and SIGHUP dispose, then the old action
@@ -32,9 +34,20 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from types import FrameType
 
-__all__ = ["EXIT_DEADLINE", "cleanup_on_signals", "dispose_all", "live_count", "track", "untrack"]
+from piship_remote.sandbox._unwinding import UnwindWatch
+
+__all__ = [
+    "EXIT_DEADLINE",
+    "cleanup_on_signals",
+    "dispose_all",
+    "live_count",
+    "running_off_main_thread",
+    "track",
+    "untrack",
+]
 
 EXIT_DEADLINE = 10.0  # seconds the exit hook waits for every live sandbox's deletion
 _LOG = logging.getLogger("piship_remote")
@@ -52,7 +65,8 @@ class _Registry:
         self._tokens = itertools.count(1)
         self._finalizers: dict[int, weakref.finalize[..., object]] = {}
         self._signals: dict[int, _Handler] = {}
-        self._reapers: set[threading.Thread] = set()  # disposing collected sandboxes
+        self._deleting: dict[threading.Thread, str] = {}  # deletions under way, by name
+        self.unwinding = UnwindWatch(self._dispose_on_interrupt)
 
     def track(self, owner: object, name: str, disposer: Disposer) -> int:
         token = next(self._tokens)
@@ -77,21 +91,32 @@ class _Registry:
             return len(self._live)
 
     def dispose_all(self, deadline: float) -> list[str]:
-        """Dispose every live sandbox in parallel; the names not done within ``deadline``."""
+        """Dispose every live sandbox in parallel; the names not done within ``deadline``.
+
+        Deletions already under way (a collected sandbox's, an earlier call's) are waited
+        for too: a process must not end in the middle of one.
+        """
         with self._lock:
             entries = list(self._live.items())
             self._live.clear()
             finalizers = list(self._finalizers.values())
             self._finalizers.clear()
-            reapers = list(self._reapers)
         for finalizer in finalizers:
             finalizer.detach()
-        threads = [_start(f"piship-exit-{token}", disposer) for token, (_, disposer) in entries]
+        for token, (name, disposer) in entries:
+            self._delete(f"piship-exit-{token}", name, disposer)
+        with self._lock:
+            deleting = list(self._deleting.items())
         end = time.monotonic() + deadline
-        for thread in threads + reapers:  # a collected sandbox's deletion must finish too
+        for thread, _ in deleting:
             thread.join(max(0.0, end - time.monotonic()))
-        left = [name for (_, (name, _)), t in zip(entries, threads, strict=True) if t.is_alive()]
-        return left + [f"a collected sandbox ({t.name})" for t in reapers if t.is_alive()]
+        return [name for thread, name in deleting if thread.is_alive()]
+
+    def _dispose_on_interrupt(self) -> None:
+        # On the watch thread: start the deletions and return, so that the workers'
+        # commands end at once; the exit hooks wait for the deletions.
+        _LOG.info("Ctrl-C while the main thread waits for its workers: disposing the sandboxes")
+        self.dispose_all(0.0)
 
     def _collected(self, token: int) -> None:
         with self._lock:
@@ -105,19 +130,22 @@ class _Registry:
             ResourceWarning,
             stacklevel=2,
         )
-        with self._lock:
-            reaper = _start(f"piship-reap-{token}", self._reaping(disposer))
-            self._reapers.add(reaper)
+        self._delete(f"piship-reap-{token}", name, disposer)
 
-    def _reaping(self, disposer: Disposer) -> Disposer:
-        def reap() -> None:
+    def _delete(self, thread_name: str, name: str, disposer: Disposer) -> None:
+        """Run ``disposer`` on a thread of its own, listed in ``_deleting`` until it ends."""
+
+        def delete() -> None:
             try:
-                disposer()
+                _quietly(disposer)
             finally:
                 with self._lock:
-                    self._reapers.discard(threading.current_thread())
+                    self._deleting.pop(threading.current_thread(), None)
 
-        return reap
+        thread = threading.Thread(target=delete, name=thread_name, daemon=True)
+        with self._lock:  # listed before it can end and unlist itself
+            self._deleting[thread] = name
+            thread.start()
 
     def install(self, signals: Iterable[int]) -> None:
         for number in signals:
@@ -139,12 +167,6 @@ class _Registry:
             return
         signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
-
-
-def _start(name: str, disposer: Disposer) -> threading.Thread:
-    thread = threading.Thread(target=_quietly, args=(disposer,), name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 def _quietly(disposer: Disposer) -> None:
@@ -174,6 +196,12 @@ def untrack(token: int | None) -> None:
 def live_count() -> int:
     """How many sandboxes are tracked now."""
     return _REGISTRY.live_count()
+
+
+def running_off_main_thread() -> AbstractContextManager[None]:
+    """Mark a command running on a thread other than the main one for the block, so
+    that Ctrl-C while the main thread waits for that thread disposes the sandboxes."""
+    return _REGISTRY.unwinding.watching()
 
 
 def dispose_all(deadline: float = EXIT_DEADLINE) -> list[str]:

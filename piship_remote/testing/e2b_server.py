@@ -66,20 +66,20 @@ Routes:
 
 ``command(start)`` gets the parsed StartRequest and returns a mapping (``stdout``,
 ``exit_code``, ``hang``, …); :mod:`piship_remote.testing.e2b_commands` lists its keys
-and makes the Start stream of it.
+and makes the Start stream of it; :mod:`piship_remote.testing.e2b_processes` keeps the
+commands' input, hung streams and signals.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import itertools
 import json
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from piship_remote.testing.e2b_commands import (
@@ -87,7 +87,6 @@ from piship_remote.testing.e2b_commands import (
     PID,
     Command,
     CommandAnswer,
-    answer_frames,
     command_answer,
 )
 from piship_remote.testing.e2b_files import HOME, MemoryTree, files_refusal
@@ -99,6 +98,7 @@ from piship_remote.testing.e2b_listing import (
     has_metadata,
     listed,
 )
+from piship_remote.testing.e2b_processes import ProcessTable
 from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
 from piship_remote.testing.sandbox_shell import Shell, script_of
@@ -165,13 +165,10 @@ class E2bServer(RecordingServer):
         self._live: list[LiveSandbox] = []
         self._gone: set[str] = set()
         self._trees: dict[str, MemoryTree] = {}
-        self._hung: list[tuple[str | None, threading.Event]] = []
-        self._killed: set[str] = set()
-        self._stdin: dict[str, tuple[bytearray, threading.Event]] = {}
-        self._streams: list[tuple[str, threading.Event]] = []
         self._in_memory = file_tree is None
         self.faults = Faults()
         """Faults on demand (:class:`~piship_remote.testing.faults.Faults`)."""
+        self._processes = ProcessTable(self.wait)
         super().__init__(self._handle)
 
     @property
@@ -200,8 +197,7 @@ class E2bServer(RecordingServer):
 
     def stdin(self, tag: str) -> bytes:
         """The input SendInput gave the command tagged ``tag`` so far."""
-        with self._state:
-            return bytes(self._input_of(tag)[0])
+        return self._processes.stdin(tag)
 
     def kill(self, sandbox_id: str) -> None:
         """End ``sandbox_id`` now, as if its lifetime had run out: its control paths answer
@@ -210,9 +206,7 @@ class E2bServer(RecordingServer):
             self._live = [live for live in self._live if live.sandbox_id != sandbox_id]
             self._gone.add(sandbox_id)
             self._trees.pop(sandbox_id, None)
-            streams = [gate for owner, gate in self._streams if owner == sandbox_id]
-        for gate in streams:
-            gate.set()
+        self._processes.cut(sandbox_id)
 
     def files(self, sandbox_id: str = SANDBOX_ID) -> dict[str, bytes]:
         """The files of ``sandbox_id``'s tree by absolute path (empty for one never written)."""
@@ -408,18 +402,8 @@ class E2bServer(RecordingServer):
     # ---- envd ------------------------------------------------------------------------
 
     def _send_signal(self, request: Request) -> Response:
-        tag = _signal_tag(request.get_data())
-        with self._state:
-            if tag is not None:
-                self._killed.add(tag)
-            gates = [gate for hung, gate in self._hung if tag is None or hung == tag]
-        for gate in gates:
-            gate.set()
+        self._processes.signal(_signal_tag(request.get_data()))
         return json_response(200, {})
-
-    def _input_of(self, tag: str) -> tuple[bytearray, threading.Event]:
-        """The input of ``tag`` and its closed event (made on first use; hold ``_state``)."""
-        return self._stdin.setdefault(tag, (bytearray(), threading.Event()))
 
     def _input(self, request: Request, *, closing: bool) -> Response:
         body = _object(_json_body(request))
@@ -432,20 +416,8 @@ class E2bServer(RecordingServer):
             chunk = base64.b64decode(data, validate=True) if isinstance(data, str) else b""
         except binascii.Error:
             return _json(400, ConnectError("invalid_argument", "the input is not base64"))
-        with self._state:
-            received, closed = self._input_of(tag)
-            received += chunk
-        if closing:
-            closed.set()
+        self._processes.send_input(tag, chunk, closing=closing)
         return json_response(200, {})
-
-    def _read_stdin(self, tag: str | None) -> bytes | None:
-        """Wait for CloseStdin of ``tag``: its input, or ``None`` when the server closed."""
-        with self._state:
-            _, closed = self._input_of(tag or "")
-        if not self.wait(closed):
-            return None
-        return self.stdin(tag or "")
 
     def _start(self, request: Request) -> Response:
         authorization = request.headers.get("Authorization")
@@ -465,7 +437,7 @@ class E2bServer(RecordingServer):
         tag = start.get("tag") if isinstance(start.get("tag"), str) else None
         return self.stream(
             request,
-            self._events(answer, tag, sandbox_id),
+            self._processes.frames(answer, tag, sandbox_id, is_gone=self._is_gone),
             content_type=str(answer.get("content_type", CONNECT_JSON)),
         )
 
@@ -481,35 +453,6 @@ class E2bServer(RecordingServer):
                 envs = {str(k): str(v) for k, v in _object(process.get("envs")).items()}
                 return shell.run(script, envs).answer()
         return command_answer(start, self._command)
-
-    def _events(self, answer: CommandAnswer, tag: str | None, sandbox_id: str) -> Iterator[bytes]:
-        if not answer.get("hang"):
-            stdin = functools.partial(self._read_stdin, tag)
-            yield from answer_frames(answer, wait=self.wait, hang=None, stdin=stdin)
-            return
-        # Listen for SendSignal before the start frame goes out: a client may send
-        # it as soon as it has the pid (the official SDK's kill() does).
-        entry = (tag, threading.Event())
-        stream = (sandbox_id, entry[1])
-        with self._state:
-            self._hung.append(entry)
-            self._streams.append(stream)
-            if sandbox_id in self._gone:  # killed between the Start and this stream
-                entry[1].set()
-        try:
-            hang = lambda: self._hang(*entry) and not self._is_gone(sandbox_id)  # noqa: E731
-            yield from answer_frames(answer, wait=self.wait, hang=hang)
-        finally:
-            with self._state:
-                self._hung.remove(entry)
-                self._streams.remove(stream)
-
-    def _hang(self, tag: str | None, gate: threading.Event) -> bool:
-        """Wait for a SendSignal; True when one came, False when the server closed."""
-        with self._state:
-            if tag is not None and tag in self._killed:
-                return True
-        return self.wait(gate)
 
 
 def _signal_tag(body: bytes) -> str | None:

@@ -310,3 +310,68 @@ def test_kubernetes_labels_go_on_every_claim(cluster_pool) -> None:
         pool.map("echo {item}", range(2))
     claims = [json.loads(r.body) for r in server.find("POST", CLAIMS)]
     assert claims and all(c["metadata"]["labels"]["run"] == "nightly-7" for c in claims)
+
+
+# -- Kubernetes: after the command started, and close() ---------------------------------
+
+
+@pytest.fixture
+def hanging_cluster(
+    kubernetes_server: Callable[..., KubernetesServer], workspace: Path
+) -> Iterator[tuple[KubernetesServer, Commands, Callable[..., SandboxPool]]]:
+    """A cluster whose router drops the connection of a command with ``drop`` in it, and
+    holds one with ``hang`` until the server closes; ``Commands`` sees every command."""
+    commands = Commands()
+
+    def execute(command: str) -> dict[str, Any]:
+        answer = commands({"process": {"args": ["/bin/bash", "-l", "-c", command]}})
+        if "drop" in command:
+            return {"drop": True}
+        return {"hang": True} if answer.get("hang") else {"stdout": "ran\n", "exit_code": 0}
+
+    server = kubernetes_server(execute, Cluster(real_router=True))
+    backend = KubernetesAgentSandboxBackend(
+        endpoint=server.url, router=server.url, template="python-pool", namespace="agents",
+        poll_interval=0.01,
+    )  # fmt: skip
+    pools: list[SandboxPool] = []
+
+    def make(**options: Any) -> SandboxPool:
+        pool = SandboxPool(K8S_POLICY, backend=backend, workspace=workspace, env={}, **options)
+        pools.append(pool)
+        return pool
+
+    yield server, commands, make
+    for pool in pools:
+        pool.close()
+    backend.close()
+    assert settled(lambda: pool_threads() == []), pool_threads()
+
+
+def test_kubernetes_a_command_lost_after_it_was_sent_is_unknown_and_never_rerun(
+    hanging_cluster,
+) -> None:
+    server, commands, make = hanging_cluster
+    with make(size=1) as pool:
+        lost, after = pool.map("echo {item}", ["drop", "fine"])
+        assert (lost.outcome, lost.attempts) == ("unknown", 1)
+        assert after.outcome == "ok" and after.sandbox_id != lost.sandbox_id
+        assert lost.sandbox_id not in server.live_claims
+    assert sum("echo drop" in ran for ran in commands.ran) == 1
+    assert server.live_claims == []
+
+
+def test_kubernetes_close_with_tasks_running_ends_them_as_closed_and_deletes_every_claim(
+    hanging_cluster,
+) -> None:
+    server, commands, make = hanging_cluster
+    pool = make(size=2, warm=2)
+    results: list[TaskResult] = []
+    runner = threading.Thread(target=lambda: results.extend(pool.map("hang {item}", [1, 2, 3])))
+    runner.start()
+    assert commands.hanging.wait(10)
+    pool.close()
+    runner.join(15)
+    assert [r.outcome for r in results] == ["cancelled"] * 3
+    assert all("closed" in str(r.error) for r in results)
+    assert server.live_claims == []

@@ -30,6 +30,7 @@ from piship_remote.model.errors import FILE_NOT_FOUND, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
 from piship_remote.transport.deadline import Deadline
+from piship_remote.transport.protocol import takes_keyword
 
 __all__ = ["FILE_TIMEOUT", "EnvdFiles"]
 
@@ -61,6 +62,7 @@ class EnvdFiles:
         errors: ErrorFactory,
     ) -> None:
         self._transport = transport
+        self._deadlines = takes_keyword(transport.request, "deadline")
         self._base = base
         self._headers = dict(headers)
         self._user = user
@@ -105,9 +107,7 @@ class EnvdFiles:
     def remove(
         self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
     ) -> None:
-        self._rpc(
-            "Remove", {"path": path}, cancel, deadline, missing_ok=True, answer_needed=False
-        )
+        self._rpc("Remove", {"path": path}, cancel, deadline, missing_ok=True, answer_needed=False)
 
     def write(
         self,
@@ -134,8 +134,8 @@ class EnvdFiles:
                 **length,
             },
             data=sent,
-            timeout=request_timeout(None, deadline),
             idle_timeout=TRANSFER_IDLE,
+            **self._whole(deadline),
             cancel=cancel,
         )
         with response:
@@ -174,6 +174,13 @@ class EnvdFiles:
                 sink(bytes(chunk))
                 total += len(chunk)
         return total
+
+    def _whole(self, deadline: Deadline | None) -> dict[str, Any]:
+        """A transfer's bound: the operation's own deadline, handed down as it is (a
+        client that takes none gets the seconds left of it)."""
+        if deadline is not None and deadline.bounded and self._deadlines:
+            return {"deadline": deadline}
+        return {"timeout": request_timeout(None, deadline)}
 
     def _files_url(self, path: str) -> str:
         query = urllib.parse.urlencode({"path": path, "username": self._user})
@@ -253,9 +260,7 @@ class _Exact(CountedChunks):
     """Exactly ``size`` bytes of the chunks: cut where the source grew, a failure where it
     came up short (the declared length must match what is sent)."""
 
-    def __init__(
-        self, chunks: Iterable[bytes], size: int, path: str, errors: ErrorFactory
-    ) -> None:
+    def __init__(self, chunks: Iterable[bytes], size: int, path: str, errors: ErrorFactory) -> None:
         super().__init__(chunks)
         self._size = size
         self._path = path

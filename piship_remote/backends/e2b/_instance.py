@@ -9,7 +9,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable
 
-from piship_remote.backends._common import CancelLinks, SandboxErrors, remote_directory
+from piship_remote.backends._common import SandboxErrors, remote_directory
 from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
 from piship_remote.backends.e2b._control import ControlPlane
@@ -18,7 +18,7 @@ from piship_remote.backends.e2b._input import EnvdInput
 from piship_remote.backends.e2b._lease import SandboxLease
 from piship_remote.backends.e2b._stream import read_stream
 from piship_remote.model.errors import CommandCancelled, PiShipError
-from piship_remote.transport._cancel import CancelToken
+from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["E2bInstance"]
@@ -58,7 +58,7 @@ class E2bInstance:
         self._closing = CancelToken()
         self._running: dict[CancelToken, Callable[[], None]] = {}
         self._signallers: set[threading.Thread] = set()
-        self._cancels = CancelLinks()
+        self._watcher = EventWatcher()  # a plain Event's cancel, polled on first use
         self._files: RemoteFiles | None = None
         self._ports: tuple[str, str] | None = None  # (scheme, domain) of the sandbox's hosts
         # Tags only need to be unique in this sandbox: a random prefix and a counter.
@@ -158,7 +158,7 @@ class E2bInstance:
             signallers = list(self._signallers)
         for thread in signallers:
             thread.join()
-        self._cancels.close()
+        self._watcher.close()
         self._on_disposed(self)
 
     # -- one command ------------------------------------------------------------------------
@@ -172,7 +172,7 @@ class E2bInstance:
             self._running[token] = _nothing
         if cancel is None:
             return token
-        forget = self._cancels.follow(cancel, token)
+        forget = when_cancelled(cancel, self._watcher, token.set)
         with self._lock:
             self._running[token] = forget
         return token

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from piship_remote.backends._common import (
-    CancelLinks,
     SandboxErrors,
     remote_directory,
 )
@@ -33,6 +32,7 @@ from piship_remote.model.errors import (
     CommandCancelled,
     PiShipError,
 )
+from piship_remote.transport._cancel import EventWatcher, bridge
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["KubernetesInstance", "runtime_command"]
@@ -87,7 +87,7 @@ class KubernetesInstance:
         self._claims = claims
         self._workdir = workdir
         self._on_disposed = on_disposed
-        self._cancels = CancelLinks()
+        self._watcher = EventWatcher()  # a plain Event's cancel, polled on first use
         self._files = files(self) if files is not None else None
 
     def exec(
@@ -161,7 +161,7 @@ class KubernetesInstance:
         the router could not deliver runs once more in a new claim when the API says the
         old one is gone.
         """
-        with self._cancels.token_for(cancel) as user:
+        with bridge(cancel, self._watcher) as user:
             if user.is_set():
                 raise CommandCancelled()
             if self._manager.disposed:
@@ -197,7 +197,7 @@ class KubernetesInstance:
     @contextmanager
     def claimed(self, cancel: threading.Event | None) -> Iterator[ClaimUse]:
         """The current claim for one file call, held (and renewed) like a command's."""
-        with self._cancels.token_for(cancel) as user:
+        with bridge(cancel, self._watcher) as user:
             if user.is_set():
                 raise CommandCancelled()
             if self._manager.disposed:
@@ -213,7 +213,7 @@ class KubernetesInstance:
     def dispose(self) -> None:
         """Delete the claim and create none later; commands in flight end at once."""
         self._manager.dispose()
-        self._cancels.close()
+        self._watcher.close()
         self._on_disposed(self)
 
     def detach(self) -> str:

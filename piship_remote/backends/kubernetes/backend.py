@@ -81,6 +81,7 @@ from piship_remote.model.errors import (
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.redact import Redactor
 from piship_remote.model.report import Capabilities
+from piship_remote.telemetry import Telemetry
 from piship_remote.transport import HttpClient, Transport, check_endpoint
 
 __all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "runtime_command"]
@@ -159,6 +160,7 @@ class KubernetesAgentSandboxBackend:
             env, pod_labels, pod_annotations, volume_claim_templates, ttl_seconds_after_finished
         )
         self.redactor = Redactor()
+        self._telemetry = Telemetry.load(PROVIDER, self.redactor)
         credentials = Credential(
             credential, credential_rejected, self.redactor, name=_CREDENTIAL_NAME
         )
@@ -342,6 +344,7 @@ class KubernetesAgentSandboxBackend:
             self._clock,
             keepalive_every=keepalive_interval(self._lifetime),
             existence_window=self._existence_window,
+            telemetry=self._telemetry,
         )
         manager.prepare()
         instance = KubernetesInstance(

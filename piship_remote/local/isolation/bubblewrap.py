@@ -372,9 +372,14 @@ class Jail:
 
     def agent_command(self, python: str, *args: str) -> list[str]:
         """The argv running the agent with ``python`` (the host's) and ``args``."""
+        return self.python_command(python, AGENT_PATH, *args)
+
+    def python_command(self, python: str, *args: str) -> list[str]:
+        """The argv running ``python`` (the host's, isolated, no site) with ``args`` in the
+        sandbox, whether or not its image has a Python of its own."""
         if self.rootfs is None:
-            return [python, "-I", "-S", AGENT_PATH, *args]
-        return agent_argv(python, AGENT_PATH, *args)
+            return [python, "-I", "-S", *args]
+        return agent_argv(python, *args)
 
     def _places(self) -> list[str]:
         """The host directories mounted writable in the sandbox."""

@@ -32,8 +32,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
-from piship_remote.local.isolation.limits import Enforcement, Limits, limit_check, unmount
+from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, find_python, uid_for
+from piship_remote.local.isolation.limits import (
+    CgroupSet,
+    Enforcement,
+    Limits,
+    limit_check,
+    unmount,
+)
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import (
     REAP_TIMEOUT,
@@ -129,6 +135,10 @@ class Sandbox:
         self.pause_state = PauseState(vm.cgroups, lambda: vm.init_pid)
         """Whether the sandbox is paused (its processes frozen), and pausing it."""
 
+    def python_command(self, *args: str) -> list[str]:
+        """The argv running the host's Python (standard library only) inside the sandbox."""
+        return self._jail.python_command(find_python(), *args)
+
     @property
     def home(self) -> str:
         """The host directory mounted as the sandbox's home."""
@@ -143,6 +153,11 @@ class Sandbox:
     def network(self) -> bool:
         """Whether this sandbox has network egress (through its user-mode stack)."""
         return self._jail.network
+
+    @property
+    def cgroups(self) -> CgroupSet:
+        """The cgroups holding its processes (and its limits, where they are enforced)."""
+        return self._vm.cgroups
 
     @property
     def limits(self) -> Limits:

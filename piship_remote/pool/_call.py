@@ -1,0 +1,76 @@
+"""A callable task on a thread of its own, so that the task's timeout and cancel bound it.
+
+    call = BoundedCall(task, sandbox, item, name="piship-pool-call-3")
+    value = call.result(deadline, timeout, cancel, closed)   # or raises
+
+Python cannot stop a thread. When the deadline passes, ``cancel`` is set or the pool
+closes first, :meth:`BoundedCall.result` raises at once (``CommandTimeout``,
+``CommandCancelled``) and the ``piship-pool-call-N`` thread (a daemon) lingers until
+the callable returns; what it returns or raises then is dropped. The pool disposes
+that sandbox (it never hands it to another task), so the callable's next call on it
+fails at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from piship_remote.model.errors import CommandCancelled, CommandTimeout
+from piship_remote.sandbox.activation import Sandbox
+from piship_remote.telemetry import carried
+
+__all__ = ["BoundedCall"]
+
+_WAKE = 0.05  # how often a waiting task looks at its cancel event and the pool's closing
+
+
+class BoundedCall:
+    """``task(sandbox, item)`` started on a ``piship-pool-call-N`` daemon thread."""
+
+    def __init__(
+        self, task: Callable[[Sandbox, Any], Any], sandbox: Sandbox, item: Any, *, name: str
+    ) -> None:
+        self._task = task
+        self._sandbox = sandbox
+        self._item = item
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        # The task's span is the parent of the spans the callable makes.
+        threading.Thread(target=carried(self._call), name=name, daemon=True).start()
+
+    def _call(self) -> None:
+        try:
+            self._value = self._task(self._sandbox, self._item)
+        except BaseException as error:  # handed to the waiting task thread
+            self._error = error
+        finally:
+            self._done.set()
+
+    def result(
+        self,
+        deadline: float | None,
+        timeout: float | None,
+        cancel: threading.Event,
+        closed: Callable[[], bool],
+    ) -> Any:
+        """The callable's value, or its exception raised here; ``CommandTimeout`` at
+        ``deadline`` (a ``time.monotonic`` value), ``CommandCancelled`` when ``cancel``
+        is set or ``closed()`` becomes true first."""
+        while not self._done.is_set():
+            if cancel.is_set() or closed():
+                raise CommandCancelled()
+            wait = _WAKE
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommandTimeout(timeout or 0.0)
+                wait = min(wait, left)
+            self._done.wait(wait)
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._value
