@@ -43,9 +43,11 @@ _CHILD_TIMEOUT = 900.0
 
 
 @contextlib.contextmanager
-def served(context: Context, disk_mib: int) -> Iterator[tuple[LocalServiceProcess, str]]:
+def served(
+    context: Context, disk_mib: int, *, max_sandboxes: int | None = None
+) -> Iterator[tuple[LocalServiceProcess, str]]:
     """The local service and the URL clients use at ``context.rtt_ms``."""
-    with LocalServiceProcess(disk_mib) as service:
+    with LocalServiceProcess(disk_mib, max_sandboxes=max_sandboxes) as service:
         if not context.rtt_ms:
             yield service, service.url
             return

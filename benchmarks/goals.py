@@ -8,6 +8,7 @@ and on a new connection). Straight to the loopback server: exec p50 through
 commands/s, streams at least 2.5x the SDK's and 0.6x the raw socket's MB/s, and
 resident memory growth at most 32 MiB however much is streamed (1 GiB at ``--size full``).
 With the ``otel`` extra, a traced command's p50 at most 1.05x an untraced one's, at 20 ms.
+The file targets are in :mod:`benchmarks.file_goals`, the pool's in :mod:`benchmarks.pool_goals`.
 
 >>> [goal.name for goal in evaluate(())][:1]
 ['exec p50 vs SDK at 20 ms RTT']
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from benchmarks.activation import NEW_CONNECTION
 from benchmarks.file_goals import file_goals
+from benchmarks.pool_goals import pool_goals
 from benchmarks.report import Goal, Row, ScenarioResult
 
 __all__ = ["ROUND_TRIP_MS", "evaluate"]
@@ -150,4 +152,5 @@ def evaluate(scenarios: Iterable[ScenarioResult]) -> tuple[Goal, ...]:
         )
     )
     goals.extend(file_goals(flat))
+    goals.extend(pool_goals(flat))
     return tuple(goals)

@@ -50,9 +50,11 @@ def unavailable() -> str | None:
 class LocalServiceProcess:
     """A :class:`~piship_remote.local.LocalE2bService` in a child process."""
 
-    def __init__(self, disk_mib: int) -> None:
+    def __init__(self, disk_mib: int, *, max_sandboxes: int | None = None) -> None:
+        """``max_sandboxes`` raises (or lowers) the service's cap on sandboxes at once."""
+        cap = [] if max_sandboxes is None else ["--max-sandboxes", str(max_sandboxes)]
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.local_service", "--disk-mib", str(disk_mib)],
+            [sys.executable, "-m", "benchmarks.local_service", "--disk-mib", str(disk_mib), *cap],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -96,8 +98,10 @@ def _main() -> None:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.local_service")
     parser.add_argument("--disk-mib", type=int, required=True, help="per-sandbox disk")
+    parser.add_argument("--max-sandboxes", type=int, help="sandboxes at once (the service's cap)")
     args = parser.parse_args()
-    with LocalE2bService(workdir=HOME, user=USER, max_disk_mib=args.disk_mib) as service:
+    cap = {} if args.max_sandboxes is None else {"max_sandboxes": args.max_sandboxes}
+    with LocalE2bService(workdir=HOME, user=USER, max_disk_mib=args.disk_mib, **cap) as service:
         print(f"{READY}{service.url} {service.api_key}", flush=True)
         sys.stdin.read()  # the parent closes our stdin to stop us
 

@@ -15,64 +15,48 @@ fast loopback server (E2B), and its throughput (tasks/s) is one sample per round
 
 So a row's ``ratio_reference`` is its throughput over the SDK's create-per-task loop
 (goal for reuse: 3x or more) and ``ratio_floor`` over the SDK's reuse loop (goal: 1.0x or
-more). Not measured here yet: the Kubernetes rows, time to first command from a warm
-pool, and the scale curve on the local service.
+more). The Kubernetes rows are :mod:`benchmarks.pool_kubernetes`, time to first command
+:mod:`benchmarks.pool_first_command`, the scale curve :mod:`benchmarks.pool_scale`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import queue
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from benchmarks.clients import API_KEY, SDK_MISSING, activate_e2b, load_sdk, ours_backend
-from benchmarks.report import Role, Row, ScenarioResult, summarize, with_ratios
+from benchmarks.pool_loops import (
+    POOL_SIZE,
+    Loop,
+    pool_loop,
+    reuse_loop,
+    threaded,
+    throughput_rows,
+)
+from benchmarks.report import Role, ScenarioResult, with_ratios
 from benchmarks.rounds import Context
-from piship_remote.pool import SandboxPool
 
-__all__ = ["NAME", "run"]
+__all__ = ["NAME", "SERVER", "run"]
 
 NAME = "pool"
-POOL_TASKS = 64
-POOL_SIZE = 8
+SERVER = "loopback"
 _DENY = {"required": True, "network": {"mode": "deny"}}
-Loop = Callable[[int], None]  # runs that many tasks, POOL_SIZE at a time
 
 
 def run(context: Context) -> ScenarioResult:
     """One row per client: tasks per second over ``concurrency_rounds`` rounds."""
     began = time.perf_counter()
-    tasks = POOL_TASKS if context.size.name != "tiny" else 16
     skipped: list[str] = []
-    rows: list[Row] = []
     with contextlib.ExitStack() as stack:
         loops = _loops(context, stack, skipped)
-        for name, (role, loop) in loops.items():
-            loop(POOL_SIZE)  # warm-up: imports, first connections, the warm sandboxes
-            samples = []
-            before = context.loopback.request_count()
-            for _ in range(context.size.concurrency_rounds):
-                started = time.perf_counter()
-                loop(tasks)
-                samples.append(tasks / (time.perf_counter() - started))
-            done = tasks * context.size.concurrency_rounds
-            requests = (context.loopback.request_count() - before) / done
-            rows.append(
-                summarize(
-                    NAME,
-                    "loopback",
-                    name,
-                    role,
-                    samples,
-                    unit="tasks/s",
-                    group=f"{tasks} tasks, {POOL_SIZE} at a time",
-                    higher_is_better=True,
-                    extra={"requests": round(requests, 2)},
-                )
-            )
+        rows = throughput_rows(
+            context,
+            NAME,
+            SERVER,
+            loops,
+            counters=lambda: {"requests": context.loopback.request_count()},
+        )
     return ScenarioResult(
         name=NAME,
         rows=with_ratios(rows),
@@ -92,32 +76,17 @@ def _loops(
     backend = ours_backend(context.url, stack)
     workspace = context.workspace
 
-    def pool(**options: Any) -> Loop:
-        made = SandboxPool(
-            _DENY, backend=backend, workspace=workspace, env={}, size=POOL_SIZE,
-            progress=False, **options,
-        )  # fmt: skip
-        stack.callback(made.close)
-
-        def loop(count: int) -> None:
-            failed = [r for r in made.map("true", range(count)) if r.outcome != "ok"]
-            if failed:
-                raise RuntimeError(f"{len(failed)} pool tasks failed: {failed[0].error}")
-
-        return loop
-
-    def per_task(count: int) -> None:
-        def one(_: int) -> None:
-            with activate_e2b(backend, workspace) as sandbox:
-                sandbox.exec("true")
-
-        with ThreadPoolExecutor(POOL_SIZE, thread_name_prefix="bench-loop") as executor:
-            list(executor.map(one, range(count)))
+    def per_task() -> None:
+        with activate_e2b(backend, workspace) as sandbox:
+            sandbox.exec("true")
 
     loops: dict[str, tuple[Role, Loop]] = {
-        "ours-pool-reuse": ("ours", pool()),
-        "ours-pool-fresh-warm": ("ours", pool(warm=POOL_SIZE, reuse=False)),
-        "ours-loop-per-task": ("ours", per_task),
+        "ours-pool-reuse": ("ours", pool_loop(stack, _DENY, backend, workspace)),
+        "ours-pool-fresh-warm": (
+            "ours",
+            pool_loop(stack, _DENY, backend, workspace, warm=POOL_SIZE, reuse=False),
+        ),
+        "ours-loop-per-task": ("ours", threaded(per_task, "bench-loop")),
     }
     sdk = load_sdk()
     if sdk is None:
@@ -133,41 +102,15 @@ def _sdk_create(sdk: Any, url: str) -> Any:
 
 
 def _sdk_per_task(sdk: Any, url: str) -> Loop:
-    def one(_: int) -> None:
+    def one() -> None:
         sandbox = _sdk_create(sdk, url)
         try:
             sandbox.commands.run("true")
         finally:
             sandbox.kill()
 
-    def loop(count: int) -> None:
-        with ThreadPoolExecutor(POOL_SIZE, thread_name_prefix="bench-sdk") as executor:
-            list(executor.map(one, range(count)))
-
-    return loop
+    return threaded(one, "bench-sdk")
 
 
 def _sdk_reuse(sdk: Any, url: str, stack: contextlib.ExitStack) -> Loop:
-    free: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    for _ in range(POOL_SIZE):
-        sandbox = _sdk_create(sdk, url)
-        stack.callback(_quietly, sandbox.kill)
-        free.put(sandbox)
-
-    def one(_: int) -> None:
-        sandbox = free.get()
-        try:
-            sandbox.commands.run("true")
-        finally:
-            free.put(sandbox)
-
-    def loop(count: int) -> None:
-        with ThreadPoolExecutor(POOL_SIZE, thread_name_prefix="bench-sdk") as executor:
-            list(executor.map(one, range(count)))
-
-    return loop
-
-
-def _quietly(action: Callable[[], object]) -> None:
-    with contextlib.suppress(Exception):
-        action()
+    return reuse_loop(lambda: _sdk_create(sdk, url), "kill", stack)

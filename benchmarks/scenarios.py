@@ -23,6 +23,9 @@ from benchmarks import (
     file_transfer,
     memory,
     pool,
+    pool_first_command,
+    pool_kubernetes,
+    pool_scale,
     push,
     stream_throughput,
     tracing_cost,
@@ -53,6 +56,9 @@ _REGISTERED = (
     Scenario(file_transfer.NAME, file_transfer.run, round_trips=True),
     Scenario(push.NAME, push.run, round_trips=True),
     Scenario(pool.NAME, pool.run, round_trips=True),
+    Scenario(pool_kubernetes.NAME, pool_kubernetes.run, round_trips=True),
+    Scenario(pool_first_command.NAME, pool_first_command.run, round_trips=True),
+    Scenario(pool_scale.NAME, pool_scale.run, round_trips=True),
     Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
 )
 

@@ -27,6 +27,9 @@ SCENARIOS = {
     "file_transfer",
     "push",
     "pool",
+    "pool_kubernetes",
+    "pool_first_command",
+    "pool_scale",
     "tracing_cost",
 }
 ROW_KEYS = {
@@ -46,8 +49,10 @@ ROW_KEYS = {
     "extra",
     "rtt_ms",
 }
-ROUND_TRIP_SCENARIOS = {"exec_latency", "concurrency", "activation", "pool"}
+ROUND_TRIP_SCENARIOS = {"exec_latency", "concurrency", "activation", "pool", "pool_kubernetes"}
 FILE_SCENARIOS = {"file_transfer", "push"}  # measured at every round trip too
+# also at every round trip; their rows count no requests, pool_scale needs the local service
+POOL_SCENARIOS = {"pool_first_command", "pool_scale"}
 TRACING_SCENARIOS = {"tracing_cost"}  # at every round trip; skipped without the otel SDK
 NO_LOCAL_SERVICE = "the local service cannot run here"
 
@@ -96,7 +101,8 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
     assert set(scenarios) == SCENARIOS
     for scenario in scenarios.values():
         assert not [s for s in scenario["skipped"] if s.startswith("the scenario failed")]
-        if scenario["name"] in FILE_SCENARIOS and _without_local_service(scenario):
+        local = FILE_SCENARIOS | {"pool_scale"}
+        if scenario["name"] in local and _without_local_service(scenario):
             continue
         if scenario["name"] in TRACING_SCENARIOS and _without_otel_sdk(scenario):
             continue
@@ -159,8 +165,18 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
                 "file download MB/s vs raw socket",
                 "push vs tar c into one raw POST",
                 "RSS growth moving a file up and back",
+                "first command from a warm pool vs one exec",
+                "client CPU per task, 32 sandboxes over 8,",
             )
         ),
+        *(
+            f"{what} create-per-task loop at 20 ms RTT"
+            for what in (
+                "pool tasks/s vs the SDK's",
+                "Kubernetes pool tasks/s vs the official Kubernetes client's",
+            )
+        ),
+        "pool tasks/s vs the SDK's reuse loop at 20 ms RTT",
     } == names
 
 
@@ -216,7 +232,7 @@ def test_round_trip_scenarios_ran_straight_and_behind_the_proxy(
 ) -> None:
     assert tiny_report["rtts_ms"] == [0, 20]
     ran = {(s["name"], s["rtt_ms"]) for s in tiny_report["scenarios"]}
-    every_rtt = ROUND_TRIP_SCENARIOS | FILE_SCENARIOS | TRACING_SCENARIOS
+    every_rtt = ROUND_TRIP_SCENARIOS | FILE_SCENARIOS | POOL_SCENARIOS | TRACING_SCENARIOS
     assert {(name, 20) for name in every_rtt} <= ran
     assert not {(name, 20) for name in SCENARIOS - every_rtt} & ran
     for scenario in tiny_report["scenarios"]:

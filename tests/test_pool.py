@@ -303,3 +303,11 @@ def test_the_api_key_travels_only_in_its_header(e2b_server: E2bFactory, workspac
     with backend, SandboxPool(POLICY, backend=backend, workspace=workspace, env={}) as pool:
         assert [r.outcome for r in pool.map("echo {item}", range(3))] == ["ok"] * 3
     assert leaks(server.requests, key, ["x-api-key"]) == []
+
+
+def test_a_maps_commands_start_no_thread_to_watch_its_cancel(make_pool) -> None:
+    with make_pool(size=2) as pool:
+        results = pool.map("echo item-{item}", range(4))
+        watchers = [t.name for t in threading.enumerate() if t.name == "piship-cancel-watch"]
+    assert [r.outcome for r in results] == ["ok"] * 4
+    assert watchers == []

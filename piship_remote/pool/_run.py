@@ -27,6 +27,7 @@ from piship_remote.pool.result import CANCELLED, UNKNOWN, TaskResult
 from piship_remote.telemetry import Telemetry, carried
 from piship_remote.telemetry.names import ATTEMPTS, ERROR_TYPE, POOL_TASK_SPAN, SANDBOX_ID
 from piship_remote.telemetry.outcomes import error_type
+from piship_remote.transport._cancel import CancelToken
 
 __all__ = ["MapRun"]
 
@@ -56,7 +57,9 @@ class MapRun:
         self._next = iter(range(len(items)))
         self._next_lock = threading.Lock()
         self._results: queue.SimpleQueue[tuple[int, TaskResult]] = queue.SimpleQueue()
-        self.cancel = threading.Event()
+        # A token, not a plain Event: a command given a plain Event has its sandbox's
+        # watcher thread poll it every 2 ms while it runs, one thread per busy sandbox.
+        self.cancel = CancelToken()
         self._telemetry = telemetry
         self._threads = [
             threading.Thread(

@@ -80,7 +80,12 @@ class SandboxSupply:
         self._size = size
         self._warm = min(warm, size)
         self._throttle = throttle
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # takers wait on it
+        # The warm threads wait on their own condition (the same lock), woken only when a
+        # warm slot may have opened: waking every idle warm thread at each take and
+        # give-back cost a futex round trip per warm thread and task.
+        self._refill = threading.Condition(lock)
         self._ready: deque[Sandbox] = deque()
         self._leased: set[Sandbox] = set()
         self._activating = 0
@@ -125,7 +130,7 @@ class SandboxSupply:
                 if self._ready:
                     sandbox = self._ready.popleft()
                     self._leased.add(sandbox)
-                    self._cond.notify_all()  # a warm thread refills
+                    self._refill.notify()  # a warm thread refills
                     return sandbox
                 if self._existing() < self._size:
                     self._activating += 1
@@ -154,8 +159,13 @@ class SandboxSupply:
         except BaseException:
             with self._cond:
                 self._activating -= 1
-                self._cond.notify_all()
+                self._wake_all()
             raise
+
+    def _wake_all(self) -> None:
+        """Room may have opened (a sandbox fewer) or the pool closed: every waiter looks."""
+        self._cond.notify_all()
+        self._refill.notify_all()
 
     def give_back(self, sandbox: Sandbox, *, keep: bool) -> None:
         """Return a leased sandbox: ready for the next task when ``keep``, else deleted."""
@@ -177,7 +187,7 @@ class SandboxSupply:
         finally:
             with self._cond:
                 self._deleting -= 1
-                self._cond.notify_all()
+                self._wake_all()
 
     def close(self) -> None:
         """Dispose every sandbox, ready or leased (their commands end at once); idempotent.
@@ -192,7 +202,7 @@ class SandboxSupply:
             doomed = [*self._ready, *self._leased]
             self._ready.clear()
             self._deleting += len(doomed)
-            self._cond.notify_all()
+            self._wake_all()
         deleters = [
             threading.Thread(
                 target=self._delete, args=(sandbox,), name=f"piship-pool-close-{n}", daemon=True
@@ -234,7 +244,7 @@ class SandboxSupply:
                     self._activating += 1
                     self._warming += 1
                     return True
-                self._cond.wait()
+                self._refill.wait()
             return False
 
     def _add_ready(self, sandbox: Sandbox) -> None:
