@@ -17,6 +17,7 @@ import pytest
 import requests
 from claims_support import FakeCluster
 from local_service_support import Client
+from secrets_support import HOST_SECRETS
 from seed_support import Clocks
 
 from piship_remote.backends.kubernetes.backend import KubernetesInstance
@@ -133,15 +134,6 @@ def cli_environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 # (telemetry_support) also has every exported span and metric swept.
 
 SWEEP_MARKER = "no_secret_sweep: skip the end-of-test secret sweep (a test that leaks on purpose)"
-HOST_SECRETS = (
-    "sk-live-never-in-remote-backends",
-    "aws-never-in-remote-backends",
-    "ghp_never_in_remote_backends_0000000000",
-    "sk-demo-host-secret",
-    "acme-secret-token",
-    "aws-secret-value",
-    "github-secret-value",
-)
 _MIN_SECRET = 6  # shorter values are not registered as secrets by the library either
 _CONTROL_PATH = re.compile(r"/sandboxes(?:/|\?|$)")
 

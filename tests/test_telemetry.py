@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HOST_SECRETS
 from optional_peers import install_hint
 from pool_support import exit_as_asked
+from secrets_support import HOST_SECRETS
 from telemetry_support import Recorded, total
 
 from piship_remote import (
