@@ -46,9 +46,10 @@ RESUME_TIMEOUT = 15
 
 @attrs.frozen
 class PauseRequest:
-    """``POST /sandboxes/<id>/pause``: ``memory`` (false asks for filesystem-only) is accepted
-    and the sandbox is paused whole either way; ``requireHealthyGuest`` is ignored, since
-    freezing a local sandbox needs no answer from inside it."""
+    """``POST /sandboxes/<id>/pause``: ``memory: false`` asks for a filesystem-only pause
+    (the files are kept and resuming reboots the sandbox); otherwise the sandbox is frozen
+    whole. ``requireHealthyGuest`` is ignored, since freezing a local sandbox needs no
+    answer from inside it."""
 
     memory: bool | None = None
 
@@ -69,9 +70,9 @@ class Lifecycle:
     paused, up to the service's maximum lifetime, and ``connect`` resumes it with
     a fresh timeout, files and processes kept. ``autoResume: {"enabled": true}``
     resumes such a sandbox on envd traffic (any envd request naming it), to live
-    its create ``timeout`` again; E2B also resumes on traffic to a sandbox's
-    ports, which the local service does not proxy. ``autoPauseMemory`` is
-    accepted and ignored: a local pause always keeps the processes.
+    its create ``timeout`` again, and on a request to one of its ports.
+    ``autoPauseMemory: false`` makes that pause filesystem-only: resuming reboots the
+    sandbox with its files kept.
     """
 
     auto_pause: bool = False
