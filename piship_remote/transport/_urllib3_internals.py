@@ -77,13 +77,7 @@ __all__ = [
 
 
 class SocketFactoryHook(urllib3.connection.HTTPConnection):
-    """Routes urllib3's socket factory (``_new_conn``) to :meth:`open_socket`.
-
-    ``call_scope`` is what the call holding the connection gave it (set by
-    :func:`send_direct` for the length of the exchange); ``None`` otherwise.
-    """
-
-    call_scope: Any = None
+    """Routes urllib3's socket factory (``_new_conn``) to :meth:`open_socket`."""
 
     def _new_conn(self) -> socket.socket:
         return self.open_socket()
@@ -325,6 +319,13 @@ def return_to_pool(
     pool._put_conn(conn)
 
 
+class _Unchanged:
+    """The type of :data:`_UNCHANGED`: a connection's timeout as its caller set it."""
+
+
+_UNCHANGED = _Unchanged()
+
+
 def send_direct(
     pool: urllib3.connectionpool.HTTPConnectionPool,
     method: str,
@@ -332,11 +333,11 @@ def send_direct(
     body: Any,
     headers: Mapping[str, str | bytes],
     *,
-    timeout: float | None,
+    timeout: float | _Unchanged | None = _UNCHANGED,
     chunked: bool,
     retries: urllib3.util.retry.Retry,
     stream: bool = False,
-    scope: Any = None,
+    conn: urllib3.connection.HTTPConnection | None = None,
 ) -> urllib3.response.HTTPResponse | StreamedResponse:
     """What ``pool.urlopen`` does for a request without retries, redirects or a proxy.
 
@@ -346,19 +347,21 @@ def send_direct(
     back to the pool when the response is released. A failure closes the connection
     and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``. With
     ``stream``, a connection that can (see ``_connection``) may answer with a
-    :class:`StreamedResponse`. ``scope`` is handed to the connection (its
-    ``call_scope``) while it connects, sends and waits for the answer.
+    :class:`StreamedResponse`. ``conn``, when given, is a connection the caller took
+    from ``pool`` (:func:`taken_from_pool`) and set up, its ``timeout`` included
+    (``timeout`` is then left as it is unless given).
     """
-    conn = pool._get_conn()
-    assert isinstance(conn, urllib3.connection.HTTPConnection)
-    if isinstance(conn, SocketFactoryHook):
-        conn.call_scope = scope
+    if conn is None:
+        taken = pool._get_conn()
+        assert isinstance(taken, urllib3.connection.HTTPConnection)
+        conn = taken
     try:
-        conn.timeout = timeout
+        if not isinstance(timeout, _Unchanged):
+            conn.timeout = timeout
         pool.num_requests += 1
         pool._validate_conn(conn)  # HTTPS: connects, and checks the certificate
         _write(conn, method, path, body, headers, chunked)
-        if not conn.is_closed:
+        if not conn.is_closed and not isinstance(timeout, _Unchanged):
             conn.timeout = timeout
         answer = getattr(conn, "getresponse_streamed", None) if stream else None
         response: urllib3.response.HTTPResponse | StreamedResponse = (
@@ -372,9 +375,6 @@ def send_direct(
         conn.close()
         pool._put_conn(None)
         raise
-    finally:
-        if isinstance(conn, SocketFactoryHook):
-            conn.call_scope = None
     if not isinstance(response, urllib3.response.HTTPResponse):
         response.pool = pool
         return response
