@@ -333,6 +333,8 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
             if self.sock is None:
                 self.connect()  # connect first, so `sent` means "past the connect"
             scope.sent = True
+        if self.sock is not None:
+            self.sock.settimeout(self.timeout)  # as urllib3's request does
         super().request(*args, **kwargs)
         on_sent = ON_SENT.get()
         if on_sent is not None:

@@ -129,7 +129,8 @@ class SingleWriteRequest(urllib3.connection.HTTPConnection):
     without a body) in one write.
 
     Anything else (chunked, a streamed body, no length, no ``User-Agent``, a header
-    that is not plain text on one line) goes through urllib3's own ``request``.
+    that is not plain text on one line) goes through urllib3's own ``request``. The
+    socket's timeout is the subclass's to set before (urllib3's ``request`` sets it too).
     """
 
     def request(  # type: ignore[override]
@@ -158,8 +159,6 @@ class SingleWriteRequest(urllib3.connection.HTTPConnection):
             )
             return
         lines, names = encoded
-        if self.sock is not None:
-            self.sock.settimeout(self.timeout)
         self._response_options = urllib3.connection._ResponseOptions(
             request_method=method,
             request_url=url,
@@ -272,11 +271,9 @@ def http_client_response(conn: urllib3.connection.HTTPConnection) -> http.client
     """http.client's response to the request ``conn`` sent, without urllib3's around it.
 
     Does what urllib3's ``getresponse`` does before it asks http.client (the request's
-    options forgotten, the socket timeout set); the caller releases the connection.
+    options forgotten); the caller set the socket timeout, and releases the connection.
     """
     conn._response_options = None
-    if conn.sock is not None:
-        conn.sock.settimeout(conn.timeout)
     return http.client.HTTPConnection.getresponse(conn)
 
 
