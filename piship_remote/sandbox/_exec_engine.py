@@ -51,11 +51,10 @@ to the socket (an E2B-compatible backend):
    the Start request was sent, shuts down the sockets the request uses, so the
    worker's blocked stream read ends and ``instance.exec`` raises ``CommandCancelled``.
 
-Ctrl-C (raised in the drain loop) and a timeout (seen by the drain loop) skip
-step 1: the main thread calls ``call.stop()`` (step 3), and waits for the worker.
-On any other thread step 2 is ``DirectCall.abort``, called by the watcher or the
-timer thread, and the wait for the call to return is a retire check scheduled on
-the timer thread.
+Ctrl-C (raised in the drain loop) and a timeout (seen by the drain loop) skip step 1: the
+main thread calls ``call.stop()`` (step 3), and waits for the worker. On any other thread
+step 2 is ``DirectCall.abort``, called by the watcher or the timer thread, and the wait for
+the call to return is a retire check scheduled on the timer thread.
 """
 
 from __future__ import annotations

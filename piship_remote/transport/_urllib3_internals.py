@@ -20,8 +20,9 @@ of these, ``tests/test_urllib3_internals.py`` fails before anything here misbeha
   with the headers; urllib3 writes the headers and the body separately and checks every
   header again, which costs a system call and more CPU than the rest of a short request.
 - ``HTTPConnectionPool._get_conn`` / ``._put_conn``: a connection is opened ahead of
-  the request that will use it (while another request is in flight), which urllib3
-  only does inside ``urlopen``.
+  the request that will use it (while another request is in flight), and a direct
+  request's connection is taken by the transport, which arms it with its call before
+  :func:`send_direct` sends on it; urllib3 only takes one inside ``urlopen``.
 - ``HTTPConnection._response_options``, again: a stream whose answer is plain and
   chunked skips urllib3's response object (see ``_streamed_response``); the answer
   is read by http.client's own ``getresponse`` after what urllib3's does before it.
