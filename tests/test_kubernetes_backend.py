@@ -21,10 +21,10 @@ from seed_support import Clocks, Rejections, assert_no_library_thread_left, fail
 from werkzeug import Request, Response
 
 from piship_remote.backends.base import BackendResult, ExecRequest
+from piship_remote.backends.kubernetes._claim_reading import pod_ip
 from piship_remote.backends.kubernetes._claim_timing import (
     DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW,
 )
-from piship_remote.backends.kubernetes._claims_api import _pod_ip
 from piship_remote.backends.kubernetes.backend import (
     KubernetesAgentSandboxBackend,
     KubernetesInstance,
@@ -458,7 +458,7 @@ def test_without_pod_ips_on_the_claim_the_pod_ip_comes_from_the_sandbox(
     ],
 )
 def test_the_pod_ip_prefers_ipv4_and_ignores_junk(ips: Any, chosen: str | None) -> None:
-    assert _pod_ip({"status": {"sandbox": {"podIPs": ips}}}) == chosen
+    assert pod_ip({"status": {"sandbox": {"podIPs": ips}}}) == chosen
 
 
 def test_a_real_router_502_for_a_gone_sandbox_is_a_command_that_never_ran(

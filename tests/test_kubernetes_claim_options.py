@@ -1,5 +1,6 @@
 """The claim's own options: env through the environment filter, pod labels and annotations,
-volume claim templates, and how long a finished claim is kept."""
+volume claim templates, how long a finished claim is kept, foreground deletion, and
+what the claim's Sandbox says about itself."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from seed_support import kubernetes
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.model.policy import SandboxProfile
-from piship_remote.testing import CLAIMS, KubernetesServer
+from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
+from piship_remote.testing.k8s_controller import NODE_NAME
 
 KubernetesFactory = Callable[..., KubernetesServer]
 
@@ -90,3 +92,54 @@ def test_claim_env_holding_the_backend_credential_is_not_sent(
 def test_malformed_claim_options_are_refused(option: str, value: Any) -> None:
     with pytest.raises(ValueError):
         kubernetes("http://127.0.0.1:1", **{option: value})
+
+
+def test_foreground_deletion_asks_for_foreground_propagation(
+    kubernetes_server: KubernetesFactory,
+) -> None:
+    mock = kubernetes_server()
+    with kubernetes(mock.url, foreground_deletion=True) as backend:
+        backend.prepare(SandboxProfile(workspace="/ws")).dispose()
+    (deleted,) = [r for r in mock.requests if r.method == "DELETE"]
+    assert json.loads(deleted.body) == {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "propagationPolicy": "Foreground",
+    }
+    assert mock.live_claims == []
+
+
+def test_a_claim_is_deleted_with_the_default_propagation_unless_asked(
+    kubernetes_server: KubernetesFactory,
+) -> None:
+    mock = kubernetes_server()
+    with kubernetes(mock.url) as backend:
+        backend.prepare(SandboxProfile(workspace="/ws")).dispose()
+    (deleted,) = [r for r in mock.requests if r.method == "DELETE"]
+    assert deleted.body == b""
+
+
+def test_the_claim_carries_its_sandbox_service_name_and_node(
+    kubernetes_server: KubernetesFactory,
+) -> None:
+    mock = kubernetes_server()
+    with kubernetes(mock.url) as backend:
+        instance = backend.prepare(SandboxProfile(workspace="/ws"))
+        claim = instance.claim()
+        instance.dispose()
+    assert claim.sandbox == f"pool-{claim.name}"
+    assert claim.service_fqdn == f"pool-{claim.name}.agents.svc.cluster.local"
+    assert claim.node_name == NODE_NAME
+    assert claim.uid
+
+
+def test_a_sandbox_without_a_service_has_no_service_name(
+    kubernetes_server: KubernetesFactory,
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(services=False, pod_ip="10.0.0.7"))
+    with kubernetes(mock.url) as backend:
+        instance = backend.prepare(SandboxProfile(workspace="/ws"))
+        claim = instance.claim()
+        instance.dispose()
+    assert claim.service_fqdn is None
+    assert (claim.pod_ip, claim.node_name) == ("10.0.0.7", NODE_NAME)

@@ -115,7 +115,7 @@ def test_create_answers_the_e2b_sandbox_shape(client: Client) -> None:
     sandbox = client.create(templateID="base")  # an unknown template is refused (issue 33)
     assert re.fullmatch(r"[a-z0-9]{20}", sandbox["sandboxID"])
     assert sandbox["templateID"] == "base"
-    assert sandbox["envdVersion"] == "0.5.7"  # octet-stream and streamed uploads
+    assert sandbox["envdVersion"] == "0.6.4"  # metadata, watch entries and network-mount flag
     assert sandbox["domain"] == f"localhost:{client.service.url.rsplit(':', 1)[1]}"
     assert sandbox["clientID"]
     assert len(sandbox["envdAccessToken"]) >= 32

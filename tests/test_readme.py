@@ -6,6 +6,8 @@ before it says how it is checked, so none is left unchecked by accident:
 - ``.. readme-test: python-local`` — Python, run in a fresh interpreter with
   ``PISHIP_E2B_ENDPOINT``, ``PISHIP_E2B_ENVD_URL`` and ``E2B_API_KEY`` pointing at a
   local service, in a workspace holding a Makefile;
+- ``.. readme-test: python-local-otel`` — the same as ``python-local``, with
+  OpenTelemetry's SDK (skipped without the ``otel`` extra and ``opentelemetry-sdk``);
 - ``.. readme-test: python-k8s-double`` — the same against ``KubernetesServer``
   (``PISHIP_K8S_*`` set);
 - ``.. readme-test: python-e2b-sdk`` — Python using the official ``e2b`` SDK, run with
@@ -43,6 +45,7 @@ README = ROOT / "README.rst"
 MARK = re.compile(r"^\.\. readme-test: (\S+)(.*)$")
 KINDS = {
     "python-local",
+    "python-local-otel",
     "python-e2b-sdk",
     "python-k8s-double",
     "shell-local",
@@ -194,6 +197,18 @@ def _clean_environ() -> dict[str, str]:
     "example", [e for e in ALL if e.kind in ("python-local", "shell-local")], ids=str
 )
 def test_a_local_example_runs(example: Example, project: Path) -> None:
+    _run_on_the_local_service(example, project)
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("example", [e for e in ALL if e.kind == "python-local-otel"], ids=str)
+def test_an_observability_example_runs(example: Example, project: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason=install_hint("otel") + " opentelemetry-sdk")
+    _run_on_the_local_service(example, project)
+
+
+def _run_on_the_local_service(example: Example, project: Path) -> None:
     with LocalE2bService() as service:
         env = {
             "PISHIP_E2B_ENDPOINT": service.url,

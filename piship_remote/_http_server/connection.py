@@ -96,12 +96,16 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         _log.debug("%s " + format, self.address_string(), *args)
 
     def _handle_one(self) -> None:
-        limit = self.owner.limits.header_bytes
+        limits = self.owner.limits
+        idle = limits.read_timeout if limits.idle_timeout is None else limits.idle_timeout
         self.owner._set_idle(self.connection, True)
+        self.connection.settimeout(idle)
         try:
-            self.raw_requestline = self.rfile.readline(limit + 1)
+            self.raw_requestline = self.rfile.readline(limits.header_bytes + 1)
         finally:
             self.owner._set_idle(self.connection, False)
+            self.connection.settimeout(limits.read_timeout)
+        limit = limits.header_bytes
         if not self.raw_requestline:
             self.close_connection = True
             return
@@ -126,7 +130,9 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self._refuse(_Refused(400, problem))
             return
         headers = {name.lower(): value for name, value in self.headers.items()}
-        head = Head(self.command, self.path, urlsplit(self.path).path, headers)
+        head = Head(
+            self.command, self.path, urlsplit(self.path).path, headers, _client_subject(self)
+        )
         rejected = self.owner.screen(head) if self.owner.screen is not None else None
         if rejected is not None:
             self.close_connection = True  # its body, if any, is never read
@@ -135,6 +141,11 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         upstream = self.owner.tunnel(head) if self.owner.tunnel is not None else None
         if upstream is not None:
             self.close_connection = True
+            self.owner._arrived(
+                Request(
+                    head.method, head.path, headers, b"", head.target, None, head.client_subject
+                )
+            )
             if isinstance(upstream, Reply):
                 self._send(upstream)
             else:
@@ -148,7 +159,7 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self._refuse(e)
             return
         request = Request(
-            head.method, head.path, headers, body, head.target, stream, _client_subject(self)
+            head.method, head.path, headers, body, head.target, stream, head.client_subject
         )
         self.owner._arrived(request)
         try:

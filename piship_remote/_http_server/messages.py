@@ -62,6 +62,8 @@ class Head:
     path: str
     headers: Mapping[str, str]
     """Header names lower-cased."""
+    client_subject: str | None = None
+    """Over TLS: the common name of the client certificate the server verified, if any."""
 
 
 @attrs.frozen
@@ -117,7 +119,13 @@ class Limits:
     """The request line and headers together."""
     body_bytes: int = MAX_BODY_BYTES
     read_timeout: float | None = None
-    """A read that stalls this long, or a connection idle this long, is dropped."""
+    """A read that stalls this long is dropped (and, without ``idle_timeout``, an idle
+    connection)."""
+    idle_timeout: float | None = None
+    """A connection waiting this long for its next request is closed (``None``: ``read_timeout``).
+
+    Longer than the clients' own pool expiry (reqwest keeps one 90 s), so that a client
+    never sends on a connection the server is closing at that moment."""
     body_seconds: float | None = None
     """The whole body must arrive within this (a trickling client is dropped)."""
     connections: int | None = None

@@ -293,6 +293,11 @@ class HttpServer:
                 self._changed.notify_all()
             self._listener.shutdown_request(connection)
 
+    def serve_connection(self, connection: socket.socket) -> None:
+        """Serve ``connection``, already connected, as if it had been accepted (plain
+        HTTP even on a TLS server): how a double hands a tunnelled stream to itself."""
+        self._admit(connection, ("tunnel", 0))
+
     def tunnel_name(self) -> str:
         """A name for a tunnel's thread."""
         return f"{self._prefix}tunnel-{next(self._counter)}"

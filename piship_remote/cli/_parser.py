@@ -190,7 +190,22 @@ def add_sandbox_options(parser: Parser) -> None:
         k8s,
         "--router",
         default=env("PISHIP_K8S_ROUTER"),
-        help="sandbox router URL (env PISHIP_K8S_ROUTER)",
+        help="sandbox router URL, or port-forward to reach its Service through the API"
+        " server as kubectl port-forward does (env PISHIP_K8S_ROUTER)",
+    )
+    parser.option(
+        k8s,
+        "--router-service",
+        default=env("PISHIP_K8S_ROUTER_SERVICE", "sandbox-router-svc"),
+        help="with --router port-forward: the router's Service (env PISHIP_K8S_ROUTER_SERVICE;"
+        " default sandbox-router-svc)",
+    )
+    parser.option(
+        k8s,
+        "--router-namespace",
+        default=env("PISHIP_K8S_ROUTER_NAMESPACE", "agent-sandbox-system"),
+        help="with --router port-forward: the Service's namespace (env"
+        " PISHIP_K8S_ROUTER_NAMESPACE; default agent-sandbox-system)",
     )
     parser.option(
         k8s,

@@ -96,7 +96,6 @@ def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBacken
         )
     router_token = env_reader(args.router_token)
     options: dict[str, Any] = {
-        "router": args.router,
         "template": args.pool,
         "lifetime_seconds": lease_seconds(args),
         "router_auth": args.router_auth,
@@ -104,6 +103,7 @@ def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBacken
     if args.namespace:
         options["namespace"] = args.namespace
     try:
+        options["router"] = _router(args)
         if args.api:
             has_router_token = bool(os.environ.get(args.router_token))
             return KubernetesAgentSandboxBackend(
@@ -120,6 +120,15 @@ def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBacken
         )
     except ValueError as e:
         raise PiShipError(CONFIG_INVALID, str(e)) from None
+
+
+def _router(args: argparse.Namespace) -> Any:
+    """``--router``: a URL, or port-forward to ``--router-service`` in ``--router-namespace``."""
+    if args.router != "port-forward":
+        return args.router
+    from piship_remote.backends.kubernetes.backend import PortForward
+
+    return PortForward(service=args.router_service, namespace=args.router_namespace)
 
 
 def _cluster_known(args: argparse.Namespace) -> bool:

@@ -67,11 +67,13 @@ TEMPLATE_CACHE = "templates"
 DEFAULT_HTTP_LIMITS = HttpLimits(
     header_bytes=32 * 1024,
     read_timeout=5.0,
+    idle_timeout=120.0,
     body_seconds=30.0,
     connections=64,
 )
 """What one client may hold: a 32 KiB head, a 16 MiB body sent within 30 s, reads that
-stall (or connections idle) at most 5 s, 64 open connections."""
+stall at most 5 s, connections idle at most 120 s (the longest-idle one is closed first
+when all 64 are open)."""
 _OWNED_DIRECTORY = re.compile(re.escape(DIRECTORY_PREFIX) + r"(\d+)-[a-z0-9_]+")
 
 

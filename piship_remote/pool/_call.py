@@ -20,6 +20,7 @@ from typing import Any
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
 from piship_remote.sandbox.activation import Sandbox
+from piship_remote.telemetry import carried
 
 __all__ = ["BoundedCall"]
 
@@ -38,7 +39,8 @@ class BoundedCall:
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
-        threading.Thread(target=self._call, name=name, daemon=True).start()
+        # The task's span is the parent of the spans the callable makes.
+        threading.Thread(target=carried(self._call), name=name, daemon=True).start()
 
     def _call(self) -> None:
         try:

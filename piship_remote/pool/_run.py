@@ -1,6 +1,7 @@
 """One ``map``/``imap`` call: its items run by ``piship-pool-task-N`` threads.
 
-    run = MapRun(attempts, task, items, timeout=600, threads=4, progress=NoProgress())
+    run = MapRun(attempts, task, items, timeout=600, threads=4, progress=NoProgress(),
+                 telemetry=Telemetry.load(backend.id))
     for index, result in run.results():   # as they finish
         ...
 
@@ -23,6 +24,9 @@ from piship_remote.model.errors import CommandCancelled
 from piship_remote.pool._attempts import Task, TaskAttempts
 from piship_remote.pool._progress import Progress
 from piship_remote.pool.result import CANCELLED, UNKNOWN, TaskResult
+from piship_remote.telemetry import Telemetry, carried
+from piship_remote.telemetry.names import ATTEMPTS, ERROR_TYPE, POOL_TASK_SPAN, SANDBOX_ID
+from piship_remote.telemetry.outcomes import error_type
 
 __all__ = ["MapRun"]
 
@@ -42,6 +46,7 @@ class MapRun:
         timeout: float | None,
         threads: int,
         progress: Progress,
+        telemetry: Telemetry,
     ) -> None:
         self._attempts = attempts
         self._task = task
@@ -52,9 +57,10 @@ class MapRun:
         self._next_lock = threading.Lock()
         self._results: queue.SimpleQueue[tuple[int, TaskResult]] = queue.SimpleQueue()
         self.cancel = threading.Event()
+        self._telemetry = telemetry
         self._threads = [
             threading.Thread(
-                target=self._work, name=f"piship-pool-task-{next(_NUMBERS)}", daemon=True
+                target=carried(self._work), name=f"piship-pool-task-{next(_NUMBERS)}", daemon=True
             )
             for _ in range(min(threads, len(items)))
         ]
@@ -87,9 +93,21 @@ class MapRun:
                 self._results.put((index, result))
                 continue
             self._progress.started()
+            result = self._run(item)
+            self._progress.finished(result.outcome)
+            self._results.put((index, result))
+
+    def _run(self, item: Any) -> TaskResult:
+        """One item's task, in its span (the task's outcome, sandbox and attempts)."""
+        telemetry = self._telemetry
+        with telemetry.span(POOL_TASK_SPAN, ended=telemetry.pool_task_ended) as span:
             try:
                 result = self._attempts.run(self._task, item, self._timeout, self.cancel)
             except BaseException as error:  # a bug below: the item still gets its result
                 result = TaskResult(item, None, error, UNKNOWN, None, 1, 0.0)
-            self._progress.finished(result.outcome)
-            self._results.put((index, result))
+            span.set(SANDBOX_ID, result.sandbox_id)
+            span.set(ATTEMPTS, result.attempts)
+            if result.error is not None:
+                span.set(ERROR_TYPE, error_type(result.error))
+            span.outcome(result.outcome)
+        return result

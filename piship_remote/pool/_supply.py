@@ -24,6 +24,7 @@ from collections.abc import Callable
 from piship_remote.model.errors import SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
 from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.sandbox.activation import Sandbox
+from piship_remote.telemetry import carried
 
 __all__ = ["CLOSE_DEADLINE", "NoSandboxInTime", "SandboxSupply", "closed_error"]
 
@@ -87,7 +88,10 @@ class SandboxSupply:
         self._deleting = 0
         self._closed = threading.Event()
         self._warmers = [
-            threading.Thread(target=self._keep_warm, name=f"piship-pool-warm-{n}", daemon=True)
+            # The pool's creator's span is the parent of the warm activations'.
+            threading.Thread(
+                target=carried(self._keep_warm), name=f"piship-pool-warm-{n}", daemon=True
+            )
             for n in range(1, self._warm + 1)
         ]
         for thread in self._warmers:

@@ -33,6 +33,7 @@ from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.pool.result import TaskResult, is_infrastructure
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox.activation import PathLike, Sandbox, activate_sandbox
+from piship_remote.telemetry import Telemetry
 
 __all__ = ["SandboxPool"]
 
@@ -95,6 +96,7 @@ class SandboxPool:
             max_attempts=max_attempts,
             on_failure=health.forget,
         )
+        self._telemetry = Telemetry.load(backend.id, backend.redactor)
         self._token = lifecycle.track(self, "sandbox pool", self._supply.close)
 
     def __enter__(self) -> SandboxPool:
@@ -182,7 +184,13 @@ class SandboxPool:
             raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox pool is closed", component="pool")
         progress = progress_for(self._progress, len(items))
         run = MapRun(
-            self._attempts, task, items, timeout=timeout, threads=self._size, progress=progress
+            self._attempts,
+            task,
+            items,
+            timeout=timeout,
+            threads=self._size,
+            progress=progress,
+            telemetry=self._telemetry,
         )
         finished = False
         try:

@@ -47,6 +47,9 @@ from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_errors import reason_text
 from piship_remote.sandbox._exec_workers import Stream
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
+from piship_remote.telemetry import Telemetry
+from piship_remote.telemetry.logs import info
+from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPANS
 
 if TYPE_CHECKING:
     from piship_remote.sandbox.activation import Sandbox
@@ -90,15 +93,35 @@ class Activation:
     sandbox_type: type[Sandbox] = attrs.field(kw_only=True)
     # The caller passed env= on purpose: the names it does not allow are named too.
     env_given: bool = attrs.field(default=False, kw_only=True)
+    telemetry: Telemetry = attrs.field(kw_only=True)
 
     def run(self) -> Sandbox:
+        telemetry = self.telemetry
+        with telemetry.span(ACTIVATION_SPAN, ended=telemetry.activation_ended) as span:
+            sandbox = self._steps()
+            if sandbox.report.level != "enforced":
+                span.outcome("unavailable")
+                return sandbox
+            sandbox_id = _id_of(sandbox)
+            span.set(SANDBOX_ID, sandbox_id)
+        sandbox._telemetry.activated()
+        what = "attached to" if self.attach is not None else "created"
+        info("%s sandbox %s %s", self.backend.id, sandbox_id, what, redactor=self.backend.redactor)
+        return sandbox
+
+    def _steps(self) -> Sandbox:
         instance: Instance | None = None
         engine: ExecEngine | None = None
+        step = self.telemetry.span
         try:
-            capabilities = self._capabilities()
-            instance = self._prepare()
+            with step(STEP_SPANS["health"]):
+                capabilities = self._capabilities()
+            with step(STEP_SPANS["create"]) as created:
+                instance = self._prepare()
+                created.set(SANDBOX_ID, _quietly_id(instance))
             engine = self._engine(instance)
-            report = self._checked(engine, self._report(capabilities), capabilities)
+            with step(STEP_SPANS["readiness"]):
+                report = self._checked(engine, self._report(capabilities), capabilities)
         except _Failure as failure:
             self._discard(instance, engine)
             return self._unavailable(failure)
@@ -106,7 +129,12 @@ class Activation:
             self._discard(instance, engine)
             raise
         sandbox = self.sandbox_type(
-            report=report, profile=self.profile, backend=self.backend, engine=engine, env=self.env
+            report=report,
+            profile=self.profile,
+            backend=self.backend,
+            engine=engine,
+            env=self.env,
+            telemetry=self.telemetry,
         )
         try:
             self._with_files(sandbox, instance, engine)
@@ -136,10 +164,12 @@ class Activation:
             mode=self.sync,
             use_gitignore=self.sync_ignore,
             adapter=self.backend.id,
+            telemetry=self.telemetry,
         )
         sandbox._attach_transfers(transfers)
         if self.sync != "none":
-            transfers.push()
+            with self.telemetry.span(STEP_SPANS["push"]):
+                transfers.push()
             sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
 
     def _discard(self, instance: Instance | None, engine: ExecEngine | None) -> None:
@@ -314,7 +344,12 @@ class Activation:
             warnings=tuple(self.profile.warnings),
         )
         return self.sandbox_type(
-            report=report, profile=self.profile, backend=backend, engine=None, env=self.env
+            report=report,
+            profile=self.profile,
+            backend=backend,
+            engine=None,
+            env=self.env,
+            telemetry=self.telemetry,
         )
 
 
@@ -372,6 +407,20 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         )
     except Exception as e:
         return _Failure(reason_text(str(e) or type(e).__name__, redactor))
+
+
+def _quietly_id(instance: Instance) -> str | None:
+    try:
+        return instance.epoch()
+    except Exception:
+        return None
+
+
+def _id_of(sandbox: Sandbox) -> str | None:
+    try:
+        return sandbox.id
+    except Exception:
+        return None
 
 
 def log_environment_warnings(warnings: tuple[str, ...]) -> None:

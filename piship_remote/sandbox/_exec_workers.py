@@ -31,6 +31,7 @@ from typing import Literal, Protocol, TypeAlias
 import attrs
 
 from piship_remote.backends.base import BackendResult, ExecRequest
+from piship_remote.telemetry.context import carried_job
 
 __all__ = [
     "STOPPED",
@@ -259,6 +260,7 @@ class WorkerPool:
 
     def submit(self, call: Job) -> _Worker | None:
         """Run ``call`` on a worker; ``None`` once the pool is closed."""
+        call = carried_job(call)  # the caller's span is the parent of the call's
         with self._lock:
             if self._closed:
                 return None

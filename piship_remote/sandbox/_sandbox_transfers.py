@@ -18,6 +18,7 @@ deleted anyway) and kept in :attr:`SandboxTransfers.dispose_error`, never raised
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -39,6 +40,8 @@ from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_workers import Stream
 from piship_remote.sandbox._file_calls import FileCall, FileCalls
 from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.telemetry import Telemetry
+from piship_remote.telemetry.names import PULL_SPAN, PUSH_SPAN
 from piship_remote.workspace._remote_archives import RemoteArchives
 from piship_remote.workspace._sync import SYNC_MODES, WorkspaceSync
 
@@ -69,8 +72,10 @@ class SandboxTransfers:
         mode: str = "none",
         use_gitignore: bool = True,
         adapter: str = "remote",
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._engine = engine
+        self._telemetry = telemetry or Telemetry(adapter)
         self._profile = profile
         self._root = os.path.realpath(profile.workspace)
         self.mode = check_sync_mode(mode)
@@ -84,7 +89,13 @@ class SandboxTransfers:
         archives = RemoteArchives(
             instance.files(), self._run_helper, self._calls, write_allow=profile.write_allow
         )
-        self.files = SandboxFiles(archives, workspace=self._root, read_deny=profile.read_deny)
+        self.files = SandboxFiles(
+            archives,
+            workspace=self._root,
+            read_deny=profile.read_deny,
+            telemetry=self._telemetry,
+            sandbox_id=engine.epoch,
+        )
         self._sync = WorkspaceSync(
             archives,
             workspace=self._root,
@@ -106,7 +117,8 @@ class SandboxTransfers:
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Send the workspace (or ``paths`` inside it) into the sandbox, as one archive."""
-        return self._sync.push(paths, timeout=timeout, cancel=cancel)
+        push = functools.partial(self._sync.push, paths, timeout=timeout, cancel=cancel)
+        return self._telemetry.transfer(PUSH_SPAN, "upload", push, _bytes, self._engine.epoch)
 
     def pull(
         self,
@@ -117,7 +129,10 @@ class SandboxTransfers:
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Bring back what changed in the sandbox since the last push."""
-        return self._sync.pull(paths, delete=delete, timeout=timeout, cancel=cancel)
+        pull = functools.partial(
+            self._sync.pull, paths, delete=delete, timeout=timeout, cancel=cancel
+        )
+        return self._telemetry.transfer(PULL_SPAN, "download", pull, _bytes, self._engine.epoch)
 
     def workspace_report(self) -> WorkspaceReport | None:
         """The synced workspace report, or ``None`` when sync is off (the snapshot stays)."""
@@ -177,6 +192,10 @@ class SandboxTransfers:
         )
         result = self._engine.run(request, collect, call.deadline, call.cancel, retire=True)
         return exit_status(result), output.decode("utf-8", "replace")
+
+
+def _bytes(summary: TransferSummary) -> int:
+    return summary.bytes
 
 
 def _synced(summary: TransferSummary) -> tuple[SyncedPath, ...]:

@@ -1,8 +1,8 @@
 """One action run beside the caller on a named daemon thread, its outcome handed back.
 
-    stat = Worker(lambda: remote.stat(path), "piship-files-stat")
-    ...                                  # the caller does something else meanwhile
-    info = stat.result()                 # what the action returned, or raises what it raised
+stat = Worker(lambda: remote.stat(path), "piship-files-stat")
+...                                  # the caller does something else meanwhile
+info = stat.result()                 # what the action returned, or raises what it raised
 """
 
 from __future__ import annotations

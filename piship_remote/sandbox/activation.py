@@ -49,9 +49,11 @@ from piship_remote.sandbox._activation_steps import Activation, log_environment_
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
 from piship_remote.sandbox._output import OUTPUT_LIMIT, CommandResult, OutputCapture
+from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_sync_mode
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
+from piship_remote.telemetry import Telemetry
 from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = [
@@ -96,6 +98,7 @@ class Sandbox:
         backend: Backend,
         engine: ExecEngine | None,
         env: Mapping[str, str],
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.report = report
         self.profile = profile
@@ -105,6 +108,7 @@ class Sandbox:
         self._logged_warnings: set[str] = set()
         self._workspace_root = real_path(profile.workspace)
         self._transfers: SandboxTransfers | None = None
+        self._telemetry = SandboxTelemetry(telemetry or Telemetry(report.adapter), engine)
         self._lifecycle = _track(self, engine)
 
     @property
@@ -220,7 +224,8 @@ class Sandbox:
         control = CommandControl(stdin=stdin)
         request = self._request(command, cwd, timeout, env, control=control, pty=pty)
         deadline = timeout_deadline(timeout)
-        return CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)._begin()
+        handle = CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
+        return self._telemetry.started(handle)
 
     def _execute(
         self,
@@ -240,9 +245,9 @@ class Sandbox:
         deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
         engine = self._usable_engine()
         # The caller's cancel becomes the command's one token, here, once.
-        with engine.cancel_token(cancel) as token:
+        with self._telemetry.command() as span, engine.cancel_token(cancel) as token:
             result = engine.run(request, sink, deadline, token, retire=True)
-        return ExecResult(exit_code=exit_status(result))
+            return ExecResult(exit_code=span.exit_code(exit_status(result)))
 
     def _request(
         self,
@@ -345,6 +350,7 @@ class Sandbox:
             self._transfers.stop()
         self._engine.dispose()
         lifecycle.untrack(self._lifecycle)
+        self._telemetry.let_go("deleted")
 
     @property
     def id(self) -> str:
@@ -371,6 +377,7 @@ class Sandbox:
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)
+        self._telemetry.let_go("detached")
         return sandbox_id
 
     def _usable_engine(self) -> ExecEngine:
@@ -461,6 +468,7 @@ def activate_sandbox(
         attach,
         sandbox_type=Sandbox,
         env_given=env is not None,
+        telemetry=Telemetry.load(backend.id, backend.redactor),
     )
     return activation.run()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import ExecRequest
@@ -92,10 +92,24 @@ class CommandHandle:
 
     # -- how it runs -------------------------------------------------------------------
 
-    def _begin(self) -> CommandHandle:
-        """Start the command on a worker (``Sandbox.start``)."""
-        engine = self._engine
-        self._started = engine.begin(self._request, self._received, self._deadline, self._wake)
+    def _begin(self, on_end: Callable[[], None] | None = None) -> CommandHandle:
+        """Start the command on a worker (``Sandbox.start``); ``on_end`` is called once it
+        ended and ``_started`` is set (its span's end), by whichever of the two comes last."""
+        arrivals = [0]
+
+        def arrive() -> None:
+            with self._cond:
+                arrivals[0] += 1
+                last = arrivals[0] == 2
+            if last and on_end is not None:
+                on_end()
+
+        def done() -> None:
+            self._wake()
+            arrive()
+
+        self._started = self._engine.begin(self._request, self._received, self._deadline, done)
+        arrive()
         return self
 
     def _received(self, stream: Stream, chunk: bytes) -> None:

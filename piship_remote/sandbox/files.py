@@ -29,14 +29,16 @@ import os
 import posixpath
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
-from typing import BinaryIO
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO, TypeVar
 
 from piship_remote.backends._file_protocol import SizedChunks
 from piship_remote.model.errors import CONFIG_INVALID, FILE_NOT_FOUND, PiShipError
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferLimits, TransferSummary
 from piship_remote.sandbox._file_calls import FileCall
 from piship_remote.sandbox._worker import Worker
+from piship_remote.telemetry import Telemetry
+from piship_remote.telemetry.names import TRANSFER_SPAN
 from piship_remote.workspace._host_writes import (
     bounded_writer,
     host_write_error,
@@ -53,6 +55,8 @@ from piship_remote.workspace._sandbox_commands import pack_tree_command
 from piship_remote.workspace._tree import TreeWalk, inside
 
 __all__ = ["CHUNK", "Progress", "SandboxFiles"]
+
+_T = TypeVar("_T")
 
 CHUNK = 1024 * 1024
 
@@ -75,8 +79,12 @@ class SandboxFiles:
         *,
         workspace: str | os.PathLike[str] | None = None,
         read_deny: Sequence[str] = (),
+        telemetry: Telemetry | None = None,
+        sandbox_id: Callable[[], str | None] | None = None,
     ) -> None:
         self._archives = archives
+        self._telemetry = telemetry or Telemetry("remote")
+        self._sandbox_id = sandbox_id
         self._remote = archives.remote
         self._calls = archives.calls
         self._workspace = os.path.realpath(workspace) if workspace is not None else None
@@ -104,24 +112,33 @@ class SandboxFiles:
         cancel: threading.Event | None = None,
     ) -> FileInfo:
         """Write ``data`` (bytes, text as UTF-8, or a binary file object, streamed)."""
-        with self._calls.begin(timeout, cancel) as call:
-            return self._remote.write(
-                self._resolve(path, call), _chunks(data), cancel=call.cancel, deadline=call.deadline
-            )
+
+        def write() -> FileInfo:
+            with self._calls.begin(timeout, cancel) as call:
+                target = self._resolve(path, call)
+                return self._remote.write(
+                    target, _chunks(data), cancel=call.cancel, deadline=call.deadline
+                )
+
+        return self._moved("upload", write, _info_size)
 
     def read(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> bytes:
         """The whole file ``path`` (use :meth:`download` for a large one)."""
-        buffer = io.BytesIO()
-        with self._calls.begin(timeout, cancel) as call:
-            self._remote.read(
-                self._resolve(path, call),
-                counting(buffer.write, None),
-                cancel=call.cancel,
-                deadline=call.deadline,
-            )
-        return buffer.getvalue()
+
+        def read() -> bytes:
+            buffer = io.BytesIO()
+            with self._calls.begin(timeout, cancel) as call:
+                self._remote.read(
+                    self._resolve(path, call),
+                    counting(buffer.write, None),
+                    cancel=call.cancel,
+                    deadline=call.deadline,
+                )
+            return buffer.getvalue()
+
+        return self._moved("download", read, len)
 
     def read_text(
         self,
@@ -209,8 +226,12 @@ class SandboxFiles:
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Copy a host file or directory into the sandbox (``cp -r local remote``)."""
-        with self._calls.begin(timeout, cancel) as call:
-            return self._upload(local, remote, progress, call)
+
+        def upload() -> TransferSummary:
+            with self._calls.begin(timeout, cancel) as call:
+                return self._upload(local, remote, progress, call)
+
+        return self._moved("upload", upload, _summary_bytes)
 
     def _upload(
         self,
@@ -245,8 +266,16 @@ class SandboxFiles:
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
         """Copy a sandbox file or directory to the host path ``local`` (``cp -r``)."""
-        with self._calls.begin(timeout, cancel) as call:
-            return self._download(remote, local, progress, call)
+
+        def download() -> TransferSummary:
+            with self._calls.begin(timeout, cancel) as call:
+                return self._download(remote, local, progress, call)
+
+        return self._moved("download", download, _summary_bytes)
+
+    def _moved(self, direction: str, move: Callable[[], _T], size: Callable[[_T], int]) -> _T:
+        """A transfer in its span, its bytes counted (nothing recorded without the extra)."""
+        return self._telemetry.transfer(TRANSFER_SPAN, direction, move, size, self._sandbox_id)
 
     def _download(
         self,
@@ -369,6 +398,14 @@ def _chunks(data: bytes | str | BinaryIO, progress: Progress | None = None) -> I
         if progress is not None:
             progress(len(chunk))
         yield chunk
+
+
+def _info_size(info: FileInfo) -> int:
+    return info.size or 0
+
+
+def _summary_bytes(summary: TransferSummary) -> int:
+    return summary.bytes
 
 
 def _unlink_quietly(path: str) -> None:

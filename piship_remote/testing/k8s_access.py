@@ -68,11 +68,14 @@ def refused(
 
 def access_review(body: Mapping[str, Any], cluster: AccessSettings) -> dict[str, Any]:
     """The answered ``SelfSubjectAccessReview``: allowed unless ``cluster.denied`` names
-    ``"<verb> <resource>"`` (e.g. ``"delete sandboxclaims"``)."""
+    ``"<verb> <resource>[/<subresource>]"`` (e.g. ``"delete sandboxclaims"``,
+    ``"create pods/portforward"``)."""
     spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
     attributes = spec.get("resourceAttributes") if isinstance(spec, dict) else None
     attributes = attributes if isinstance(attributes, dict) else {}
     key = f"{attributes.get('verb', '')} {attributes.get('resource', '')}"
+    if attributes.get("subresource"):
+        key += f"/{attributes['subresource']}"
     allowed = key not in cluster.denied
     status: dict[str, Any] = {"allowed": allowed}
     if not allowed:

@@ -4,7 +4,8 @@ It writes what the real claim controller writes, in the same order, through the
 :class:`~piship_remote.testing.k8s_store.Store`:
 
 1. on create: an annotation ``agents.x-k8s.io/controller-first-observed-at``; a Sandbox
-   owned by the claim (``status.podIPs``, ``Ready=False DependenciesNotReady``); the
+   owned by the claim (``status.podIPs``, ``nodeName``, ``serviceFQDN`` when sandboxes
+   have a Service, ``Ready=False DependenciesNotReady``); the
    claim's status with ``status.sandbox.name`` and the same ``Ready=False``;
 2. once a client has seen that not-ready state (a GET, a list or a watch event), the
    pod becomes ready: the Sandbox turns ``Ready=True DependenciesReady`` and the claim's
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 from piship_remote.testing.k8s_store import ApiError, Store
 from piship_remote.wire.agent_sandbox import CLAIMS, SANDBOXES
 
-__all__ = ["WALL_CLOCK", "Controller", "ControllerSettings"]
+__all__ = ["NODE_NAME", "WALL_CLOCK", "Controller", "ControllerSettings"]
 
 # Taken once: a test that replaces time.time for the client under test (a clock jump)
 # does not move the cluster's clock with it.
@@ -53,6 +54,8 @@ Object = dict[str, Any]
 READY_MESSAGE = "Pod is Ready"
 PENDING_MESSAGE = "Pod exists with phase: Pending"
 EXPIRED_MESSAGE = "Claim expired. Sandbox cleanup initiated."
+NODE_NAME = "kind-worker"
+"""The node every fake sandbox pod runs on (``status.nodeName``)."""
 _ANNOTATION = "agents.x-k8s.io/"
 
 
@@ -63,6 +66,7 @@ class ControllerSettings(Protocol):
     pod_ip: str | None
     warm_pools: set[str] | None
     clock: Callable[[], float] | None
+    services: bool
 
 
 class Controller:
@@ -219,9 +223,12 @@ class Controller:
         self._store.create(SANDBOXES, namespace, body)
         status = {
             "podIPs": [ip],
+            "nodeName": NODE_NAME,
             "selector": f"{_ANNOTATION}sandbox-name-hash={abs(hash(name)) % 10**8:08d}",
             "conditions": [_ready("False", "DependenciesNotReady", PENDING_MESSAGE)],
         }
+        if self._settings.services:
+            status["serviceFQDN"] = f"{name}.{namespace}.svc.cluster.local"
         return self._store.patch(
             SANDBOXES, namespace, name, {"status": status}, subresource_status=True
         )

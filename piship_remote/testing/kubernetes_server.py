@@ -63,6 +63,12 @@ Fault knobs (:class:`Cluster`, mutable while the server runs):
   (``POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews``) answers not allowed;
   ``pool_ready_replicas``: the ready replicas a ``GET …/sandboxwarmpools/<name>`` reports.
 
+**The router's Service** (:mod:`~piship_remote.testing.k8s_portforward`):
+``sandbox-router-svc`` in ``agent-sandbox-system`` (``cluster.router_service``,
+``router_namespace``), its Endpoints (``router_pods``) and each pod's
+``portforward`` subresource (WebSocket, ``v4.channel.k8s.io``), whose port 8080 is
+this server's router, as ``kubectl port-forward svc/sandbox-router-svc`` reaches it.
+
 ``tls`` (an ``ssl.SSLContext``) serves HTTPS; with ``cluster.client_subject`` the API
 server wants a client certificate of that name (or ``token``), and ``client_subjects``
 records which certificate each request came with.
@@ -99,22 +105,24 @@ Every event the server waits on (``after``, ``patch_gate``) is set when it close
 from __future__ import annotations
 
 import io
-import json
 import logging
 import re
+import socket
 import ssl
 import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import attrs
 from werkzeug import Request, Response
 from werkzeug.formparser import parse_form_data
 
-from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
+from piship_remote._http_server.server import Head
+from piship_remote._http_server.server import Reply as RawReply
+from piship_remote.testing.faults import Faults, hold_if_stalled
 from piship_remote.testing.k8s_access import access_review, refused, warm_pool
+from piship_remote.testing.k8s_api import RESOURCE_PATH, ResourceApi
 from piship_remote.testing.k8s_controller import WALL_CLOCK, Controller
+from piship_remote.testing.k8s_portforward import PortForwards
 from piship_remote.testing.k8s_router import (
     SANDBOX_PREFIX,
     Execute,
@@ -123,17 +131,15 @@ from piship_remote.testing.k8s_router import (
     RouterRequest,
 )
 from piship_remote.testing.k8s_runtime import FileTree, Reply
-from piship_remote.testing.k8s_schema import defaulted_claim, field_selector_name, json_object
+from piship_remote.testing.k8s_schema import json_object
 from piship_remote.testing.k8s_store import ApiError, Store
 from piship_remote.testing.recorder import (
     CLIENT_SUBJECT,
     THREAD_PREFIX,
-    DropConnection,
     RecordingServer,
     json_response,
 )
 from piship_remote.wire.agent_sandbox import CLAIMS as CLAIM_RESOURCE
-from piship_remote.wire.agent_sandbox import SANDBOXES, Resource
 
 __all__ = ["CLAIMS", "Cluster", "ExecuteAnswer", "KubernetesServer", "claims_path"]
 
@@ -148,19 +154,13 @@ def claims_path(namespace: str) -> str:
 CLAIMS = claims_path("agents")
 """The claims collection for namespace ``agents``."""
 
-_API_PATH = re.compile(
-    r"^/apis/(?P<group>extensions\.agents\.x-k8s\.io|agents\.x-k8s\.io)/v1beta1/namespaces/"
-    r"(?P<ns>[^/]+)/(?P<plural>sandboxclaims|sandboxes)(?:/(?P<name>[^/]+)(?P<status>/status)?)?$"
-)
 _WARM_POOL = re.compile(
     r"^/apis/extensions\.agents\.x-k8s\.io/v1beta1/namespaces/(?P<ns>[^/]+)/"
     r"sandboxwarmpools/(?P<name>[^/]+)$"
 )
 _ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
-_RESOURCES = {r.plural: r for r in (CLAIM_RESOURCE, SANDBOXES)}
 _ROUTER_PATHS = re.compile(r"^/(execute|upload|download/.*|list/.*|exists/.*)?$")
 _RECONCILE_INTERVAL = 0.05
-_DEFAULT_WATCH_SECONDS = 1800
 
 
 @attrs.define
@@ -203,6 +203,13 @@ class Cluster:
     client_subject: str | None = None
     """The API server accepts only clients whose verified certificate has this common name
     (with ``tls`` whose context asks for client certificates), or a bearer ``token``."""
+    router_service: str = "sandbox-router-svc"
+    """The router's Service, in ``router_namespace`` (a port-forward's target)."""
+    router_namespace: str = "agent-sandbox-system"
+    router_pods: list[str] = attrs.field(factory=lambda: ["sandbox-router-6d8f9-x7k2p"])
+    """The router Service's ready pods (its Endpoints); empty: none ready."""
+    router_upstream: tuple[str, int] | None = None
+    """A loopback router a port-forward reaches instead of this server's (e.g. the real one)."""
 
 
 class KubernetesServer(RecordingServer):
@@ -231,10 +238,14 @@ class KubernetesServer(RecordingServer):
             file_tree,
             self.faults.take_dropped_stream,
         )
+        self._api = ResourceApi(
+            self.store, self.cluster, self.controller, self.faults, self, self._apply_expired
+        )
         self._stop = threading.Event()
         self.client_subjects: list[tuple[str, str | None]] = []
         """Each request's path and its verified client certificate's common name, if any."""
-        super().__init__(self._handle, tls=tls)
+        self._port_forwards = PortForwards(self.cluster, self)
+        super().__init__(self._handle, tls=tls, tunnel=self._tunnel)
         self._ticker = threading.Thread(
             target=self._tick, name=f"{THREAD_PREFIX}controller", daemon=True
         )
@@ -275,9 +286,15 @@ class KubernetesServer(RecordingServer):
 
     # ---- the HTTP layer --------------------------------------------------------------
 
+    def _tunnel(self, head: Head) -> socket.socket | RawReply | None:
+        upstream = self._port_forwards.tunnel(head)
+        if upstream is not None:
+            self.client_subjects.append((head.path, head.client_subject))
+        return upstream
+
     def _handle(self, request: Request) -> Response:
         hold_if_stalled(self.faults, request.path, self.wait, lambda: self.closing)
-        router = not request.path.startswith("/apis/")
+        router = not request.path.startswith(("/apis/", "/api/"))
         subject = request.environ.get(CLIENT_SUBJECT)
         self.client_subjects.append((request.path, subject))
         refusal = refused(_lower(request), self.cluster, router=router, subject=subject)
@@ -290,6 +307,9 @@ class KubernetesServer(RecordingServer):
             except ApiError as error:
                 return json_response(error.code, error.status())
             return json_response(201, review)
+        core = self._port_forwards.core(request)
+        if core is not None:
+            return core
         pool = _WARM_POOL.match(request.path)
         if pool is not None and request.method == "GET":
             found = warm_pool(pool["ns"], pool["name"], self.cluster)
@@ -297,165 +317,16 @@ class KubernetesServer(RecordingServer):
                 missing = ApiError(404, "NotFound", f'sandboxwarmpools "{pool["name"]}" not found')
                 return json_response(404, missing.status())
             return json_response(200, found)
-        match = _API_PATH.match(request.path)
+        match = RESOURCE_PATH.match(request.path)
         if match is not None:
-            try:
-                return self._api(request, match)
-            except ApiError as error:
-                return json_response(error.code, error.status())
+            return self._api.handle(request, match)
         if request.path == "/healthz" and request.method == "GET":
             return json_response(200, {"status": "ok"})
         if _ROUTER_PATHS.match(request.path):
             return _response(self._router.handle(_router_request(request)))
         return json_response(404, {})
 
-    def _api(self, request: Request, match: re.Match[str]) -> Response:
-        resource = _RESOURCES[match.group("plural")]
-        if resource.group != match.group("group"):
-            return json_response(404, {})
-        namespace, name = match.group("ns"), match.group("name")
-        method = request.method
-        if name is None:
-            if method == "GET":
-                return self._read_collection(request, resource, namespace)
-            if method == "POST" and resource is CLAIM_RESOURCE:
-                return self._create(request, namespace)
-        elif method == "GET":
-            obj = self.store.get(resource, namespace, name)
-            self._observed(resource, namespace, obj)
-            return json_response(200, obj)
-        elif resource is CLAIM_RESOURCE and method == "PATCH":
-            return self._patch(request, namespace, name, status=bool(match.group("status")))
-        elif resource is CLAIM_RESOURCE and method == "DELETE" and not match.group("status"):
-            return self._delete(request, namespace, name)
-        return json_response(
-            405,
-            ApiError(
-                405,
-                "MethodNotAllowed",
-                "the server does not allow this method on the requested resource",
-            ).status(),
-        )
-
-    def _read_collection(self, request: Request, resource: Resource, namespace: str) -> Response:
-        args = request.args
-        name = field_selector_name(args.get("fieldSelector", ""), namespace)
-        if args.get("watch") in ("true", "1"):
-            return self._watch(request, resource, namespace, name)
-        items = self.store.objects(resource, namespace, args.get("labelSelector", ""))
-        items = [item for item in items if name is None or item["metadata"]["name"] == name]
-        for item in items:
-            self._observed(resource, namespace, item)
-        return json_response(
-            200,
-            {
-                "apiVersion": resource.api_version,
-                "kind": f"{resource.kind}List",
-                "metadata": {"resourceVersion": str(self.store.resource_version)},
-                "items": items,
-            },
-        )
-
-    def _create(self, request: Request, namespace: str) -> Response:
-        status = self.cluster.create_status
-        if status is not None and status >= 400:
-            who = request.headers.get("Authorization") or "anonymous"
-            return json_response(
-                status,
-                {
-                    "kind": "Status",
-                    "reason": "Forbidden",
-                    "message": f"sandboxclaims is forbidden: {who} cannot create resource "
-                    f'"sandboxclaims" in namespace "{namespace}"',
-                },
-            )
-        failure = self.faults.take_create_failure()
-        if failure is not None:
-            return _refused_create(failure)
-        body = json_object(request.get_data())
-        claim = self.store.create(CLAIM_RESOURCE, namespace, defaulted_claim(body))
-        self.controller.claim_created(namespace, claim)
-        if self.faults.take_lost_answer():
-            raise DropConnection
-        return json_response(201, claim)
-
-    def _patch(self, request: Request, namespace: str, name: str, *, status: bool) -> Response:
-        gate = self.cluster.patch_gate
-        if gate is not None and not self.wait(gate):
-            raise DropConnection
-        self._apply_expired()
-        kind = request.headers.get("Content-Type", "").split(";")[0].strip()
-        if kind in ("application/strategic-merge-patch+json", "application/json-patch+json"):
-            raise ApiError(
-                415,
-                "UnsupportedMediaType",
-                "the body of the request was in an unknown format - accepted media types "
-                "include: application/merge-patch+json",
-            )
-        patch = json_object(request.get_data())
-        claim = self.store.patch(CLAIM_RESOURCE, namespace, name, patch, subresource_status=status)
-        return json_response(200, claim)
-
-    def _delete(self, request: Request, namespace: str, name: str) -> Response:
-        status = self.cluster.delete_status
-        if status is not None and status >= 400:
-            return json_response(status, {"message": "etcd unavailable"})
-        options = json_object(request.get_data()) if request.get_data() else {}
-        uid = (options.get("preconditions") or {}).get("uid")
-        deleted = self.store.delete(CLAIM_RESOURCE, namespace, name, uid)
-        self.controller.claim_deleted(namespace, deleted)
-        return json_response(status, {}) if status is not None else json_response(200, deleted)
-
-    def _watch(
-        self, request: Request, resource: Resource, namespace: str, name: str | None
-    ) -> Response:
-        start = request.args.get("resourceVersion", "")
-        timeout = request.args.get("timeoutSeconds", "")
-        seconds = int(timeout) if timeout.isdigit() else _DEFAULT_WATCH_SECONDS
-        if start not in ("", "0") and self.cluster.gone_as_http:
-            self.store.events_after(resource, namespace, int(start), name)  # 410 when too old
-        chunks = self._watch_events(resource, namespace, name, start, time.monotonic() + seconds)
-        return self.stream(request, chunks, content_type="application/json")
-
-    def _watch_events(
-        self, resource: Resource, namespace: str, name: str | None, start: str, deadline: float
-    ) -> Iterator[bytes]:
-        listener = threading.Event()
-        self.store.listen(listener)
-        try:
-            yield b""  # the status line and headers go out now, before any event
-            if start in ("", "0"):
-                current, rv = self.store.snapshot(resource, namespace)
-                for obj in current:
-                    if name is None or obj["metadata"]["name"] == name:
-                        yield _line("ADDED", obj)
-                        self._observed(resource, namespace, obj)
-            else:
-                rv = int(start)
-            while True:
-                listener.clear()
-                try:
-                    events = self.store.events_after(resource, namespace, rv, name)
-                except ApiError as gone:
-                    yield _line("ERROR", gone.status())
-                    return
-                for event in events:
-                    rv = event.rv
-                    yield _line(event.type, event.object)
-                    self._observed(resource, namespace, event.object)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                if not events and not self.wait(listener, remaining) and self.closing:
-                    raise DropConnection
-        finally:
-            self.store.unlisten(listener)
-
     # ---- the cluster's own work ------------------------------------------------------
-
-    def _observed(self, resource: Resource, namespace: str, obj: dict[str, Any]) -> None:
-        if resource is CLAIM_RESOURCE:
-            self.controller.claim_observed(namespace, obj)
 
     def _apply_expired(self) -> None:
         expired = set(self.cluster.expired)
@@ -478,21 +349,6 @@ class KubernetesServer(RecordingServer):
                 self.reconcile()
             except Exception:
                 _LOG.exception("the fake controller's pass failed")
-
-
-def _refused_create(failure: CreateFailure) -> Response:
-    reason = "TooManyRequests" if failure.status == 429 else "ServiceUnavailable"
-    response = json_response(
-        failure.status,
-        ApiError(failure.status, reason, "the server is handling too many requests").status(),
-    )
-    if failure.retry_after is not None:
-        response.headers["Retry-After"] = str(failure.retry_after)
-    return response
-
-
-def _line(kind: str, obj: dict[str, Any]) -> bytes:
-    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
 def _lower(request: Request) -> dict[str, str]:

@@ -37,7 +37,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
-from piship_remote._http_server.server import DropConnection, HttpServer, Recorded, Reply
+from piship_remote._http_server.server import (
+    DropConnection,
+    HttpServer,
+    Recorded,
+    Reply,
+    Tunnel,
+)
 from piship_remote._http_server.server import Request as RawRequest
 
 try:
@@ -85,11 +91,17 @@ class RecordingServer(HttpServer):
 
     ``handler`` answers every request. Requests are recorded before it runs; an
     exception it raises is logged, kept in :attr:`errors` and answered with an
-    empty 500. ``tls``: serve HTTPS with that server context.
+    empty 500. ``tls``: serve HTTPS with that server context. ``tunnel``: the
+    server's tunnel hook (a request it takes is recorded, then spliced).
     """
 
     def __init__(
-        self, handler: Handler, *, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None
+        self,
+        handler: Handler,
+        *,
+        host: str = "127.0.0.1",
+        tls: ssl.SSLContext | None = None,
+        tunnel: Tunnel | None = None,
     ) -> None:
         self._handler = handler
         self._errors: list[BaseException] = []
@@ -101,6 +113,7 @@ class RecordingServer(HttpServer):
             thread_prefix=THREAD_PREFIX,
             join_timeout=_CLOSE_JOIN_BUDGET,
             tls=tls,
+            tunnel=tunnel,
         )
         self.start()
 

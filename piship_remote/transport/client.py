@@ -371,8 +371,8 @@ class Transport:
         the pool manager has closed the pool).
         """
         route = self._routes.get(target.origin)
-        if route is not None and route.current():
-            return route
+        if route is not None and route.current() and route.settings["cert"] == self._session.cert:
+            return route  # (a refreshed client certificate needs a pool of its own)
         settings: dict[str, Any] = dict(
             self._session.merge_environment_settings(target.url, {}, True, self._verify, None)
         )

@@ -5,8 +5,8 @@ the JSON names that differ (``templateID``, ``envdAccessToken``, ...) and
 :data:`CONTROL_ALWAYS_SENT` the fields written even at their default. The
 converter of :mod:`piship_remote.wire.e2b_json` reads and writes them::
 
-    >>> parse(b'{"templateID": "base", "timeout": 60}', NewSandbox)
-    NewSandbox(template_id='base', timeout=60, allow_internet_access=None, env_vars={}, metadata={})
+    >>> parse(b'{"templateID": "base", "timeout": 60}', NewSandbox).timeout
+    60
     >>> to_json(ApiError(404, "not found"))
     b'{"code":404,"message":"not found"}'
 """
@@ -14,6 +14,7 @@ converter of :mod:`piship_remote.wire.e2b_json` reads and writes them::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -22,12 +23,16 @@ __all__ = [
     "CONTROL_NAMES",
     "ApiError",
     "ConnectRequest",
+    "ForkRequest",
     "ListedSandbox",
+    "NetworkUpdate",
     "NewSandbox",
     "Refresh",
     "SandboxDetail",
     "SandboxInfo",
     "SandboxMetric",
+    "SnapshotInfo",
+    "SnapshotRequest",
     "TimeoutRequest",
 ]
 
@@ -42,6 +47,8 @@ class NewSandbox:
     allow_internet_access: bool | None = None
     env_vars: dict[str, str] = attrs.field(factory=dict)
     metadata: dict[str, str] = attrs.field(factory=dict)
+    auto_pause_memory: bool | None = None
+    """``false``: the pause at the timeout keeps only the files (resuming reboots)."""
 
 
 @attrs.frozen
@@ -53,9 +60,11 @@ class TimeoutRequest:
 
 @attrs.frozen
 class ConnectRequest:
-    """``POST /sandboxes/<id>/connect``: the lifetime from now (absent: 300 s)."""
+    """``POST /sandboxes/<id>/connect``: the lifetime from now (absent: 300 s); ``memory:
+    false`` (the SDKs' ``on_resume="reboot"``) resumes a paused sandbox by rebooting it."""
 
     timeout: int | None = None
+    memory: bool | None = None
 
 
 @attrs.frozen
@@ -138,8 +147,64 @@ class ApiError:
     message: str
 
 
+@attrs.frozen
+class ForkRequest:
+    """``POST /sandboxes/<id>/fork``: each fork's lifetime and how many (1 to 20)."""
+
+    timeout: int | None = None
+    count: int = 1
+
+
+@attrs.frozen
+class NetworkUpdate:
+    """``PUT /sandboxes/<id>/network``: the egress rules that replace the sandbox's."""
+
+    allow_out: list[str] = attrs.field(factory=list)
+    deny_out: list[str] = attrs.field(factory=list)
+    dns_servers: list[str] = attrs.field(factory=list)
+    egress_proxy: dict[str, Any] | None = None
+    rules: dict[str, Any] = attrs.field(factory=dict)
+    allow_internet_access: bool | None = None
+
+    @property
+    def filters(self) -> bool:
+        """Whether it asks for egress filtered by address or sent through a proxy."""
+        return bool(self.allow_out or self.deny_out or self.dns_servers or self.rules) or (
+            self.egress_proxy is not None
+        )
+
+
+@attrs.frozen
+class SnapshotRequest:
+    """``POST /sandboxes/<id>/snapshots``: an optional name; ``memory`` (false:
+    filesystem-only) is accepted, and a snapshot keeps the files either way."""
+
+    name: str | None = None
+    memory: bool | None = None
+
+
+@attrs.frozen
+class SnapshotInfo:
+    """A snapshot as created and listed: its ID (a template to create sandboxes from)
+    and its names."""
+
+    snapshot_id: str
+    names: list[str] = attrs.field(factory=list)
+
+
 CONTROL_NAMES: Mapping[type, Mapping[str, str]] = {
-    NewSandbox: {"template_id": "templateID", "env_vars": "envVars"},
+    SnapshotInfo: {"snapshot_id": "snapshotID"},
+    NetworkUpdate: {
+        "allow_out": "allowOut",
+        "deny_out": "denyOut",
+        "dns_servers": "dnsServers",
+        "egress_proxy": "egressProxy",
+    },
+    NewSandbox: {
+        "template_id": "templateID",
+        "env_vars": "envVars",
+        "auto_pause_memory": "autoPauseMemory",
+    },
     SandboxInfo: {
         "sandbox_id": "sandboxID",
         "template_id": "templateID",
@@ -188,5 +253,6 @@ CONTROL_ALWAYS_SENT: Mapping[type, frozenset[str]] = {
     SandboxInfo: frozenset({"domain"}),
     SandboxMetric: frozenset(a.name for a in attrs.fields(SandboxMetric)),
     ListedSandbox: frozenset({"metadata"}),
+    SnapshotInfo: frozenset({"names"}),
 }
 """Fields written even at their default value (``"domain": null``, every metric)."""

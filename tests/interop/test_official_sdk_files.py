@@ -2,7 +2,7 @@
 
 Two targets, the same tests: ``E2bServer`` (in-memory files, envd 0.4.0, so the SDK
 writes multipart) and ``LocalE2bService`` (files inside a bubblewrap sandbox, envd
-0.5.7, so the SDK writes octet-stream). The SDK is pointed at loopback with
+0.6.4, so the SDK writes octet-stream). The SDK is pointed at loopback with
 ``api_url`` and ``sandbox_url``; nothing leaves the machine.
 """
 

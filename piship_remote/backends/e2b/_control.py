@@ -38,6 +38,9 @@ from piship_remote.backends.base import Availability
 from piship_remote.backends.lifetime import lifetime_seconds
 from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
 from piship_remote.model.redact import Redactor
+from piship_remote.telemetry import Telemetry, trace_headers
+from piship_remote.telemetry.logs import info
+from piship_remote.telemetry.names import LEASE_RENEW_SPAN
 from piship_remote.transport import HttpClient, HttpReply, TransportError
 from piship_remote.wire.e2b_control import TimeoutRequest
 
@@ -168,6 +171,7 @@ class ControlPlane:
         self._errors = SandboxErrors(redactor)
         self._retry = retry or CreateRetry()
         self._random = rng or random.Random()
+        self._telemetry = Telemetry.load(BACKEND_ID, redactor)
 
     def request(
         self,
@@ -189,6 +193,7 @@ class ControlPlane:
             json=None if body is None else _WIRE.unstructure(body),
             timeout=CONTROL_TIMEOUT,
             cancel=cancel,
+            headers=trace_headers(),  # the control plane only: never envd, never a sandbox
         )
 
     def health(self, spare: str | None = None) -> Availability:
@@ -288,6 +293,10 @@ class ControlPlane:
 
     def renew(self, sandbox_id: str, cancel: threading.Event) -> None:
         """``POST /sandboxes/<id>/timeout``: the sandbox lives ``lifetime`` seconds from now."""
+        with self._telemetry.span(LEASE_RENEW_SPAN, sandbox_id):
+            self._renew(sandbox_id, cancel)
+
+    def _renew(self, sandbox_id: str, cancel: threading.Event) -> None:
         try:
             response = self.request(
                 "POST",
@@ -304,6 +313,13 @@ class ControlPlane:
             ) from None
         with response:
             if not is_success(response.status):
+                info(
+                    "renewing %s sandbox %s was refused (HTTP %s)",
+                    BACKEND_ID,
+                    sandbox_id,
+                    response.status,
+                    redactor=self._redactor,
+                )
                 raise self._errors(
                     f"the sandbox is no longer available: {response.failure()}",
                     not_started=True,
@@ -330,13 +346,17 @@ class ControlPlane:
         while True:
             response = self.request("POST", "/sandboxes", repeatable=False, body=request)
             attempt += 1
-            if response.status not in RETRIED_CREATE_STATUSES or attempt >= self._retry.attempts:
+            if response.status not in RETRIED_CREATE_STATUSES:
+                return response
+            self._telemetry.create_refused(response.status)
+            if attempt >= self._retry.attempts:
                 return response
             asked = retry_after_seconds(response.headers.get("Retry-After"))
             delay = self._retry.delay(attempt, asked, self._random)
             if delay is None:
                 return response
             response.close()
+            self._telemetry.create_retried()
             if closed.wait(delay):
                 raise self.closed_error()
 

@@ -36,6 +36,10 @@ class Claim:
     seen: Sighting | None = attrs.field(default=None, eq=False)
     uid: str | None = None
     """The Sandbox's UID, when it was read (the router's ``X-Sandbox-UID``)."""
+    service_fqdn: str | None = None
+    """The Sandbox's Service name (``status.serviceFQDN``; only sandboxes with a Service)."""
+    node_name: str | None = None
+    """The node its pod runs on (``status.nodeName``)."""
 
 
 class ClaimApi(Protocol):

@@ -20,16 +20,29 @@ from __future__ import annotations
 
 import builtins
 import copy
-import ipaddress
-import re
 import secrets
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from piship_remote.backends._common import DETAIL_LIMIT, is_success
-from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
+from piship_remote.backends._common import is_success
+from piship_remote.backends._owned import CREATOR, OwnedSandbox, parse_timestamp
 from piship_remote.backends.kubernetes._claim_options import ClaimOptions
+from piship_remote.backends.kubernetes._claim_reading import (
+    CREATED_BY_LABEL,
+    RESOURCE_NAME,
+    TERMINAL_REASONS,
+    SandboxFacts,
+    condition_text,
+    mapping,
+    ours,
+    owned,
+    pod_ip,
+    raise_if_finished,
+    ready_condition,
+    sandbox_facts,
+    sandbox_name,
+)
 from piship_remote.backends.kubernetes._claim_timing import Sighting
 from piship_remote.backends.kubernetes._http import ClusterHttp, transient
 from piship_remote.backends.kubernetes.claims import Claim, ClaimGone
@@ -47,25 +60,9 @@ from piship_remote.wire.agent_sandbox import CLAIMS, SANDBOXES
 __all__ = ["API_VERSION", "CREATED_BY_LABEL", "RESOURCE_NAME", "ClaimsApi"]
 
 API_VERSION = CLAIMS.api_version
-RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _AVAILABLE_TIMEOUT = 10.0
-# Every claim this backend creates carries it; attach and sweep touch no other claim.
-CREATED_BY_LABEL = f"agents.x-k8s.io/{CREATED_BY}"
 _OWNED_SELECTOR = urllib.parse.quote(f"{CREATED_BY_LABEL}={CREATOR}", safe="")
 _CREATE_ATTEMPTS = 3  # names taken (HTTP 409) before creation gives up
-# Ready=False reasons after which a claim never becomes ready (the official SDK's list).
-_TERMINAL_REASONS = frozenset(
-    {
-        "InvalidMetadata",
-        "EnvVarsInjectionRejected",
-        "VolumeClaimTemplatesError",
-        "ClaimExpired",
-        "SandboxExpired",
-        "InvalidConfiguration",
-        "PodFailed",
-        "PodSucceeded",
-    }
-)
 
 
 class ClaimsApi:
@@ -83,8 +80,14 @@ class ClaimsApi:
         monotonic: Callable[[], float],
         sight: Callable[[], Sighting | None] = lambda: None,
         options: ClaimOptions | None = None,
+        foreground_deletion: bool = False,
     ) -> None:
         self._http = http
+        self._delete_options = (
+            {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}
+            if foreground_deletion
+            else None
+        )
         self._options = options if options is not None else ClaimOptions()
         self._sight = sight
         self._endpoint = endpoint
@@ -147,7 +150,7 @@ class ClaimsApi:
                     f"renewing the SandboxClaim failed: {self._http.failure(response)}",
                     retryable=transient(response.status),
                 )
-            _raise_if_finished(_lenient_json(response))
+            raise_if_finished(_lenient_json(response))
 
     def check(self, claim: Claim, cancel: CancelToken) -> None:
         """The claim still exists and has not failed or expired on the cluster."""
@@ -161,7 +164,7 @@ class ClaimsApi:
                     f"checking the SandboxClaim failed: {self._http.failure(response)}",
                     retryable=transient(response.status),
                 )
-            _raise_if_finished(_lenient_json(response))
+            raise_if_finished(_lenient_json(response))
 
     def delete(self, claim: Claim) -> None:
         self._delete_name(claim.name)
@@ -177,24 +180,23 @@ class ClaimsApi:
                 f"SandboxClaim {name} does not exist any more (deleted or expired); "
                 "activate a new one"
             )
-        if not _ours(found):
+        if not ours(found):
             raise self._http.errors(
                 f"SandboxClaim {name} was not created by piship_remote (it lacks the "
                 f"{CREATED_BY_LABEL}={CREATOR} label), so it is not attached to",
                 code=CONFIG_INVALID,
             )
         shutdown = parse_timestamp(
-            _mapping(_mapping(found.get("spec")).get("lifecycle")).get("shutdownTime")
+            mapping(mapping(found.get("spec")).get("lifecycle")).get("shutdownTime")
         )
         try:
-            _raise_if_finished(found)
+            raise_if_finished(found)
             if shutdown is not None and shutdown * MICROS <= anchor.wall:
                 raise ClaimGone("its shutdownTime has passed")
             self.renew(Claim(name, name, anchor), anchor.expires, cancel)
         except ClaimGone as gone:
             raise self._http.errors(f"SandboxClaim {name} cannot be attached to: {gone}") from None
-        sandbox, pod_ip, seen, uid = self._wait_ready(name, cancel)
-        return Claim(name, sandbox, anchor, pod_ip, seen, uid)
+        return self._claim(name, anchor, *self._wait_ready(name, cancel))
 
     def list_owned(self) -> builtins.list[OwnedSandbox]:
         """Every claim in the namespace labelled as created by this library."""
@@ -205,7 +207,7 @@ class ClaimsApi:
                     f"listing the SandboxClaims failed: {self._http.failure(response)}"
                 )
             items = response.json_object().get("items")
-        return [_owned(item) for item in (items if isinstance(items, list) else ()) if _ours(item)]
+        return [owned(item) for item in (items if isinstance(items, list) else ()) if ours(item)]
 
     def delete_owned(self, name: str) -> None:
         """Delete the claim ``name`` (best effort); nothing when the name is not a claim name."""
@@ -214,11 +216,31 @@ class ClaimsApi:
 
     def _ready_claim(self, name: str, anchor: Anchor, cancel: CancelToken) -> Claim:
         try:
-            sandbox, pod_ip, seen, uid = self._wait_ready(name, cancel)
+            return self._claim(name, anchor, *self._wait_ready(name, cancel))
         except BaseException:
             self._delete_name(name)
             raise
-        return Claim(name, sandbox, anchor, pod_ip, seen, uid)
+
+    @staticmethod
+    def _claim(
+        name: str,
+        anchor: Anchor,
+        sandbox: str,
+        pod_ip: str | None,
+        seen: Sighting | None,
+        facts: SandboxFacts,
+    ) -> Claim:
+        """The ready claim: the pod IP the claim mirrors, else the Sandbox's."""
+        return Claim(
+            name,
+            sandbox,
+            anchor,
+            pod_ip or facts.pod_ip,
+            seen,
+            facts.uid,
+            facts.service_fqdn,
+            facts.node_name,
+        )
 
     def _read(self, name: str, cancel: CancelToken) -> dict[str, Any] | None:
         """The claim ``name`` as the API has it; ``None`` when it does not exist."""
@@ -249,7 +271,7 @@ class ClaimsApi:
             found = None
             self._delete_name(name)
         else:
-            if found is not None and _ours(found) and not cancel.is_set():
+            if found is not None and ours(found) and not cancel.is_set():
                 return
             if found is not None:
                 self._delete_name(name)
@@ -285,9 +307,9 @@ class ClaimsApi:
 
     def _wait_ready(
         self, name: str, cancel: CancelToken
-    ) -> tuple[str, str | None, Sighting | None, str | None]:
-        """Poll the claim until Ready: its sandbox, pod IP, when the last poll was sent,
-        and the Sandbox's UID when the Sandbox was read.
+    ) -> tuple[str, str | None, Sighting | None, SandboxFacts]:
+        """Poll the claim until Ready: its sandbox, the pod IP the claim mirrors, when
+        the last poll was sent, and what the Sandbox itself says.
 
         The deadline is on the monotonic clock only.
         """
@@ -307,47 +329,44 @@ class ClaimsApi:
                     claim = response.json_object()
                 except ValueError as error:
                     raise self._http.errors(f"reading the SandboxClaim failed: {error}") from None
-            ready = _ready_condition(claim)
+            ready = ready_condition(claim)
             if ready.get("status") == "True":
-                sandbox = _sandbox_name(claim, name)
-                pod_ip = _pod_ip(claim)
-                if pod_ip is not None:
-                    return sandbox, pod_ip, sent, None
-                pod_ip, uid = self._sandbox_address(sandbox, cancel)
-                return sandbox, pod_ip, sent, uid
+                sandbox = sandbox_name(claim, name)
+                return sandbox, pod_ip(claim), sent, self._sandbox_facts(sandbox, cancel)
             reason = ready.get("reason")
-            if isinstance(reason, str) and reason in _TERMINAL_REASONS:
+            if isinstance(reason, str) and reason in TERMINAL_REASONS:
                 raise self._http.errors(f"the SandboxClaim failed: {reason}")
-            last = _condition_text(ready) or last
+            last = condition_text(ready) or last
             if self._monotonic() >= deadline:
                 suffix = f" (last reported: {last})" if last else ""
                 raise self._http.errors(f"the SandboxClaim did not become ready in time{suffix}")
             if cancel.wait(self._poll):
                 raise CommandCancelled()
 
-    def _sandbox_address(self, sandbox: str, cancel: CancelToken) -> tuple[str | None, str | None]:
-        """The pod IP and UID from the Sandbox object (claims mirror the IP only on some
-        clusters).
+    def _sandbox_facts(self, sandbox: str, cancel: CancelToken) -> SandboxFacts:
+        """The pod IP, UID, Service name and node from the Sandbox object (claims mirror
+        the IP only on some clusters).
 
-        Without it a router reaches the sandbox only by its Service, which warm-pool
+        Without the IP a router reaches the sandbox only by its Service, which warm-pool
         sandboxes lack; a failed read leaves that to the router.
         """
         try:
             response = self._http.call("GET", f"{self._sandboxes}/{sandbox}", cancel=cancel)
         except TransportError:
-            return None, None
+            return SandboxFacts()
         with response:
             if not is_success(response.status):
-                return None, None
+                return SandboxFacts()
             found = _lenient_json(response)
-        uid = _mapping(found.get("metadata")).get("uid")
-        address = _best_ip(_mapping(found.get("status")).get("podIPs"))
-        return address, uid if isinstance(uid, str) and uid else None
+        return sandbox_facts(found)
 
     def _delete_name(self, name: str) -> None:
         """Best effort: a failure leaves the claim to its shutdownTime."""
         try:
-            self._http.call("DELETE", self._claim_url(name)).close()
+            if self._delete_options is None:
+                self._http.call("DELETE", self._claim_url(name)).close()
+            else:
+                self._http.call("DELETE", self._claim_url(name), json=self._delete_options).close()
         except Exception:
             pass
 
@@ -382,84 +401,3 @@ def _lenient_json(response: HttpReply) -> dict[str, Any]:
         return response.json_object()
     except (ValueError, TransportError):
         return {}
-
-
-def _ours(claim: Mapping[str, Any]) -> bool:
-    labels = _mapping(_mapping(claim.get("metadata")).get("labels"))
-    return labels.get(CREATED_BY_LABEL) == CREATOR
-
-
-def _owned(claim: Mapping[str, Any]) -> OwnedSandbox:
-    metadata = _mapping(claim.get("metadata"))
-    lifecycle = _mapping(_mapping(claim.get("spec")).get("lifecycle"))
-    return OwnedSandbox(
-        id=str(metadata.get("name", "")),
-        created=parse_timestamp(metadata.get("creationTimestamp")) or 0.0,
-        backend="kubernetes-agent-sandbox",
-        expires=parse_timestamp(lifecycle.get("shutdownTime")),
-        labels={str(k): str(v) for k, v in _mapping(metadata.get("labels")).items()},
-    )
-
-
-def _mapping(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _ready_condition(claim: Mapping[str, Any]) -> dict[str, Any]:
-    conditions = _mapping(claim.get("status")).get("conditions")
-    for condition in conditions if isinstance(conditions, list) else ():
-        if isinstance(condition, dict) and condition.get("type") == "Ready":
-            return condition
-    return {}
-
-
-def _condition_text(condition: Mapping[str, Any]) -> str:
-    parts = [condition.get("reason"), condition.get("message")]
-    return ": ".join(p for p in parts if isinstance(p, str) and p)[:DETAIL_LIMIT]
-
-
-def _raise_if_finished(claim: Mapping[str, Any]) -> None:
-    """A claim being deleted, or Ready=False for good (e.g. ``ClaimExpired``), is gone."""
-    if _mapping(claim.get("metadata")).get("deletionTimestamp"):
-        raise ClaimGone("the SandboxClaim is being deleted")
-    ready = _ready_condition(claim)
-    reason = ready.get("reason")
-    if ready.get("status") == "False" and isinstance(reason, str) and reason in _TERMINAL_REASONS:
-        raise ClaimGone(f"the SandboxClaim failed: {reason}")
-
-
-def _sandbox_name(claim: Mapping[str, Any], fallback: str) -> str:
-    """``status.sandbox.name`` (a warm-pool sandbox keeps the pool's name), else the claim's."""
-    sandbox = _mapping(_mapping(claim.get("status")).get("sandbox"))
-    annotations = _mapping(_mapping(claim.get("metadata")).get("annotations"))
-    for value in (
-        sandbox.get("name"),
-        sandbox.get("Name"),
-        annotations.get("agents.x-k8s.io/sandbox-name"),
-    ):
-        if isinstance(value, str) and RESOURCE_NAME.match(value):
-            return value
-    return fallback
-
-
-def _pod_ip(claim: Mapping[str, Any]) -> str | None:
-    """The sandbox pod's address for ``X-Sandbox-Pod-IP`` (IPv4 preferred), if reported."""
-    return _best_ip(_mapping(_mapping(claim.get("status")).get("sandbox")).get("podIPs"))
-
-
-def _best_ip(ips: object) -> str | None:
-    """The first IPv4 address of a ``podIPs`` list (IPv4-mapped IPv6 unwrapped), else IPv6."""
-    addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
-    for item in ips if isinstance(ips, list) else ():
-        text = item.get("ip") if isinstance(item, dict) else item
-        if not isinstance(text, str):
-            continue
-        try:
-            address = ipaddress.ip_address(text.strip())
-        except ValueError:
-            continue
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        addresses.append(address)
-    addresses.sort(key=lambda address: address.version)
-    return str(addresses[0]) if addresses else None

@@ -8,14 +8,18 @@ and the exec plugin protocol (``ExecCredential``, re-run once its credential exp
 
     access = from_kubeconfig(None, context="kind-dev")     # or in_cluster()
     session = access.session()        # the cluster's CA, and its client certificate
-    token = access.token.read()       # bearer, refreshed as the loader says (or None)
+    token = access.credentials.read() # bearer, refreshed as the loader says (or None)
 
 The session carries the CA and the client certificate only for the API server; the
-backend talks to the router through another session, so neither reaches it.
+backend talks to the router through another session, so neither reaches it. An exec
+plugin that gives a client certificate (not a token) is run again once that
+certificate's ``expirationTimestamp`` is near, as client-go does; the session's
+``cert`` then names the new pair, which the transport uses from its next connection.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -29,7 +33,7 @@ from piship_remote.model.errors import CONFIG_INVALID, TLS_POLICY_VIOLATION, PiS
 __all__ = [
     "SERVICE_ACCOUNT",
     "ClusterAccess",
-    "TokenSource",
+    "ClusterCredentials",
     "cluster_options",
     "from_kubeconfig",
     "in_cluster",
@@ -40,36 +44,84 @@ SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 _DEFAULT_KUBECONFIG = "~/.kube/config"
 _INSTALL = "pip install 'piship-remote[kubernetes]'"
 _BEARER = "bearer "
+# The kubernetes package's own margin: a credential this close to its expiry is renewed.
+_EXPIRY_MARGIN = datetime.timedelta(minutes=5)
 
 
-class TokenSource:
-    """The bearer token a loaded ``kubernetes`` configuration gives, read for each request.
+class ClusterCredentials:
+    """The bearer token and client certificate a loaded ``kubernetes`` configuration gives.
 
-    ``read()`` lets the loader refresh first (an exec plugin past its expiry is re-run,
-    the service-account token file re-read every minute); ``renew()``, called on a 401,
-    loads the configuration again at once and says whether the token changed.
+    ``read()``, called for each request, lets the loader refresh first (an exec plugin
+    past its expiry is re-run, the service-account token file re-read every minute),
+    then returns the bearer (or ``None``) and points every bound session at the
+    current client certificate. ``renew()``, called on a 401, loads the configuration
+    again at once and says whether anything changed.
     """
 
-    def __init__(self, configuration: Any, reload: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        configuration: Any,
+        reload: Callable[[Any], None],
+        expiry: Callable[[], datetime.datetime | None] = lambda: None,
+    ) -> None:
         self._configuration = configuration
         self._reload = reload
+        self._expiry = expiry
         self._lock = threading.Lock()  # the loaders' refresh hooks are not thread-safe
+        self._sessions: list[requests.Session] = []
+
+    def bind(self, session: requests.Session) -> requests.Session:
+        """Keep ``session.cert`` on the current client certificate; ``session``."""
+        with self._lock:
+            self._sessions.append(session)
+            self._publish()
+        return session
 
     def read(self) -> str | None:
         with self._lock:
+            if self._certificate_expired():
+                self._reload_quietly()
             value = self._configuration.get_api_key_with_prefix("BearerToken")
+            self._publish()
         return _bearer_value(value)
 
     def renew(self) -> bool:
         with self._lock:
-            before = self._configuration.api_key.get("BearerToken")
-            try:
-                self._reload(self._configuration)
-            except Exception:  # the loader's failure: no renewed token
+            before = self._identity()
+            if not self._reload_quietly():
                 return False
-            return bool(self._configuration.api_key.get("BearerToken")) and (
-                self._configuration.api_key.get("BearerToken") != before
-            )
+            self._publish()
+            token = self._configuration.api_key.get("BearerToken")
+            return self._identity() != before and (bool(token) or self._pair() is not None)
+
+    def _certificate_expired(self) -> bool:
+        """A client certificate from an exec plugin (the loader re-runs a token plugin
+        itself, but not a certificate one) whose expiry is within the margin."""
+        if self._configuration.refresh_api_key_hook is not None:
+            return False
+        expiry = self._expiry()
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return expiry is not None and expiry - _EXPIRY_MARGIN <= now
+
+    def _reload_quietly(self) -> bool:
+        try:
+            self._reload(self._configuration)
+        except Exception:  # the loader's failure: nothing renewed
+            return False
+        return True
+
+    def _identity(self) -> tuple[object, ...]:
+        return self._configuration.api_key.get("BearerToken"), self._pair()
+
+    def _pair(self) -> tuple[str, str] | None:
+        cert, key = self._configuration.cert_file, self._configuration.key_file
+        return (str(cert), str(key)) if cert and key else None
+
+    def _publish(self) -> None:
+        pair = self._pair()
+        for session in self._sessions:
+            if session.cert != pair:
+                session.cert = pair
 
 
 @attrs.frozen
@@ -79,20 +131,18 @@ class ClusterAccess:
     endpoint: str
     namespace: str | None
     ca_file: str | None
-    client_certificate: tuple[str, str] | None
     proxy: str | None
-    token: TokenSource | None
+    credentials: ClusterCredentials
 
     def session(self) -> requests.Session:
-        """A session for the API server only: its CA, the client certificate, its proxy."""
+        """A session for the API server only: its CA, the client certificate (kept
+        current), its proxy."""
         session = requests.Session()
         if self.ca_file is not None:
             session.verify = self.ca_file
-        if self.client_certificate is not None:
-            session.cert = self.client_certificate
         if self.proxy is not None:
             session.proxies = {"http": self.proxy, "https": self.proxy}
-        return session
+        return self.credentials.bind(session)
 
 
 def cluster_options(access: ClusterAccess, options: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +152,7 @@ def cluster_options(access: ClusterAccess, options: dict[str, Any]) -> dict[str,
     for given in ("endpoint", "credential", "credential_rejected", "router_session"):
         if given in options:
             raise TypeError(f"{given} comes from the cluster's configuration")
-    token = access.token
+    credentials = access.credentials
     chosen = dict(options)
     chosen.setdefault("namespace", access.namespace or "default")
     chosen["router_session"] = chosen.pop("session", None) or requests.Session()
@@ -110,8 +160,8 @@ def cluster_options(access: ClusterAccess, options: dict[str, Any]) -> dict[str,
         chosen["router_credential"] = _no_credential
     chosen.update(
         endpoint=access.endpoint,
-        credential=token.read if token is not None else None,
-        credential_rejected=token.renew if token is not None else None,
+        credential=credentials.read,
+        credential_rejected=credentials.renew,
         session=access.session(),
     )
     return chosen
@@ -133,15 +183,13 @@ def from_kubeconfig(path: str | os.PathLike[str] | None, context: str | None) ->
     config = _config_module()
     where = kubeconfig_path(path)
     configuration = _new_configuration()
-
-    def load(target: Any) -> None:
-        config.load_kube_config(
-            config_file=where, context=context, client_configuration=target, persist_config=False
-        )
-
     try:
-        load(configuration)
-        contexts, current = config.list_kube_config_contexts(config_file=where)
+        merged = config.kube_config.KubeConfigMerger(where).config
+        if merged is None:
+            raise config.ConfigException("no configuration found")
+        loader = config.kube_config.KubeConfigLoader(config_dict=merged, active_context=context)
+        loader.load_and_set(configuration)
+        chosen = loader.current_context
     except (config.ConfigException, OSError, ValueError, KeyError, TypeError) as error:
         raise PiShipError(
             CONFIG_INVALID,
@@ -149,10 +197,12 @@ def from_kubeconfig(path: str | os.PathLike[str] | None, context: str | None) ->
             user_action="Check the file with 'kubectl config view', or pass another "
             "path or context",
         ) from None
-    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
     namespace = _mapping(_mapping(chosen).get("context")).get("namespace")
     return _access(
-        configuration, load, namespace if isinstance(namespace, str) and namespace else None
+        configuration,
+        loader.load_and_set,
+        namespace if isinstance(namespace, str) and namespace else None,
+        lambda: _expiry(loader),
     )
 
 
@@ -181,7 +231,10 @@ def in_cluster(
 
 
 def _access(
-    configuration: Any, reload: Callable[[Any], None], namespace: str | None
+    configuration: Any,
+    reload: Callable[[Any], None],
+    namespace: str | None,
+    expiry: Callable[[], datetime.datetime | None] = lambda: None,
 ) -> ClusterAccess:
     if configuration.verify_ssl is False:
         raise PiShipError(
@@ -206,15 +259,21 @@ def _access(
     host = str(configuration.host or "").rstrip("/")
     if not host:
         raise PiShipError(CONFIG_INVALID, "the kubeconfig's cluster has no server")
-    cert, key = configuration.cert_file, configuration.key_file
     return ClusterAccess(
         endpoint=host,
         namespace=namespace,
         ca_file=configuration.ssl_ca_cert or None,
-        client_certificate=(cert, key) if cert and key else None,
         proxy=configuration.proxy or None,
-        token=TokenSource(configuration, reload) if token else None,
+        credentials=ClusterCredentials(configuration, reload, expiry),
     )
+
+
+def _expiry(loader: Any) -> datetime.datetime | None:
+    """When the exec plugin's last credential expires (its ``expirationTimestamp``)."""
+    expiry = getattr(loader, "expiry", None)
+    if not isinstance(expiry, datetime.datetime):
+        return None
+    return expiry if expiry.tzinfo else expiry.replace(tzinfo=datetime.timezone.utc)
 
 
 def _bearer_value(value: object) -> str | None:

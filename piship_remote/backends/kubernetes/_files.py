@@ -282,9 +282,7 @@ class RuntimeFiles:
     ) -> int:
         total = 0
         with self._claimed(cancel) as use:
-            response = self._get(
-                use, f"/download/{_url_path(relative)}", deadline, stream=True
-            )
+            response = self._get(use, f"/download/{_url_path(relative)}", deadline, stream=True)
             with response:
                 if response.status == 404:
                     raise _not_found(path, "file")

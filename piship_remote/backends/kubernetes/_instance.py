@@ -26,7 +26,12 @@ from piship_remote.backends.kubernetes._attach import KeptClaims
 from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
 from piship_remote.backends.kubernetes._router import Retire, Router
-from piship_remote.backends.kubernetes.claims import ClaimManager, ClaimUse, disposed_error
+from piship_remote.backends.kubernetes.claims import (
+    Claim,
+    ClaimManager,
+    ClaimUse,
+    disposed_error,
+)
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     CommandCancelled,
@@ -187,6 +192,13 @@ class KubernetesInstance:
     def epoch(self) -> str | None:
         """The claim name the latest command ran in (``None`` before the first)."""
         return self._manager.epoch()
+
+    def claim(self) -> Claim:
+        """The claim the next command runs in (renewed or replaced first, as for a
+        command), with what its Sandbox said when it became ready (``sandbox``,
+        ``pod_ip``, ``uid``, ``service_fqdn``, ``node_name``)."""
+        with self.claimed(None) as use:
+            return use.claim
 
     def files(self) -> RemoteFiles:
         """The sandbox's files, through the runtime's file endpoints and helper commands."""

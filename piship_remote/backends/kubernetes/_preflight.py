@@ -6,7 +6,9 @@ Each check is one line a user can act on (``doctor --backend kubernetes`` prints
                            template="python-pool").run():
         print(check.line)   # "ok: may create sandboxclaims in namespace agents"
 
-- a ``SelfSubjectAccessReview`` for each verb the backend uses on claims;
+- a ``SelfSubjectAccessReview`` for each verb the backend uses on claims (and, reaching
+  the router by port-forward, for reading its Service and Endpoints and creating
+  ``pods/portforward`` in its namespace);
 - the ``SandboxWarmPool``: it exists, and has ready sandboxes (else a claim waits for
   a cold start);
 - the router: a request without routing headers, which the router answers 400 once
@@ -21,6 +23,7 @@ import attrs
 
 from piship_remote.backends._common import is_success
 from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._port_forward import RouterTunnel
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HttpReply, TransportError
 
@@ -61,29 +64,52 @@ class Preflight:
         router_url: str,
         namespace: str,
         template: str,
+        tunnel: RouterTunnel | None = None,
     ) -> None:
         self._api, self._router = api, router
+        self._tunnel = tunnel
         self._endpoint, self._router_url = endpoint, router_url
         self._namespace, self._template = namespace, template
 
     def run(self) -> list[Check]:
         """Every check, in order; none creates anything but access reviews."""
         checks = [self._may(verb) for verb in CLAIM_VERBS]
+        if self._tunnel is not None:
+            checks += self._may_port_forward(self._tunnel.forward.namespace)
         return [*checks, self._warm_pool(), self._router_answer()]
 
-    def _may(self, verb: str) -> Check:
-        what = f"{verb} sandboxclaims in namespace {self._namespace}"
+    def _may_port_forward(self, namespace: str) -> list[Check]:
+        """What ``kubectl port-forward svc/…`` needs in the router's namespace."""
+        fix = (
+            f"grant it, e.g. kubectl create role piship-router-tunnel -n {namespace} "
+            "--verb=get --resource=services,endpoints and a role with --verb=create "
+            "--resource=pods/portforward, then bind them with kubectl create rolebinding"
+        )
+        return [
+            self._may("get", "services", "", namespace, fix=fix),
+            self._may("get", "endpoints", "", namespace, fix=fix),
+            self._may("create", "pods/portforward", "", namespace, fix=fix),
+        ]
+
+    def _may(
+        self,
+        verb: str,
+        resource: str = "sandboxclaims",
+        group: str = _GROUP,
+        namespace: str | None = None,
+        *,
+        fix: str | None = None,
+    ) -> Check:
+        namespace = namespace or self._namespace
+        what = f"{verb} {resource} in namespace {namespace}"
+        plural, _, subresource = resource.partition("/")
+        attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": plural}
+        if subresource:
+            attributes["subresource"] = subresource
         review = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SelfSubjectAccessReview",
-            "spec": {
-                "resourceAttributes": {
-                    "namespace": self._namespace,
-                    "verb": verb,
-                    "group": _GROUP,
-                    "resource": "sandboxclaims",
-                }
-            },
+            "spec": {"resourceAttributes": attributes},
         }
         try:
             reply = self._api.call(
@@ -104,7 +130,8 @@ class Preflight:
         return Check(
             "fail",
             f"may not {what}",
-            f"grant it, e.g. kubectl create role piship-claims -n {self._namespace} "
+            fix
+            or f"grant it, e.g. kubectl create role piship-claims -n {self._namespace} "
             f"--verb={','.join(CLAIM_VERBS)} --resource=sandboxclaims.{_GROUP}, then bind it "
             "to this user or service account with kubectl create rolebinding",
         )
@@ -144,6 +171,24 @@ class Preflight:
         )
 
     def _router_answer(self) -> Check:
+        if self._tunnel is None:
+            return self._router_reply()
+        try:
+            self._tunnel.hold(self)
+        except PiShipError as error:
+            return Check(
+                "fail",
+                f"the sandbox router cannot be port-forwarded: {error}",
+                "check the router's Service and namespace (--router-service, "
+                "--router-namespace) and that the credential may get services and endpoints "
+                "and create pods/portforward there",
+            )
+        try:
+            return self._router_reply()
+        finally:
+            self._tunnel.release(self)
+
+    def _router_reply(self) -> Check:
         url = f"{self._router_url}/"
         try:
             reply = self._router.call("GET", url, timeout=_TIMEOUT)

@@ -25,6 +25,7 @@ import attrs
 
 from piship_remote.backends._common import DETAIL_LIMIT, exit_code_of, is_success
 from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._port_forward import TUNNEL_FAILED
 from piship_remote.backends.kubernetes.claims import Claim
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import TransportError
@@ -151,6 +152,13 @@ class Router:
                 ) from None
             raise self._unknown(f"the connection to the sandbox router failed ({error})") from None
         with response:
+            if response.status == 502 and response.headers.get(TUNNEL_FAILED):
+                raise self._http.errors(
+                    "the sandbox router is unreachable, so the command was not sent: "
+                    f"{self._http.failure(response)}",
+                    retryable=True,
+                    not_started=True,
+                )
             if response.status == 404:
                 raise Retire(
                     self._http.errors(

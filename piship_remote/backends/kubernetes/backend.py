@@ -69,6 +69,7 @@ from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._instance import KubernetesInstance, runtime_command
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
+from piship_remote.backends.kubernetes._port_forward import PortForward, RouterTunnel
 from piship_remote.backends.kubernetes._preflight import Check, Preflight
 from piship_remote.backends.kubernetes._router import Router
 from piship_remote.backends.kubernetes.claims import ClaimManager
@@ -81,12 +82,22 @@ from piship_remote.model.errors import (
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.redact import Redactor
 from piship_remote.model.report import Capabilities
+from piship_remote.telemetry import Telemetry
 from piship_remote.transport import HttpClient, Transport, check_endpoint
 
-__all__ = ["PROVIDER", "KubernetesAgentSandboxBackend", "KubernetesInstance", "runtime_command"]
+__all__ = [
+    "PORT_FORWARD",
+    "PROVIDER",
+    "KubernetesAgentSandboxBackend",
+    "KubernetesInstance",
+    "PortForward",
+    "runtime_command",
+]
 
 PROVIDER = "kubernetes-agent-sandbox"
 EXECUTION_MODES = ("direct", "detached")
+PORT_FORWARD = "port-forward"
+"""``router=`` this: reach the router by port-forward (:class:`PortForward`'s defaults)."""
 ROUTER_AUTH_MODES = ("bearer", "scoped-token")
 # What a user sets for the bearer token, named when it is missing.
 _CREDENTIAL_NAME = "the Kubernetes bearer token (the credential option)"
@@ -108,9 +119,16 @@ class KubernetesAgentSandboxBackend:
     sent instead of ``credential()``; ``router_session`` its own session (default:
     ``session``); ``router_auth="scoped-token"`` for a router checking tokens scoped
     to one sandbox, which refuses the pod-IP and UID routing headers.
+    ``router="port-forward"`` (or a :class:`PortForward` naming another Service)
+    reaches the router as ``kubectl port-forward svc/sandbox-router-svc`` does,
+    through the API server with the cluster's credentials, while a sandbox is open
+    (needs the ``kubernetes`` extra).
     The claim: ``env`` (through the policy's environment filter), ``pod_labels`` and
     ``pod_annotations`` (``additionalPodMetadata``), ``volume_claim_templates``,
-    ``ttl_seconds_after_finished``.
+    ``ttl_seconds_after_finished``; ``foreground_deletion=True`` deletes each claim with
+    ``propagationPolicy: Foreground``, so the claim stays (with a ``deletionTimestamp``)
+    until its Sandbox and pod are gone. ``KubernetesInstance.claim()`` gives the current
+    claim with its Sandbox's ``service_fqdn`` and ``node_name``.
     :meth:`from_kubeconfig` and :meth:`in_cluster` take the cluster's own credentials.
     """
 
@@ -121,7 +139,7 @@ class KubernetesAgentSandboxBackend:
         self,
         *,
         endpoint: str,
-        router: str,
+        router: str | PortForward,
         template: str,
         namespace: str = "default",
         port: int = 8888,
@@ -145,6 +163,7 @@ class KubernetesAgentSandboxBackend:
         pod_annotations: Mapping[str, str] | None = None,
         volume_claim_templates: Sequence[Mapping[str, Any]] | None = None,
         ttl_seconds_after_finished: int | None = None,
+        foreground_deletion: bool = False,
     ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError('execution must be "direct" or "detached"')
@@ -159,6 +178,7 @@ class KubernetesAgentSandboxBackend:
             env, pod_labels, pod_annotations, volume_claim_templates, ttl_seconds_after_finished
         )
         self.redactor = Redactor()
+        self._telemetry = Telemetry.load(PROVIDER, self.redactor)
         credentials = Credential(
             credential, credential_rejected, self.redactor, name=_CREDENTIAL_NAME
         )
@@ -167,7 +187,7 @@ class KubernetesAgentSandboxBackend:
             if router_credential is None
             else Credential(router_credential, None, self.redactor, name=_ROUTER_CREDENTIAL_NAME)
         )
-        endpoint, router = check_endpoint(endpoint), check_endpoint(router)
+        endpoint = check_endpoint(endpoint)
         self._transport: HttpClient = client or Transport(
             redactor=self.redactor, component="sandbox", session=session
         )
@@ -180,6 +200,8 @@ class KubernetesAgentSandboxBackend:
         self._clock = ClaimClock.for_lifetime(self._lifetime, now=now, monotonic=monotonic)
         self._workdir = workdir
         http = ClusterHttp(self._transport, credentials, self.redactor)
+        self._tunnel = _tunnel(router, http, endpoint, credentials, session)
+        router = self._tunnel.url if self._tunnel is not None else check_endpoint(str(router))
         self._claims = ClaimsApi(
             http,
             endpoint=endpoint,
@@ -189,6 +211,7 @@ class KubernetesAgentSandboxBackend:
             ready_timeout=ready_timeout,
             monotonic=monotonic,
             sight=ExistenceWindow.of(self._existence_window, self._clock).now,
+            foreground_deletion=foreground_deletion,
         )
         router_http = ClusterHttp(self._router_transport, router_credentials, self.redactor)
         self._router = Router(
@@ -205,6 +228,7 @@ class KubernetesAgentSandboxBackend:
             router_url=router,
             namespace=namespace,
             template=template,
+            tunnel=self._tunnel,
         )
         self._http, self._router_url = router_http, router
         self._namespace, self._port = namespace, port
@@ -218,7 +242,7 @@ class KubernetesAgentSandboxBackend:
         path: str | os.PathLike[str] | None = None,
         *,
         context: str | None = None,
-        router: str,
+        router: str | PortForward,
         template: str,
         **options: Any,
     ) -> KubernetesAgentSandboxBackend:
@@ -237,7 +261,7 @@ class KubernetesAgentSandboxBackend:
     def in_cluster(
         cls,
         *,
-        router: str,
+        router: str | PortForward,
         template: str,
         service_account: str = SERVICE_ACCOUNT,
         **options: Any,
@@ -251,7 +275,11 @@ class KubernetesAgentSandboxBackend:
 
     @classmethod
     def _for_cluster(
-        cls, access: ClusterAccess, router: str, template: str, options: dict[str, Any]
+        cls,
+        access: ClusterAccess,
+        router: str | PortForward,
+        template: str,
+        options: dict[str, Any],
     ) -> KubernetesAgentSandboxBackend:
         return cls(router=router, template=template, **cluster_options(access, options))
 
@@ -342,13 +370,21 @@ class KubernetesAgentSandboxBackend:
             self._clock,
             keepalive_every=keepalive_interval(self._lifetime),
             existence_window=self._existence_window,
+            telemetry=self._telemetry,
         )
-        manager.prepare()
+        if self._tunnel is not None:
+            self._tunnel.hold(manager)  # the router is reached through it while this lives
+        try:
+            manager.prepare()
+        except BaseException:
+            if self._tunnel is not None:
+                self._tunnel.release(manager)
+            raise
         instance = KubernetesInstance(
             self._router,
             manager,
             self._workdir,
-            self._open.forget,
+            lambda disposed: self._disposed(disposed, manager),
             self._runtime_files,
             self._jobs,
             claims,
@@ -358,12 +394,19 @@ class KubernetesAgentSandboxBackend:
         instance.dispose()
         raise self._closed_error()
 
+    def _disposed(self, instance: KubernetesInstance, manager: ClaimManager) -> None:
+        self._open.forget(instance)
+        if self._tunnel is not None:
+            self._tunnel.release(manager)
+
     def close(self) -> None:
         """Dispose every claim this backend still holds and release its connections.
 
         Idempotent; ``prepare`` raises afterwards. ``with backend:`` calls it on exit.
         """
         self._open.close()
+        if self._tunnel is not None:
+            self._tunnel.close()
         self._transport.close()
         if self._router_transport is not self._transport:
             self._router_transport.close()
@@ -381,3 +424,25 @@ class KubernetesAgentSandboxBackend:
 
     def _closed_error(self) -> PiShipError:
         return SandboxErrors(self.redactor)(f"the {PROVIDER} backend was closed; create a new one")
+
+
+def _tunnel(
+    router: str | PortForward,
+    api: ClusterHttp,
+    endpoint: str,
+    credential: Credential,
+    session: requests.Session | None,
+) -> RouterTunnel | None:
+    """The port-forward ``router`` asks for (``"port-forward"``: the defaults), or None."""
+    if router == PORT_FORWARD:
+        router = PortForward()
+    if not isinstance(router, PortForward):
+        return None
+
+    def tls() -> tuple[bool | str, tuple[str, str] | None]:
+        verify = session.verify if session is not None else True
+        cert = session.cert if session is not None else None
+        pair = (str(cert[0]), str(cert[1])) if isinstance(cert, tuple) and len(cert) == 2 else None
+        return verify if isinstance(verify, str) else True, pair
+
+    return RouterTunnel(router, api, endpoint, credential, tls)

@@ -46,6 +46,9 @@ from piship_remote.backends.kubernetes._claim_timing import ExistenceWindow, Sig
 from piship_remote.backends.kubernetes._claim_types import Claim, ClaimApi, ClaimGone, ClaimUse
 from piship_remote.backends.lifetime import ClaimClock, Freshness
 from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.telemetry import Telemetry
+from piship_remote.telemetry.logs import info
+from piship_remote.telemetry.names import CLAIM_RENEW_SPAN
 from piship_remote.transport._cancel import CancelToken
 
 __all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "disposed_error"]
@@ -90,8 +93,10 @@ class ClaimManager:
         *,
         keepalive_every: float,
         existence_window: float = 0.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._api = api
+        self._telemetry = telemetry or Telemetry("kubernetes-agent-sandbox")
         self._clock = clock
         self._every = keepalive_every
         self._window = ExistenceWindow.of(existence_window, clock)
@@ -217,6 +222,7 @@ class ClaimManager:
                 if replaced:
                     raise _ERRORS(str(gone), retryable=True) from None
                 replaced = True
+                info("SandboxClaim %s replaced: %s", claim.name, str(gone))
                 self._retire(lease, gone=True)
                 continue
             if self._join(lease, claim):
@@ -255,6 +261,7 @@ class ClaimManager:
         with self._lock:
             lease.expires = claim.anchor.expires
             lease.seen = claim.seen or started
+        info("SandboxClaim %s created", claim.name)
         lease.future.set_result(claim)
 
     def _claim_of(self, lease: _Lease, cancel: CancelToken) -> Claim:
@@ -411,7 +418,8 @@ class ClaimManager:
         if target is None:
             raise ClaimGone("the SandboxClaim expired")
         sent = self._window.now()
-        self._api.renew(claim, target, cancel)
+        with self._telemetry.span(CLAIM_RENEW_SPAN, claim.name):
+            self._api.renew(claim, target, cancel)
         with self._lock:
             lease.expires = max(lease.expires, target)
             lease.seen = self._window.newer(lease.seen, sent)
@@ -429,7 +437,8 @@ class ClaimManager:
             lease.renewing = renewing
         try:
             self._renew(lease, claim, keepalive.abort)
-        except ClaimGone:
+        except ClaimGone as gone:
+            info("renewing SandboxClaim %s was refused: %s", claim.name, str(gone))
             self._retire(lease, gone=True)
         except Exception:
             pass
@@ -483,7 +492,8 @@ class ClaimManager:
         try:
             self._api.delete(claim)
         except Exception:
-            pass
+            return
+        info("SandboxClaim %s deleted", claim.name)
 
 
 def _failed(lease: _Lease) -> bool:

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO
 from urllib.parse import parse_qs, urlsplit
 
+import attrs
+
 from piship_remote._http_server.messages import BodyReader, DropConnection, Head, Reply, Request
 from piship_remote.local.envd.multipart import MultipartError, MultipartReader, boundary_of
 from piship_remote.local.isolation.user_map import ROOT_REFUSAL, Identity, SandboxUsers
@@ -45,6 +47,7 @@ from piship_remote.local.sandbox.fs import (
     open_stream,
     run,
 )
+from piship_remote.local.sandbox.metadata import feeding, from_headers, invalid, writer
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_control import ApiError
 from piship_remote.wire.e2b_json import to_json
@@ -73,7 +76,11 @@ if ! mkdir -p -- "$d" 2>/dev/null; then
   p=$d; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname -- "$p"); done
   printf %s "$p" >&2; exit {_PARENT_BLOCKED}
 fi
-exec cat > "$1"
+[ -f "$1" ] && printf existed
+# As envd: open (create or truncate), a change of attributes, then the bytes.
+: > "$1" || exit 1
+touch -c -- "$1" 2>/dev/null
+exec cat >> "$1"
 """
 
 
@@ -204,15 +211,20 @@ class FileEndpoints:
             )
         if encoding == "gzip":
             body = _Gunzipped(body)
+        metadata = from_headers(request.headers)
+        problem = invalid(metadata)
+        if problem is not None:
+            return error(400, problem)
         content_type = request.headers.get("content-type", "")
         media = content_type.partition(";")[0].strip().lower()
+        target = _Target(sandbox, user, metadata)
         if media == "application/octet-stream":
             if "path" not in query:
                 return error(400, "path query parameter is required for raw body upload")
-            return self._write_raw(sandbox, body, query["path"], user)
+            return self._write_raw(target, body, query["path"])
         if media.startswith("multipart/"):
             try:
-                return self._write_multipart(sandbox, body, content_type, query.get("path"), user)
+                return self._write_multipart(target, body, content_type, query.get("path"))
             except MultipartError as e:
                 return error(500, f"error parsing multipart form: {e}")
         return error(
@@ -221,25 +233,18 @@ class FileEndpoints:
             "expected multipart/form-data or application/octet-stream",
         )
 
-    def _write_raw(
-        self, sandbox: Sandbox, body: BodyReader, raw_path: str, user: Identity
-    ) -> Reply:
+    def _write_raw(self, target: _Target, body: BodyReader, raw_path: str) -> Reply:
         try:
-            path = resolve(raw_path, user.home)
+            path = resolve(raw_path, target.user.home)
         except PathError as e:
             return error(400, str(e))
-        failure = self._write(sandbox, path, body.read, user)
+        failure = self._write(target, path, body.read)
         if failure is not None:
             return failure
-        return _written([path])
+        return _written([path], target.metadata)
 
     def _write_multipart(
-        self,
-        sandbox: Sandbox,
-        body: BodyReader,
-        content_type: str,
-        fixed: str | None,
-        user: Identity,
+        self, target: _Target, body: BodyReader, content_type: str, fixed: str | None
     ) -> Reply:
         reader = MultipartReader(body, boundary_of(content_type))
         written: list[str] = []
@@ -254,7 +259,7 @@ class FileEndpoints:
                     "filename not found in Content-Disposition header",
                 )
             try:
-                path = resolve(raw, user.home)
+                path = resolve(raw, target.user.home)
             except PathError as e:
                 return error(400, str(e))
             if path in written:
@@ -263,21 +268,40 @@ class FileEndpoints:
                     f"you cannot upload multiple files to the same path '{path}' in one upload "
                     "request, only the first specified file was uploaded",
                 )
-            failure = self._write(sandbox, path, reader.read, user)
+            failure = self._write(target, path, reader.read)
             if failure is not None:
                 return failure
             written.append(path)
-        return _written(written)
+        return _written(written, target.metadata)
 
-    def _write(
-        self, sandbox: Sandbox, path: str, source: Callable[[int], bytes], user: Identity
-    ) -> Reply | None:
+    def _write(self, target: _Target, path: str, source: Callable[[int], bytes]) -> Reply | None:
+        """Write ``path``, then replace its metadata (a new file has none to clear)."""
+
         def feed(pipe: IO[bytes]) -> None:
             while piece := source(FEED_PIECE):
                 pipe.write(piece)
 
+        sandbox, user = target.sandbox, target.user
         ran = run(sandbox, _WRITE_SCRIPT, path, feed=feed, user=user)
-        return None if ran.exit_code == 0 else _write_failure(path, ran)
+        if ran.exit_code != 0:
+            return _write_failure(path, ran)
+        if not target.metadata and ran.stdout != b"existed":
+            return None
+        stored = run(
+            sandbox, 'exec "$@"', *writer(sandbox), path, feed=feeding(target.metadata), user=user
+        )
+        if stored.exit_code != 0:
+            return error(500, f"error setting metadata: {stored.error_text[-300:] or 'failed'}")
+        return None
+
+
+@attrs.frozen
+class _Target:
+    """Where an upload's files go: the sandbox, the user writing them, their metadata."""
+
+    sandbox: Sandbox
+    user: Identity
+    metadata: dict[str, str]
 
 
 def _write_failure(path: str, ran: Ran) -> Reply:
@@ -297,8 +321,9 @@ def _query(target: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlsplit(target).query, keep_blank_values=True).items()}
 
 
-def _written(paths: list[str]) -> Reply:
-    entries = [{"path": p, "name": posixpath.basename(p), "type": "file"} for p in paths]
+def _written(paths: list[str], metadata: dict[str, str]) -> Reply:
+    extra = {"metadata": metadata} if metadata else {}
+    entries = [{"path": p, "name": posixpath.basename(p), "type": "file", **extra} for p in paths]
     return Reply(200, to_json(entries), "application/json")
 
 

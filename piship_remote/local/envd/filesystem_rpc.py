@@ -24,6 +24,7 @@ from piship_remote._http_server.messages import Reply, Request
 from piship_remote.local.envd.watch_rpc import CONNECT_JSON, Watches, WatchFailed
 from piship_remote.local.isolation.user_map import Identity
 from piship_remote.local.sandbox.fs import ENTRY_FORMAT, Ran, parse_entries, run
+from piship_remote.local.sandbox.metadata import reader
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_json import (
     WireError,
@@ -33,7 +34,13 @@ from piship_remote.wire.e2b_json import (
     to_json,
     unstructure,
 )
-from piship_remote.wire.envd import ConnectError, ListDirRequest, MoveRequest, PathRequest
+from piship_remote.wire.envd import (
+    ConnectError,
+    EntryInfo,
+    ListDirRequest,
+    MoveRequest,
+    PathRequest,
+)
 from piship_remote.wire.envd_paths import PathError, resolve
 
 __all__ = ["FILESYSTEM_PREFIX", "FilesystemRpc", "connect_error"]
@@ -55,21 +62,29 @@ STATUS = {
     "unavailable": 503,
 }
 _A, _B, _C = 10, 11, 12
-_PRINT = f"find \"$1\" -maxdepth 0 -printf '{ENTRY_FORMAT}'"
-_STAT = f"""[ -e "$1" ] || [ -L "$1" ] || exit {_A}
-exec {_PRINT}"""
-_LIST = f"""[ -e "$1" ] || exit {_A}
-[ -d "$1" ] || exit {_B}
-find -H "$1" -mindepth 1 -maxdepth "$2" -printf '{ENTRY_FORMAT}' 2>/dev/null
-exit 0"""
-_MAKE = f"""[ -d "$1" ] && exit {_A}
-[ -e "$1" ] || [ -L "$1" ] && exit {_B}
-mkdir -p -- "$1" || exit {_C}
+_PRINT = f"find \"$p\" -maxdepth 0 -printf '{ENTRY_FORMAT}'"
+# Each script takes its path(s) first, then the metadata reader's argv (see metadata.py),
+# which prints the entries' metadata after them.
+_METADATA = '"$@" "$d" "$p" 2>/dev/null; exit 0'
+_STAT = f"""p=$1 d=0; shift
+[ -e "$p" ] || [ -L "$p" ] || exit {_A}
+{_PRINT} || exit 1
+{_METADATA}"""
+_LIST = f"""p=$1 d=$2; shift 2
+[ -e "$p" ] || exit {_A}
+[ -d "$p" ] || exit {_B}
+find -H "$p" -mindepth 1 -maxdepth "$d" -printf '{ENTRY_FORMAT}' 2>/dev/null
+{_METADATA}"""
+_MAKE = f"""p=$1
+[ -d "$p" ] && exit {_A}
+[ -e "$p" ] || [ -L "$p" ] && exit {_B}
+mkdir -p -- "$p" || exit {_C}
 exec {_PRINT}"""
 _MOVE = f"""[ -e "$1" ] || [ -L "$1" ] || exit {_A}
 mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2" || exit {_C}
-set -- "$2"
-exec {_PRINT}"""
+p=$2 d=0; shift 2
+{_PRINT} || exit 1
+{_METADATA}"""
 _REMOVE = 'rm -rf -- "$1"'
 
 
@@ -140,7 +155,7 @@ class FilesystemRpc:
 
     def _stat(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         path = self._path(parse(body, PathRequest).path, user)
-        ran = run(sandbox, _STAT, path, user=user)
+        ran = run(sandbox, _STAT, path, *reader(sandbox), user=user)
         if ran.exit_code == _A:
             return connect_error(
                 "not_found", f"file not found: lstat {path}: no such file or directory"
@@ -151,7 +166,7 @@ class FilesystemRpc:
         request = parse(body, ListDirRequest)
         path = self._path(request.path, user)
         depth = min(max(request.depth, 1), MAX_DEPTH)
-        ran = run(sandbox, _LIST, path, str(depth), user=user)
+        ran = run(sandbox, _LIST, path, str(depth), *reader(sandbox), user=user)
         if ran.exit_code == _A:
             return connect_error(
                 "not_found", f"path not found: stat {path}: no such file or directory"
@@ -160,7 +175,7 @@ class FilesystemRpc:
             return connect_error("invalid_argument", f"path is not a directory: {path}")
         if ran.exit_code != 0:
             return _internal("listing the directory", ran)
-        entries = [unstructure(e) for e in parse_entries(ran.stdout)]
+        entries = [unstructure(e) for e in sorted(parse_entries(ran.stdout), key=_walk_order)]
         return _ok({"entries": entries})
 
     def _make_dir(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
@@ -178,7 +193,7 @@ class FilesystemRpc:
         request = parse(body, MoveRequest)
         source = self._path(request.source, user)
         destination = self._path(request.destination, user)
-        ran = run(sandbox, _MOVE, source, destination, user=user)
+        ran = run(sandbox, _MOVE, source, destination, *reader(sandbox), user=user)
         if ran.exit_code == _A:
             return connect_error(
                 "not_found", f"source file not found: rename {source}: no such file or directory"
@@ -189,6 +204,11 @@ class FilesystemRpc:
         path = self._path(parse(body, PathRequest).path, user)
         ran = run(sandbox, _REMOVE, path, user=user)
         return _ok({}) if ran.exit_code == 0 else _internal("removing the path", ran)
+
+
+def _walk_order(entry: EntryInfo) -> list[bytes]:
+    """envd's order (Go's ``WalkDir``): depth first, each directory's entries by name."""
+    return [part.encode(errors="surrogateescape") for part in entry.path.split("/")]
 
 
 def _entry(ran: Ran, doing: str = "reading the entry") -> Reply:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from piship_remote._http_server.messages import Reply, Request
-from piship_remote.local.sandbox.listing import metric
+from piship_remote.local.sandbox.metrics import snapshot
 from piship_remote.local.sandbox.registry import Sandbox
 
 __all__ = ["ENVD_HTTP_PATHS", "envd_http"]
@@ -31,7 +31,7 @@ def envd_http(sandbox: Sandbox, request: Request) -> Reply:
         return Reply(204)
     if request.path == "/envs":
         return _json(sandbox.env_vars)
-    sample = metric(sandbox)
+    sample = snapshot(sandbox)
     return _json(
         {
             "ts": sample.timestamp_unix,

@@ -62,6 +62,7 @@ __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "STREAMING", "ProcessRpc", "stre
 CONNECT_JSON = "application/connect+json"
 DEFAULT_KEEPALIVE = 90.0
 MAX_TIMEOUT_DIGITS = 10
+KILL_SETTLE = 5.0  # seconds a SIGKILL waits for the command to be reaped
 STREAMING = frozenset({"Start", "Connect", "StreamInput"})
 _SIGNALS: dict[object, int] = {
     "SIGNAL_SIGKILL": signal.SIGKILL,
@@ -207,7 +208,7 @@ class ProcessRpc:
         sig = _SIGNALS.get(request.signal) if isinstance(request.signal, (str, int)) else None
         if sig is None:
             return connect_error(400, "invalid_argument", f"unsupported signal {request.signal!r}")
-        return _on_process(sandbox, request.process, lambda p: p.kill("signal", sig))
+        return _on_process(sandbox, request.process, lambda p: _send_signal(p, sig))
 
     def _list(self, sandbox: Sandbox) -> Reply:
         infos = [
@@ -245,6 +246,14 @@ def _select(sandbox: Sandbox, selector: ProcessSelector) -> LocalProcess:
 def _not_found(selector: ProcessSelector) -> str:
     which = f"tag '{selector.tag}'" if selector.tag else f"pid {selector.pid}"
     return f"process with {which} not found"
+
+
+def _send_signal(process: LocalProcess, sig: int) -> None:
+    """Signal the command; a SIGKILL is answered once it has ended (bounded), so that the
+    next command sees it gone, as on envd, whose kill is reaped at once."""
+    process.kill("signal", sig)
+    if sig == signal.SIGKILL:
+        process.wait(KILL_SETTLE)
 
 
 def _on_process(

@@ -19,6 +19,7 @@ they all end with it (a ``WatchDir`` stream then ends with ``unavailable``)::
 
 from __future__ import annotations
 
+import posixpath
 import secrets
 import threading
 from collections.abc import Callable, Iterator
@@ -31,10 +32,11 @@ from cattrs.gen import make_dict_structure_fn, override
 from piship_remote._http_server.messages import Reply
 from piship_remote.local.envd.watcher import DirWatch, WatchEvent, WatchPump
 from piship_remote.local.isolation.user_map import Identity
-from piship_remote.local.sandbox.fs import run
+from piship_remote.local.sandbox.fs import ENTRY_FORMAT, parse_entries, run
+from piship_remote.local.sandbox.metadata import reader
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.connect import connect_envelope
-from piship_remote.wire.e2b_json import WireError, end_stream_frame, to_json
+from piship_remote.wire.e2b_json import WireError, end_stream_frame, to_json, unstructure
 from piship_remote.wire.envd import ConnectError
 from piship_remote.wire.envd_paths import PathError, resolve
 
@@ -51,6 +53,14 @@ fi
 [ -d "$1" ] || exit {_B}
 cd -P -- "$1" 2>/dev/null && [ -r . ] || exit {_NO_READ}
 pwd -P"""
+# N PATH... READER...: each PATH still there described (find), then their metadata.
+_DESCRIBE = f"""n=$1; shift; i=0
+while [ "$i" -lt "$n" ]; do
+  find "$1" -maxdepth 0 -printf '{ENTRY_FORMAT}' 2>/dev/null
+  set -- "$@" "$1"; shift; i=$((i + 1))
+done
+"$@" 2>/dev/null; exit 0"""
+_WITH_ENTRY = frozenset({"EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD"})
 
 
 class WatchFailed(Exception):
@@ -67,6 +77,8 @@ class WatchRequest:
 
     path: str = ""
     recursive: bool = False
+    include_entry: bool = False
+    allow_network_mounts: bool = False
 
 
 @attrs.frozen
@@ -81,6 +93,12 @@ def _converter() -> cattrs.Converter:
     fields = {"watcher_id": override(rename="watcherId")}
     hook = make_dict_structure_fn(WatcherRequest, converter, **fields)  # type: ignore[arg-type]
     converter.register_structure_hook(WatcherRequest, hook)
+    flags = {
+        "include_entry": override(rename="includeEntry"),
+        "allow_network_mounts": override(rename="allowNetworkMounts"),
+    }
+    watch_hook = make_dict_structure_fn(WatchRequest, converter, **flags)  # type: ignore[arg-type]
+    converter.register_structure_hook(WatchRequest, watch_hook)
     for kind in (str, bool):
         converter.register_structure_hook(kind, _strict(kind))
     return converter
@@ -108,25 +126,53 @@ def _structure(data: object, cls: type[T]) -> T:
         raise WireError(messages[0] if messages else "the request body is invalid") from None
 
 
+@attrs.frozen
+class _Watcher:
+    """One watch of a sandbox: how its events are described (``entries``: with the entry)."""
+
+    sandbox: Sandbox
+    watch: DirWatch
+    path: str
+    entries: bool
+    user: Identity | None
+
+    def events(self) -> list[dict[str, object]]:
+        """The events since the last call, as envd sends them."""
+        taken = self.watch.take()
+        described = self._described(taken) if self.entries else {}
+        return [_event(e, described.get(e.name)) for e in taken]
+
+    def _described(self, events: list[WatchEvent]) -> dict[str, dict[str, object]]:
+        """The entries of the paths still there that were created, written or changed."""
+        names = sorted({e.name for e in events if e.type in _WITH_ENTRY})
+        if not names:
+            return {}
+        paths = [posixpath.join(self.path, name) for name in names]
+        args = (str(len(paths)), *paths, *reader(self.sandbox), "0")
+        ran = run(self.sandbox, _DESCRIBE, *args, user=self.user)
+        by_path = {e.path: unstructure(e) for e in parse_entries(ran.stdout)}
+        return {n: by_path[p] for n, p in zip(names, paths, strict=True) if p in by_path}
+
+
 class Watches:
     """The watchers of every sandbox of one service, by id."""
 
     def __init__(self, *, home: str) -> None:
         self._home = home
         self._lock = threading.Lock()
-        self._watchers: dict[str, tuple[str, DirWatch]] = {}
+        self._watchers: dict[str, _Watcher] = {}
         self._pump = WatchPump()
 
     def create(self, sandbox: Sandbox, request: object, user: Identity | None = None) -> Reply:
         """``CreateWatcher``: ``{"watcherId"}`` (the path resolved as ``user``)."""
-        watch = self._open(sandbox, _structure(request, WatchRequest), user)
-        watcher_id = self._keep(sandbox, watch)
+        watcher = self._open(sandbox, _structure(request, WatchRequest), user)
+        watcher_id = self._keep(watcher)
         return _ok({"watcherId": watcher_id})
 
     def events(self, sandbox: Sandbox, request: object) -> Reply:
         """``GetWatcherEvents``: the events since the last call."""
-        watch = self._find(sandbox, _structure(request, WatcherRequest).watcher_id)
-        return _ok({"events": [_event(e) for e in watch.take()]})
+        watcher = self._find(sandbox, _structure(request, WatcherRequest).watcher_id)
+        return _ok({"events": watcher.events()})
 
     def remove(self, sandbox: Sandbox, request: object) -> Reply:
         """``RemoveWatcher``: ``{}``."""
@@ -147,36 +193,37 @@ class Watches:
 
         :class:`WatchFailed` before the stream starts when the path cannot be watched.
         """
-        watch = self._open(sandbox, _structure(request, WatchRequest), user)
-        return self._frames(self._keep(sandbox, watch), watch, keepalive)
+        watcher = self._open(sandbox, _structure(request, WatchRequest), user)
+        return self._frames(self._keep(watcher), watcher, keepalive)
 
-    def _frames(self, stream_id: str, watch: DirWatch, keepalive: float) -> Iterator[bytes]:
+    def _frames(self, stream_id: str, watcher: _Watcher, keepalive: float) -> Iterator[bytes]:
+        watch = watcher.watch
         try:
             yield connect_envelope({"start": {}})
             while True:
                 if not watch.wait(keepalive):
                     yield connect_envelope({"keepalive": {}})
                     continue
-                for event in watch.take():
-                    yield connect_envelope({"filesystem": _event(event)})
+                for event in watcher.events():
+                    yield connect_envelope({"filesystem": event})
                 if watch.closed:
                     yield end_stream_frame(ConnectError("unavailable", "the sandbox was deleted"))
                     return
         finally:
             self._forget(stream_id)
 
-    def _keep(self, sandbox: Sandbox, watch: DirWatch) -> str:
-        """Register ``watch`` under a new id; it ends with the sandbox."""
+    def _keep(self, watcher: _Watcher) -> str:
+        """Register ``watcher`` under a new id; it ends with its sandbox."""
         watcher_id = secrets.token_hex(8)
         with self._lock:
-            self._watchers[watcher_id] = (sandbox.id, watch)
-        self._pump.add(watch)
-        sandbox.on_end(lambda: self._forget(watcher_id))
+            self._watchers[watcher_id] = watcher
+        self._pump.add(watcher.watch)
+        watcher.sandbox.on_end(lambda: self._forget(watcher_id))
         return watcher_id
 
-    def _open(self, sandbox: Sandbox, request: WatchRequest, user: Identity | None) -> DirWatch:
+    def _open(self, sandbox: Sandbox, request: WatchRequest, user: Identity | None) -> _Watcher:
         with self._lock:
-            owned = sum(1 for owner, _ in self._watchers.values() if owner == sandbox.id)
+            owned = sum(1 for w in self._watchers.values() if w.sandbox.id == sandbox.id)
         if owned >= MAX_WATCHERS:
             raise WatchFailed(
                 "resource_exhausted", f"a sandbox may hold at most {MAX_WATCHERS} watchers"
@@ -206,24 +253,25 @@ class Watches:
                 f"cannot watch {path}: the local service watches directories under {places} only",
             )
         try:
-            return DirWatch.open(
+            watch = DirWatch.open(
                 host_root=host_root, relative=relative, recursive=request.recursive
             )
         except OSError as e:
             raise WatchFailed("invalid_argument", f"cannot watch {path}: {e.strerror}") from None
+        return _Watcher(sandbox, watch, path, request.include_entry, user)
 
-    def _find(self, sandbox: Sandbox, watcher_id: str) -> DirWatch:
+    def _find(self, sandbox: Sandbox, watcher_id: str) -> _Watcher:
         with self._lock:
             found = self._watchers.get(watcher_id)
-        if found is None or found[0] != sandbox.id:
+        if found is None or found.sandbox.id != sandbox.id:
             raise WatchFailed("not_found", f"watcher with id {watcher_id[:64]} not found")
-        return found[1]
+        return found
 
     def _forget(self, watcher_id: str) -> None:
         with self._lock:
             found = self._watchers.pop(watcher_id, None)
         if found is not None:
-            self._pump.remove(found[1])
+            self._pump.remove(found.watch)
 
 
 def _host_place(sandbox: Sandbox, canonical: str) -> tuple[str | None, str]:
@@ -234,8 +282,11 @@ def _host_place(sandbox: Sandbox, canonical: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def _event(event: WatchEvent) -> dict[str, str]:
-    return {"name": event.name, "type": event.type}
+def _event(event: WatchEvent, entry: dict[str, object] | None) -> dict[str, object]:
+    described: dict[str, object] = {"name": event.name, "type": event.type}
+    if entry is not None:
+        described["entry"] = entry
+    return described
 
 
 def _ok(value: object) -> Reply:

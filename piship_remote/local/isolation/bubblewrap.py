@@ -56,6 +56,7 @@ from piship_remote.local.isolation.user_map import (
 
 __all__ = [
     "AGENT_PATH",
+    "BOOT_ID_PATH",
     "DEFAULT_PATH",
     "INSTALL_HINT",
     "Jail",
@@ -97,6 +98,7 @@ _HOST_ETC = (
 )
 _NETWORK_ETC = ("gai.conf",)
 AGENT_PATH = "/run/piship/agent.py"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCAL_BIN = "/usr/local/bin"
 SUDO_PATH = LOCAL_BIN + "/sudo"
 PYTHON_ALIAS = LOCAL_BIN + "/python"
@@ -311,6 +313,9 @@ class Jail:
     """An image template's root filesystem (shared, read-only), instead of the host's
     ``/usr``: the sandbox sees it through an overlay whose writes stay in memory,
     and the host's ``/usr`` only at a private path, for the agent's Python."""
+    boot_id: str | None = None
+    """A host file holding the sandbox's own boot id (each boot writes a new one), shown
+    at :data:`BOOT_ID_PATH` in place of the host kernel's."""
 
     @property
     def maps_users(self) -> bool:
@@ -336,6 +341,8 @@ class Jail:
         # Read-only /proc: the sandbox changes no kernel setting, not even one its
         # namespaces would scope (bubblewrap covers /proc/sys; this covers the rest).
         options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
+        if BOOT_ID_PATH in sources.files:
+            options += ["--ro-bind-data", str(sources.files[BOOT_ID_PATH]), BOOT_ID_PATH]
         options += self._etc(sources)
         options += self._scratch(sources)
         # /dev's own tmpfs is outside the disk cap and holds the host's device nodes
@@ -346,7 +353,7 @@ class Jail:
             options += ["--bind-fd", str(sources.dir(host)), inside]
         # After /root: a Python prefix under /root (the agent's) stays visible.
         for inside, fd in sources.files.items():
-            if not inside.startswith("/etc/") and inside != SUDO_PATH:
+            if not inside.startswith(("/etc/", "/proc/")) and inside != SUDO_PATH:
                 options += ["--file", str(fd), inside]
         for host, fd in sources.dirs.items():
             if host not in self._places():
@@ -361,6 +368,8 @@ class Jail:
         ``python`` that runs it, the agent (and that Python's prefix outside ``/usr``)."""
         dirs = list(self._places())
         files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
+        if self.boot_id is not None:
+            files[BOOT_ID_PATH] = self.boot_id
         if python is not None:
             files[AGENT_PATH] = agent_source()
             if self.rootfs is None:
@@ -372,9 +381,14 @@ class Jail:
 
     def agent_command(self, python: str, *args: str) -> list[str]:
         """The argv running the agent with ``python`` (the host's) and ``args``."""
+        return self.python_command(python, AGENT_PATH, *args)
+
+    def python_command(self, python: str, *args: str) -> list[str]:
+        """The argv running ``python`` (the host's, isolated, no site) with ``args`` in the
+        sandbox, whether or not its image has a Python of its own."""
         if self.rootfs is None:
-            return [python, "-I", "-S", AGENT_PATH, *args]
-        return agent_argv(python, AGENT_PATH, *args)
+            return [python, "-I", "-S", *args]
+        return agent_argv(python, *args)
 
     def _places(self) -> list[str]:
         """The host directories mounted writable in the sandbox."""

@@ -39,6 +39,7 @@ __all__ = [
     "MIB",
     "CgroupSet",
     "Enforcement",
+    "GroupUsage",
     "Limits",
     "limit_check",
     "mount_tmpfs",
@@ -120,6 +121,16 @@ class Enforcement:
         names = [("processes", self.processes), ("memory", self.memory)]
         held = [name for name, base in names if base is not None]
         return (*held, "disk" if self.disk else "disk (/tmp, /dev/shm)", "lifetime")
+
+
+@attrs.frozen
+class GroupUsage:
+    """What a sandbox uses: CPU seconds so far (``None`` where not counted), memory and page
+    cache bytes."""
+
+    cpu_seconds: float | None
+    memory: int
+    cache: int
 
 
 @attrs.frozen
@@ -249,6 +260,23 @@ class CgroupSet:
         if pids > before[0]:
             return "processes"
         return None
+
+    def usage(self) -> GroupUsage | None:
+        """What the memory groups hold (v2: its one group, CPU time included; v1: the
+        commands' group and the agent's); ``None`` without any. The memory excludes the
+        page cache, given apart."""
+        if self.memory is None:
+            return None
+        if self.version == "v2":
+            memory = _number(os.path.join(self.memory, "memory.current"))
+            cache = _field(os.path.join(self.memory, "memory.stat"), "file")
+            usec = _field(os.path.join(self.memory, "cpu.stat"), "usage_usec")
+            return GroupUsage(usec / 1e6, max(memory - cache, 0), cache)
+        memory = cache = 0
+        for group in filter(None, (self.memory, self.agent_memory)):
+            memory += _number(os.path.join(group, "memory.usage_in_bytes"))
+            cache += _field(os.path.join(group, "memory.stat"), "cache")
+        return GroupUsage(None, max(memory - cache, 0), cache)
 
     def remove(self) -> None:
         """Remove the groups once their processes are gone (retrying briefly)."""

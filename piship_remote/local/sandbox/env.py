@@ -3,7 +3,9 @@
 :func:`boot` makes one sandbox's files (a private home, ``/tmp``, ``/dev/shm`` and
 ``/etc`` on a size-capped tmpfs where the host allows it, and root's home where
 the service maps root), its cgroups holding its limits, and starts its
-:class:`SandboxVm`; nothing is left behind when that fails.
+:class:`SandboxVm`; nothing is left behind when that fails. :func:`reboot` starts a
+fresh environment in an existing sandbox's jail (a filesystem-only resume); each
+boot gives the sandbox a new ``/proc/sys/kernel/random/boot_id``.
 :func:`remove_tree` removes such a directory again::
 
     layout = SandboxLayout(bwrap=bwrap, user="user", workdir="/home/user",
@@ -19,6 +21,7 @@ import os
 import shutil
 import stat
 import sys
+import uuid
 from collections.abc import Callable
 
 import attrs
@@ -34,7 +37,7 @@ from piship_remote.local.isolation.limits import (
 from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
-__all__ = ["BootFailed", "SandboxLayout", "boot", "remove_tree"]
+__all__ = ["BootFailed", "SandboxLayout", "boot", "reboot", "remove_tree"]
 
 
 class BootFailed(Exception):
@@ -65,18 +68,35 @@ def boot(
 ) -> tuple[Jail, SandboxVm]:
     """The sandbox's files, cgroups and running environment (from the image root filesystem
     ``rootfs``, else the host's ``/usr``); :class:`BootFailed` if not."""
-    cgroups: CgroupSet | None = None
     try:
         jail = _jail(directory, layout, network, rootfs)
-        cgroups = CgroupSet.create(layout.enforcement, f"piship-{sandbox_id}", layout.limits)
-        vm = SandboxVm.boot(jail, cgroups=cgroups, network=network, spawner=spawner)
+        vm = _start(sandbox_id, jail, layout, spawner)
     except OSError as e:
-        if cgroups is not None:
-            cgroups.remove()
         unmount(directory)
         remove_tree(directory)
         raise BootFailed(f"the sandbox could not be started: {e}") from None
     return jail, vm
+
+
+def reboot(sandbox_id: str, jail: Jail, layout: SandboxLayout, *, spawner: Spawner) -> SandboxVm:
+    """A fresh environment in an existing sandbox's jail: its files kept, nothing of what ran,
+    a new boot id. The old environment must be closed first; :class:`BootFailed` if not."""
+    try:
+        return _start(sandbox_id, jail, layout, spawner)
+    except OSError as e:
+        raise BootFailed(f"the sandbox could not be restarted: {e}") from None
+
+
+def _start(sandbox_id: str, jail: Jail, layout: SandboxLayout, spawner: Spawner) -> SandboxVm:
+    if jail.boot_id is not None:
+        with open(jail.boot_id, "w", encoding="ascii") as handle:
+            handle.write(f"{uuid.uuid4()}\n")
+    cgroups = CgroupSet.create(layout.enforcement, f"piship-{sandbox_id}", layout.limits)
+    try:
+        return SandboxVm.boot(jail, cgroups=cgroups, network=jail.network, spawner=spawner)
+    except BaseException:
+        cgroups.remove()
+        raise
 
 
 def _jail(directory: str, layout: SandboxLayout, network: bool, rootfs: str | None) -> Jail:
@@ -107,6 +127,7 @@ def _jail(directory: str, layout: SandboxLayout, network: bool, rootfs: str | No
         root_home=make_root_home(directory) if layout.with_root else None,
         own_map=own_map,
         rootfs=rootfs,
+        boot_id=os.path.join(directory, "boot_id"),
     )
 
 

@@ -28,6 +28,7 @@ import attrs
 
 from piship_remote.local.isolation.process import Exited, LocalProcess, Output
 from piship_remote.local.isolation.user_map import Identity
+from piship_remote.local.sandbox.metadata import parse_found
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.envd import EntryInfo, ProcessConfig
 from piship_remote.wire.envd_paths import resolve
@@ -184,17 +185,25 @@ def _close(events: Iterator[object]) -> None:
 
 
 def parse_entries(output: bytes) -> list[EntryInfo]:
-    """The entries ``find -printf ENTRY_FORMAT`` printed (NUL-separated fields)."""
+    """The entries ``find -printf ENTRY_FORMAT`` printed (NUL-separated fields), each with
+    its metadata where :func:`~piship_remote.local.sandbox.metadata.reader` printed it after."""
     fields = output.split(b"\0")
+    count = (len(fields) - 1) // FIELDS
+    found = parse_found(b"\0".join(fields[count * FIELDS :]))
     entries = []
-    for start in range(0, len(fields) - FIELDS + 1, FIELDS):
+    for start in range(0, count * FIELDS, FIELDS):
         record = [f.decode(errors="surrogateescape") for f in fields[start : start + FIELDS]]
-        entries.append(entry_from_fields(record))
+        entry = entry_from_fields(record)
+        metadata = found.get(entry.path)
+        entries.append(entry if metadata is None else attrs.evolve(entry, metadata=metadata))
     return entries
 
 
 def entry_from_fields(record: list[str]) -> EntryInfo:
-    """One entry from its ``find`` fields: type, target type, size, mode, owner, group, …"""
+    """One entry from its ``find`` fields: type, target type, size, mode, owner, group, …
+
+    A symlink is described as envd 0.6 does: its target's type, and the target as an
+    absolute path (``isSymlink``, which later envd versions add, is not sent)."""
     kind, target_kind, size, mode, owner, group, mtime, link, path = record
     bits = int(mode, 8) if mode else 0
     return EntryInfo(
@@ -207,9 +216,12 @@ def entry_from_fields(record: list[str]) -> EntryInfo:
         owner=owner,
         group=group,
         modified_time=_timestamp(mtime),
-        symlink_target=link if kind == "l" else None,
-        is_symlink=kind == "l",
+        symlink_target=_absolute(path, link) if kind == "l" else None,
     )
+
+
+def _absolute(path: str, link: str) -> str:
+    return posixpath.normpath(posixpath.join(posixpath.dirname(path), link))
 
 
 def _go_mode(kind: str, bits: int) -> str:

@@ -1,13 +1,11 @@
-"""What the control plane reports about sandboxes: lists (filtered, paged), states and
-metrics, and the pause and resume request bodies.
+"""What the control plane reports about sandboxes: lists (filtered, paged) and states, and
+the pause and resume request bodies (metrics are :mod:`~piship_remote.local.sandbox.metrics`'s).
 
 ``GET /v2/sandboxes`` takes ``metadata`` (``k=v&k2=v2``, each key and value
 percent-encoded once more), ``state`` (comma-separated ``running``/``paused``;
 both when absent), ``order``, ``limit`` (at
 most 100) and ``nextToken`` (base64url of ``<startedAt>__<sandboxID>``; the next
-page's token is sent in ``X-Next-Token`` only when more remain). Metrics are read
-from ``/proc`` for the sandbox's processes and from a ``du`` run inside it over its
-home, ``/tmp`` and root's home (as root, where the sandbox has one)::
+page's token is sent in ``X-Next-Token`` only when more remain)::
 
     page = Page.of(query)                       # WireError-free: ListError on bad input
     chosen, token = page.select(sandboxes)
@@ -18,17 +16,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
-import shutil
-import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
 
 import attrs
 
-from piship_remote.local.sandbox.fs import run
 from piship_remote.local.sandbox.registry import Sandbox
-from piship_remote.wire.e2b_control import SandboxMetric
 from piship_remote.wire.e2b_json import WireError, metadata_filter
 
 __all__ = [
@@ -39,14 +32,11 @@ __all__ = [
     "ResumeRequest",
     "lifecycle",
     "metadata_filter",
-    "metric",
     "rfc3339",
     "state",
 ]
 
 MAX_LIMIT = 100
-_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 ListError = WireError
@@ -185,67 +175,3 @@ def _decode_token(token: str) -> tuple[str, str]:
     if not sep or not sandbox_id:
         raise ListError("Invalid next token")
     return started, sandbox_id.removesuffix("__asc")
-
-
-# ---- metrics -------------------------------------------------------------------------
-
-
-def metric(sandbox: Sandbox) -> SandboxMetric:
-    """One sample: the sandbox's processes' CPU and memory, its disk use and size."""
-    now = time.time()
-    cpu_seconds, rss = _tree_usage({p.pid for p in sandbox.processes()})
-    cpus = os.cpu_count() or 1
-    elapsed = max(now - sandbox.started_at, 1e-3)
-    return SandboxMetric(
-        timestamp=rfc3339(now),
-        timestamp_unix=int(now),
-        cpu_count=cpus,
-        cpu_used_pct=round(min(100.0, 100.0 * cpu_seconds / elapsed / cpus), 2),
-        mem_used=rss,
-        mem_total=_PAGE * os.sysconf("SC_PHYS_PAGES"),
-        mem_cache=0,
-        disk_used=_disk_used(sandbox),
-        disk_total=shutil.disk_usage(sandbox.home).total,
-    )
-
-
-def _tree_usage(roots: set[int]) -> tuple[float, int]:
-    """CPU seconds and resident bytes of ``roots`` and all their descendants."""
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (fields := _stat_fields(int(name))) is not None:
-            parents[int(name)] = int(fields[1])
-    members = set(roots)
-    grew = True
-    while grew:
-        grew = False
-        for pid, parent in parents.items():
-            if parent in members and pid not in members:
-                members.add(pid)
-                grew = True
-    cpu, rss = 0.0, 0
-    for pid in members:
-        fields = _stat_fields(pid)
-        if fields is not None:
-            cpu += (int(fields[11]) + int(fields[12])) / _TICKS
-            rss += int(fields[21]) * _PAGE
-    return cpu, rss
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """``/proc/<pid>/stat`` after the command name: state, ppid, … (``None`` once gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()
-
-
-def _disk_used(sandbox: Sandbox) -> int:
-    """Bytes in the sandbox's home, ``/tmp`` and root's home (counted as root, where it has one)."""
-    places = [place for place in sandbox.host_dirs if place != "/dev/shm"]
-    script = 'du -sxbc -- "$@" 2>/dev/null | tail -n 1'
-    ran = run(sandbox, script, *places, user=sandbox.root_user)
-    text = ran.stdout.decode(errors="replace").split()
-    return int(text[0]) if text and text[0].isdigit() else 0

@@ -12,14 +12,18 @@ of the sandbox and removes its files::
     sandbox = registry.create(template="base", lifetime=300, network=False, env_vars={})
     process = sandbox.start(ProcessConfig(cmd="/bin/bash", args=["-c", "id"]), tag="t1")
     registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
+    fork = registry.fork(sandbox.id, 300)           # a new sandbox with a copy of its files
+    snapshot = registry.snapshot(sandbox.id, "app")  # a copy kept; its ID is a template
     registry.delete(sandbox.id)
     registry.close()
 
 A paused sandbox (its processes frozen, see :mod:`piship_remote.local.sandbox.pause`) is
 found by :meth:`Registry.lookup` but not by :meth:`Registry.get`, so envd does not
 serve it (unless it was created with ``auto_resume``: ``get`` then resumes it); its
-lifetime stops until it is resumed with a new one. A command being started holds a
-pause off until it has started, and one started on a paused sandbox is refused.
+lifetime stops until it is resumed with a new one. A filesystem-only pause
+(``memory=False``) is resumed by rebooting the sandbox: its files kept, a fresh
+environment. One sandbox itself (its processes,
+ports and end) is a :class:`~piship_remote.local.sandbox.instance.Sandbox`.
 """
 
 from __future__ import annotations
@@ -27,42 +31,38 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
-from piship_remote.local.isolation.limits import Enforcement, Limits, limit_check, unmount
+from piship_remote.local.isolation.limits import Enforcement, Limits
 from piship_remote.local.isolation.network import egress_problem
-from piship_remote.local.isolation.process import (
-    REAP_TIMEOUT,
-    LocalProcess,
-    StartFailed,
-    WindowSize,
+from piship_remote.local.isolation.process import REAP_TIMEOUT
+from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
+from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
+from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
+from piship_remote.local.sandbox.snapshots import (
+    Snapshot,
+    SnapshotStore,
+    TooManySnapshots,
+    copy_places,
 )
-from piship_remote.local.isolation.user_map import ROOT_HOME, Identity, SandboxUsers, root_mappable
-from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, remove_tree
-from piship_remote.local.sandbox.pause import PauseState
 from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
-from piship_remote.local.sandbox.vm import SandboxVm, Spawner
-from piship_remote.wire.envd import ProcessConfig
-from piship_remote.wire.envd_paths import PathError, resolve
+from piship_remote.local.sandbox.vm import Spawner
 
 __all__ = [
     "Registry",
     "Sandbox",
     "SandboxGone",
     "SandboxUnavailable",
+    "Snapshot",
     "StartRefused",
     "TooManySandboxes",
+    "TooManySnapshots",
     "UnknownTemplate",
+    "Wanted",
     "remove_tree",
 ]
-
-
-class SandboxGone(Exception):
-    """The sandbox was deleted (or expired) meanwhile."""
 
 
 class SandboxUnavailable(SandboxGone):
@@ -75,216 +75,6 @@ class TooManySandboxes(Exception):
 
 class UnknownTemplate(LookupError):
     """The service offers no template of that name."""
-
-
-class StartRefused(ValueError):
-    """The command cannot be started as asked (bad cwd, environment, or program)."""
-
-
-class Sandbox:
-    """One sandbox: its jail, the variables every process gets, and its running processes."""
-
-    def __init__(
-        self,
-        sandbox_id: str,
-        *,
-        jail: Jail,
-        vm: SandboxVm,
-        limits: Limits,
-        root: str,
-        template: str,
-        env_vars: Mapping[str, str],
-        metadata: Mapping[str, str],
-        expires_at: float,
-        lifetime: int = 0,
-        auto_pause: bool = False,
-        auto_resume: bool = False,
-        private_traffic: bool = False,
-    ) -> None:
-        self.id = sandbox_id
-        self.access_token = secrets.token_hex(16)
-        self.traffic_access_token = secrets.token_hex(16) if private_traffic else None
-        """What a request to one of its ports must carry (``allowPublicTraffic: false``)."""
-        self.template = template
-        self.metadata = dict(metadata)
-        self.started_at = time.time()
-        self.expires_at = expires_at
-        self.lifetime = lifetime
-        """The seconds it was created to live (an auto-resume gives it as many again)."""
-        self.auto_pause = auto_pause
-        """Whether the end of its lifetime pauses it (``autoPause``) rather than killing it."""
-        self.auto_resume = auto_resume
-        """Whether envd traffic resumes it while it is paused (``autoResume``)."""
-        self._jail = jail
-        self._default = Identity(jail.user, uid_for(jail.user), jail.workdir)
-        self._vm = vm
-        self._limits = limits
-        self._root = root
-        self._env_vars = dict(env_vars)
-        self._lock = threading.Lock()
-        self._processes: dict[int, LocalProcess] = {}
-        self._configs: dict[int, ProcessConfig] = {}
-        self._deleted: str | None = None
-        self._ended: list[Callable[[], None]] = []
-        self.pause_state = PauseState(vm.cgroups, lambda: vm.init_pid)
-        """Whether the sandbox is paused (its processes frozen), and pausing it."""
-
-    @property
-    def home(self) -> str:
-        """The host directory mounted as the sandbox's home."""
-        return self._jail.home
-
-    @property
-    def root_user(self) -> Identity | None:
-        """The sandbox's root beside its user (uid 0, home ``/root``), where it has one."""
-        return None if self._jail.root_home is None else Identity("root", 0, ROOT_HOME)
-
-    @property
-    def network(self) -> bool:
-        """Whether this sandbox has network egress (through its user-mode stack)."""
-        return self._jail.network
-
-    @property
-    def limits(self) -> Limits:
-        """The limits this sandbox was created with."""
-        return self._limits
-
-    @property
-    def env_vars(self) -> dict[str, str]:
-        """The variables the sandbox was created with (``envVars``)."""
-        return dict(self._env_vars)
-
-    @property
-    def host_dirs(self) -> dict[str, str]:
-        """The sandbox's writable places (home, ``/tmp``, ``/dev/shm``, root's) by host path."""
-        jail = self._jail
-        places = {jail.workdir: jail.home, "/tmp": jail.tmp, "/dev/shm": jail.shm}
-        return {**places, **jail.root_place()}
-
-    def on_end(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once when the sandbox ends (at once if it has ended)."""
-        with self._lock:
-            if self._deleted is None:
-                self._ended.append(callback)
-                return
-        callback()
-
-    def environment(self, envs: Mapping[str, str], user: Identity | None = None) -> dict[str, str]:
-        """PATH, ``user``'s HOME, USER, LOGNAME (default: the sandbox's), envVars, ``envs``."""
-        who = user or self._default
-        env = {"PATH": DEFAULT_PATH, "HOME": who.home, "USER": who.name, "LOGNAME": who.name}
-        env.update(self._env_vars)
-        env.update(envs)
-        for name, value in env.items():
-            if not name or "=" in name or "\0" in name or "\0" in value:
-                raise StartRefused(f"invalid environment variable {name[:100]!r}")
-        return env
-
-    def start(
-        self,
-        config: ProcessConfig,
-        *,
-        tag: str,
-        stdin: bool = False,
-        size: WindowSize | None = None,
-        user: Identity | None = None,
-        limited: bool = True,
-    ) -> LocalProcess:
-        """Spawn ``config`` as ``user`` (default: the sandbox's), on a terminal of ``size``.
-
-        A command not ``limited`` (the service's own file helpers) runs outside the
-        sandbox's memory limit where the agent is (cgroup v1), so files that fill the
-        memory can still be read and removed; the disk limit still bounds what it writes.
-
-        ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
-        ``~`` are taken from the user's home). :class:`StartRefused`, :class:`SandboxGone`,
-        or :class:`~piship_remote.local.sandbox.pause.Paused` (a pause waits for a start under way).
-        """
-        who = user or self._default
-        try:
-            cwd = resolve(config.cwd, who.home)
-        except PathError as e:
-            raise StartRefused(str(e)) from None
-        env = self.environment(config.envs, who)
-        if not config.cmd or "\0" in config.cmd or any("\0" in arg for arg in config.args):
-            raise StartRefused("the command must be a non-empty string without NUL bytes")
-        if self._jail.missing_program(config.cmd):
-            raise StartRefused(f"fork/exec {config.cmd}: no such file or directory")
-        spec: dict[str, object] = {"cmd": config.cmd, "args": config.args, "env": env, "cwd": cwd}
-        if self._jail.root_home is not None:
-            spec["uid"] = who.uid
-        if not limited:
-            spec["limited"] = False
-        with self._lock:
-            if self._deleted is not None:
-                raise SandboxGone(self._deleted)
-            # Started under the lock so a concurrent delete cannot miss it.
-            check = limit_check(self._vm.cgroups, self._limits, [self._jail.home, self._jail.tmp])
-            # Not while the sandbox is being frozen: its agent would answer only once thawed.
-            try:
-                with self.pause_state.running():
-                    process = self._vm.start(
-                        spec, tag=tag, limit_check=check, stdin=stdin, size=size
-                    )
-            except StartFailed as e:
-                raise StartRefused(str(e)) from None
-            self._processes[process.pid] = process
-            self._configs[process.pid] = config
-        return process
-
-    def dial(self, port: int) -> socket.socket:
-        """A socket connected to ``port`` on the sandbox's own loopback.
-
-        :class:`~piship_remote.local.isolation.agent_link.DialFailed` when nothing listens
-        there, :class:`SandboxGone` once deleted, ``OSError`` when its agent is gone.
-        """
-        with self._lock:
-            if self._deleted is not None:
-                raise SandboxGone(self._deleted)
-        with self.pause_state.running():
-            return self._vm.dial(port)
-
-    def forget(self, process: LocalProcess) -> None:
-        """Drop a finished process from the sandbox's list."""
-        with self._lock:
-            self._processes.pop(process.pid, None)
-            self._configs.pop(process.pid, None)
-
-    def find(self, *, pid: int | None = None, tag: str | None = None) -> LocalProcess | None:
-        """The running process with ``pid`` or ``tag``, if any."""
-        with self._lock:
-            for process in self._processes.values():
-                if (pid is not None and process.pid == pid) or (tag and process.tag == tag):
-                    return process
-        return None
-
-    def processes(self) -> list[LocalProcess]:
-        """The processes still running."""
-        with self._lock:
-            return list(self._processes.values())
-
-    def listing(self) -> list[tuple[LocalProcess, ProcessConfig]]:
-        """The processes still running, each with what it was started as."""
-        with self._lock:
-            return [(p, self._configs[pid]) for pid, p in self._processes.items()]
-
-    def destroy(self, reason: str) -> None:
-        """End every process (reporting ``reason``) and the environment; remove the files."""
-        with self._lock:
-            if self._deleted is None:
-                self._deleted = reason
-            processes = list(self._processes.values())
-            ended, self._ended = self._ended, []
-        for callback in ended:
-            callback()
-        self.pause_state.release()  # a frozen process cannot take its SIGKILL
-        for process in processes:
-            process.kill(reason)
-        self._vm.close()
-        for process in processes:
-            process.wait(REAP_TIMEOUT)
-        unmount(self._root)
-        remove_tree(self._root)
 
 
 class Registry:
@@ -306,6 +96,8 @@ class Registry:
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
+        self.snapshots = SnapshotStore(os.path.join(root, "snapshots"))
+        """The snapshots taken, each a template too (by its ID)."""
         mapped = root_mappable() if with_root is None else with_root
         self.users = SandboxUsers.of(user=user, workdir=workdir, root=mapped)  # who may run
         self.root = root
@@ -325,6 +117,7 @@ class Registry:
         self._sandboxes: dict[str, Sandbox] = {}
         self._booting = 0
         self._changed = threading.Condition()
+        self._resuming = threading.Lock()  # one resume at a time: a reboot is not repeated
         self._closed = False
         self._spawner = Spawner()
         self._reaper = threading.Thread(target=self._reap, name="piship-local-reaper", daemon=True)
@@ -340,17 +133,55 @@ class Registry:
         metadata: Mapping[str, str] | None = None,
         auto_pause: bool = False,
         auto_resume: bool = False,
+        auto_pause_memory: bool = True,
         private_traffic: bool = False,
     ) -> Sandbox:
         """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
+        ``template`` is one of :attr:`templates` or a snapshot's ID (the sandbox then
+        starts with the snapshot's files). :class:`UnknownTemplate` if it is neither;
         :class:`TooManySandboxes` at the limit; :class:`SandboxUnavailable` when
         its environment cannot be made here (network asked for and no user-mode
         stack installed, or the sandbox would not start).
         """
-        if template not in self.templates:
+        snapshot = None if template in self.templates else self.snapshots.get(template)
+        if template not in self.templates and snapshot is None:
             raise UnknownTemplate(template)
-        problem = egress_problem() if network else None
+        wanted = Wanted(
+            template=template,
+            image=template if snapshot is None else snapshot.template,
+            network=network,
+            env_vars=dict(env_vars),
+            metadata=dict(metadata or {}),
+            auto_pause=auto_pause,
+            auto_resume=auto_resume,
+            auto_pause_memory=auto_pause_memory,
+            private_traffic=private_traffic,
+        )
+        return self._create(wanted, lifetime, None if snapshot is None else snapshot.places)
+
+    def fork(self, sandbox_id: str, lifetime: int) -> Sandbox | None:
+        """A new sandbox made as ``sandbox_id`` was, with a copy of its files now
+        (``None`` if it is unknown); what :meth:`create` raises."""
+        source = self.lookup(sandbox_id)
+        if source is None:
+            return None
+        return self._create(source.wanted, lifetime, source.host_dirs)
+
+    def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot | None:
+        """A snapshot of the sandbox's files now (``None`` if it is unknown).
+
+        ``OSError`` when they cannot be copied, :class:`TooManySnapshots` at the limit.
+        """
+        source = self.lookup(sandbox_id)
+        if source is None:
+            return None
+        image = source.wanted.image
+        return self.snapshots.take(source.host_dirs, template=image, source=source.id, name=name)
+
+    def _create(self, wanted: Wanted, lifetime: int, seed: Mapping[str, str] | None) -> Sandbox:
+        """Boot a sandbox as ``wanted``, its places seeded with copies of ``seed``'s."""
+        problem = egress_problem() if wanted.network else None
         if problem is not None:
             raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
@@ -366,38 +197,42 @@ class Registry:
                 sandbox_id,
                 directory,
                 self._layout,
-                network=network,
+                network=wanted.network,
                 spawner=self._spawner,
-                rootfs=self.templates[template],
+                rootfs=self.templates[wanted.image],
             )
         except BootFailed as e:
             raise SandboxUnavailable(str(e)) from None
         finally:
             with self._changed:
                 self._booting -= 1
+        sandbox = Sandbox(
+            sandbox_id,
+            jail=jail,
+            vm=vm,
+            limits=self.limits,
+            root=directory,
+            wanted=wanted,
+            expires_at=self._expiry(lifetime),
+            ends_at=time.time() + self._bounded(lifetime),
+            lifetime=lifetime,
+        )
+        try:
+            if seed is not None:
+                copy_places(seed, sandbox.host_dirs)
+        except OSError as e:
+            sandbox.destroy("the sandbox's files could not be copied")
+            raise SandboxUnavailable(str(e)) from None
         with self._changed:
             if self._closed:
-                vm.close()
-                unmount(directory)
-                remove_tree(directory)
-                raise SandboxGone("the local sandbox service stopped")
-            sandbox = Sandbox(
-                sandbox_id,
-                jail=jail,
-                vm=vm,
-                limits=self.limits,
-                root=directory,
-                template=template,
-                env_vars=env_vars,
-                metadata=metadata or {},
-                expires_at=self._expiry(lifetime),
-                lifetime=lifetime,
-                auto_pause=auto_pause,
-                auto_resume=auto_resume,
-                private_traffic=private_traffic,
-            )
-            self._sandboxes[sandbox_id] = sandbox
-            self._changed.notify_all()
+                closed = True
+            else:
+                closed = False
+                self._sandboxes[sandbox_id] = sandbox
+                self._changed.notify_all()
+        if closed:
+            sandbox.destroy("stopped")
+            raise SandboxGone("the local sandbox service stopped")
         return sandbox
 
     def get(self, sandbox_id: str) -> Sandbox | None:
@@ -417,32 +252,49 @@ class Registry:
         with self._changed:
             return self._sandboxes.get(sandbox_id)
 
-    def pause(self, sandbox_id: str) -> bool | None:
+    def pause(self, sandbox_id: str, *, memory: bool = True) -> bool | None:
         """Freeze the sandbox; ``False`` if it is paused already, ``None`` if unknown.
 
         A paused sandbox's lifetime stops: it is kept (up to the service's maximum
-        lifetime) until it is resumed with a new one, or deleted.
+        lifetime) until it is resumed with a new one, or deleted. Without ``memory``
+        (a filesystem-only pause) only its files are kept: resuming reboots it.
         """
         sandbox = self.lookup(sandbox_id)
         if sandbox is None:
             return None
         if not sandbox.pause_state.pause():
             return False if self.lookup(sandbox_id) is sandbox else None
+        sandbox.reboots_on_resume = not memory
         self.set_lifetime(sandbox_id, self.max_lifetime)
         return True
 
-    def resume(self, sandbox_id: str, seconds: int) -> bool | None:
-        """Thaw the sandbox to live ``seconds`` more.
+    def resume(self, sandbox_id: str, seconds: int, *, memory: bool = True) -> bool | None:
+        """Thaw the sandbox to live ``seconds`` more; without ``memory``, or after a
+        filesystem-only pause, reboot it instead (its files kept, nothing of what ran).
 
-        ``False`` if it was running, ``None`` if unknown.
+        ``False`` if it was running, ``None`` if unknown; ``OSError`` when it could not be
+        resumed (a sandbox that could not be rebooted is deleted).
         """
         sandbox = self.lookup(sandbox_id)
         if sandbox is None:
             return None
-        if not sandbox.pause_state.resume():
-            return False
+        with self._resuming:
+            if not sandbox.pause_state.paused:
+                return False
+            if memory and not sandbox.reboots_on_resume:
+                sandbox.pause_state.resume()
+            else:
+                self._reboot(sandbox)
         self.set_lifetime(sandbox_id, seconds)
         return True
+
+    def _reboot(self, sandbox: Sandbox) -> None:
+        try:
+            spawner, layout = self._spawner, self._layout
+            sandbox.reboot(lambda jail: reboot(sandbox.id, jail, layout, spawner=spawner))
+        except BootFailed as e:
+            self.delete(sandbox.id, "the sandbox could not be rebooted")
+            raise OSError(str(e)) from None
 
     def ids(self) -> list[str]:
         """The live sandboxes' IDs."""
@@ -456,7 +308,10 @@ class Registry:
             if sandbox is None:
                 return False
             expiry = self._expiry(seconds)
-            sandbox.expires_at = max(expiry, sandbox.expires_at) if extend_only else expiry
+            if extend_only and expiry <= sandbox.expires_at:
+                return True
+            sandbox.expires_at = expiry
+            sandbox.ends_at = time.time() + self._bounded(seconds)
             self._changed.notify_all()
             return True
 
@@ -484,7 +339,10 @@ class Registry:
         remove_tree(self.root)
 
     def _expiry(self, seconds: int) -> float:
-        return self.clock() + min(max(seconds, 0), self.max_lifetime)
+        return self.clock() + self._bounded(seconds)
+
+    def _bounded(self, seconds: int) -> int:
+        return min(max(seconds, 0), self.max_lifetime)
 
     def _reap(self) -> None:
         while True:
@@ -506,7 +364,7 @@ class Registry:
                 return  # deleted or renewed meanwhile
         if sandbox.auto_pause and not sandbox.pause_state.paused:
             with contextlib.suppress(OSError):
-                if self.pause(sandbox_id):
+                if self.pause(sandbox_id, memory=sandbox.wanted.auto_pause_memory):
                     return
         self.delete(sandbox_id, "expired")
 
