@@ -41,27 +41,20 @@ to the socket (an E2B-compatible backend):
 1. ``Sandbox.exec`` turned the caller's event into a
    :class:`~piship_remote.transport._cancel.CancelToken` once (:meth:`ExecEngine.cancel_token`:
    a plain ``threading.Event`` is polled every 2 ms by this engine's
-   ``piship-cancel-watch`` thread); the engine registers ``call.abort("cancel")`` on that
-   token, which runs it from its own ``set()``.
-2. ``WorkerCall.abort`` marks the channel aborted, which wakes the main thread
-   (it raises :class:`CommandCancelled` after settling) and any worker blocked
-   writing output, then sets the call's token, the ``cancel`` argument the
-   worker passed to ``instance.exec``.
-3. The E2B instance chained its own per-command token to that one
-   (``on_cancel(token.set)``); setting it starts a ``piship-e2b-signal`` thread
-   that sends SendSignal SIGKILL for the command's tag.
-4. The transport registered its call scope's ``cancel`` on that same token when
-   the Start request was sent; the scope shuts down every socket the request
-   uses (the connection was handed the scope, and registered its socket there
-   while connecting), so the worker's blocked stream read ends at once.
-5. The worker's ``instance.exec`` raises ``CommandCancelled``; the worker hands
-   the outcome over and goes idle, which ends the settle wait in step 2.
+   ``piship-cancel-watch`` thread); the engine registers ``call.abort("cancel")`` on it.
+2. ``WorkerCall.abort`` marks the channel aborted, which wakes the main thread (it
+   raises :class:`CommandCancelled` after settling) and a worker blocked writing
+   output, then runs the call's ``stop``: it sets the token the engine bound into
+   the backend call (:meth:`ExecEngine._bound`; the worker never sees it).
+3. The E2B instance's per-command token follows that one and sends SendSignal SIGKILL
+   on a ``piship-e2b-signal`` thread; the transport's call scope, registered on it when
+   the Start request was sent, shuts down the sockets the request uses, so the
+   worker's blocked stream read ends and ``instance.exec`` raises ``CommandCancelled``.
 
-Ctrl-C (raised in the drain loop) and a timeout (seen by the drain loop) skip
-step 1: the main thread calls ``call.stop()``, which sets the call's token
-(steps 3 to 5), and waits for the worker. On any other thread step 2 is
-``DirectCall.abort``, called by the watcher or the timer thread, and the wait
-for the call to return is a retire check scheduled on the timer thread.
+Ctrl-C (raised in the drain loop) and a timeout (seen by the drain loop) skip step 1: the
+main thread calls ``call.stop()`` (step 3), and waits for the worker. On any other thread
+step 2 is ``DirectCall.abort``, called by the watcher or the timer thread, and the wait for
+the call to return is a retire check scheduled on the timer thread.
 """
 
 from __future__ import annotations
@@ -88,6 +81,7 @@ from piship_remote.sandbox._exec_workers import (
     STOPPED,
     Aborted,
     AbortKind,
+    BackendCall,
     BackgroundCall,
     DeadlineTimer,
     DirectCall,
@@ -210,25 +204,20 @@ class ExecEngine:
         """
         if not isinstance(deadline, Deadline):
             deadline = Deadline.never() if deadline is None else Deadline.after(deadline)
-        given = deadline if self._deadlines else None
         call: WorkerCall | DirectCall
         disarm: Disarm | None = None
         off_main = threading.current_thread() is not threading.main_thread()
         if off_main:
-            call = self._direct(sink, retire)
+            call = self._direct(request, deadline, sink, retire)
         elif not self._prompt:
-            call = WorkerCall(self._instance, request, CHANNEL_BYTES, given)
+            call = self._worker_call(request, deadline)
         else:
-            direct = self._direct(sink, retire)
+            direct = self._direct(request, deadline, sink, retire)
             disarm = self._interrupts.arm(lambda: direct.abort(STOPPED))
-            call = (
-                direct
-                if disarm is not None
-                else WorkerCall(self._instance, request, CHANNEL_BYTES, given)
-            )
+            call = direct if disarm is not None else self._worker_call(request, deadline)
         try:
             with lifecycle.running_off_main_thread() if off_main else nullcontext():
-                outcome = self._registered(call, request, sink, deadline, cancel, retire=retire)
+                outcome = self._registered(call, sink, deadline, cancel, retire=retire)
         finally:
             if disarm is not None and disarm():
                 raise KeyboardInterrupt from None
@@ -252,7 +241,7 @@ class ExecEngine:
         """Start ``request`` on a worker and return at once; ``sink`` gets its output on
         that worker. Its ``deadline``, a kill (``call.abort``) and dispose abort it as they
         abort a waited-for command, and one that ignores the abort retires the sandbox."""
-        call = self._direct(sink, retire=True)
+        call = self._direct(request, deadline, sink, retire=True)
         unschedule: Callable[[], None] = _nothing
         forget: Callable[[], None] = _nothing
 
@@ -263,9 +252,7 @@ class ExecEngine:
                 self._calls.discard(call)
             on_done()
 
-        started = BackgroundCall(
-            call, self._instance, request, done, deadline if self._deadlines else None
-        )
+        started = BackgroundCall(call, request, done)
         with self._lock:
             if self._disposed:
                 raise self._refusal()
@@ -293,13 +280,32 @@ class ExecEngine:
             raise self._errors.from_backend(outcome.error)
         return outcome.result
 
-    def _direct(self, sink: Sink | None, retire: bool) -> DirectCall:
-        return DirectCall(sink, lambda call, kind: self._watch_settle(call, kind, retire))
+    def _bound(self, request: ExecRequest, deadline: Deadline) -> tuple[BackendCall, CancelToken]:
+        """The instance's ``exec`` bound to ``request``, ``deadline`` and a new token."""
+        token, instance = CancelToken(), self._instance
+        given = {"deadline": deadline} if self._deadlines else {}  # else exec takes none
+        return lambda out, err: instance.exec(
+            request, on_stdout=out, on_stderr=err, cancel=token, **given
+        ), token
+
+    def _worker_call(self, request: ExecRequest, deadline: Deadline) -> WorkerCall:
+        backend_call, token = self._bound(request, deadline)
+        return WorkerCall(backend_call, token.set, CHANNEL_BYTES)
+
+    def _direct(
+        self, request: ExecRequest, deadline: Deadline, sink: Sink | None, retire: bool
+    ) -> DirectCall:
+        backend_call, token = self._bound(request, deadline)
+
+        def stop(call: DirectCall, kind: AbortKind) -> None:
+            token.set()
+            self._watch_settle(call, kind, retire)
+
+        return DirectCall(backend_call, sink, stop)
 
     def _registered(
         self,
         call: WorkerCall | DirectCall,
-        request: ExecRequest,
         sink: Sink | None,
         deadline: Deadline,
         cancel: threading.Event | None,
@@ -315,7 +321,7 @@ class ExecEngine:
             try:
                 if isinstance(call, WorkerCall):
                     return self._on_worker(call, sink, deadline, retire=retire)
-                return self._on_caller(call, request, deadline)
+                return self._on_caller(call, deadline)
             finally:
                 forget()
         finally:
@@ -436,13 +442,13 @@ class ExecEngine:
 
     # Any other thread: it makes the call itself; the timer thread fires its deadline.
 
-    def _on_caller(self, call: DirectCall, request: ExecRequest, deadline: Deadline) -> Outcome:
+    def _on_caller(self, call: DirectCall, deadline: Deadline) -> Outcome:
         unschedule = None
         remaining = deadline.remaining()
         if remaining is not None:
             unschedule = self._timer.schedule(remaining, lambda: call.abort("timeout"))
         try:
-            outcome = call.run(self._instance, request, deadline if self._deadlines else None)
+            outcome = call.run()
         finally:
             if unschedule is not None:
                 unschedule()

@@ -7,9 +7,11 @@ holds the backend call back instead of buffering without limit. Any other
 thread makes a :class:`DirectCall` itself, and a :class:`DeadlineTimer` thread
 (``piship-exec-timer``) fires its timeouts.
 
-An abort (timeout, cancel, dispose) sets the call's :class:`CancelToken`; on a
-worker call it also wakes a blocked writer, which then drops its data, and
-overtakes any output the reader has not taken yet.
+A call is handed its backend call already bound (a :data:`BackendCall`: the instance's
+``exec`` over its request, deadline and cancel token, made by the engine) and a
+``stop`` action; this module never sees the deadline or the token. An abort (timeout,
+cancel, dispose) runs ``stop`` once; on a worker call it also wakes a blocked writer,
+which then drops its data, and overtakes any output the reader has not taken yet.
 
 What moves between the threads is typed: a backend call ends :class:`Returned`
 or :class:`Raised` (together an :data:`Outcome`), output travels as
@@ -28,15 +30,14 @@ from typing import Literal, Protocol, TypeAlias
 
 import attrs
 
-from piship_remote.backends.base import BackendResult, ExecRequest, Instance
+from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.telemetry.context import carried_job
-from piship_remote.transport._cancel import CancelToken
-from piship_remote.transport.deadline import Deadline
 
 __all__ = [
     "STOPPED",
     "AbortKind",
     "Aborted",
+    "BackendCall",
     "BackgroundCall",
     "Channel",
     "DeadlineTimer",
@@ -56,6 +57,9 @@ AbortKind = Literal["timeout", "cancel", "disposed", "stopped"]
 """Why a call was aborted; ``stopped``: its reader gave up (Ctrl-C, ``on_data`` failed)."""
 Sink = Callable[[Stream, bytes], None]
 Action = Callable[[], None]
+BackendCall = Callable[[Callable[[bytes], None], Callable[[bytes], None]], BackendResult]
+"""A backend call bound to its request, deadline and token: given ``on_stdout`` and
+``on_stderr``, it runs the command."""
 BATCH = 256 * 1024  # output that wakes the reader at once
 LINGER = 0.001  # how long the reader waits for a batch to build (seconds)
 STOPPED: AbortKind = "stopped"
@@ -95,23 +99,14 @@ class Aborted:
 
 
 def _call_backend(
-    instance: Instance,
-    request: ExecRequest,
+    backend_call: BackendCall,
     on_stdout: Callable[[bytes], None],
     on_stderr: Callable[[bytes], None],
-    token: CancelToken,
-    deadline: Deadline | None,
 ) -> Outcome:
     try:
-        if deadline is None:  # an instance whose exec takes no deadline
-            result = instance.exec(request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token)
-        else:
-            result = instance.exec(
-                request, on_stdout=on_stdout, on_stderr=on_stderr, cancel=token, deadline=deadline
-            )
+        return Returned(backend_call(on_stdout, on_stderr))
     except BaseException as e:
         return Raised(e)
-    return Returned(result)
 
 
 # -- the main thread's path ---------------------------------------------------------
@@ -195,38 +190,27 @@ class Channel:
 class WorkerCall:
     """One backend call made on a worker; its output goes through a :class:`Channel`."""
 
-    def __init__(
-        self,
-        instance: Instance,
-        request: ExecRequest,
-        limit: int,
-        deadline: Deadline | None = None,
-    ) -> None:
-        self.token = CancelToken()
+    def __init__(self, backend_call: BackendCall, stop: Action, limit: int) -> None:
         self.finished = threading.Event()
         self.channel = Channel(limit)
-        self._instance = instance
-        self._request = request
-        self._deadline = deadline
+        self._backend_call = backend_call
+        self._stop = stop
 
     def abort(self, kind: AbortKind) -> None:
         if self.channel.abort(kind):
-            self.token.set()
+            self._stop()
 
     def stop(self) -> None:
         """The reader gives up: drop further output and cancel the call."""
         self.channel.abort(STOPPED)
-        self.token.set()
+        self._stop()
 
     def execute(self) -> Outcome:
         put = self.channel.put
         return _call_backend(
-            self._instance,
-            self._request,
+            self._backend_call,
             lambda chunk: put("stdout", chunk),
             lambda chunk: put("stderr", chunk),
-            self.token,
-            self._deadline,
         )
 
     def finish(self, outcome: Outcome) -> None:
@@ -319,53 +303,54 @@ class WorkerPool:
 class DirectCall:
     """One backend call made on the calling thread, ``sink`` called on it directly.
 
-    The first abort (or a failing ``sink``) sets the token and calls ``on_stop``
-    with the call and the abort's kind; output after that is dropped. (The call is
+    The first abort (or a failing ``sink``) calls ``on_stop`` with the call and the
+    abort's kind (which cancels the backend call); output after that is dropped. (The call is
     passed, not captured, so that nothing here forms a reference cycle: a cycle
     per command would leave its locks and events to the garbage collector, whose
     pauses stall every thread.)
     """
 
-    def __init__(self, sink: Sink | None, on_stop: Callable[[DirectCall, AbortKind], None]) -> None:
-        self.token = CancelToken()
+    def __init__(
+        self,
+        backend_call: BackendCall,
+        sink: Sink | None,
+        on_stop: Callable[[DirectCall, AbortKind], None],
+    ) -> None:
         self.finished = threading.Event()
         self.aborted: AbortKind | None = None
         self.failure: BaseException | None = None
+        self._backend_call = backend_call
         self._sink = sink
         self._on_stop = on_stop
         self._lock = threading.Lock()
+
+    @property
+    def stopped(self) -> bool:
+        """Aborted, or its sink failed: the backend call is being cancelled."""
+        return self.aborted is not None or self.failure is not None
 
     def abort(self, kind: AbortKind) -> None:
         with self._lock:
             if self.aborted is not None or self.failure is not None or self.finished.is_set():
                 return
             self.aborted = kind
-        self.token.set()
         self._on_stop(self, kind)
 
-    def run(
-        self, instance: Instance, request: ExecRequest, deadline: Deadline | None = None
-    ) -> Outcome:
+    def run(self) -> Outcome:
         try:
             return _call_backend(
-                instance,
-                request,
-                self._forward("stdout"),
-                self._forward("stderr"),
-                self.token,
-                deadline,
+                self._backend_call, self._forward("stdout"), self._forward("stderr")
             )
         finally:
             self.finished.set()
 
     def _forward(self, stream: Stream) -> Callable[[bytes], None]:
         sink = self._sink
-        token = self.token
         if sink is None:
             return _drop
 
         def forward(chunk: bytes) -> None:
-            if token.is_set():
+            if self.stopped:
                 return
             try:
                 sink(stream, chunk)
@@ -379,7 +364,6 @@ class DirectCall:
             if self.aborted is not None or self.failure is not None:
                 return
             self.failure = error
-        self.token.set()
         self._on_stop(self, STOPPED)
 
 
@@ -394,24 +378,15 @@ class BackgroundCall:
     ``outcome`` says how; the request's ``control`` then refuses further input.
     """
 
-    def __init__(
-        self,
-        call: DirectCall,
-        instance: Instance,
-        request: ExecRequest,
-        on_done: Action,
-        deadline: Deadline | None = None,
-    ) -> None:
+    def __init__(self, call: DirectCall, request: ExecRequest, on_done: Action) -> None:
         self.call = call
-        self._deadline = deadline
         self.done = threading.Event()
         self.outcome: Outcome | None = None
-        self._instance = instance
         self._request = request
         self._on_done = on_done
 
     def execute(self) -> Outcome:
-        return self.call.run(self._instance, self._request, self._deadline)
+        return self.call.run()
 
     def finish(self, outcome: Outcome) -> None:
         self.outcome = outcome
@@ -443,9 +418,7 @@ class DeadlineTimer:
             self._actions[key] = action
             heapq.heappush(self._heap, (when, key))
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=self._name, daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             elif self._heap[0][1] == key:
                 self._cond.notify()

@@ -130,7 +130,7 @@ class CommandHandle:
 
     def _stopping(self) -> bool:
         started = self._started
-        return started is not None and started.call.token.is_set()
+        return started is not None and started.call.stopped
 
     def _wake(self) -> None:
         with self._cond:

@@ -1,14 +1,21 @@
-"""Pooled connections that register their sockets with the scope of the call holding them.
+"""The call scope and the pooled connections that register their sockets with it.
 
-The scope is given explicitly by
-:func:`~piship_remote.transport._urllib3_internals.send_direct`; on the proxy path,
-where urllib3's ``urlopen`` takes the connection, it comes through the context
-variable :data:`~piship_remote.transport._scope.CURRENT`. A connection registers its
-socket when it connects (before ``connect()``, so a cancel interrupts a hanging
-connect) and again just before it waits for the response headers. Taken from the pool
-by another call, it first leaves the previous call's scope; if that call was cancelled
-meanwhile (its cancel may have shut the socket down) the connection is closed and
-reopened.
+A request's :class:`Call` (made by the transport) holds a :class:`CallScope`: the
+sockets the request uses, its deadline, whether it was cancelled. The call's cancel
+shuts those sockets down (:meth:`CallScope.cancel`), so a blocked connect, header wait
+or body read ends within milliseconds with ``CommandCancelled``; every read of the
+answer gets only what is left of the deadline (:class:`DeadlineReader`), so a server
+sending one byte per second cannot stretch it, as it would a per-read socket timeout.
+
+A request sent directly goes out on a connection the transport armed with its scope
+(:func:`arm`, until :func:`disarm`); on the proxy path, where urllib3's ``urlopen``
+takes the connection, the scope comes through the context variable
+:data:`~piship_remote.transport._scope.CURRENT`. A connection registers its socket when
+it connects (before ``connect()``, so a cancel interrupts a hanging connect) and again
+just before it waits for the response headers. Taken from the pool by another call,
+it first leaves the previous call's scope (under that scope's lock); if that call was
+cancelled meanwhile (its cancel may have shut the socket down) the connection is
+closed and reopened.
 
 A stream's answer is looked at before urllib3 wraps it (``getresponse_streamed``): a
 plain head over a bare chunked body becomes a
@@ -17,10 +24,14 @@ plain head over a bare chunked body becomes a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import socket
 import sys
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import urllib3
@@ -31,8 +42,11 @@ import urllib3.response
 from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import Timeout
 
+from piship_remote.model.errors import CommandCancelled
+from piship_remote.model.redact import Redactor
+from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge
 from piship_remote.transport._response_head import PlainHead, peek_plain_head
-from piship_remote.transport._scope import CURRENT, ON_SENT, CallScope, DeadlineReader
+from piship_remote.transport._scope import CURRENT, ON_SENT
 from piship_remote.transport._steady_socket import SteadyTimeoutSocket
 from piship_remote.transport._streamed_response import StreamedResponse
 from piship_remote.transport._urllib3_internals import (
@@ -41,9 +55,211 @@ from piship_remote.transport._urllib3_internals import (
     SocketFactoryHook,
     http_client_response,
 )
+from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import is_localhost_name, loopback_addresses
+from piship_remote.transport.failures import (
+    NETWORK_ERRORS,
+    TransportError,
+    failure_code,
+    timed_out,
+)
 
-__all__ = ["HOSTS", "POOL_CLASSES"]
+__all__ = ["HOSTS", "POOL_CLASSES", "Call", "CallScope", "DeadlineReader", "arm", "disarm"]
+
+
+class CallScope:
+    """The sockets one call uses (:meth:`cancel` shuts them all down) and its deadline."""
+
+    __slots__ = (
+        "_lock",
+        "_over",
+        "_owned",
+        "_sockets",
+        "cancelled",
+        "deadline",
+        "sent",
+        "socket",
+    )
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self.cancelled = False
+        self.sent = False  # the request may have reached the server
+        self.socket: socket.socket | None = None  # the one the response arrives on
+        self._over = False  # the deadline no longer applies (finished, or a stream's body)
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._owned: list[socket.socket] = []
+
+    @property
+    def over(self) -> bool:
+        """The deadline no longer applies (the call finished, or a stream's body began)."""
+        return self._over
+
+    def remaining(self) -> float | None:
+        return self.deadline.remaining()
+
+    def read_timeout(self) -> float | None:
+        """The socket timeout the next read gets: what is left of the deadline.
+
+        Raises ``TimeoutError`` (a socket timeout) once the deadline has passed.
+        """
+        if self._over:
+            return None
+        remaining = self.deadline.remaining()
+        if remaining is None:
+            return None
+        if remaining <= 0:
+            raise TimeoutError("the deadline passed")
+        return remaining
+
+    def attach(self, sock: socket.socket, *, owned: bool = False) -> None:
+        """Track ``sock``; shut it down at once if the call is already cancelled."""
+        with self._lock:
+            if owned:
+                self._owned.append(sock)
+            if not any(s is sock for s in self._sockets):
+                self._sockets.append(sock)
+            if self.cancelled:
+                shut(sock)
+
+    def detach(self, sock: socket.socket | None) -> bool:
+        """Stop tracking ``sock``; ``False`` when the call was cancelled (do not reuse it)."""
+        with self._lock:
+            self._sockets = [s for s in self._sockets if s is not sock]
+            if self.socket is sock:
+                # Back in the pool, another thread may own it: never touch it again.
+                self.socket = None
+            return not self.cancelled
+
+    def drop_owned(self) -> None:
+        """Close the duplicates made to cover a TLS handshake (the handshake is over)."""
+        if not self._owned:  # only the calling thread adds to it
+            return
+        with self._lock:
+            owned, self._owned = self._owned, []
+            self._sockets = [s for s in self._sockets if not any(s is o for o in owned)]
+        for sock in owned:
+            sock.close()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            for sock in self._sockets:
+                shut(sock)
+
+    def end_deadline(self) -> None:
+        """From now on the deadline does not apply (a stream's body has its own rules)."""
+        with self._lock:
+            self._over = True
+
+    def release(self) -> None:
+        """Forget every socket and the deadline: a later cancel touches nothing."""
+        self.drop_owned()
+        with self._lock:
+            self._over = True
+            self._sockets = []
+            self.socket = None
+
+
+def shut(sock: socket.socket) -> None:
+    # socket.socket.shutdown, not SSLSocket.shutdown: the latter also drops the TLS
+    # object under a reader that may still be using it. OSError: already closed.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class Call:
+    """One request's cancellation scope, deadline and the cleanup that ends it."""
+
+    __slots__ = (
+        "_cleanup",
+        "component",
+        "idle_timeout",
+        "label",
+        "origin",
+        "redactor",
+        "scope",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        component: str,
+        redactor: Redactor,
+        target: tuple[str, str],
+        deadline: Deadline,
+        *,
+        stream: bool,
+        idle_timeout: float | None,
+    ) -> None:
+        self.component = component
+        self.redactor = redactor
+        self.label, self.origin = target  # host[:port] for messages, scheme://netloc
+        self.scope = CallScope(deadline)
+        self.stream = stream
+        self.idle_timeout = idle_timeout
+        self._cleanup: Callable[[], object] | None = None
+
+    def watch(self, cancel: threading.Event, watcher: EventWatcher) -> None:
+        if isinstance(cancel, CancelToken):  # the usual case: nothing to bridge
+            self._cleanup = cancel.on_cancel(self.scope.cancel)
+            return
+        stack = ExitStack()
+        token = stack.enter_context(bridge(cancel, watcher))
+        stack.callback(token.on_cancel(self.scope.cancel))
+        self._cleanup = stack.close
+
+    def finish(self) -> None:
+        """Stop listening for cancellation and forget the sockets (idempotent)."""
+        self.scope.release()
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup()
+
+    def error(self, exc: BaseException) -> BaseException:
+        """The exception to raise for ``exc``: cancelled, timed out, failed, or ``exc``."""
+        if self.scope.cancelled and isinstance(exc, NETWORK_ERRORS):
+            return CommandCancelled()
+        if isinstance(exc, ValueError) or not isinstance(exc, NETWORK_ERRORS):
+            return exc  # a bad argument or a bug, not a network failure
+        return self.failed("timed out" if timed_out(exc) else f"failed: {failure_code(exc)}")
+
+    def failed(self, outcome: str) -> TransportError:
+        return TransportError(
+            f"{self.component} request to {self.label} {outcome}",
+            request_sent=self.scope.sent,
+            component=self.component,
+        )
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reader that gives every read only what is left of the call's deadline.
+
+    Wraps the raw reader ``socket.makefile("rb", buffering=0)`` returns (so the socket
+    stays open while the response reads, as http.client expects); once the deadline no
+    longer applies, reads go straight through.
+    """
+
+    def __init__(self, sock: socket.socket, scope: CallScope) -> None:
+        super().__init__()
+        self._raw = sock.makefile("rb", buffering=0)
+        self._sock = sock
+        self._scope = scope
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        timeout = self._scope.read_timeout()
+        if timeout is not None:
+            self._sock.settimeout(timeout)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
 
 HOSTS = 32  # hosts whose idle connections are kept (E2B: one envd host per sandbox)
 
@@ -84,11 +300,12 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
 
     _piship_scope: CallScope | None = None
     _piship_socket: socket.socket | None = None
+    _armed: CallScope | None = None  # the scope of the call sending on it directly
 
     def _call(self) -> CallScope | None:
-        """The scope of the call holding this connection: given, else the context's."""
-        given: CallScope | None = self.call_scope
-        return given if given is not None else CURRENT.get()
+        """The scope of the call holding this connection: armed with, else the context's."""
+        armed = self._armed
+        return armed if armed is not None else CURRENT.get()
 
     def open_socket(self) -> socket.socket:
         scope = self._call()
@@ -116,6 +333,8 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
             if self.sock is None:
                 self.connect()  # connect first, so `sent` means "past the connect"
             scope.sent = True
+        if self.sock is not None:
+            self.sock.settimeout(self.timeout)  # as urllib3's request does
         super().request(*args, **kwargs)
         on_sent = ON_SENT.get()
         if on_sent is not None:
@@ -191,6 +410,20 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
         sock, self._piship_scope, self._piship_socket = self._piship_socket, None, None
         if not previous.detach(sock) and close_if_cancelled:
             self.close()  # a late cancel may have shut the socket down: reconnect
+
+
+def arm(conn: urllib3.connection.HTTPConnection, scope: CallScope, timeout: float | None) -> None:
+    """Make ``conn`` (taken from its pool) the call's: its sockets registered with
+    ``scope``, ``timeout`` the socket timeout of its connect and of the wait for the answer."""
+    conn.timeout = timeout
+    if isinstance(conn, _Connection):
+        conn._armed = scope
+
+
+def disarm(conn: urllib3.connection.HTTPConnection, scope: CallScope) -> None:
+    """The call's exchange on ``conn`` is over: it no longer takes ``scope``'s sockets."""
+    if isinstance(conn, _Connection) and conn._armed is scope:
+        conn._armed = None
 
 
 class _TlsConnection(_Connection, urllib3.connection.HTTPSConnection):

@@ -47,6 +47,12 @@ class Route:
     absolute: bool
     adapter: PiShipAdapter | None = None
 
+    @property
+    def direct(self) -> bool:
+        """Sent by the transport's own adapter straight to the origin (no proxy)."""
+        pool = self.pool
+        return pool is not None and pool.proxy is None and not self.absolute
+
     def current(self) -> bool:
         """Whether the pool is still open and its manager's (else: look the origin up again)."""
         pool = self.pool

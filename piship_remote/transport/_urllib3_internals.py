@@ -20,8 +20,9 @@ of these, ``tests/test_urllib3_internals.py`` fails before anything here misbeha
   with the headers; urllib3 writes the headers and the body separately and checks every
   header again, which costs a system call and more CPU than the rest of a short request.
 - ``HTTPConnectionPool._get_conn`` / ``._put_conn``: a connection is opened ahead of
-  the request that will use it (while another request is in flight), which urllib3
-  only does inside ``urlopen``.
+  the request that will use it (while another request is in flight), and a direct
+  request's connection is taken by the transport, which arms it with its call before
+  :func:`send_direct` sends on it; urllib3 only takes one inside ``urlopen``.
 - ``HTTPConnection._response_options``, again: a stream whose answer is plain and
   chunked skips urllib3's response object (see ``_streamed_response``); the answer
   is read by http.client's own ``getresponse`` after what urllib3's does before it.
@@ -77,13 +78,7 @@ __all__ = [
 
 
 class SocketFactoryHook(urllib3.connection.HTTPConnection):
-    """Routes urllib3's socket factory (``_new_conn``) to :meth:`open_socket`.
-
-    ``call_scope`` is what the call holding the connection gave it (set by
-    :func:`send_direct` for the length of the exchange); ``None`` otherwise.
-    """
-
-    call_scope: Any = None
+    """Routes urllib3's socket factory (``_new_conn``) to :meth:`open_socket`."""
 
     def _new_conn(self) -> socket.socket:
         return self.open_socket()
@@ -135,7 +130,8 @@ class SingleWriteRequest(urllib3.connection.HTTPConnection):
     without a body) in one write.
 
     Anything else (chunked, a streamed body, no length, no ``User-Agent``, a header
-    that is not plain text on one line) goes through urllib3's own ``request``.
+    that is not plain text on one line) goes through urllib3's own ``request``. The
+    socket's timeout is the subclass's to set before (urllib3's ``request`` sets it too).
     """
 
     def request(  # type: ignore[override]
@@ -164,8 +160,6 @@ class SingleWriteRequest(urllib3.connection.HTTPConnection):
             )
             return
         lines, names = encoded
-        if self.sock is not None:
-            self.sock.settimeout(self.timeout)
         self._response_options = urllib3.connection._ResponseOptions(
             request_method=method,
             request_url=url,
@@ -278,11 +272,9 @@ def http_client_response(conn: urllib3.connection.HTTPConnection) -> http.client
     """http.client's response to the request ``conn`` sent, without urllib3's around it.
 
     Does what urllib3's ``getresponse`` does before it asks http.client (the request's
-    options forgotten, the socket timeout set); the caller releases the connection.
+    options forgotten); the caller set the socket timeout, and releases the connection.
     """
     conn._response_options = None
-    if conn.sock is not None:
-        conn.sock.settimeout(conn.timeout)
     return http.client.HTTPConnection.getresponse(conn)
 
 
@@ -325,6 +317,13 @@ def return_to_pool(
     pool._put_conn(conn)
 
 
+class _Unchanged:
+    """The type of :data:`_UNCHANGED`: a connection's timeout as its caller set it."""
+
+
+_UNCHANGED = _Unchanged()
+
+
 def send_direct(
     pool: urllib3.connectionpool.HTTPConnectionPool,
     method: str,
@@ -332,11 +331,11 @@ def send_direct(
     body: Any,
     headers: Mapping[str, str | bytes],
     *,
-    timeout: float | None,
+    timeout: float | _Unchanged | None = _UNCHANGED,
     chunked: bool,
     retries: urllib3.util.retry.Retry,
     stream: bool = False,
-    scope: Any = None,
+    conn: urllib3.connection.HTTPConnection | None = None,
 ) -> urllib3.response.HTTPResponse | StreamedResponse:
     """What ``pool.urlopen`` does for a request without retries, redirects or a proxy.
 
@@ -346,19 +345,21 @@ def send_direct(
     back to the pool when the response is released. A failure closes the connection
     and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``. With
     ``stream``, a connection that can (see ``_connection``) may answer with a
-    :class:`StreamedResponse`. ``scope`` is handed to the connection (its
-    ``call_scope``) while it connects, sends and waits for the answer.
+    :class:`StreamedResponse`. ``conn``, when given, is a connection the caller took
+    from ``pool`` (:func:`taken_from_pool`) and set up, its ``timeout`` included
+    (``timeout`` is then left as it is unless given).
     """
-    conn = pool._get_conn()
-    assert isinstance(conn, urllib3.connection.HTTPConnection)
-    if isinstance(conn, SocketFactoryHook):
-        conn.call_scope = scope
+    if conn is None:
+        taken = pool._get_conn()
+        assert isinstance(taken, urllib3.connection.HTTPConnection)
+        conn = taken
     try:
-        conn.timeout = timeout
+        if not isinstance(timeout, _Unchanged):
+            conn.timeout = timeout
         pool.num_requests += 1
         pool._validate_conn(conn)  # HTTPS: connects, and checks the certificate
         _write(conn, method, path, body, headers, chunked)
-        if not conn.is_closed:
+        if not conn.is_closed and not isinstance(timeout, _Unchanged):
             conn.timeout = timeout
         answer = getattr(conn, "getresponse_streamed", None) if stream else None
         response: urllib3.response.HTTPResponse | StreamedResponse = (
@@ -372,9 +373,6 @@ def send_direct(
         conn.close()
         pool._put_conn(None)
         raise
-    finally:
-        if isinstance(conn, SocketFactoryHook):
-            conn.call_scope = None
     if not isinstance(response, urllib3.response.HTTPResponse):
         response.pool = pool
         return response

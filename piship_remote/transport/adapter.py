@@ -4,7 +4,9 @@
 :class:`~piship_remote.transport.Transport` mounts on its session (``http://`` and
 ``https://``, unless the session already has an adapter of its own there). The
 transport asks the session which adapter serves a URL, as requests does: for a
-:class:`PiShipAdapter` it sends through :meth:`PiShipAdapter.open` (cancellable
+:class:`PiShipAdapter` it sends through :meth:`PiShipAdapter.send_on` (on a connection
+the transport took from the pool and armed with its call) or, through a proxy,
+:meth:`PiShipAdapter.open` (cancellable
 connections, one total deadline, a kept-alive request without requests' per-call
 costs); any other adapter (one a user mounted for a prefix) gets the request through
 ``Session.send``. Either way the session's proxies, CA bundle and client certificate
@@ -25,13 +27,14 @@ from typing import Any
 import requests
 import requests.adapters
 import urllib3
+import urllib3.connection
 import urllib3.connectionpool
 import urllib3.response
 from urllib3.util.timeout import Timeout
 
-from piship_remote.transport._connection import HOSTS, POOL_CLASSES
+from piship_remote.transport._connection import HOSTS, POOL_CLASSES, CallScope
 from piship_remote.transport._prepared import Outgoing, Route
-from piship_remote.transport._scope import CURRENT, CallScope
+from piship_remote.transport._scope import CURRENT
 from piship_remote.transport._streamed_response import Raw
 from piship_remote.transport._urllib3_internals import record_retired, send_direct
 from piship_remote.transport.endpoint import via_http_proxy
@@ -77,16 +80,34 @@ class PiShipAdapter(requests.adapters.HTTPAdapter):
         absolute = via_http_proxy(url, origin, proxies)
         return Route(settings, found, absolute, self)
 
-    def open(
+    def send_on(
         self,
+        conn: urllib3.connection.HTTPConnection,
         outgoing: Outgoing,
         route: Route,
-        scope: CallScope,
-        remaining: float | None,
         *,
         stream: bool,
     ) -> Raw:
-        """Send ``outgoing`` on ``route``'s pool; the answer's head read, its body not.
+        """Send ``outgoing`` on ``conn``, taken from ``route``'s pool (a direct route,
+        :attr:`Route.direct`) and armed by the caller; the answer's head read, its body not."""
+        pool = route.pool
+        assert pool is not None
+        return send_direct(
+            pool,
+            outgoing.method,
+            outgoing.url_for(absolute=False),
+            outgoing.body,
+            outgoing.headers,
+            chunked=outgoing.chunked(),
+            retries=self.max_retries,
+            stream=stream,
+            conn=conn,
+        )
+
+    def open(
+        self, outgoing: Outgoing, route: Route, scope: CallScope, remaining: float | None
+    ) -> Raw:
+        """Send ``outgoing`` through ``route``'s proxy pool; the answer's head read.
 
         ``scope`` is the call's: its cancel shuts the connection's socket down, its
         deadline bounds the reads. ``remaining`` is the socket timeout of the connect
@@ -94,19 +115,6 @@ class PiShipAdapter(requests.adapters.HTTPAdapter):
         """
         pool = route.pool
         assert pool is not None
-        if pool.proxy is None and not route.absolute:
-            return send_direct(
-                pool,
-                outgoing.method,
-                outgoing.url_for(absolute=False),
-                outgoing.body,
-                outgoing.headers,
-                timeout=remaining,
-                chunked=outgoing.chunked(),
-                retries=self.max_retries,
-                stream=stream,
-                scope=scope,
-            )
         token = CURRENT.set(scope)  # urlopen takes the connection: no other way to it
         try:
             opened = self._urlopen(pool, outgoing, route, remaining)

@@ -54,9 +54,9 @@ from piship_remote.model.errors import (
 )
 from piship_remote.model.redact import Redactor
 from piship_remote.transport._cancel import EventWatcher
+from piship_remote.transport._connection import Call, arm, disarm
 from piship_remote.transport._headers import HeaderSet, header_set
 from piship_remote.transport._prepared import Outgoing, Route, Target
-from piship_remote.transport._scope import Call
 from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import (
     connect_taken,
@@ -400,7 +400,16 @@ class Transport:
             )
             raw: urllib3.response.HTTPResponse = response.raw
             return raw
-        opened = adapter.open(outgoing, route, call.scope, remaining, stream=call.stream)
+        if route.direct:
+            assert route.pool is not None
+            conn = taken_from_pool(route.pool)
+            arm(conn, call.scope, remaining)
+            try:
+                opened = adapter.send_on(conn, outgoing, route, stream=call.stream)
+            finally:
+                disarm(conn, call.scope)
+        else:
+            opened = adapter.open(outgoing, route, call.scope, remaining)
         if isinstance(opened, StreamedResponse):
             return opened  # no cookie in its head
         if "set-cookie" in opened.headers:

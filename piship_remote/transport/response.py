@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.model.redact import Redactor
+from piship_remote.transport._connection import Call
 from piship_remote.transport._dechunk import Dechunker
-from piship_remote.transport._scope import Call
 from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import chunked_source
 from piship_remote.transport.failures import TransportError

@@ -4,7 +4,14 @@ envd's Process service runs in the sandbox on port 49983; the service's edge
 routes to it by the ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers::
 
     envd = Envd(transport, base, sandbox_id, access_token, "user", 100.0, errors)
-    with envd.start(start_request("make", {}, "/home/user", tag), cancel) as response:
+    try:
+        response = envd.transport.request(                # the instance sends Start itself,
+            "POST", envd.start_url, headers=envd.start_headers,  # with its deadline's header
+            data=start_envelope(start_request("make", {}, "/home/user", tag)), stream=True,
+        )
+    except TransportError as e:
+        raise envd.start_failed(e) from None
+    with envd.started(response):
         ...                                   # decoded by e2b_stream.read_stream
     envd.kill(tag, None)
 """
@@ -12,11 +19,9 @@ routes to it by the ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` headers::
 from __future__ import annotations
 
 import base64
-import math
 import threading
 from collections.abc import Mapping
 from json.encoder import encode_basestring
-from typing import Any
 
 import attrs
 import cattrs
@@ -30,7 +35,6 @@ from piship_remote.backends.control import TerminalSize
 from piship_remote.backends.e2b._stream import UNKNOWN_OUTCOME
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
-from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.protocol import takes_keyword
 from piship_remote.wire.connect import connect_envelope, encoded_envelope
 from piship_remote.workspace._sandbox_commands import HELPER_SHELL
@@ -39,6 +43,7 @@ __all__ = [
     "CONNECT_CONTENT_TYPE",
     "ENVD_PORT",
     "KEEPALIVE_INTERVAL",
+    "SERVER_DEADLINE_SLACK",
     "SIGNAL_TIMEOUT",
     "Envd",
     "StartRequest",
@@ -193,10 +198,11 @@ class Envd:
         idle_timeout: float,
         errors: SandboxErrors,
     ) -> None:
-        self._transport = transport
-        self._deadlines = takes_keyword(transport.request, "deadline")
+        self._transport = self.transport = transport
+        self.takes_deadline = takes_keyword(transport.request, "deadline")
         self._base = base
-        self._idle_timeout = idle_timeout
+        self.start_url = f"{base}/process.Process/Start"
+        self._idle_timeout = self.idle_timeout = idle_timeout
         self._errors = errors
         headers = {
             "Connect-Protocol-Version": "1",
@@ -207,7 +213,7 @@ class Envd:
             headers["X-Access-Token"] = access_token
         # Checked and encoded once for the connection, not for every request.
         self._headers = HeaderSet(headers)
-        self._start_headers = HeaderSet(
+        self.start_headers = HeaderSet(
             {
                 "Content-Type": CONNECT_CONTENT_TYPE,
                 **headers,
@@ -218,37 +224,18 @@ class Envd:
             }
         )
 
-    def start(
-        self,
-        start: StartRequest,
-        cancel: threading.Event,
-        deadline: Deadline | float | None = None,
-    ) -> HttpReply:
-        """Send Start; the response is checked to be a Connect stream, not yet read.
+    def start_failed(self, error: TransportError) -> BaseException:
+        """What a Start that failed in the transport raises: ``error`` itself if it
+        never reached envd, else a failure saying the command may have started."""
+        if not error.request_sent:
+            return error
+        return self._errors(
+            f"starting the command failed: {error}; whether the command started is unknown, "
+            f"so {UNKNOWN_OUTCOME}"
+        )
 
-        With a ``deadline`` (or seconds from now) envd is told what is left of it
-        (``Connect-Timeout-Ms``), a little later than ours, so it ends the command even
-        if this client is gone.
-        """
-        try:
-            response = self._transport.request(
-                "POST",
-                f"{self._base}/process.Process/Start",
-                # Built in the call, so no frame of an error raised here holds the token.
-                headers=self._start_headers_within(deadline),
-                data=start_envelope(start),
-                idle_timeout=self._idle_timeout,
-                cancel=cancel,
-                stream=True,
-                **self._head_bound(deadline),
-            )
-        except TransportError as e:
-            if not e.request_sent:
-                raise
-            raise self._errors(
-                f"starting the command failed: {e}; whether the command started is unknown, "
-                f"so {UNKNOWN_OUTCOME}"
-            ) from None
+    def started(self, response: HttpReply) -> HttpReply:
+        """``response`` to Start, checked to be a Connect stream (closed if not), not yet read."""
         try:
             self._check_started(response)
         except BaseException:
@@ -297,21 +284,6 @@ class Envd:
             cancel=cancel,
         ) as response:
             return is_success(response.status)
-
-    def _head_bound(self, deadline: Deadline | float | None) -> dict[str, Any]:
-        """How long Start may wait for its answer's head: ``idle_timeout``, cut to a
-        little after the command's deadline (the run engine fires that one first)."""
-        if not isinstance(deadline, Deadline) or not deadline.bounded or not self._deadlines:
-            return {"timeout": self._idle_timeout}
-        idle = Deadline.after(self._idle_timeout, clock=deadline.clock)
-        return {"deadline": idle.earliest(deadline.later(SERVER_DEADLINE_SLACK))}
-
-    def _start_headers_within(self, deadline: Deadline | float | None) -> Mapping[str, str]:
-        timeout = deadline.remaining() if isinstance(deadline, Deadline) else deadline
-        if timeout is None:
-            return self._start_headers
-        deadline_ms = math.ceil((timeout + SERVER_DEADLINE_SLACK) * 1000)
-        return self._start_headers.plus({"Connect-Timeout-Ms": str(max(1, deadline_ms))})
 
     def _check_started(self, response: HttpReply) -> None:
         status = response.status

@@ -5,19 +5,28 @@ handle's controls, SendSignal) and its disposal.
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from piship_remote.backends._common import SandboxErrors, remote_directory
 from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
 from piship_remote.backends.e2b._control import ControlPlane
-from piship_remote.backends.e2b._envd import Envd, start_request
+from piship_remote.backends.e2b._envd import (
+    SERVER_DEADLINE_SLACK,
+    Envd,
+    StartRequest,
+    start_envelope,
+    start_request,
+)
 from piship_remote.backends.e2b._input import EnvdInput
 from piship_remote.backends.e2b._lease import SandboxLease
 from piship_remote.backends.e2b._stream import read_stream
 from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
 from piship_remote.transport.deadline import Deadline
 
@@ -206,7 +215,7 @@ class E2bInstance:
             )
             # Start follows the renewal onto the wire; it is read once the renewal answered.
             response = self._lease.cover(
-                lambda: self._envd.start(start, token, limit),
+                lambda: self._start(start, token, limit),
                 token,
                 refused=lambda: self._signal(tag),
             )
@@ -228,6 +237,38 @@ class E2bInstance:
                     raise
         finally:
             forget_kill()
+
+    def _start(
+        self, start: StartRequest, cancel: CancelToken, deadline: Deadline | float | None
+    ) -> HttpReply:
+        """Send Start, made here where the deadline is: envd is told what is left of it
+        (``Connect-Timeout-Ms``), a little later than ours, so it ends the command even if
+        this client is gone; the answer's head may take ``idle_timeout``, cut to a little
+        after the deadline (the run engine fires that one first)."""
+        envd = self._envd
+        left = deadline.remaining() if isinstance(deadline, Deadline) else deadline
+        headers = envd.start_headers
+        if left is not None:
+            deadline_ms = max(1, math.ceil((left + SERVER_DEADLINE_SLACK) * 1000))
+            headers = headers.plus({"Connect-Timeout-Ms": str(deadline_ms)})
+        bound: dict[str, Any] = {"timeout": envd.idle_timeout}
+        if isinstance(deadline, Deadline) and deadline.bounded and envd.takes_deadline:
+            idle = Deadline.after(envd.idle_timeout, clock=deadline.clock)
+            bound = {"deadline": idle.earliest(deadline.later(SERVER_DEADLINE_SLACK))}
+        try:
+            response = envd.transport.request(
+                "POST",
+                envd.start_url,
+                headers=headers,
+                data=start_envelope(start),
+                idle_timeout=envd.idle_timeout,
+                cancel=cancel,
+                stream=True,
+                **bound,
+            )
+        except TransportError as e:
+            raise envd.start_failed(e) from None
+        return envd.started(response)
 
     def _feed(self, tag: str, chunks: Iterable[bytes], token: CancelToken) -> None:
         """Start a ``piship-e2b-stdin`` thread: SendInput each chunk, then CloseStdin.

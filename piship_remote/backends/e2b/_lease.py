@@ -15,7 +15,7 @@ sandbox whose committed end has passed is never renewed (a renewal would
 revive nothing and could hide that its processes are gone)::
 
     lease = SandboxLease(renew, clock, anchor, keepalive_every=900.0, name="sbx1", errors=e)
-    response = lease.cover(lambda: envd.start(...), token, refused=kill)
+    response = lease.cover(lambda: send_start(...), token, refused=kill)
     # the renewal was answered: nothing is reported from a sandbox it failed for
     lease.dispose()
 """
