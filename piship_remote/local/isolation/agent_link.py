@@ -17,6 +17,7 @@ status line from it (the pid, or :class:`StartFailed` with envd's wording)::
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -29,6 +30,7 @@ from piship_remote.local.isolation.bubblewrap import options_fd
 
 __all__ = [
     "START_TIMEOUT",
+    "AgentGone",
     "AgentLink",
     "DialFailed",
     "StartFailed",
@@ -45,6 +47,14 @@ START_TIMEOUT = 10.0
 
 class StartFailed(Exception):
     """The agent could not start the program (its message is envd's wording)."""
+
+
+class AgentGone(ConnectionResetError):
+    """The agent ended before it answered: a packet sent just before it died is dropped
+    with the socket, and the status pipe inside it closes unwritten."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ECONNRESET, "the sandbox agent is gone")
 
 
 class DialFailed(OSError):
@@ -112,7 +122,8 @@ def send_start(
 
 
 def started_pid(status_read: int) -> int:
-    """The pid the agent reports on the status pipe; :class:`StartFailed` when it did not start.
+    """The pid the agent reports on the status pipe; :class:`StartFailed` when it did not start,
+    :class:`AgentGone` when the agent ended first.
 
     The status pipe is closed on failure.
     """
@@ -185,5 +196,5 @@ def first_status(fd: int) -> dict[str, object]:
             break
         data += chunk
     if not data:
-        raise OSError("the sandbox agent is gone")
+        raise AgentGone()
     return parse_status(data)
