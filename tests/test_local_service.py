@@ -431,10 +431,12 @@ def test_background_processes_outlive_their_command_until_the_sandbox_is_deleted
     client: Client, sandbox: dict[str, Any]
 ) -> None:
     mark = marker()
-    stream = client.run(sandbox, f"(sleep {mark} &); echo done")
+    stream = client.run(sandbox, f"(sleep {mark} & echo $! > /tmp/background); echo done")
     assert stream.stdout == "done\n"
     assert stream.end is not None and stream.end.get("exitCode", 0) == 0
-    assert marked(mark)
+    assert client.run(sandbox, "kill -0 $(cat /tmp/background) && echo alive").stdout == "alive\n"
+    # Polled: its host command line reads empty while it is in execve.
+    assert gone(lambda: bool(marked(mark)))
     assert client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}").status_code == 204
     assert gone(lambda: not marked(mark))
 
