@@ -143,7 +143,7 @@ class ProcessRpc:
         except (BrokenPipeError, ConnectionResetError):  # its agent is gone
             return stream_error("unavailable", _GONE["lost"])
         except OSError as e:
-            return stream_error("internal", f"starting the process failed: {e.strerror}")
+            return stream_error("internal", f"starting the process failed: {e.strerror or e}")
         key = (sandbox.id, process.pid)
         feed = ProcessFeed(process, on_end=lambda: self._ended(sandbox, process, key))
         with self._lock:
