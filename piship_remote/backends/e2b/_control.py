@@ -291,12 +291,16 @@ class ControlPlane:
                 self.delete(sandbox_id)
             raise
 
-    def renew(self, sandbox_id: str, cancel: threading.Event) -> None:
-        """``POST /sandboxes/<id>/timeout``: the sandbox lives ``lifetime`` seconds from now."""
+    def keepalive(self, sandbox_id: str, cancel: threading.Event) -> None:
+        """:meth:`renew` on its own, not for a command: in a span of its own."""
         with self._telemetry.span(LEASE_RENEW_SPAN, sandbox_id):
-            self._renew(sandbox_id, cancel)
+            self.renew(sandbox_id, cancel)
 
-    def _renew(self, sandbox_id: str, cancel: threading.Event) -> None:
+    def renew(self, sandbox_id: str, cancel: threading.Event) -> None:
+        """``POST /sandboxes/<id>/timeout``: the sandbox lives ``lifetime`` seconds from now.
+
+        No span: a command's renewal is part of the command (its span, its ``traceparent``,
+        its failure the command's ``error.type``)."""
         try:
             response = self.request(
                 "POST",
