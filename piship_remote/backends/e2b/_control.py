@@ -38,7 +38,7 @@ from piship_remote.backends.base import Availability
 from piship_remote.backends.lifetime import lifetime_seconds
 from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
 from piship_remote.model.redact import Redactor
-from piship_remote.telemetry import Telemetry, trace_headers
+from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
 from piship_remote.telemetry.names import LEASE_RENEW_SPAN
 from piship_remote.transport import HttpClient, HttpReply, TransportError
@@ -193,7 +193,7 @@ class ControlPlane:
             json=None if body is None else _WIRE.unstructure(body),
             timeout=CONTROL_TIMEOUT,
             cancel=cancel,
-            headers=trace_headers(),  # the control plane only: never envd, never a sandbox
+            headers=self._telemetry.trace_headers(),  # the control plane only: never envd
         )
 
     def health(self, spare: str | None = None) -> Availability:
