@@ -9,9 +9,9 @@ sandboxes on the fast loopback server run ``true`` in alternating rounds: ``trac
 ``traceparent``) and ``untraced`` (the reference), whose batches run under
 OpenTelemetry's ``suppress_instrumentation`` context, where the library records
 nothing. A row's ``ratio_reference`` is the traced median over the untraced one. The goal
-(within 5 %, at most 1.05x) is checked at the 20 ms round trip the other exec goals use;
-straight to the loopback server, where a command takes a few hundred microseconds, the
-row shows the SDK's own cost per span and measurement as it is.
+(within 5 %, at most 1.05x) is checked at both round trips: at 20 ms, and straight to the
+loopback server, where a command takes a few hundred microseconds, so the SDK's own cost
+per span and measurement shows as it is.
 
     python -m benchmarks.tracing_cost URL WORKSPACE ROUNDS BATCH   # the child: JSON samples
 """
