@@ -33,7 +33,7 @@ from benchmarks.report import Role, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context, alternate, timed
 from piship_remote import Sandbox, activate_sandbox
 
-__all__ = ["NAME", "run"]
+__all__ = ["NAME", "install_sdk", "run", "suppressed"]
 
 NAME = "tracing_cost"
 COMMAND = "true"
@@ -91,13 +91,13 @@ class _Client:
 def _measure(url: str, workspace: str, rounds: int, batch: int) -> dict[str, Any]:
     """The child: set the SDK as the global providers, then time both clients."""
     try:
-        _install_sdk()
+        install_sdk()
     except ImportError:
         return {"skipped": SDK_MISSING}
     with contextlib.ExitStack() as stack:
         backend = ours_backend(url, stack)
         clients = []
-        for name, scope in (("untraced", _suppressed), ("traced", contextlib.nullcontext)):
+        for name, scope in (("untraced", suppressed), ("traced", contextlib.nullcontext)):
             sandbox = activate_sandbox(_DENY, backend=backend, workspace=workspace, env={})
             stack.callback(sandbox.dispose)
             client = _Client(name, sandbox, scope)
@@ -108,7 +108,7 @@ def _measure(url: str, workspace: str, rounds: int, batch: int) -> dict[str, Any
 
 
 @contextlib.contextmanager
-def _suppressed() -> Iterator[object]:
+def suppressed() -> Iterator[object]:
     from opentelemetry import context
 
     token = context.attach(context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True))
@@ -118,7 +118,7 @@ def _suppressed() -> Iterator[object]:
         context.detach(token)
 
 
-def _install_sdk() -> None:
+def install_sdk() -> None:
     """The SDK as the global providers: spans exported to nowhere, metrics kept in memory."""
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
