@@ -16,6 +16,15 @@ and prints this process's CPU time per command (user + system; the server runs i
 its own process) and the commands per second::
 
     python -m benchmarks.profile_run --backend e2b --threads 32 --commands 6400 --cpu
+
+``--otel traced`` sets OpenTelemetry's SDK as the global providers first, as the
+``tracing_cost`` scenario does (spans to an exporter that drops them, metrics in
+memory); ``--otel suppressed`` too, but runs the commands under
+``suppress_instrumentation`` (that scenario's untraced reference). The difference
+between the two is what tracing adds per command::
+
+    python -m benchmarks.profile_run --otel traced --commands 2000
+    python -m benchmarks.profile_run --otel suppressed --commands 2000
 """
 
 from __future__ import annotations
@@ -68,8 +77,14 @@ def _sandbox(backend: str, url: str, workspace: str, stack: contextlib.ExitStack
     return sandbox
 
 
-def profile_commands(run: Callable[[], object], commands: int, threads: int) -> pstats.Stats:
-    """``run()`` called ``commands`` times over ``threads`` threads, each one profiled."""
+def profile_commands(
+    run: Callable[[], object],
+    commands: int,
+    threads: int,
+    scope: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> pstats.Stats:
+    """``run()`` called ``commands`` times over ``threads`` threads, each one profiled,
+    each thread in its own ``scope()``."""
     profiles: list[cProfile.Profile] = []
     lock = threading.Lock()
     start = threading.Barrier(threads)
@@ -78,14 +93,15 @@ def profile_commands(run: Callable[[], object], commands: int, threads: int) -> 
     def worker(count: int) -> None:
         profile = cProfile.Profile()
         start.wait()
-        profile.enable()
-        try:
-            for _ in range(count):
-                run()
-        finally:
-            profile.disable()
-            with lock:
-                profiles.append(profile)
+        with scope():
+            profile.enable()
+            try:
+                for _ in range(count):
+                    run()
+            finally:
+                profile.disable()
+                with lock:
+                    profiles.append(profile)
 
     workers = [
         threading.Thread(target=worker, args=(share + (index < extra),), name=f"profile-{index}")
@@ -179,6 +195,19 @@ def report(stats: pstats.Stats, commands: int, top: int, title: str) -> str:
     return "\n".join(lines)
 
 
+def _otel_scope(otel: str) -> Callable[[], contextlib.AbstractContextManager[object]]:
+    """Set the SDK as the global providers (unless ``none``); the scope commands run in."""
+    if otel == "none":
+        return contextlib.nullcontext
+    from benchmarks.tracing_cost import SDK_MISSING, install_sdk, suppressed
+
+    try:
+        install_sdk()
+    except ImportError:
+        raise SystemExit(SDK_MISSING) from None
+    return suppressed if otel == "suppressed" else contextlib.nullcontext
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_run", description=__doc__)
     parser.add_argument("--backend", choices=("e2b", "kubernetes"), default="e2b")
@@ -193,7 +222,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--cpu", action="store_true", help="no profiler: CPU per command")
     parser.add_argument("--command", default=_COMMAND, help="e.g. 'bench-sleep 10'")
+    parser.add_argument(
+        "--otel",
+        choices=("none", "traced", "suppressed"),
+        default="none",
+        help="the OpenTelemetry SDK as the global providers; suppressed: records nothing",
+    )
     args = parser.parse_args(argv)
+    scope = _otel_scope(args.otel)
     with (
         tempfile.TemporaryDirectory(prefix="piship-profile-") as workspace,
         LoopbackServer() as server,
@@ -209,10 +245,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.cpu:
             print(cpu_per_command(run, args.commands, args.threads))
             return
-        stats = profile_commands(run, args.commands, args.threads)
+        stats = profile_commands(run, args.commands, args.threads, scope)
     title = (
         f"{args.client} on {args.backend}, exec({args.command!r}) on benchmarks/loopback.py, "
-        f"{args.threads} thread(s)"
+        f"{args.threads} thread(s), otel {args.otel}"
     )
     print(report(stats, args.commands, args.top, title))
 

@@ -9,9 +9,9 @@ sandboxes on the fast loopback server run ``true`` in alternating rounds: ``trac
 ``traceparent``) and ``untraced`` (the reference), whose batches run under
 OpenTelemetry's ``suppress_instrumentation`` context, where the library records
 nothing. A row's ``ratio_reference`` is the traced median over the untraced one. The goal
-(within 5 %, at most 1.05x) is checked at the 20 ms round trip the other exec goals use;
-straight to the loopback server, where a command takes a few hundred microseconds, the
-row shows the SDK's own cost per span and measurement as it is.
+(within 5 %, at most 1.05x) is checked at both round trips: at 20 ms, and straight to the
+loopback server, where a command takes a few hundred microseconds, so the SDK's own cost
+per span and measurement shows as it is.
 
     python -m benchmarks.tracing_cost URL WORKSPACE ROUNDS BATCH   # the child: JSON samples
 """
@@ -33,7 +33,7 @@ from benchmarks.report import Role, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context, alternate, timed
 from piship_remote import Sandbox, activate_sandbox
 
-__all__ = ["NAME", "run"]
+__all__ = ["NAME", "install_sdk", "run", "suppressed"]
 
 NAME = "tracing_cost"
 COMMAND = "true"
@@ -91,13 +91,13 @@ class _Client:
 def _measure(url: str, workspace: str, rounds: int, batch: int) -> dict[str, Any]:
     """The child: set the SDK as the global providers, then time both clients."""
     try:
-        _install_sdk()
+        install_sdk()
     except ImportError:
         return {"skipped": SDK_MISSING}
     with contextlib.ExitStack() as stack:
         backend = ours_backend(url, stack)
         clients = []
-        for name, scope in (("untraced", _suppressed), ("traced", contextlib.nullcontext)):
+        for name, scope in (("untraced", suppressed), ("traced", contextlib.nullcontext)):
             sandbox = activate_sandbox(_DENY, backend=backend, workspace=workspace, env={})
             stack.callback(sandbox.dispose)
             client = _Client(name, sandbox, scope)
@@ -108,7 +108,7 @@ def _measure(url: str, workspace: str, rounds: int, batch: int) -> dict[str, Any
 
 
 @contextlib.contextmanager
-def _suppressed() -> Iterator[object]:
+def suppressed() -> Iterator[object]:
     from opentelemetry import context
 
     token = context.attach(context.set_value(context._SUPPRESS_INSTRUMENTATION_KEY, True))
@@ -118,7 +118,7 @@ def _suppressed() -> Iterator[object]:
         context.detach(token)
 
 
-def _install_sdk() -> None:
+def install_sdk() -> None:
     """The SDK as the global providers: spans exported to nowhere, metrics kept in memory."""
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider

@@ -8,6 +8,7 @@ that need it skip, naming what to install.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -22,14 +23,21 @@ SDK_HINT = install_hint("otel") + " opentelemetry-sdk"
 class Recorded:
     """What the SDK received: finished spans and the metrics read so far."""
 
-    def __init__(self, exporter: Any, reader: Any) -> None:
+    def __init__(self, exporter: Any, reader: Any, ended: threading.Condition) -> None:
         self._exporter = exporter
         self._reader = reader
+        self._ended = ended
 
     def spans(self, name: str | None = None) -> list[Any]:
         """The finished spans (named ``name``), in the order they ended."""
         spans = list(self._exporter.get_finished_spans())
         return [s for s in spans if name is None or s.name == name]
+
+    def wait_for(self, name: str, timeout: float) -> list[Any]:
+        """The finished spans named ``name``, once there is one (none after ``timeout``)."""
+        with self._ended:
+            self._ended.wait_for(lambda: self.spans(name), timeout)
+        return self.spans(name)
 
     def metrics(self) -> dict[str, Any]:
         """Each metric of the ``piship_remote`` scope by name (its unit and data points)."""
@@ -70,27 +78,36 @@ def _attribute_texts(attributes: Any) -> Iterable[str]:
 
 
 @pytest.fixture(scope="session")
-def otel_sdk() -> tuple[Any, Any]:
-    """The SDK as the global tracer and meter providers (once per process)."""
+def otel_sdk() -> tuple[Any, Any, threading.Condition]:
+    """The SDK as the global tracer and meter providers (once per process), and a
+    condition notified whenever a span ends."""
     pytest.importorskip("opentelemetry.sdk", reason=SDK_HINT)
     from opentelemetry import metrics, trace
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    ended = threading.Condition()
+
+    class Notifying(SimpleSpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            super().on_end(span)
+            with ended:
+                ended.notify_all()
+
     exporter = InMemorySpanExporter()
     tracing = TracerProvider()
-    tracing.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.add_span_processor(Notifying(exporter))
     trace.set_tracer_provider(tracing)
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    return exporter, reader
+    return exporter, reader, ended
 
 
 @pytest.fixture
-def otel(otel_sdk: tuple[Any, Any], secret_sweep: Any) -> Iterator[Recorded]:
+def otel(otel_sdk: tuple[Any, Any, threading.Condition], secret_sweep: Any) -> Iterator[Recorded]:
     """The spans and metrics of this test (spans cleared first; metrics are cumulative),
     handed to the suite's secret sweep at the end."""
     recorded = Recorded(*otel_sdk)

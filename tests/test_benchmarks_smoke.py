@@ -154,11 +154,11 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
         "stream MB/s vs SDK",
         "stream MB/s vs raw socket",
         "RSS growth while streaming",
-        "exec p50 traced (SDK, exporter dropping spans) vs untraced at 20 ms RTT",
         *(
             f"{what} at {rtt} ms RTT"
             for rtt in (0, 20)
             for what in (
+                "exec p50 traced (SDK, exporter dropping spans) vs untraced",
                 "file upload MB/s vs SDK",
                 "file upload MB/s vs raw socket",
                 "file download MB/s vs SDK",
@@ -235,8 +235,8 @@ def test_round_trip_scenarios_ran_straight_and_behind_the_proxy(
     every_rtt = ROUND_TRIP_SCENARIOS | FILE_SCENARIOS | POOL_SCENARIOS | TRACING_SCENARIOS
     assert {(name, 20) for name in every_rtt} <= ran
     assert not {(name, 20) for name in SCENARIOS - every_rtt} & ran
-    for scenario in tiny_report["scenarios"]:
-        assert {row["rtt_ms"] for row in scenario["rows"]} == {scenario["rtt_ms"]}
+    for scenario in tiny_report["scenarios"]:  # a skipped scenario has no rows (tested above)
+        assert {row["rtt_ms"] for row in scenario["rows"]} <= {scenario["rtt_ms"]}
 
 
 @pytest.mark.timeout(180)

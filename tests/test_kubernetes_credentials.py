@@ -24,6 +24,7 @@ from kubeconfig_support import write_kubeconfig
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.model.errors import CONFIG_INVALID, TLS_POLICY_VIOLATION, PiShipError
+from piship_remote.pool import SandboxPool
 from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
 
@@ -374,3 +375,72 @@ def test_without_the_kubernetes_package_the_extra_is_named(
         )
     assert raised.value.code == CONFIG_INVALID
     assert "pip install 'piship-remote[kubernetes]'" in (raised.value.user_action or "")
+
+
+def run_a_pool_map(backend: KubernetesAgentSandboxBackend, workspace: Path) -> list[str]:
+    """Activation, a command and a file in each task of a ``SandboxPool.map``: the outputs."""
+
+    def task(sandbox: Any, n: int) -> str:
+        sandbox.files.write(f"item-{n}.txt", f"item {n}".encode())
+        return str(sandbox.run(f"cat item-{n}.txt").stdout)
+
+    with backend, SandboxPool(POLICY, backend=backend, workspace=workspace, size=2) as pool:
+        results = pool.map(task, range(4))
+    assert [r.outcome for r in results] == ["ok"] * 4, [r.error for r in results]
+    return [str(r.value) for r in results]
+
+
+def test_a_pool_maps_with_the_client_certificate_of_a_kubeconfig(
+    tls_server: Callable[[Cluster], KubernetesServer],
+    pki: Pki,
+    router_session: requests.Session,
+    tmp_path: Path,
+) -> None:
+    mock = tls_server(Cluster(client_subject=CLIENT_NAME))
+    config = write_kubeconfig(tmp_path / "config", mock.url, client_user(pki, False), ca=pki.ca)
+    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
+        config, router=mock.url, template="python-pool", session=router_session
+    )
+    assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
+    assert {s for p, s in mock.client_subjects if p.startswith("/apis/")} == {CLIENT_NAME}
+
+
+def test_a_pool_maps_with_the_exec_plugin_of_a_kubeconfig(
+    tls_server: Callable[[Cluster], KubernetesServer],
+    pki: Pki,
+    router_session: requests.Session,
+    tmp_path: Path,
+) -> None:
+    mock = tls_server(Cluster(token="plugin-t0ken", router_token="router-t0ken"))
+    user, _ = exec_plugin(tmp_path, datetime.timedelta(hours=1))
+    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
+    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
+        config,
+        router=mock.url,
+        template="python-pool",
+        session=router_session,
+        router_credential=lambda: "router-t0ken",
+    )
+    assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
+    assert {r.headers["authorization"] for r in api_requests(mock)} == {"Bearer plugin-t0ken"}
+
+
+def test_a_pool_maps_with_an_in_cluster_token_file(
+    tls_server: Callable[[Cluster], KubernetesServer],
+    service_account: Path,
+    router_session: requests.Session,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    mock = tls_server(Cluster(token="pod-t0ken", router_token="router-t0ken"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(mock.port))
+    backend = KubernetesAgentSandboxBackend.in_cluster(
+        router=mock.url,
+        template="python-pool",
+        service_account=str(service_account),
+        session=router_session,
+        router_credential=lambda: "router-t0ken",
+    )
+    assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
+    assert {r.headers["authorization"] for r in api_requests(mock)} == {"Bearer pod-t0ken"}

@@ -132,10 +132,27 @@ def test_each_pool_task_has_a_span_with_its_outcome_sandbox_and_attempts(
         assert task.attributes[names.SANDBOX_ID].startswith("sbx")
 
 
-def test_each_lease_renewal_has_a_span(otel, backend, workspace_files):
-    _everything(backend, workspace_files)
-    renewals = _by_name(otel, names.LEASE_RENEW_SPAN)
-    assert all(s.attributes[names.SANDBOX_ID].startswith("sbx") for s in renewals)
+def test_an_idle_sandboxs_keepalive_renewal_has_a_span(otel, server, workspace):
+    with (
+        E2bCompatibleBackend(
+            endpoint=server.url, envd_url=server.url, credential=lambda: API_KEY, lifetime_seconds=1
+        ) as backend,
+        activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox,
+    ):
+        renewals = otel.wait_for(names.LEASE_RENEW_SPAN, timeout=10.0)
+        assert renewals, "no keepalive renewal within 10 s of a 1 s lifetime"
+        assert renewals[0].attributes[names.SANDBOX_ID] == sandbox.id
+        assert renewals[0].attributes[names.OUTCOME] == "ok"
+
+
+def test_a_commands_renewal_is_part_of_its_command_span(otel, server, backend, workspace):
+    with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:
+        otel.clear()
+        sandbox.run("true")
+    [command] = _by_name(otel, names.COMMAND_SPAN)
+    assert otel.spans(names.LEASE_RENEW_SPAN) == []  # an hour's lifetime: no keepalive yet
+    [*_, renewal] = [r for r in server.requests if r.path.endswith("/timeout")]
+    assert f"-{command.context.span_id:016x}-" in renewal.headers["traceparent"]
 
 
 def test_the_metrics_have_their_names_units_and_attributes(otel, backend, workspace_files):
@@ -210,7 +227,7 @@ def test_a_callable_tasks_commands_are_children_of_its_task_span(otel, backend, 
     assert {s.parent.span_id for s in commands} == tasks
 
 
-def test_a_callers_span_reaches_the_main_thread_worker(otel, backend, workspace):
+def test_a_callers_span_reaches_the_main_thread_worker(otel, server, backend, workspace):
     from opentelemetry import trace
 
     # A program with its own SIGINT handler makes the main thread hand calls to a worker.
@@ -223,8 +240,9 @@ def test_a_callers_span_reaches_the_main_thread_worker(otel, backend, workspace)
     finally:
         signal.signal(signal.SIGINT, previous)
     [command] = _by_name(otel, names.COMMAND_SPAN)
-    [renewal] = _by_name(otel, names.LEASE_RENEW_SPAN)
-    assert renewal.parent.span_id == command.context.span_id  # made on piship-exec-N
+    [*_, renewal] = [r for r in server.requests if r.path.endswith("/timeout")]
+    # The renewal is sent on piship-exec-N, in the command span's context.
+    assert f"-{command.context.span_id:016x}-" in renewal.headers["traceparent"]
 
 
 def test_traceparent_goes_to_the_control_plane_only(otel, server, backend, workspace):

@@ -47,6 +47,7 @@ from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_errors import reason_text
 from piship_remote.sandbox._exec_workers import Stream
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
+from piship_remote.sandbox._workspace import real_path
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
 from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPANS
@@ -54,7 +55,7 @@ from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPAN
 if TYPE_CHECKING:
     from piship_remote.sandbox.activation import Sandbox
 
-__all__ = ["Activation", "log_environment_warnings", "real_path"]
+__all__ = ["Activation", "log_environment_warnings"]
 
 _LOG = logging.getLogger("piship_remote")
 
@@ -447,19 +448,6 @@ def _verdict(exit_code: int, output: str) -> str | None:
         return "an unapproved environment variable reached the sandboxed command"
     return None
 
-
-def real_path(path: PathLike) -> str:
-    """The real path of ``path``'s nearest existing ancestor, plus the missing tail."""
-    absolute = os.path.abspath(os.fspath(path))
-    tail: list[str] = []
-    current = absolute
-    while not os.path.exists(current):
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        tail.append(os.path.basename(current))
-        current = parent
-    return os.path.join(os.path.realpath(current), *reversed(tail))
 
 
 def _quietly(action: Callable[[], object]) -> None:

@@ -45,12 +45,13 @@ from piship_remote.model.report import (
 )
 from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox import lifecycle
-from piship_remote.sandbox._activation_steps import Activation, log_environment_warnings, real_path
+from piship_remote.sandbox._activation_steps import Activation, log_environment_warnings
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
 from piship_remote.sandbox._output import OUTPUT_LIMIT, CommandResult, OutputCapture
 from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_sync_mode
+from piship_remote.sandbox._workspace import check_workspace, real_path, workspace_relative
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.telemetry import Telemetry
@@ -395,19 +396,7 @@ class Sandbox:
         return self._engine
 
     def _workspace_path(self, cwd: PathLike | None) -> str:
-        if cwd is None:
-            return "."
-        real = real_path(cwd)
-        root = self._workspace_root
-        if real == root:
-            return "."
-        if not real.startswith(root.rstrip(os.sep) + os.sep):
-            raise PiShipError(
-                CONFIG_INVALID,
-                "Working directory is outside the workspace, where the "
-                f"{self.report.adapter} sandbox backend cannot run commands: {os.fspath(cwd)}",
-            )
-        return os.path.relpath(real, root).replace(os.sep, "/")
+        return workspace_relative(cwd, self._workspace_root, self.report.adapter)
 
     def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         """The allow-listed environment; a given ``env``'s dropped names are logged once."""
@@ -453,7 +442,7 @@ def activate_sandbox(
     check_sync_mode(sync)
     if not isinstance(policy, SandboxPolicy):
         policy = SandboxPolicy.from_dict(policy)
-    _check_workspace(workspace)
+    check_workspace(workspace)
     profile = resolve_profile(policy, workspace=workspace, home_dir=home_dir)
     source = dict(os.environ if env is None else env)
     activation = Activation(
@@ -471,25 +460,6 @@ def activate_sandbox(
         telemetry=Telemetry.load(backend.id, backend.redactor),
     )
     return activation.run()
-
-
-def _check_workspace(workspace: PathLike) -> None:
-    """A workspace must be an existing directory: a typo would otherwise start empty."""
-    try:
-        path = os.fspath(workspace)
-    except TypeError:
-        raise TypeError(
-            f"workspace must be a path (str or os.PathLike), not {type(workspace).__name__}"
-        ) from None
-    if os.path.isdir(path):
-        return
-    problem = "is not a directory" if os.path.exists(path) else "does not exist"
-    raise PiShipError(
-        CONFIG_INVALID,
-        f"the workspace {path!r} {problem}",
-        user_action="Pass workspace= an existing directory (the host folder whose files"
-        ' the sandbox works on), e.g. workspace="."',
-    )
 
 
 def _terminal_size(pty: bool | tuple[int, int]) -> TerminalSize | None:

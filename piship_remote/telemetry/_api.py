@@ -18,6 +18,8 @@ class OtelApi:
     in_context: Callable[[Any], Any]
     """``trace.set_span_in_context``."""
     get_value: Callable[[str], object]
+    current_span: Callable[[], Any]
+    """``trace.get_current_span``."""
     suppressed: str
     """The key OpenTelemetry's ``suppress_instrumentation`` sets."""
 
@@ -28,4 +30,11 @@ class OtelApi:
 
         suppressed = context._SUPPRESS_INSTRUMENTATION_KEY
         in_context = trace.set_span_in_context
-        return cls(context.attach, context.detach, in_context, context.get_value, suppressed)
+        return cls(
+            context.attach,
+            context.detach,
+            in_context,
+            context.get_value,
+            trace.get_current_span,
+            suppressed,
+        )

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["Job", "carried", "carried_job", "trace_headers"]
+__all__ = ["Job", "carried", "carried_job", "trace_headers", "traceparent_of"]
 
 _R = TypeVar("_R")
 _O = TypeVar("_O")
@@ -73,8 +73,14 @@ def trace_headers() -> dict[str, str]:
         return {}
     from opentelemetry import trace
 
-    span = trace.get_current_span().get_span_context()
-    if not span.is_valid:
+    return traceparent_of(trace.get_current_span())
+
+
+def traceparent_of(span: Any) -> dict[str, str]:
+    """The ``traceparent`` header naming ``span`` (an OpenTelemetry span), or nothing when
+    it is not a valid one."""
+    context = span.get_span_context()
+    if not context.is_valid:
         return {}
-    flags = int(span.trace_flags) & 0xFF
-    return {"traceparent": f"00-{span.trace_id:032x}-{span.span_id:016x}-{flags:02x}"}
+    flags = int(context.trace_flags) & 0xFF
+    return {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"}

@@ -62,6 +62,9 @@ PUSH_SPAN = "piship.push"
 PULL_SPAN = "piship.pull"
 CLAIM_RENEW_SPAN = "piship.claim.renew"
 LEASE_RENEW_SPAN = "piship.lease.renew"
+"""An E2B sandbox's keepalive renewal (an idle sandbox's). The renewal every command sends
+has no span of its own: it is part of the command's span, whose ``traceparent`` it carries
+and whose ``error.type`` its refusal becomes."""
 POOL_TASK_SPAN = "piship.pool.task"
 
 # -- attributes -------------------------------------------------------------------------

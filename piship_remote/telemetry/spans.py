@@ -71,6 +71,7 @@ class LiveSpan:
 
     __slots__ = (
         "_api",
+        "_code",
         "_command",
         "_ended",
         "_outcome",
@@ -97,6 +98,7 @@ class LiveSpan:
         self._ended = ended
         self._command = command
         self._outcome = "ok"
+        self._code: int | None = None
         self._started = 0.0
         self._token: object = None
 
@@ -113,12 +115,16 @@ class LiveSpan:
     ) -> None:
         seconds = time.perf_counter() - self._started
         failure = None
+        ending: dict[str, AttributeValue] = {}
+        if self._code is not None:
+            ending[names.EXIT_CODE] = self._code
         if error is not None:
             failure = error_type(error)
             self._outcome = outcome_of(error, command=self._command)
-            self._span.set_attribute(names.ERROR_TYPE, failure)
+            ending[names.ERROR_TYPE] = failure
             _mark_failed(self._span, failure)
-        self._span.set_attribute(names.OUTCOME, self._outcome)
+        ending[names.OUTCOME] = self._outcome
+        self._span.set_attributes(ending)  # one call: the SDK takes its lock once
         # The error went to the caller as it is: the span holds only its name.
         self._api.detach(self._token)
         self._span.end()
@@ -136,7 +142,7 @@ class LiveSpan:
     def exit_code(self, code: int) -> int:
         """Set the command's exit code, and the outcome it makes (``ok`` or ``failed``);
         returns ``code``."""
-        self._span.set_attribute(names.EXIT_CODE, code)
+        self._code = code  # set with the outcome when the span ends
         self._outcome = exit_outcome(code)
         return code
 
@@ -169,17 +175,19 @@ class StartedSpan:
         """End the span with the exit code ``result()`` returns, or the error it raises."""
         seconds = time.perf_counter() - self._started
         failure = None
+        ending: dict[str, AttributeValue] = {}
         try:
             code = result()
         except BaseException as error:
             failure = error_type(error)
             outcome = outcome_of(error, command=True)
-            self._span.set_attribute(names.ERROR_TYPE, failure)
+            ending[names.ERROR_TYPE] = failure
             _mark_failed(self._span, failure)
         else:
             outcome = exit_outcome(code)
-            self._span.set_attribute(names.EXIT_CODE, code)
-        self._span.set_attribute(names.OUTCOME, outcome)
+            ending[names.EXIT_CODE] = code
+        ending[names.OUTCOME] = outcome
+        self._span.set_attributes(ending)
         try:
             if self._ended is not None:
                 self._ended(seconds, outcome, failure)

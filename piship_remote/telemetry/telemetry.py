@@ -21,6 +21,7 @@ from piship_remote.model.redact import Redactor, redact
 from piship_remote.telemetry import names
 from piship_remote.telemetry._api import OtelApi
 from piship_remote.telemetry._instruments import Instruments
+from piship_remote.telemetry.context import traceparent_of
 from piship_remote.telemetry.spans import (
     AttributeValue,
     Ended,
@@ -105,6 +106,11 @@ class Telemetry:
         for a block, as it does every instrumentation's."""
         api = self._api
         return api is not None and not api.get_value(api.suppressed)
+
+    def trace_headers(self) -> dict[str, str]:
+        """:func:`~piship_remote.telemetry.context.trace_headers`, by the calls held here."""
+        api = self._api
+        return {} if api is None else traceparent_of(api.current_span())
 
     def span(
         self,

@@ -29,7 +29,7 @@ from piship_remote.backends._common import SandboxErrors
 from piship_remote.backends._credential import Credential
 from piship_remote.backends.e2b import _control as e2b_control
 from piship_remote.backends.e2b._stream import StreamOutcome
-from piship_remote.backends.kubernetes import _claims_api as kubernetes_claims
+from piship_remote.backends.kubernetes import _claim_reading as claim_reading
 from piship_remote.backends.kubernetes import _http as kubernetes_http
 from piship_remote.backends.kubernetes._router import Router
 from piship_remote.backends.kubernetes.claims import ClaimGone
@@ -208,16 +208,16 @@ def check_create_answer(answer: dict[str, Any]) -> None:
 
 def check_claim(claim: dict[str, Any]) -> None:
     """Reading a claim object: a condition, a name, a pod address; only ``ClaimGone`` raised."""
-    ready = kubernetes_claims._ready_condition(claim)
+    ready = claim_reading.ready_condition(claim)
     assert isinstance(ready, dict)
-    assert isinstance(kubernetes_claims._condition_text(ready), str)
-    name = kubernetes_claims._sandbox_name(claim, "fallback")
-    assert name == "fallback" or kubernetes_claims.RESOURCE_NAME.match(name)
-    address = kubernetes_claims._pod_ip(claim)
+    assert isinstance(claim_reading.condition_text(ready), str)
+    name = claim_reading.sandbox_name(claim, "fallback")
+    assert name == "fallback" or claim_reading.RESOURCE_NAME.match(name)
+    address = claim_reading.pod_ip(claim)
     if address is not None:
         ipaddress.ip_address(address)
     try:
-        kubernetes_claims._raise_if_finished(claim)
+        claim_reading.raise_if_finished(claim)
     except ClaimGone as gone:
         assert str(gone)
 

@@ -38,7 +38,7 @@ from piship_remote.backends.base import Availability
 from piship_remote.backends.lifetime import lifetime_seconds
 from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
 from piship_remote.model.redact import Redactor
-from piship_remote.telemetry import Telemetry, trace_headers
+from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
 from piship_remote.telemetry.names import LEASE_RENEW_SPAN
 from piship_remote.transport import HttpClient, HttpReply, TransportError
@@ -193,7 +193,7 @@ class ControlPlane:
             json=None if body is None else _WIRE.unstructure(body),
             timeout=CONTROL_TIMEOUT,
             cancel=cancel,
-            headers=trace_headers(),  # the control plane only: never envd, never a sandbox
+            headers=self._telemetry.trace_headers(),  # the control plane only: never envd
         )
 
     def health(self, spare: str | None = None) -> Availability:
@@ -291,12 +291,16 @@ class ControlPlane:
                 self.delete(sandbox_id)
             raise
 
-    def renew(self, sandbox_id: str, cancel: threading.Event) -> None:
-        """``POST /sandboxes/<id>/timeout``: the sandbox lives ``lifetime`` seconds from now."""
+    def keepalive(self, sandbox_id: str, cancel: threading.Event) -> None:
+        """:meth:`renew` on its own, not for a command: in a span of its own."""
         with self._telemetry.span(LEASE_RENEW_SPAN, sandbox_id):
-            self._renew(sandbox_id, cancel)
+            self.renew(sandbox_id, cancel)
 
-    def _renew(self, sandbox_id: str, cancel: threading.Event) -> None:
+    def renew(self, sandbox_id: str, cancel: threading.Event) -> None:
+        """``POST /sandboxes/<id>/timeout``: the sandbox lives ``lifetime`` seconds from now.
+
+        No span: a command's renewal is part of the command (its span, its ``traceparent``,
+        its failure the command's ``error.type``)."""
         try:
             response = self.request(
                 "POST",

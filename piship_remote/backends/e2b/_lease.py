@@ -7,14 +7,16 @@ callback, before the renewal's answer is read), then reads the renewal's
 answer before it reports anything. Commands that start while one renewal is in
 flight share it. The ``piship-e2b-lease-…`` worker renews an idle sandbox
 ``keepalive_every`` seconds after the last renewal, so a short lifetime is safe
-between commands.
+between commands. A command's renewal is part of the command (``renew``); the
+worker's stands alone (``keepalive``), so the two are given separately.
 
 The clock rules of a Kubernetes claim apply: elapsed time is the larger advance
 of the wall and monotonic clocks, the committed end only moves later, and a
 sandbox whose committed end has passed is never renewed (a renewal would
 revive nothing and could hide that its processes are gone)::
 
-    lease = SandboxLease(renew, clock, anchor, keepalive_every=900.0, name="sbx1", errors=e)
+    lease = SandboxLease(renew, keepalive, clock, anchor, keepalive_every=900.0, name="sbx1",
+                         errors=e)
     response = lease.cover(lambda: send_start(...), token, refused=kill)
     # the renewal was answered: nothing is reported from a sandbox it failed for
     lease.dispose()
@@ -187,6 +189,7 @@ class SandboxLease:
     def __init__(
         self,
         renew: Renew,
+        keepalive: Renew,
         clock: ClaimClock,
         anchor: Anchor,
         *,
@@ -195,6 +198,7 @@ class SandboxLease:
         errors: SandboxErrors,
     ) -> None:
         self._renew = renew
+        self._keepalive = keepalive
         self._clock = clock
         self._anchor = anchor
         self._committed = anchor.expires
@@ -329,7 +333,7 @@ class SandboxLease:
     ) -> Started | None:
         """Send ``renewal`` on this thread, ``send()`` as soon as it is written."""
         follow = _Follow(renewal, send)
-        error = self._renew_now(renewal, cancel, follow.on_sent)
+        error = self._renew_now(self._renew, renewal, cancel, follow.on_sent)
         if error is None:
             follow.run()  # a client that never reports the write: send after the answer
         started, failure = follow.started, follow.failure
@@ -346,7 +350,7 @@ class SandboxLease:
         return started  # type: ignore[return-value]
 
     def _renew_now(
-        self, renewal: Renewal, cancel: CancelToken, on_sent: Callable[[], None]
+        self, renew: Renew, renewal: Renewal, cancel: CancelToken, on_sent: Callable[[], None]
     ) -> BaseException | None:
         """One renewal on this thread; its failure (also given to the sharers) or ``None``."""
         with self._wake:
@@ -358,7 +362,7 @@ class SandboxLease:
             self._renewed_at = time.monotonic()
         try:
             with when_sent(on_sent):
-                self._renew(cancel)
+                renew(cancel)
         except BaseException as failure:
             renewal._finish(failure)
             return failure
@@ -386,7 +390,7 @@ class SandboxLease:
                 if self._disposed or self._expired():
                     return  # disposed, or nothing left to keep alive
             renewal = Renewal()
-            self._renew_now(renewal, self._closing, renewal._mark_sent)
+            self._renew_now(self._keepalive, renewal, self._closing, renewal._mark_sent)
 
     def _expired(self) -> bool:
         return self._clock.claim_time(self._anchor) >= self._committed

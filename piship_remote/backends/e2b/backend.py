@@ -257,6 +257,7 @@ class E2bCompatibleBackend:
         sandbox_id = created.sandbox_id
         lease = SandboxLease(
             lambda cancel: self._control.renew(sandbox_id, cancel),
+            lambda cancel: self._control.keepalive(sandbox_id, cancel),
             self._clock,
             anchor,
             keepalive_every=keepalive_interval(self._control.lifetime),

@@ -42,7 +42,12 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from piship_remote.local.isolation.host_python import agent_argv, host_view_options
+from piship_remote.local.isolation.host_python import (
+    agent_argv,
+    find_python,
+    host_view_options,
+    python_prefix,
+)
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
 from piship_remote.local.isolation.network import DNS_SERVER
 from piship_remote.local.isolation.user_map import (
@@ -478,21 +483,6 @@ def _base_extras(sources: Sources) -> list[str]:
     if not os.path.lexists(SUDO_PATH):
         options += ["--perms", "0755", "--file", str(sources.files[SUDO_PATH]), SUDO_PATH]
     return [*options, "--remount-ro", LOCAL_BIN]
-
-
-def find_python() -> str:
-    """The Python that runs the agent: the system's ``/usr/bin/python3``, else this one."""
-    for candidate in ("/usr/bin/python3", "/bin/python3"):
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return sys.executable
-
-
-def python_prefix(python: str) -> str | None:
-    """The installation directory to make visible for ``python``; ``None`` if under ``/usr``."""
-    if any(python.startswith(d + "/") for d in ("/usr", *_SYSTEM_DIRS)):
-        return None
-    return os.path.realpath(sys.base_prefix)
 
 
 def _system_dirs() -> list[str]:

@@ -16,8 +16,16 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 
-__all__ = ["HOST_ROOT", "SYSTEM_DIRS", "agent_argv", "host_view_options"]
+__all__ = [
+    "HOST_ROOT",
+    "SYSTEM_DIRS",
+    "agent_argv",
+    "find_python",
+    "host_view_options",
+    "python_prefix",
+]
 
 HOST_ROOT = "/run/piship/host"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -72,3 +80,18 @@ def _interpreter(binary: str) -> str:
                 elf.seek(offset)
                 return elf.read(size).rstrip(b"\0").decode()
     raise OSError(f"{binary} names no dynamic loader")
+
+
+def find_python() -> str:
+    """The Python that runs the agent: the system's ``/usr/bin/python3``, else this one."""
+    for candidate in ("/usr/bin/python3", "/bin/python3"):
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return sys.executable
+
+
+def python_prefix(python: str) -> str | None:
+    """The installation directory to make visible for ``python``; ``None`` if under ``/usr``."""
+    if any(python.startswith(d + "/") for d in SYSTEM_DIRS):
+        return None
+    return os.path.realpath(sys.base_prefix)
