@@ -278,3 +278,17 @@ def test_creates_that_waited_for_a_check_that_raised_ask_on_their_own(monkeypatc
         thread.join(10)
     assert [str(e) for e in leader_saw] == ["a bug in the backend's check"]
     assert answers == [UP] and service.checks == 1
+
+
+def test_an_optional_policy_that_cannot_be_enforced_is_a_failed_create_not_a_sandbox(
+    e2b_server: E2bFactory, workspace: Path
+) -> None:
+    server = e2b_server(command=exit_as_asked, health=503)
+    backend = E2bCompatibleBackend(endpoint=server.url, envd_url=server.url)
+    optional = {**POLICY, "required": False}
+    with backend, SandboxPool(
+        optional, backend=backend, workspace=workspace, env={}, size=1, progress=False
+    ) as pool:
+        [result] = pool.map("echo {item}", ["x"])
+    assert (result.outcome, result.attempts) == ("infra", 2)  # never started: retried
+    assert "could be activated" in str(result.error)

@@ -76,7 +76,7 @@ class SandboxPool:
         self._progress = progress
         health = HealthOnce(labelled(backend, labels))
         activate = functools.partial(
-            activate_sandbox,
+            _activate_usable,
             policy,
             backend=health.backend,
             workspace=workspace,
@@ -213,3 +213,21 @@ def _check_counts(size: int, warm: int, max_attempts: int) -> None:
         raise PiShipError(CONFIG_INVALID, f"warm must be between 0 and size ({size}), not {warm}")
     if max_attempts < 1:
         raise PiShipError(CONFIG_INVALID, f"max_attempts must be at least 1, not {max_attempts}")
+
+
+def _activate_usable(policy: SandboxPolicy | Mapping[str, Any], **options: Any) -> Sandbox:
+    """``activate_sandbox``, raising where an optional policy gave a sandbox that runs
+    nothing: in a pool that is a create that failed (the task never started), not a sandbox
+    to lease."""
+    sandbox = activate_sandbox(policy, **options)
+    if sandbox.report.level != "unavailable":
+        return sandbox
+    sandbox.dispose()
+    raise PiShipError(
+        SANDBOX_UNAVAILABLE,
+        f"No {sandbox.report.adapter} sandbox could be activated for the pool: "
+        f"{sandbox.report.reason or 'unknown reason'}",
+        component="sandbox",
+        user_action="Fix the sandbox backend (piship-remote doctor says what), then map again",
+        redactor=options["backend"].redactor,
+    )
