@@ -114,3 +114,16 @@ def test_close_ends_a_callable_task_that_does_not_return(make_pool, stuck, serve
     [result] = results
     assert result.outcome == "cancelled" and "closed" in str(result.error)
     assert server.live_sandboxes == []
+
+
+def test_a_callable_that_raises_system_exit_gives_its_sandbox_up(make_pool, server) -> None:
+    def leave(sandbox: Any, item: str) -> str:
+        if item == "exit":
+            raise SystemExit(3)
+        return sandbox.id
+
+    with make_pool(size=1, progress=False) as pool:
+        exited, following = pool.map(leave, ["exit", "next"], timeout=10)
+        assert exited.outcome == "unknown" and following.outcome == "ok"
+        assert following.value != exited.sandbox_id  # the sandbox was not handed on
+        assert exited.sandbox_id not in server.live_sandboxes

@@ -123,7 +123,11 @@ class TaskAttempts:
             return _Attempt(CANCELLED, error=cancelled)
         except Exception as error:  # activation failed: the work never started
             return _Attempt(_BUSY if service_busy(error) else INFRA, error=error)
-        attempt = self._run_in(sandbox, task, item, deadline, timeout, cancel)
+        try:
+            attempt = self._run_in(sandbox, task, item, deadline, timeout, cancel)
+        except BaseException:  # e.g. SystemExit from a callable: what ran there is unknown
+            self.give_back(sandbox, healthy=False)
+            raise
         self.give_back(sandbox, healthy=attempt.outcome in _REUSABLE)
         return attempt
 
