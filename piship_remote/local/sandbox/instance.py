@@ -90,8 +90,6 @@ class Sandbox:
         self.traffic_access_token = secrets.token_hex(16) if wanted.private_traffic else None
         """What a request to one of its ports must carry (``allowPublicTraffic: false``)."""
         self.wanted = wanted
-        self.template = wanted.template
-        self.metadata = dict(wanted.metadata)
         self.started_at = time.time()
         self.expires_at = expires_at
         """When its lifetime ends, on the registry's clock."""
@@ -99,8 +97,6 @@ class Sandbox:
         """The same moment as wall-clock time (what ``endAt`` reports), fixed when it is set."""
         self.lifetime = lifetime
         """The seconds it was created to live (an auto-resume gives it as many again)."""
-        self.auto_pause = wanted.auto_pause
-        self.auto_resume = wanted.auto_resume
         self._jail = jail
         self._default = Identity(jail.user, uid_for(jail.user), jail.workdir)
         self._vm = vm
@@ -116,6 +112,26 @@ class Sandbox:
         """Whether the sandbox is paused (its processes frozen), and pausing it."""
         self.reboots_on_resume = False
         """Whether its pause kept only its files (``memory: false``): resuming reboots it."""
+
+    @property
+    def template(self) -> str:
+        """The template it was made from, as reported (a snapshot's ID for a copy of one)."""
+        return self.wanted.template
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The metadata it was created with."""
+        return dict(self.wanted.metadata)
+
+    @property
+    def auto_pause(self) -> bool:
+        """Whether the end of its lifetime pauses it (``autoPause``) rather than killing it."""
+        return self.wanted.auto_pause
+
+    @property
+    def auto_resume(self) -> bool:
+        """Whether envd traffic resumes it while it is paused (``autoResume``)."""
+        return self.wanted.auto_resume
 
     def python_command(self, *args: str) -> list[str]:
         """The argv running the host's Python (standard library only) inside the sandbox."""
