@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_e2b import local_e2b_service
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 
@@ -73,11 +74,7 @@ def node() -> str:
 
 @pytest.fixture
 def service() -> Iterator[object]:
-    local = pytest.importorskip("piship_remote.local")
-    problem = local.LocalE2bService.check()
-    if problem is not None:
-        pytest.skip(f"LocalE2bService cannot run here: {problem}")
-    with local.LocalE2bService() as running:
+    with local_e2b_service() as running:
         yield running
 
 

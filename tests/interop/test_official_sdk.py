@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import pytest
+from local_e2b import local_e2b_service
 from optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
@@ -74,13 +75,7 @@ def double_target() -> Iterator[Target]:
 
 
 def local_target() -> Iterator[Target]:
-    local = pytest.importorskip(
-        "piship_remote.local", reason="piship_remote.local (the embedded service) is not there"
-    )
-    problem = local.LocalE2bService.check()
-    if problem is not None:
-        pytest.skip(f"LocalE2bService cannot run here: {problem}")
-    with local.LocalE2bService() as service:
+    with local_e2b_service() as service:
         yield Target("LocalE2bService", service.url, service.api_key, service.sandboxes)
 
 

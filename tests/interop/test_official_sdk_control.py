@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import attrs
 import pytest
+from local_e2b import local_e2b_service
 from optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
@@ -51,11 +52,7 @@ class Target:
 
 @pytest.fixture
 def target() -> Iterator[Target]:
-    local = pytest.importorskip("piship_remote.local")
-    problem = local.LocalE2bService.check()
-    if problem is not None:
-        pytest.skip(f"LocalE2bService cannot run here: {problem}")
-    with local.LocalE2bService() as service:
+    with local_e2b_service() as service:
         yield Target(service.url, service.api_key)
 
 

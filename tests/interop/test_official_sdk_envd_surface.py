@@ -9,6 +9,7 @@ import datetime
 from collections.abc import Iterator
 
 import pytest
+from local_e2b import local_e2b_service
 from optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
@@ -28,10 +29,7 @@ MEMORY_MIB = 512
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[LocalE2bService]:
-    problem = LocalE2bService.check()
-    if problem is not None:
-        pytest.skip(f"LocalE2bService cannot run here: {problem}")
-    with LocalE2bService(max_memory_mib=MEMORY_MIB) as running:
+    with local_e2b_service(max_memory_mib=MEMORY_MIB) as running:
         yield running
 
 

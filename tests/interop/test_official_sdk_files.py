@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import attrs
 import pytest
+from local_e2b import local_e2b_service
 from optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
@@ -42,11 +43,7 @@ class Target:
 
 
 def _local() -> Iterator[Target]:
-    local = pytest.importorskip("piship_remote.local")
-    problem = local.LocalE2bService.check()
-    if problem is not None:
-        pytest.skip(f"LocalE2bService cannot run here: {problem}")
-    with local.LocalE2bService() as service:
+    with local_e2b_service() as service:
         yield Target("local", service.url, service.api_key)
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from local_e2b import local_e2b_service
 from optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
@@ -32,10 +33,7 @@ READY_TIMEOUT = 15.0
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[LocalE2bService]:
-    problem = LocalE2bService.check()
-    if problem is not None:
-        pytest.skip(f"LocalE2bService cannot run here: {problem}")
-    with LocalE2bService() as running:
+    with local_e2b_service() as running:
         yield running
 
 
