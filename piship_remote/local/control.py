@@ -51,7 +51,6 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
-from urllib.parse import parse_qs, urlsplit
 
 from piship_remote._http_server.messages import Head, Reply, Request
 from piship_remote.local.control_copies import SandboxCopies, api_error
@@ -65,6 +64,7 @@ from piship_remote.local.sandbox.listing import (
     ResumeRequest,
     lifecycle,
     metadata_filter,
+    query_of,
     rfc3339,
     state,
 )
@@ -211,7 +211,7 @@ class ControlPlane:
         return self._copies.delete(match.group(1))
 
     def _list(self, request: Request) -> Reply:
-        query = {k: v[0] for k, v in parse_qs(urlsplit(request.target).query).items()}
+        query = query_of(request.target)
         sandboxes = [s for i in self._registry.ids() if (s := self._registry.lookup(i)) is not None]
         running = [s for s in sandboxes if not s.pause_state.paused]
         headers: tuple[tuple[str, str], ...] = ()

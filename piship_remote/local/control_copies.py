@@ -20,9 +20,9 @@ A fork lives ``timeout`` seconds (300 when absent)::
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import parse_qs, urlsplit
 
 from piship_remote._http_server.messages import Reply, Request
+from piship_remote.local.sandbox.listing import query_of
 from piship_remote.local.sandbox.registry import (
     Registry,
     Sandbox,
@@ -92,7 +92,7 @@ class SandboxCopies:
 
     def list(self, request: Request) -> Reply:
         """One page of snapshots, oldest first; ``X-Next-Token`` when more remain."""
-        query = {k: v[0] for k, v in parse_qs(urlsplit(request.target).query).items()}
+        query = query_of(request.target)
         raw_limit = query.get("limit", str(MAX_PAGE))
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
             return api_error(400, f"limit must be between 1 and {MAX_PAGE}")

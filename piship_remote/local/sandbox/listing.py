@@ -18,6 +18,7 @@ import binascii
 import json
 from collections.abc import Iterable
 from datetime import datetime, timezone
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
@@ -32,6 +33,7 @@ __all__ = [
     "ResumeRequest",
     "lifecycle",
     "metadata_filter",
+    "query_of",
     "rfc3339",
     "state",
 ]
@@ -105,6 +107,11 @@ def lifecycle(sandbox: Sandbox) -> dict[str, object]:
 def state(sandbox: Sandbox) -> str:
     """E2B's ``state`` of a sandbox: ``"paused"`` or ``"running"``."""
     return "paused" if sandbox.pause_state.paused else "running"
+
+
+def query_of(target: str) -> dict[str, str]:
+    """A request target's query parameters, the first value of each (blank ones left out)."""
+    return {k: v[0] for k, v in parse_qs(urlsplit(target).query).items()}
 
 
 def rfc3339(timestamp: float) -> str:

@@ -19,13 +19,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
 from piship_remote.local.isolation.limits import GroupUsage
 from piship_remote.local.sandbox.fs import run
-from piship_remote.local.sandbox.listing import rfc3339
+from piship_remote.local.sandbox.listing import query_of, rfc3339
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_control import SandboxMetric
 from piship_remote.wire.e2b_json import WireError
@@ -119,10 +118,10 @@ def snapshot(sandbox: Sandbox) -> SandboxMetric:
 
 def time_range(target: str) -> tuple[int | None, int | None]:
     """The ``start`` and ``end`` (unix seconds) of a metrics request's query, each optional."""
-    query = parse_qs(urlsplit(target).query)
+    query = query_of(target)
     bounds: list[int | None] = []
     for name in ("start", "end"):
-        value = query.get(name, [""])[0].strip()
+        value = query.get(name, "").strip()
         if value and not value.lstrip("-").isdigit():
             raise WireError(f"{name} must be a unix time in seconds")
         bounds.append(int(value) if value else None)
