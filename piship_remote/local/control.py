@@ -55,7 +55,6 @@ from collections.abc import Mapping
 from piship_remote._http_server.messages import Head, Reply, Request
 from piship_remote.local.control_copies import SandboxCopies, api_error
 from piship_remote.local.idempotency import IdempotencyKeys
-from piship_remote.local.sandbox.list_filter import ListFilter
 from piship_remote.local.sandbox.listing import (
     Lifecycle,
     ListError,
@@ -219,8 +218,8 @@ class ControlPlane:
             wanted = metadata_filter(query.get("metadata"))
             chosen = [s for s in running if all(s.metadata.get(k) == v for k, v in wanted.items())]
         else:
-            page, wanted_too = Page.of(query), ListFilter.of(query)
-            chosen, token = page.select(s for s in sandboxes if wanted_too.matches(s))
+            page = Page.of(query)
+            chosen, token = page.select(sandboxes)
             if "running" in page.states:
                 headers = (("X-Total-Running", str(len(running))),)
             if token is not None:

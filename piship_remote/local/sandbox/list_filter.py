@@ -6,6 +6,8 @@ sandbox was made from (for a sandbox made from a snapshot: the snapshot's ID)::
 
     wanted = ListFilter.of(query)       # WireError on a malformed time
     chosen = [s for s in sandboxes if wanted.matches(s)]
+
+:class:`~piship_remote.local.sandbox.listing.Page` applies it with the other filters.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
+from piship_remote.local.sandbox.list_filter import ListFilter
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_json import WireError, metadata_filter
 
@@ -121,13 +122,15 @@ def rfc3339(timestamp: float) -> str:
 
 @attrs.frozen
 class Page:
-    """One page request: states, metadata pairs, order, size and where it starts."""
+    """One page request: states, metadata pairs, order, size and where it starts, and the
+    start time and template asked for."""
 
     states: frozenset[str]
     metadata: dict[str, str]
     descending: bool
     limit: int
     after: tuple[str, str] | None
+    wanted: ListFilter = attrs.field(factory=ListFilter)
 
     @classmethod
     def of(cls, query: dict[str, str]) -> Page:
@@ -145,6 +148,7 @@ class Page:
             order == "desc",
             int(raw_limit),
             _decode_token(token) if token else None,
+            ListFilter.of(query),
         )
 
     def select(self, sandboxes: Iterable[Sandbox]) -> tuple[list[Sandbox], str | None]:
@@ -160,7 +164,7 @@ class Page:
         return chosen, _encode_token(_key(chosen[-1])) if more and chosen else None
 
     def matches(self, sandbox: Sandbox) -> bool:
-        if state(sandbox) not in self.states:
+        if state(sandbox) not in self.states or not self.wanted.matches(sandbox):
             return False
         return all(sandbox.metadata.get(k) == v for k, v in self.metadata.items())
 
