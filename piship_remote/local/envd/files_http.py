@@ -47,7 +47,7 @@ from piship_remote.local.sandbox.fs import (
     open_stream,
     run,
 )
-from piship_remote.local.sandbox.metadata import feeding, from_headers, invalid, writer
+from piship_remote.local.sandbox.metadata import from_headers, invalid, writer
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_control import ApiError
 from piship_remote.wire.e2b_json import to_json
@@ -59,6 +59,7 @@ FILES_PATH = "/files"
 _JSON = "application/json; charset=utf-8"
 EXPIRED = "signature is already expired"
 _MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE, _NO_STAT, _NO_OPEN = 10, 11, 12, 13, 14, 15
+_NO_METADATA = 16
 _READ_SCRIPT = f"""
 if [ ! -e "$1" ]; then
   case $(LC_ALL=C stat -L -- "$1" 2>&1) in *"ermission denied"*) exit {_NO_STAT};; esac
@@ -69,18 +70,24 @@ fi
 stat -L -c %s -- "$1" || exit 1
 exec cat -- "$1"
 """
+# PATH METADATA WRITER...: the bytes, then the metadata (JSON, empty for none) replaces the
+# file's own where there is some to set or to clear (a new file has none).
 _WRITE_SCRIPT = f"""
-[ -d "$1" ] && exit {_DIRECTORY}
-d=$(dirname -- "$1")
+f=$1 m=$2; shift 2
+[ -d "$f" ] && exit {_DIRECTORY}
+d=$(dirname -- "$f")
 if ! mkdir -p -- "$d" 2>/dev/null; then
   p=$d; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname -- "$p"); done
   printf %s "$p" >&2; exit {_PARENT_BLOCKED}
 fi
-[ -f "$1" ] && printf existed
+existed=; [ -f "$f" ] && existed=1
 # As envd: open (create or truncate), a change of attributes, then the bytes.
-: > "$1" || exit 1
-touch -c -- "$1" 2>/dev/null
-exec cat >> "$1"
+: > "$f" || exit 1
+touch -c -- "$f" 2>/dev/null
+cat >> "$f" || exit 1
+[ -n "$existed$m" ] || exit 0
+[ -n "$m" ] || m='{{}}'
+"$@" "$f" "$m" || exit {_NO_METADATA}
 """
 
 
@@ -281,18 +288,12 @@ class FileEndpoints:
             while piece := source(FEED_PIECE):
                 pipe.write(piece)
 
-        sandbox, user = target.sandbox, target.user
-        ran = run(sandbox, _WRITE_SCRIPT, path, feed=feed, user=user)
-        if ran.exit_code != 0:
-            return _write_failure(path, ran)
-        if not target.metadata and ran.stdout != b"existed":
-            return None
-        stored = run(
-            sandbox, 'exec "$@"', *writer(sandbox), path, feed=feeding(target.metadata), user=user
-        )
-        if stored.exit_code != 0:
-            return error(500, f"error setting metadata: {stored.error_text[-300:] or 'failed'}")
-        return None
+        sandbox, metadata = target.sandbox, json.dumps(target.metadata) if target.metadata else ""
+        args = (path, metadata, *writer(sandbox))
+        ran = run(sandbox, _WRITE_SCRIPT, *args, feed=feed, user=target.user)
+        if ran.exit_code == _NO_METADATA:
+            return error(500, f"error setting metadata: {ran.error_text[-300:] or 'failed'}")
+        return None if ran.exit_code == 0 else _write_failure(path, ran)
 
 
 @attrs.frozen

@@ -7,7 +7,8 @@ host's Python (standard library only; see :meth:`Sandbox.python_command`), so an
 attribute set by a command in the sandbox shows too::
 
     problem = invalid(metadata)                  # None, or why envd would refuse it
-    ran = run(sandbox, 'exec "$@"', *writer(sandbox), path, feed=feeding(metadata))
+    ran = run(sandbox, 'f=$1 m=$2; shift 2; exec "$@" "$f" "$m"', path, json.dumps(metadata),
+              *writer(sandbox))
     script = f'find ... -printf ...; "$@" 0 "$1" 2>/dev/null; exit 0'
     ran = run(sandbox, script, path, *reader(sandbox))     # entries, then the metadata
     entries = parse_entries(ran.stdout)          # (in fs.py) each with its metadata
@@ -16,14 +17,13 @@ attribute set by a command in the sandbox shows too::
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from typing import IO
+from collections.abc import Mapping
 
 import cattrs
 
 from piship_remote.local.sandbox.registry import Sandbox
 
-__all__ = ["HEADER_PREFIX", "feeding", "from_headers", "invalid", "parse_found", "reader", "writer"]
+__all__ = ["HEADER_PREFIX", "from_headers", "invalid", "parse_found", "reader", "writer"]
 
 HEADER_PREFIX = "x-metadata-"
 MAX_KEY_BYTES = 246
@@ -31,7 +31,7 @@ MAX_TOTAL_BYTES = 4096
 
 # Run as ``python -c HELPER get DEPTH ROOT...`` (each ROOT itself at depth 0, else the
 # entries up to DEPTH below it, symlinks below ROOT not followed): prints {path: {key: value}} for
-# those with metadata. ``set PATH`` replaces PATH's metadata with the JSON object on stdin.
+# those with metadata. ``set PATH JSON`` replaces PATH's metadata with the JSON object.
 _HELPER = r"""
 import json, os, sys
 P = "user.e2b."
@@ -60,7 +60,7 @@ def walk(found, directory, level, depth):
         if level < depth and entry.is_dir(follow_symlinks=False):
             walk(found, entry.path, level + 1, depth)
 if sys.argv[1] == "set":
-    path, wanted = sys.argv[2], json.load(sys.stdin)
+    path, wanted = sys.argv[2], json.loads(sys.argv[3])
     for name in os.listxattr(path):
         if name.startswith(P):
             os.removexattr(path, name)
@@ -85,18 +85,8 @@ def reader(sandbox: Sandbox) -> tuple[str, ...]:
 
 
 def writer(sandbox: Sandbox) -> tuple[str, ...]:
-    """The argv that, given ``PATH``, gives it the metadata (a JSON object) read from stdin."""
+    """The argv that, given ``PATH JSON``, gives it the metadata (a JSON object)."""
     return (*sandbox.python_command("-c", _HELPER), "set")
-
-
-def feeding(metadata: Mapping[str, str]) -> Callable[[IO[bytes]], None]:
-    """A ``run`` feed writing ``metadata`` for :func:`writer`."""
-    data = json.dumps(dict(metadata)).encode()
-
-    def feed(pipe: IO[bytes]) -> None:
-        pipe.write(data)
-
-    return feed
 
 
 def from_headers(headers: Mapping[str, str]) -> dict[str, str]:
