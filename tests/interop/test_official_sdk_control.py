@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
-import attrs
 import pytest
 from local_e2b import local_e2b_service
 from optional_peers import install_hint
@@ -27,27 +26,9 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
+from sdk_target import Target
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
-
-
-@attrs.frozen
-class Target:
-    url: str
-    api_key: str
-
-    def options(self) -> dict[str, object]:
-        return {"api_key": self.api_key, "api_url": self.url, "request_timeout": 10}
-
-    def create(self, *args: object, **extra: object) -> Sandbox:
-        return Sandbox.create(*args, sandbox_url=self.url, **self.options(), **extra)  # type: ignore[arg-type]
-
-    def connect(self, sandbox_id: str, **extra: object) -> Sandbox:
-        return Sandbox.connect(sandbox_id, sandbox_url=self.url, **self.options(), **extra)  # type: ignore[arg-type]
-
-    def listed(self, query: SandboxQuery) -> list[str]:
-        page = Sandbox.list(query=query, **self.options()).next_items()  # type: ignore[arg-type]
-        return [s.sandbox_id for s in page]
 
 
 @pytest.fixture

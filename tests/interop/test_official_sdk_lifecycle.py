@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import attrs
 import pytest
 from local_e2b import local_e2b_service
 from optional_peers import install_hint
@@ -18,6 +17,7 @@ from optional_peers import install_hint
 pytest.importorskip("e2b", reason=install_hint("interop"))
 
 from e2b import FilesystemEventType, Sandbox, SandboxException, SandboxQuery, SandboxState
+from sdk_target import Target
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 
@@ -25,21 +25,6 @@ TICKER = (
     "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.05; done'"
     " >/dev/null 2>&1 & echo $!"
 )
-
-
-@attrs.frozen
-class Target:
-    url: str
-    api_key: str
-
-    def options(self) -> dict[str, object]:
-        return {"api_key": self.api_key, "api_url": self.url, "request_timeout": 10}
-
-    def create(self, **extra: object) -> Sandbox:
-        return Sandbox.create(sandbox_url=self.url, **self.options(), **extra)  # type: ignore[arg-type]
-
-    def connect(self, sandbox_id: str) -> Sandbox:
-        return Sandbox.connect(sandbox_id, sandbox_url=self.url, **self.options())  # type: ignore[arg-type]
 
 
 @pytest.fixture
