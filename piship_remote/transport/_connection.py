@@ -412,10 +412,8 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
             self.close()  # a late cancel may have shut the socket down: reconnect
 
 
-def arm(conn: urllib3.connection.HTTPConnection, scope: CallScope, timeout: float | None) -> None:
-    """Make ``conn`` (taken from its pool) the call's: its sockets registered with
-    ``scope``, ``timeout`` the socket timeout of its connect and of the wait for the answer."""
-    conn.timeout = timeout
+def arm(conn: urllib3.connection.HTTPConnection, scope: CallScope) -> None:
+    """Make ``conn`` (taken from its pool) the call's: its sockets registered with ``scope``."""
     if isinstance(conn, _Connection):
         conn._armed = scope
 

@@ -403,9 +403,9 @@ class Transport:
         if route.direct:
             assert route.pool is not None
             conn = taken_from_pool(route.pool)
-            arm(conn, call.scope, remaining)
+            arm(conn, call.scope)
             try:
-                opened = adapter.send_on(conn, outgoing, route, stream=call.stream)
+                opened = adapter.send_on(conn, outgoing, route, remaining, stream=call.stream)
             finally:
                 disarm(conn, call.scope)
         else:
