@@ -91,11 +91,6 @@ class CallScope:
         self._sockets: list[socket.socket] = []
         self._owned: list[socket.socket] = []
 
-    @property
-    def over(self) -> bool:
-        """The deadline no longer applies (the call finished, or a stream's body began)."""
-        return self._over
-
     def remaining(self) -> float | None:
         return self.deadline.remaining()
 
@@ -177,7 +172,6 @@ class Call:
         "component",
         "idle_timeout",
         "label",
-        "origin",
         "redactor",
         "scope",
         "stream",
@@ -187,7 +181,7 @@ class Call:
         self,
         component: str,
         redactor: Redactor,
-        target: tuple[str, str],
+        label: str,
         deadline: Deadline,
         *,
         stream: bool,
@@ -195,7 +189,7 @@ class Call:
     ) -> None:
         self.component = component
         self.redactor = redactor
-        self.label, self.origin = target  # host[:port] for messages, scheme://netloc
+        self.label = label  # host[:port], for messages
         self.scope = CallScope(deadline)
         self.stream = stream
         self.idle_timeout = idle_timeout

@@ -162,7 +162,7 @@ class Transport:
         call = Call(
             self.component,
             self.redactor,
-            (target.label, target.origin),
+            target.label,
             deadline,
             stream=stream,
             idle_timeout=idle_timeout,
