@@ -155,19 +155,17 @@ class StartedSpan:
     """A span that ends on another thread than the one it began on (a started command's):
     a child of the context current at its start, never current itself."""
 
-    __slots__ = ("_ended", "_redactor", "_span", "_started")
+    __slots__ = ("_ended", "_span", "_started")
 
     def __init__(
         self,
         tracer: Tracer,
         name: str,
         attributes: dict[str, AttributeValue],
-        redactor: Redactor | None,
         *,
         ended: Ended | None,
     ) -> None:
         self._span = tracer.start_span(name, attributes=attributes, record_exception=False)
-        self._redactor = redactor
         self._ended = ended
         self._started = time.perf_counter()
 

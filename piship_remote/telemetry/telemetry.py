@@ -141,7 +141,7 @@ class Telemetry:
             return None
         assert self._tracer is not None
         clean = self._clean(sandbox_id, None)
-        return StartedSpan(self._tracer, name, clean, self._redactor, ended=ended)
+        return StartedSpan(self._tracer, name, clean, ended=ended)
 
     def transfer(
         self,
