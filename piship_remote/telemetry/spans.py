@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from piship_remote.model.redact import Redactor, redact
+from piship_remote.model.redact import Redactor, redaction
 from piship_remote.telemetry import names
 from piship_remote.telemetry.outcomes import error_type, exit_outcome, outcome_of
 
@@ -36,7 +36,7 @@ def clean_attributes(
     attributes: Mapping[str, AttributeValue | None], redactor: Redactor | None
 ) -> dict[str, AttributeValue]:
     """``attributes`` without ``None`` values, every text through the redaction."""
-    clean = redactor.redact if redactor is not None else redact
+    clean = redaction(redactor)
     return {
         key: clean(value) if isinstance(value, str) else value
         for key, value in attributes.items()
@@ -136,7 +136,7 @@ class LiveSpan:
         if value is None:
             return
         if isinstance(value, str):
-            value = self._redactor.redact(value) if self._redactor is not None else redact(value)
+            value = redaction(self._redactor)(value)
         self._span.set_attribute(key, value)
 
     def exit_code(self, code: int) -> int:
