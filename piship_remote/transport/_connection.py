@@ -31,7 +31,6 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any
 
 import urllib3
@@ -44,7 +43,7 @@ from urllib3.util.timeout import Timeout
 
 from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
-from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge
+from piship_remote.transport._cancel import EventWatcher, when_cancelled
 from piship_remote.transport._response_head import PlainHead, peek_plain_head
 from piship_remote.transport._scope import CURRENT, ON_SENT
 from piship_remote.transport._steady_socket import SteadyTimeoutSocket
@@ -196,13 +195,9 @@ class Call:
         self._cleanup: Callable[[], object] | None = None
 
     def watch(self, cancel: threading.Event, watcher: EventWatcher) -> None:
-        if isinstance(cancel, CancelToken):  # the usual case: nothing to bridge
-            self._cleanup = cancel.on_cancel(self.scope.cancel)
-            return
-        stack = ExitStack()
-        token = stack.enter_context(bridge(cancel, watcher))
-        stack.callback(token.on_cancel(self.scope.cancel))
-        self._cleanup = stack.close
+        """Cancel the scope once ``cancel`` is set (a token calls back; ``watcher`` polls
+        a plain event)."""
+        self._cleanup = when_cancelled(cancel, watcher, self.scope.cancel)
 
     def finish(self) -> None:
         """Stop listening for cancellation and forget the sockets (idempotent)."""
