@@ -114,18 +114,10 @@ class LiveSpan:
         traceback: TracebackType | None,
     ) -> None:
         seconds = time.perf_counter() - self._started
-        failure = None
-        ending: dict[str, AttributeValue] = {}
-        if self._code is not None:
-            ending[names.EXIT_CODE] = self._code
-        if error is not None:
-            failure = error_type(error)
-            self._outcome = outcome_of(error, command=self._command)
-            ending[names.ERROR_TYPE] = failure
-            _mark_failed(self._span, failure)
-        ending[names.OUTCOME] = self._outcome
-        self._span.set_attributes(ending)  # one call: the SDK takes its lock once
         # The error went to the caller as it is: the span holds only its name.
+        self._outcome, failure = _ending(
+            self._span, self._code, error, self._outcome, command=self._command
+        )
         self._api.detach(self._token)
         self._span.end()
         if self._ended is not None:  # outside the span: no exemplar sampling per measurement
@@ -172,25 +164,38 @@ class StartedSpan:
     def finish(self, result: Callable[[], int]) -> None:
         """End the span with the exit code ``result()`` returns, or the error it raises."""
         seconds = time.perf_counter() - self._started
-        failure = None
-        ending: dict[str, AttributeValue] = {}
+        code: int | None = None
+        raised: BaseException | None = None
         try:
             code = result()
         except BaseException as error:
-            failure = error_type(error)
-            outcome = outcome_of(error, command=True)
-            ending[names.ERROR_TYPE] = failure
-            _mark_failed(self._span, failure)
-        else:
-            outcome = exit_outcome(code)
-            ending[names.EXIT_CODE] = code
-        ending[names.OUTCOME] = outcome
-        self._span.set_attributes(ending)
+            raised = error
+        given = "error" if code is None else exit_outcome(code)  # an error decides its own
+        outcome, failure = _ending(self._span, code, raised, given, command=True)
         try:
             if self._ended is not None:
                 self._ended(seconds, outcome, failure)
         finally:
             self._span.end()
+
+
+def _ending(
+    span: Span, code: int | None, error: BaseException | None, outcome: str, *, command: bool
+) -> tuple[str, str | None]:
+    """Set a span's closing attributes (one call: the SDK takes its lock once) and, for
+    ``error``, its status; returns its outcome and its ``error.type`` (or ``None``)."""
+    ending: dict[str, AttributeValue] = {}
+    if code is not None:
+        ending[names.EXIT_CODE] = code
+    failure = None
+    if error is not None:
+        failure = error_type(error)
+        outcome = outcome_of(error, command=command)
+        ending[names.ERROR_TYPE] = failure
+        _mark_failed(span, failure)
+    ending[names.OUTCOME] = outcome
+    span.set_attributes(ending)
+    return outcome, failure
 
 
 def _mark_failed(span: Span, failure: str) -> None:
