@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from piship_remote.model.redact import redact
+from piship_remote.model.redact import redaction
 
 if TYPE_CHECKING:
     from piship_remote.model.redact import Redactor
@@ -105,7 +105,7 @@ class PiShipError(Exception):
         component: str | None = None,
         redactor: Redactor | None = None,
     ) -> None:
-        clean = redactor.redact if redactor is not None else redact
+        clean = redaction(redactor)
         self.code = code
         self.message = clean(message)
         self.retryable = retryable

@@ -35,6 +35,7 @@ __all__ = [
     "has_token_shape",
     "redact",
     "redact_value",
+    "redaction",
 ]
 
 REDACTED = "[REDACTED]"
@@ -237,6 +238,12 @@ class Redactor:
         return f"Redactor({len(self._forms)} forms)"
 
 
+def redaction(redactor: Redactor | None) -> Callable[[str], str]:
+    """How text is cleaned: by ``redactor`` (its secrets and the shared rules), else by
+    the shared rules alone (:func:`redact`)."""
+    return redactor.redact if redactor is not None else redact
+
+
 def redact_value(value: Any, redactor: Redactor | None = None) -> Any:
     """Deep-copy JSON-like ``value`` for display with every secret removed.
 
@@ -248,8 +255,7 @@ def redact_value(value: Any, redactor: Redactor | None = None) -> Any:
         >>> redact_value({"apiKey": "k", "maxTokens": 5, "note": ["sk-abcdefgh"]})
         {'apiKey': '[REDACTED]', 'maxTokens': 5, 'note': ['[REDACTED]']}
     """
-    clean = redactor.redact if redactor is not None else redact
-    return _redact_within(value, clean, set())
+    return _redact_within(value, redaction(redactor), set())
 
 
 def _redact_within(value: Any, clean: Callable[[str], str], copying: set[int]) -> Any:

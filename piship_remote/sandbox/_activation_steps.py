@@ -103,7 +103,7 @@ class Activation:
             if sandbox.report.level != "enforced":
                 span.outcome("unavailable")
                 return sandbox
-            sandbox_id = _id_of(sandbox)
+            sandbox_id = _quietly_id(lambda: sandbox.id)
             span.set(SANDBOX_ID, sandbox_id)
         sandbox._telemetry.activated()
         what = "attached to" if self.attach is not None else "created"
@@ -119,7 +119,7 @@ class Activation:
                 capabilities = self._capabilities()
             with step(STEP_SPANS["create"]) as created:
                 instance = self._prepare()
-                created.set(SANDBOX_ID, _quietly_id(instance))
+                created.set(SANDBOX_ID, _quietly_id(instance.epoch))
             engine = self._engine(instance)
             with step(STEP_SPANS["readiness"]):
                 report = self._checked(engine, self._report(capabilities), capabilities)
@@ -410,16 +410,10 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         return _Failure(reason_text(str(e) or type(e).__name__, redactor))
 
 
-def _quietly_id(instance: Instance) -> str | None:
+def _quietly_id(read: Callable[[], str | None]) -> str | None:
+    """The sandbox id ``read`` gives, or ``None`` when it has none (for a span only)."""
     try:
-        return instance.epoch()
-    except Exception:
-        return None
-
-
-def _id_of(sandbox: Sandbox) -> str | None:
-    try:
-        return sandbox.id
+        return read()
     except Exception:
         return None
 
@@ -447,7 +441,6 @@ def _verdict(exit_code: int, output: str) -> str | None:
     if marker != f"{READY_MARKER} unset":
         return "an unapproved environment variable reached the sandboxed command"
     return None
-
 
 
 def _quietly(action: Callable[[], object]) -> None:

@@ -62,8 +62,8 @@ from __future__ import annotations
 import os
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from piship_remote.backends._owned import Detachable
 from piship_remote.backends.base import (
@@ -181,12 +181,10 @@ class ExecEngine:
             if self._retired or self._disposed:
                 raise self._refusal()
 
-    @contextmanager
-    def cancel_token(self, cancel: threading.Event | None) -> Iterator[CancelToken]:
+    def cancel_token(self, cancel: threading.Event | None) -> AbstractContextManager[CancelToken]:
         """The token for a caller's ``cancel`` during the block: itself if it is one, else
         a mirror this engine's ``piship-cancel-watch`` thread sets (the one bridge)."""
-        with bridge(cancel, self._watcher) as token:
-            yield token
+        return bridge(cancel, self._watcher)
 
     def run(
         self,

@@ -331,7 +331,7 @@ class DirectCall:
 
     def abort(self, kind: AbortKind) -> None:
         with self._lock:
-            if self.aborted is not None or self.failure is not None or self.finished.is_set():
+            if self.stopped or self.finished.is_set():
                 return
             self.aborted = kind
         self._on_stop(self, kind)
@@ -361,7 +361,7 @@ class DirectCall:
 
     def _fail(self, error: BaseException) -> None:
         with self._lock:
-            if self.aborted is not None or self.failure is not None:
+            if self.stopped:
                 return
             self.failure = error
         self._on_stop(self, STOPPED)

@@ -223,7 +223,8 @@ class Sandbox:
                 user_action="Use an E2B-compatible backend, or run the command without it",
             )
         control = CommandControl(stdin=stdin)
-        request = self._request(command, cwd, timeout, env, control=control, pty=pty)
+        line = command_line(command)
+        request = self._request(line, cwd, timeout, env, control=control, pty=pty)
         deadline = timeout_deadline(timeout)
         handle = CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
         return self._telemetry.started(handle)
@@ -242,9 +243,10 @@ class Sandbox:
         if cancel is not None and cancel.is_set():
             command_line(command)
             raise CommandCancelled()
-        request = self._request(command, cwd, timeout, env, stdin=stdin)
-        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
+        line = command_line(command)
         engine = self._usable_engine()
+        request = self._request(line, cwd, timeout, env, stdin=stdin)
+        deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
         # The caller's cancel becomes the command's one token, here, once.
         with self._telemetry.command() as span, engine.cancel_token(cancel) as token:
             result = engine.run(request, sink, deadline, token, retire=True)
@@ -252,7 +254,7 @@ class Sandbox:
 
     def _request(
         self,
-        command: Command,
+        line: str,
         cwd: PathLike | None,
         timeout: float | None,
         env: Mapping[str, str] | None,
@@ -261,8 +263,8 @@ class Sandbox:
         control: CommandControl | None = None,
         pty: bool | tuple[int, int] = False,
     ) -> ExecRequest:
-        line = command_line(command)
-        self._usable_engine()
+        """The request for the command ``line`` (checked by ``command_line``) on the usable
+        engine the caller holds."""
         return ExecRequest(
             command=line,
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,

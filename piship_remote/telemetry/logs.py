@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from piship_remote.model.redact import Redactor, redact
+from piship_remote.model.redact import Redactor, redaction
 
 __all__ = ["LOGGER", "info"]
 
@@ -22,5 +22,5 @@ def info(message: str, *args: object, redactor: Redactor | None = None) -> None:
     log = logging.getLogger(LOGGER)
     if not log.isEnabledFor(logging.INFO):
         return
-    clean = redactor.redact if redactor is not None else redact
+    clean = redaction(redactor)
     log.info(message, *(clean(arg) if isinstance(arg, str) else arg for arg in args), stacklevel=2)

@@ -27,7 +27,6 @@ __all__ = [
     "DURATION_BUCKETS",
     "ERROR_TYPE",
     "EXIT_CODE",
-    "FILES",
     "HTTP_STATUS",
     "LEASE_RENEW_SPAN",
     "OUTCOME",
@@ -79,7 +78,6 @@ OUTCOME = "piship.outcome"
 ERROR_TYPE = "error.type"
 EXIT_CODE = "process.exit.code"
 BYTES = "piship.transfer.bytes"
-FILES = "piship.transfer.files"
 DIRECTION = "piship.transfer.direction"
 """``upload`` (host to sandbox) or ``download`` (sandbox to host)."""
 ATTEMPTS = "piship.pool.attempts"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from piship_remote.model.redact import Redactor, redact
+from piship_remote.model.redact import Redactor, redaction
 from piship_remote.telemetry import names
 from piship_remote.telemetry.outcomes import error_type, exit_outcome, outcome_of
 
@@ -36,7 +36,7 @@ def clean_attributes(
     attributes: Mapping[str, AttributeValue | None], redactor: Redactor | None
 ) -> dict[str, AttributeValue]:
     """``attributes`` without ``None`` values, every text through the redaction."""
-    clean = redactor.redact if redactor is not None else redact
+    clean = redaction(redactor)
     return {
         key: clean(value) if isinstance(value, str) else value
         for key, value in attributes.items()
@@ -114,18 +114,10 @@ class LiveSpan:
         traceback: TracebackType | None,
     ) -> None:
         seconds = time.perf_counter() - self._started
-        failure = None
-        ending: dict[str, AttributeValue] = {}
-        if self._code is not None:
-            ending[names.EXIT_CODE] = self._code
-        if error is not None:
-            failure = error_type(error)
-            self._outcome = outcome_of(error, command=self._command)
-            ending[names.ERROR_TYPE] = failure
-            _mark_failed(self._span, failure)
-        ending[names.OUTCOME] = self._outcome
-        self._span.set_attributes(ending)  # one call: the SDK takes its lock once
         # The error went to the caller as it is: the span holds only its name.
+        self._outcome, failure = _ending(
+            self._span, self._code, error, self._outcome, command=self._command
+        )
         self._api.detach(self._token)
         self._span.end()
         if self._ended is not None:  # outside the span: no exemplar sampling per measurement
@@ -136,7 +128,7 @@ class LiveSpan:
         if value is None:
             return
         if isinstance(value, str):
-            value = self._redactor.redact(value) if self._redactor is not None else redact(value)
+            value = redaction(self._redactor)(value)
         self._span.set_attribute(key, value)
 
     def exit_code(self, code: int) -> int:
@@ -155,44 +147,55 @@ class StartedSpan:
     """A span that ends on another thread than the one it began on (a started command's):
     a child of the context current at its start, never current itself."""
 
-    __slots__ = ("_ended", "_redactor", "_span", "_started")
+    __slots__ = ("_ended", "_span", "_started")
 
     def __init__(
         self,
         tracer: Tracer,
         name: str,
         attributes: dict[str, AttributeValue],
-        redactor: Redactor | None,
         *,
         ended: Ended | None,
     ) -> None:
         self._span = tracer.start_span(name, attributes=attributes, record_exception=False)
-        self._redactor = redactor
         self._ended = ended
         self._started = time.perf_counter()
 
     def finish(self, result: Callable[[], int]) -> None:
         """End the span with the exit code ``result()`` returns, or the error it raises."""
         seconds = time.perf_counter() - self._started
-        failure = None
-        ending: dict[str, AttributeValue] = {}
+        code: int | None = None
+        raised: BaseException | None = None
         try:
             code = result()
         except BaseException as error:
-            failure = error_type(error)
-            outcome = outcome_of(error, command=True)
-            ending[names.ERROR_TYPE] = failure
-            _mark_failed(self._span, failure)
-        else:
-            outcome = exit_outcome(code)
-            ending[names.EXIT_CODE] = code
-        ending[names.OUTCOME] = outcome
-        self._span.set_attributes(ending)
+            raised = error
+        given = "error" if code is None else exit_outcome(code)  # an error decides its own
+        outcome, failure = _ending(self._span, code, raised, given, command=True)
         try:
             if self._ended is not None:
                 self._ended(seconds, outcome, failure)
         finally:
             self._span.end()
+
+
+def _ending(
+    span: Span, code: int | None, error: BaseException | None, outcome: str, *, command: bool
+) -> tuple[str, str | None]:
+    """Set a span's closing attributes (one call: the SDK takes its lock once) and, for
+    ``error``, its status; returns its outcome and its ``error.type`` (or ``None``)."""
+    ending: dict[str, AttributeValue] = {}
+    if code is not None:
+        ending[names.EXIT_CODE] = code
+    failure = None
+    if error is not None:
+        failure = error_type(error)
+        outcome = outcome_of(error, command=command)
+        ending[names.ERROR_TYPE] = failure
+        _mark_failed(span, failure)
+    ending[names.OUTCOME] = outcome
+    span.set_attributes(ending)
+    return outcome, failure
 
 
 def _mark_failed(span: Span, failure: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
-from piship_remote.model.redact import Redactor, redact
+from piship_remote.model.redact import Redactor, redaction
 from piship_remote.telemetry import names
 from piship_remote.telemetry._api import OtelApi
 from piship_remote.telemetry._instruments import Instruments
@@ -141,7 +141,7 @@ class Telemetry:
             return None
         assert self._tracer is not None
         clean = self._clean(sandbox_id, None)
-        return StartedSpan(self._tracer, name, clean, self._redactor, ended=ended)
+        return StartedSpan(self._tracer, name, clean, ended=ended)
 
     def transfer(
         self,
@@ -220,9 +220,7 @@ class Telemetry:
         if sandbox_id is not None:
             seen, redacted = self._last_id
             if seen != sandbox_id:
-                redacted = (
-                    self._redactor.redact(sandbox_id) if self._redactor else redact(sandbox_id)
-                )
+                redacted = redaction(self._redactor)(sandbox_id)
                 self._last_id = (sandbox_id, redacted)
             clean[names.SANDBOX_ID] = redacted
         return clean

@@ -31,7 +31,6 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any
 
 import urllib3
@@ -44,7 +43,7 @@ from urllib3.util.timeout import Timeout
 
 from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
-from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge
+from piship_remote.transport._cancel import EventWatcher, when_cancelled
 from piship_remote.transport._response_head import PlainHead, peek_plain_head
 from piship_remote.transport._scope import CURRENT, ON_SENT
 from piship_remote.transport._steady_socket import SteadyTimeoutSocket
@@ -90,11 +89,6 @@ class CallScope:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._owned: list[socket.socket] = []
-
-    @property
-    def over(self) -> bool:
-        """The deadline no longer applies (the call finished, or a stream's body began)."""
-        return self._over
 
     def remaining(self) -> float | None:
         return self.deadline.remaining()
@@ -177,7 +171,6 @@ class Call:
         "component",
         "idle_timeout",
         "label",
-        "origin",
         "redactor",
         "scope",
         "stream",
@@ -187,7 +180,7 @@ class Call:
         self,
         component: str,
         redactor: Redactor,
-        target: tuple[str, str],
+        label: str,
         deadline: Deadline,
         *,
         stream: bool,
@@ -195,20 +188,16 @@ class Call:
     ) -> None:
         self.component = component
         self.redactor = redactor
-        self.label, self.origin = target  # host[:port] for messages, scheme://netloc
+        self.label = label  # host[:port], for messages
         self.scope = CallScope(deadline)
         self.stream = stream
         self.idle_timeout = idle_timeout
         self._cleanup: Callable[[], object] | None = None
 
     def watch(self, cancel: threading.Event, watcher: EventWatcher) -> None:
-        if isinstance(cancel, CancelToken):  # the usual case: nothing to bridge
-            self._cleanup = cancel.on_cancel(self.scope.cancel)
-            return
-        stack = ExitStack()
-        token = stack.enter_context(bridge(cancel, watcher))
-        stack.callback(token.on_cancel(self.scope.cancel))
-        self._cleanup = stack.close
+        """Cancel the scope once ``cancel`` is set (a token calls back; ``watcher`` polls
+        a plain event)."""
+        self._cleanup = when_cancelled(cancel, watcher, self.scope.cancel)
 
     def finish(self) -> None:
         """Stop listening for cancellation and forget the sockets (idempotent)."""
@@ -412,10 +401,8 @@ class _Connection(SocketFactoryHook, SingleWriteRequest):
             self.close()  # a late cancel may have shut the socket down: reconnect
 
 
-def arm(conn: urllib3.connection.HTTPConnection, scope: CallScope, timeout: float | None) -> None:
-    """Make ``conn`` (taken from its pool) the call's: its sockets registered with
-    ``scope``, ``timeout`` the socket timeout of its connect and of the wait for the answer."""
-    conn.timeout = timeout
+def arm(conn: urllib3.connection.HTTPConnection, scope: CallScope) -> None:
+    """Make ``conn`` (taken from its pool) the call's: its sockets registered with ``scope``."""
     if isinstance(conn, _Connection):
         conn._armed = scope
 

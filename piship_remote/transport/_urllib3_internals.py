@@ -317,13 +317,6 @@ def return_to_pool(
     pool._put_conn(conn)
 
 
-class _Unchanged:
-    """The type of :data:`_UNCHANGED`: a connection's timeout as its caller set it."""
-
-
-_UNCHANGED = _Unchanged()
-
-
 def send_direct(
     pool: urllib3.connectionpool.HTTPConnectionPool,
     method: str,
@@ -331,7 +324,7 @@ def send_direct(
     body: Any,
     headers: Mapping[str, str | bytes],
     *,
-    timeout: float | _Unchanged | None = _UNCHANGED,
+    timeout: float | None,
     chunked: bool,
     retries: urllib3.util.retry.Retry,
     stream: bool = False,
@@ -346,20 +339,18 @@ def send_direct(
     and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``. With
     ``stream``, a connection that can (see ``_connection``) may answer with a
     :class:`StreamedResponse`. ``conn``, when given, is a connection the caller took
-    from ``pool`` (:func:`taken_from_pool`) and set up, its ``timeout`` included
-    (``timeout`` is then left as it is unless given).
+    from ``pool`` (:func:`taken_from_pool`) and set up.
     """
     if conn is None:
         taken = pool._get_conn()
         assert isinstance(taken, urllib3.connection.HTTPConnection)
         conn = taken
     try:
-        if not isinstance(timeout, _Unchanged):
-            conn.timeout = timeout
+        conn.timeout = timeout
         pool.num_requests += 1
         pool._validate_conn(conn)  # HTTPS: connects, and checks the certificate
         _write(conn, method, path, body, headers, chunked)
-        if not conn.is_closed and not isinstance(timeout, _Unchanged):
+        if not conn.is_closed:
             conn.timeout = timeout
         answer = getattr(conn, "getresponse_streamed", None) if stream else None
         response: urllib3.response.HTTPResponse | StreamedResponse = (

@@ -85,11 +85,14 @@ class PiShipAdapter(requests.adapters.HTTPAdapter):
         conn: urllib3.connection.HTTPConnection,
         outgoing: Outgoing,
         route: Route,
+        remaining: float | None,
         *,
         stream: bool,
     ) -> Raw:
         """Send ``outgoing`` on ``conn``, taken from ``route``'s pool (a direct route,
-        :attr:`Route.direct`) and armed by the caller; the answer's head read, its body not."""
+        :attr:`Route.direct`) and armed by the caller; the answer's head read, its body not.
+
+        ``remaining`` is the socket timeout of the connect and of the wait for the head."""
         pool = route.pool
         assert pool is not None
         return send_direct(
@@ -98,6 +101,7 @@ class PiShipAdapter(requests.adapters.HTTPAdapter):
             outgoing.url_for(absolute=False),
             outgoing.body,
             outgoing.headers,
+            timeout=remaining,
             chunked=outgoing.chunked(),
             retries=self.max_retries,
             stream=stream,

@@ -162,7 +162,7 @@ class Transport:
         call = Call(
             self.component,
             self.redactor,
-            (target.label, target.origin),
+            target.label,
             deadline,
             stream=stream,
             idle_timeout=idle_timeout,
@@ -403,9 +403,9 @@ class Transport:
         if route.direct:
             assert route.pool is not None
             conn = taken_from_pool(route.pool)
-            arm(conn, call.scope, remaining)
+            arm(conn, call.scope)
             try:
-                opened = adapter.send_on(conn, outgoing, route, stream=call.stream)
+                opened = adapter.send_on(conn, outgoing, route, remaining, stream=call.stream)
             finally:
                 disarm(conn, call.scope)
         else:

@@ -198,11 +198,11 @@ class Envd:
         idle_timeout: float,
         errors: SandboxErrors,
     ) -> None:
-        self._transport = self.transport = transport
+        self.transport = transport
         self.takes_deadline = takes_keyword(transport.request, "deadline")
         self._base = base
         self.start_url = f"{base}/process.Process/Start"
-        self._idle_timeout = self.idle_timeout = idle_timeout
+        self.idle_timeout = idle_timeout
         self._errors = errors
         headers = {
             "Connect-Protocol-Version": "1",
@@ -245,7 +245,7 @@ class Envd:
 
     def kill(self, tag: str, cancel: threading.Event | None) -> None:
         """SendSignal SIGKILL to the command tagged ``tag`` (plain JSON, short deadline)."""
-        self._transport.request(
+        self.transport.request(
             "POST",
             f"{self._base}/process.Process/SendSignal",
             headers=self._headers,
@@ -275,12 +275,12 @@ class Envd:
         return self._unary("CloseStdin", _WIRE.unstructure(body), cancel)
 
     def _unary(self, method: str, body: object, cancel: threading.Event | None) -> bool:
-        with self._transport.request(
+        with self.transport.request(
             "POST",
             f"{self._base}/process.Process/{method}",
             headers=self._headers,
             json=body,
-            timeout=self._idle_timeout,
+            timeout=self.idle_timeout,
             cancel=cancel,
         ) as response:
             return is_success(response.status)

@@ -175,16 +175,13 @@ class E2bInstance:
     def _begin(self, cancel: threading.Event | None) -> CancelToken:
         """A token for this command, set by ``cancel`` or by dispose."""
         token = CancelToken()
-        with self._lock:
-            if self._disposed:
-                raise self._errors("the sandbox was disposed")
-            self._running[token] = _nothing
-        if cancel is None:
-            return token
         forget = when_cancelled(cancel, self._watcher, token.set)
         with self._lock:
-            self._running[token] = forget
-        return token
+            if not self._disposed:
+                self._running[token] = forget
+                return token
+        forget()
+        raise self._errors("the sandbox was disposed")
 
     def _end(self, token: CancelToken) -> None:
         with self._lock:
