@@ -65,6 +65,34 @@ def router_requests(mock: KubernetesServer) -> list[Any]:
     return [r for r in mock.requests if not r.path.startswith("/apis/")]
 
 
+def kubeconfig_backend(
+    mock: KubernetesServer, pki: Pki, tmp_path: Path, user: dict[str, Any], **options: Any
+) -> KubernetesAgentSandboxBackend:
+    """A backend from a kubeconfig naming ``mock`` (its CA) with ``user``; router: ``mock``."""
+    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
+    return KubernetesAgentSandboxBackend.from_kubeconfig(
+        config, router=mock.url, template="python-pool", **options
+    )
+
+
+def in_cluster_backend(
+    mock: KubernetesServer,
+    service_account: Path,
+    router_session: requests.Session,
+    monkeypatch: pytest.MonkeyPatch,
+) -> KubernetesAgentSandboxBackend:
+    """A backend in a pod of ``mock``'s cluster, with the router's own token."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(mock.port))
+    return KubernetesAgentSandboxBackend.in_cluster(
+        router=mock.url,
+        template="python-pool",
+        service_account=str(service_account),
+        session=router_session,
+        router_credential=lambda: "router-t0ken",
+    )
+
+
 def run_commands_and_files(backend: KubernetesAgentSandboxBackend, workspace: Path) -> None:
     with backend, activate_sandbox(POLICY, backend=backend, workspace=workspace) as sandbox:
         assert sandbox.exec("true").exit_code == 0
@@ -90,9 +118,8 @@ def test_a_client_certificate_from_the_kubeconfig_authenticates_to_the_api_serve
     embedded: bool,
 ) -> None:
     mock = tls_server(Cluster(client_subject=CLIENT_NAME))
-    config = write_kubeconfig(tmp_path / "config", mock.url, client_user(pki, embedded), ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool", session=router_session
+    backend = kubeconfig_backend(
+        mock, pki, tmp_path, client_user(pki, embedded), session=router_session
     )
     run_commands_and_files(backend, tmp_path)
 
@@ -134,11 +161,11 @@ def test_a_token_file_goes_to_the_api_server_and_the_router_token_to_the_router(
     token_file = tmp_path / "token"
     token_file.write_text("cluster-t0ken\n")
     user = {"tokenFile": str(token_file)}
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config,
-        router=mock.url,
-        template="python-pool",
+    backend = kubeconfig_backend(
+        mock,
+        pki,
+        tmp_path,
+        user,
         session=router_session,
         router_credential=lambda: "router-t0ken",
     )
@@ -211,10 +238,7 @@ def test_an_exec_plugin_is_run_again_once_its_credential_expires(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken"))
     user, runs = exec_plugin(tmp_path, datetime.timedelta(seconds=30))  # within the skew
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock, pki, tmp_path, user) as backend:
         first = plugin_runs(runs)
         assert backend.available().available
         assert backend.available().available
@@ -227,10 +251,7 @@ def test_an_exec_plugin_credential_is_reused_until_it_expires(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken"))
     user, runs = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock, pki, tmp_path, user) as backend:
         first = plugin_runs(runs)
         assert backend.available().available
         assert backend.available().available
@@ -243,10 +264,7 @@ def test_a_rejected_exec_plugin_credential_is_renewed_by_running_the_plugin_agai
     cluster = Cluster(token="plugin-t0ken")
     mock = tls_server(cluster)
     user, _ = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock, pki, tmp_path, user) as backend:
         assert backend.available().available
         cluster.token = "rotated-t0ken"
         (tmp_path / "plugin-token").write_text("rotated-t0ken")
@@ -276,15 +294,7 @@ def test_in_cluster_uses_the_service_account_and_rereads_a_rotated_token(
 ) -> None:
     cluster = Cluster(token="pod-t0ken", router_token="router-t0ken")
     mock = tls_server(cluster)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(mock.port))
-    backend = KubernetesAgentSandboxBackend.in_cluster(
-        router=mock.url,
-        template="python-pool",
-        service_account=str(service_account),
-        session=router_session,
-        router_credential=lambda: "router-t0ken",
-    )
+    backend = in_cluster_backend(mock, service_account, router_session, monkeypatch)
     with backend, activate_sandbox(POLICY, backend=backend, workspace=tmp_path) as sandbox:
         assert sandbox.exec("true").exit_code == 0
         (service_account / "token").write_text("rotated-t0ken")  # the kubelet rotated it
@@ -354,9 +364,8 @@ def test_a_namespace_option_wins_over_the_context(
     tls_server: Callable[[Cluster], KubernetesServer], pki: Pki, tmp_path: Path
 ) -> None:
     mock = tls_server(Cluster(token="ctx-t0ken"))
-    config = write_kubeconfig(tmp_path / "config", mock.url, {"token": "ctx-t0ken"}, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool", namespace="elsewhere"
+    with kubeconfig_backend(
+        mock, pki, tmp_path, {"token": "ctx-t0ken"}, namespace="elsewhere"
     ) as backend:
         assert backend.available().available
     assert mock.requests[0].path.startswith(
@@ -397,9 +406,8 @@ def test_a_pool_maps_with_the_client_certificate_of_a_kubeconfig(
     tmp_path: Path,
 ) -> None:
     mock = tls_server(Cluster(client_subject=CLIENT_NAME))
-    config = write_kubeconfig(tmp_path / "config", mock.url, client_user(pki, False), ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool", session=router_session
+    backend = kubeconfig_backend(
+        mock, pki, tmp_path, client_user(pki, False), session=router_session
     )
     assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
     assert {s for p, s in mock.client_subjects if p.startswith("/apis/")} == {CLIENT_NAME}
@@ -413,11 +421,11 @@ def test_a_pool_maps_with_the_exec_plugin_of_a_kubeconfig(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken", router_token="router-t0ken"))
     user, _ = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config,
-        router=mock.url,
-        template="python-pool",
+    backend = kubeconfig_backend(
+        mock,
+        pki,
+        tmp_path,
+        user,
         session=router_session,
         router_credential=lambda: "router-t0ken",
     )
@@ -433,14 +441,6 @@ def test_a_pool_maps_with_an_in_cluster_token_file(
     tmp_path: Path,
 ) -> None:
     mock = tls_server(Cluster(token="pod-t0ken", router_token="router-t0ken"))
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(mock.port))
-    backend = KubernetesAgentSandboxBackend.in_cluster(
-        router=mock.url,
-        template="python-pool",
-        service_account=str(service_account),
-        session=router_session,
-        router_credential=lambda: "router-t0ken",
-    )
+    backend = in_cluster_backend(mock, service_account, router_session, monkeypatch)
     assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
     assert {r.headers["authorization"] for r in api_requests(mock)} == {"Bearer pod-t0ken"}
