@@ -7,6 +7,7 @@ is YAML)::
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +38,20 @@ def write_kubeconfig(
     }
     path.write_text(json.dumps(config), encoding="utf-8")
     return path
+
+
+def exec_user(script: Path) -> dict[str, Any]:
+    """A kubeconfig ``exec`` user running the Python plugin ``script``."""
+    return {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": sys.executable,
+            "args": [str(script)],
+            "interactiveMode": "Never",
+        }
+    }
+
+
+def plugin_runs(runs: Path) -> int:
+    """How often a plugin that appends a line to ``runs`` on each run has run."""
+    return len(runs.read_text().splitlines())

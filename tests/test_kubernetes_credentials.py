@@ -20,7 +20,7 @@ pytest.importorskip("cryptography")  # the test CA
 pytest.importorskip("kubernetes.config")  # the kubernetes extra
 
 from k8s_tls_support import CLIENT_NAME, Pki
-from kubeconfig_support import write_kubeconfig
+from kubeconfig_support import exec_user, plugin_runs, write_kubeconfig
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.model.errors import CONFIG_INVALID, TLS_POLICY_VIOLATION, PiShipError
@@ -218,19 +218,7 @@ def exec_plugin(tmp_path: Path, expires_in: datetime.timedelta) -> tuple[dict[st
         )
     )
     (tmp_path / "plugin-token").write_text("plugin-t0ken")
-    user = {
-        "exec": {
-            "apiVersion": "client.authentication.k8s.io/v1",
-            "command": sys.executable,
-            "args": [str(script)],
-            "interactiveMode": "Never",
-        }
-    }
-    return user, runs
-
-
-def plugin_runs(runs: Path) -> int:
-    return len(runs.read_text().splitlines())
+    return exec_user(script), runs
 
 
 def test_an_exec_plugin_is_run_again_once_its_credential_expires(

@@ -5,7 +5,6 @@ connections present the new certificate — to the API and through the port-forw
 from __future__ import annotations
 
 import datetime
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ pytest.importorskip("cryptography")  # the test CA
 pytest.importorskip("kubernetes.config")  # the kubernetes extra
 
 from k8s_tls_support import CLIENT_NAME, Pki
-from kubeconfig_support import write_kubeconfig
+from kubeconfig_support import exec_user, plugin_runs, write_kubeconfig
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.sandbox.activation import activate_sandbox
@@ -60,19 +59,7 @@ def certificate_plugin(
             """
         )
     )
-    user = {
-        "exec": {
-            "apiVersion": "client.authentication.k8s.io/v1",
-            "command": sys.executable,
-            "args": [str(script)],
-            "interactiveMode": "Never",
-        }
-    }
-    return user, runs
-
-
-def plugin_runs(runs: Path) -> int:
-    return len(runs.read_text().splitlines())
+    return exec_user(script), runs
 
 
 def rotate(tmp_path: Path, pki: Pki, cluster: Cluster) -> None:
