@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+
 
 def write_kubeconfig(
     path: Path,
@@ -38,6 +40,16 @@ def write_kubeconfig(
     }
     path.write_text(json.dumps(config), encoding="utf-8")
     return path
+
+
+def kubeconfig_backend(
+    server: str, ca: Path, directory: Path, user: dict[str, Any], **options: Any
+) -> KubernetesAgentSandboxBackend:
+    """A backend from a kubeconfig (in ``directory``) naming ``server`` with its ``ca``
+    and ``user``; the router is ``server`` too unless ``router`` is given."""
+    config = write_kubeconfig(directory / "config", server, user, ca=ca)
+    options.setdefault("router", server)
+    return KubernetesAgentSandboxBackend.from_kubeconfig(config, template="python-pool", **options)
 
 
 def exec_user(script: Path) -> dict[str, Any]:

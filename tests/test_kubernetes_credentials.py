@@ -20,7 +20,7 @@ pytest.importorskip("cryptography")  # the test CA
 pytest.importorskip("kubernetes.config")  # the kubernetes extra
 
 from k8s_tls_support import CLIENT_NAME, Pki
-from kubeconfig_support import exec_user, plugin_runs, write_kubeconfig
+from kubeconfig_support import exec_user, kubeconfig_backend, plugin_runs, write_kubeconfig
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.model.errors import CONFIG_INVALID, TLS_POLICY_VIOLATION, PiShipError
@@ -63,16 +63,6 @@ def api_requests(mock: KubernetesServer) -> list[Any]:
 
 def router_requests(mock: KubernetesServer) -> list[Any]:
     return [r for r in mock.requests if not r.path.startswith("/apis/")]
-
-
-def kubeconfig_backend(
-    mock: KubernetesServer, pki: Pki, tmp_path: Path, user: dict[str, Any], **options: Any
-) -> KubernetesAgentSandboxBackend:
-    """A backend from a kubeconfig naming ``mock`` (its CA) with ``user``; router: ``mock``."""
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    return KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool", **options
-    )
 
 
 def in_cluster_backend(
@@ -119,7 +109,7 @@ def test_a_client_certificate_from_the_kubeconfig_authenticates_to_the_api_serve
 ) -> None:
     mock = tls_server(Cluster(client_subject=CLIENT_NAME))
     backend = kubeconfig_backend(
-        mock, pki, tmp_path, client_user(pki, embedded), session=router_session
+        mock.url, pki.ca, tmp_path, client_user(pki, embedded), session=router_session
     )
     run_commands_and_files(backend, tmp_path)
 
@@ -162,8 +152,8 @@ def test_a_token_file_goes_to_the_api_server_and_the_router_token_to_the_router(
     token_file.write_text("cluster-t0ken\n")
     user = {"tokenFile": str(token_file)}
     backend = kubeconfig_backend(
-        mock,
-        pki,
+        mock.url,
+        pki.ca,
         tmp_path,
         user,
         session=router_session,
@@ -226,7 +216,7 @@ def test_an_exec_plugin_is_run_again_once_its_credential_expires(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken"))
     user, runs = exec_plugin(tmp_path, datetime.timedelta(seconds=30))  # within the skew
-    with kubeconfig_backend(mock, pki, tmp_path, user) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         first = plugin_runs(runs)
         assert backend.available().available
         assert backend.available().available
@@ -239,7 +229,7 @@ def test_an_exec_plugin_credential_is_reused_until_it_expires(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken"))
     user, runs = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    with kubeconfig_backend(mock, pki, tmp_path, user) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         first = plugin_runs(runs)
         assert backend.available().available
         assert backend.available().available
@@ -252,7 +242,7 @@ def test_a_rejected_exec_plugin_credential_is_renewed_by_running_the_plugin_agai
     cluster = Cluster(token="plugin-t0ken")
     mock = tls_server(cluster)
     user, _ = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    with kubeconfig_backend(mock, pki, tmp_path, user) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         assert backend.available().available
         cluster.token = "rotated-t0ken"
         (tmp_path / "plugin-token").write_text("rotated-t0ken")
@@ -353,7 +343,7 @@ def test_a_namespace_option_wins_over_the_context(
 ) -> None:
     mock = tls_server(Cluster(token="ctx-t0ken"))
     with kubeconfig_backend(
-        mock, pki, tmp_path, {"token": "ctx-t0ken"}, namespace="elsewhere"
+        mock.url, pki.ca, tmp_path, {"token": "ctx-t0ken"}, namespace="elsewhere"
     ) as backend:
         assert backend.available().available
     assert mock.requests[0].path.startswith(
@@ -395,7 +385,7 @@ def test_a_pool_maps_with_the_client_certificate_of_a_kubeconfig(
 ) -> None:
     mock = tls_server(Cluster(client_subject=CLIENT_NAME))
     backend = kubeconfig_backend(
-        mock, pki, tmp_path, client_user(pki, False), session=router_session
+        mock.url, pki.ca, tmp_path, client_user(pki, False), session=router_session
     )
     assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
     assert {s for p, s in mock.client_subjects if p.startswith("/apis/")} == {CLIENT_NAME}
@@ -410,8 +400,8 @@ def test_a_pool_maps_with_the_exec_plugin_of_a_kubeconfig(
     mock = tls_server(Cluster(token="plugin-t0ken", router_token="router-t0ken"))
     user, _ = exec_plugin(tmp_path, datetime.timedelta(hours=1))
     backend = kubeconfig_backend(
-        mock,
-        pki,
+        mock.url,
+        pki.ca,
         tmp_path,
         user,
         session=router_session,
