@@ -12,7 +12,6 @@ import datetime
 import ipaddress
 import ssl
 from pathlib import Path
-from typing import Any
 
 import attrs
 from cryptography import x509
@@ -39,6 +38,36 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
             serialization.NoEncryption(),
         )
     )
+
+
+def _issue(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    common: str,
+    usage: x509.ObjectIdentifier,
+    names: list[x509.GeneralName],
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A day-long leaf certificate for ``common`` signed by the CA, and its key."""
+    key = _key()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+    )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()), key
 
 
 @attrs.frozen
@@ -85,28 +114,9 @@ class Pki:
             .sign(ca_key, hashes.SHA256())
         )
 
-        def issue(common: str, usage: x509.ObjectIdentifier, names: list[x509.GeneralName]) -> Any:
-            key = _key()
-            builder = (
-                x509.CertificateBuilder()
-                .subject_name(_name(common))
-                .issuer_name(ca_cert.subject)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-                .add_extension(
-                    x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                    critical=False,
-                )
-            )
-            if names:
-                builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-            return builder.sign(ca_key, hashes.SHA256()), key
-
-        server_cert, server_key = issue(
+        server_cert, server_key = _issue(
+            ca_cert,
+            ca_key,
             "127.0.0.1",
             ExtendedKeyUsageOID.SERVER_AUTH,
             [
@@ -115,7 +125,9 @@ class Pki:
                 x509.DNSName("localhost"),
             ],
         )
-        client_cert, client_key = issue(CLIENT_NAME, ExtendedKeyUsageOID.CLIENT_AUTH, [])
+        client_cert, client_key = _issue(
+            ca_cert, ca_key, CLIENT_NAME, ExtendedKeyUsageOID.CLIENT_AUTH, []
+        )
         pki = cls(
             ca=directory / "ca.crt",
             server_cert=directory / "server.crt",
@@ -138,20 +150,7 @@ class Pki:
         ca_cert = x509.load_pem_x509_certificate(self.ca.read_bytes())
         ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-        key = _key()
-        now = datetime.datetime.now(datetime.timezone.utc)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
+        cert, key = _issue(ca_cert, ca_key, common, ExtendedKeyUsageOID.CLIENT_AUTH, [])
         cert_path = self.ca.parent / f"{common}.crt"
         key_path = self.ca.parent / f"{common}.key"
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

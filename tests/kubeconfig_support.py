@@ -7,8 +7,11 @@ is YAML)::
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
+
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
 
 def write_kubeconfig(
@@ -37,3 +40,30 @@ def write_kubeconfig(
     }
     path.write_text(json.dumps(config), encoding="utf-8")
     return path
+
+
+def kubeconfig_backend(
+    server: str, ca: Path, directory: Path, user: dict[str, Any], **options: Any
+) -> KubernetesAgentSandboxBackend:
+    """A backend from a kubeconfig (in ``directory``) naming ``server`` with its ``ca``
+    and ``user``; the router is ``server`` too unless ``router`` is given."""
+    config = write_kubeconfig(directory / "config", server, user, ca=ca)
+    options.setdefault("router", server)
+    return KubernetesAgentSandboxBackend.from_kubeconfig(config, template="python-pool", **options)
+
+
+def exec_user(script: Path) -> dict[str, Any]:
+    """A kubeconfig ``exec`` user running the Python plugin ``script``."""
+    return {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": sys.executable,
+            "args": [str(script)],
+            "interactiveMode": "Never",
+        }
+    }
+
+
+def plugin_runs(runs: Path) -> int:
+    """How often a plugin that appends a line to ``runs`` on each run has run."""
+    return len(runs.read_text().splitlines())

@@ -20,7 +20,7 @@ pytest.importorskip("cryptography")  # the test CA
 pytest.importorskip("kubernetes.config")  # the kubernetes extra
 
 from k8s_tls_support import CLIENT_NAME, Pki
-from kubeconfig_support import write_kubeconfig
+from kubeconfig_support import exec_user, kubeconfig_backend, plugin_runs, write_kubeconfig
 
 from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.model.errors import CONFIG_INVALID, TLS_POLICY_VIOLATION, PiShipError
@@ -65,6 +65,24 @@ def router_requests(mock: KubernetesServer) -> list[Any]:
     return [r for r in mock.requests if not r.path.startswith("/apis/")]
 
 
+def in_cluster_backend(
+    mock: KubernetesServer,
+    service_account: Path,
+    router_session: requests.Session,
+    monkeypatch: pytest.MonkeyPatch,
+) -> KubernetesAgentSandboxBackend:
+    """A backend in a pod of ``mock``'s cluster, with the router's own token."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(mock.port))
+    return KubernetesAgentSandboxBackend.in_cluster(
+        router=mock.url,
+        template="python-pool",
+        service_account=str(service_account),
+        session=router_session,
+        router_credential=lambda: "router-t0ken",
+    )
+
+
 def run_commands_and_files(backend: KubernetesAgentSandboxBackend, workspace: Path) -> None:
     with backend, activate_sandbox(POLICY, backend=backend, workspace=workspace) as sandbox:
         assert sandbox.exec("true").exit_code == 0
@@ -90,9 +108,8 @@ def test_a_client_certificate_from_the_kubeconfig_authenticates_to_the_api_serve
     embedded: bool,
 ) -> None:
     mock = tls_server(Cluster(client_subject=CLIENT_NAME))
-    config = write_kubeconfig(tmp_path / "config", mock.url, client_user(pki, embedded), ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool", session=router_session
+    backend = kubeconfig_backend(
+        mock.url, pki.ca, tmp_path, client_user(pki, embedded), session=router_session
     )
     run_commands_and_files(backend, tmp_path)
 
@@ -134,11 +151,11 @@ def test_a_token_file_goes_to_the_api_server_and_the_router_token_to_the_router(
     token_file = tmp_path / "token"
     token_file.write_text("cluster-t0ken\n")
     user = {"tokenFile": str(token_file)}
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config,
-        router=mock.url,
-        template="python-pool",
+    backend = kubeconfig_backend(
+        mock.url,
+        pki.ca,
+        tmp_path,
+        user,
         session=router_session,
         router_credential=lambda: "router-t0ken",
     )
@@ -191,19 +208,7 @@ def exec_plugin(tmp_path: Path, expires_in: datetime.timedelta) -> tuple[dict[st
         )
     )
     (tmp_path / "plugin-token").write_text("plugin-t0ken")
-    user = {
-        "exec": {
-            "apiVersion": "client.authentication.k8s.io/v1",
-            "command": sys.executable,
-            "args": [str(script)],
-            "interactiveMode": "Never",
-        }
-    }
-    return user, runs
-
-
-def plugin_runs(runs: Path) -> int:
-    return len(runs.read_text().splitlines())
+    return exec_user(script), runs
 
 
 def test_an_exec_plugin_is_run_again_once_its_credential_expires(
@@ -211,10 +216,7 @@ def test_an_exec_plugin_is_run_again_once_its_credential_expires(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken"))
     user, runs = exec_plugin(tmp_path, datetime.timedelta(seconds=30))  # within the skew
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         first = plugin_runs(runs)
         assert backend.available().available
         assert backend.available().available
@@ -227,10 +229,7 @@ def test_an_exec_plugin_credential_is_reused_until_it_expires(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken"))
     user, runs = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         first = plugin_runs(runs)
         assert backend.available().available
         assert backend.available().available
@@ -243,10 +242,7 @@ def test_a_rejected_exec_plugin_credential_is_renewed_by_running_the_plugin_agai
     cluster = Cluster(token="plugin-t0ken")
     mock = tls_server(cluster)
     user, _ = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         assert backend.available().available
         cluster.token = "rotated-t0ken"
         (tmp_path / "plugin-token").write_text("rotated-t0ken")
@@ -276,15 +272,7 @@ def test_in_cluster_uses_the_service_account_and_rereads_a_rotated_token(
 ) -> None:
     cluster = Cluster(token="pod-t0ken", router_token="router-t0ken")
     mock = tls_server(cluster)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(mock.port))
-    backend = KubernetesAgentSandboxBackend.in_cluster(
-        router=mock.url,
-        template="python-pool",
-        service_account=str(service_account),
-        session=router_session,
-        router_credential=lambda: "router-t0ken",
-    )
+    backend = in_cluster_backend(mock, service_account, router_session, monkeypatch)
     with backend, activate_sandbox(POLICY, backend=backend, workspace=tmp_path) as sandbox:
         assert sandbox.exec("true").exit_code == 0
         (service_account / "token").write_text("rotated-t0ken")  # the kubelet rotated it
@@ -354,9 +342,8 @@ def test_a_namespace_option_wins_over_the_context(
     tls_server: Callable[[Cluster], KubernetesServer], pki: Pki, tmp_path: Path
 ) -> None:
     mock = tls_server(Cluster(token="ctx-t0ken"))
-    config = write_kubeconfig(tmp_path / "config", mock.url, {"token": "ctx-t0ken"}, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool", namespace="elsewhere"
+    with kubeconfig_backend(
+        mock.url, pki.ca, tmp_path, {"token": "ctx-t0ken"}, namespace="elsewhere"
     ) as backend:
         assert backend.available().available
     assert mock.requests[0].path.startswith(
@@ -397,9 +384,8 @@ def test_a_pool_maps_with_the_client_certificate_of_a_kubeconfig(
     tmp_path: Path,
 ) -> None:
     mock = tls_server(Cluster(client_subject=CLIENT_NAME))
-    config = write_kubeconfig(tmp_path / "config", mock.url, client_user(pki, False), ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool", session=router_session
+    backend = kubeconfig_backend(
+        mock.url, pki.ca, tmp_path, client_user(pki, False), session=router_session
     )
     assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
     assert {s for p, s in mock.client_subjects if p.startswith("/apis/")} == {CLIENT_NAME}
@@ -413,11 +399,11 @@ def test_a_pool_maps_with_the_exec_plugin_of_a_kubeconfig(
 ) -> None:
     mock = tls_server(Cluster(token="plugin-t0ken", router_token="router-t0ken"))
     user, _ = exec_plugin(tmp_path, datetime.timedelta(hours=1))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config,
-        router=mock.url,
-        template="python-pool",
+    backend = kubeconfig_backend(
+        mock.url,
+        pki.ca,
+        tmp_path,
+        user,
         session=router_session,
         router_credential=lambda: "router-t0ken",
     )
@@ -433,14 +419,6 @@ def test_a_pool_maps_with_an_in_cluster_token_file(
     tmp_path: Path,
 ) -> None:
     mock = tls_server(Cluster(token="pod-t0ken", router_token="router-t0ken"))
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(mock.port))
-    backend = KubernetesAgentSandboxBackend.in_cluster(
-        router=mock.url,
-        template="python-pool",
-        service_account=str(service_account),
-        session=router_session,
-        router_credential=lambda: "router-t0ken",
-    )
+    backend = in_cluster_backend(mock, service_account, router_session, monkeypatch)
     assert run_a_pool_map(backend, tmp_path) == [f"item {n}" for n in range(4)]
     assert {r.headers["authorization"] for r in api_requests(mock)} == {"Bearer pod-t0ken"}

@@ -5,7 +5,6 @@ connections present the new certificate — to the API and through the port-forw
 from __future__ import annotations
 
 import datetime
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +16,8 @@ pytest.importorskip("cryptography")  # the test CA
 pytest.importorskip("kubernetes.config")  # the kubernetes extra
 
 from k8s_tls_support import CLIENT_NAME, Pki
-from kubeconfig_support import write_kubeconfig
+from kubeconfig_support import exec_user, kubeconfig_backend, plugin_runs
 
-from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import Cluster, KubernetesServer
 
@@ -60,19 +58,7 @@ def certificate_plugin(
             """
         )
     )
-    user = {
-        "exec": {
-            "apiVersion": "client.authentication.k8s.io/v1",
-            "command": sys.executable,
-            "args": [str(script)],
-            "interactiveMode": "Never",
-        }
-    }
-    return user, runs
-
-
-def plugin_runs(runs: Path) -> int:
-    return len(runs.read_text().splitlines())
+    return exec_user(script), runs
 
 
 def rotate(tmp_path: Path, pki: Pki, cluster: Cluster) -> None:
@@ -95,10 +81,7 @@ def test_an_expiring_client_certificate_runs_the_plugin_again_and_is_used(
     cluster = Cluster(client_subject=CLIENT_NAME)
     mock = kubernetes_server(cluster=cluster, tls=pki.server_context())
     user, runs = certificate_plugin(tmp_path, pki, datetime.timedelta(seconds=30))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         assert backend.available().available
         first = plugin_runs(runs)
         rotate(tmp_path, pki, cluster)
@@ -114,10 +97,7 @@ def test_a_client_certificate_far_from_expiry_is_reused(
     pki = Pki.create(tmp_path)
     mock = kubernetes_server(cluster=Cluster(client_subject=CLIENT_NAME), tls=pki.server_context())
     user, runs = certificate_plugin(tmp_path, pki, datetime.timedelta(hours=1))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    with KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router=mock.url, template="python-pool"
-    ) as backend:
+    with kubeconfig_backend(mock.url, pki.ca, tmp_path, user) as backend:
         first = plugin_runs(runs)
         assert backend.available().available
         assert backend.available().available
@@ -131,10 +111,7 @@ def test_a_rotated_client_certificate_opens_the_next_port_forward(
     pki = Pki.create(tmp_path)
     mock = kubernetes_server(tls=pki.server_context())  # any certificate: none is refused
     user, _ = certificate_plugin(tmp_path, pki, datetime.timedelta(seconds=30))
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router="port-forward", template="python-pool"
-    )
+    backend = kubeconfig_backend(mock.url, pki.ca, tmp_path, user, router="port-forward")
     with backend, activate_sandbox(POLICY, backend=backend, workspace=tmp_path) as sandbox:
         assert sandbox.run("echo before").stdout == "before\n"
         switch_plugin_pair(tmp_path, *pki.another_client(ROTATED))

@@ -154,16 +154,13 @@ def test_a_kubeconfig_client_certificate_opens_the_port_forward_over_tls(
     pytest.importorskip("cryptography")
     pytest.importorskip("kubernetes.config")
     from k8s_tls_support import CLIENT_NAME, Pki
-    from kubeconfig_support import write_kubeconfig
+    from kubeconfig_support import kubeconfig_backend
 
     pki = Pki.create(tmp_path)
     cluster = Cluster(client_subject=CLIENT_NAME)
     mock = kubernetes_server(cluster=cluster, tls=pki.server_context())
     user = {"client-certificate": str(pki.client_cert), "client-key": str(pki.client_key)}
-    config = write_kubeconfig(tmp_path / "config", mock.url, user, ca=pki.ca)
-    backend = KubernetesAgentSandboxBackend.from_kubeconfig(
-        config, router="port-forward", template="python-pool"
-    )
+    backend = kubeconfig_backend(mock.url, pki.ca, tmp_path, user, router="port-forward")
     with backend, activate_sandbox(POLICY, backend=backend, workspace=tmp_path) as sandbox:
         assert sandbox.run("echo over-tls").stdout == "over-tls\n"
     assert mock.find("GET", FORWARD)  # accepted: the double wants this client certificate

@@ -97,15 +97,15 @@ class ConnectionHandler(BaseHTTPRequestHandler):
 
     def _handle_one(self) -> None:
         limits = self.owner.limits
+        limit = limits.header_bytes
         idle = limits.read_timeout if limits.idle_timeout is None else limits.idle_timeout
         self.owner._set_idle(self.connection, True)
         self.connection.settimeout(idle)
         try:
-            self.raw_requestline = self.rfile.readline(limits.header_bytes + 1)
+            self.raw_requestline = self.rfile.readline(limit + 1)
         finally:
             self.owner._set_idle(self.connection, False)
             self.connection.settimeout(limits.read_timeout)
-        limit = limits.header_bytes
         if not self.raw_requestline:
             self.close_connection = True
             return

@@ -14,7 +14,10 @@ from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.model.policy import SandboxPolicy
 
 if TYPE_CHECKING:
-    from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+    from piship_remote.backends.kubernetes.backend import (
+        KubernetesAgentSandboxBackend,
+        PortForward,
+    )
 
 __all__ = [
     "DEFAULT_ALLOW",
@@ -122,12 +125,13 @@ def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBacken
         raise PiShipError(CONFIG_INVALID, str(e)) from None
 
 
-def _router(args: argparse.Namespace) -> Any:
+def _router(args: argparse.Namespace) -> str | PortForward:
     """``--router``: a URL, or port-forward to ``--router-service`` in ``--router-namespace``."""
-    if args.router != "port-forward":
-        return args.router
-    from piship_remote.backends.kubernetes.backend import PortForward
+    from piship_remote.backends.kubernetes.backend import PORT_FORWARD, PortForward
 
+    url: str = args.router
+    if url != PORT_FORWARD:
+        return url
     return PortForward(service=args.router_service, namespace=args.router_namespace)
 
 

@@ -38,6 +38,7 @@ from werkzeug import Request, Response
 
 from piship_remote._http_server.server import Head, Reply
 from piship_remote.testing.k8s_access import AccessSettings, refused
+from piship_remote.testing.k8s_store import ApiError
 from piship_remote.testing.recorder import THREAD_PREFIX, json_response
 
 __all__ = ["PORT_FORWARD_PROTOCOL", "ROUTER_PORT", "PortForwards", "RouterServiceSettings"]
@@ -97,16 +98,16 @@ class PortForwards:
         if refusal is not None:
             return _reply(*refusal)
         if "create pods/portforward" in self._cluster.denied:
-            return _reply(403, _status(403, "Forbidden", "pods/portforward is forbidden"))
+            return _failure(403, "Forbidden", "pods/portforward is forbidden")
         pods = self._cluster.router_pods
         if match["ns"] != self._cluster.router_namespace or match["pod"] not in pods:
-            return _reply(404, _status(404, "NotFound", f'pods "{match["pod"]}" not found'))
+            return _failure(404, "NotFound", f'pods "{match["pod"]}" not found')
         problem = _upgrade_problem(head.headers)
         if problem is not None:
-            return _reply(400, _status(400, "BadRequest", problem))
+            return _failure(400, "BadRequest", problem)
         ports = parse_qs(urlsplit(head.target).query).get("ports", [])
         if len(ports) != 1 or not ports[0].isdigit():
-            return _reply(400, _status(400, "BadRequest", "exactly one port is forwarded here"))
+            return _failure(400, "BadRequest", "exactly one port is forwarded here")
         ours, theirs = socket.socketpair()
         name = f"{THREAD_PREFIX}portforward-{next(self._counter)}"
         forward = _Forward(theirs, head.headers["sec-websocket-key"], int(ports[0]), match["pod"])
@@ -301,19 +302,13 @@ def _endpoints(cluster: RouterServiceSettings) -> dict[str, Any]:
     }
 
 
-def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
+def _failure(code: int, reason: str, message: str) -> Reply:
+    """The API server's ``Status`` answer refusing the upgrade."""
+    return _reply(code, ApiError(code, reason, message).status())
 
 
 def _not_found(kind: str, name: str) -> Response:
-    return json_response(404, _status(404, "NotFound", f'{kind} "{name}" not found'))
+    return json_response(404, ApiError(404, "NotFound", f'{kind} "{name}" not found').status())
 
 
 def _reply(status: int, body: Mapping[str, Any]) -> Reply:

@@ -27,7 +27,6 @@ __all__ = [
     "RESOURCE_NAME",
     "TERMINAL_REASONS",
     "SandboxFacts",
-    "best_ip",
     "condition_text",
     "mapping",
     "ours",
@@ -37,7 +36,6 @@ __all__ = [
     "ready_condition",
     "sandbox_facts",
     "sandbox_name",
-    "text",
 ]
 
 RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -72,14 +70,14 @@ def sandbox_facts(sandbox: Mapping[str, Any]) -> SandboxFacts:
     """What the Sandbox object ``sandbox`` says (its pod IP: IPv4 preferred)."""
     status = mapping(sandbox.get("status"))
     return SandboxFacts(
-        best_ip(status.get("podIPs")),
-        text(mapping(sandbox.get("metadata")).get("uid")),
-        text(status.get("serviceFQDN")),
-        text(status.get("nodeName")),
+        _best_ip(status.get("podIPs")),
+        _text(mapping(sandbox.get("metadata")).get("uid")),
+        _text(status.get("serviceFQDN")),
+        _text(status.get("nodeName")),
     )
 
 
-def text(value: object) -> str | None:
+def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
@@ -143,18 +141,18 @@ def sandbox_name(claim: Mapping[str, Any], fallback: str) -> str:
 
 def pod_ip(claim: Mapping[str, Any]) -> str | None:
     """The sandbox pod's address for ``X-Sandbox-Pod-IP`` (IPv4 preferred), if reported."""
-    return best_ip(mapping(mapping(claim.get("status")).get("sandbox")).get("podIPs"))
+    return _best_ip(mapping(mapping(claim.get("status")).get("sandbox")).get("podIPs"))
 
 
-def best_ip(ips: object) -> str | None:
+def _best_ip(ips: object) -> str | None:
     """The first IPv4 address of a ``podIPs`` list (IPv4-mapped IPv6 unwrapped), else IPv6."""
     addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
     for item in ips if isinstance(ips, list) else ():
-        text = item.get("ip") if isinstance(item, dict) else item
-        if not isinstance(text, str):
+        given = item.get("ip") if isinstance(item, dict) else item
+        if not isinstance(given, str):
             continue
         try:
-            address = ipaddress.ip_address(text.strip())
+            address = ipaddress.ip_address(given.strip())
         except ValueError:
             continue
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

@@ -363,10 +363,7 @@ class ClaimsApi:
     def _delete_name(self, name: str) -> None:
         """Best effort: a failure leaves the claim to its shutdownTime."""
         try:
-            if self._delete_options is None:
-                self._http.call("DELETE", self._claim_url(name)).close()
-            else:
-                self._http.call("DELETE", self._claim_url(name), json=self._delete_options).close()
+            self._http.call("DELETE", self._claim_url(name), json=self._delete_options).close()
         except Exception:
             pass
 

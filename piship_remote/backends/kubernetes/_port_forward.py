@@ -37,7 +37,7 @@ import attrs
 import requests.utils
 
 from piship_remote.backends._credential import Credential
-from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME
+from piship_remote.backends.kubernetes._claim_reading import RESOURCE_NAME
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._port_forward_stream import (
     Dial,
@@ -245,10 +245,7 @@ class RouterTunnel:
         with local:
             try:
                 stream = self._open()
-            except DialRefused as refused:
-                _answer_failure(local, str(refused))
-                return
-            except Exception as error:  # a PiShipError finding the pod, a broken TLS setting
+            except Exception as error:  # refused, a PiShipError finding the pod, a broken TLS
                 _answer_failure(local, str(error))
                 return
             relay = Relay(stream, local, name=me.name, refused=_answer_failure)
