@@ -5,9 +5,13 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from piship_remote import SandboxPool
+from piship_remote.backends.base import Backend
 from piship_remote.testing.sandbox_shell import script_of
 
 POLICY = {"required": True, "network": {"mode": "deny"}}
@@ -39,3 +43,23 @@ def settled(check: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return check()
+
+
+@contextmanager
+def pool_maker(
+    policy: Mapping[str, Any], backend: Backend, workspace: Path
+) -> Iterator[Callable[..., SandboxPool]]:
+    """Makes pools of ``policy`` on ``backend`` (no env; options as given); closes them all
+    at the end."""
+    pools: list[SandboxPool] = []
+
+    def make(**options: Any) -> SandboxPool:
+        pool = SandboxPool(policy, backend=backend, workspace=workspace, env={}, **options)
+        pools.append(pool)
+        return pool
+
+    try:
+        yield make
+    finally:
+        for pool in pools:
+            pool.close()
