@@ -28,14 +28,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from benchmarks.clients import NAMESPACE, WARM_POOL, kubernetes_backend
-from benchmarks.pool_loops import (
-    POOL_SIZE,
-    Loop,
-    pool_loop,
-    reuse_loop,
-    threaded,
-    throughput_rows,
-)
+from benchmarks.pool_loops import Loop, ours_pool_loops, reuse_loop, threaded, throughput_rows
 from benchmarks.proxy import ProxyProcess
 from benchmarks.report import Role, ScenarioResult, with_ratios
 from benchmarks.rounds import Context
@@ -98,13 +91,7 @@ def _loops(
     url: str, workspace: str, stack: contextlib.ExitStack, skipped: list[str]
 ) -> dict[str, tuple[Role, Loop]]:
     backend = kubernetes_backend(url, stack)
-    loops: dict[str, tuple[Role, Loop]] = {
-        "ours-pool-reuse": ("ours", pool_loop(stack, _ALLOW, backend, workspace)),
-        "ours-pool-fresh-warm": (
-            "ours",
-            pool_loop(stack, _ALLOW, backend, workspace, warm=POOL_SIZE, reuse=False),
-        ),
-    }
+    loops = ours_pool_loops(stack, _ALLOW, backend, workspace)
     official = _official_client(url, stack)
     if official is None:
         skipped.append(f"k8s-client loops: {OFFICIAL_MISSING}")
