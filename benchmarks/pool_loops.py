@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from benchmarks.clients import quietly
 from benchmarks.report import Role, Row, summarize
 from benchmarks.rounds import Context
 from piship_remote.backends.base import Backend
@@ -135,7 +136,7 @@ def reuse_loop(create: Callable[[], Any], delete: str, stack: contextlib.ExitSta
     free: queue.SimpleQueue[Any] = queue.SimpleQueue()
     for _ in range(POOL_SIZE):
         sandbox = create()
-        stack.callback(_quietly, getattr(sandbox, delete))
+        stack.callback(quietly, getattr(sandbox, delete))
         free.put(sandbox)
 
     def one() -> None:
@@ -190,8 +191,3 @@ def throughput_rows(
 def _settle(loop: Loop) -> None:
     if isinstance(loop, PoolLoop):
         loop.settle()
-
-
-def _quietly(action: Callable[[], object]) -> None:
-    with contextlib.suppress(Exception):
-        action()
