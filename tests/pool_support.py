@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from piship_remote import SandboxPool
+from piship_remote import KubernetesAgentSandboxBackend, SandboxPool
 from piship_remote.backends.base import Backend
+from piship_remote.testing import KubernetesServer
 from piship_remote.testing.sandbox_shell import script_of
 
 POLICY = {"required": True, "network": {"mode": "deny"}}
@@ -63,3 +64,11 @@ def pool_maker(
     finally:
         for pool in pools:
             pool.close()
+
+
+def cluster_backend(server: KubernetesServer) -> KubernetesAgentSandboxBackend:
+    """Our Kubernetes backend on the ``KubernetesServer`` double (API server and router)."""
+    return KubernetesAgentSandboxBackend(
+        endpoint=server.url, router=server.url, template="python-pool", namespace="agents",
+        poll_interval=0.01,
+    )  # fmt: skip
