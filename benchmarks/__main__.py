@@ -13,7 +13,6 @@ for goals) or when a scenario itself broke.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import os
 import shlex
@@ -21,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
@@ -30,7 +29,7 @@ from benchmarks.compare import compare, format_changes
 from benchmarks.goals import evaluate
 from benchmarks.loopback import LoopbackServer
 from benchmarks.machine import describe
-from benchmarks.proxy import ProxyProcess
+from benchmarks.proxy import at_rtt
 from benchmarks.report import (
     Goal,
     Report,
@@ -108,16 +107,6 @@ def _run_one(name: str, context: Context) -> ScenarioResult:
     return attrs.evolve(result, rows=rows, rtt_ms=context.rtt_ms)
 
 
-@contextlib.contextmanager
-def _service(server: LoopbackServer, rtt_ms: int) -> Iterator[str]:
-    """The URL clients use at ``rtt_ms``: the server, or a delay proxy in front of it."""
-    if rtt_ms == 0:
-        yield server.url
-        return
-    with ProxyProcess(server.url, delay_ms=rtt_ms / 2) as proxy:
-        yield proxy.url
-
-
 def _run_all(
     names: Sequence[str],
     rtts: Sequence[int],
@@ -130,7 +119,7 @@ def _run_all(
         chosen = [name for name in names if rtt == 0 or SCENARIOS[name].round_trips]
         if not chosen:
             continue
-        with _service(server, rtt) as url:
+        with at_rtt(server.url, rtt) as url:
             context = Context(
                 size=SIZES[size_name], loopback=server, workspace=workspace, url=url, rtt_ms=rtt
             )

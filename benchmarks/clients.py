@@ -47,6 +47,7 @@ __all__ = [
     "e2b_clients",
     "kubernetes_clients",
     "load_sdk",
+    "quietly",
     "start_body",
     "start_headers",
 ]
@@ -286,7 +287,7 @@ def sdk_sandbox(url: str, stack: contextlib.ExitStack) -> Any:
     sandbox = sdk.Sandbox.create(
         api_key=API_KEY, api_url=url, sandbox_url=url, validate_api_key=False
     )
-    stack.callback(_quietly, sandbox.kill)
+    stack.callback(quietly, sandbox.kill)
     return sandbox
 
 
@@ -370,6 +371,7 @@ def activate_e2b(backend: E2bCompatibleBackend, workspace: str) -> Sandbox:
     return activate_sandbox(_DENY, backend=backend, workspace=workspace, env={})
 
 
-def _quietly(action: Callable[[], object]) -> None:
+def quietly(action: Callable[[], object]) -> None:
+    """``action()``, any exception dropped (cleanup of a scenario's sandboxes)."""
     with contextlib.suppress(Exception):
         action()

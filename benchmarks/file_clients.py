@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import requests
 
-from benchmarks.clients import SDK_MISSING, load_sdk
+from benchmarks.clients import SDK_MISSING, load_sdk, quietly
 from benchmarks.local_service import USER, service_backend
 from benchmarks.report import Role
 from piship_remote.sandbox.activation import Sandbox, activate_sandbox
@@ -203,7 +203,7 @@ def raw_sandbox(url: str, api_key: str, stack: contextlib.ExitStack) -> RawFileS
     answer = created.json()
     sandbox_id = answer["sandboxID"]
     stack.callback(
-        _quietly, lambda: session.delete(f"{url}/sandboxes/{sandbox_id}", headers=headers)
+        quietly, lambda: session.delete(f"{url}/sandboxes/{sandbox_id}", headers=headers)
     )
     return RawFileSocket(url, sandbox_id, answer.get("envdAccessToken") or "")
 
@@ -215,7 +215,7 @@ def _sdk(url: str, api_key: str, stack: contextlib.ExitStack) -> SdkFiles:
     sandbox = sdk.Sandbox.create(
         api_key=api_key, api_url=url, sandbox_url=url, request_timeout=60
     )
-    stack.callback(_quietly, sandbox.kill)
+    stack.callback(quietly, sandbox.kill)
     return SdkFiles(sandbox)
 
 
@@ -238,9 +238,3 @@ def file_clients(
         except Exception as error:
             skipped.append(f"{name}: setup failed: {type(error).__name__}: {error}")
     return clients, skipped
-
-
-def _quietly(action: Any) -> None:
-    with contextlib.suppress(Exception):
-        action()
-

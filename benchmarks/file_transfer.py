@@ -28,7 +28,7 @@ from benchmarks.file_clients import FileClient, OursFiles, file_clients, ours_sa
 from benchmarks.file_sizes import FILE_SIZES, MIB
 from benchmarks.local_service import HOME, LocalServiceProcess, unavailable
 from benchmarks.loopback import ROOT
-from benchmarks.proxy import ProxyProcess
+from benchmarks.proxy import at_rtt
 from benchmarks.report import Row, ScenarioResult, summarize, with_ratios
 from benchmarks.rounds import Context, alternate
 from benchmarks.sampling import memory_kib, reset_peak_rss
@@ -47,12 +47,11 @@ def served(
     context: Context, disk_mib: int, *, max_sandboxes: int | None = None
 ) -> Iterator[tuple[LocalServiceProcess, str]]:
     """The local service and the URL clients use at ``context.rtt_ms``."""
-    with LocalServiceProcess(disk_mib, max_sandboxes=max_sandboxes) as service:
-        if not context.rtt_ms:
-            yield service, service.url
-            return
-        with ProxyProcess(service.url, delay_ms=context.rtt_ms / 2) as proxy:
-            yield service, proxy.url
+    with (
+        LocalServiceProcess(disk_mib, max_sandboxes=max_sandboxes) as service,
+        at_rtt(service.url, context.rtt_ms) as url,
+    ):
+        yield service, url
 
 
 def random_file(path: str, size: int) -> None:

@@ -26,14 +26,7 @@ import time
 from typing import Any
 
 from benchmarks.clients import API_KEY, SDK_MISSING, activate_e2b, load_sdk, ours_backend
-from benchmarks.pool_loops import (
-    POOL_SIZE,
-    Loop,
-    pool_loop,
-    reuse_loop,
-    threaded,
-    throughput_rows,
-)
+from benchmarks.pool_loops import Loop, ours_pool_loops, reuse_loop, threaded, throughput_rows
 from benchmarks.report import Role, ScenarioResult, with_ratios
 from benchmarks.rounds import Context
 
@@ -80,14 +73,8 @@ def _loops(
         with activate_e2b(backend, workspace) as sandbox:
             sandbox.exec("true")
 
-    loops: dict[str, tuple[Role, Loop]] = {
-        "ours-pool-reuse": ("ours", pool_loop(stack, _DENY, backend, workspace)),
-        "ours-pool-fresh-warm": (
-            "ours",
-            pool_loop(stack, _DENY, backend, workspace, warm=POOL_SIZE, reuse=False),
-        ),
-        "ours-loop-per-task": ("ours", threaded(per_task, "bench-loop")),
-    }
+    loops = ours_pool_loops(stack, _DENY, backend, workspace)
+    loops["ours-loop-per-task"] = ("ours", threaded(per_task, "bench-loop"))
     sdk = load_sdk()
     if sdk is None:
         skipped.append(f"e2b-sdk loops: {SDK_MISSING}")

@@ -24,19 +24,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from benchmarks.clients import NAMESPACE, WARM_POOL, kubernetes_backend
-from benchmarks.pool_loops import (
-    POOL_SIZE,
-    Loop,
-    pool_loop,
-    reuse_loop,
-    threaded,
-    throughput_rows,
-)
-from benchmarks.proxy import ProxyProcess
+from benchmarks.pool_loops import Loop, ours_pool_loops, reuse_loop, threaded, throughput_rows
+from benchmarks.proxy import at_rtt
 from benchmarks.report import Role, ScenarioResult, with_ratios
 from benchmarks.rounds import Context
 from piship_remote.testing import CLAIMS, KubernetesServer
@@ -56,22 +49,13 @@ def _answer(command: str) -> Mapping[str, Any]:
     return {"stdout": "", "exit_code": 0}
 
 
-@contextlib.contextmanager
-def _served(cluster: KubernetesServer, rtt_ms: int) -> Iterator[str]:
-    if not rtt_ms:
-        yield cluster.url
-        return
-    with ProxyProcess(cluster.url, delay_ms=rtt_ms / 2) as proxy:
-        yield proxy.url
-
-
 def run(context: Context) -> ScenarioResult:
     """One row per client: tasks per second over ``concurrency_rounds`` rounds."""
     began = time.perf_counter()
     skipped: list[str] = []
     with (
         KubernetesServer(_answer) as cluster,
-        _served(cluster, context.rtt_ms) as url,
+        at_rtt(cluster.url, context.rtt_ms) as url,
         contextlib.ExitStack() as stack,
     ):
         loops = _loops(url, context.workspace, stack, skipped)
@@ -98,13 +82,7 @@ def _loops(
     url: str, workspace: str, stack: contextlib.ExitStack, skipped: list[str]
 ) -> dict[str, tuple[Role, Loop]]:
     backend = kubernetes_backend(url, stack)
-    loops: dict[str, tuple[Role, Loop]] = {
-        "ours-pool-reuse": ("ours", pool_loop(stack, _ALLOW, backend, workspace)),
-        "ours-pool-fresh-warm": (
-            "ours",
-            pool_loop(stack, _ALLOW, backend, workspace, warm=POOL_SIZE, reuse=False),
-        ),
-    }
+    loops = ours_pool_loops(stack, _ALLOW, backend, workspace)
     official = _official_client(url, stack)
     if official is None:
         skipped.append(f"k8s-client loops: {OFFICIAL_MISSING}")

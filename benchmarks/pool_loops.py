@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from benchmarks.clients import quietly
 from benchmarks.report import Role, Row, summarize
 from benchmarks.rounds import Context
 from piship_remote.backends.base import Backend
@@ -30,6 +31,8 @@ __all__ = [
     "POOL_TASKS",
     "Loop",
     "PoolLoop",
+    "map_true",
+    "ours_pool_loops",
     "pool_loop",
     "reuse_loop",
     "task_count",
@@ -68,6 +71,27 @@ def pool_loop(
     return PoolLoop(pool, options.get("warm", 0))
 
 
+def ours_pool_loops(
+    stack: contextlib.ExitStack, policy: Mapping[str, Any], backend: Backend, workspace: str
+) -> dict[str, tuple[Role, Loop]]:
+    """Our two pool rows on ``backend``: ``ours-pool-reuse`` (sandboxes reused) and
+    ``ours-pool-fresh-warm`` (a fresh sandbox per task, :data:`POOL_SIZE` activated ahead)."""
+    return {
+        "ours-pool-reuse": ("ours", pool_loop(stack, policy, backend, workspace)),
+        "ours-pool-fresh-warm": (
+            "ours",
+            pool_loop(stack, policy, backend, workspace, warm=POOL_SIZE, reuse=False),
+        ),
+    }
+
+
+def map_true(pool: SandboxPool, count: int) -> None:
+    """``pool.map("true", range(count))``, raising when a task did not end ``ok``."""
+    failed = [r for r in pool.map("true", range(count)) if r.outcome != "ok"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {count} pool tasks failed: {failed[0].error}")
+
+
 class PoolLoop:
     """``pool.map("true", range(count))``; :meth:`settle` waits for the warm refills, so
     the creates a round caused are counted in that round, not in the next client's."""
@@ -77,9 +101,7 @@ class PoolLoop:
         self.warm = warm
 
     def __call__(self, count: int) -> None:
-        failed = [r for r in self.pool.map("true", range(count)) if r.outcome != "ok"]
-        if failed:
-            raise RuntimeError(f"{len(failed)} pool tasks failed: {failed[0].error}")
+        map_true(self.pool, count)
 
     def settle(self) -> None:
         wait_ready(self.pool, self.warm)
@@ -114,7 +136,7 @@ def reuse_loop(create: Callable[[], Any], delete: str, stack: contextlib.ExitSta
     free: queue.SimpleQueue[Any] = queue.SimpleQueue()
     for _ in range(POOL_SIZE):
         sandbox = create()
-        stack.callback(_quietly, getattr(sandbox, delete))
+        stack.callback(quietly, getattr(sandbox, delete))
         free.put(sandbox)
 
     def one() -> None:
@@ -169,8 +191,3 @@ def throughput_rows(
 def _settle(loop: Loop) -> None:
     if isinstance(loop, PoolLoop):
         loop.settle()
-
-
-def _quietly(action: Callable[[], object]) -> None:
-    with contextlib.suppress(Exception):
-        action()

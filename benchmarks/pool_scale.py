@@ -21,7 +21,7 @@ import time
 
 from benchmarks.file_transfer import served
 from benchmarks.local_service import service_backend, unavailable
-from benchmarks.pool_loops import POOL_TASKS, wait_ready
+from benchmarks.pool_loops import POOL_TASKS, map_true, wait_ready
 from benchmarks.report import Row, ScenarioResult, summarize
 from benchmarks.rounds import Context
 from piship_remote.backends.e2b.backend import E2bCompatibleBackend
@@ -84,10 +84,10 @@ def _level(context: Context, backend: E2bCompatibleBackend, level: int, tasks: i
         progress=False,
     ) as pool:  # fmt: skip
         wait_ready(pool, level, timeout=120.0)
-        _map(pool, level)  # warm-up
+        map_true(pool, level)  # warm-up
         for _ in range(context.size.concurrency_rounds):
             cpu, started = time.process_time(), time.perf_counter()
-            _map(pool, tasks)
+            map_true(pool, tasks)
             rates.append(tasks / (time.perf_counter() - started))
             cpu_per_task.append((time.process_time() - cpu) / tasks)
     group = f"sandboxes={level}"
@@ -101,9 +101,3 @@ def _level(context: Context, backend: E2bCompatibleBackend, level: int, tasks: i
             group=CPU_GROUP.format(level), extra={"tasks": tasks},
         ),
     ]  # fmt: skip
-
-
-def _map(pool: SandboxPool, count: int) -> None:
-    failed = [r for r in pool.map("true", range(count)) if r.outcome != "ok"]
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {count} pool tasks failed: {failed[0].error}")

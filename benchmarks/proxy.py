@@ -34,12 +34,12 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from benchmarks.loopback import READY, ROOT, readline_within
 
-__all__ = ["DelayProxy", "ProxyProcess"]
+__all__ = ["DelayProxy", "ProxyProcess", "at_rtt"]
 
 _READ = 256 * 1024
 _ACCEPT_POLL = 0.05
@@ -268,6 +268,16 @@ class ProxyProcess:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def at_rtt(url: str, rtt_ms: int) -> Iterator[str]:
+    """The URL clients use at ``rtt_ms``: ``url`` itself, or a delay proxy in front of it."""
+    if not rtt_ms:
+        yield url
+        return
+    with ProxyProcess(url, delay_ms=rtt_ms / 2) as proxy:
+        yield proxy.url
 
 
 def _main() -> None:

@@ -77,7 +77,7 @@ def run(context: Context) -> ScenarioResult:
     )
 
 
-@attrs.frozen
+@attrs.define  # not frozen: rounds.Named wants a plain ``name`` attribute
 class _Client:
     name: str
     sandbox: Sandbox

@@ -5,9 +5,14 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from piship_remote import KubernetesAgentSandboxBackend, SandboxPool
+from piship_remote.backends.base import Backend
+from piship_remote.testing import KubernetesServer
 from piship_remote.testing.sandbox_shell import script_of
 
 POLICY = {"required": True, "network": {"mode": "deny"}}
@@ -39,3 +44,31 @@ def settled(check: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return check()
+
+
+@contextmanager
+def pool_maker(
+    policy: Mapping[str, Any], backend: Backend, workspace: Path
+) -> Iterator[Callable[..., SandboxPool]]:
+    """Makes pools of ``policy`` on ``backend`` (no env; options as given); closes them all
+    at the end."""
+    pools: list[SandboxPool] = []
+
+    def make(**options: Any) -> SandboxPool:
+        pool = SandboxPool(policy, backend=backend, workspace=workspace, env={}, **options)
+        pools.append(pool)
+        return pool
+
+    try:
+        yield make
+    finally:
+        for pool in pools:
+            pool.close()
+
+
+def cluster_backend(server: KubernetesServer) -> KubernetesAgentSandboxBackend:
+    """Our Kubernetes backend on the ``KubernetesServer`` double (API server and router)."""
+    return KubernetesAgentSandboxBackend(
+        endpoint=server.url, router=server.url, template="python-pool", namespace="agents",
+        poll_interval=0.01,
+    )  # fmt: skip

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_support import POLICY, exit_as_asked, pool_threads, script, settled
+from pool_support import POLICY, exit_as_asked, pool_maker, pool_threads, script, settled
 
 from piship_remote import E2bCompatibleBackend, PiShipError, SandboxPool, TaskResult
 from piship_remote.model.errors import SANDBOX_UNAVAILABLE
@@ -34,16 +34,8 @@ def backend(server: E2bServer) -> Iterator[E2bCompatibleBackend]:
 def make_pool(
     backend: E2bCompatibleBackend, workspace: Path
 ) -> Iterator[Callable[..., SandboxPool]]:
-    pools: list[SandboxPool] = []
-
-    def make(**options: Any) -> SandboxPool:
-        pool = SandboxPool(POLICY, backend=backend, workspace=workspace, env={}, **options)
-        pools.append(pool)
-        return pool
-
-    yield make
-    for pool in pools:
-        pool.close()
+    with pool_maker(POLICY, backend, workspace) as make:
+        yield make
 
 
 def test_the_pool_and_its_result_are_public_names() -> None:

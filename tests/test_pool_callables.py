@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_support import POLICY, exit_as_asked, settled
+from pool_support import POLICY, exit_as_asked, pool_maker, settled
 
 from piship_remote import CommandTimeout, E2bCompatibleBackend, SandboxPool, TaskResult
 from piship_remote.testing import E2bServer
@@ -58,17 +58,9 @@ def server(e2b_server: E2bFactory) -> E2bServer:
 
 @pytest.fixture
 def make_pool(server: E2bServer, workspace: Path) -> Iterator[Callable[..., SandboxPool]]:
-    closing: list[Any] = []
     backend = E2bCompatibleBackend(endpoint=server.url, envd_url=server.url)
-
-    def make(**options: Any) -> SandboxPool:
-        pool = SandboxPool(POLICY, backend=backend, workspace=workspace, env={}, **options)
-        closing.append(pool)
-        return pool
-
-    yield make
-    for pool in closing:
-        pool.close()
+    with pool_maker(POLICY, backend, workspace) as make:
+        yield make
     backend.close()
 
 

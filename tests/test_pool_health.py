@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_support import K8S_POLICY, POLICY, exit_as_asked, settled
+from pool_support import K8S_POLICY, POLICY, cluster_backend, exit_as_asked, settled
 
-from piship_remote import E2bCompatibleBackend, KubernetesAgentSandboxBackend, SandboxPool
+from piship_remote import E2bCompatibleBackend, SandboxPool
 from piship_remote.backends.base import Availability
 from piship_remote.model.redact import Redactor
 from piship_remote.pool import _health
@@ -230,10 +230,7 @@ def test_a_kubernetes_pool_lists_claims_for_its_health_once(
     server = kubernetes_server(
         lambda _: {"stdout": "ran\n", "exit_code": 0}, Cluster(real_router=True)
     )
-    backend = KubernetesAgentSandboxBackend(
-        endpoint=server.url, router=server.url, template="python-pool", namespace="agents",
-        poll_interval=0.01,
-    )  # fmt: skip
+    backend = cluster_backend(server)
     with backend, SandboxPool(
         K8S_POLICY, backend=backend, workspace=workspace, env={}, size=2, reuse=False,
         progress=False,

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from pool_support import settled
 from test_activation import (  # noqa: F401 (fixture)
     Behaviour,
     FakeBackend,
@@ -82,25 +83,21 @@ def shut_down(pool: ThreadPoolExecutor) -> None:
 
 def reaches(thread_id: int, function: Callable[..., object]) -> bool:
     """Whether the thread is seen inside ``function`` within five seconds."""
-    pause = threading.Event()
-    for _ in range(500):
-        frame = sys._current_frames().get(thread_id)
-        while frame is not None:
-            if frame.f_code is function.__code__:
-                return True
-            frame = frame.f_back
-        pause.wait(0.01)
+    return settled(lambda: _inside(thread_id, function))
+
+
+def _inside(thread_id: int, function: Callable[..., object]) -> bool:
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code is function.__code__:
+            return True
+        frame = frame.f_back
     return False
 
 
 def seen_within(thread_id: int, looks: int) -> bool:
     """Whether the thread is seen waiting after Ctrl-C in ``looks`` looks 10 ms apart."""
-    pause = threading.Event()
-    for _ in range(looks):
-        if waits_for_workers_after_interrupt(thread_id):
-            return True
-        pause.wait(0.01)
-    return False
+    return settled(lambda: waits_for_workers_after_interrupt(thread_id), looks * 0.01)
 
 
 def test_a_thread_waiting_in_a_pool_shutdown_after_ctrl_c_is_seen() -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
+from piship_remote.sandbox._worker import Worker
 from piship_remote.sandbox.activation import Sandbox
 from piship_remote.telemetry import carried
 
@@ -33,22 +34,8 @@ class BoundedCall:
     def __init__(
         self, task: Callable[[Sandbox, Any], Any], sandbox: Sandbox, item: Any, *, name: str
     ) -> None:
-        self._task = task
-        self._sandbox = sandbox
-        self._item = item
-        self._done = threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
         # The task's span is the parent of the spans the callable makes.
-        threading.Thread(target=carried(self._call), name=name, daemon=True).start()
-
-    def _call(self) -> None:
-        try:
-            self._value = self._task(self._sandbox, self._item)
-        except BaseException as error:  # handed to the waiting task thread
-            self._error = error
-        finally:
-            self._done.set()
+        self._worker: Worker[Any] = Worker(carried(lambda: task(sandbox, item)), name)
 
     def result(
         self,
@@ -60,7 +47,8 @@ class BoundedCall:
         """The callable's value, or its exception raised here; ``CommandTimeout`` at
         ``deadline`` (a ``time.monotonic`` value), ``CommandCancelled`` when ``cancel``
         is set or ``closed()`` becomes true first."""
-        while not self._done.is_set():
+        wait = 0.0
+        while not self._worker.done(wait):
             if cancel.is_set() or closed():
                 raise CommandCancelled()
             wait = _WAKE
@@ -69,8 +57,4 @@ class BoundedCall:
                 if left <= 0:
                     raise CommandTimeout(timeout or 0.0)
                 wait = min(wait, left)
-            self._done.wait(wait)
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return self._value
+        return self._worker.result()

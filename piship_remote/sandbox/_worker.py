@@ -42,6 +42,11 @@ class Worker(Generic[T]):
             if self._on_end is not None:
                 self._on_end(self._error is not None)
 
+    def done(self, wait: float) -> bool:
+        """Whether the action has ended, waiting at most ``wait`` seconds for it."""
+        self._thread.join(wait)
+        return not self._thread.is_alive()
+
     def result(self) -> T:
         """What the action returned (or raised, once), when it is done."""
         self._thread.join()

@@ -19,14 +19,21 @@ import pytest
 
 from piship_remote import (
     E2bCompatibleBackend,
-    KubernetesAgentSandboxBackend,
     SandboxPool,
     TaskResult,
 )
 from piship_remote.testing import CLAIMS, Cluster, E2bServer, KubernetesServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pool_support import K8S_POLICY, POLICY, pool_threads, script, settled
+from pool_support import (
+    K8S_POLICY,
+    POLICY,
+    cluster_backend,
+    pool_maker,
+    pool_threads,
+    script,
+    settled,
+)
 
 pytestmark = pytest.mark.timeout(30)
 REPO = Path(__file__).resolve().parents[2]
@@ -62,17 +69,9 @@ def server(e2b_server: E2bFactory, commands: Commands) -> E2bServer:
 
 @pytest.fixture
 def make_pool(server: E2bServer, workspace: Path) -> Iterator[Callable[..., SandboxPool]]:
-    pools: list[SandboxPool] = []
     backend = E2bCompatibleBackend(endpoint=server.url, envd_url=server.url)
-
-    def make(**options: Any) -> SandboxPool:
-        pool = SandboxPool(POLICY, backend=backend, workspace=workspace, env={}, **options)
-        pools.append(pool)
-        return pool
-
-    yield make
-    for pool in pools:
-        pool.close()
+    with pool_maker(POLICY, backend, workspace) as make:
+        yield make
     backend.close()
     assert settled(lambda: pool_threads() == []), pool_threads()
 
@@ -209,20 +208,9 @@ def cluster_pool(
 ) -> Iterator[tuple[KubernetesServer, Callable[..., SandboxPool]]]:
     cluster = Cluster(real_router=True)
     server = kubernetes_server(lambda command: {"stdout": "ran\n", "exit_code": 0}, cluster)
-    backend = KubernetesAgentSandboxBackend(
-        endpoint=server.url, router=server.url, template="python-pool", namespace="agents",
-        poll_interval=0.01,
-    )  # fmt: skip
-    pools: list[SandboxPool] = []
-
-    def make(**options: Any) -> SandboxPool:
-        pool = SandboxPool(K8S_POLICY, backend=backend, workspace=workspace, env={}, **options)
-        pools.append(pool)
-        return pool
-
-    yield server, make
-    for pool in pools:
-        pool.close()
+    backend = cluster_backend(server)
+    with pool_maker(K8S_POLICY, backend, workspace) as make:
+        yield server, make
     backend.close()
     assert settled(lambda: pool_threads() == []), pool_threads()
 
@@ -330,20 +318,9 @@ def hanging_cluster(
         return {"hang": True} if answer.get("hang") else {"stdout": "ran\n", "exit_code": 0}
 
     server = kubernetes_server(execute, Cluster(real_router=True))
-    backend = KubernetesAgentSandboxBackend(
-        endpoint=server.url, router=server.url, template="python-pool", namespace="agents",
-        poll_interval=0.01,
-    )  # fmt: skip
-    pools: list[SandboxPool] = []
-
-    def make(**options: Any) -> SandboxPool:
-        pool = SandboxPool(K8S_POLICY, backend=backend, workspace=workspace, env={}, **options)
-        pools.append(pool)
-        return pool
-
-    yield server, commands, make
-    for pool in pools:
-        pool.close()
+    backend = cluster_backend(server)
+    with pool_maker(K8S_POLICY, backend, workspace) as make:
+        yield server, commands, make
     backend.close()
     assert settled(lambda: pool_threads() == []), pool_threads()
 
