@@ -92,3 +92,24 @@ def test_in_scoped_token_mode_the_router_is_reached_by_the_sandbox_name_only(
 def test_an_unknown_router_auth_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="router_auth"):
         kubernetes("http://127.0.0.1:1", router_auth="mtls")
+
+
+def test_a_router_refusing_the_token_at_activation_names_router_credential(
+    kubernetes_server: KubernetesFactory, tmp_path: Path
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(router_token="router-t0ken"))
+    backend = kubernetes(mock.url, router_credential=lambda: "wrong")
+    with backend, pytest.raises(PiShipError) as caught:
+        activate_sandbox(POLICY, backend=backend, workspace=tmp_path)
+    assert "HTTP 401" in str(caught.value)
+    assert "router_credential" in str(caught.value)
+    assert "wrong" not in str(caught.value)
+
+
+def test_a_router_refusing_a_missing_token_at_activation_names_router_credential(
+    kubernetes_server: KubernetesFactory, tmp_path: Path
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(router_token="router-t0ken"))
+    backend = kubernetes(mock.url)
+    with backend, pytest.raises(PiShipError, match=r"HTTP 401.*router_credential"):
+        activate_sandbox(POLICY, backend=backend, workspace=tmp_path)

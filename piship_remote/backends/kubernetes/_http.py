@@ -22,19 +22,35 @@ from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
 from piship_remote.transport import HttpClient, HttpReply, TransportError, window_text
 
-__all__ = ["API_TIMEOUT", "ClusterHttp", "transient"]
+__all__ = ["API_TIMEOUT", "ROUTER_TOKEN_ACTION", "ClusterHttp", "transient"]
 
 API_TIMEOUT = 30.0
+ROUTER_TOKEN_ACTION = (
+    "set the router's own token (router_credential; PISHIP_K8S_ROUTER_TOKEN for the CLI) "
+    "to its ROUTER_AUTH_TOKEN"
+)
 _FAILURE_WINDOW = 4096
 
 
 class ClusterHttp:
-    """One backend's transport and credential, with its error factory."""
+    """One backend's transport and credential, with its error factory.
 
-    def __init__(self, transport: HttpClient, credential: Credential, redactor: Redactor) -> None:
+    ``on_401`` is what :meth:`failure` adds to an HTTP 401: what the user sets so the
+    next request is let through (the router's own token for the router).
+    """
+
+    def __init__(
+        self,
+        transport: HttpClient,
+        credential: Credential,
+        redactor: Redactor,
+        *,
+        on_401: str | None = None,
+    ) -> None:
         self.transport = transport
         self._credential = credential
         self._redactor = redactor
+        self._on_401 = on_401
         self.errors = SandboxErrors(redactor)
 
     def call(self, method: str, url: str, **kwargs: Any) -> HttpReply:
@@ -50,13 +66,19 @@ class ClusterHttp:
             **kwargs,
         )
 
-    def failure(self, response: HttpReply) -> str:
-        """``HTTP <status>: <detail>``; a Kubernetes Status body gives its reason and message."""
+    def failure(self, response: HttpReply, *, advice: bool = True) -> str:
+        """``HTTP <status>: <detail>``; a Kubernetes Status body gives its reason and message.
+
+        A 401 ends with the ``on_401`` advice unless ``advice`` is false (a caller
+        that gives its own)."""
         body = window_text(_head(response, _FAILURE_WINDOW), _FAILURE_WINDOW)
         detail = _status_detail(body) or body
         redacted = self._redactor.redact(" ".join(detail.split()))
         detail = redacted[:DETAIL_LIMIT].strip()
-        return f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"
+        text = f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"
+        if advice and response.status == 401 and self._on_401:
+            text += f"; {self._on_401}"
+        return text
 
 
 def transient(status: int) -> bool:
