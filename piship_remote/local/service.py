@@ -219,9 +219,12 @@ class LocalE2bService:
         return os.path.join(self._registry.root, sandbox_id, "home")
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
-        """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
+        """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on.
+
+        The service honours ``Idempotency-Key``, so its creates are ``idempotent_creates``."""
         from piship_remote import E2bCompatibleBackend
 
+        options.setdefault("idempotent_creates", True)
         options.setdefault("workdir", self.workdir)
         options.setdefault("user", self.user)
         return E2bCompatibleBackend(
