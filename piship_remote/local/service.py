@@ -156,9 +156,11 @@ class LocalE2bService:
             limits=limits,
             templates=offered,
         )
-        self._control = ControlPlane(self._registry, api_key=self.api_key)
+        self._ports = SandboxPorts(self._registry, host)
+        self._control = ControlPlane(
+            self._registry, api_key=self.api_key, port_address=self._ports.listen
+        )
         self._envd = Envd(self._registry)
-        self._ports = SandboxPorts(self._registry)
         self._lock = threading.Lock()
         self._closed = False
         try:

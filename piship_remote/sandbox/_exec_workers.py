@@ -34,8 +34,8 @@ from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.telemetry.context import carried_job
 
 __all__ = [
-    "STOPPED",
     "KILLED",
+    "STOPPED",
     "AbortKind",
     "Aborted",
     "BackendCall",

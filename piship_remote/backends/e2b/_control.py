@@ -20,10 +20,12 @@ as whole seconds, rounded up.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import random
 import re
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -354,6 +356,24 @@ class ControlPlane:
                     not_started=True,
                 )
 
+    def port_listener(self, sandbox_id: str, port: int) -> str | None:
+        """``http://<loopback>:<p>``, the service's own listener for the sandbox's ``port``
+        (``POST /sandboxes/<id>/ports/<port>``, the local service's), or ``None`` where the
+        service has none (any failure: the caller falls back to E2B's port host)."""
+        try:
+            path = f"/sandboxes/{sandbox_id}/ports/{port}"
+            response = self.request("POST", path, repeatable=True)
+        except TransportError:
+            return None
+        with response:
+            if not is_success(response.status):
+                return None
+            try:
+                url = response.json_object(MAX_CONTROL_RESPONSE).get("url")
+            except (ValueError, TransportError):
+                return None
+        return url if isinstance(url, str) and is_loopback_url(url) else None
+
     def delete(self, sandbox_id: str) -> None:
         """``DELETE /sandboxes/<id>``; every outcome is ignored (it also expires on its own)."""
         try:
@@ -433,6 +453,33 @@ class ControlPlane:
             raise self._errors("the sandbox service returned an invalid envd access token")
         self._redactor.register(token)
         return token
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, no port) is this machine's loopback.
+
+    >>> [is_loopback_host(h) for h in ("localhost", "a.localhost", "127.0.0.2", "::1", "e2b.app")]
+    [True, True, True, True, False]
+    """
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_url(url: str) -> bool:
+    """An ``http://`` URL of a loopback address (never a name: no resolution needed)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        return (
+            parts.scheme == "http"
+            and parts.port is not None
+            and ipaddress.ip_address(parts.hostname or "").is_loopback
+        )
+    except ValueError:
+        return False
 
 
 def _api_key_header(key: str) -> Mapping[str, str]:
