@@ -2,8 +2,8 @@
 
 The seed suite is read where CI keeps it, ``../shared/seed/remote.test.ts`` beside the
 clone (or above a worktree; ``PISHIP_SEED_SUITE`` names another place); without it these
-tests are skipped. The checker itself (``seed_assertions``) is tested on edited copies of a
-port, so a green run means it would have caught an edited assertion.
+tests are skipped. The checker itself (``tests.support.seed_assertions``) is tested on
+edited copies of a port, so a green run means it would have caught an edited assertion.
 """
 
 from __future__ import annotations
@@ -12,12 +12,20 @@ import os
 from pathlib import Path
 
 import pytest
-from seed_assertions import Expected, Regex, findings, js_literal, ported_functions, seed_cases
+
+from tests.support.seed_assertions import (
+    Expected,
+    Regex,
+    findings,
+    js_literal,
+    ported_functions,
+    seed_cases,
+)
 
 ROOT = Path(__file__).parents[1]
 TESTS = Path(__file__).parent
 SEED_PATH = Path("shared") / "seed" / "remote.test.ts"
-E2B_PORT = "test_e2b_seed.py"
+E2B_PORT = "backends/e2b/test_e2b_seed.py"
 
 
 def seed_suite() -> Path | None:
