@@ -20,7 +20,6 @@ as whole seconds, rounded up.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import math
 import random
 import re
@@ -49,6 +48,7 @@ from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
 from piship_remote.telemetry.names import LEASE_RENEW_SPAN
 from piship_remote.transport import HttpClient, HttpReply, TransportError
+from piship_remote.transport.endpoint import is_localhost_name, is_loopback
 from piship_remote.wire.e2b_control import TimeoutRequest
 
 __all__ = [
@@ -455,31 +455,20 @@ class ControlPlane:
         return token
 
 
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` (a name or an address, no port) is this machine's loopback.
-
-    >>> [is_loopback_host(h) for h in ("localhost", "a.localhost", "127.0.0.2", "::1", "e2b.app")]
-    [True, True, True, True, False]
-    """
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def is_loopback_url(url: str) -> bool:
     """An ``http://`` URL of a loopback address (never a name: no resolution needed)."""
     parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
     try:
-        return (
-            parts.scheme == "http"
-            and parts.port is not None
-            and ipaddress.ip_address(parts.hostname or "").is_loopback
-        )
+        port = parts.port
     except ValueError:
         return False
+    return (
+        parts.scheme == "http"
+        and port is not None
+        and not is_localhost_name(host)
+        and is_loopback(host)
+    )
 
 
 def _api_key_header(key: str) -> Mapping[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 from piship_remote.backends._common import SandboxErrors, remote_directory
 from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
-from piship_remote.backends.e2b._control import ControlPlane, is_loopback_host
+from piship_remote.backends.e2b._control import ControlPlane
 from piship_remote.backends.e2b._envd import (
     SERVER_DEADLINE_SLACK,
     Envd,
@@ -30,6 +30,7 @@ from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
 from piship_remote.transport.deadline import Deadline
+from piship_remote.transport.endpoint import is_loopback
 
 __all__ = ["E2bInstance"]
 
@@ -103,7 +104,7 @@ class E2bInstance:
         if self._ports is None:
             raise self._errors("the service named no domain for the sandbox's ports")
         scheme, domain = self._ports
-        if is_loopback_host(urllib.parse.urlsplit(f"//{domain}").hostname or ""):
+        if is_loopback(urllib.parse.urlsplit(f"//{domain}").hostname or ""):
             with self._lock:
                 known = self._port_urls.get(port)
             listener = known or self._control.port_listener(self.sandbox_id, port)
