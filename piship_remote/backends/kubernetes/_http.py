@@ -35,8 +35,8 @@ _FAILURE_WINDOW = 4096
 class ClusterHttp:
     """One backend's transport and credential, with its error factory.
 
-    ``on_401`` is what :meth:`failure` adds to an HTTP 401: what the user sets so the
-    next request is let through (the router's own token for the router).
+    ``on_401`` is the :meth:`advice` for an HTTP 401: what the user sets so the next
+    request is let through (the router's own token, for the router).
     """
 
     def __init__(
@@ -66,19 +66,17 @@ class ClusterHttp:
             **kwargs,
         )
 
-    def failure(self, response: HttpReply, *, advice: bool = True) -> str:
-        """``HTTP <status>: <detail>``; a Kubernetes Status body gives its reason and message.
-
-        A 401 ends with the ``on_401`` advice unless ``advice`` is false (a caller
-        that gives its own)."""
+    def failure(self, response: HttpReply) -> str:
+        """``HTTP <status>: <detail>``; a Kubernetes Status body gives its reason and message."""
         body = window_text(_head(response, _FAILURE_WINDOW), _FAILURE_WINDOW)
         detail = _status_detail(body) or body
         redacted = self._redactor.redact(" ".join(detail.split()))
         detail = redacted[:DETAIL_LIMIT].strip()
-        text = f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"
-        if advice and response.status == 401 and self._on_401:
-            text += f"; {self._on_401}"
-        return text
+        return f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"
+
+    def advice(self, response: HttpReply) -> str | None:
+        """What the user does about a failed answer, when this client knows (``on_401``)."""
+        return self._on_401 if response.status == 401 else None
 
 
 def transient(status: int) -> bool:

@@ -204,8 +204,7 @@ class Preflight:
             if status in (401, 403):
                 return Check(
                     "fail",
-                    "the sandbox router refused the token: "
-                    f"{self._router.failure(reply, advice=False)}",
+                    f"the sandbox router refused the token: {self._router.failure(reply)}",
                     ROUTER_TOKEN_ACTION,
                 )
             if status == 400 or is_success(status):
