@@ -18,8 +18,9 @@ and it raises ``PiShipError`` ``SANDBOX_UNAVAILABLE`` mentioning "disposed". A s
 transfer ends within milliseconds, whatever request it was blocked in.
 
 What comes back from a sandbox is bounded by :attr:`SandboxFiles.limits` while it is
-read, and is put in place only once it all arrived: a download that fails (a limit, a
-full disk, a cut connection, a timeout) leaves nothing on the host.
+read (its size, its entries, the host filesystem's free space it leaves), and is put in
+place only once it all arrived: a download that fails (a limit, a full disk, a cut
+connection, a timeout) leaves nothing on the host.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ class SandboxFiles:
     on ``cancel`` :class:`CommandCancelled`; ``Sandbox.dispose()`` stops it with
     ``PiShipError`` ``SANDBOX_UNAVAILABLE`` ("disposed").
 
-    ``limits`` bounds what one download or pull writes on this host; set it to change
-    them (``files.limits = TransferLimits(max_bytes=...)``).
+    ``limits`` bounds what one download or pull writes on this host, and the free space
+    it leaves there; set it to change them (``files.limits = TransferLimits(max_bytes=...)``).
+    :meth:`read` holds a file in memory, so it takes its own ``max_bytes``.
     """
 
     def __init__(
