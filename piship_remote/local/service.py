@@ -59,21 +59,39 @@ from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiSh
 if TYPE_CHECKING:
     from piship_remote import E2bCompatibleBackend
 
-__all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
+__all__ = [
+    "DEFAULT_HTTP_LIMITS",
+    "HTTP_CLIENT_SHARE",
+    "HTTP_CONNECTIONS",
+    "HTTP_HEAD_SECONDS",
+    "LocalE2bService",
+    "main",
+    "remove_stale_directories",
+    "serve",
+]
 
 COMPONENT = "local"
 DIRECTORY_PREFIX = "piship-local-"
 TEMPLATE_CACHE = "templates"
+HTTP_CONNECTIONS = 64
+"""Connections open at once (one thread each)."""
+HTTP_HEAD_SECONDS = 10.0
+"""A request's line and headers arrive within this from their first byte."""
+HTTP_CLIENT_SHARE = 16
+"""Connections one peer address keeps when the service is full and others want in."""
 DEFAULT_HTTP_LIMITS = HttpLimits(
     header_bytes=32 * 1024,
     read_timeout=5.0,
     idle_timeout=120.0,
+    head_seconds=HTTP_HEAD_SECONDS,
     body_seconds=30.0,
-    connections=64,
+    connections=HTTP_CONNECTIONS,
+    client_share=HTTP_CLIENT_SHARE,
 )
-"""What one client may hold: a 32 KiB head, a 16 MiB body sent within 30 s, reads that
-stall at most 5 s, connections idle at most 120 s (the longest-idle one is closed first
-when all 64 are open)."""
+"""What one client may hold: a 32 KiB head sent within 10 s, a 16 MiB body sent within 30 s,
+reads that stall at most 5 s, connections idle at most 120 s. When all 64 connections are
+open, one waiting on its client (idle, or still sending its head or body) is closed for a
+newcomer: of the peer address holding most, or the newcomer's own once it holds 16."""
 _OWNED_DIRECTORY = re.compile(re.escape(DIRECTORY_PREFIX) + r"(\d+)-[a-z0-9_]+")
 
 
