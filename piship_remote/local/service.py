@@ -49,7 +49,10 @@ from piship_remote.local.isolation.limits import (
     DEFAULT_PROCESSES,
     MIB,
     Limits,
+    unmount,
 )
+from piship_remote.local.isolation.oci_archive import DEFAULT_IMAGE_LIMITS, ImageLimits
+from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
@@ -108,8 +111,10 @@ class LocalE2bService:
     ``max_processes``, ``max_memory_mib`` and ``max_disk_mib`` bound each sandbox;
     ``templates`` maps a template name to a directory holding a root filesystem or to an
     image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
-    unpacked once into the service's files; ``base`` is the host's ``/usr``, and a create
-    naming a template the service does not offer is refused (404).
+    unpacked once into the service's files within ``image_limits`` (bytes, entries and
+    expansion ratio, :data:`~piship_remote.local.isolation.oci_archive.DEFAULT_IMAGE_LIMITS`);
+    ``base`` is the host's ``/usr``, and a create naming a template the service does not
+    offer is refused (404).
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
@@ -133,6 +138,7 @@ class LocalE2bService:
         max_disk_mib: int = DEFAULT_DISK_MIB,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         _check_loopback(host)
         try:
@@ -161,7 +167,9 @@ class LocalE2bService:
         try:
             cache = os.path.join(directory, TEMPLATE_CACHE)
             owner = host_uid(0) if root_mappable() else None
-            offered = prepare_templates(templates or {}, cache, owner=owner)
+            offered = prepare_templates(
+                templates or {}, cache, owner=owner, image_limits=image_limits
+            )
         except ValueError as e:
             remove_tree(directory)
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
@@ -425,6 +433,8 @@ def remove_stale_directories(parent: str) -> list[str]:
                 continue
         except OSError:
             continue
+        for point in mounts_below(entry.path):  # a crashed root service's sandbox disks
+            unmount(point)
         remove_tree(entry.path)
         removed.append(entry.path)
     return removed

@@ -220,9 +220,9 @@ class Registry:
         try:
             if seed is not None:
                 copy_places(seed, sandbox.host_dirs)
-        except OSError as e:
+        except Exception as e:  # a copy that broke in any way leaves no sandbox running
             sandbox.destroy("the sandbox's files could not be copied")
-            raise SandboxUnavailable(str(e)) from None
+            raise SandboxUnavailable(_copy_failure(e)) from None
         with self._changed:
             if self._closed:
                 closed = True
@@ -332,7 +332,8 @@ class Registry:
             self._sandboxes.clear()
             self._changed.notify_all()
         for sandbox in sandboxes:
-            sandbox.destroy("stopped")
+            with contextlib.suppress(Exception):  # one sandbox's failure spares the rest
+                sandbox.destroy("stopped")
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
@@ -377,3 +378,9 @@ class Registry:
             return None
         earliest = min(s.expires_at for s in self._sandboxes.values())
         return max(earliest - self.clock(), 0.0)
+
+
+def _copy_failure(error: Exception) -> str:
+    """Why a sandbox's files could not be copied, without the host paths involved."""
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else None
+    return f"the sandbox's files could not be copied: {reason or type(error).__name__}"
