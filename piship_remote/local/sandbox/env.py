@@ -28,6 +28,7 @@ from piship_remote.local.isolation.limits import (
     CgroupSet,
     Enforcement,
     Limits,
+    group_name,
     mount_tmpfs,
     unmount,
 )
@@ -89,7 +90,7 @@ def _start(sandbox_id: str, jail: Jail, layout: SandboxLayout, spawner: Spawner)
     if jail.boot_id is not None:
         with open(jail.boot_id, "w", encoding="ascii") as handle:
             handle.write(f"{uuid.uuid4()}\n")
-    cgroups = CgroupSet.create(layout.enforcement, f"piship-{sandbox_id}", layout.limits)
+    cgroups = CgroupSet.create(layout.enforcement, group_name(), layout.limits)
     try:
         return SandboxVm.boot(jail, cgroups=cgroups, network=jail.network, spawner=spawner)
     except BaseException:
