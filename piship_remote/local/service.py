@@ -249,8 +249,12 @@ class LocalE2bService:
         return self._registry.ids()
 
     def sandbox_home(self, sandbox_id: str) -> str:
-        """The host directory mounted as ``sandbox_id``'s home (for tests and demos)."""
-        return os.path.join(self._registry.root, sandbox_id, "home")
+        """The host directory mounted as ``sandbox_id``'s home (for tests and demos); for a
+        sandbox that is not there, a path that does not exist."""
+        sandbox = self._registry.lookup(sandbox_id)
+        if sandbox is None:
+            return os.path.join(self._registry.root, "deleted", sandbox_id, "home")
+        return sandbox.home
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
         """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""

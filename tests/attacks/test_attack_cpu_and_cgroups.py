@@ -83,3 +83,16 @@ def test_the_service_says_the_cpu_limit_it_holds(service: LocalE2bService) -> No
     held = "not held" if NO_CPU_GROUP else "held"
     line = f"cpu per sandbox: at most {MAX_CPUS:g} CPUs of this host ({held})"
     assert line in service.containment.lines()
+
+
+def test_no_host_path_or_command_line_of_a_sandbox_shows_its_id(
+    service: LocalE2bService, client: Client, sandbox: dict[str, Any]
+) -> None:
+    sandbox_id = str(sandbox["sandboxID"])
+    assert client.run(sandbox, "echo up").stdout == "up\n"
+    assert sandbox_id not in service.sandbox_home(sandbox_id)
+    with open("/proc/self/mountinfo", encoding="utf-8") as table:
+        assert sandbox_id not in table.read()
+    for member in cgroups_of(service, sandbox_id).members():
+        with open(f"/proc/{member}/cmdline", "rb") as handle:
+            assert sandbox_id.encode() not in handle.read()

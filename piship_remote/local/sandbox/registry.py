@@ -185,7 +185,9 @@ class Registry:
         if problem is not None:
             raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
-        directory = os.path.join(self.root, sandbox_id)
+        # Not named after the ID: its path is in the mount table and bubblewrap's command
+        # line, which every user of the host can read.
+        directory = os.path.join(self.root, secrets.token_hex(8))
         with self._changed:
             if self._closed:
                 raise SandboxGone("the local sandbox service stopped")
