@@ -112,3 +112,24 @@ def test_closing_a_service_whose_sandbox_holds_a_10000_deep_tree_removes_it_all(
     finally:
         service.close()
     assert os.listdir(searchable_root) == []
+
+
+@needs_bwrap
+def test_forking_a_sandbox_holding_a_10000_deep_tree_succeeds_or_fails_cleanly(
+    service: LocalE2bService, client: Client
+) -> None:
+    sandbox = client.create()
+    made = client.run(sandbox, f"cd ~ && {DEEP_IN_SANDBOX} && echo made")
+    assert made.stdout == "made\n", made.stderr
+    directories = set(os.listdir(service.root))
+    running = set(service.sandboxes())
+    answer = client.control("POST", f"/sandboxes/{sandbox['sandboxID']}/fork", json={})
+    assert answer.status_code == 201
+    [result] = answer.json()
+    if "error" in result:
+        assert service.root not in str(result["error"])
+        assert set(service.sandboxes()) == running
+        assert set(os.listdir(service.root)) == directories
+    else:
+        fork_id = result["sandbox"]["sandboxID"]
+        assert depth_of(Path(service.sandbox_home(fork_id))) == DEEP

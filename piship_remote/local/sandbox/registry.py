@@ -204,7 +204,7 @@ class Registry:
                 rootfs=self.templates[wanted.image],
             )
         except BootFailed as e:
-            raise SandboxUnavailable(str(e)) from None
+            raise SandboxUnavailable(self._without_host_paths(str(e))) from None
         finally:
             with self._changed:
                 self._booting -= 1
@@ -224,7 +224,9 @@ class Registry:
                 copy_places(seed, sandbox.host_dirs)
         except Exception as e:  # a copy that broke in any way leaves no sandbox running
             sandbox.destroy("the sandbox's files could not be copied")
-            raise SandboxUnavailable(_copy_failure(e)) from None
+            reason = str(e) if isinstance(e, OSError) else "the tree is too deep or changed"
+            message = f"the sandbox's files could not be copied: {reason}"
+            raise SandboxUnavailable(self._without_host_paths(message)) from None
         with self._changed:
             if self._closed:
                 closed = True
@@ -236,6 +238,11 @@ class Registry:
             sandbox.destroy("stopped")
             raise SandboxGone("the local sandbox service stopped")
         return sandbox
+
+    def _without_host_paths(self, message: str) -> str:
+        """``message`` with the service's directory (and so any sandbox's) left out: the
+        client is told what failed, never where on the host."""
+        return message.replace(self.root, "<service directory>")
 
     def get(self, sandbox_id: str) -> Sandbox | None:
         """The running sandbox ``sandbox_id``, if any (a paused one is not served).
@@ -380,9 +387,3 @@ class Registry:
             return None
         earliest = min(s.expires_at for s in self._sandboxes.values())
         return max(earliest - self.clock(), 0.0)
-
-
-def _copy_failure(error: Exception) -> str:
-    """Why a sandbox's files could not be copied, without the host paths involved."""
-    reason = error.strerror if isinstance(error, OSError) and error.strerror else None
-    return f"the sandbox's files could not be copied: {reason or type(error).__name__}"
