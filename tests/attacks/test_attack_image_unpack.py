@@ -35,11 +35,12 @@ GIB = 1024 * MIB
 DEEP_WITHIN_PATH_MAX = 1_500  # past Python's recursion limit; "d/" * 1_500 < PATH_MAX
 
 
-def gzip_bomb_layer(expanded: int) -> bytes:
-    """A gzip'd layer tar of one file of ``expanded`` zero bytes: one compressed MiB of
-    zeros repeated (gzip members concatenate), so it costs nothing to make."""
+def gzip_bomb_layer(expanded: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    """A gzip'd layer tar of one member of ``expanded`` zero bytes (a file, or with
+    ``XHDTYPE`` an extended header, which a tar reader holds in memory whole): one
+    compressed MiB of zeros repeated (gzip members concatenate), so it costs nothing."""
     header = tarfile.TarInfo("bomb")
-    header.size = expanded
+    header.size, header.type = expanded, kind
     zeros = gzip.compress(b"\0" * MIB, mtime=0)
     return b"".join(
         [gzip.compress(header.tobuf(tarfile.GNU_FORMAT), mtime=0)]
@@ -48,9 +49,9 @@ def gzip_bomb_layer(expanded: int) -> bytes:
     )
 
 
-def bomb_archive(target: Path, expanded: int) -> Path:
+def bomb_archive(target: Path, expanded: int, kind: bytes = tarfile.REGTYPE) -> Path:
     """A ``docker save`` archive whose one layer is :func:`gzip_bomb_layer`."""
-    return docker_save_tar(target, [gzip_bomb_layer(expanded)])
+    return docker_save_tar(target, [gzip_bomb_layer(expanded, kind)])
 
 
 def sparse_layer(tmp_path: Path, size: int) -> bytes:
@@ -75,6 +76,13 @@ def test_a_gzip_bomb_layer_is_refused_before_it_is_written(tmp_path: Path) -> No
     archive = bomb_archive(tmp_path / "bomb.tar", 1536 * MIB)
     assert archive.stat().st_size < 2 * MIB
     with pytest.raises(ImageRefused, match="times its archive's size"):
+        unpack_image(str(archive), str(tmp_path / "root"))
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_gzip_bomb_header_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    archive = bomb_archive(tmp_path / "bomb.tar", 1536 * MIB, tarfile.XHDTYPE)
+    with pytest.raises(ImageRefused, match="decompress to more than 100 times"):
         unpack_image(str(archive), str(tmp_path / "root"))
     assert not (tmp_path / "root").exists()
 

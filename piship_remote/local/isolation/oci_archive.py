@@ -20,19 +20,26 @@ them read-only).
 What an archive may cost the host is bounded by :class:`ImageLimits`: the bytes its
 files hold once unpacked (a sparse member counts at its full size, as it is written
 out), its entries, and the ratio of those bytes to the archive's own size (a gzip
-layer of zeros expands a thousandfold). A refused archive leaves nothing behind.
+layer of zeros expands a thousandfold). The ratio also bounds what the layers' tars
+decompress to, headers included, counted before each read: a layer is read as a
+stream (decompressed here, gzip, bzip2 or xz), so a header claiming gigabytes is
+refused before it is held in memory. A refused archive leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import json
+import lzma
 import os
 import posixpath
 import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import attrs
 
@@ -51,6 +58,8 @@ WHITEOUT = ".wh."
 WHITEOUT_META = ".wh..wh."
 OPAQUE = ".wh..wh..opq"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_OUTER_ENTRIES = 10_000
+"""Files in the archive itself (docker save: a few per layer), before any layer is read."""
 PIECE = 1024 * 1024
 MIB = 1024 * 1024
 IMAGE_MAX_MIB = 8192
@@ -97,7 +106,7 @@ def unpack_image(archive: str, target: str, limits: ImageLimits = DEFAULT_IMAGE_
     try:
         with tarfile.open(archive, "r:*") as outer:
             for layer in _layers(outer):
-                with tarfile.open(fileobj=layer, mode="r:*") as tar:
+                with tarfile.open(fileobj=_Metered(_decompressed(layer), budget), mode="r|") as tar:
                     _apply(tar, target, budget)
     except BaseException:
         remove_tree(target)
@@ -123,6 +132,17 @@ class _Budget:
         self.expansion_cap = max(expansion, EXPANSION_FREE_MIB * MIB)
         self.entries = 0
         self.bytes = 0
+        self.streamed = 0
+
+    def stream(self, size: int) -> None:
+        """Count ``size`` more bytes of the layers' tars about to be read (headers included):
+        :class:`ImageRefused` before a read that would pass the expansion ratio."""
+        self.streamed += size
+        if self.streamed > self.expansion_cap:
+            raise ImageRefused(
+                f"the image's layers decompress to more than {self.limits.max_expansion} times"
+                " its archive's size: a compression bomb"
+            )
 
     def entry(self, member: tarfile.TarInfo) -> None:
         """Count ``member``; :class:`ImageRefused` before it is written if it is one too many
@@ -154,9 +174,63 @@ def _copy_entry(path: str, copy: str) -> None:
         os.chmod(copy, stat.S_IMODE(info.st_mode) & 0o1777)
 
 
+class _Reader(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+class _Metered(io.RawIOBase):
+    """A layer's tar as it is read, each read counted by the budget before it is made."""
+
+    def __init__(self, stream: _Reader, budget: _Budget) -> None:
+        self._stream = stream
+        self._budget = budget
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = PIECE
+        self._budget.stream(size)
+        return self._stream.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _decompressed(layer: IO[bytes]) -> _Reader:
+    """A layer's tar: the layer itself, or decompressed as it is read (gzip, bzip2, xz)."""
+    stream = layer if isinstance(layer, io.BufferedReader) else io.BufferedReader(_Raw(layer))
+    magic = stream.peek(6)[:6]
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=stream, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(stream, mode="rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(stream, mode="rb")
+    return stream
+
+
+class _Raw(io.RawIOBase):
+    """Any binary file as raw I/O, to buffer it."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
 def _layers(outer: tarfile.TarFile) -> Iterator[IO[bytes]]:
     """The layer tars of a docker-save archive or an OCI layout, lowest first."""
-    names = set(outer.getnames())
+    names = _outer_names(outer)
     if "manifest.json" in names:
         manifest = _json(outer, "manifest.json")
         if not isinstance(manifest, list) or not manifest or not isinstance(manifest[0], dict):
@@ -170,6 +244,19 @@ def _layers(outer: tarfile.TarFile) -> Iterator[IO[bytes]]:
         raise ImageRefused("the image's manifest lists no layers")
     for path in paths:
         yield _member(outer, path)
+
+
+def _outer_names(outer: tarfile.TarFile) -> set[str]:
+    """The names of the archive's own members (its layers and their manifests), at most
+    ``MAX_OUTER_ENTRIES`` of them."""
+    names: set[str] = set()
+    for member in outer:
+        names.add(member.name)
+        if len(names) > MAX_OUTER_ENTRIES:
+            raise ImageRefused(
+                f"the archive holds more than {MAX_OUTER_ENTRIES} files: not an image archive"
+            )
+    return names
 
 
 def _oci_layers(outer: tarfile.TarFile) -> list[str]:
