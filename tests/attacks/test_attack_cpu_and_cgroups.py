@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from local_service_support import Client, needs_bwrap
 
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.limits import CPU_PERIOD_US, CgroupSet, Enforcement
+from tests.support.local_service import Client, needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
 

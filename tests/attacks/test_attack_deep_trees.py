@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from local_service_support import Client, needs_bwrap
-from tree_support import DEEP, depth_of, make_deep_tree, searchable_root
 
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.trees import remove_tree
 from piship_remote.local.service import DIRECTORY_PREFIX, remove_stale_directories
+from tests.support.local_service import Client, needs_bwrap
+from tests.support.trees import DEEP, depth_of, make_deep_tree, searchable_root
 
 pytestmark = pytest.mark.timeout(180)
 __all__ = ["searchable_root"]  # a fixture

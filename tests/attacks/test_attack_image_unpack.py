@@ -13,9 +13,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from image_support import docker_save_tar, layer, oci_layout_tar
-from local_service_support import needs_bwrap
-from tree_support import depth_of, make_deep_tree, searchable_root
 
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.oci_archive import (
@@ -26,6 +23,9 @@ from piship_remote.local.isolation.oci_archive import (
 )
 from piship_remote.local.sandbox.templates import prepare_templates
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from tests.support.image import docker_save_tar, layer, oci_layout_tar
+from tests.support.local_service import needs_bwrap
+from tests.support.trees import depth_of, make_deep_tree, searchable_root
 
 pytestmark = pytest.mark.timeout(120)
 __all__ = ["searchable_root"]  # a fixture

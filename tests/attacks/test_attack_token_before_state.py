@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from local_service_support import Client, needs_bwrap
-from test_local_pause import pause, state
+
+from tests.local.test_local_pause import pause, state
+from tests.support.local_service import Client, needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(60)]
 
