@@ -28,11 +28,13 @@ DEEP_IN_SANDBOX = (
 )
 
 
-def test_a_10000_deep_tree_with_read_only_directories_is_removed(tmp_path: Path) -> None:
-    make_deep_tree(tmp_path / "deep", DEEP)
-    (tmp_path / "deep" / "d").chmod(0o500)
-    remove_tree(str(tmp_path / "deep"))
-    assert not (tmp_path / "deep").exists()
+def test_a_10000_deep_tree_with_read_only_directories_is_removed(
+    searchable_root: Path,
+) -> None:
+    make_deep_tree(searchable_root / "deep", DEEP)
+    (searchable_root / "deep" / "d").chmod(0o500)
+    remove_tree(str(searchable_root / "deep"))
+    assert not (searchable_root / "deep").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to a spare uid")
@@ -67,13 +69,13 @@ def _as_spare_uid(work: Callable[[], None]) -> int:
 
 
 def test_a_crashed_services_10000_deep_directory_is_removed_at_the_next_start(
-    tmp_path: Path,
+    searchable_root: Path,
 ) -> None:
     dead_pid = _reaped_pid()
-    stale = tmp_path / f"{DIRECTORY_PREFIX}{dead_pid}-x1"
+    stale = searchable_root / f"{DIRECTORY_PREFIX}{dead_pid}-x1"
     stale.mkdir()
     make_deep_tree(stale / "sandbox", DEEP)
-    assert remove_stale_directories(str(tmp_path)) == [str(stale)]
+    assert remove_stale_directories(str(searchable_root)) == [str(stale)]
     assert not stale.exists()
 
 

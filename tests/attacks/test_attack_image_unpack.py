@@ -134,7 +134,9 @@ def test_the_service_refuses_to_start_on_a_gzip_bomb(tmp_path: Path, searchable_
     assert os.listdir(searchable_root) == []
 
 
-def test_a_root_filesystem_folder_deeper_than_python_recurses_is_copied(tmp_path: Path) -> None:
-    make_deep_tree(tmp_path / "rootfs", DEEP_WITHIN_PATH_MAX)
-    copy_root(str(tmp_path / "rootfs"), str(tmp_path / "copy"))
-    assert depth_of(tmp_path / "copy") == DEEP_WITHIN_PATH_MAX
+def test_a_root_filesystem_folder_deeper_than_python_recurses_is_copied(
+    searchable_root: Path,
+) -> None:
+    make_deep_tree(searchable_root / "rootfs", DEEP_WITHIN_PATH_MAX)
+    copy_root(str(searchable_root / "rootfs"), str(searchable_root / "copy"))
+    assert depth_of(searchable_root / "copy") == DEEP_WITHIN_PATH_MAX

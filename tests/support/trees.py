@@ -1,6 +1,6 @@
 """Directory trees deeper than Python recurses and than ``PATH_MAX`` reaches, made and
-measured one directory at a time (``pathlib`` and ``os.makedirs`` recurse), and a state
-directory every user may search (a root service refuses any other)::
+measured one directory at a time (``pathlib`` and ``os.makedirs`` recurse), and a place
+for them every user may search (a root service refuses any other)::
 
     make_deep_tree(tmp_path / "t", 10_000)      # t/d/d/.../d/leaf
     depth_of(tmp_path / "t")                    # 10_000
@@ -58,7 +58,9 @@ def depth_of(top: Path) -> int:
 
 @pytest.fixture
 def searchable_root() -> Iterator[Path]:
-    """A fresh directory under the system's temporary directory, searchable by every user."""
+    """A fresh directory under the system's temporary directory, searchable by every user,
+    removed with :func:`remove_tree` at teardown: a deep tree must never be left to
+    pytest's own cleanup of ``tmp_path``, which recurses and fails on it."""
     root = Path(tempfile.mkdtemp(prefix="piship-attack-"))
     root.chmod(0o755)
     yield root
