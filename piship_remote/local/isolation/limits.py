@@ -210,8 +210,7 @@ class CgroupSet:
         if support.cpu is not None:
             cpu = os.path.join(support.cpu, name)
             os.mkdir(cpu)
-            _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
-            _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(limits.cpu_quota_us))
+            _write_v1_cpu_quota(cpu, support.cpu, limits.cpu_quota_us)
         return cls(support.cgroup, pids, memory, freezer, agent_memory, cpu)
 
     @classmethod
@@ -451,6 +450,21 @@ def _probe_v1() -> tuple[str | None, str | None, str | None]:
     if not any(found.values()):
         return None, None, None
     return "v1", found["pids"], found["memory"]
+
+
+def _write_v1_cpu_quota(group: str, parent: str, quota_us: int) -> None:
+    """Write the group's CPU quota; where v1 refuses one above the parent group's (the
+    service's own, as in a container with a CPU limit), the parent's, which binds anyway."""
+    _write(os.path.join(group, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+    quota_file = os.path.join(group, "cpu.cfs_quota_us")
+    try:
+        _write(quota_file, str(quota_us))
+    except OSError:
+        parent_quota = _number(os.path.join(parent, "cpu.cfs_quota_us"))
+        parent_period = _number(os.path.join(parent, "cpu.cfs_period_us")) or CPU_PERIOD_US
+        if parent_quota <= 0:
+            raise
+        _write(quota_file, str(min(quota_us, parent_quota * CPU_PERIOD_US // parent_period)))
 
 
 def _probe_v2_cpu() -> str | None:
