@@ -70,10 +70,12 @@ def boot(
     try:
         jail = _jail(directory, layout, network, rootfs)
         vm = _start(sandbox_id, jail, layout, spawner)
-    except OSError as e:
+    except BaseException as e:  # whatever broke, nothing of the sandbox stays mounted
         unmount(directory)
         remove_tree(directory)
-        raise BootFailed(f"the sandbox could not be started: {e}") from None
+        if isinstance(e, OSError):
+            raise BootFailed(f"the sandbox could not be started: {e}") from None
+        raise
     return jail, vm
 
 
