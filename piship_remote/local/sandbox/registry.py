@@ -35,9 +35,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.limits import Enforcement, Limits
+from piship_remote.local.isolation.limits import Enforcement, Limits, unmount
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
+from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
@@ -346,6 +347,8 @@ class Registry:
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
+        for point in mounts_below(self.root):  # a sandbox whose destroy failed midway
+            unmount(point)
         remove_tree(self.root)
 
     def _expiry(self, seconds: int) -> float:
