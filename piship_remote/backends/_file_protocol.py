@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
-from piship_remote.model.errors import FILE_WRITE_FAILED, PiShipError
+from piship_remote.model.errors import FileWriteFailed, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport.deadline import Deadline
 
@@ -120,8 +120,7 @@ class SupportsFiles(Protocol):
 
 def write_failed(path: str, why: str) -> PiShipError:
     """The sandbox refused to write the file ``path`` (``why``, its own words)."""
-    return PiShipError(
-        FILE_WRITE_FAILED,
+    return FileWriteFailed(
         f"writing {path} in the sandbox failed: {why or 'refused'}",
         user_action="write to a writable place in the sandbox (its working directory or /tmp)"
         " with room on its disk",

@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from piship_remote.backends.base import Instance
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 from piship_remote.model.policy import SandboxProfile
 
 __all__ = [
@@ -103,9 +103,9 @@ def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     checked: dict[str, str] = {}
     for key, value in (labels or {}).items():
         if not isinstance(key, str) or not _LABEL_KEY.match(key) or _RESERVED.match(key):
-            raise PiShipError(CONFIG_INVALID, f"not a usable label name: {key!r}")
+            raise ConfigInvalid(f"not a usable label name: {key!r}")
         if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-            raise PiShipError(CONFIG_INVALID, f"not a usable value for label {key}: {value!r}")
+            raise ConfigInvalid(f"not a usable value for label {key}: {value!r}")
         checked[key] = value
     return checked
 

@@ -21,7 +21,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from piship_remote.model.errors import SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
+from piship_remote.model.errors import (
+    CommandCancelled,
+    PiShipError,
+    SandboxUnavailable,
+)
 from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.sandbox.activation import Sandbox
 from piship_remote.telemetry import carried
@@ -58,8 +62,7 @@ def busy_delay(error: BaseException | None, waits: int) -> float:
 
 
 def closed_error() -> PiShipError:
-    return PiShipError(
-        SANDBOX_UNAVAILABLE,
+    return SandboxUnavailable(
         "the sandbox pool was closed; its sandboxes were disposed",
         component="pool",
     )

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["CreateThrottle"]
 
@@ -24,7 +24,7 @@ class CreateThrottle:
 
     def __init__(self, rate: float | None, clock: Callable[[], float] = time.monotonic) -> None:
         if rate is not None and not rate > 0:
-            raise PiShipError(CONFIG_INVALID, f"max_create_rate must be positive, not {rate}")
+            raise ConfigInvalid(f"max_create_rate must be positive, not {rate}")
         self._gap = 0.0 if rate is None else 1.0 / rate
         self._clock = clock
         self._lock = threading.Lock()

@@ -33,7 +33,9 @@ from piship_remote.model.errors import (
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandTimeout,
+    ConfigInvalid,
     PiShipError,
+    error_for,
 )
 from piship_remote.model.policy import SandboxPolicy, SandboxProfile
 from piship_remote.model.redact import Redactor
@@ -151,8 +153,7 @@ class Activation:
         """Give the sandbox its file side (when the backend moves files) and push if asked."""
         if not isinstance(instance, SupportsFiles):
             if self.sync != "none":
-                raise PiShipError(
-                    CONFIG_INVALID,
+                raise ConfigInvalid(
                     f"the {self.backend.id} sandbox backend cannot move files, so sync"
                     f" {self.sync!r} is not possible",
                     component="files",
@@ -324,7 +325,7 @@ class Activation:
         backend = self.backend
         reason = failure.reason
         if self.policy.required:
-            raise PiShipError(
+            raise error_for(
                 failure.code,
                 f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
                 component="sandbox",

@@ -73,7 +73,11 @@ from piship_remote.backends.base import (
     ServesPorts,
     takes_deadline,
 )
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    PiShipError,
+    SandboxUnavailable,
+)
 from piship_remote.model.redact import Redactor
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_errors import ExecErrors
@@ -137,7 +141,7 @@ def command_line(command: object) -> str:
             )
         arguments.append(argument)
     if not arguments:
-        raise PiShipError(CONFIG_INVALID, "the command is an empty list of arguments")
+        raise ConfigInvalid("the command is an empty list of arguments")
     return shlex.join(arguments)
 
 
@@ -338,8 +342,7 @@ class ExecEngine:
         """The address of ``port`` inside the sandbox, where its service routes ports."""
         instance = self._instance
         if not isinstance(instance, ServesPorts):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"The {self._adapter} sandbox backend does not reach a sandbox's ports from this"
                 " host",
                 component="sandbox",
@@ -349,14 +352,13 @@ class ExecEngine:
         try:
             return instance.url(port)
         except ValueError as e:
-            raise PiShipError(CONFIG_INVALID, str(e), component="sandbox") from None
+            raise ConfigInvalid(str(e), component="sandbox") from None
 
     def detach(self) -> str:
         """Like :meth:`dispose`, but the remote sandbox is left running; its id."""
         instance = self._instance
         if not isinstance(instance, Detachable):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"The {self._adapter} sandbox backend cannot detach from a sandbox",
                 component="sandbox",
             )

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from piship_remote.backends._common import exit_status
 from piship_remote.backends._file_protocol import SupportsFiles
 from piship_remote.backends.base import ExecRequest, Instance
-from piship_remote.model.errors import SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import PiShipError, SandboxUnavailable
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.report import (
     SyncedPath,
@@ -80,8 +80,7 @@ class SandboxTransfers:
         self._root = os.path.realpath(profile.workspace)
         self.mode = check_sync_mode(mode)
         if not isinstance(instance, SupportsFiles):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"the {type(instance).__name__} sandbox cannot move files",
                 component="files",
             )

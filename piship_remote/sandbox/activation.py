@@ -31,11 +31,10 @@ from piship_remote.backends.base import Backend, ExecRequest
 from piship_remote.backends.control import CommandControl, TerminalSize
 from piship_remote.model.environment import screen_environment
 from piship_remote.model.errors import (
-    CONFIG_INVALID,
-    SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandFailed,
-    PiShipError,
+    ConfigInvalid,
+    SandboxUnavailable,
 )
 from piship_remote.model.policy import SandboxPolicy, SandboxProfile, resolve_profile
 from piship_remote.model.redact import Redactor
@@ -148,6 +147,16 @@ class Sandbox:
         command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
         and raises :class:`CommandCancelled`; Ctrl-C kills it and re-raises.
         ``env`` replaces the environment the allow list is applied to.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed; the remote command was killed.
+            CommandCancelled: ``cancel`` was set; the remote command was killed.
+            ConfigInvalid: a bad argument (``cwd`` outside the workspace, ``timeout`` of 0 or less,
+                an empty command).
+            SandboxUnavailable: no sandbox is active, it was disposed or retired, or it failed under
+                the command (the message says whether the command may have run).
+            GatewayUnreachable: the service could not be reached.
+            PiShipError: any other failure the service reports, with its code.
         """
         sink = None if on_data is None else (lambda _stream, chunk: on_data(chunk))
         return self._execute(command, cwd, sink, timeout, cancel, env)
@@ -182,6 +191,17 @@ class Sandbox:
         ``stdin`` is the command's standard input, written chunk by chunk as the
         iterable yields them and closed when it ends (E2B-compatible services; the
         agent-sandbox router refuses it with ``CONFIG_INVALID``).
+
+        Raises:
+            CommandFailed: ``check=True`` and the command exited non-zero.
+            CommandTimeout: ``timeout`` passed; the remote command was killed.
+            CommandCancelled: ``cancel`` was set; the remote command was killed.
+            ConfigInvalid: a bad argument (``cwd`` outside the workspace, ``timeout`` of 0 or less,
+                an empty command).
+            SandboxUnavailable: no sandbox is active, it was disposed or retired, or it failed under
+                the command (the message says whether the command may have run).
+            GatewayUnreachable: the service could not be reached.
+            PiShipError: any other failure the service reports, with its code.
         """
         capture = OutputCapture(echo=echo, limit=output_limit)
         result = self._execute(command, cwd, capture.write, timeout, cancel, env, stdin)
@@ -213,12 +233,15 @@ class Sandbox:
         and makes ``wait`` raise :class:`CommandTimeout`. A service that cannot pass input
         or give a terminal (the agent-sandbox router) refuses with ``PiShipError``
         ``CONFIG_INVALID``.
+
+        Raises:
+            ConfigInvalid: a bad argument, or ``stdin``/``pty`` on a service that cannot give them.
+            SandboxUnavailable: no sandbox is active, or it was disposed or retired.
         """
         engine = self._usable_engine()
         if (stdin or pty) and not engine.controls_commands:
             what = "give a command a terminal" if pty else "pass standard input to a command"
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"the {self.report.adapter} sandbox backend cannot {what}",
                 user_action="Use an E2B-compatible backend, or run the command without it",
             )
@@ -306,6 +329,14 @@ class Sandbox:
         ``timeout`` (seconds) stops the transfer and raises :class:`CommandTimeout`;
         setting ``cancel`` stops it and raises :class:`CommandCancelled`; ``dispose()``
         stops it with an error that mentions "disposed".
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            ConfigInvalid: a path outside the workspace.
+            SandboxUnavailable: the sandbox cannot move files, is gone or disposed, or the transfer
+                was cut off.
+            PiShipError: any other failure the service reports, with its code.
         """
         return self._file_side().push(paths, timeout=timeout, cancel=cancel)
 
@@ -319,7 +350,17 @@ class Sandbox:
     ) -> TransferSummary:
         """Bring back what changed in the sandbox since the last push (deletions with
         ``delete=True``), only where ``filesystem.write.allow`` permits; ``timeout`` and
-        ``cancel`` as for :meth:`push`."""
+        ``cancel`` as for :meth:`push`.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            ConfigInvalid: a path outside the workspace.
+            FileWriteFailed: a file could not be written on this host.
+            SandboxUnavailable: the sandbox cannot move files, is gone or disposed, or the transfer
+                was cut off.
+            PiShipError: any other failure the service reports, with its code.
+        """
         return self._file_side().pull(paths, delete=delete, timeout=timeout, cancel=cancel)
 
     def _attach_transfers(self, transfers: SandboxTransfers) -> None:
@@ -328,8 +369,7 @@ class Sandbox:
     def _file_side(self) -> SandboxTransfers:
         self._usable_engine()
         if self._transfers is None:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"the {self.report.adapter} sandbox cannot move files",
                 component="files",
             )
@@ -357,10 +397,14 @@ class Sandbox:
 
     @property
     def id(self) -> str:
-        """The remote sandbox's id: the E2B sandbox id, or the current claim's name."""
+        """The remote sandbox's id: the E2B sandbox id, or the current claim's name.
+
+        Raises:
+            SandboxUnavailable: no sandbox is active, or it has no id yet.
+        """
         sandbox_id = self._usable_engine().epoch()
         if sandbox_id is None:
-            raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox has no id yet", component="sandbox")
+            raise SandboxUnavailable("the sandbox has no id yet", component="sandbox")
         return sandbox_id
 
     def url(self, port: int) -> str:
@@ -369,13 +413,21 @@ class Sandbox:
 
         ``PiShipError`` ``CONFIG_INVALID`` for a port outside 1-65535, or on a backend that
         does not route a sandbox's ports (Kubernetes agent-sandbox).
+
+        Raises:
+            ConfigInvalid: a port outside 1-65535, or a backend that does not route ports.
+            SandboxUnavailable: no sandbox is active, or it was disposed or retired.
         """
         return self._usable_engine().url(port)
 
     def detach(self) -> str:
         """Let go of the sandbox without deleting it: renewals stop, it is no longer
         deleted at exit, and it lives until its lifetime ends. Returns its id, for
-        ``activate_sandbox(..., attach=id)`` (from this or another process)."""
+        ``activate_sandbox(..., attach=id)`` (from this or another process).
+
+        Raises:
+            SandboxUnavailable: no sandbox is active, or it was disposed or retired.
+        """
         sandbox_id = self._usable_engine().detach()
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
@@ -386,8 +438,7 @@ class Sandbox:
     def _usable_engine(self) -> ExecEngine:
         if self._engine is None:
             reason = self.report.reason or "unknown reason"
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"No {self.report.adapter} sandbox is active ({self.report.level}): {reason}; "
                 "piship_remote never runs commands unsandboxed",
                 component="sandbox",
@@ -440,6 +491,14 @@ def activate_sandbox(
     ``.gitignore``d paths too. A failed push disposes the sandbox and raises.
     ``attach`` is the id of an existing sandbox (from :meth:`Sandbox.detach`) to use
     instead of creating one; on Kubernetes only a claim labelled as this library's.
+
+    Raises:
+        ConfigInvalid: a bad policy, workspace or option.
+        SandboxUnavailable: ``required`` and the backend cannot give a sandbox that enforces the
+            policy (an optional one gives a sandbox that says why instead).
+        CredentialRequired: the service needs a credential and none was given.
+        PiShipError: any other failure, with its code (``SandboxUnavailable`` unless the reason has
+            one of its own).
     """
     check_sync_mode(sync)
     if not isinstance(policy, SandboxPolicy):

@@ -33,7 +33,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO, TypeVar
 
 from piship_remote.backends._file_protocol import SizedChunks
-from piship_remote.model.errors import CONFIG_INVALID, FILE_NOT_FOUND, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    FileNotFound,
+    PiShipError,
+)
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferLimits, TransferSummary
 from piship_remote.sandbox._file_calls import FileCall
 from piship_remote.sandbox._worker import Worker
@@ -111,7 +115,17 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> FileInfo:
-        """Write ``data`` (bytes, text as UTF-8, or a binary file object, streamed)."""
+        """Write ``data`` (bytes, text as UTF-8, or a binary file object, streamed).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileWriteFailed: the file could not be written there (read-only, full, a file where a
+                folder must be).
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
 
         def write() -> FileInfo:
             with self._calls.begin(timeout, cancel) as call:
@@ -125,7 +139,17 @@ class SandboxFiles:
     def read(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> bytes:
-        """The whole file ``path`` (use :meth:`download` for a large one)."""
+        """The whole file ``path`` (use :meth:`download` for a large one).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at the path.
+            ConfigInvalid: the file is larger than ``max_bytes`` (use ``download``), or a bad
+                argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
 
         def read() -> bytes:
             buffer = io.BytesIO()
@@ -148,7 +172,18 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> str:
-        """The file ``path`` decoded as ``encoding``."""
+        """The file ``path`` decoded as ``encoding``.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at the path.
+            ConfigInvalid: the file is larger than ``max_bytes`` (use ``download``), or a bad
+                argument.
+            UnicodeDecodeError: the file is not text in ``encoding``.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         return self.read(path, timeout=timeout, cancel=cancel).decode(encoding)
 
     def list(
@@ -158,7 +193,16 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> list[FileInfo]:
-        """The entries directly in the directory ``path``, sorted by name."""
+        """The entries directly in the directory ``path``, sorted by name.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at the path.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             entries = self._remote.list_dir(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -168,7 +212,15 @@ class SandboxFiles:
     def exists(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> bool:
-        """Whether anything is at ``path``."""
+        """Whether anything is at ``path``.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             found = self._remote.stat(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -178,7 +230,15 @@ class SandboxFiles:
     def remove(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> None:
-        """Remove a file, or a directory recursively (a missing path is fine)."""
+        """Remove a file, or a directory recursively (a missing path is fine).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             self._remote.remove(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -187,7 +247,17 @@ class SandboxFiles:
     def make_dir(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> bool:
-        """Create the directory ``path`` and its parents; ``False`` if it existed."""
+        """Create the directory ``path`` and its parents; ``False`` if it existed.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileWriteFailed: the file could not be written there (read-only, full, a file where a
+                folder must be).
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             return self._remote.make_dir(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -225,7 +295,18 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
-        """Copy a host file or directory into the sandbox (``cp -r local remote``)."""
+        """Copy a host file or directory into the sandbox (``cp -r local remote``).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at ``local`` on this host.
+            FileWriteFailed: the file could not be written there (read-only, full, a file where a
+                folder must be).
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
 
         def upload() -> TransferSummary:
             with self._calls.begin(timeout, cancel) as call:
@@ -265,7 +346,17 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
-        """Copy a sandbox file or directory to the host path ``local`` (``cp -r``)."""
+        """Copy a sandbox file or directory to the host path ``local`` (``cp -r``).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at ``remote`` in the sandbox.
+            FileWriteFailed: a file could not be written on this host.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
 
         def download() -> TransferSummary:
             with self._calls.begin(timeout, cancel) as call:
@@ -373,8 +464,7 @@ class SandboxFiles:
 
     def _check_writable(self, target: str) -> None:
         if not self._archives.may_write(target):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"the policy does not allow writing {target}",
                 user_action="download into the workspace, or allow the place in"
                 " filesystem.write.allow",
@@ -416,12 +506,8 @@ def _unlink_quietly(path: str) -> None:
 
 
 def _missing_remote(path: str) -> PiShipError:
-    return PiShipError(
-        FILE_NOT_FOUND, f"no file or directory at {path} in the sandbox", component="files"
-    )
+    return FileNotFound(f"no file or directory at {path} in the sandbox", component="files")
 
 
 def _missing_host(path: str) -> PiShipError:
-    return PiShipError(
-        FILE_NOT_FOUND, f"no file or directory at {path} on this host", component="files"
-    )
+    return FileNotFound(f"no file or directory at {path} on this host", component="files")

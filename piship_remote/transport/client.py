@@ -47,10 +47,10 @@ import urllib3.connectionpool
 import urllib3.response
 
 from piship_remote.model.errors import (
-    CONFIG_INVALID,
-    TLS_POLICY_VIOLATION,
     CommandCancelled,
+    ConfigInvalid,
     PiShipError,
+    TlsPolicyViolation,
 )
 from piship_remote.model.redact import Redactor
 from piship_remote.transport._cancel import EventWatcher
@@ -104,8 +104,7 @@ class Transport:
         self._session = session if session is not None else requests.Session()
         verify = self._session.verify
         if verify is False:
-            raise PiShipError(
-                TLS_POLICY_VIOLATION,
+            raise TlsPolicyViolation(
                 "Refusing a requests.Session with TLS verification disabled",
                 component=component,
             )
@@ -285,8 +284,7 @@ class Transport:
         given = _NO_HEADERS
         if outgoing is None:
             # requests' message would quote the value, which may be a credential.
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 "A request header value is not valid (line breaks or surrounding whitespace)",
                 component=self.component,
             )

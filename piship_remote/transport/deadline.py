@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import attrs
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["Clock", "Deadline", "timeout_deadline"]
 
@@ -95,8 +95,7 @@ def timeout_deadline(timeout: float | None, *, name: str = "timeout") -> Deadlin
     if timeout is None or timeout == math.inf:
         return Deadline.never()
     if math.isnan(timeout) or timeout <= 0:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"{name} must be a positive number of seconds or None (no limit), not {timeout}",
         )
     return Deadline.after(timeout)

@@ -15,7 +15,11 @@ import errno
 import os
 from collections.abc import Callable
 
-from piship_remote.model.errors import CONFIG_INVALID, FILE_WRITE_FAILED, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    FileWriteFailed,
+    PiShipError,
+)
 
 __all__ = ["bounded_writer", "host_write_error", "make_parents", "remove_directories"]
 
@@ -46,8 +50,7 @@ def host_write_error(
     this host; ``detail`` says what the transfer left."""
     code = error.errno or 0
     cause = _CAUSES.get(code) or error.strerror or str(error)
-    return PiShipError(
-        FILE_WRITE_FAILED,
+    return FileWriteFailed(
         f"{verb} {path} on this host failed: {cause}{detail}",
         user_action=_ACTIONS.get(code, "choose another place on this host"),
         component="files",
@@ -69,8 +72,7 @@ def bounded_writer(
         nonlocal written
         written += len(chunk)
         if written > limit:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{source} in the sandbox is larger than {limit} bytes (the max_bytes limit);"
                 " nothing was written",
                 user_action="raise the limit: files.limits = TransferLimits(max_bytes=…)",

@@ -27,6 +27,7 @@ from piship_remote.model.errors import (
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     PiShipError,
+    error_for,
 )
 from piship_remote.model.transfer import TransferLimits, TransferSummary
 from piship_remote.sandbox._file_calls import FileCall, FileCalls
@@ -193,7 +194,7 @@ class RemoteArchives:
         status, output = self._run(command, call)
         if status != 0:
             detail = " ".join(output.split())[-300:]
-            raise PiShipError(
+            raise error_for(
                 code,
                 f"{what} in the sandbox failed (exit {status}): {detail}",
                 user_action="check that the sandbox image has tar, the place is writable and"

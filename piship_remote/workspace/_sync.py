@@ -35,7 +35,10 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    SandboxUnavailable,
+)
 from piship_remote.model.transfer import SkippedPath, TransferSummary
 from piship_remote.sandbox._file_calls import FileCall
 from piship_remote.workspace._host_writes import host_write_error
@@ -224,8 +227,7 @@ class WorkspaceSync:
         )
         names, _, end = listing.rpartition("\0")
         if end != LISTING_END:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 "listing the working directory in the sandbox gave a cut answer; nothing was"
                 " deleted on this host",
                 user_action="pull without delete=True",
@@ -241,8 +243,7 @@ class WorkspaceSync:
     def _host_path(self, path: str | os.PathLike[str]) -> str:
         absolute = os.path.realpath(os.path.join(self._root, path))
         if not inside(absolute, self._root):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{os.fspath(path)} is outside the workspace {self._root}",
                 user_action="push paths inside the workspace only",
                 component="files",

@@ -26,7 +26,7 @@ from piship_remote.backends._file_protocol import (
     request_timeout,
     write_failed,
 )
-from piship_remote.model.errors import FILE_NOT_FOUND, PiShipError
+from piship_remote.model.errors import FileNotFound, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
 from piship_remote.transport.deadline import Deadline
@@ -284,9 +284,7 @@ class _Exact(CountedChunks):
 
 
 def _not_found(path: str) -> PiShipError:
-    return PiShipError(
-        FILE_NOT_FOUND, f"no file or directory at {path} in the sandbox", component="files"
-    )
+    return FileNotFound(f"no file or directory at {path} in the sandbox", component="files")
 
 
 def _connect_error(response: HttpReply) -> tuple[str, str]:

@@ -25,7 +25,10 @@ from piship_remote.backends.e2b._control import (
     ControlPlane,
     Created,
 )
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    SandboxUnavailable,
+)
 from piship_remote.transport import TransportError
 
 __all__ = ["CREATE_ID", "OWNED_QUERY", "connect", "find_created", "list_owned"]
@@ -53,38 +56,33 @@ def connect(control: ControlPlane, sandbox_id: str) -> Created:
             body=_Connect(control.lifetime),
         )
     except TransportError as error:
-        raise PiShipError(
-            SANDBOX_UNAVAILABLE,
+        raise SandboxUnavailable(
             f"attaching to sandbox {sandbox_id} failed: {error.message}",
             retryable=True,
             component="sandbox",
         ) from None
     with response:
         if response.status == 404:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"sandbox {sandbox_id} does not exist any more (deleted or expired); "
                 "activate a new one",
                 component="sandbox",
             )
         if not is_success(response.status):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"attaching to sandbox {sandbox_id} failed: {response.failure()}",
                 component="sandbox",
             )
         try:
             answer = response.json_object(MAX_CONTROL_RESPONSE)
         except (ValueError, TransportError) as e:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"attaching to sandbox {sandbox_id} failed: the answer was invalid: {e}",
                 component="sandbox",
             ) from None
     created = control.sandbox_of(answer, delete_on_failure=False)
     if created.sandbox_id != sandbox_id:
-        raise PiShipError(
-            SANDBOX_UNAVAILABLE,
+        raise SandboxUnavailable(
             f"attaching to sandbox {sandbox_id} failed: the service answered for another sandbox",
             component="sandbox",
         )
@@ -101,8 +99,7 @@ def list_owned(control: ControlPlane) -> list[OwnedSandbox]:
             query += "&nextToken=" + urllib.parse.quote(token, safe="")
         with control.request("GET", f"/v2/sandboxes?{query}", repeatable=True) as response:
             if not is_success(response.status):
-                raise PiShipError(
-                    SANDBOX_UNAVAILABLE,
+                raise SandboxUnavailable(
                     f"listing the sandboxes failed: {response.failure()}",
                     component="sandbox",
                 )
@@ -122,8 +119,7 @@ def find_created(control: ControlPlane, create_id: str) -> Created | None:
     query = "metadata=" + urllib.parse.quote(urllib.parse.urlencode(wanted), safe="")
     with control.request("GET", f"/v2/sandboxes?{query}", repeatable=True) as response:
         if not is_success(response.status):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"looking up a created sandbox failed: {response.failure()}",
                 component="sandbox",
             )
@@ -137,7 +133,7 @@ def find_created(control: ControlPlane, create_id: str) -> Created | None:
 def check_id(sandbox_id: str) -> None:
     """``sandbox_id`` is an E2B sandbox id (it becomes part of a URL)."""
     if not isinstance(sandbox_id, str) or not _ID.match(sandbox_id):
-        raise PiShipError(CONFIG_INVALID, f"not an E2B sandbox id: {sandbox_id!r}")
+        raise ConfigInvalid(f"not an E2B sandbox id: {sandbox_id!r}")
 
 
 def _ours(item: object) -> bool:

@@ -25,7 +25,7 @@ import math
 import attrs
 
 from piship_remote.backends.lifetime import ClaimClock, micros
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid, PiShipError
 
 __all__ = [
     "DEFAULT_EXISTENCE_WINDOW",
@@ -53,8 +53,7 @@ def existence_window_seconds(value: object) -> float:
 
 
 def _invalid(message: str) -> PiShipError:
-    return PiShipError(
-        CONFIG_INVALID,
+    return ConfigInvalid(
         message,
         user_action="Pass existence_window=0 to check the claim before every command, "
         "or a positive number of seconds",

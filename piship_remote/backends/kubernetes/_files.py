@@ -32,9 +32,9 @@ from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer
 from piship_remote.backends.kubernetes.claims import ClaimUse
 from piship_remote.model.errors import (
-    CONFIG_INVALID,
-    FILE_NOT_FOUND,
     CommandCancelled,
+    ConfigInvalid,
+    FileNotFound,
     PiShipError,
 )
 from piship_remote.model.transfer import FileInfo
@@ -322,8 +322,7 @@ class RuntimeFiles:
         if is_success(response.status):
             return
         if response.status == 403:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{what} failed: the sandbox runtime refused the path (it leaves its base"
                 " directory)",
                 component="files",
@@ -440,4 +439,4 @@ _WRITE_REFUSED = frozenset({500, 507})
 
 
 def _not_found(path: str, what: str) -> PiShipError:
-    return PiShipError(FILE_NOT_FOUND, f"no {what} at {path} in the sandbox", component="files")
+    return FileNotFound(f"no {what} at {path} in the sandbox", component="files")

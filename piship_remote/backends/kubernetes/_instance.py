@@ -33,9 +33,8 @@ from piship_remote.backends.kubernetes.claims import (
     disposed_error,
 )
 from piship_remote.model.errors import (
-    CONFIG_INVALID,
     CommandCancelled,
-    PiShipError,
+    ConfigInvalid,
 )
 from piship_remote.transport._cancel import EventWatcher, bridge
 from piship_remote.transport.deadline import Deadline
@@ -113,15 +112,13 @@ class KubernetesInstance:
         group and keeps the claim. ``PiShipError`` otherwise.
         """
         if request.takes_input:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 "the agent-sandbox router cannot pass standard input to a command",
                 user_action="Copy the input into the sandbox and redirect it"
                 " ('cmd < file'), or use an E2B-compatible backend",
             )
         if request.pty is not None:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 "the agent-sandbox router cannot give a command a terminal",
                 user_action="Run it without a terminal, or use an E2B-compatible backend",
             )
