@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from types import FrameType
 
-from piship_remote.backends._owned import Reattachable
+from piship_remote.backends.base import Reattachable
 from piship_remote.cli._setup import backend_for, lease_seconds, policy_for
 from piship_remote.model.errors import ConfigInvalid, PiShipError
 from piship_remote.sandbox.activation import Sandbox, activate_sandbox

@@ -17,7 +17,8 @@ import sys
 import time
 from contextlib import ExitStack
 
-from piship_remote.backends._owned import OwnedSandbox, Reattachable, has_labels
+from piship_remote.backends._owned import OwnedSandbox, has_labels
+from piship_remote.backends.base import Reattachable
 from piship_remote.cli._setup import backend_for
 from piship_remote.model.errors import ConfigInvalid
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from piship_remote.backends._owned import Labelled, check_labels
-from piship_remote.backends.base import Availability, Backend, Instance
+from piship_remote.backends._owned import check_labels
+from piship_remote.backends.base import Availability, Backend, Instance, Labelled
 from piship_remote.model.errors import ConfigInvalid
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.report import Capabilities

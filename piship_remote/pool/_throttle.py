@@ -32,7 +32,8 @@ class CreateThrottle:
 
     def wait_turn(self, stop: threading.Event, deadline: float | None) -> bool:
         """Wait for this create's slot; ``False`` when ``stop`` was set or the slot would
-        come after ``deadline`` (a ``time.monotonic`` value)."""
+        come after ``deadline`` (an instant of this throttle's clock: a
+        :class:`~piship_remote.transport.deadline.Deadline`'s ``at``)."""
         with self._lock:
             now = self._clock()
             slot = max(now, self._next)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -37,6 +36,7 @@ from piship_remote.pool.result import TaskResult, is_infrastructure
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox.activation import PathLike, Sandbox, activate_sandbox
 from piship_remote.telemetry import Telemetry
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["SandboxPool"]
 
@@ -131,7 +131,7 @@ class SandboxPool:
                 pool), or the pool is closed.
             ConfigInvalid: a bad ``timeout``.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline.never() if timeout is None else Deadline.after(timeout)
         try:
             sandbox = self._supply.take(deadline, None)
         except NoSandboxInTime:

@@ -17,9 +17,14 @@ from typing import TYPE_CHECKING, TypeVar, Union
 import attrs
 
 from piship_remote.backends._common import exit_status
-from piship_remote.backends._file_protocol import SupportsFiles
-from piship_remote.backends._owned import Detachable, Reattachable
-from piship_remote.backends.base import Backend, ExecRequest, Instance
+from piship_remote.backends.base import (
+    Backend,
+    Detachable,
+    ExecRequest,
+    Instance,
+    Reattachable,
+    SupportsFiles,
+)
 from piship_remote.model._capability_rules import (
     capability_mismatch,
     claimed_guarantees,
@@ -53,6 +58,7 @@ from piship_remote.sandbox._workspace import real_path
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
 from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPANS
+from piship_remote.transport.deadline import Deadline
 
 if TYPE_CHECKING:
     from piship_remote.sandbox.activation import Sandbox
@@ -313,7 +319,9 @@ class Activation:
             ),
         )
         try:
-            result = engine.run(request, collect, self.probe_timeout, None, retire=False)
+            result = engine.run(
+                request, collect, Deadline.after(self.probe_timeout), None, retire=False
+            )
         except (CommandTimeout, CommandCancelled):
             return "the sandbox check command timed out"
         except Exception as e:

@@ -65,13 +65,12 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
-from piship_remote.backends._owned import Detachable
 from piship_remote.backends.base import (
     BackendResult,
+    Detachable,
     ExecRequest,
     Instance,
     ServesPorts,
-    takes_deadline,
 )
 from piship_remote.model.errors import (
     ConfigInvalid,
@@ -173,9 +172,8 @@ class ExecEngine:
         self._workers = WorkerPool()
         self._timer = DeadlineTimer()
         self._interrupts = InterruptGuard()
-        self._prompt = getattr(instance, "cancels_promptly", False) is True
-        self._controls = getattr(instance, "controls_commands", False) is True
-        self._deadlines = takes_deadline(instance)
+        self._prompt = instance.cancels_promptly
+        self._controls = instance.controls_commands
         self._disposed = False
         self._retired = False
 
@@ -194,18 +192,15 @@ class ExecEngine:
         self,
         request: ExecRequest,
         sink: Sink | None,
-        deadline: Deadline | float | None,
+        deadline: Deadline,
         cancel: threading.Event | None,
         *,
         retire: bool,
     ) -> BackendResult:
-        """Run ``request``, its output to ``sink`` on this thread, until ``deadline``
-        (seconds from now also do; ``None``: none).
+        """Run ``request``, its output to ``sink`` on this thread, until ``deadline``.
 
         ``retire``: a backend call that ignores an abort retires the sandbox.
         """
-        if not isinstance(deadline, Deadline):
-            deadline = Deadline.never() if deadline is None else Deadline.after(deadline)
         call: WorkerCall | DirectCall
         disarm: Disarm | None = None
         off_main = threading.current_thread() is not threading.main_thread()
@@ -285,9 +280,8 @@ class ExecEngine:
     def _bound(self, request: ExecRequest, deadline: Deadline) -> tuple[BackendCall, CancelToken]:
         """The instance's ``exec`` bound to ``request``, ``deadline`` and a new token."""
         token, instance = CancelToken(), self._instance
-        given = {"deadline": deadline} if self._deadlines else {}  # else exec takes none
         return lambda out, err: instance.exec(
-            request, on_stdout=out, on_stderr=err, cancel=token, **given
+            request, on_stdout=out, on_stderr=err, cancel=token, deadline=deadline
         ), token
 
     def _worker_call(self, request: ExecRequest, deadline: Deadline) -> WorkerCall:

@@ -25,8 +25,7 @@ import threading
 from collections.abc import Iterable
 
 from piship_remote.backends._common import exit_status
-from piship_remote.backends._file_protocol import SupportsFiles
-from piship_remote.backends.base import ExecRequest, Instance
+from piship_remote.backends.base import ExecRequest, Instance, SupportsFiles
 from piship_remote.model.errors import PiShipError, SandboxUnavailable
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.report import (

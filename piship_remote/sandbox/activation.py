@@ -54,7 +54,7 @@ from piship_remote.sandbox._workspace import check_workspace, real_path, workspa
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.telemetry import Telemetry
-from piship_remote.transport.deadline import timeout_deadline
+from piship_remote.transport.deadline import Deadline, timeout_deadline
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -132,7 +132,7 @@ class Sandbox:
         cwd: PathLike | None = None,
         *,
         on_data: OnData | None = None,
-        timeout: float | None = None,
+        timeout: float | Deadline | None = None,
         cancel: threading.Event | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
@@ -146,7 +146,9 @@ class Sandbox:
         limit; 0 or less is ``CONFIG_INVALID``) kills the remote
         command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
         and raises :class:`CommandCancelled`; Ctrl-C kills it and re-raises.
-        ``env`` replaces the environment the allow list is applied to.
+        ``timeout`` may also be a :class:`~piship_remote.transport.deadline.Deadline`,
+        handed down as it is (as a pool hands down its task's). ``env`` replaces the
+        environment the allow list is applied to.
 
         Raises:
             CommandTimeout: ``timeout`` passed; the remote command was killed.
@@ -166,7 +168,7 @@ class Sandbox:
         command: Command,
         cwd: PathLike | None = None,
         *,
-        timeout: float | None = None,
+        timeout: float | Deadline | None = None,
         check: bool = False,
         echo: bool = False,
         cancel: threading.Event | None = None,
@@ -217,7 +219,7 @@ class Sandbox:
         *,
         env: Mapping[str, str] | None = None,
         stdin: bool = False,
-        timeout: float | None = None,
+        timeout: float | Deadline | None = None,
         pty: bool | tuple[int, int] = False,
     ) -> CommandHandle:
         """Start ``command`` and return at once with its :class:`CommandHandle`::
@@ -247,7 +249,7 @@ class Sandbox:
             )
         control = CommandControl(stdin=stdin)
         line = command_line(command)
-        request = self._request(line, cwd, timeout, env, control=control, pty=pty)
+        request = self._request(line, cwd, env, control=control, pty=pty)
         deadline = timeout_deadline(timeout)
         handle = CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
         return self._telemetry.started(handle)
@@ -257,7 +259,7 @@ class Sandbox:
         command: Command,
         cwd: PathLike | None,
         sink: Sink | None,
-        timeout: float | None,
+        timeout: float | Deadline | None,
         cancel: threading.Event | None,
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
@@ -268,7 +270,7 @@ class Sandbox:
             raise CommandCancelled()
         line = command_line(command)
         engine = self._usable_engine()
-        request = self._request(line, cwd, timeout, env, stdin=stdin)
+        request = self._request(line, cwd, env, stdin=stdin)
         deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
         # The caller's cancel becomes the command's one token, here, once.
         with self._telemetry.command() as span, engine.cancel_token(cancel) as token:
@@ -279,7 +281,6 @@ class Sandbox:
         self,
         line: str,
         cwd: PathLike | None,
-        timeout: float | None,
         env: Mapping[str, str] | None,
         *,
         stdin: Iterable[bytes] | None = None,
@@ -293,7 +294,6 @@ class Sandbox:
             cwd=os.fspath(cwd) if cwd is not None else self._workspace_root,
             workspace_path=self._workspace_path(cwd),
             env=self._command_env(env),
-            timeout=timeout,
             stdin=stdin,
             pty=_terminal_size(pty),
             control=control,

@@ -86,12 +86,15 @@ class Deadline:
 _NEVER = Deadline(None)
 
 
-def timeout_deadline(timeout: float | None, *, name: str = "timeout") -> Deadline:
-    """The deadline a caller's ``timeout`` (seconds; ``None``: none) means.
+def timeout_deadline(timeout: float | Deadline | None, *, name: str = "timeout") -> Deadline:
+    """The deadline a caller's ``timeout`` (seconds; ``None``: none; a :class:`Deadline`
+    as it is, as a pool hands its task's down) means.
 
     Raises ``PiShipError`` ``CONFIG_INVALID`` for zero, a negative number or NaN:
     "no time at all" is never silently read as "no limit".
     """
+    if isinstance(timeout, Deadline):
+        return timeout
     if timeout is None or timeout == math.inf:
         return Deadline.never()
     if math.isnan(timeout) or timeout <= 0:

@@ -21,7 +21,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from piship_remote.backends._file_protocol import ChunkSink, RemoteFiles
+from piship_remote.backends.base import ChunkSink, RemoteFiles
 from piship_remote.model.errors import (
     FILE_WRITE_FAILED,
     SANDBOX_UNAVAILABLE,

@@ -26,8 +26,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from piship_remote.backends._common import CountedChunks, is_success
-from piship_remote.backends._file_protocol import ChunkSink, request_timeout, write_failed
-from piship_remote.backends.base import ExecRequest
+from piship_remote.backends._file_protocol import request_timeout, write_failed
+from piship_remote.backends.base import ChunkSink, ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer
 from piship_remote.backends.kubernetes.claims import ClaimUse

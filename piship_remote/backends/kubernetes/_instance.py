@@ -16,11 +16,11 @@ from piship_remote.backends._common import (
     SandboxErrors,
     remote_directory,
 )
-from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.backends.base import (
     BackendResult,
     ExecRequest,
     OutputCallback,
+    RemoteFiles,
 )
 from piship_remote.backends.kubernetes._attach import KeptClaims
 from piship_remote.backends.kubernetes._files import RuntimeFiles
@@ -74,6 +74,7 @@ class KubernetesInstance:
     """A prepared Kubernetes sandbox: commands share and renew one claim at a time."""
 
     cancels_promptly = True
+    controls_commands = False
 
     def __init__(
         self,
@@ -103,8 +104,7 @@ class KubernetesInstance:
         cancel: threading.Event | None = None,
         deadline: Deadline | None = None,
     ) -> BackendResult:
-        """Run one command through the router (told what is left of ``deadline``,
-        default: ``request.timeout``).
+        """Run one command through the router (told what is left of ``deadline``).
 
         Direct: stdout then stderr arrive once, at the end; ``CommandCancelled`` when
         ``cancel`` is set retires the claim (the runtime cannot stop the command).
@@ -137,7 +137,7 @@ class KubernetesInstance:
                 use.claim,
                 command,
                 use.cancel,
-                deadline if deadline is not None else request.timeout,
+                deadline,
             ),
             retire_on_cancel=True,
             direct=True,

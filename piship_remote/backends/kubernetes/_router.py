@@ -31,7 +31,6 @@ from piship_remote.model.errors import PiShipError
 from piship_remote.transport import TransportError
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
-from piship_remote.transport.protocol import takes_keyword
 
 __all__ = ["TIMEOUT_SLACK", "Retire", "Router", "RouterAnswer", "runtime_failure"]
 
@@ -83,7 +82,6 @@ class Router:
         self, http: ClusterHttp, router: str, *, namespace: str, port: int, scoped: bool = False
     ) -> None:
         self._http = http
-        self._deadlines = takes_keyword(http.transport.request, "deadline")
         self._execute_url = f"{router}/execute"
         self._namespace = namespace
         self._port = port
@@ -114,25 +112,23 @@ class Router:
         claim: Claim,
         command: str,
         cancel: CancelToken,
-        timeout: Deadline | float | None = None,
+        deadline: Deadline | None = None,
         *,
         read_timeout: float | None = None,
     ) -> RouterAnswer:
         """Run ``command`` once. Raises :class:`Retire` when the claim must not be reused.
 
-        With a ``timeout`` (a deadline, or seconds from now) the router is told
-        (``X-Sandbox-Timeout``) to give up a few seconds after what is left of it, so a
-        lost client cannot hold the request open for ever.
-        ``read_timeout`` bounds this client's own wait (None: the command's end).
+        With a ``deadline`` the router is told (``X-Sandbox-Timeout``) to give up a few
+        seconds after what is left of it, so a lost client cannot hold the request open
+        for ever. ``read_timeout`` bounds this client's own wait (None: the command's end).
         """
         headers = self.headers(claim)
         bound: dict[str, Any] = {"timeout": read_timeout}
-        if isinstance(timeout, Deadline):
-            if read_timeout is None and timeout.bounded and self._deadlines:
-                bound = {"deadline": timeout.later(TIMEOUT_SLACK)}  # the router's, as told
-            timeout = timeout.remaining()
-        if timeout is not None:
-            headers["X-Sandbox-Timeout"] = str(math.ceil(max(timeout, 0.0) + TIMEOUT_SLACK))
+        if deadline is not None and deadline.bounded:
+            left = deadline.remaining() or 0.0
+            headers["X-Sandbox-Timeout"] = str(math.ceil(left + TIMEOUT_SLACK))
+            if read_timeout is None:
+                bound = {"deadline": deadline.later(TIMEOUT_SLACK)}  # the router's, as told
         try:
             response = self._http.call(
                 "POST",
