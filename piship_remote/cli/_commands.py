@@ -29,7 +29,8 @@ from piship_remote.model.errors import (
 )
 from piship_remote.model.report import describe_containment
 from piship_remote.model.transfer import TransferSummary
-from piship_remote.sandbox.activation import Sandbox, activate_sandbox
+from piship_remote.sandbox.activation import activate_sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 
 __all__ = [
     "CONFIG_CODES",

@@ -24,7 +24,8 @@ from types import FrameType
 from piship_remote.backends.base import Reattachable
 from piship_remote.cli._setup import backend_for, lease_seconds, policy_for
 from piship_remote.model.errors import ConfigInvalid, PiShipError
-from piship_remote.sandbox.activation import Sandbox, activate_sandbox
+from piship_remote.sandbox.activation import activate_sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 
 __all__ = ["ENDING_SIGNALS", "activated", "create", "describe_lease", "keeps", "kill"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from piship_remote.cli._setup import backend_for, policy_for
 from piship_remote.model.errors import ConfigInvalid, PiShipError
+from piship_remote.model.result import CommandResult
 from piship_remote.pool import OUTCOMES, SandboxPool, TaskResult
-from piship_remote.sandbox._output import CommandResult
 
 __all__ = ["EXIT_NOT_ALL_OK", "map_items", "summary_table"]
 

@@ -25,7 +25,7 @@ from piship_remote.model.redact import redaction
 
 if TYPE_CHECKING:
     from piship_remote.model.redact import Redactor
-    from piship_remote.sandbox._output import CommandResult
+    from piship_remote.model.result import CommandResult
 
 __all__ = [
     "COMMAND_FAILED",

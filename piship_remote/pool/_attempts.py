@@ -42,7 +42,7 @@ from piship_remote.pool.result import (
     command_outcome,
     is_infrastructure,
 )
-from piship_remote.sandbox.activation import Sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["RESET_TIMEOUT", "Task", "TaskAttempts"]

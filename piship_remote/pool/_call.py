@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
-from piship_remote.sandbox._worker import Worker
-from piship_remote.sandbox.activation import Sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.telemetry import carried
 from piship_remote.transport.deadline import Deadline
+from piship_remote.workspace._worker import Worker
 
 __all__ = ["BoundedCall"]
 

@@ -26,7 +26,7 @@ from piship_remote.model.errors import (
     SandboxUnavailable,
 )
 from piship_remote.pool._throttle import CreateThrottle
-from piship_remote.sandbox.activation import Sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.telemetry import carried
 from piship_remote.transport.deadline import Deadline
 

@@ -34,7 +34,8 @@ from piship_remote.pool._supply import NoSandboxInTime, SandboxSupply
 from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.pool.result import TaskResult, is_infrastructure
 from piship_remote.sandbox import lifecycle
-from piship_remote.sandbox.activation import PathLike, Sandbox, activate_sandbox
+from piship_remote.sandbox.activation import activate_sandbox
+from piship_remote.sandbox.sandbox import PathLike, Sandbox
 from piship_remote.telemetry import Telemetry
 from piship_remote.transport.deadline import Deadline
 

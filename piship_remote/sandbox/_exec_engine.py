@@ -86,7 +86,6 @@ from piship_remote.sandbox._exec_workers import (
     AbortKind,
     BackendCall,
     BackgroundCall,
-    DeadlineTimer,
     DirectCall,
     Outcome,
     Output,
@@ -96,7 +95,13 @@ from piship_remote.sandbox._exec_workers import (
     WorkerPool,
 )
 from piship_remote.sandbox._interrupts import Disarm, InterruptGuard
-from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge, when_cancelled
+from piship_remote.transport._cancel import (
+    CancelToken,
+    DeadlineTimer,
+    EventWatcher,
+    bridge,
+    when_cancelled,
+)
 from piship_remote.transport.deadline import Deadline
 
 __all__ = [

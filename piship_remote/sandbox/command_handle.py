@@ -33,9 +33,10 @@ from piship_remote.model.errors import (
     CommandFailed,
     ConfigInvalid,
 )
+from piship_remote.model.result import CommandResult
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
 from piship_remote.sandbox._exec_workers import BackgroundCall, Stream
-from piship_remote.sandbox._output import CommandResult, OutputCapture
+from piship_remote.sandbox._output import OutputCapture
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["UNREAD_LIMIT", "CommandHandle"]

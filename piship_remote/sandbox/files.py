@@ -33,16 +33,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO, TypeVar
 
 from piship_remote.backends._file_protocol import SizedChunks
+from piship_remote.backends._sandbox_commands import pack_tree_command
 from piship_remote.model.errors import (
     ConfigInvalid,
     FileNotFound,
     PiShipError,
 )
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferLimits, TransferSummary
-from piship_remote.sandbox._file_calls import FileCall
-from piship_remote.sandbox._worker import Worker
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.names import TRANSFER_SPAN
+from piship_remote.workspace._file_calls import FileCall
 from piship_remote.workspace._host_writes import (
     bounded_writer,
     host_write_error,
@@ -55,8 +55,8 @@ from piship_remote.workspace._remote_archives import (
     counting,
     staged_archive,
 )
-from piship_remote.workspace._sandbox_commands import pack_tree_command
 from piship_remote.workspace._tree import TreeWalk, inside
+from piship_remote.workspace._worker import Worker
 
 __all__ = ["CHUNK", "Progress", "SandboxFiles"]
 

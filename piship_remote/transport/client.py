@@ -56,14 +56,13 @@ from piship_remote.model.redact import Redactor
 from piship_remote.transport._cancel import EventWatcher
 from piship_remote.transport._connection import Call, arm, disarm
 from piship_remote.transport._headers import HeaderSet, header_set
-from piship_remote.transport._prepared import Outgoing, Route, Target
 from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import (
     connect_taken,
     return_to_pool,
     taken_from_pool,
 )
-from piship_remote.transport.adapter import PiShipAdapter
+from piship_remote.transport.adapter import Outgoing, PiShipAdapter, Route, Target
 from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import (
     check_endpoint,

@@ -22,7 +22,7 @@ listed as ``"secret file"``/``"secret folder"``) unless ``send_secrets`` names t
 exactly; one whose name it cannot (not UTF-8) is kept and listed as ``"name not exact"``.
 
 Both take ``timeout`` and ``cancel`` and are stopped by dispose, as every file operation
-is (:class:`~piship_remote.sandbox._file_calls.FileCalls`).
+is (:class:`~piship_remote.workspace._file_calls.FileCalls`).
 """
 
 from __future__ import annotations
@@ -35,21 +35,21 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
-from piship_remote.model.errors import (
-    ConfigInvalid,
-    SandboxUnavailable,
-)
-from piship_remote.model.transfer import SkippedPath, TransferSummary
-from piship_remote.sandbox._file_calls import FileCall
-from piship_remote.workspace._host_writes import host_write_error
-from piship_remote.workspace._remote_archives import RemoteArchives
-from piship_remote.workspace._sandbox_commands import (
+from piship_remote.backends._sandbox_commands import (
     LISTING_END,
     STAGING_PREFIX,
     list_files_command,
     pack_changed_command,
     stamp_command,
 )
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    SandboxUnavailable,
+)
+from piship_remote.model.transfer import SkippedPath, TransferSummary
+from piship_remote.workspace._file_calls import FileCall
+from piship_remote.workspace._host_writes import host_write_error
+from piship_remote.workspace._remote_archives import RemoteArchives
 from piship_remote.workspace._tree import IgnoreRules, TreeEntry, TreeWalk, inside
 from piship_remote.workspace._unpack import Exclude
 

@@ -50,7 +50,7 @@ def test_the_contract_module_holds_every_protocol(name: str) -> None:
 INTERNAL = {
     "backends/e2b/_control.py:_ExtraConnection",
     "backends/e2b/_lease.py:_Closeable",
-    "backends/kubernetes/_claim_types.py:ClaimApi",
+    "backends/kubernetes/claims.py:ClaimApi",
 }
 
 

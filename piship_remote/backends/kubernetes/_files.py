@@ -27,9 +27,19 @@ from typing import Any
 
 from piship_remote.backends._common import CountedChunks, is_success
 from piship_remote.backends._file_protocol import request_timeout, write_failed
+from piship_remote.backends._sandbox_commands import (
+    STAGING_PREFIX,
+    copy_out_command,
+    list_dir_command,
+    make_dir_command,
+    move_in_command,
+    remove_command,
+    stat_command,
+    working_directory_command,
+)
 from piship_remote.backends.base import ChunkSink, ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
-from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer
+from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer, runtime_command
 from piship_remote.backends.kubernetes.claims import ClaimUse
 from piship_remote.model.errors import (
     CommandCancelled,
@@ -40,16 +50,6 @@ from piship_remote.model.errors import (
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport.deadline import Deadline
-from piship_remote.workspace._sandbox_commands import (
-    STAGING_PREFIX,
-    copy_out_command,
-    list_dir_command,
-    make_dir_command,
-    move_in_command,
-    remove_command,
-    stat_command,
-    working_directory_command,
-)
 
 __all__ = ["FILE_TIMEOUT", "ClaimScope", "RuntimeFiles"]
 
@@ -403,8 +403,6 @@ def _multipart(boundary: str, filename: str, chunks: Iterable[bytes]) -> Iterato
 
 def _helper_command(script: str) -> str:
     """The router command for a helper script (no environment, the runtime's directory)."""
-    from piship_remote.backends.kubernetes.backend import runtime_command
-
     return runtime_command(ExecRequest(script, ".", ".", {}), None)
 
 

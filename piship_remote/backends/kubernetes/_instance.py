@@ -1,12 +1,7 @@
-"""A prepared Kubernetes sandbox: one claim manager, the router, its commands and files.
-
-The router runs commands without a shell, so :func:`runtime_command` wraps each one
-in ``env … /bin/sh -c``.
-"""
+"""A prepared Kubernetes sandbox: one claim manager, the router, its commands and files."""
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,7 +9,6 @@ from typing import TypeVar
 
 from piship_remote.backends._common import (
     SandboxErrors,
-    remote_directory,
 )
 from piship_remote.backends.base import (
     BackendResult,
@@ -25,7 +19,7 @@ from piship_remote.backends.base import (
 from piship_remote.backends.kubernetes._attach import KeptClaims
 from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
-from piship_remote.backends.kubernetes._router import Retire, Router
+from piship_remote.backends.kubernetes._router import Retire, Router, runtime_command
 from piship_remote.backends.kubernetes.claims import (
     Claim,
     ClaimManager,
@@ -39,35 +33,9 @@ from piship_remote.model.errors import (
 from piship_remote.transport._cancel import EventWatcher, bridge
 from piship_remote.transport.deadline import Deadline
 
-__all__ = ["KubernetesInstance", "runtime_command"]
+__all__ = ["KubernetesInstance"]
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _T = TypeVar("_T")
-
-
-def runtime_command(request: ExecRequest, workdir: str | None) -> str:
-    """The router command for ``request``: ``env 'K=V' … /bin/sh -c '<cd && command>'``.
-
-    The runtime splits the string like a POSIX shell but runs no shell, hence the
-    explicit ``/bin/sh -c``. Environment names that are not shell names are dropped.
-
-    >>> print(runtime_command(ExecRequest("ls", "/ws", "a/b", {"A": "x y"}), "/workspace"))
-    env 'A=x y' /bin/sh -c 'cd -- '"'"'/workspace/a/b'"'"' && ls'
-    """
-    directory = remote_directory(workdir, request.workspace_path)
-    script = (
-        request.command if directory is None else f"cd -- {_quote(directory)} && {request.command}"
-    )
-    assignments = [
-        _quote(f"{name}={value}")
-        for name, value in request.env.items()
-        if _ENV_NAME.fullmatch(name)
-    ]
-    return " ".join(["env", *assignments, "/bin/sh", "-c", _quote(script)])
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 class KubernetesInstance:

@@ -12,6 +12,8 @@ connect to the sandbox, the runtime could not spawn the command), what ran but
 could not report (the runtime's own timeout, output that is not UTF-8), and what
 may have run (a dropped connection, any other 5xx). A command whose outcome is
 unknown is never re-sent: :class:`Retire` says its claim must not run another one.
+The router runs commands without a shell, so :func:`runtime_command` wraps each one
+in ``env … /bin/sh -c``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from typing import Any
 
 import attrs
 
-from piship_remote.backends._common import DETAIL_LIMIT, exit_code_of, is_success
+from piship_remote.backends._common import (
+    DETAIL_LIMIT,
+    exit_code_of,
+    is_success,
+    remote_directory,
+)
+from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._port_forward import TUNNEL_FAILED
 from piship_remote.backends.kubernetes.claims import Claim
@@ -32,8 +40,16 @@ from piship_remote.transport import TransportError
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
 
-__all__ = ["TIMEOUT_SLACK", "Retire", "Router", "RouterAnswer", "runtime_failure"]
+__all__ = [
+    "TIMEOUT_SLACK",
+    "Retire",
+    "Router",
+    "RouterAnswer",
+    "runtime_command",
+    "runtime_failure",
+]
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROUTER_LIMIT = 16 * 1024 * 1024
 # The runtime reports each of its own failures as HTTP 200, exit 1, no stdout and a
 # one-line stderr (an exception's text, never newline-terminated) with this prefix; a
@@ -51,6 +67,31 @@ _OUTCOME_UNKNOWN = (
     "once no other command runs in it, and runs the next command in a new one. Check the "
     "command's effects before running it again"
 )
+
+
+def runtime_command(request: ExecRequest, workdir: str | None) -> str:
+    """The router command for ``request``: ``env 'K=V' … /bin/sh -c '<cd && command>'``.
+
+    The runtime splits the string like a POSIX shell but runs no shell, hence the
+    explicit ``/bin/sh -c``. Environment names that are not shell names are dropped.
+
+    >>> print(runtime_command(ExecRequest("ls", "/ws", "a/b", {"A": "x y"}), "/workspace"))
+    env 'A=x y' /bin/sh -c 'cd -- '"'"'/workspace/a/b'"'"' && ls'
+    """
+    directory = remote_directory(workdir, request.workspace_path)
+    script = (
+        request.command if directory is None else f"cd -- {_quote(directory)} && {request.command}"
+    )
+    assignments = [
+        _quote(f"{name}={value}")
+        for name, value in request.env.items()
+        if _ENV_NAME.fullmatch(name)
+    ]
+    return " ".join(["env", *assignments, "/bin/sh", "-c", _quote(script)])
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 class Retire(Exception):

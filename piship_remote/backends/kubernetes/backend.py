@@ -51,13 +51,7 @@ from piship_remote.backends.base import (
     Availability,
 )
 from piship_remote.backends.kubernetes._attach import KeptClaims
-from piship_remote.backends.kubernetes._claim_options import ClaimOptions
-from piship_remote.backends.kubernetes._claim_timing import (
-    DEFAULT_EXISTENCE_WINDOW,
-    ExistenceWindow,
-    existence_window_seconds,
-)
-from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME, ClaimsApi
+from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME, ClaimOptions, ClaimsApi
 from piship_remote.backends.kubernetes._cluster_config import (
     SERVICE_ACCOUNT,
     ClusterAccess,
@@ -67,12 +61,17 @@ from piship_remote.backends.kubernetes._cluster_config import (
 )
 from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._http import ClusterHttp
-from piship_remote.backends.kubernetes._instance import KubernetesInstance, runtime_command
+from piship_remote.backends.kubernetes._instance import KubernetesInstance
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
 from piship_remote.backends.kubernetes._port_forward import PortForward, RouterTunnel
 from piship_remote.backends.kubernetes._preflight import Check, Preflight
-from piship_remote.backends.kubernetes._router import Router
-from piship_remote.backends.kubernetes.claims import ClaimManager
+from piship_remote.backends.kubernetes._router import Router, runtime_command
+from piship_remote.backends.kubernetes.claims import (
+    DEFAULT_EXISTENCE_WINDOW,
+    ClaimManager,
+    ExistenceWindow,
+    existence_window_seconds,
+)
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
 from piship_remote.model.errors import (

@@ -38,8 +38,12 @@ from piship_remote.model.errors import (
     PiShipError,
     SandboxUnavailable,
 )
-from piship_remote.sandbox._exec_workers import DeadlineTimer
-from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
+from piship_remote.transport._cancel import (
+    CancelToken,
+    DeadlineTimer,
+    EventWatcher,
+    when_cancelled,
+)
 from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = ["FileCall", "FileCalls", "check_timeout"]
