@@ -17,9 +17,10 @@ import sys
 import time
 from contextlib import ExitStack
 
-from piship_remote.backends._owned import OwnedSandbox, Reattachable, has_labels
+from piship_remote.backends._owned import OwnedSandbox, has_labels
+from piship_remote.backends.base import Reattachable
 from piship_remote.cli._setup import backend_for
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["duration", "label", "sweep"]
 
@@ -49,7 +50,7 @@ def sweep(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         backend = backend_for(args, stack)
         if not isinstance(backend, Reattachable):
-            raise PiShipError(CONFIG_INVALID, f"the {backend.id} backend cannot be swept")
+            raise ConfigInvalid(f"the {backend.id} backend cannot be swept")
         now = time.time()
         wanted = dict(args.label or ())
         due = [

@@ -12,7 +12,7 @@ name their sandbox in ``E2b-Sandbox-Id``, as E2B's edge routes them), and a ``Ho
 
 Every command runs under bubblewrap (see :mod:`piship_remote.local.isolation.bubblewrap`).
 Where bubblewrap cannot run, the service refuses to start with
-``PiShipError(SANDBOX_UNAVAILABLE, …)`` saying why; it never runs a command
+``SandboxUnavailable(…)`` saying why; it never runs a command
 unisolated. :meth:`LocalE2bService.check` tells the reason without starting.
 """
 
@@ -58,7 +58,12 @@ from piship_remote.local.isolation.user_map import host_uid, root_mappable, unse
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
 from piship_remote.local.sandbox.templates import prepare_templates, template_names
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    SANDBOX_UNAVAILABLE,
+    ConfigInvalid,
+    PiShipError,
+    SandboxUnavailable,
+)
 
 if TYPE_CHECKING:
     from piship_remote import E2bCompatibleBackend
@@ -149,7 +154,7 @@ class LocalE2bService:
         try:
             self.workdir = validate_workdir(workdir)
         except ValueError as e:
-            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+            raise ConfigInvalid(str(e), component=COMPONENT) from None
         problem = isolation_problem(bwrap)
         binary = find_bwrap(bwrap)
         if problem is not None or binary is None:
@@ -160,14 +165,14 @@ class LocalE2bService:
                 max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime, cpus
             )
         except ValueError as e:
-            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+            raise ConfigInvalid(str(e), component=COMPONENT) from None
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         parent = os.fspath(root) if root is not None else tempfile.gettempdir()
         if root_mappable():
             closed = unsearchable(parent)
             if closed is not None:
-                raise PiShipError(CONFIG_INVALID, closed, component=COMPONENT)
+                raise ConfigInvalid(closed, component=COMPONENT)
         remove_stale_directories(parent)
         directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-", dir=parent)
         if root_mappable():
@@ -180,7 +185,7 @@ class LocalE2bService:
             )
         except ValueError as e:
             remove_tree(directory)
-            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+            raise ConfigInvalid(str(e), component=COMPONENT) from None
         self._registry = Registry(
             directory,
             bwrap=binary,
@@ -211,8 +216,7 @@ class LocalE2bService:
         except OSError as e:
             self._registry.close()
             remove_tree(directory)
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"the local sandbox service cannot listen on {host}:{port}: {e.strerror}",
                 component=COMPONENT,
             ) from None
@@ -475,8 +479,7 @@ def _check_loopback(host: str) -> None:
     except ValueError:
         loopback = False
     if not loopback:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"the local sandbox service listens on loopback addresses only, not {host}",
             user_action="use --host 127.0.0.1 (or ::1)",
             component=COMPONENT,
@@ -488,8 +491,7 @@ def _unavailable(problem: str) -> PiShipError:
     reason, separator, hint = problem.rpartition("; ")
     if not separator:
         reason, hint = problem, ""
-    return PiShipError(
-        SANDBOX_UNAVAILABLE,
+    return SandboxUnavailable(
         f"the local sandbox service cannot isolate commands, so it will not run: {reason}",
         user_action=hint or None,
         component=COMPONENT,

@@ -11,27 +11,12 @@ from __future__ import annotations
 import codecs
 import sys
 
-import attrs
+from piship_remote.model.result import CommandResult
 
-__all__ = ["OUTPUT_LIMIT", "CommandResult", "OutputCapture"]
+__all__ = ["OUTPUT_LIMIT", "OutputCapture"]
 
 OUTPUT_LIMIT = 16 * 1024 * 1024
 """The bytes of each stream ``Sandbox.run`` keeps by default."""
-
-
-@attrs.frozen
-class CommandResult:
-    """What ``Sandbox.run`` returns: the exit code and the decoded output.
-
-    ``stdout_truncated``/``stderr_truncated``: the stream was longer than the
-    limit, and only its last ``limit`` bytes are in ``stdout``/``stderr``.
-    """
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
 
 
 class _Tail:

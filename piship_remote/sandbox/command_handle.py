@@ -29,10 +29,14 @@ from collections.abc import Callable, Iterator
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.control import CommandInput, TerminalSize
-from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import (
+    CommandFailed,
+    ConfigInvalid,
+)
+from piship_remote.model.result import CommandResult
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
 from piship_remote.sandbox._exec_workers import KILLED, BackgroundCall, Stream
-from piship_remote.sandbox._output import CommandResult, OutputCapture
+from piship_remote.sandbox._output import OutputCapture
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["UNREAD_LIMIT", "CommandHandle"]
@@ -58,6 +62,10 @@ class CommandHandle:
       iterates, older output beyond that leaves the iteration, and while someone does,
       the command is held back until they catch up. ``wait``'s result has all of it
       either way (each stream's last ``output_limit`` bytes, as ``Sandbox.run`` keeps).
+      Where the stream dropped and the output written meanwhile could not be replayed,
+      the iteration yields an :class:`~piship_remote.OutputGap` chunk in its place.
+    - ``missing``: per stream, the bytes that may be missing so far (as
+      ``CommandResult.missing``).
     - ``kill()``: end the command (E2B and the local service: SIGKILL; Kubernetes: its
       process group in detached mode, else the claim is retired, as a cancel does);
       ``False`` when it had already ended.
@@ -145,6 +153,12 @@ class CommandHandle:
         return self._started is not None and not self._started.done.is_set()
 
     @property
+    def missing(self) -> dict[str, int]:
+        """Per stream, the bytes that may be missing so far (``-1``: an unknown number)."""
+        with self._cond:
+            return dict(self._capture.missing)
+
+    @property
     def pid(self) -> int | None:
         """The command's process id in the sandbox; ``None`` where the service gives none."""
         control = self._request.control
@@ -153,7 +167,14 @@ class CommandHandle:
         return control.pid()
 
     def wait(self, timeout: float | None = None) -> CommandResult:
-        """The command's result once it ended (see the class); ``timeout``: how long to wait."""
+        """The command's result once it ended (see the class); ``timeout``: how long to wait.
+
+        Raises:
+            CommandTimeout: the command's own ``timeout`` expired (it was killed).
+            TimeoutError: this call's ``timeout`` passed; the command still runs.
+            SandboxUnavailable: the sandbox failed under the command, or was disposed.
+            PiShipError: any other failure the service reports, with its code.
+        """
         started = self._begun()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -202,7 +223,12 @@ class CommandHandle:
         return True
 
     def send_stdin(self, data: bytes | str) -> None:
-        """Write ``data`` (a ``str`` as UTF-8) to the command's input."""
+        """Write ``data`` (a ``str`` as UTF-8) to the command's input.
+
+        Raises:
+            ConfigInvalid: the command was not started with ``stdin=True``.
+            CommandFailed: the command has ended.
+        """
         if isinstance(data, str):
             data = data.encode()
         self._input("write to").send(bytes(data))
@@ -214,17 +240,20 @@ class CommandHandle:
             command_input.close()
 
     def resize(self, cols: int, rows: int) -> None:
-        """Resize the command's terminal (started with ``pty=True``)."""
+        """Resize the command's terminal (started with ``pty=True``).
+
+        Raises:
+            ConfigInvalid: the command was not started with ``pty=True``.
+            CommandFailed: the command has ended.
+        """
         if self._request.pty is None:
-            raise PiShipError(
-                CONFIG_INVALID, "the command has no terminal to resize; start it with pty=True"
-            )
+            raise ConfigInvalid("the command has no terminal to resize; start it with pty=True")
         self._input("resize the terminal of").resize(TerminalSize(cols, rows))
 
     def _input(self, what: str) -> CommandInput:
         command_input = self._bound_input(what)
         if command_input is None:
-            raise PiShipError(COMMAND_FAILED, f"cannot {what} the command: it has ended")
+            raise CommandFailed(f"cannot {what} the command: it has ended", component=None)
         return command_input
 
     def _bound_input(self, what: str) -> CommandInput | None:
@@ -232,8 +261,7 @@ class CommandHandle:
         self._begun()
         control = self._request.control
         if control is None or not (control.stdin or self._request.pty is not None):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"cannot {what} the command's input: start it with stdin=True (or pty=True)",
             )
         return control.input()

@@ -31,13 +31,12 @@ from piship_remote.backends._common import (
     is_success,
     retry_after_seconds,
 )
+from piship_remote.backends._sandbox_commands import HELPER_SHELL
 from piship_remote.backends.control import TerminalSize
 from piship_remote.backends.e2b._stream import UNKNOWN_OUTCOME
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HeaderSet, HttpClient, HttpReply, TransportError
-from piship_remote.transport.protocol import takes_keyword
 from piship_remote.wire.connect import connect_envelope, encoded_envelope
-from piship_remote.workspace._sandbox_commands import HELPER_SHELL
 
 __all__ = [
     "CONNECT_CONTENT_TYPE",
@@ -199,7 +198,6 @@ class Envd:
         errors: SandboxErrors,
     ) -> None:
         self.transport = transport
-        self.takes_deadline = takes_keyword(transport.request, "deadline")
         self._base = base
         self.start_url = f"{base}/process.Process/Start"
         self.idle_timeout = idle_timeout

@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from piship_remote.backends._common import SandboxErrors, remote_directory
-from piship_remote.backends._file_protocol import RemoteFiles
-from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
+from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback, RemoteFiles
 from piship_remote.backends.e2b._control import ControlPlane
 from piship_remote.backends.e2b._envd import (
     SERVER_DEADLINE_SLACK,
@@ -133,15 +132,14 @@ class E2bInstance:
 
         Setting ``cancel`` sends SendSignal SIGKILL for the command (in the
         background), closes the stream and raises :class:`CommandCancelled`. envd
-        is told what is left of ``deadline`` (default: ``request.timeout``).
+        is told what is left of ``deadline``.
         """
         if cancel is not None and cancel.is_set():
             raise CommandCancelled()
         cwd = remote_directory(self._workdir, request.workspace_path)
         token = self._begin(cancel)
         try:
-            limit = deadline if deadline is not None else request.timeout
-            result = self._run(request, cwd, token, limit, on_stdout, on_stderr)
+            result = self._run(request, cwd, token, deadline, on_stdout, on_stderr)
             if token.is_set():
                 # Cancelled as it ended: the kill is on its way, so the caller is told so.
                 raise CommandCancelled()
@@ -209,7 +207,7 @@ class E2bInstance:
         request: ExecRequest,
         cwd: str,
         token: CancelToken,
-        limit: Deadline | float | None,
+        deadline: Deadline | None,
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
     ) -> BackendResult:
@@ -228,7 +226,7 @@ class E2bInstance:
             )
             # Start follows the renewal onto the wire; it is read once the renewal answered.
             response = self._lease.cover(
-                lambda: self._start(start, token, limit),
+                lambda: self._start(start, token, deadline),
                 token,
                 refused=lambda: self._signal(tag),
             )
@@ -252,20 +250,20 @@ class E2bInstance:
             forget_kill()
 
     def _start(
-        self, start: StartRequest, cancel: CancelToken, deadline: Deadline | float | None
+        self, start: StartRequest, cancel: CancelToken, deadline: Deadline | None
     ) -> HttpReply:
         """Send Start, made here where the deadline is: envd is told what is left of it
         (``Connect-Timeout-Ms``), a little later than ours, so it ends the command even if
         this client is gone; the answer's head may take ``idle_timeout``, cut to a little
         after the deadline (the run engine fires that one first)."""
         envd = self._envd
-        left = deadline.remaining() if isinstance(deadline, Deadline) else deadline
+        left = None if deadline is None else deadline.remaining()
         headers = envd.start_headers
         if left is not None:
             deadline_ms = max(1, math.ceil((left + SERVER_DEADLINE_SLACK) * 1000))
             headers = headers.plus({"Connect-Timeout-Ms": str(deadline_ms)})
         bound: dict[str, Any] = {"timeout": envd.idle_timeout}
-        if isinstance(deadline, Deadline) and deadline.bounded and envd.takes_deadline:
+        if deadline is not None and deadline.bounded:
             idle = Deadline.after(envd.idle_timeout, clock=deadline.clock)
             bound = {"deadline": idle.earliest(deadline.later(SERVER_DEADLINE_SLACK))}
         try:
