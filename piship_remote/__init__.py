@@ -12,6 +12,7 @@ from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.backends.e2b import E2bCompatibleBackend
 from piship_remote.backends.kubernetes import KubernetesAgentSandboxBackend, runtime_command
 from piship_remote.model.errors import CommandCancelled, CommandFailed, CommandTimeout, PiShipError
+from piship_remote.model.output_gap import OutputGap
 from piship_remote.model.policy import SandboxPolicy, SandboxProfile
 from piship_remote.model.report import (
     Capabilities,
@@ -53,6 +54,7 @@ __all__ = [
     "KubernetesAgentSandboxBackend",
     "NetworkDenial",
     "Outcome",
+    "OutputGap",
     "PiShipError",
     "Sandbox",
     "SandboxFiles",

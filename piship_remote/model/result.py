@@ -17,6 +17,9 @@ class CommandResult:
 
     ``stdout_truncated``/``stderr_truncated``: the stream was longer than the
     limit, and only its last ``limit`` bytes are in ``stdout``/``stderr``.
+    ``missing``: per stream, the bytes that may be missing because the command's stream
+    dropped and the output written meanwhile could not be replayed (0: nothing lost;
+    ``-1``: an unknown number). ``stdout``/``stderr`` hold no marker: check ``missing``.
     """
 
     exit_code: int
@@ -24,3 +27,4 @@ class CommandResult:
     stderr: str
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    missing: dict[str, int] = attrs.field(factory=lambda: {"stdout": 0, "stderr": 0})

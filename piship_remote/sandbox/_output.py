@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import sys
 
+from piship_remote.model.output_gap import OutputGap, add_missing
 from piship_remote.model.result import CommandResult
 
 __all__ = ["OUTPUT_LIMIT", "OutputCapture"]
@@ -65,9 +66,14 @@ class OutputCapture:
         self._decoders = {
             name: codecs.getincrementaldecoder("utf-8")("replace") for name in self._kept
         }
+        self.missing = dict.fromkeys(self._kept, 0)
 
     def write(self, stream: str, chunk: bytes) -> None:
-        self._kept[stream].write(chunk)
+        if isinstance(chunk, OutputGap):
+            # Counted, not kept: the result's text is the command's own output.
+            self.missing[stream] = add_missing(self.missing[stream], chunk.size)
+        else:
+            self._kept[stream].write(chunk)
         if self._echo:
             target = sys.stderr if stream == "stderr" else sys.stdout
             raw = getattr(target, "buffer", None)
@@ -93,4 +99,5 @@ class OutputCapture:
             stderr=stderr.text(),
             stdout_truncated=stdout.truncated,
             stderr_truncated=stderr.truncated,
+            missing=dict(self.missing),
         )

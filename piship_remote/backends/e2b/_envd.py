@@ -46,6 +46,7 @@ __all__ = [
     "SIGNAL_TIMEOUT",
     "Envd",
     "StartRequest",
+    "connect_envelope_for",
     "start_envelope",
     "start_request",
 ]
@@ -153,6 +154,11 @@ def start_request(
     )
 
 
+def connect_envelope_for(tag: str) -> bytes:
+    """The Connect request's envelope: follow the command tagged ``tag`` again."""
+    return connect_envelope({"process": _WIRE.unstructure(_ProcessSelector(tag))})
+
+
 def start_envelope(start: StartRequest) -> bytes:
     """The Start request's envelope: the bytes ``connect_envelope`` makes of it, built
     from its strings (each JSON-quoted as ``json.dumps`` quotes it), without walking it
@@ -200,6 +206,7 @@ class Envd:
         self.transport = transport
         self._base = base
         self.start_url = f"{base}/process.Process/Start"
+        self.connect_url = f"{base}/process.Process/Connect"
         self.idle_timeout = idle_timeout
         self._errors = errors
         headers = {

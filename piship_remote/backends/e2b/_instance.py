@@ -9,7 +9,7 @@ import math
 import secrets
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from piship_remote.backends._common import SandboxErrors, remote_directory
@@ -18,18 +18,20 @@ from piship_remote.backends.e2b._control import ControlPlane
 from piship_remote.backends.e2b._envd import (
     SERVER_DEADLINE_SLACK,
     Envd,
-    StartRequest,
+    connect_envelope_for,
     start_envelope,
     start_request,
 )
 from piship_remote.backends.e2b._input import EnvdInput
 from piship_remote.backends.e2b._lease import SandboxLease
+from piship_remote.backends.e2b._reattach import OutputCursor, follow
 from piship_remote.backends.e2b._stream import read_stream
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
 from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import is_loopback
+from piship_remote.wire.output_offsets import OFFSET_HEADER, format_offsets
 
 __all__ = ["E2bInstance"]
 
@@ -226,7 +228,9 @@ class E2bInstance:
             )
             # Start follows the renewal onto the wire; it is read once the renewal answered.
             response = self._lease.cover(
-                lambda: self._start(start, token, deadline),
+                lambda: self._stream(
+                    self._envd.start_url, start_envelope(start), {}, token, deadline
+                ),
                 token,
                 refused=lambda: self._signal(tag),
             )
@@ -237,28 +241,47 @@ class E2bInstance:
                 terminal = request.pty is not None
                 control.bind(EnvdInput(self._envd, tag, token, self._errors, terminal=terminal))
                 on_pid = control.started
-            with response:
-                try:
-                    return read_stream(response, on_stdout, on_stderr, self._errors, on_pid)
-                except PiShipError:
-                    if not token.is_set():
-                        # The stream broke (idle, dropped): envd keeps a command running
-                        # after a disconnect, so kill what can no longer be watched.
-                        self._signal(tag)
-                    raise
+            cursor = OutputCursor(on_stdout, on_stderr)
+            pid_from = [on_pid]  # the first stream's start event says it; a Connect's again
+
+            def read(reply: HttpReply) -> BackendResult:
+                on_first, pid_from[0] = pid_from[0], None
+                errors = self._errors
+                return read_stream(
+                    reply, cursor.stdout, cursor.stderr, errors, on_first, reattachable=True
+                )
+
+            def reconnect(offsets: Mapping[str, int]) -> HttpReply:
+                body = connect_envelope_for(tag)
+                offset = {OFFSET_HEADER: format_offsets(offsets)}
+                return self._stream(self._envd.connect_url, body, offset, token, deadline)
+
+            try:
+                return follow(response, read, reconnect, cursor, token, deadline)
+            except PiShipError:
+                if not token.is_set():
+                    # It could not be followed again (envd keeps a command running after
+                    # a disconnect), so kill what can no longer be watched.
+                    self._signal(tag)
+                raise
         finally:
             forget_kill()
 
-    def _start(
-        self, start: StartRequest, cancel: CancelToken, deadline: Deadline | None
+    def _stream(
+        self,
+        url: str,
+        body: bytes,
+        extra: Mapping[str, str],
+        cancel: CancelToken,
+        deadline: Deadline | None,
     ) -> HttpReply:
-        """Send Start, made here where the deadline is: envd is told what is left of it
-        (``Connect-Timeout-Ms``), a little later than ours, so it ends the command even if
-        this client is gone; the answer's head may take ``idle_timeout``, cut to a little
-        after the deadline (the run engine fires that one first)."""
+        """Send Start (or Connect), made here where the deadline is: envd is told what is
+        left of it (``Connect-Timeout-Ms``), a little later than ours, so it ends the command
+        even if this client is gone; the answer's head may take ``idle_timeout``, cut to a
+        little after the deadline (the run engine fires that one first)."""
         envd = self._envd
         left = None if deadline is None else deadline.remaining()
-        headers = envd.start_headers
+        headers = envd.start_headers.plus(extra) if extra else envd.start_headers
         if left is not None:
             deadline_ms = max(1, math.ceil((left + SERVER_DEADLINE_SLACK) * 1000))
             headers = headers.plus({"Connect-Timeout-Ms": str(deadline_ms)})
@@ -269,15 +292,17 @@ class E2bInstance:
         try:
             response = envd.transport.request(
                 "POST",
-                envd.start_url,
+                url,
                 headers=headers,
-                data=start_envelope(start),
+                data=body,
                 idle_timeout=envd.idle_timeout,
                 cancel=cancel,
                 stream=True,
                 **bound,
             )
         except TransportError as e:
+            if url != envd.start_url:
+                raise  # a Connect that failed started nothing
             raise envd.start_failed(e) from None
         return envd.started(response)
 

@@ -34,7 +34,14 @@ try:  # a core dependency; an install without it (--no-deps) decodes ~7x slower
 except ImportError:
     _FAST_B64 = _FAST_B64_VERSION = None
 
-__all__ = ["UNKNOWN_OUTCOME", "StreamOutcome", "base64_decoder", "end_exit_code", "read_stream"]
+__all__ = [
+    "UNKNOWN_OUTCOME",
+    "StreamDropped",
+    "StreamOutcome",
+    "base64_decoder",
+    "end_exit_code",
+    "read_stream",
+]
 
 # What every error after which a command may have run tells the user to do.
 UNKNOWN_OUTCOME = "check its effects before running it again"
@@ -55,6 +62,16 @@ _END_EVENT = re.compile(
     rb'\{"event":\{"end":\{(?:"exitCode":(-?(?:0|[1-9][0-9]{0,9})),)?'
     rb'"exited":(true|false),"status":"([\x20\x21\x23-\x5b\x5d-\x7e]*)"\}\}\}'
 )
+
+
+class StreamDropped(Exception):
+    """The stream broke before its end-of-stream frame (a reset, an idle cut, a body that
+    just ended): the command may still run. ``error`` is what the caller raises when it
+    cannot follow the command again."""
+
+    def __init__(self, error: PiShipError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class StreamOutcome:
@@ -191,17 +208,23 @@ def read_stream(
     on_stderr: OutputCallback | None,
     errors: SandboxErrors,
     on_pid: Callable[[int], None] | None = None,
+    *,
+    reattachable: bool = False,
 ) -> BackendResult:
     """Decode frames as they arrive, until the end-of-stream frame; ``on_pid`` hears the
-    start event's pid.
+    start event's pid. ``reattachable``: a stream that broke raises :class:`StreamDropped`
+    (the caller may follow the command again) rather than its error.
 
     A failure is raised from this frame alone, without the frames below it or a
     chained context: those hold the body's bytes, into which a hostile server can
     echo a credential, and a traceback printed with its locals would show them.
     """
+    failure: BaseException
     try:
         outcome = StreamOutcome(on_stdout, on_stderr, errors, on_pid)
         return _decode_frames(response, outcome, errors)
+    except StreamDropped as dropped:
+        failure = dropped if reattachable else dropped.error
     except (PiShipError, CommandCancelled) as error:
         failure = error
     failure.__context__ = None
@@ -224,11 +247,13 @@ def _decode_frames(
                     response.finish()  # the terminator: the connection can be reused
                     return outcome.result
     except TransportError as e:
-        raise errors(
-            f"the command stream was interrupted: {e}; the command's outcome is unknown, "
-            f"so {UNKNOWN_OUTCOME}"
+        raise StreamDropped(
+            errors(
+                f"the command stream was interrupted: {e}; the command's outcome is unknown, "
+                f"so {UNKNOWN_OUTCOME}"
+            )
         ) from None
-    raise outcome.cut_off()
+    raise StreamDropped(outcome.cut_off())
 
 
 def end_exit_code(end: Mapping[str, Any]) -> int | None:

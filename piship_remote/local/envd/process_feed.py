@@ -11,17 +11,22 @@ pipe fills), as a slow reader of envd's stream does::
     feed.start()
     event = follower.next(timeout=5.0)   # Output | Exited, or None when nothing came
     follower.close()
+
+Each stream's recent output stays in an :class:`OutputRing`; ``resume(offsets)``
+subscribes with a replay of what was written after ``offsets``.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.process import Exited, LocalProcess, Output
+from piship_remote.local.envd.output_ring import REPLAY_CHUNK, RING_BYTES, OutputRing
+from piship_remote.local.isolation.process import Exited, LocalProcess, Output, Stream
+from piship_remote.wire.output_offsets import OUTPUT_STREAMS
 
-__all__ = ["Follower", "ProcessFeed"]
+__all__ = ["Follower", "ProcessFeed", "Resumed"]
 
 BACKLOG = 256
 PUT_WAIT = 0.5
@@ -60,8 +65,18 @@ class Follower:
                 continue
 
 
+class Resumed:
+    """A follower that resumed: the replay to send before its events, and where each
+    stream's replay begins."""
+
+    def __init__(self, follower: Follower, starts: dict[str, int], replay: list[Output]) -> None:
+        self.follower = follower
+        self.starts = starts
+        self.replay = replay
+
+
 class ProcessFeed:
-    """Fans a command's events out to its followers."""
+    """Fans a command's events out to its followers, keeping each stream's recent output."""
 
     def __init__(self, process: LocalProcess, *, on_end: Callable[[], None]) -> None:
         self.process = process
@@ -69,6 +84,8 @@ class ProcessFeed:
         self._lock = threading.Lock()
         self._followers: list[Follower] = []
         self._ended: Exited | None = None
+        self._rings = {stream: OutputRing(RING_BYTES) for stream in OUTPUT_STREAMS}
+        self._stdout_name: Stream = "stdout"  # "pty" for a command on a terminal
         self._thread = threading.Thread(
             target=self._pump, name=f"piship-local-process-{process.pid}", daemon=True
         )
@@ -88,6 +105,27 @@ class ProcessFeed:
             follower.put(ended)
         return follower
 
+    def resume(self, offsets: Mapping[str, int]) -> Resumed:
+        """A follower of what happens from now on, with a replay of each stream from
+        ``offsets`` (or from the oldest byte kept, when the ring has moved past it)."""
+        follower = Follower(self)
+        replay: list[Output] = []
+        starts: dict[str, int] = {}
+        with self._lock:
+            for stream, ring in self._rings.items():
+                starts[stream], data = ring.since(offsets.get(stream, 0))
+                name: Stream = "stderr" if stream == "stderr" else self._stdout_name
+                replay += [
+                    Output(name, data[i : i + REPLAY_CHUNK])
+                    for i in range(0, len(data), REPLAY_CHUNK)
+                ]
+            ended = self._ended
+            if ended is None:
+                self._followers.append(follower)
+        if ended is not None:
+            follower.put(ended)
+        return Resumed(follower, starts, replay)
+
     def unsubscribe(self, follower: Follower) -> None:
         with self._lock:
             if follower in self._followers:
@@ -103,13 +141,24 @@ class ProcessFeed:
                     self._end()
                 if isinstance(event, (Output, Exited)):
                     with self._lock:
+                        if isinstance(event, Output):
+                            self._keep(event)
                         followers = list(self._followers)
                     for follower in followers:
                         follower.put(event)
         finally:
             self._end()
 
+    def _keep(self, event: Output) -> None:
+        """Add ``event`` to its ring (hold the lock); a terminal's output is its stdout."""
+        if event.stream == "stderr":
+            self._rings["stderr"].append(event.data)
+            return
+        self._stdout_name = event.stream
+        self._rings["stdout"].append(event.data)
+
     def _end(self) -> None:
         """Call ``on_end`` (once)."""
         on_end, self._on_end = self._on_end, lambda: None
         on_end()
+

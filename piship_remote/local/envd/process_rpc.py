@@ -6,7 +6,14 @@ that moment, a start event first; ``SendInput``/``StreamInput`` write to its
 stdin or terminal, ``CloseStdin`` closes its stdin, ``Update`` resizes its
 terminal, ``SendSignal`` signals its whole process tree, ``List`` shows the
 running commands. A command is chosen by ``pid`` or ``tag``; an unknown one is
-``not_found``, as a unary 404 or, for ``Connect``, an end-of-stream error::
+``not_found``, as a unary 404 or, for ``Connect``, an end-of-stream error.
+
+``Connect`` also takes the ``Piship-Output-Offset`` extension header (what the
+client already has of each stream): the stream then replays what each stream's
+ring (``output_ring.RING_BYTES``) still holds from there, and the answer's header
+says where each replay begins. A command that ended stays reachable by ``Connect``
+(its end and ring) for :data:`ENDED_GRACE` seconds, the last :data:`ENDED_KEPT` of
+them, so a client whose stream dropped just before the end still learns it::
 
     rpc = ProcessRpc()
     reply = rpc.handle(sandbox, "Start", request)
@@ -15,14 +22,21 @@ running commands. A command is chosen by ``pid`` or ``tag``; an unknown one is
 from __future__ import annotations
 
 import base64
+import collections
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from piship_remote._http_server.messages import Reply, Request
 from piship_remote.local.envd.process_feed import Follower, ProcessFeed
-from piship_remote.local.isolation.process import Exited, InputFailed, LocalProcess, WindowSize
+from piship_remote.local.isolation.process import (
+    Exited,
+    InputFailed,
+    LocalProcess,
+    Output,
+    WindowSize,
+)
 from piship_remote.local.isolation.user_map import Identity
 from piship_remote.local.sandbox.fs import TAG_PREFIX
 from piship_remote.local.sandbox.registry import Sandbox, SandboxGone, StartRefused
@@ -56,6 +70,7 @@ from piship_remote.wire.envd_process import (
     UpdateRequest,
     decoded,
 )
+from piship_remote.wire.output_offsets import OFFSET_HEADER, format_offsets, parse_offsets
 
 __all__ = ["CONNECT_JSON", "DEFAULT_KEEPALIVE", "STREAMING", "ProcessRpc", "stream_error"]
 
@@ -64,6 +79,10 @@ DEFAULT_KEEPALIVE = 90.0
 MAX_TIMEOUT_DIGITS = 10
 KILL_SETTLE = 5.0  # seconds a SIGKILL waits for the command to be reaped
 STREAMING = frozenset({"Start", "Connect", "StreamInput"})
+ENDED_GRACE = 60.0
+"""Seconds an ended command stays reachable by ``Connect`` (its end and output ring)."""
+ENDED_KEPT = 8
+"""Ended commands kept for ``Connect`` at most (each holds up to two rings)."""
 _SIGNALS: dict[object, int] = {
     "SIGNAL_SIGKILL": signal.SIGKILL,
     "SIGNAL_SIGTERM": signal.SIGTERM,
@@ -94,6 +113,10 @@ class ProcessRpc:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._feeds: dict[tuple[str, int], ProcessFeed] = {}
+        # (sandbox id, the ended command's feed, when it ended), oldest first
+        self._ended_feeds: collections.deque[tuple[str, ProcessFeed, float]] = (
+            collections.deque(maxlen=ENDED_KEPT)
+        )
 
     def handle(
         self, sandbox: Sandbox, method: str, request: Request, user: Identity | None = None
@@ -161,10 +184,17 @@ class ProcessRpc:
             return stream_error("invalid_argument", str(e))
         except NotFound as e:
             return stream_error("not_found", str(e))
-        follower = feed.subscribe()
         headers = request.headers
-        stream = _frames(follower, None, _deadline(headers), _keepalive(headers))
-        return _stream(stream)
+        offsets = parse_offsets(headers.get(OFFSET_HEADER.lower()))
+        answer: tuple[tuple[str, str], ...] = ()
+        if offsets is None:
+            follower, replay = feed.subscribe(), []
+        else:
+            resumed = feed.resume(offsets)
+            follower, replay = resumed.follower, resumed.replay
+            answer = ((OFFSET_HEADER, format_offsets(resumed.starts)),)
+        stream = _frames(follower, None, _deadline(headers), _keepalive(headers), replay)
+        return _stream(stream, answer)
 
     def _stream_input(self, sandbox: Sandbox, request: Request) -> Reply:
         """The client stream, read whole: its start names the command, then input in order."""
@@ -189,17 +219,40 @@ class ProcessRpc:
         return Reply(200, body, CONNECT_JSON, _STREAM_HEADERS)
 
     def _feed(self, sandbox: Sandbox, selector: ProcessSelector) -> ProcessFeed:
-        process = _select(sandbox, selector)
+        try:
+            process = _select(sandbox, selector)
+        except NotFound:
+            feed = self._ended_feed(sandbox, selector)
+            if feed is None:
+                raise
+            return feed
         with self._lock:
             feed = self._feeds.get((sandbox.id, process.pid))
         if feed is None:
             raise NotFound(_not_found(selector))
         return feed
 
+    def _ended_feed(self, sandbox: Sandbox, selector: ProcessSelector) -> ProcessFeed | None:
+        """The feed of a command of ``sandbox`` that ended within the grace, if any."""
+        now = time.monotonic()
+        with self._lock:
+            while self._ended_feeds and now - self._ended_feeds[0][2] > ENDED_GRACE:
+                self._ended_feeds.popleft()
+            for owner, feed, _ in self._ended_feeds:
+                process = feed.process
+                chosen = (selector.tag and process.tag == selector.tag) or (
+                    not selector.tag and process.pid == selector.pid
+                )
+                if owner == sandbox.id and chosen and not process.tag.startswith(TAG_PREFIX):
+                    return feed
+        return None
+
     def _ended(self, sandbox: Sandbox, process: LocalProcess, key: tuple[str, int]) -> None:
         sandbox.forget(process)
         with self._lock:
-            self._feeds.pop(key, None)
+            feed = self._feeds.pop(key, None)
+            if feed is not None:
+                self._ended_feeds.append((sandbox.id, feed, time.monotonic()))
 
     # -- unary -----------------------------------------------------------------------
 
@@ -288,14 +341,21 @@ def _write_input(process: LocalProcess, given: ProcessInput) -> None:
 
 
 def _frames(
-    follower: Follower, owned: LocalProcess | None, deadline: float | None, keepalive: float
+    follower: Follower,
+    owned: LocalProcess | None,
+    deadline: float | None,
+    keepalive: float,
+    replay: Sequence[Output] = (),
 ) -> Iterator[bytes]:
-    """A Start (``owned`` is its process) or Connect stream: start, events, end, end-of-stream.
+    """A Start (``owned`` is its process) or Connect stream: start, the ``replay`` (a
+    resumed Connect's), events, end, end-of-stream.
 
     At ``deadline`` a Start stream kills its command; a Connect stream just ends.
     """
     try:
         yield event_frame("start", StartEvent(follower.pid))
+        for output in replay:
+            yield _data_frame(output)
         quiet_since = time.monotonic()
         while True:
             now = time.monotonic()
@@ -318,10 +378,14 @@ def _frames(
                 yield from _ending(event, own_deadline=owned is not None)
                 return
             quiet_since = time.monotonic()
-            data = base64.b64encode(event.data).decode()
-            yield event_frame("data", DataEvent(**{event.stream: data}))
+            yield _data_frame(event)
     finally:
         follower.close()
+
+
+def _data_frame(output: Output) -> bytes:
+    data = base64.b64encode(output.data).decode()
+    return event_frame("data", DataEvent(**{output.stream: data}))
 
 
 def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
@@ -341,8 +405,10 @@ def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
     yield end_stream_frame()
 
 
-def _stream(frames: Iterator[bytes]) -> Reply:
-    return Reply(200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS, stream=frames)
+def _stream(frames: Iterator[bytes], headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    return Reply(
+        200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS + headers, stream=frames
+    )
 
 
 def _stream_refusal(request: Request) -> Reply | None:
