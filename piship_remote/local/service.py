@@ -271,9 +271,9 @@ class LocalE2bService:
         options.setdefault("idempotent_creates", True)
         options.setdefault("workdir", self.workdir)
         options.setdefault("user", self.user)
+        options.setdefault("envd_url", self.envd_url)
         return E2bCompatibleBackend(
             endpoint=self.url,
-            envd_url=self.envd_url,
             credential=lambda: self.api_key,
             **options,
         )

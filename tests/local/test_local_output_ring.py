@@ -1,0 +1,72 @@
+"""The local service's output ring on the wire: a Connect with ``Piship-Output-Offset``
+replays each stream from the offset asked for (or from the oldest byte kept, saying so
+in the answer's header), and an ended command stays reachable for its end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from piship_remote.local import LocalE2bService
+from piship_remote.local.envd import process_feed
+from tests.support.local_service import Client, needs_bwrap
+from tests.support.process_rpc import open_stream, start
+
+pytestmark = [needs_bwrap, pytest.mark.timeout(60)]
+
+OUTPUT = "".join(f"{n}\n" for n in range(1, 2001))  # 8893 bytes
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[LocalE2bService]:
+    with LocalE2bService() as running:
+        yield running
+
+
+def ended_command(client: Client, sandbox: dict[str, Any], tag: str) -> None:
+    """Start ``seq`` tagged ``tag``, leave its stream at once, and let it end."""
+    stream = start(client, sandbox, "seq 1 2000; echo oops >&2; exit 7", tag=tag)
+    stream.until(lambda s: bool(s.events("start")))
+    stream.response.close()
+    time.sleep(0.5)
+
+
+def connect(client: Client, sandbox: dict[str, Any], tag: str, **headers: str) -> Any:
+    return open_stream(client, sandbox, "Connect", {"process": {"tag": tag}}, **headers)
+
+
+def test_connect_with_an_offset_replays_from_it_and_ends_with_the_exit_code(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    ended_command(client, sandbox, "ring-a")
+    stream = connect(client, sandbox, "ring-a", **{"Piship-Output-Offset": "stdout=100,stderr=0"})
+    stream.finish()
+    assert stream.response.headers["Piship-Output-Offset"] == "stdout=100,stderr=0"
+    assert (stream.stdout, stream.stderr) == (OUTPUT[100:], "oops\n")
+    assert stream.end is not None and stream.end["exitCode"] == 7
+
+
+def test_a_ring_that_moved_past_the_offset_replays_from_its_oldest_byte_and_says_so(
+    client: Client, sandbox: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(process_feed, "RING_BYTES", 1000)
+    ended_command(client, sandbox, "ring-b")
+    stream = connect(client, sandbox, "ring-b", **{"Piship-Output-Offset": "stdout=0,stderr=0"})
+    stream.finish()
+    first = len(OUTPUT) - 1000
+    assert stream.response.headers["Piship-Output-Offset"] == f"stdout={first},stderr=0"
+    assert stream.stdout == OUTPUT[first:]
+
+
+def test_connect_without_the_header_is_envds_from_now_on(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    ended_command(client, sandbox, "ring-c")
+    stream = connect(client, sandbox, "ring-c")
+    stream.finish()
+    assert "Piship-Output-Offset" not in stream.response.headers
+    assert stream.stdout == ""
+    assert stream.end is not None and stream.end["exitCode"] == 7
