@@ -85,7 +85,10 @@ class ExecRequest:
     command (:mod:`piship_remote.backends.control`): a backend that has
     ``controls_commands = True`` binds its input and says its pid; ``control.stdin``
     asks for an input pipe the handle writes to. A backend that cannot pass input or
-    give a terminal raises ``PiShipError`` ``CONFIG_INVALID``.
+    give a terminal raises ``PiShipError`` ``CONFIG_INVALID``. ``resumable``: the
+    command's output is also spooled to files in the sandbox, read back by offset if its
+    stream drops on a service that replays nothing (a backend that cannot follow a
+    command again ignores it).
     """
 
     command: str
@@ -96,6 +99,7 @@ class ExecRequest:
     stdin: Iterable[bytes] | None = attrs.field(default=None, eq=False)
     pty: TerminalSize | None = None
     control: CommandControl | None = attrs.field(default=None, eq=False, repr=False)
+    resumable: bool = False
 
     @property
     def takes_input(self) -> bool:

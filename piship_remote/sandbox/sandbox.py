@@ -125,6 +125,7 @@ class Sandbox:
         timeout: float | Deadline | None = None,
         cancel: threading.Event | None = None,
         env: Mapping[str, str] | None = None,
+        resumable: bool = False,
     ) -> ExecResult:
         """Run ``command`` in the sandbox and return its exit code.
 
@@ -140,6 +141,12 @@ class Sandbox:
         handed down as it is (as a pool hands down its task's). ``env`` replaces the
         environment the allow list is applied to.
 
+        A command whose stream drops is followed again (never started again); output
+        written meanwhile is replayed where the service keeps it (the local service), or,
+        with ``resumable=True``, read back from a spool file the command also writes in
+        the sandbox. What could not be replayed reaches ``on_data`` as an
+        :class:`~piship_remote.OutputGap` chunk.
+
         Raises:
             CommandTimeout: ``timeout`` passed; the remote command was killed.
             CommandCancelled: ``cancel`` was set; the remote command was killed.
@@ -151,7 +158,7 @@ class Sandbox:
             PiShipError: any other failure the service reports, with its code.
         """
         sink = None if on_data is None else (lambda _stream, chunk: on_data(chunk))
-        return self._execute(command, cwd, sink, timeout, cancel, env)
+        return self._execute(command, cwd, sink, timeout, cancel, env, resumable=resumable)
 
     def run(
         self,
@@ -165,6 +172,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         output_limit: int | None = OUTPUT_LIMIT,
         stdin: Iterable[bytes] | None = None,
+        resumable: bool = False,
     ) -> CommandResult:
         """Run ``command`` and capture its output, like ``subprocess.run``.
 
@@ -184,6 +192,9 @@ class Sandbox:
         iterable yields them and closed when it ends (E2B-compatible services; the
         agent-sandbox router refuses it with ``CONFIG_INVALID``).
 
+        ``resumable=True``: as for :meth:`exec`; ``missing`` on the result says how many
+        bytes of each stream may be missing after a dropped stream (0: none).
+
         Raises:
             CommandFailed: ``check=True`` and the command exited non-zero.
             CommandTimeout: ``timeout`` passed; the remote command was killed.
@@ -196,7 +207,9 @@ class Sandbox:
             PiShipError: any other failure the service reports, with its code.
         """
         capture = OutputCapture(echo=echo, limit=output_limit)
-        result = self._execute(command, cwd, capture.write, timeout, cancel, env, stdin)
+        result = self._execute(
+            command, cwd, capture.write, timeout, cancel, env, stdin, resumable=resumable
+        )
         outcome = capture.result(result.exit_code)
         if check and outcome.exit_code != 0:
             raise CommandFailed(outcome, redactor=self.redactor)
@@ -211,6 +224,7 @@ class Sandbox:
         stdin: bool = False,
         timeout: float | Deadline | None = None,
         pty: bool | tuple[int, int] = False,
+        resumable: bool = False,
     ) -> CommandHandle:
         """Start ``command`` and return at once with its :class:`CommandHandle`::
 
@@ -224,7 +238,7 @@ class Sandbox:
         size; ``resize`` changes it), its output all on ``stdout``. ``timeout`` kills it
         and makes ``wait`` raise :class:`CommandTimeout`. A service that cannot pass input
         or give a terminal (the agent-sandbox router) refuses with ``PiShipError``
-        ``CONFIG_INVALID``.
+        ``CONFIG_INVALID``. ``resumable=True``: as for :meth:`exec` (not with ``pty``).
 
         Raises:
             ConfigInvalid: a bad argument, or ``stdin``/``pty`` on a service that cannot give them.
@@ -239,7 +253,7 @@ class Sandbox:
             )
         control = CommandControl(stdin=stdin)
         line = command_line(command)
-        request = self._request(line, cwd, env, control=control, pty=pty)
+        request = self._request(line, cwd, env, control=control, pty=pty, resumable=resumable)
         deadline = timeout_deadline(timeout)
         handle = CommandHandle(engine, request, deadline, output_limit=OUTPUT_LIMIT)
         return self._telemetry.started(handle)
@@ -253,6 +267,8 @@ class Sandbox:
         cancel: threading.Event | None,
         env: Mapping[str, str] | None,
         stdin: Iterable[bytes] | None = None,
+        *,
+        resumable: bool = False,
     ) -> ExecResult:
         """``exec`` and ``run``: run on this thread, output to ``sink``; no handle needed."""
         if cancel is not None and cancel.is_set():
@@ -260,7 +276,7 @@ class Sandbox:
             raise CommandCancelled()
         line = command_line(command)
         engine = self._usable_engine()
-        request = self._request(line, cwd, env, stdin=stdin)
+        request = self._request(line, cwd, env, stdin=stdin, resumable=resumable)
         deadline = timeout_deadline(timeout)  # the command's one deadline, handed down as it is
         # The caller's cancel becomes the command's one token, here, once.
         with self._telemetry.command() as span, engine.cancel_token(cancel) as token:
@@ -276,6 +292,7 @@ class Sandbox:
         stdin: Iterable[bytes] | None = None,
         control: CommandControl | None = None,
         pty: bool | tuple[int, int] = False,
+        resumable: bool = False,
     ) -> ExecRequest:
         """The request for the command ``line`` (checked by ``command_line``) on the usable
         engine the caller holds."""
@@ -287,6 +304,7 @@ class Sandbox:
             stdin=stdin,
             pty=_terminal_size(pty),
             control=control,
+            resumable=resumable,
         )
 
     def workspace(self) -> WorkspaceReport | None:

@@ -53,6 +53,8 @@ __all__ = [
     "PID",
     "Command",
     "CommandAnswer",
+    "answer_end",
+    "answer_output",
     "answer_frames",
     "command_answer",
 ]
@@ -125,7 +127,7 @@ def answer_frames(
         if received is None:
             raise DropConnection
         answer = {**answer, "stdout": received}
-    for stream, piece in _output(answer):
+    for stream, piece in answer_output(answer):
         data = base64.b64encode(piece).decode()
         event = DataEvent(stdout=data) if stream == "stdout" else DataEvent(stderr=data)
         yield event_frame("data", event)
@@ -146,7 +148,7 @@ def answer_frames(
     if (error := answer.get("stream_error")) is not None:
         yield end_stream_frame(ConnectError("internal", str(error)))
         return
-    yield event_frame("end", _end(answer))
+    yield event_frame("end", answer_end(answer))
     if not answer.get("no_end_stream"):
         yield end_stream_frame()
 
@@ -159,7 +161,7 @@ def _bytes(piece: str | bytes) -> bytes:
     return piece.encode() if isinstance(piece, str) else piece
 
 
-def _output(answer: CommandAnswer) -> Iterator[tuple[str, bytes]]:
+def answer_output(answer: CommandAnswer) -> Iterator[tuple[str, bytes]]:
     if answer.get("stdout"):
         yield "stdout", _bytes(answer["stdout"])
     for piece in answer.get("chunks", ()):
@@ -168,7 +170,7 @@ def _output(answer: CommandAnswer) -> Iterator[tuple[str, bytes]]:
         yield "stderr", _bytes(answer["stderr"])
 
 
-def _end(answer: CommandAnswer) -> EndEvent | dict[str, Any]:
+def answer_end(answer: CommandAnswer) -> EndEvent | dict[str, Any]:
     """envd's end event; ``omit_zero_exit`` False sends the ``exitCode`` 0 protojson omits."""
     code = int(answer.get("exit_code", 0))
     end = EndEvent(exit_code=code, exited=True, status=f"exit status {code}")

@@ -39,6 +39,11 @@ Routes:
   ``input.stdin``, or ``input.pty`` typed on a terminal) is kept per ``process.tag``
   (``stdin(tag)`` shows it) for a ``cat`` answer, which ends once CloseStdin named its tag.
 - ``/process.Process/Update`` (a terminal's new size): 200 ``{}``.
+- ``/process.Process/Connect``: follows, by ``process.tag``, a command whose stream
+  ``faults.cut_streams_after`` cut (:mod:`piship_remote.testing.e2b_reattach`;
+  ``keep_output=True`` replays by ``Piship-Output-Offset``); any other tag is envd's
+  ``not_found``. A Start of a ``resumable`` command writes its whole output to the
+  spool files its script names.
 - ``/process.Process/SendSignal``: ends the hung streams with the request's
   ``process.tag`` (every hung stream when it names no tag) with an end-of-stream
   frame ``{}``, and remembers the tag, so a Start with that tag that arrives later
@@ -103,6 +108,7 @@ from piship_remote.testing.e2b_listing import (
     listed,
 )
 from piship_remote.testing.e2b_processes import ProcessTable
+from piship_remote.testing.e2b_reattach import FollowedCommands, is_followable, spooled_output
 from piship_remote.testing.faults import CreateFailure, Faults, hold_if_stalled
 from piship_remote.testing.recorder import DropConnection, RecordingServer, json_response
 from piship_remote.testing.sandbox_shell import Shell, script_of
@@ -116,6 +122,13 @@ from piship_remote.wire.e2b_json import (
 )
 from piship_remote.wire.envd import ConnectError, SignalRequest
 from piship_remote.wire.envd_paths import resolve
+from piship_remote.wire.output_offsets import (
+    OFFSET_HEADER,
+    SPOOL_FILES,
+    format_offsets,
+    parse_offsets,
+    spool_of,
+)
 
 from werkzeug import Request, Response  # isort: skip  (after recorder, which names the extra)
 
@@ -156,6 +169,7 @@ class E2bServer(RecordingServer):
         distinct_ids: bool = False,
         file_tree: Callable[[str], MemoryTree] | None = None,
         idempotency_keys: bool = True,
+        keep_output: bool = False,
     ) -> None:
         self._command = command
         self._honours_keys = idempotency_keys
@@ -177,6 +191,7 @@ class E2bServer(RecordingServer):
         self.faults = Faults()
         """Faults on demand (:class:`~piship_remote.testing.faults.Faults`)."""
         self._processes = ProcessTable(self.wait)
+        self._followed = FollowedCommands(keep_output=keep_output)
         super().__init__(self._handle)
 
     @property
@@ -264,6 +279,8 @@ class E2bServer(RecordingServer):
             return self._send_signal(request)
         if path == "/process.Process/Start":
             return self._start(request)
+        if path == "/process.Process/Connect":
+            return self._connect(request, sandbox_id)
         if path in ("/process.Process/SendInput", "/process.Process/CloseStdin"):
             return self._input(request, closing=path.endswith("CloseStdin"))
         if path == "/process.Process/Update":
@@ -470,11 +487,41 @@ class E2bServer(RecordingServer):
         if self.faults.take_dropped_stream():
             answer = {**answer, "drop": True}
         tag = start.get("tag") if isinstance(start.get("tag"), str) else None
+        spool = spool_of(script_of(_object(start.get("process")).get("args")) or "")
+        if spool is not None and is_followable(answer):
+            tree = self._tree(sandbox_id)
+            for depth in range(2, spool.count("/") + 1):
+                parent = "/".join(spool.split("/")[: depth + 1])
+                if tree.kind(parent) is None:
+                    tree.make_dir(parent)
+            for stream, data in spooled_output(answer).items():
+                tree.write_file(f"{spool}/{SPOOL_FILES[stream]}", data)
+        cut = self.faults.take_cut_point() if tag and is_followable(answer) else None
+        if tag and cut is not None:
+            frames = self._followed.started(answer, tag, cut)
+            return self.stream(request, frames, content_type=CONNECT_JSON)
         return self.stream(
             request,
             self._processes.frames(answer, tag, sandbox_id, is_gone=self._is_gone),
             content_type=str(answer.get("content_type", CONNECT_JSON)),
         )
+
+    def _connect(self, request: Request, sandbox_id: str) -> Response:
+        """Connect by tag: follows a command whose stream was cut (see ``e2b_reattach``)."""
+        try:
+            message = start_message(request.get_data())
+        except WireError:
+            refusal = ConnectError("invalid_argument", "the body is not a Connect envelope")
+            return _json(400, refusal)
+        tag = _object(message.get("process")).get("tag")
+        offsets = parse_offsets(request.headers.get(OFFSET_HEADER))
+        starts, frames = self._followed.connect(
+            str(tag), offsets, self.faults.take_cut_point(), self.faults.unheard
+        )
+        response = self.stream(request, frames, content_type=CONNECT_JSON)
+        if starts is not None:
+            response.headers[OFFSET_HEADER] = format_offsets(starts)
+        return response
 
     def _answer(self, start: dict[str, Any], sandbox_id: str) -> CommandAnswer:
         """The in-memory shell's answer when it runs the script, else ``command``'s."""

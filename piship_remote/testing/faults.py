@@ -6,6 +6,8 @@ command's stream dropped, a request stalled. Both doubles carry one as ``server.
         server.faults.fail_creates(2, status=429, retry_after=1)   # then creates succeed
         server.faults.lose_create_answer()      # the next create happens, its answer is cut
         server.faults.drop_stream_after_output()  # the next command's output, then a reset
+        server.faults.cut_streams_after(100, 50)  # E2B: resets after 100, then 50 bytes of
+                                                  # output; Connect follows the command again
         server.faults.stall("/execute", seconds=5)  # the next such request waits 5 s first
         server.kill(sandbox.id)                  # the sandbox (or claim) is gone now
 
@@ -50,6 +52,8 @@ class Faults:
         self._create_failures: list[CreateFailure] = []
         self._lost_answers = 0
         self._dropped_streams = 0
+        self._cut_points: list[int] = []
+        self.unheard = 0
         self._stalls: list[tuple[str | None, Stall]] = []
         self._released = threading.Event()
 
@@ -75,6 +79,15 @@ class Faults:
         with self._lock:
             self._dropped_streams += count
 
+    def cut_streams_after(self, *points: int, unheard: int = 0) -> None:
+        """E2B: the next command streams (Start, then the Connects that follow it) are
+        reset after ``points`` bytes of output, one point each; the command keeps running,
+        having written ``unheard`` more bytes of stdout before each Connect (lost unless
+        the double keeps output)."""
+        with self._lock:
+            self._cut_points += points
+            self.unheard = unheard
+
     def stall(
         self, path: str | None = None, *, count: int = 1, seconds: float | None = None
     ) -> None:
@@ -93,6 +106,7 @@ class Faults:
         with self._lock:
             self._create_failures.clear()
             self._lost_answers = self._dropped_streams = 0
+            self._cut_points.clear()
             self._stalls.clear()
 
     # ---- what a double takes ---------------------------------------------------------
@@ -114,6 +128,10 @@ class Faults:
                 return False
             self._dropped_streams -= 1
             return True
+
+    def take_cut_point(self) -> int | None:
+        with self._lock:
+            return self._cut_points.pop(0) if self._cut_points else None
 
     def take_stall(self, path: str) -> Stall | None:
         with self._lock:

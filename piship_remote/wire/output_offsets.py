@@ -14,16 +14,37 @@ official SDKs neither send nor read it, so the wire stays envd's::
     {'stdout': 10, 'stderr': 0}
     >>> parse_offsets("stdout=x") is None
     True
+
+On a service that keeps nothing, a command run ``resumable`` also writes its output to a
+spool directory in the sandbox (:func:`spooled_command`): ``out`` and ``err`` there are
+the whole of each stream, read back by offset after a drop::
+
+    >>> spool_directory("piship-1a2b")
+    '/tmp/piship-spool-piship-1a2b'
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Mapping
 
-__all__ = ["OFFSET_HEADER", "OUTPUT_STREAMS", "format_offsets", "parse_offsets"]
+__all__ = [
+    "OFFSET_HEADER",
+    "OUTPUT_STREAMS",
+    "SPOOL_FILES",
+    "format_offsets",
+    "parse_offsets",
+    "spool_directory",
+    "spool_of",
+    "spooled_command",
+]
 
 OFFSET_HEADER = "Piship-Output-Offset"
 OUTPUT_STREAMS = ("stdout", "stderr")
+SPOOL_FILES = {"stdout": "out", "stderr": "err"}
+_SPOOL_ROOT = "/tmp/piship-spool-"
+_SPOOLED = re.compile(r"\A# piship-spool (/tmp/piship-spool-[A-Za-z0-9-]{1,64})\n")
 _MAX_DIGITS = 19
 
 
@@ -45,3 +66,26 @@ def parse_offsets(value: str | None) -> dict[str, int] | None:
             return None
         offsets[name] = int(number)
     return {stream: offsets.get(stream, 0) for stream in OUTPUT_STREAMS}
+
+
+def spool_directory(tag: str) -> str:
+    """Where the command tagged ``tag`` spools its output."""
+    return _SPOOL_ROOT + tag
+
+
+def spooled_command(command: str, directory: str) -> str:
+    """``command`` (a bash script) with its stdout and stderr also appended to ``out`` and
+    ``err`` in ``directory``; its exit status is the command's."""
+    out = shlex.quote(f"{directory}/{SPOOL_FILES['stdout']}")
+    err = shlex.quote(f"{directory}/{SPOOL_FILES['stderr']}")
+    return (
+        f"# piship-spool {directory}\n"
+        f"mkdir -p {shlex.quote(directory)}\n"
+        f"{{ {command}\n}} 2> >(tee -a {err} >&2) | tee -a {out}; exit \"${{PIPESTATUS[0]}}\""
+    )
+
+
+def spool_of(script: str) -> str | None:
+    """The spool directory a :func:`spooled_command` script writes to, if it is one."""
+    match = _SPOOLED.match(script)
+    return match.group(1) if match else None

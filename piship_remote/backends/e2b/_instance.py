@@ -24,14 +24,20 @@ from piship_remote.backends.e2b._envd import (
 )
 from piship_remote.backends.e2b._input import EnvdInput
 from piship_remote.backends.e2b._lease import SandboxLease
-from piship_remote.backends.e2b._reattach import OutputCursor, follow
+from piship_remote.backends.e2b._reattach import OutputCursor, SpoolReader, follow
 from piship_remote.backends.e2b._stream import read_stream
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
 from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import is_loopback
-from piship_remote.wire.output_offsets import OFFSET_HEADER, format_offsets
+from piship_remote.wire.output_offsets import (
+    OFFSET_HEADER,
+    SPOOL_FILES,
+    format_offsets,
+    spool_directory,
+    spooled_command,
+)
 
 __all__ = ["E2bInstance"]
 
@@ -216,9 +222,12 @@ class E2bInstance:
         tag = f"{self._tag_prefix}{next(self._tag_numbers) & 0xFFFFFFFF:08x}"
         forget_kill = token.on_cancel(lambda: self._signal(tag))
         control = request.control
+        spool = None
+        if request.resumable and request.pty is None and self._files is not None:
+            spool = spool_directory(tag)
         try:
             start = start_request(
-                request.command,
+                request.command if spool is None else spooled_command(request.command, spool),
                 request.env,
                 cwd,
                 tag,
@@ -241,31 +250,73 @@ class E2bInstance:
                 terminal = request.pty is not None
                 control.bind(EnvdInput(self._envd, tag, token, self._errors, terminal=terminal))
                 on_pid = control.started
-            cursor = OutputCursor(on_stdout, on_stderr)
-            pid_from = [on_pid]  # the first stream's start event says it; a Connect's again
-
-            def read(reply: HttpReply) -> BackendResult:
-                on_first, pid_from[0] = pid_from[0], None
-                errors = self._errors
-                return read_stream(
-                    reply, cursor.stdout, cursor.stderr, errors, on_first, reattachable=True
-                )
-
-            def reconnect(offsets: Mapping[str, int]) -> HttpReply:
-                body = connect_envelope_for(tag)
-                offset = {OFFSET_HEADER: format_offsets(offsets)}
-                return self._stream(self._envd.connect_url, body, offset, token, deadline)
-
+            reader = None if spool is None else self._spool_reader(spool, token)
+            cursor = OutputCursor(on_stdout, on_stderr, reader)
             try:
-                return follow(response, read, reconnect, cursor, token, deadline)
+                result = self._follow(response, tag, cursor, on_pid, token, deadline)
             except PiShipError:
                 if not token.is_set():
                     # It could not be followed again (envd keeps a command running after
                     # a disconnect), so kill what can no longer be watched.
                     self._signal(tag)
                 raise
+            if spool is not None:
+                self._remove_spool(spool, token, deadline)
+            return result
         finally:
             forget_kill()
+
+    def _follow(
+        self,
+        response: HttpReply,
+        tag: str,
+        cursor: OutputCursor,
+        on_pid: Callable[[int], None] | None,
+        token: CancelToken,
+        deadline: Deadline | None,
+    ) -> BackendResult:
+        """The command's stream read to its end, followed again with Connect after a drop."""
+        pid_from = [on_pid]  # the first stream's start event says it; a Connect's again
+
+        def read(reply: HttpReply) -> BackendResult:
+            on_first, pid_from[0] = pid_from[0], None
+            errors = self._errors
+            return read_stream(
+                reply, cursor.stdout, cursor.stderr, errors, on_first, reattachable=True
+            )
+
+        def reconnect(offsets: Mapping[str, int]) -> HttpReply:
+            body = connect_envelope_for(tag)
+            offset = {OFFSET_HEADER: format_offsets(offsets)}
+            return self._stream(self._envd.connect_url, body, offset, token, deadline)
+
+        return follow(response, read, reconnect, cursor, token, deadline)
+
+    def _spool_reader(self, spool: str, token: CancelToken) -> SpoolReader:
+        """Reads a stream's spool file from an offset (``None`` when it cannot)."""
+
+        def read(stream: str, offset: int) -> bytes | None:
+            kept = bytearray()
+            skip = [offset]
+
+            def sink(chunk: bytes) -> None:
+                cut = min(skip[0], len(chunk))
+                skip[0] -= cut
+                kept.extend(chunk[cut:])
+
+            try:
+                self.files().read(f"{spool}/{SPOOL_FILES[stream]}", sink, cancel=token)
+            except (PiShipError, TransportError):
+                return None
+            return bytes(kept)
+
+        return read
+
+    def _remove_spool(self, spool: str, token: CancelToken, deadline: Deadline | None) -> None:
+        try:
+            self.files().remove(spool, cancel=token, deadline=deadline)
+        except (PiShipError, TransportError):
+            pass  # a leftover in /tmp: the sandbox's own business
 
     def _stream(
         self,

@@ -37,16 +37,25 @@ FIRST_BACKOFF = 0.05
 
 Read = Callable[[HttpReply], BackendResult]
 Reconnect = Callable[[Mapping[str, int]], HttpReply]
+SpoolReader = Callable[[str, int], "bytes | None"]
+"""``(stream, offset)`` → the stream's spooled bytes from ``offset`` (``None``: unreadable)."""
 
 
 class OutputCursor:
     """The output callbacks of one command, with the bytes each stream delivered, so a
     replay is joined at its offset (duplicates dropped) and a hole is marked."""
 
-    def __init__(self, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> None:
+    def __init__(
+        self,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        spool: SpoolReader | None = None,
+    ) -> None:
         self._outputs = {"stdout": on_stdout, "stderr": on_stderr}
         self.offsets = dict.fromkeys(OUTPUT_STREAMS, 0)  # bytes delivered
         self._positions = dict.fromkeys(OUTPUT_STREAMS, 0)  # offset of the next byte read
+        self._spool = spool
+        self.spooling = False  # the rest comes from the spool, once the command ended
 
     def stdout(self, chunk: bytes) -> None:
         self._receive("stdout", chunk)
@@ -57,6 +66,9 @@ class OutputCursor:
     def resumed(self, starts: Mapping[str, int] | None) -> None:
         """A new stream follows; ``starts``: where the service's replay of each stream
         begins (``None``: it replays nothing, so an unknown amount may be missing)."""
+        if starts is None and self._spool is not None:
+            self.spooling = True  # live bytes have no offset: the spool has them all
+            return
         for stream in OUTPUT_STREAMS:
             have = self.offsets[stream]
             if starts is None:
@@ -69,7 +81,25 @@ class OutputCursor:
                 self.offsets[stream] = start
             self._positions[stream] = start
 
+    def backfill(self) -> None:
+        """After the end: deliver what the spool holds past each stream's offset (a gap
+        of unknown size where it cannot be read)."""
+        if not self.spooling or self._spool is None:
+            return
+        self.spooling = False
+        for stream in OUTPUT_STREAMS:
+            rest = self._spool(stream, self.offsets[stream])
+            if rest is None:
+                self._gap(stream, UNKNOWN_SIZE)
+                continue
+            self.offsets[stream] += len(rest)
+            callback = self._outputs[stream]
+            if callback is not None and rest:
+                callback(rest)
+
     def _receive(self, stream: str, chunk: bytes) -> None:
+        if self.spooling:
+            return
         position = self._positions[stream]
         end = position + len(chunk)
         self._positions[stream] = end
@@ -106,7 +136,9 @@ def follow(
     for _ in range(MAX_REATTACHES + 1):
         with response:
             try:
-                return read(response)
+                result = read(response)
+                cursor.backfill()
+                return result
             except StreamDropped as dropped:
                 first = first or dropped.error
             except PiShipError:
