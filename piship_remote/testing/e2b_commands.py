@@ -54,8 +54,8 @@ __all__ = [
     "Command",
     "CommandAnswer",
     "answer_end",
-    "answer_output",
     "answer_frames",
+    "answer_output",
     "command_answer",
 ]
 
