@@ -137,6 +137,15 @@ def test_a_dropped_command_stream_is_unknown_and_its_sandbox_not_reused(make_poo
     assert starts_of(server, "echo a") == 1
 
 
+def test_a_command_stream_cut_and_followed_again_ends_ok_not_unknown(make_pool, server) -> None:
+    with make_pool(size=1) as pool:
+        with pool.sandbox():  # activated (its readiness check passed), then back
+            server.faults.cut_streams_after(3)
+        [result] = pool.map("echo {item}", ["a"])
+        assert (result.outcome, result.attempts) == ("ok", 1)
+    assert starts_of(server, "echo a") == 1
+
+
 def test_close_with_tasks_running_ends_them_as_closed_and_leaves_nothing(
     make_pool, server, commands
 ) -> None:

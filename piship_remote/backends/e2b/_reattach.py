@@ -56,6 +56,8 @@ class OutputCursor:
         self._positions = dict.fromkeys(OUTPUT_STREAMS, 0)  # offset of the next byte read
         self._spool = spool
         self.spooling = False  # the rest comes from the spool, once the command ended
+        # Gaps are told once the new stream delivers: a Connect refused tells nothing.
+        self._pending: list[tuple[str, int]] = []
 
     def stdout(self, chunk: bytes) -> None:
         self._receive("stdout", chunk)
@@ -69,19 +71,25 @@ class OutputCursor:
         if starts is None and self._spool is not None:
             self.spooling = True  # live bytes have no offset: the spool has them all
             return
+        self._pending = []
         for stream in OUTPUT_STREAMS:
             have = self.offsets[stream]
             if starts is None:
-                self._gap(stream, UNKNOWN_SIZE)
+                self._pending.append((stream, UNKNOWN_SIZE))
                 self._positions[stream] = have
                 continue
             start = starts[stream]
             if start > have:
-                self._gap(stream, start - have)
+                self._pending.append((stream, start - have))
                 self.offsets[stream] = start
             self._positions[stream] = start
 
-    def backfill(self) -> None:
+    def finish(self) -> None:
+        """The command ended: tell the gaps still pending, and read the spool back."""
+        self._tell_gaps()
+        self._backfill()
+
+    def _backfill(self) -> None:
         """After the end: deliver what the spool holds past each stream's offset (a gap
         of unknown size where it cannot be read)."""
         if not self.spooling or self._spool is None:
@@ -100,6 +108,8 @@ class OutputCursor:
     def _receive(self, stream: str, chunk: bytes) -> None:
         if self.spooling:
             return
+        if self._pending:
+            self._tell_gaps()
         position = self._positions[stream]
         end = position + len(chunk)
         self._positions[stream] = end
@@ -112,6 +122,11 @@ class OutputCursor:
         callback = self._outputs[stream]
         if callback is not None:
             callback(chunk)
+
+    def _tell_gaps(self) -> None:
+        pending, self._pending = self._pending, []
+        for stream, size in pending:
+            self._gap(stream, size)
 
     def _gap(self, stream: str, size: int) -> None:
         callback = self._outputs[stream]
@@ -137,7 +152,7 @@ def follow(
         with response:
             try:
                 result = read(response)
-                cursor.backfill()
+                cursor.finish()
                 return result
             except StreamDropped as dropped:
                 first = first or dropped.error
