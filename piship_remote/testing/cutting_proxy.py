@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import selectors
 import socket
 import struct
 import threading
@@ -63,8 +64,9 @@ class CuttingProxy:
         _shut(self._listener)  # a shutdown wakes the blocked accept()
         with self._lock:
             sockets = list(self._sockets)
-        for sock in sockets:
-            _shut(sock)
+        for sock in sockets:  # a shutdown wakes its relay, which closes it
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         for thread in list(self._threads):
             thread.join()
 
@@ -104,30 +106,44 @@ class CuttingProxy:
                 continue
             with self._lock:
                 self._sockets |= {client, server}
-            self._spawn(self._relay, "up", client, server, False)
-            self._spawn(self._relay, "down", server, client, True)
+            self._spawn(self._relay, "relay", client, server)
 
-    def _relay(self, source: socket.socket, target: socket.socket, answer: bool) -> None:
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        """Both directions on one thread, so a cut is one close, seen by nobody else."""
         relayed = 0
+        stalled = False
         try:
-            while True:
-                data = source.recv(_CHUNK)
-                if not data:
-                    return
-                if answer:
-                    point = self._take(relayed, len(data))
-                    if point is not None:
-                        self._cut(source, target, data[: point - relayed])
-                        return
-                    relayed += len(data)
-                target.sendall(data)
+            with selectors.DefaultSelector() as selector:
+                selector.register(client, selectors.EVENT_READ)
+                selector.register(server, selectors.EVENT_READ)
+                while True:
+                    for key, _ in selector.select():
+                        source = key.fileobj
+                        data = client.recv(_CHUNK) if source is client else server.recv(_CHUNK)
+                        if not data:
+                            return
+                        if source is client:
+                            if not stalled:
+                                server.sendall(data)
+                            continue
+                        point = self._take(relayed, len(data))
+                        if point is None:
+                            relayed += len(data)
+                            client.sendall(data)
+                            continue
+                        client.sendall(data[: point - relayed])
+                        if not self._stall:
+                            _reset(client)
+                            return
+                        stalled = True  # nothing more for the client, until it gives up
+                        selector.unregister(server)
         except OSError:
             return
         finally:
-            _shut(source)
-            _shut(target)
+            _shut(client)
+            _shut(server)
             with self._lock:
-                self._sockets -= {source, target}
+                self._sockets -= {client, server}
 
     def _take(self, relayed: int, size: int) -> int | None:
         """The plan's next point if this chunk reaches it (used up)."""
@@ -137,17 +153,12 @@ class CuttingProxy:
                 return max(self._points.popleft(), relayed)
         return None
 
-    def _cut(self, source: socket.socket, target: socket.socket, head: bytes) -> None:
-        target.sendall(head)
-        if self._stall:
-            # Nothing more for the client; the connection ends when the client gives up.
-            with contextlib.suppress(OSError):
-                while target.recv(_CHUNK):
-                    pass
-            return
-        with contextlib.suppress(OSError):
-            target.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            target.close()  # a reset, not an end of stream
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset, not an end of stream."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
 
 
 def _shut(sock: socket.socket) -> None:

@@ -24,7 +24,12 @@ from piship_remote.backends.e2b._envd import (
 )
 from piship_remote.backends.e2b._input import EnvdInput
 from piship_remote.backends.e2b._lease import SandboxLease
-from piship_remote.backends.e2b._reattach import OutputCursor, SpoolReader, follow
+from piship_remote.backends.e2b._reattach import (
+    OutputCursor,
+    SpoolReader,
+    follow,
+    reconnect_within,
+)
 from piship_remote.backends.e2b._stream import read_stream
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
@@ -35,6 +40,7 @@ from piship_remote.wire.output_offsets import (
     OFFSET_HEADER,
     SPOOL_FILES,
     format_offsets,
+    parse_offsets,
     spool_directory,
     spooled_command,
 )
@@ -235,14 +241,26 @@ class E2bInstance:
                 stdin=request.takes_input and request.pty is None,
                 pty=request.pty,
             )
+            lost: list[PiShipError] = []  # Start sent, its answer lost: it may run
+
+            def send() -> HttpReply:
+                try:
+                    return self._stream(
+                        self._envd.start_url, start_envelope(start), {}, token, deadline
+                    )
+                except TransportError as e:
+                    failure = self._envd.start_failed(e)
+                    if isinstance(failure, PiShipError):
+                        lost.append(failure)
+                    raise failure from None
+
             # Start follows the renewal onto the wire; it is read once the renewal answered.
-            response = self._lease.cover(
-                lambda: self._stream(
-                    self._envd.start_url, start_envelope(start), {}, token, deadline
-                ),
-                token,
-                refused=lambda: self._signal(tag),
-            )
+            try:
+                response = self._lease.cover(send, token, refused=lambda: self._signal(tag))
+            except PiShipError as error:
+                if error not in lost or token.is_set():
+                    raise
+                response = None
             if request.stdin is not None:
                 self._feed(tag, request.stdin, token)
             on_pid = None
@@ -253,7 +271,7 @@ class E2bInstance:
             reader = None if spool is None else self._spool_reader(spool, token)
             cursor = OutputCursor(on_stdout, on_stderr, reader)
             try:
-                result = self._follow(response, tag, cursor, on_pid, token, deadline)
+                result = self._follow(response, lost, tag, cursor, on_pid, token, deadline)
             except PiShipError:
                 if not token.is_set():
                     # It could not be followed again (envd keeps a command running after
@@ -268,14 +286,16 @@ class E2bInstance:
 
     def _follow(
         self,
-        response: HttpReply,
+        response: HttpReply | None,
+        lost: list[PiShipError],
         tag: str,
         cursor: OutputCursor,
         on_pid: Callable[[int], None] | None,
         token: CancelToken,
         deadline: Deadline | None,
     ) -> BackendResult:
-        """The command's stream read to its end, followed again with Connect after a drop."""
+        """The command's stream read to its end, followed again with Connect after a drop;
+        without ``response`` (Start's answer was lost, ``lost``), found with Connect first."""
         pid_from = [on_pid]  # the first stream's start event says it; a Connect's again
 
         def read(reply: HttpReply) -> BackendResult:
@@ -290,6 +310,12 @@ class E2bInstance:
             offset = {OFFSET_HEADER: format_offsets(offsets)}
             return self._stream(self._envd.connect_url, body, offset, token, deadline)
 
+        if response is None:
+            response = reconnect_within(reconnect, cursor, token, deadline)
+            if response is None:
+                raise lost[0]
+            cursor.resumed(parse_offsets(response.headers.get(OFFSET_HEADER)))
+            return follow(response, read, reconnect, cursor, token, deadline, lost[0])
         return follow(response, read, reconnect, cursor, token, deadline)
 
     def _spool_reader(self, spool: str, token: CancelToken) -> SpoolReader:
@@ -351,10 +377,8 @@ class E2bInstance:
                 stream=True,
                 **bound,
             )
-        except TransportError as e:
-            if url != envd.start_url:
-                raise  # a Connect that failed started nothing
-            raise envd.start_failed(e) from None
+        except TransportError:
+            raise  # Start's caller says what a lost answer means; a Connect started nothing
         return envd.started(response)
 
     def _feed(self, tag: str, chunks: Iterable[bytes], token: CancelToken) -> None:

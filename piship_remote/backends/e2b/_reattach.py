@@ -27,7 +27,7 @@ from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
 from piship_remote.wire.output_offsets import OFFSET_HEADER, OUTPUT_STREAMS, parse_offsets
 
-__all__ = ["MAX_REATTACHES", "OutputCursor", "follow"]
+__all__ = ["MAX_REATTACHES", "OutputCursor", "follow", "reconnect_within"]
 
 MAX_REATTACHES = 64
 """Drops one command survives; past them its outcome is unknown."""
@@ -141,13 +141,14 @@ def follow(
     cursor: OutputCursor,
     token: CancelToken,
     deadline: Deadline | None,
+    first: PiShipError | None = None,
 ) -> BackendResult:
     """Read ``response`` to the command's end, reconnecting after each drop (see the module).
 
     ``read`` raises :class:`StreamDropped` for a stream that broke; ``reconnect`` opens a
-    Connect stream given the offsets the cursor holds.
+    Connect stream given the offsets the cursor holds. ``first``: the error to raise if
+    following fails, when ``response`` is already a Connect (Start's answer was lost).
     """
-    first: PiShipError | None = None
     for _ in range(MAX_REATTACHES + 1):
         with response:
             try:
@@ -160,7 +161,7 @@ def follow(
                 if first is None:
                     raise
                 raise first.with_traceback(None) from None  # a Connect refused: unknown
-        again = _reconnect(reconnect, cursor, token, deadline)
+        again = reconnect_within(reconnect, cursor, token, deadline)
         if again is None:
             break
         response = again
@@ -169,7 +170,7 @@ def follow(
     raise first.with_traceback(None)
 
 
-def _reconnect(
+def reconnect_within(
     reconnect: Reconnect, cursor: OutputCursor, token: CancelToken, deadline: Deadline | None
 ) -> HttpReply | None:
     """A Connect stream to the command, tried a few times within the deadline; ``None``
