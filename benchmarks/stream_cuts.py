@@ -50,7 +50,8 @@ def local_sandbox(envd_url: Callable[[Any], str] | None = None) -> Iterator[tupl
     with LocalE2bService() as service, tempfile.TemporaryDirectory() as workspace:
         options = {} if envd_url is None else {"envd_url": envd_url(service)}
         backend = service.backend(**options)
-        with activate_sandbox({"required": True}, backend=backend, workspace=workspace, env={}) as box:
+        policy = {"required": True}
+        with activate_sandbox(policy, backend=backend, workspace=workspace, env={}) as box:
             yield service, box
 
 
@@ -88,7 +89,8 @@ def ours_double_resumable(runs: int, lines: int, rng: random.Random) -> tuple[in
     server = E2bServer(command=lambda start: {"stdout": expected, "exit_code": EXIT_CODE})
     with server, tempfile.TemporaryDirectory() as workspace:
         backend = E2bCompatibleBackend(endpoint=server.url, envd_url=server.url)
-        with activate_sandbox({"required": True}, backend=backend, workspace=workspace, env={}) as box:
+        policy = {"required": True}
+        with activate_sandbox(policy, backend=backend, workspace=workspace, env={}) as box:
             for _ in range(runs):
                 points = [p * 3 // 4 for p in cut_points(rng, lines)]  # bytes of output
                 server.faults.cut_streams_after(*points, unheard=rng.randint(0, 4096))
@@ -160,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     size = len(expected_lines(args.lines))
     print(f"{args.runs} runs of `seq 1 {args.lines}` ({size / 1e6:.1f} MB), 1-3 cuts each")
     double_lines = args.double_lines or args.lines
+    seed = args.seed
     rows: list[tuple[str, tuple[int, int] | str]] = [
-        ("ours, local service (default)", ours_local(args.runs, args.lines, random.Random(args.seed))),
+        ("ours, local service (default)", ours_local(args.runs, args.lines, random.Random(seed))),
         (f"ours, E2B double, resumable=True ({double_lines} lines)",
-         ours_double_resumable(args.runs, double_lines, random.Random(args.seed))),
-        ("official e2b SDK, local service", official_sdk(args.runs, args.lines, random.Random(args.seed))),
+         ours_double_resumable(args.runs, double_lines, random.Random(seed))),
+        ("official e2b SDK, local service", official_sdk(args.runs, args.lines, random.Random(seed))),
     ]  # fmt: skip
     for name, outcome in rows:
         if isinstance(outcome, str):
