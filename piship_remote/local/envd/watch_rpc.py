@@ -1,7 +1,7 @@
 """envd's watcher RPCs on the local service: ``WatchDir`` (a server stream), and
 ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` (unary, polled).
 
-The path is resolved inside the sandbox first (``cd -P``, so a symlink means what
+The path is resolved inside the sandbox first, by its agent (so a symlink means what
 it means there), with envd's errors: ``path <p> not found``, ``path <p> not a
 directory``, and ``internal`` ``error statting path <p>: stat <p>: permission
 denied`` or ``error adding path <p> to watcher: permission denied`` for a place the
@@ -32,8 +32,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from piship_remote._http_server.messages import Reply
 from piship_remote.local.envd.watcher import DirWatch, WatchEvent, WatchPump
 from piship_remote.local.isolation.user_map import Identity
-from piship_remote.local.sandbox.fs import ENTRY_FORMAT, parse_entries, run
-from piship_remote.local.sandbox.metadata import reader
+from piship_remote.local.sandbox.fs import FilesFailed, call, entries_of
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.connect import connect_envelope
 from piship_remote.wire.e2b_json import WireError, end_stream_frame, to_json, unstructure
@@ -45,21 +44,7 @@ __all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
 MAX_WATCHERS = 64
 CONNECT_JSON = "application/connect+json"
 T = TypeVar("T")
-_A, _B, _NO_STAT, _NO_READ = 10, 11, 12, 13
-_CANONICAL = f"""if [ ! -e "$1" ]; then
-  case $(LC_ALL=C stat -L -- "$1" 2>&1) in *"ermission denied"*) exit {_NO_STAT};; esac
-  exit {_A}
-fi
-[ -d "$1" ] || exit {_B}
-cd -P -- "$1" 2>/dev/null && [ -r . ] || exit {_NO_READ}
-pwd -P"""
-# N PATH... READER...: each PATH still there described (find), then their metadata.
-_DESCRIBE = f"""n=$1; shift; i=0
-while [ "$i" -lt "$n" ]; do
-  find "$1" -maxdepth 0 -printf '{ENTRY_FORMAT}' 2>/dev/null
-  set -- "$@" "$1"; shift; i=$((i + 1))
-done
-"$@" 2>/dev/null; exit 0"""
+DESCRIBED_AT_ONCE = 200
 _WITH_ENTRY = frozenset({"EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD"})
 
 
@@ -148,9 +133,14 @@ class _Watcher:
         if not names:
             return {}
         paths = [posixpath.join(self.path, name) for name in names]
-        args = (str(len(paths)), *paths, *reader(self.sandbox), "0")
-        ran = run(self.sandbox, _DESCRIBE, *args, user=self.user)
-        by_path = {e.path: unstructure(e) for e in parse_entries(ran.stdout)}
+        by_path: dict[str, dict[str, object]] = {}
+        for start in range(0, len(paths), DESCRIBED_AT_ONCE):
+            batch = {"paths": paths[start : start + DESCRIBED_AT_ONCE]}
+            try:
+                found = call(self.sandbox, "describe", batch, user=self.user)
+            except (FilesFailed, OSError):
+                continue
+            by_path.update({e.path: unstructure(e) for e in entries_of(found)})
         return {n: by_path[p] for n, p in zip(names, paths, strict=True) if p in by_path}
 
 
@@ -232,19 +222,10 @@ class Watches:
             path = resolve(request.path, self._home if user is None else user.home)
         except PathError as e:
             raise WatchFailed("invalid_argument", str(e)) from None
-        ran = run(sandbox, _CANONICAL, path, user=user)
-        if ran.exit_code == _A:
-            raise WatchFailed("not_found", f"path {path} not found: no such file or directory")
-        if ran.exit_code == _B:
-            raise WatchFailed("invalid_argument", f"path {path} not a directory: not a directory")
-        if ran.exit_code == _NO_STAT:  # envd's os.Stat failing
-            reason = f"stat {path}: permission denied"
-            raise WatchFailed("internal", f"error statting path {path}: {reason}")
-        if ran.exit_code == _NO_READ:  # envd's inotify watch failing on a directory it may not read
-            raise WatchFailed("internal", f"error adding path {path} to watcher: permission denied")
-        if ran.exit_code != 0:
-            raise WatchFailed("internal", f"error resolving {path}: {ran.error_text[-300:]}")
-        canonical = ran.stdout.decode(errors="replace").strip()
+        try:
+            canonical = str(call(sandbox, "canonical", {"path": path}, user=user))
+        except FilesFailed as e:
+            raise _watch_refusal(path, e) from None
         host_root, relative = _host_place(sandbox, canonical)
         if host_root is None:
             places = ", ".join(sandbox.host_dirs)
@@ -272,6 +253,20 @@ class Watches:
             found = self._watchers.pop(watcher_id, None)
         if found is not None:
             self._pump.remove(found.watch)
+
+
+def _watch_refusal(path: str, failure: FilesFailed) -> WatchFailed:
+    """envd's refusal of a watch of ``path`` (its stat or its inotify watch failing)."""
+    if failure.code == "ENOENT":
+        return WatchFailed("not_found", f"path {path} not found: no such file or directory")
+    if failure.code == "ENOTDIR":
+        return WatchFailed("invalid_argument", f"path {path} not a directory: not a directory")
+    if failure.code == "EACCES" and failure.details.get("stage") == "stat":
+        reason = f"stat {path}: permission denied"
+        return WatchFailed("internal", f"error statting path {path}: {reason}")
+    if failure.code == "EACCES":
+        return WatchFailed("internal", f"error adding path {path} to watcher: permission denied")
+    return WatchFailed("internal", f"error resolving {path}: {failure.reason}")
 
 
 def _host_place(sandbox: Sandbox, canonical: str) -> tuple[str | None, str]:

@@ -14,6 +14,7 @@ a paused sandbox is refused.
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import threading
@@ -256,6 +257,32 @@ class Sandbox:
                 raise SandboxGone(self._deleted)
         with self.pause_state.running():
             return self._vm.dial(port)
+
+    def files(
+        self,
+        call: str,
+        args: Mapping[str, object],
+        *,
+        user: Identity | None = None,
+        data: int | None = None,
+    ) -> int:
+        """Ask the sandbox's agent for a files request as ``user`` (default: the sandbox's);
+        ``data`` (a pipe end) is closed here. Returns the read end of the answer's pipe (see
+        :mod:`piship_remote.local.sandbox.fs`); :class:`SandboxGone`, or ``Paused``."""
+        who = user or self._default
+        uid = who.uid if self._jail.root_home is not None else None
+        handed = False
+        try:
+            with self._lock:
+                if self._deleted is not None:
+                    raise SandboxGone(self._deleted)
+                vm = self._vm
+            with self.pause_state.running():
+                handed = True  # closed by the request from here on
+                return vm.files(call, args, uid=uid, data=data)
+        finally:
+            if data is not None and not handed:
+                os.close(data)
 
     def forget(self, process: LocalProcess) -> None:
         """Drop a finished process from the sandbox's list."""
