@@ -53,6 +53,7 @@ from piship_remote.local.isolation.limits import (
 from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
+from piship_remote.local.sandbox.snapshots import DEFAULT_SNAPSHOT_BUDGET
 from piship_remote.local.sandbox.templates import prepare_templates, template_names
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
@@ -88,6 +89,8 @@ class LocalE2bService:
     sandbox directories are made (default: the system temporary directory); the
     directories there of services whose process is gone are removed at start.
     ``max_processes``, ``max_memory_mib`` and ``max_disk_mib`` bound each sandbox;
+    ``max_snapshot_disk_mib`` bounds the host disk all snapshots take together (a snapshot
+    that would pass it is refused, 507, and leaves nothing behind; forks take none);
     ``templates`` maps a template name to a directory holding a root filesystem or to an
     image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
     unpacked once into the service's files; ``base`` is the host's ``/usr``, and a create
@@ -113,6 +116,7 @@ class LocalE2bService:
         max_processes: int = DEFAULT_PROCESSES,
         max_memory_mib: int = DEFAULT_MEMORY_MIB,
         max_disk_mib: int = DEFAULT_DISK_MIB,
+        max_snapshot_disk_mib: int = DEFAULT_SNAPSHOT_BUDGET // MIB,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
@@ -129,6 +133,9 @@ class LocalE2bService:
             limits = Limits(max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime)
         except ValueError as e:
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+        if max_snapshot_disk_mib < 0:
+            message = "max_snapshot_disk_mib must be 0 (no snapshots) or more"
+            raise PiShipError(CONFIG_INVALID, message, component=COMPONENT)
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         parent = os.fspath(root) if root is not None else tempfile.gettempdir()
@@ -155,6 +162,7 @@ class LocalE2bService:
             max_sandboxes=max_sandboxes,
             limits=limits,
             templates=offered,
+            snapshot_budget=max_snapshot_disk_mib * MIB,
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
         self._envd = Envd(self._registry)
@@ -284,7 +292,7 @@ def serve(
 
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
     ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
-    ``max_memory_mib``, ``max_disk_mib``, ``max_lifetime``).
+    ``max_memory_mib``, ``max_disk_mib``, ``max_lifetime``) and ``max_snapshot_disk_mib``.
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()

@@ -659,17 +659,18 @@ class _Unpacker:
         self._owners = owners
         self._place: str | None = None
         self._path: list[str] = []
+        self._here = ""  # self._path joined
         self._dirs: list[tuple[tarfile.TarInfo, os.stat_result]] = []
         self._top: tarfile.TarInfo | None = None
 
     def apply(self, member: tarfile.TarInfo, source: tarfile.TarFile) -> None:
-        place, parts = self._split(member.name)
-        if not parts:  # the place itself: settled once its entries are in
-            self._go(place, [])
+        place, relative = self._split(member.name)
+        if not relative:  # the place itself: settled once its entries are in
+            self._go(place, "")
             self._top = member
             return
-        self._go(place, parts[:-1])
-        name = parts[-1]
+        parent, _, name = relative.rpartition("/")
+        self._go(place, parent)
         if name in ("", ".", "..") or "\0" in name:
             raise ValueError("the copy names an entry outside its place")
         if member.isdir():
@@ -685,18 +686,21 @@ class _Unpacker:
             self._file(member, name, source)
 
     def finish(self) -> None:
-        self._go(None, [])
+        self._go(None, "")
 
-    def _split(self, name: str) -> tuple[str, list[str]]:
+    def _split(self, name: str) -> tuple[str, str]:
+        """The place ``name`` is in, and its path below it."""
         for root in sorted(self._places, key=len, reverse=True):
             if name == root:
-                return root, []
+                return root, ""
             if name.startswith(root + "/"):
-                return root, name[len(root) + 1 :].split("/")
+                return root, name[len(root) + 1 :]
         raise ValueError("the copy names a place this sandbox does not have")
 
-    def _go(self, place: str | None, parts: list[str]) -> None:
-        """Make ``parts`` of ``place`` the working directory (climbing out of what is done)."""
+    def _go(self, place: str | None, parent: str) -> None:
+        """Make ``parent`` in ``place`` the working directory (climbing out of what is done)."""
+        if place == self._place and parent == self._here:
+            return  # the common case: the next entry of the same directory
         if place != self._place:
             while self._path:
                 self._leave()
@@ -707,6 +711,7 @@ class _Unpacker:
             if place is None:
                 return
             os.chdir(self._places[place])
+        parts = parent.split("/") if parent else []
         keep = 0
         while keep < min(len(parts), len(self._path)) and parts[keep] == self._path[keep]:
             keep += 1
@@ -719,11 +724,13 @@ class _Unpacker:
         above = os.lstat(".")
         _enter(name, os.lstat(name))
         self._path.append(name)
+        self._here = f"{self._here}/{name}" if self._here else name
         self._dirs.append((member, above))
 
     def _leave(self) -> None:
         member, above = self._dirs.pop()
         name = self._path.pop()
+        self._here = self._here.rpartition("/")[0]
         _climb(above)
         self._settle(member, name)
 
@@ -753,7 +760,8 @@ class _Unpacker:
             stream = source.fileobj
             assert stream is not None
             stream.seek(member.offset_data)
-            segments: list[tuple[int, int]] = getattr(member, "sparse", None) or [(0, member.size)]
+            sparse: list[tuple[int, int]] | None = getattr(member, "sparse", None)
+            segments = [(0, member.size)] if sparse is None else sparse
             for offset, length in segments:
                 os.lseek(fd, offset, os.SEEK_SET)
                 left = length
