@@ -458,7 +458,7 @@ def _enter(name: str, expected: os.stat_result) -> None:
     try:
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino) != (expected.st_dev, expected.st_ino):
-            raise OSError(errno.EAGAIN, "the directory changed while it was walked", name)
+            raise OSError(errno.ENOENT, "the directory was replaced while it was walked", name)
         os.fchdir(fd)
     finally:
         os.close(fd)
@@ -469,7 +469,7 @@ def _climb(expected: os.stat_result) -> None:
     os.chdir("..")
     info = os.lstat(".")
     if (info.st_dev, info.st_ino) != (expected.st_dev, expected.st_ino):
-        raise OSError(errno.EAGAIN, "the tree changed while it was walked")
+        raise Refused("EAGAIN", message="the files were moved while they were copied; try again")
 
 
 def remove_tree(path: str) -> None:
@@ -535,7 +535,10 @@ def _export_place(place: str, out: BinaryIO) -> None:
             _put(out, _header(name, info, tarfile.DIRTYPE, here), None)
         elif stat.S_ISLNK(info.st_mode):
             member = _header(name, info, tarfile.SYMTYPE, None)
-            member.linkname = os.readlink(here)
+            try:
+                member.linkname = os.readlink(here)
+            except OSError:
+                continue  # no longer a symlink: what the sandbox changes meanwhile is left out
             _put(out, member, None)
         elif stat.S_ISREG(info.st_mode):
             _export_file(out, name, here, info)
