@@ -219,9 +219,13 @@ class Agent:
         else:
             if self.files is None:
                 self.files = _load_files()
-            pid = os.fork()
-            if pid == 0:
-                self._helper(message, uid, reply, data)
+            self._set_oom_score(OOM_KILLABLE)  # what the helper inherits
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    self._helper(message, uid, reply, data)
+            finally:
+                self._set_oom_score(OOM_PROTECTED)
             self.helpers.add(pid)
         for fd in fds:
             os.close(fd)
