@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from local_service_support import PROBLEM, Client
 
-from attacks.attack_support import python_in
 from piship_remote.local import LocalE2bService
+from tests.support.attacks import python_in
+from tests.support.local_service import PROBLEM, Client
 
 pytestmark = [
     pytest.mark.skipif(PROBLEM is not None, reason=f"bubblewrap cannot run: {PROBLEM}"),

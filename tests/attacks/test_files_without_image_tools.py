@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import requests
-from image_support import minimal_rootfs
-from local_service_support import PROBLEM, Client
 
 from piship_remote.local import LocalE2bService
+from tests.support.image import minimal_rootfs
+from tests.support.local_service import PROBLEM, Client
 
 pytestmark = [
     pytest.mark.skipif(PROBLEM is not None, reason=f"bubblewrap cannot run: {PROBLEM}"),

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from local_service_support import PROBLEM, Client, start_as
 
-from attacks.attack_support import AS_ROOT, needs_host_root, python_in, sandbox_pids
 from piship_remote.local import LocalE2bService
+from tests.support.attacks import AS_ROOT, needs_host_root, python_in, sandbox_pids
+from tests.support.local_service import PROBLEM, Client, start_as
 
 pytestmark = [
     pytest.mark.skipif(PROBLEM is not None, reason=f"bubblewrap cannot run: {PROBLEM}"),

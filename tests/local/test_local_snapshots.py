@@ -1,6 +1,5 @@
 """The local service's snapshot store (names, limits, its disk budget) and its list time
-filter; the copies themselves are made by the sandboxes' agents (see tests/attacks/ and
-tests/test_local_copies.py)."""
+filter; the copies themselves are made by the sandboxes' agents (see tests/attacks/)."""
 
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ import shlex
 from typing import Any
 
 import pytest
-from local_service_support import Client, run_as
 
 from piship_remote.local import LocalE2bService
+from tests.support.local_service import Client, run_as
 
 AS_ROOT = os.geteuid() == 0
 needs_host_root = pytest.mark.skipif(not AS_ROOT, reason="needs a service run as host root")
