@@ -5,11 +5,12 @@ The path is resolved inside the sandbox first, by its agent (so a symlink means 
 it means there), with envd's errors: ``path <p> not found``, ``path <p> not a
 directory``, and ``internal`` ``error statting path <p>: stat <p>: permission
 denied`` or ``error adding path <p> to watcher: permission denied`` for a place the
-user may not reach or read (where envd's stat or inotify fails). It is then watched
-on the host through :class:`DirWatch`. Only the sandbox's own writable places can
-be watched (its home, ``/tmp``, ``/dev/shm``, root's home); other paths are refused
-with ``invalid_argument``. A sandbox holds at most :data:`MAX_WATCHERS` watchers;
-they all end with it (a ``WatchDir`` stream then ends with ``unavailable``)::
+user may not reach or read (where envd's stat or inotify fails). The agent then
+watches it, inside the sandbox, as the user; its events come to a :class:`DirWatch`.
+Only the sandbox's own writable places can be watched (its home, ``/tmp``,
+``/dev/shm``, root's home); other paths are refused with ``invalid_argument``. A sandbox
+holds at most :data:`MAX_WATCHERS` watchers; they all end with it (a ``WatchDir`` stream
+then ends with ``unavailable``)::
 
     watches = Watches(home="/home/user")
     reply = watches.create(sandbox, b'{"path": "src", "recursive": true}')  # {"watcherId"}
@@ -32,7 +33,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from piship_remote._http_server.messages import Reply
 from piship_remote.local.envd.watcher import DirWatch, WatchEvent, WatchPump
 from piship_remote.local.isolation.user_map import Identity
-from piship_remote.local.sandbox.fs import FilesFailed, call, entries_of
+from piship_remote.local.sandbox.fs import FilesFailed, call, entries_of, watch
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.connect import connect_envelope
 from piship_remote.wire.e2b_json import WireError, end_stream_frame, to_json, unstructure
@@ -226,20 +227,17 @@ class Watches:
             canonical = str(call(sandbox, "canonical", {"path": path}, user=user))
         except FilesFailed as e:
             raise _watch_refusal(path, e) from None
-        host_root, relative = _host_place(sandbox, canonical)
-        if host_root is None:
+        if not _in_places(sandbox, canonical):
             places = ", ".join(sandbox.host_dirs)
             raise WatchFailed(
                 "invalid_argument",
                 f"cannot watch {path}: the local service watches directories under {places} only",
             )
         try:
-            watch = DirWatch.open(
-                host_root=host_root, relative=relative, recursive=request.recursive
-            )
-        except OSError as e:
-            raise WatchFailed("invalid_argument", f"cannot watch {path}: {e.strerror}") from None
-        return _Watcher(sandbox, watch, path, request.include_entry, user)
+            events = watch(sandbox, canonical, recursive=request.recursive, user=user)
+        except FilesFailed as e:
+            raise _watch_refusal(path, e) from None
+        return _Watcher(sandbox, DirWatch(events), path, request.include_entry, user)
 
     def _find(self, sandbox: Sandbox, watcher_id: str) -> _Watcher:
         with self._lock:
@@ -269,12 +267,12 @@ def _watch_refusal(path: str, failure: FilesFailed) -> WatchFailed:
     return WatchFailed("internal", f"error resolving {path}: {failure.reason}")
 
 
-def _host_place(sandbox: Sandbox, canonical: str) -> tuple[str | None, str]:
-    """The host directory holding the sandbox path ``canonical``, and the path below it."""
-    for inside, host in sorted(sandbox.host_dirs.items(), key=lambda kv: -len(kv[0])):
-        if canonical == inside or canonical.startswith(inside.rstrip("/") + "/"):
-            return host, canonical[len(inside) :].lstrip("/")
-    return None, ""
+def _in_places(sandbox: Sandbox, canonical: str) -> bool:
+    """Whether the sandbox path ``canonical`` is in one of the sandbox's writable places."""
+    return any(
+        canonical == inside or canonical.startswith(inside.rstrip("/") + "/")
+        for inside in sandbox.host_dirs
+    )
 
 
 def _event(event: WatchEvent, entry: dict[str, object] | None) -> dict[str, object]:

@@ -14,6 +14,8 @@ pipe), never held whole::
     serve("export", {"places": ["/home/user", "/tmp"]}, reply, out)   # a tar stream
     serve("import", {"places": ["/home/user", "/tmp"]}, reply, in_)
     serve("empty", {"places": ["/home/user"]}, reply, None)  # a deleted sandbox's home
+    serve("watch", {"path": "/home/user", "recursive": True}, reply, out)  # events, until
+                                                                           # out is closed
 
 Entries are answered as a listing: for each, the fields ``find -printf`` would print
 (type, target type, size, mode, owner, group, mtime, link target, path), each ended by a
@@ -34,11 +36,13 @@ when it is unpacked.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import stat
 import tarfile
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any, BinaryIO
 
 PIECE = 1024 * 1024
@@ -810,6 +814,26 @@ def _import(args: dict[str, Any], _: int, data: int | None) -> object:
     return {}
 
 
+def _watch(args: dict[str, Any], reply: int, data: int | None) -> object:
+    """Watch a directory until the host closes ``data`` (see ``agent_watch.py``)."""
+    assert data is not None
+    real = str(_canonical(args, reply, None))
+    watching = _sibling("agent_watch")
+    watching.watch(real, bool(args.get("recursive")), lambda: _answer(reply, {"ok": real}), data)
+    return _ANSWERED
+
+
+def _sibling(name: str) -> ModuleType:
+    """The shipped module ``name``, beside this file (the sandbox has no package)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"piship_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 _CALLS = {
     "stat": _stat,
     "describe": _describe,
@@ -821,6 +845,7 @@ _CALLS = {
     "read": _read,
     "write": _write,
     "canonical": _canonical,
+    "watch": _watch,
     "usage": _usage,
     "export": _export,
     "import": _import,

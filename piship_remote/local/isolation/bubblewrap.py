@@ -104,6 +104,7 @@ _HOST_ETC = (
 _NETWORK_ETC = ("gai.conf",)
 AGENT_PATH = "/run/piship/agent.py"
 AGENT_FILES_PATH = "/run/piship/agent_files.py"
+AGENT_WATCH_PATH = "/run/piship/agent_watch.py"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCAL_BIN = "/usr/local/bin"
 SUDO_PATH = LOCAL_BIN + "/sudo"
@@ -379,6 +380,7 @@ class Jail:
         if python is not None:
             files[AGENT_PATH] = agent_source()
             files[AGENT_FILES_PATH] = agent_source("agent_files.py")
+            files[AGENT_WATCH_PATH] = agent_source("agent_watch.py")
             if self.rootfs is None:
                 files[SUDO_PATH] = sudo_source()
             prefix = python_prefix(python)

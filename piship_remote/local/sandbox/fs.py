@@ -11,6 +11,7 @@ are streamed through pipes; nothing holds a whole file::
     call(sandbox, "remove", {"path": "/home/user/x"}, user=root)    # as root (an Identity)
     size, chunks = read(sandbox, "/home/user/big.bin")              # FilesFailed if not
     write(sandbox, "/home/user/new.txt", source, metadata=None)     # source(n) -> bytes
+    events = watch(sandbox, "/home/user/src", recursive=True)      # a pipe of JSON lines
 
 A refusal is :class:`FilesFailed`, its ``code`` the errno's name (``ENOENT``, ``EACCES``,
 ``EROFS``, ``ENOSPC``, …). Paths come from :func:`resolve`: relative to the home, ``~``
@@ -46,6 +47,7 @@ __all__ = [
     "parse_entries",
     "read",
     "resolve",
+    "watch",
     "write",
 ]
 
@@ -133,6 +135,20 @@ def write(
         if data_write >= 0:
             os.close(data_write)
     files_answer(reply)
+
+
+def watch(sandbox: Sandbox, path: str, *, recursive: bool, user: Identity | None = None) -> int:
+    """Have the agent watch directory ``path``; the read end of the pipe its events come on
+    (one JSON line each, see :mod:`piship_remote.local.envd.watcher`), once the watch is set.
+    Closing it ends the watch."""
+    data_read, data_write = os.pipe()
+    try:
+        args = {"path": path, "recursive": recursive}
+        files_answer(sandbox.files("watch", args, user=user, data=data_write))
+    except BaseException:
+        os.close(data_read)
+        raise
+    return data_read
 
 
 def entries_of(value: object) -> list[EntryInfo]:
