@@ -45,7 +45,8 @@ __all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
 MAX_WATCHERS = 64
 CONNECT_JSON = "application/connect+json"
 T = TypeVar("T")
-DESCRIBED_AT_ONCE = 200
+DESCRIBED_AT_ONCE = 16 * 1024
+"""The bytes of paths one describe request carries (a request is one packet to the agent)."""
 _WITH_ENTRY = frozenset({"EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD"})
 
 
@@ -135,10 +136,9 @@ class _Watcher:
             return {}
         paths = [posixpath.join(self.path, name) for name in names]
         by_path: dict[str, dict[str, object]] = {}
-        for start in range(0, len(paths), DESCRIBED_AT_ONCE):
-            batch = {"paths": paths[start : start + DESCRIBED_AT_ONCE]}
+        for batch in _batches(paths):
             try:
-                found = call(self.sandbox, "describe", batch, user=self.user)
+                found = call(self.sandbox, "describe", {"paths": batch}, user=self.user)
             except (FilesFailed, OSError):
                 continue
             by_path.update({e.path: unstructure(e) for e in entries_of(found)})
@@ -251,6 +251,20 @@ class Watches:
             found = self._watchers.pop(watcher_id, None)
         if found is not None:
             self._pump.remove(found.watch)
+
+
+def _batches(paths: list[str]) -> Iterator[list[str]]:
+    """``paths`` in runs of at most :data:`DESCRIBED_AT_ONCE` bytes (at least one each)."""
+    batch: list[str] = []
+    size = 0
+    for path in paths:
+        if batch and size + len(path) > DESCRIBED_AT_ONCE:
+            yield batch
+            batch, size = [], 0
+        batch.append(path)
+        size += len(path) + 4
+    if batch:
+        yield batch
 
 
 def _watch_refusal(path: str, failure: FilesFailed) -> WatchFailed:
