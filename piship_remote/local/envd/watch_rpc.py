@@ -43,6 +43,7 @@ from piship_remote.wire.envd_paths import PathError, resolve
 __all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
 
 MAX_WATCHERS = 64
+SYNC_TIMEOUT = 2.0
 CONNECT_JSON = "application/connect+json"
 T = TypeVar("T")
 DESCRIBED_AT_ONCE = 16 * 1024
@@ -125,6 +126,7 @@ class _Watcher:
 
     def events(self) -> list[dict[str, object]]:
         """The events since the last call, as envd sends them."""
+        self.watch.sync(SYNC_TIMEOUT)  # what happened before the request is in it
         taken = self.watch.take()
         described = self._described(taken) if self.entries else {}
         return [_event(e, described.get(e.name)) for e in taken]

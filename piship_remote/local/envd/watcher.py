@@ -2,13 +2,14 @@
 
 The sandbox's agent watches the directory itself, inside the sandbox, as the requesting
 user (inotify, see :mod:`piship_remote.local.isolation.agent_watch`), and writes each event
-as a JSON line on a pipe; the host opens no path of the sandbox. A :class:`DirWatch` holds
-the read end of that pipe::
+as a JSON line on a socket; the host opens no path of the sandbox. A :class:`DirWatch` holds
+the host's end of that socket::
 
     pump = WatchPump()
-    watch = DirWatch(pipe_read_end)   # the agent's helper writes the other end
+    watch = DirWatch(connection)      # a socket: the agent's helper writes the other end
     pump.add(watch)                   # its events are read as they happen
     watch.wait(50.0)                  # True when events wait (or it ended)
+    watch.sync(2.0)                   # every event so far is in (the helper says so)
     watch.take()                      # [WatchEvent("a.txt", "EVENT_TYPE_CREATE"), ...]
     pump.remove(watch)                # and closes it: the helper ends
 
@@ -46,7 +47,7 @@ class WatchEvent:
 
 
 class DirWatch:
-    """The events of one directory watch, read from the agent's pipe (non-blocking)."""
+    """The events of one directory watch, read from the agent's socket (non-blocking)."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
@@ -56,6 +57,8 @@ class DirWatch:
         self._pending: deque[WatchEvent] = deque(maxlen=MAX_EVENTS)
         self._closed = False
         self._ended = False
+        self._asked = 0  # syncs asked of the helper, and answered
+        self._synced = 0
 
     @property
     def closed(self) -> bool:
@@ -63,7 +66,7 @@ class DirWatch:
         return self._closed or self._ended
 
     def fileno(self) -> int:
-        """The pipe's read end (readable when events wait)."""
+        """The socket (readable when events wait)."""
         return self._fd
 
     def pump(self) -> bool:
@@ -87,6 +90,20 @@ class DirWatch:
         with self._lock:
             return self._lock.wait_for(lambda: bool(self._pending) or self.closed, timeout)
 
+    def sync(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until every event that happened before this call
+        is among the untaken ones: the helper reads what the kernel holds and says so."""
+        with self._lock:
+            if self.closed:
+                return
+            self._asked += 1
+            target = self._asked
+            try:
+                os.write(self._fd, b"s")
+            except OSError:
+                return
+            self._lock.wait_for(lambda: self._synced >= target or self.closed, timeout)
+
     def take(self) -> list[WatchEvent]:
         """The events since the last call."""
         with self._lock:
@@ -95,7 +112,7 @@ class DirWatch:
             return taken
 
     def close(self) -> None:
-        """Stop watching (the helper sees the pipe closed and ends); idempotent."""
+        """Stop watching (the helper sees the socket closed and ends); idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -108,11 +125,13 @@ class DirWatch:
         if len(self._buffer) > MAX_LINE:
             self._buffer = b""  # not an event line: dropped
         for line in lines:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, AttributeError):
                 event = json.loads(line)
                 name, kind = event.get("name"), event.get("type")
                 if isinstance(name, str) and isinstance(kind, str):
                     self._pending.append(WatchEvent(name, kind))
+                elif event.get("sync") is True:
+                    self._synced += 1
 
 
 class WatchPump:

@@ -4,8 +4,9 @@ Run by the helper the agent forks for a ``watch`` request (see ``agent_files.py`
 library only, ``ctypes`` for inotify): it watches the directory (and, ``recursive``, every
 directory below it: a new one is watched at once and what it already holds is reported as
 created) and writes each event as a JSON line ``{"name": "src/a.txt", "type":
-"EVENT_TYPE_CREATE"}`` on ``data``, named relative to the watched directory, until the host
-closes the other end::
+"EVENT_TYPE_CREATE"}`` on ``data`` (a socket), named relative to the watched directory,
+until the host closes the other end; a byte from the host asks for every event so far,
+then a ``{"sync": true}`` line::
 
     watch("/home/user/src", True, ready, data)   # ready() once the watch is set
 """
@@ -152,19 +153,28 @@ class _Watch:
 
 
 def watch(path: str, recursive: bool, ready: Callable[[], None], data: int) -> None:
-    """Watch ``path``; call ``ready`` once the watch is set; write its events on ``data``."""
+    """Watch ``path``; call ``ready`` once the watch is set; write its events on ``data`` (a
+    socket) until the host closes it. A byte from the host asks for a sync: every event the
+    kernel holds is written, then ``{"sync": true}``."""
     os.chdir(path)
     watched = _Watch(recursive)
     events = watched.start()
     ready()
     poller = select.poll()
     poller.register(watched.fd, select.POLLIN)
-    poller.register(data, 0)  # only its error: the host closed the watch
+    poller.register(data, select.POLLIN)
     with open(data, "wb", buffering=PIECE, closefd=False) as out:
+        synced = False
         while True:
             for name, kind in events:
                 out.write(json.dumps({"name": name, "type": kind}).encode() + b"\n")
+            if synced:
+                out.write(b'{"sync": true}\n')
             out.flush()
-            if any(fd == data for fd, _ in poller.poll()):
-                return
+            ready_fds = dict(poller.poll())
+            synced = False
+            if data in ready_fds:
+                if not os.read(data, 64):
+                    return  # the host closed the watch
+                synced = True
             events = watched.read()

@@ -11,7 +11,7 @@ are streamed through pipes; nothing holds a whole file::
     call(sandbox, "remove", {"path": "/home/user/x"}, user=root)    # as root (an Identity)
     size, chunks = read(sandbox, "/home/user/big.bin")              # FilesFailed if not
     write(sandbox, "/home/user/new.txt", source, metadata=None)     # source(n) -> bytes
-    events = watch(sandbox, "/home/user/src", recursive=True)      # a pipe of JSON lines
+    events = watch(sandbox, "/home/user/src", recursive=True)      # a socket of JSON lines
 
 A refusal is :class:`FilesFailed`, its ``code`` the errno's name (``ENOENT``, ``EACCES``,
 ``EROFS``, ``ENOSPC``, …). Paths come from :func:`resolve`: relative to the home, ``~``
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import socket
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
@@ -138,17 +139,17 @@ def write(
 
 
 def watch(sandbox: Sandbox, path: str, *, recursive: bool, user: Identity | None = None) -> int:
-    """Have the agent watch directory ``path``; the read end of the pipe its events come on
-    (one JSON line each, see :mod:`piship_remote.local.envd.watcher`), once the watch is set.
-    Closing it ends the watch."""
-    data_read, data_write = os.pipe()
+    """Have the agent watch directory ``path``; the socket its events come on (one JSON line
+    each, see :mod:`piship_remote.local.envd.watcher`), once the watch is set. Closing it
+    ends the watch."""
+    kept, sent = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         args = {"path": path, "recursive": recursive}
-        files_answer(sandbox.files("watch", args, user=user, data=data_write))
+        files_answer(sandbox.files("watch", args, user=user, data=sent.detach()))
     except BaseException:
-        os.close(data_read)
+        kept.close()
         raise
-    return data_read
+    return kept.detach()
 
 
 def entries_of(value: object) -> list[EntryInfo]:
