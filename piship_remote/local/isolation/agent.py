@@ -19,8 +19,7 @@ message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
     {"op": "files", "call": "read", "args": {"path": …}, "uid": 1000}  + fds [reply, (data)]
 
 ``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}`` (and ``"size"``,
-``{"cols", "rows"}``, for a pty; ``"limited": false`` for the service's file helpers, which
-stay in the agent's memory group), so command text and environment values never
+``{"cols", "rows"}``, for a pty), so command text and environment values never
 appear in any host process's argv or environ. A pty command runs on a fresh
 pseudo-terminal opened here, inside the sandbox; the agent sends its master end
 back over ``channel`` (a socket) and keeps nothing of it. On the
@@ -326,7 +325,7 @@ class Agent:
                 stderr=stdio[2],
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=self._in_child(terminal, limited=spec.get("limited", True) is not False),
+                preexec_fn=self._in_child(terminal),
                 **identity,
             )
         except OSError as e:
@@ -338,10 +337,9 @@ class Agent:
         finally:
             self._set_oom_score(OOM_PROTECTED)
 
-    def _in_child(self, terminal: bool, *, limited: bool) -> Callable[[], None] | None:
-        """What the child does before its program: join the commands' cgroup (``limited``),
-        take the pty."""
-        group = self.command_group if limited else None
+    def _in_child(self, terminal: bool) -> Callable[[], None] | None:
+        """What the child does before its program: join the commands' cgroup, take the pty."""
+        group = self.command_group
         if group is None and not terminal:
             return None
 
