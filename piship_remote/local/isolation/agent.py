@@ -216,16 +216,18 @@ class Agent:
         if uid not in (ROOT_UID, USER_UID) or (uid == ROOT_UID and not self.capable):
             _write(reply, {"error": {"errno": "EPERM", "message": f"no such user (uid {uid!r})"}})
         else:
-            if self.files is None:
-                self.files = _load_files()
             self._set_oom_score(OOM_KILLABLE)  # what the helper inherits
             try:
+                if self.files is None:
+                    self.files = _load_files()
                 pid = os.fork()
                 if pid == 0:
                     self._helper(message, uid, reply, data)
+                self.helpers.add(pid)
+            except (OSError, ImportError) as e:  # no process left under the sandbox's limit
+                _write(reply, {"error": {"errno": "EAGAIN", "message": str(e)[:200]}})
             finally:
                 self._set_oom_score(OOM_PROTECTED)
-            self.helpers.add(pid)
         for fd in fds:
             os.close(fd)
 
