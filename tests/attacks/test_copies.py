@@ -197,3 +197,15 @@ def test_a_10000_deep_tree_is_forked_snapshotted_and_deleted_cleanly(
 
 def _quoted(script: str) -> str:
     return "'" + script.replace("'", "'\"'\"'") + "'"
+
+
+def test_a_snapshot_past_the_services_disk_budget_is_refused_and_leaves_nothing() -> None:
+    with LocalE2bService(max_snapshot_disk_mib=1) as small:
+        client = Client(small)
+        sandbox = client.create()
+        python_in(client, sandbox, "open('/home/user/two', 'wb').write(b'x' * 2 * 1024**2)")
+        answer = client.control("POST", f"/sandboxes/{sandbox['sandboxID']}/snapshots", json={})
+        assert answer.status_code == 507
+        assert "max_snapshot_disk_mib" in answer.json()["message"]
+        assert os.listdir(os.path.join(small.root, "snapshots")) == []
+        client.session.close()
