@@ -192,6 +192,7 @@ def serve(args: argparse.Namespace) -> int:
             "max_processes",
             "max_memory_mib",
             "max_disk_mib",
+            "max_cpus",
             "max_lifetime",
             "max_snapshot_disk_mib",
         )

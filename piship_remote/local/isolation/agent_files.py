@@ -13,7 +13,6 @@ pipe), never held whole::
     serve("write", {"path": p, "metadata": None}, reply, in_)
     serve("export", {"places": ["/home/user", "/tmp"]}, reply, out)   # a tar stream
     serve("import", {"places": ["/home/user", "/tmp"]}, reply, in_)
-    serve("empty", {"places": ["/home/user"]}, reply, None)  # a deleted sandbox's home
     serve("watch", {"path": "/home/user", "recursive": True}, reply, out)  # events, until
                                                                            # out is closed
 
@@ -505,21 +504,6 @@ def remove_tree(path: str) -> None:
         os.rmdir(name)
 
 
-def _empty(args: dict[str, Any], _: int, __: int | None) -> object:
-    """Remove everything in each place (best effort: what cannot be removed stays)."""
-    for place in args["places"]:
-        try:
-            names = os.listdir(str(place))
-        except OSError:
-            continue
-        for name in names:
-            try:
-                remove_tree(os.path.join(str(place), name))
-            except (OSError, Refused):
-                continue
-    return {}
-
-
 def _clear_files(directory: str = ".") -> list[str]:
     """Unlink everything in ``directory`` but its subdirectories, which it returns."""
     subdirectories = []
@@ -841,7 +825,6 @@ _CALLS = {
     "make_dir": _make_dir,
     "move": _move,
     "remove": _remove,
-    "empty": _empty,
     "read": _read,
     "write": _write,
     "canonical": _canonical,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import select
 import socket
 import threading
 import time
@@ -39,10 +38,7 @@ from piship_remote.local.sandbox.vm import SandboxVm
 from piship_remote.wire.envd import ProcessConfig
 from piship_remote.wire.envd_paths import PathError, resolve
 
-__all__ = ["EMPTY_TIMEOUT", "Sandbox", "SandboxGone", "StartRefused", "Wanted"]
-
-EMPTY_TIMEOUT = 120.0
-"""How long a deleted sandbox's agent may take to empty its home before the host does."""
+__all__ = ["Sandbox", "SandboxGone", "StartRefused", "Wanted"]
 
 
 @attrs.frozen
@@ -333,30 +329,13 @@ class Sandbox:
             ended, self._ended = self._ended, []
         for callback in ended:
             callback()
-        self.pause_state.release()  # a frozen process cannot take its SIGKILL
-        for process in processes:
-            process.kill(reason)
-        if self._jail.scratch_size is not None:
-            self._empty_home()
-        self._vm.close()
-        for process in processes:
-            process.wait(REAP_TIMEOUT)
-        unmount(self._root)
-        remove_tree(self._root)
-
-    def _empty_home(self) -> None:
-        """Have the agent empty the places that are host directories (a home not on a tmpfs
-        of the sandbox's own), inside the sandbox, before the host removes what is left."""
-        who = self.root_user or self._default
-        uid = who.uid if self._jail.root_home is not None else None
-        places = [self._jail.workdir, *self._jail.root_place()]
         try:
-            reply = self._vm.files("empty", {"places": places}, uid=uid, data=None)
-        except OSError:
-            return  # the agent is gone: the host removes it all
-        try:
-            ready, _, _ = select.select([reply], [], [], EMPTY_TIMEOUT)
-            if ready:
-                os.read(reply, 4096)
-        finally:
-            os.close(reply)
+            self.pause_state.release()  # a frozen process cannot take its SIGKILL
+            for process in processes:
+                process.kill(reason)
+            self._vm.close()
+            for process in processes:
+                process.wait(REAP_TIMEOUT)
+        finally:  # whatever failed above, nothing of it stays mounted or on disk
+            unmount(self._root)
+            remove_tree(self._root)
