@@ -192,12 +192,14 @@ class _Forward:
         if upstream[0] not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("a port-forward's upstream must be a loopback address")
         try:
-            return socket.create_connection(upstream, timeout=5.0)
+            connection = socket.create_connection(upstream, timeout=5.0)
         except OSError as error:
             with contextlib.suppress(OSError):
                 self._send(_BINARY, b"\x01" + f"error forwarding port: {error}".encode())
                 self._send(_CLOSE, struct.pack("!H", 1000))
             return None
+        connection.settimeout(None)  # a stream may stay quiet for as long as it likes
+        return connection
 
     def _requests(self, reader: Any, router: socket.socket) -> None:
         """The client's frames to the router, until the client closes."""

@@ -93,7 +93,7 @@ class SandboxdProcesses:
         call = self._stub.start(start)
         forget = cancel.on_cancel(call.cancel)
         pid: int | None = None
-        feeder: _Feeder | None = None
+        feeder: _Feeder | Any = None  # held until the command ends: a dropped future is cancelled
         try:
             for event in call:
                 kind = event.WhichOneof("event")
@@ -115,7 +115,7 @@ class SandboxdProcesses:
             ending = _describe(error)
         finally:
             forget()
-            if feeder is not None:
+            if isinstance(feeder, _Feeder):
                 feeder.stop()
         self._kill(pid)
         raise self._errors(
@@ -147,7 +147,9 @@ class SandboxdProcesses:
             forget()
         return answer.exit_code, answer.stdout, answer.stderr
 
-    def _started(self, request: ExecRequest, pid: int) -> _Feeder | None:
+    def _started(self, request: ExecRequest, pid: int) -> _Feeder | Any:
+        """Bind the handle's controls; feed ``stdin``, or end the input of a command that
+        takes none (a call that is not waited on, but held: see :meth:`run`)."""
         command_input = SandboxdInput(self._stub, pid, self._errors)
         control = request.control
         if control is not None:
@@ -158,7 +160,7 @@ class SandboxdProcesses:
         if not request.takes_input and request.pty is None:
             eof = pb.WriteStdinRequest(process_id=pid)
             eof.eof.SetInParent()
-            self._stub.write_stdin.future(eof, timeout=_CONTROL_TIMEOUT)  # not waited on
+            return self._stub.write_stdin.future(eof, timeout=_CONTROL_TIMEOUT)
         return None
 
     def _kill(self, pid: int | None) -> None:
