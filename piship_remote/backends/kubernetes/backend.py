@@ -85,7 +85,6 @@ from piship_remote.model.redact import Redactor
 from piship_remote.model.report import Capabilities
 from piship_remote.telemetry import Telemetry
 from piship_remote.transport import HttpClient, Transport, check_endpoint
-from piship_remote.transport._cancel import CancelToken
 
 __all__ = [
     "PORT_FORWARD",
@@ -422,8 +421,8 @@ class KubernetesAgentSandboxBackend:
         ``CONFIG_INVALID`` naming the extra when it does and the extra is missing."""
         if self.runtime != "auto":
             return self.runtime == "sandboxd"
-        with manager.command(CancelToken(), direct=True) as use:
-            announced = use.claim.sandboxd_grpc is not None
+        claim = manager.current_claim()
+        announced = claim is not None and claim.sandboxd_grpc is not None
         if announced:
             require_sandboxd()
         return announced

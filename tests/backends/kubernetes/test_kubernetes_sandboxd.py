@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from seed_support import assert_no_library_thread_left, kubernetes
+
+from tests.support.seed import assert_no_library_thread_left, kubernetes
 
 pytest.importorskip("grpc", reason="pip install 'piship-remote[sandboxd]'")
 
