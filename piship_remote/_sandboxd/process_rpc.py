@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import grpc
+try:
+    import grpc
 
-from piship_remote._sandboxd import process_pb2 as pb
+    from piship_remote._sandboxd import process_pb2 as pb
+except ImportError as missing:  # the sandboxd extra
+    raise ImportError(
+        f"sandboxd needs grpcio and protobuf ({missing}): pip install 'piship-remote[sandboxd]'"
+    ) from missing
 
 __all__ = ["SERVICE", "ProcessServicer", "ProcessStub", "service_handler"]
 

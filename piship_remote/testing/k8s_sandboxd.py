@@ -43,9 +43,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grpc
+try:
+    import grpc
 
-from piship_remote._sandboxd import process_pb2 as pb
+    from piship_remote._sandboxd import process_pb2 as pb
+except ImportError as missing:  # the sandboxd extra
+    raise ImportError(
+        f"sandboxd needs grpcio and protobuf ({missing}): pip install 'piship-remote[sandboxd]'"
+    ) from missing
 from piship_remote._sandboxd.process_rpc import SERVICE, service_handler
 from piship_remote.testing.faults import Faults
 from piship_remote.testing.k8s_sandboxd_files import PathEscapes, SandboxdFiles, resolve

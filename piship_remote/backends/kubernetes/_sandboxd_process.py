@@ -20,9 +20,14 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import grpc
+try:
+    import grpc
 
-from piship_remote._sandboxd import process_pb2 as pb
+    from piship_remote._sandboxd import process_pb2 as pb
+except ImportError as missing:  # the sandboxd extra
+    raise ImportError(
+        f"sandboxd needs grpcio and protobuf ({missing}): pip install 'piship-remote[sandboxd]'"
+    ) from missing
 from piship_remote._sandboxd.process_rpc import ProcessStub
 from piship_remote.backends._common import SandboxErrors
 from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
