@@ -199,6 +199,7 @@ class _Forward:
                 self._send(_CLOSE, struct.pack("!H", 1000))
             return None
         connection.settimeout(None)  # a stream may stay quiet for as long as it likes
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
 
     def _requests(self, reader: Any, router: socket.socket) -> None:

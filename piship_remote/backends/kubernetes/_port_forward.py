@@ -243,6 +243,7 @@ class RouterTunnel:
                 return
             try:
                 local, _ = self._listener.accept()
+                local.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small frames go now
             except OSError:
                 return
             name = f"{self._names}-{next(self._counter)}"
