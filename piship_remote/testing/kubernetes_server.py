@@ -155,6 +155,7 @@ from piship_remote.wire.agent_sandbox import SANDBOXES as SANDBOX_RESOURCE
 
 if TYPE_CHECKING:
     from piship_remote.testing.k8s_sandboxd import SandboxdPods
+    from piship_remote.testing.k8s_sandboxd_proxy import SandboxdProxy
 
 __all__ = ["CLAIMS", "RUNTIMES", "Cluster", "ExecuteAnswer", "KubernetesServer", "claims_path"]
 
@@ -267,6 +268,11 @@ class KubernetesServer(RecordingServer):
         self.faults = Faults()
         """Faults on demand (:class:`~piship_remote.testing.faults.Faults`)."""
         self._sandboxd = _sandboxd_pods(self.faults) if runtime == "sandboxd" else None
+        self._proxy = (
+            _sandboxd_proxy(self._sandboxd, self._reaches, self._router_token)
+            if self._sandboxd is not None
+            else None
+        )
         self._router = Router(
             self.store,
             self.cluster,
@@ -311,6 +317,16 @@ class KubernetesServer(RecordingServer):
             return _tree_of(self._sandboxd.pod(SANDBOX_PREFIX + claim_name).root)
         return self._router.files(claim_name)
 
+    @property
+    def sandboxd_proxy(self) -> str:
+        """``runtime="sandboxd"``: the router's gRPC proxy (``127.0.0.1:<port>``), which
+        routes each call by its ``x-sandbox-id`` and ``x-sandbox-namespace`` metadata (the
+        router's HTTP forwards sandboxd's REST surface the same way, ``X-Sandbox-Port``
+        8080)."""
+        if self._proxy is None:
+            raise ValueError('the server runs no sandboxd (KubernetesServer(runtime="sandboxd"))')
+        return str(self._proxy.address)
+
     def sandboxd_address(self, claim_name: str) -> tuple[str, int, int]:
         """``runtime="sandboxd"``: the host, REST port and gRPC port of ``claim_name``'s
         sandboxd on loopback, as a port-forward to its pod reaches them."""
@@ -333,6 +349,8 @@ class KubernetesServer(RecordingServer):
         super().close()
         if self._ticker is not threading.current_thread():
             self._ticker.join()
+        if self._proxy is not None:
+            self._proxy.close()
         if self._sandboxd is not None:
             self._sandboxd.close()
 
@@ -374,6 +392,10 @@ class KubernetesServer(RecordingServer):
             return self._api.handle(request, match)
         if request.path == "/healthz" and request.method == "GET":
             return json_response(200, {"status": "ok"})
+        if self._sandboxd is not None:
+            forwarded = _sandboxd_rest(request, self._sandboxd, self._reaches, _lower(request))
+            if forwarded is not None:
+                return forwarded
         if _ROUTER_PATHS.match(request.path):
             return _response(self._router.handle(_router_request(request)))
         return json_response(404, {})
@@ -410,6 +432,15 @@ class KubernetesServer(RecordingServer):
             for s in self.store.objects(SANDBOX_RESOURCE, namespace)
         }
 
+    def _reaches(self, namespace: str, sandbox: str) -> bool:
+        claim = sandbox.removeprefix(SANDBOX_PREFIX)
+        if claim in self.cluster.expired | self.cluster.router_gone:
+            return False
+        return sandbox in self._live_pods(namespace)
+
+    def _router_token(self) -> str | None:
+        return self.cluster.router_token or self.cluster.token
+
     def _sandboxd_listener(
         self, namespace: str, pod: str, port: int
     ) -> tuple[bool, tuple[str, int] | None]:
@@ -428,6 +459,25 @@ def _sandboxd_pods(faults: Faults) -> SandboxdPods:
             user_action="pip install 'piship-remote[sandboxd]'",
         ) from None
     return Pods(faults)
+
+
+def _sandboxd_proxy(
+    pods: SandboxdPods, reaches: Callable[[str, str], bool], token: Callable[[], str | None]
+) -> SandboxdProxy:
+    from piship_remote.testing.k8s_sandboxd_proxy import SandboxdProxy as Proxy
+
+    return Proxy(pods, reaches, token)
+
+
+def _sandboxd_rest(
+    request: Request,
+    pods: SandboxdPods,
+    reaches: Callable[[str, str], bool],
+    headers: dict[str, str],
+) -> Response | None:
+    from piship_remote.testing.k8s_sandboxd_proxy import rest
+
+    return rest(request, pods, reaches, headers)
 
 
 def _tree_of(root: str) -> dict[str, bytes]:

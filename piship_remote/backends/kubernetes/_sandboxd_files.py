@@ -8,11 +8,12 @@ removes. It has no stat and no mkdir, so those are idempotent commands; a path o
 root moves through a staging file under the root and one ``mv``/``cp``, as on the router's
 runtime (:mod:`._files`)::
 
-    files = SandboxdFiles(transport, errors, workdir=None, claimed=instance.sandboxd_use)
+    files = SandboxdFiles(errors, workdir=None, claimed=instance.sandboxd_use)
     files.write("/workspace/data/in.csv", iter([b"a,b\\n"]))
     files.read("/workspace/data/in.csv", sys.stdout.buffer.write)
 
-No credential goes to sandboxd: it is reached through the library's own port-forward.
+Through the pod's port-forward no credential goes to sandboxd; through the router, the
+router's own, as with its other requests.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from piship_remote.backends.kubernetes._files import (
 from piship_remote.backends.kubernetes._sandboxd_link import SandboxdLink
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.model.transfer import FileInfo
-from piship_remote.transport import HttpClient, HttpReply, TransportError
+from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
 from piship_remote.workspace._sandbox_commands import (
@@ -76,13 +77,11 @@ class SandboxdFiles:
 
     def __init__(
         self,
-        transport: HttpClient,
         errors: SandboxErrors,
         *,
         workdir: str | None,
         claimed: SandboxdScope,
     ) -> None:
-        self._transport = transport
         self._errors = errors
         self._workdir = workdir
         self._claimed = claimed
@@ -251,12 +250,13 @@ class SandboxdFiles:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         options.setdefault("timeout", request_timeout(FILE_TIMEOUT, deadline))
+        headers = {**use.link.headers, "Accept-Encoding": "identity", **options.pop("headers", {})}
         try:
-            return self._transport.request(
+            return use.link.send(
                 method,
                 url,
                 cancel=use.cancel,
-                headers={"Accept-Encoding": "identity", **options.pop("headers", {})},
+                headers=headers,
                 idle_timeout=TRANSFER_IDLE,
                 **options,
             )

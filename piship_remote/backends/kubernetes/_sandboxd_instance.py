@@ -2,7 +2,7 @@
 ``ProcessService`` (live output, stdin, a terminal, a kill that keeps the claim), files
 through its REST surface; the claims are managed as for the router's runtime::
 
-    instance = SandboxdInstance(manager, workdir, on_disposed, links, transport, claims)
+    instance = SandboxdInstance(router, manager, workdir, on_disposed, links, errors, claims)
     instance.exec(ExecRequest("make test", "/ws"), on_stdout=print_chunk, cancel=stop)
 """
 
@@ -21,7 +21,6 @@ from piship_remote.backends.kubernetes._router import Router
 from piship_remote.backends.kubernetes._sandboxd_files import SandboxdFiles, SandboxdUse
 from piship_remote.backends.kubernetes._sandboxd_link import SandboxdLinks
 from piship_remote.backends.kubernetes.claims import ClaimManager, disposed_error
-from piship_remote.transport import HttpClient
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["SandboxdInstance"]
@@ -40,15 +39,12 @@ class SandboxdInstance(KubernetesInstance):
         workdir: str | None,
         on_disposed: Callable[[KubernetesInstance], None],
         links: SandboxdLinks,
-        transport: HttpClient,
         errors: SandboxErrors,
         claims: KeptClaims | None = None,
     ) -> None:
         super().__init__(router, manager, workdir, on_disposed, None, None, claims)
         self._links = links
-        self._sandboxd_files = SandboxdFiles(
-            transport, errors, workdir=workdir, claimed=self.sandboxd_use
-        )
+        self._sandboxd_files = SandboxdFiles(errors, workdir=workdir, claimed=self.sandboxd_use)
 
     def exec(
         self,

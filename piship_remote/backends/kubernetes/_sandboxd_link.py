@@ -1,11 +1,19 @@
-"""The way to one claim's sandboxd: a port-forward to each of its pod's two listeners (the
-library's own, through the API server), a gRPC channel on the first, the REST base on the
-second. sandboxd binds the pod's loopback, so the router cannot reach it::
+"""The way to one claim's sandboxd, by one of two routes:
+
+- :class:`PodLink`: a port-forward to each of its pod's two listeners (the library's own,
+  through the API server), a gRPC channel on the first, the REST base on the second;
+- :class:`ProxyLink`: the router's gRPC proxy for the ``ProcessService`` and the router's
+  HTTP for the REST surface, both addressed like the router's other requests
+  (``X-Sandbox-ID``, ``X-Sandbox-Namespace``; as gRPC metadata for the proxy) with the
+  router's credential.
+
+::
 
     require_sandboxd()                          # CONFIG_INVALID naming the extra, if missing
-    links = SandboxdLinks(open_tunnel)
+    links = SandboxdLinks(lambda claim: PodLink(claim, open_tunnel, errors), errors)
     link = links.to(claim)                      # opened on first use, kept while the claim is
-    link.processes.run(...); link.rest          # "http://127.0.0.1:<port>"
+    link.processes.run(...)
+    link.send("GET", f"{link.rest}/v1/files/a", headers=link.headers, ...)
     links.close()                               # every tunnel and channel of this sandbox
 
 Threads: each tunnel's ``piship-sandboxd-tunnel-…`` (see :mod:`._port_forward`); all end
@@ -16,20 +24,30 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from piship_remote.backends._common import SandboxErrors
+from piship_remote.backends._credential import Credential
+from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._port_forward import RouterTunnel
+from piship_remote.backends.kubernetes._router import Router
 from piship_remote.backends.kubernetes.claims import Claim
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.transport import HttpClient, HttpReply
+
+if TYPE_CHECKING:
+    from piship_remote.backends.kubernetes._sandboxd_process import SandboxdProcesses
 
 __all__ = [
     "GRPC_PORT",
     "REST_PORT",
     "OpenTunnel",
+    "PodLink",
+    "ProxyLink",
     "SandboxdLink",
     "SandboxdLinks",
+    "proxy_target",
     "require_sandboxd",
 ]
 
@@ -65,10 +83,30 @@ def port_of(address: str | None, default: int) -> int:
     return int(port) if port.isdigit() and 0 < int(port) < 65536 else default
 
 
-class SandboxdLink:
-    """One claim's open way to its sandboxd."""
+Send = Callable[..., HttpReply]
+"""How a link sends one REST request: ``send(method, url, **request options)``."""
 
-    def __init__(self, claim: Claim, open_tunnel: OpenTunnel, errors: SandboxErrors) -> None:
+
+class SandboxdLink:
+    """One claim's open way to its sandboxd: ``processes`` (its ``ProcessService``), and
+    ``send`` to ``rest`` (its REST base URL) with ``headers`` for its REST surface."""
+
+    claim: str
+    rest: str
+    headers: Mapping[str, str]
+    send: Send
+    processes: SandboxdProcesses
+
+    def close(self) -> None:
+        """Close what the link opened (idempotent)."""
+
+
+class PodLink(SandboxdLink):
+    """Through the library's own port-forwards to the pod (sandboxd binds its loopback)."""
+
+    def __init__(
+        self, claim: Claim, open_tunnel: OpenTunnel, transport: HttpClient, errors: SandboxErrors
+    ) -> None:
         import grpc
 
         from piship_remote._sandboxd.process_rpc import ProcessStub
@@ -76,6 +114,8 @@ class SandboxdLink:
 
         pod = claim.pod_name or claim.sandbox
         self.claim = claim.name
+        self.headers = {}
+        self.send = transport.request  # no credential goes to the pod
         self._tunnels: list[RouterTunnel] = []
         try:
             grpc_tunnel = self._held(open_tunnel(pod, port_of(claim.sandboxd_grpc, GRPC_PORT)))
@@ -103,11 +143,69 @@ class SandboxdLink:
         self._tunnels.clear()
 
 
+def proxy_target(address: str) -> tuple[str, bool]:
+    """The gRPC target of ``grpc://host:port`` (plaintext: loopback hosts only) or
+    ``grpcs://host:port`` (TLS), and whether it is TLS; ``ValueError`` otherwise.
+
+    >>> proxy_target("grpc://127.0.0.1:9090"), proxy_target("grpcs://router.example:443")
+    (('127.0.0.1:9090', False), ('router.example:443', True))
+    """
+    scheme, _, target = address.partition("://")
+    host = target.rsplit(":", 1)[0].strip("[]")
+    if scheme not in ("grpc", "grpcs") or not target or ":" not in target or "/" in target:
+        raise ValueError('sandboxd_proxy must be "grpcs://host:port" (or "grpc://" on loopback)')
+    if scheme == "grpc" and host not in ("localhost", "::1") and not host.startswith("127."):
+        raise ValueError("a plaintext sandboxd_proxy (grpc://) must be a loopback address")
+    return target, scheme == "grpcs"
+
+
+class ProxyLink(SandboxdLink):
+    """Through the router: its gRPC proxy and its HTTP, addressed as its other requests."""
+
+    def __init__(
+        self,
+        claim: Claim,
+        proxy: str,
+        router: Router,
+        router_url: str,
+        router_http: ClusterHttp,
+        credential: Credential,
+        errors: SandboxErrors,
+    ) -> None:
+        import grpc
+
+        from piship_remote._sandboxd.process_rpc import ProcessStub
+        from piship_remote.backends.kubernetes._sandboxd_process import SandboxdProcesses
+
+        self.claim = claim.name
+        routing = router.headers(claim)
+        self.headers = {**routing, "X-Sandbox-Port": str(port_of(claim.sandboxd_rest, REST_PORT))}
+        self.rest = router_url.rstrip("/")
+        self.send = router_http.call  # with the router's credential
+        grpc_routing = {**routing, "X-Sandbox-Port": str(port_of(claim.sandboxd_grpc, GRPC_PORT))}
+
+        def metadata() -> list[tuple[str, str]]:
+            pairs = [(name.lower(), value) for name, value in grpc_routing.items()]
+            bearer = credential.current()
+            return [*pairs, ("authorization", f"Bearer {bearer}")] if bearer else pairs
+
+        target, secure = proxy_target(proxy)
+        self._channel: Any = (
+            grpc.secure_channel(target, grpc.ssl_channel_credentials())
+            if secure
+            else grpc.insecure_channel(target)
+        )
+        self.processes = SandboxdProcesses(ProcessStub(self._channel), errors, metadata)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
 class SandboxdLinks:
     """The link of whichever claim a sandbox uses now; an earlier claim's is closed."""
 
-    def __init__(self, open_tunnel: OpenTunnel, errors: SandboxErrors) -> None:
-        self._open_tunnel = open_tunnel
+    def __init__(self, open_link: Callable[[Claim], SandboxdLink], errors: SandboxErrors) -> None:
+        self._open_link = open_link
         self._errors = errors
         self._lock = threading.Lock()
         self._current: SandboxdLink | None = None
@@ -120,7 +218,7 @@ class SandboxdLinks:
             current = self._current
             if current is not None and current.claim == claim.name:
                 return current
-            self._current = SandboxdLink(claim, self._open_tunnel, self._errors)
+            self._current = self._open_link(claim)
             fresh = self._current
         if current is not None:
             current.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 try:
@@ -49,13 +49,24 @@ _SIGNALLED = -1
 """The exit code sandboxd reports for a process a signal ended."""
 
 
+Metadata = Callable[[], Sequence[tuple[str, str]]]
+"""The metadata every call carries (a proxy's routing and credential), read per call."""
+
+
+def _no_metadata() -> Sequence[tuple[str, str]]:
+    return ()
+
+
 class SandboxdInput:
     """A running command's input and terminal, as its handle drives them."""
 
-    def __init__(self, stub: ProcessStub, pid: int, errors: SandboxErrors) -> None:
+    def __init__(
+        self, stub: ProcessStub, pid: int, errors: SandboxErrors, metadata: Metadata
+    ) -> None:
         self._stub = stub
         self._pid = pid
         self._errors = errors
+        self._metadata = metadata
 
     def send(self, data: bytes) -> None:
         self._call(self._stub.write_stdin, pb.WriteStdinRequest(process_id=self._pid, input=data))
@@ -71,7 +82,7 @@ class SandboxdInput:
 
     def _call(self, method: Any, request: Any) -> None:
         try:
-            method(request, timeout=_CONTROL_TIMEOUT)
+            method(request, timeout=_CONTROL_TIMEOUT, metadata=self._metadata())
         except grpc.RpcError as error:
             raise _control_error(error, self._errors) from None
 
@@ -79,9 +90,12 @@ class SandboxdInput:
 class SandboxdProcesses:
     """The ``ProcessService`` of one claim's sandboxd."""
 
-    def __init__(self, stub: ProcessStub, errors: SandboxErrors) -> None:
+    def __init__(
+        self, stub: ProcessStub, errors: SandboxErrors, metadata: Metadata = _no_metadata
+    ) -> None:
         self._stub = stub
         self._errors = errors
+        self._metadata = metadata
 
     def run(
         self,
@@ -95,7 +109,7 @@ class SandboxdProcesses:
         start = pb.StartRequest(config=_config(request.command, cwd, request.env))
         if request.pty is not None:
             start.pty.CopyFrom(pb.PTY(cols=request.pty.cols, rows=request.pty.rows))
-        call = self._stub.start(start)
+        call = self._stub.start(start, metadata=self._metadata())
         forget = cancel.on_cancel(call.cancel)
         pid: int | None = None
         feeder: _Feeder | Any = None  # held until the command ends: a dropped future is cancelled
@@ -112,22 +126,26 @@ class SandboxdProcesses:
                 elif kind == "exit":
                     code = event.exit.exit_code
                     return BackendResult(exit_code=code) if code != _SIGNALLED else _signalled()
-            ending = "the stream ended"
+            ending, unavailable = "the stream ended", False
         except grpc.RpcError as error:
             if cancel.is_set():
                 self._kill(pid)
                 raise CommandCancelled() from None
-            ending = _describe(error)
+            ending, unavailable = _describe(error), _code(error) == grpc.StatusCode.UNAVAILABLE
         finally:
             forget()
             if isinstance(feeder, _Feeder):
                 feeder.stop()
+        if pid is None:
+            raise self._errors(
+                f"sandboxd did not start the command ({ending})",
+                retryable=unavailable,
+                not_started=True,
+            )
         self._kill(pid)
         raise self._errors(
             f"the command's stream from sandboxd broke before its exit ({ending}); its outcome"
-            " is unknown, and what it left running was killed",
-            retryable=pid is None,
-            not_started=pid is None,
+            " is unknown, and what it left running was killed"
         )
 
     def execute(
@@ -135,7 +153,9 @@ class SandboxdProcesses:
     ) -> tuple[int, bytes, bytes]:
         """One helper command through ``Execute``: its exit code and whole output."""
         future = self._stub.execute.future(
-            pb.ExecuteRequest(config=_config(script, cwd, {})), timeout=timeout
+            pb.ExecuteRequest(config=_config(script, cwd, {})),
+            timeout=timeout,
+            metadata=self._metadata(),
         )
         forget = cancel.on_cancel(future.cancel)
         try:
@@ -155,7 +175,7 @@ class SandboxdProcesses:
     def _started(self, request: ExecRequest, pid: int) -> _Feeder | Any:
         """Bind the handle's controls; feed ``stdin``, or end the input of a command that
         takes none (a call that is not waited on, but held: see :meth:`run`)."""
-        command_input = SandboxdInput(self._stub, pid, self._errors)
+        command_input = SandboxdInput(self._stub, pid, self._errors, self._metadata)
         control = request.control
         if control is not None:
             control.bind(command_input)
@@ -165,7 +185,9 @@ class SandboxdProcesses:
         if not request.takes_input and request.pty is None:
             eof = pb.WriteStdinRequest(process_id=pid)
             eof.eof.SetInParent()
-            return self._stub.write_stdin.future(eof, timeout=_CONTROL_TIMEOUT)
+            return self._stub.write_stdin.future(
+                eof, timeout=_CONTROL_TIMEOUT, metadata=self._metadata()
+            )
         return None
 
     def _kill(self, pid: int | None) -> None:
@@ -176,6 +198,7 @@ class SandboxdProcesses:
             self._stub.send_signal(
                 pb.SendSignalRequest(process_id=pid, signal=pb.SIGNAL_SIGKILL),
                 timeout=_CONTROL_TIMEOUT,
+                metadata=self._metadata(),
             )
 
 
@@ -219,15 +242,19 @@ def _signalled() -> BackendResult:
     return BackendResult(exit_code=None, signal="a signal")
 
 
+def _code(error: grpc.RpcError) -> Any:
+    return error.code() if hasattr(error, "code") else None
+
+
 def _describe(error: grpc.RpcError) -> str:
-    code = error.code() if hasattr(error, "code") else None
+    code = _code(error)
     details = error.details() if hasattr(error, "details") else None
     name = code.name if code is not None else "UNKNOWN"
     return f"{name}: {details}" if details else name
 
 
 def _control_error(error: grpc.RpcError, errors: SandboxErrors) -> PiShipError:
-    code = error.code() if hasattr(error, "code") else None
+    code = _code(error)
     if code == grpc.StatusCode.NOT_FOUND:
         return PiShipError(
             COMMAND_FAILED, "the command has ended (sandboxd no longer knows its process)"

@@ -72,8 +72,15 @@ from piship_remote.backends.kubernetes._jobs import DetachedJobs
 from piship_remote.backends.kubernetes._port_forward import PortForward, RouterTunnel, TlsSettings
 from piship_remote.backends.kubernetes._preflight import Check, Preflight
 from piship_remote.backends.kubernetes._router import Router
-from piship_remote.backends.kubernetes._sandboxd_link import SandboxdLinks, require_sandboxd
-from piship_remote.backends.kubernetes.claims import ClaimManager
+from piship_remote.backends.kubernetes._sandboxd_link import (
+    PodLink,
+    ProxyLink,
+    SandboxdLink,
+    SandboxdLinks,
+    proxy_target,
+    require_sandboxd,
+)
+from piship_remote.backends.kubernetes.claims import Claim, ClaimManager
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
 from piship_remote.model.errors import (
@@ -167,6 +174,7 @@ class KubernetesAgentSandboxBackend:
         ttl_seconds_after_finished: int | None = None,
         foreground_deletion: bool = False,
         runtime: Literal["auto", "python-runtime", "sandboxd"] = "auto",
+        sandboxd_proxy: str | None = None,
     ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError('execution must be "direct" or "detached"')
@@ -175,6 +183,9 @@ class KubernetesAgentSandboxBackend:
         if runtime == "sandboxd" and execution == "detached":
             raise ValueError('execution="detached" is for the router\'s runtime, not sandboxd')
         self.runtime = runtime
+        if sandboxd_proxy is not None:
+            proxy_target(sandboxd_proxy)  # ValueError now, not at the first command
+        self._sandboxd_proxy = sandboxd_proxy
         self._existence_window = existence_window_seconds(existence_window)
         if not all(
             isinstance(name, str) and RESOURCE_NAME.match(name) for name in (namespace, template)
@@ -210,6 +221,7 @@ class KubernetesAgentSandboxBackend:
         http = ClusterHttp(self._transport, credentials, self.redactor)
         self._tunnel = _tunnel(router, http, endpoint, credentials, session)
         self._pod_tunnels = (http, endpoint, credentials, session)
+        self._router_credentials = router_credentials
         router = self._tunnel.url if self._tunnel is not None else check_endpoint(str(router))
         self._claims = ClaimsApi(
             http,
@@ -431,6 +443,8 @@ class KubernetesAgentSandboxBackend:
         from piship_remote.backends.kubernetes._sandboxd_instance import SandboxdInstance
 
         http, endpoint, credentials, session = self._pod_tunnels
+        errors = SandboxErrors(self.redactor)
+        proxy = self._sandboxd_proxy
 
         def open_tunnel(pod: str, port: int) -> RouterTunnel:
             forward = PortForward(service=pod, namespace=self._namespace, port=port)
@@ -444,14 +458,25 @@ class KubernetesAgentSandboxBackend:
                 names="piship-sandboxd-tunnel",
             )
 
-        errors = SandboxErrors(self.redactor)
+        def open_link(claim: Claim) -> SandboxdLink:
+            if proxy is None:
+                return PodLink(claim, open_tunnel, self._transport, errors)
+            return ProxyLink(
+                claim,
+                proxy,
+                self._router,
+                self._router_url,
+                self._http,
+                self._router_credentials,
+                errors,
+            )
+
         return SandboxdInstance(
             self._router,
             manager,
             self._workdir,
             lambda disposed: self._disposed(disposed, manager),
-            SandboxdLinks(open_tunnel, errors),
-            self._transport,
+            SandboxdLinks(open_link, errors),
             errors,
             claims,
         )

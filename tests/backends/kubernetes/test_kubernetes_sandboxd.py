@@ -320,3 +320,51 @@ def test_the_plain_install_imports_no_grpc() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert answer.stdout.split() == ["False", "False"]
+
+
+# -- through the router's gRPC proxy -----------------------------------------------------
+
+
+def test_the_router_route_runs_commands_and_files_without_a_port_forward(
+    server: KubernetesServer, workspace: Path
+) -> None:
+    server.cluster.router_token = "router-secret"
+    backend = kubernetes(
+        server.url,
+        sandboxd_proxy=f"grpc://{server.sandboxd_proxy}",
+        router_credential=lambda: "router-secret",
+    )
+    with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:
+        seen = bytearray()
+        assert sandbox.exec("echo through the router", on_data=seen.extend).exit_code == 0
+        assert bytes(seen) == b"through the router\n"
+        handle = sandbox.start("cat", stdin=True)
+        handle.send_stdin("typed\n")
+        handle.close_stdin()
+        assert handle.wait(timeout=WITHIN).stdout == "typed\n"
+        sandbox.files.write("routed/file.txt", b"routed")
+        assert sandbox.files.read("routed/file.txt") == b"routed"
+    assert not any("/portforward" in r.path for r in server.requests)
+    rest = [r for r in server.requests if r.path.startswith("/v1/files/")]
+    assert rest and all(r.headers.get("x-sandbox-port") == "8080" for r in rest)
+    assert all(r.headers.get("authorization") == "Bearer router-secret" for r in rest)
+    assert_no_library_thread_left()
+
+
+def test_the_router_proxy_refuses_a_call_without_its_token(
+    server: KubernetesServer, workspace: Path
+) -> None:
+    server.cluster.router_token = "router-secret"
+    backend = kubernetes(server.url, sandboxd_proxy=f"grpc://{server.sandboxd_proxy}")
+    with pytest.raises(PiShipError) as caught:
+        activate_sandbox(POLICY, backend=backend, workspace=workspace, env={})
+    assert "sandboxd did not start the command (UNAUTHENTICATED" in str(caught.value)
+    assert server.live_claims == []
+
+
+@pytest.mark.parametrize(
+    "proxy", ["grpc://router.example.com:9090", "http://127.0.0.1:9090", "grpcs://no-port"]
+)
+def test_a_sandboxd_proxy_must_be_grpcs_or_loopback(proxy: str) -> None:
+    with pytest.raises(ValueError, match="sandboxd_proxy"):
+        kubernetes("http://127.0.0.1:1", sandboxd_proxy=proxy)
