@@ -6,6 +6,8 @@ sandboxd runs real commands). One claim per client:
 - ``ours-sandbox``: ``Sandbox.exec`` on our Kubernetes backend (the runtime read from the
   template), reaching sandboxd through its own WebSocket port-forward to the pod, commands
   over the ``Start`` stream;
+- ``ours-sandbox-proxy``: the same through the double's router (``sandboxd_proxy=``: its
+  gRPC proxy, which forwards each call in Python in this process, and its HTTP for files);
 - ``k8s-client`` (the reference): ``k8s-agent-sandbox`` 1.0.8 with its ``grpc`` extra,
   ``SandboxdInClusterConnectionConfig(mode="in-cluster-pod-ip")`` pointed at the ports where
   the double's port-forward lands (its own route, ``kubectl port-forward``, needs SPDY,
@@ -77,7 +79,12 @@ def run(context: Context) -> ScenarioResult:
         testing.KubernetesServer(cluster=cluster, runtime="sandboxd") as server,
         contextlib.ExitStack() as stack,
     ):
-        clients = [_ours(server.url, context.workspace, stack)]
+        clients = [
+            _ours("ours-sandbox", server.url, context.workspace, stack),
+            _ours(
+                "ours-sandbox-proxy", server.url, context.workspace, stack, server.sandboxd_proxy
+            ),
+        ]
         official = _official(server, stack)
         if official is None:
             skipped.append("k8s-client: k8s-agent-sandbox[grpc] is not installed")
@@ -205,12 +212,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _ours(url: str, workspace: str, stack: contextlib.ExitStack) -> _Client:
+def _ours(
+    name: str, url: str, workspace: str, stack: contextlib.ExitStack, proxy: str | None = None
+) -> _Client:
     from piship_remote import activate_sandbox
     from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
     backend = KubernetesAgentSandboxBackend(
-        endpoint=url, router=url, template=WARM_POOL, namespace=NAMESPACE, poll_interval=0.05
+        endpoint=url,
+        router=url,
+        template=WARM_POOL,
+        namespace=NAMESPACE,
+        poll_interval=0.05,
+        sandboxd_proxy=None if proxy is None else f"grpc://{proxy}",
     )
     stack.callback(backend.close)
     sandbox = activate_sandbox(_ALLOW, backend=backend, workspace=workspace, env={})
@@ -235,7 +249,7 @@ def _ours(url: str, workspace: str, stack: contextlib.ExitStack) -> _Client:
             sandbox.exec(command, cancel=cancel)
         timer.cancel()
 
-    return _Client("ours-sandbox", "ours", execute, stop)
+    return _Client(name, "ours", execute, stop)
 
 
 def _mark_stop_on(thread: threading.Thread) -> None:
