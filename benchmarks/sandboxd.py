@@ -12,7 +12,9 @@ sandboxd runs real commands). One claim per client:
   ``SandboxdInClusterConnectionConfig(mode="in-cluster-pod-ip")`` pointed at the ports where
   the double's port-forward lands (its own route, ``kubectl port-forward``, needs SPDY,
   which the double does not serve), so it skips the port-forward our rows pay for;
-  commands over unary ``Execute``.
+  commands over unary ``Execute``;
+- ``grpc-start-raw`` (the floor): a bare gRPC ``Start`` iterated on the claim's forwarded
+  listener, no library (the double's own cost of streaming 4 KiB chunks in this process).
 
 Groups: ``exec`` (``true``, seconds per call, p50 in the median column), ``stream`` (MB/s
 of ``head -c N /dev/zero``; N is at most 3 MiB so that the client's ``Execute`` answer
@@ -85,6 +87,7 @@ def run(context: Context) -> ScenarioResult:
                 "ours-sandbox-proxy", server.url, context.workspace, stack, server.sandboxd_proxy
             ),
         ]
+        clients.append(_raw_start(server, stack))
         official = _official(server, stack)
         if official is None:
             skipped.append("k8s-client: k8s-agent-sandbox[grpc] is not installed")
@@ -136,7 +139,7 @@ def _measure(context: Context, clients: list[_Client]) -> list[Row]:
             )
         )
     for stream_bytes in sizes:
-        streamers = [c for c in clients if stream_bytes <= _STREAM_LIMIT or c.role == "ours"]
+        streamers = [c for c in clients if stream_bytes <= _STREAM_LIMIT or c.role != "reference"]
         rates = alternate(
             streamers, max(1, size.stream_rounds), lambda c, n=stream_bytes: [_rate(c, n)]
         )
@@ -254,6 +257,54 @@ def _ours(
 
 def _mark_stop_on(thread: threading.Thread) -> None:
     thread.stopped_at = time.monotonic()  # type: ignore[attr-defined]
+
+
+def _raw_start(server: Any, stack: contextlib.ExitStack) -> _Client:
+    """The floor: a bare gRPC ``Start`` on the claim's forwarded listener, no library."""
+    import grpc
+
+    from piship_remote._sandboxd import process_pb2 as pb
+    from piship_remote._sandboxd.process_rpc import ProcessStub
+    from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+    from piship_remote.model.policy import SandboxProfile
+
+    backend = KubernetesAgentSandboxBackend(
+        endpoint=server.url, router=server.url, template=WARM_POOL, namespace=NAMESPACE
+    )
+    stack.callback(backend.close)
+    instance = backend.prepare(SandboxProfile(workspace=".", network="allow"))  # its claim
+    stack.callback(instance.dispose)
+    claim = instance.claim().name
+    _, _, port = server.sandboxd_address(claim)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stack.callback(channel.close)
+    stub = ProcessStub(channel)
+
+    def start(command: str) -> Any:
+        config = pb.ProcessConfig(command=["/bin/sh", "-c", command])
+        return stub.start(pb.StartRequest(config=config))
+
+    def execute(command: str) -> bytes:
+        out = bytearray()
+        for event in start(command):
+            out += event.stdout
+        return bytes(out)
+
+    def stop(command: str, after: float) -> None:
+        runner = threading.current_thread()
+        call = start(command)
+        pid = next(call).init.process_id
+
+        def fire() -> None:
+            _mark_stop_on(runner)
+            stub.send_signal(pb.SendSignalRequest(process_id=pid, signal=pb.SIGNAL_SIGKILL))
+
+        threading.Timer(after, fire).start()
+        with contextlib.suppress(grpc.RpcError):
+            for _ in call:
+                pass
+
+    return _Client("grpc-start-raw", "floor", execute, stop)
 
 
 def _official(server: Any, stack: contextlib.ExitStack) -> _Client | None:
