@@ -224,13 +224,16 @@ def test_a_timeout_kills_the_command_and_keeps_the_claim(
     assert server.live_claims == claims
 
 
-def test_kill_ends_a_started_command(sandbox: Sandbox) -> None:
+def test_kill_ends_a_started_command_with_sigkill_and_keeps_the_claim(
+    sandbox: Sandbox, server: KubernetesServer
+) -> None:
+    claims = list(server.live_claims)
     handle = sandbox.start("sleep 600")
     assert handle.pid is not None
     assert handle.kill() is True
-    with pytest.raises(CommandCancelled):
-        handle.wait(timeout=WITHIN)
+    assert handle.wait(timeout=WITHIN).exit_code == 137
     assert sandbox.exec("true").exit_code == 0
+    assert server.live_claims == claims
 
 
 # -- faults on demand --------------------------------------------------------------------
