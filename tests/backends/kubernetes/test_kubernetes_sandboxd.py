@@ -26,6 +26,7 @@ from piship_remote import (
     CommandTimeout,
     PiShipError,
     Sandbox,
+    SandboxPool,
     activate_sandbox,
 )
 from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, SANDBOX_UNAVAILABLE
@@ -371,3 +372,17 @@ def test_the_router_proxy_refuses_a_call_without_its_token(
 def test_a_sandboxd_proxy_must_be_grpcs_or_loopback(proxy: str) -> None:
     with pytest.raises(ValueError, match="sandboxd_proxy"):
         kubernetes("http://127.0.0.1:1", sandboxd_proxy=proxy)
+
+
+def test_a_pool_maps_tasks_over_sandboxd_claims(server: KubernetesServer, workspace: Path) -> None:
+    with SandboxPool(
+        POLICY, backend=kubernetes(server.url), workspace=workspace, size=2, progress=False
+    ) as pool:
+        results = pool.map("echo item {item}", ["a", "b", "c"], timeout=WITHIN)
+    assert [(r.outcome, r.value.stdout) for r in results] == [
+        ("ok", "item a\n"),
+        ("ok", "item b\n"),
+        ("ok", "item c\n"),
+    ]
+    assert server.live_claims == []
+    assert not any(r.path == "/execute" for r in server.requests)
