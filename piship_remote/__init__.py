@@ -21,7 +21,7 @@ from piship_remote.model.report import (
     describe_containment,
 )
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferSummary
-from piship_remote.pool import SandboxPool, TaskResult
+from piship_remote.pool import SandboxPool, TaskResult, TaskResults
 from piship_remote.sandbox._output import CommandResult
 from piship_remote.sandbox.activation import ExecResult, Sandbox, activate_sandbox
 from piship_remote.sandbox.command_handle import CommandHandle
@@ -59,6 +59,7 @@ __all__ = [
     "SandboxProfile",
     "SkippedPath",
     "TaskResult",
+    "TaskResults",
     "TransferSummary",
     "WorkspaceReport",
     "__version__",
