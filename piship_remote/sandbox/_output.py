@@ -201,6 +201,10 @@ def _stream_of(on_data: OnData) -> object | None:
     owner: object | None = getattr(on_data, "__self__", None)
     if owner is not None and getattr(on_data, "__name__", "") == "write":
         return owner
+    # Jupyter's sys.stdout.write is a plain function set on the stream, not a bound method.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and getattr(stream, "write", None) == on_data:
+            return stream
     return None
 
 
