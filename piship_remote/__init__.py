@@ -3,7 +3,7 @@
     >>> from piship_remote import E2bCompatibleBackend, activate_sandbox
     >>> backend = E2bCompatibleBackend(endpoint="https://api.e2b.app", credential=read_key)
     >>> with activate_sandbox({"required": True}, backend=backend, workspace=".") as sandbox:
-    ...     sandbox.exec("echo hello", on_data=sys.stdout.buffer.write)
+    ...     sandbox.exec("echo hello", on_data=sys.stdout.write)
 """
 
 import logging

@@ -172,3 +172,20 @@ def test_a_pool_closed_at_a_signal_names_it(backend: E2bCompatibleBackend, works
             pool.map("echo {item}", [1])
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_report_shown_says_when_no_workspace_file_was_sent(
+    backend: E2bCompatibleBackend, workspace: Path
+) -> None:
+    with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:
+        shown = sandbox.report._repr_html_()
+    assert "none sent: the sandbox starts without this workspace&#x27;s files" in shown
+
+
+def test_a_report_shown_after_a_push_says_what_went(
+    backend: E2bCompatibleBackend, workspace: Path
+) -> None:
+    options: dict[str, Any] = {"env": {}, "sync": "push"}
+    with activate_sandbox(POLICY, backend=backend, workspace=workspace, **options) as sandbox:
+        shown = sandbox.report._repr_html_()
+    assert "none sent" not in shown and "synced" in shown
