@@ -223,3 +223,20 @@ def test_a_kernel_shutdown_deletes_its_sandboxes(kernel: Kernel, service: LocalE
     kernel.run(SETUP)
     assert len(service.sandboxes()) == 1
     # the fixture's clean shutdown must leave none: checked as the kernel ends
+
+
+def test_a_sandbox_attached_in_another_kernel_ends_with_that_kernel(
+    kernel: Kernel, service: LocalE2bService, project: Path
+) -> None:
+    outputs = kernel.run(SETUP + "\nprint(first.detach())")
+    kept = texts(outputs).strip()
+    assert service.sandboxes() == [kept]
+    other = Kernel(project)
+    with other.setup_kernel():
+        attached = other.run(
+            SETUP.split("sandbox = activate_sandbox")[0]
+            + f"sandbox = activate_sandbox(policy, backend=backend, workspace='.', attach={kept!r})"
+            + "\nprint(sandbox.id)"
+        )
+        assert texts(attached) == f"{kept}\n"
+    assert settled(lambda: service.sandboxes() == [], timeout=30)
