@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from optional_peers import install_hint
-from pool_support import settled
-from readme_support import ALL, EVAL_SCRIPT, MAKEFILE
 
 from piship_remote.local import LocalE2bService
+from tests.support.optional_peers import install_hint
+from tests.support.pool import settled
+from tests.support.readme import ALL, EVAL_SCRIPT, MAKEFILE
 
 nbclient = pytest.importorskip("nbclient", reason=install_hint("notebook"))
 nbformat = pytest.importorskip("nbformat", reason=install_hint("notebook"))

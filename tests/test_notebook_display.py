@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_support import POLICY
 
 from piship_remote import (
     CommandResult,
@@ -24,6 +23,7 @@ from piship_remote import (
 )
 from piship_remote.sandbox import lifecycle
 from piship_remote.testing import E2bServer
+from tests.support.pool import POLICY
 
 pytestmark = pytest.mark.timeout(30)
 

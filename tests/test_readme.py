@@ -37,11 +37,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from optional_peers import install_hint
-from readme_support import ALL, EVAL_SCRIPT, MAKEFILE, ROOT, Example
 
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import KubernetesServer
+from tests.support.optional_peers import install_hint
+from tests.support.readme import ALL, EVAL_SCRIPT, MAKEFILE, ROOT, Example
 
 KINDS = {
     "python-local",
