@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from piship_remote.model.redact import redaction
@@ -155,17 +156,24 @@ class PiShipError(Exception):
     def _render_traceback_(self) -> list[str]:
         """How IPython and Jupyter show this error: the caller's own frames (the library's
         are left out), then :meth:`render`'s code, message and action."""
-        frames = [
-            frame
-            for frame in traceback.extract_tb(self.__traceback__)
-            if not Path(frame.filename).resolve().is_relative_to(_PACKAGE)
-        ]
-        shown = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+        frames = traceback.StackSummary.extract(
+            (frame, line)
+            for frame, line in traceback.walk_tb(self.__traceback__)
+            if not _hidden(frame)
+        )
+        shown = ["Traceback (most recent call last):\n", *frames.format()]
         shown.append(f"{type(self).__name__}: {self.render()}")
         return [line for chunk in shown for line in chunk.rstrip("\n").split("\n")]
 
 
 _PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _hidden(frame: FrameType) -> bool:
+    """A frame of this library, or one that hides itself (IPython's ``run_code``)."""
+    if frame.f_locals.get("__tracebackhide__"):
+        return True
+    return Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
 
 
 def format_seconds(seconds: float) -> str:
