@@ -128,7 +128,7 @@ class Activation:
             return self._unavailable(failure)
         except KeyboardInterrupt:
             self._discard(instance, engine)
-            raise KeyboardInterrupt(INTERRUPTED_ACTIVATION) from None  # no internal frames
+            raise KeyboardInterrupt(self._interrupted()) from None  # no internal frames
         except BaseException:
             self._discard(instance, engine)
             raise
@@ -148,7 +148,7 @@ class Activation:
             else:
                 sandbox.dispose()
             if isinstance(error, KeyboardInterrupt):
-                raise KeyboardInterrupt(INTERRUPTED_ACTIVATION) from None
+                raise KeyboardInterrupt(self._interrupted()) from None
             raise
         return sandbox
 
@@ -325,6 +325,12 @@ class Activation:
             return f"the sandbox check command failed: {reason}"
         return _verdict(exit_status(result), output.decode("utf-8", "replace"))
 
+    def _interrupted(self) -> str:
+        """The message of the ``KeyboardInterrupt`` that ends an interrupted activation."""
+        if self.attach is not None:
+            return "interrupted: the activation stopped; the attached sandbox was let go"
+        return "interrupted: the activation stopped and its sandbox was deleted"
+
     def _unavailable(self, failure: _Failure) -> Sandbox:
         backend = self.backend
         reason = failure.reason
@@ -358,9 +364,6 @@ class Activation:
             env=self.env,
             telemetry=self.telemetry,
         )
-
-
-INTERRUPTED_ACTIVATION = "interrupted: the activation stopped and its sandbox was deleted"
 
 
 class _Failure(Exception):
