@@ -68,6 +68,15 @@ class CommandResult:
         return html_table(None, cells, caption="CommandResult", raw_cells=True)
 
 
+def text_decoders() -> dict[str, codecs.IncrementalDecoder]:
+    """One UTF-8 decoder per stream: a character cut between chunks comes out whole, and
+    invalid bytes as U+FFFD."""
+    return {name: codecs.getincrementaldecoder("utf-8")("replace") for name in _STREAMS}
+
+
+_STREAMS = ("stdout", "stderr")
+
+
 class _Tail:
     """The last ``limit`` bytes written (all of them when ``limit`` is ``None``)."""
 
@@ -111,9 +120,7 @@ class OutputCapture:
             raise ValueError(f"the output limit must not be negative, not {limit}")
         self._echo = echo
         self._kept = {"stdout": _Tail(limit), "stderr": _Tail(limit)}
-        self._decoders = {
-            name: codecs.getincrementaldecoder("utf-8")("replace") for name in self._kept
-        }
+        self._decoders = text_decoders()
 
     def write(self, stream: str, chunk: bytes) -> None:
         self._kept[stream].write(chunk)
@@ -165,11 +172,7 @@ class DataSink:
         self._write: Callable[[object], object] = write
         self._flush = getattr(owner, "flush", None) if owner is not None else None
         text = _is_text_stream(owner) if owner is not None else _takes_text(write)
-        self._decoders = (
-            {name: codecs.getincrementaldecoder("utf-8")("replace") for name in _STREAMS}
-            if text
-            else None
-        )
+        self._decoders = text_decoders() if text else None
 
     def write(self, stream: str, chunk: bytes) -> None:
         decoders = self._decoders
@@ -189,9 +192,6 @@ class DataSink:
             left = decoder.decode(b"", final=True)
             if left:
                 self._write(left)
-
-
-_STREAMS = ("stdout", "stderr")
 
 
 def _stream_of(on_data: OnData) -> object | None:
