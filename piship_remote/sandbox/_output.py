@@ -217,9 +217,11 @@ def _is_text_stream(stream: object) -> bool:
 
 
 def _takes_text(function: Callable[..., object]) -> bool:
-    """Whether ``function`` says (by its first parameter's annotation) that it takes ``str``."""
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):  # a builtin without a signature: bytes, as documented
+    """Whether ``function`` (a Python function or method) says by its first parameter's
+    annotation that it takes ``str``; read off its code, as this runs for every ``exec``."""
+    code = getattr(function, "__code__", None)
+    if code is None:  # a builtin (bytearray.extend, list.append): bytes, as documented
         return False
-    return bool(parameters) and parameters[0].annotation in (str, "str")
+    names = code.co_varnames[: code.co_argcount][1 if inspect.ismethod(function) else 0 :]
+    annotations = getattr(function, "__annotations__", None) or {}
+    return bool(names) and annotations.get(names[0]) in (str, "str")

@@ -85,6 +85,26 @@ def test_a_function_that_says_it_takes_text_gets_text(sandbox: Sandbox) -> None:
     assert "".join(parts) == "héllo ☃\n"
 
 
+def test_a_method_that_says_it_takes_text_gets_text(sandbox: Sandbox) -> None:
+    class Log:
+        def __init__(self) -> None:
+            self.parts: list[str] = []
+
+        def add(self, text: str) -> None:
+            self.parts.append(text)
+
+    log = Log()
+    sandbox.exec("echo", on_data=log.add)
+    assert "".join(log.parts) == "héllo ☃\n"
+
+
+def test_a_builtin_callable_gets_bytes() -> None:
+    kept = bytearray()
+    sink = DataSink(kept.extend)
+    sink.write("stdout", SNOWMAN)
+    assert kept == SNOWMAN
+
+
 def test_a_character_cut_between_chunks_arrives_whole() -> None:
     stream = TextOnly()
     sink = DataSink(stream)
