@@ -156,9 +156,11 @@ class LocalE2bService:
             limits=limits,
             templates=offered,
         )
-        self._control = ControlPlane(self._registry, api_key=self.api_key)
+        self._ports = SandboxPorts(self._registry, host)
+        self._control = ControlPlane(
+            self._registry, api_key=self.api_key, port_address=self._ports.listen
+        )
         self._envd = Envd(self._registry)
-        self._ports = SandboxPorts(self._registry)
         self._lock = threading.Lock()
         self._closed = False
         try:
@@ -219,9 +221,12 @@ class LocalE2bService:
         return os.path.join(self._registry.root, sandbox_id, "home")
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
-        """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
+        """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on.
+
+        The service honours ``Idempotency-Key``, so its creates are ``idempotent_creates``."""
         from piship_remote import E2bCompatibleBackend
 
+        options.setdefault("idempotent_creates", True)
         options.setdefault("workdir", self.workdir)
         options.setdefault("user", self.user)
         return E2bCompatibleBackend(
