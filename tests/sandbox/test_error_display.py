@@ -117,3 +117,27 @@ def test_an_interrupted_activation_says_so_without_internal_frames(
     assert "interrupted" in str(raised.value)
     shown = "".join(traceback.format_exception(raised.value))
     assert "threading.py" not in shown and "During handling" not in shown
+
+
+@pytest.mark.usefixtures("python_sigint")
+def test_an_interrupted_wait_on_a_handle_says_the_remote_command_was_killed(
+    e2b_server: Callable[..., E2bServer], workspace: Path
+) -> None:
+    arrived = threading.Event()
+
+    def hang(start: Any) -> dict[str, Any]:
+        arrived.set()
+        return {"hang": True}
+
+    server = e2b_server(command=hang)
+    interrupter = threading.Thread(
+        target=lambda: arrived.wait(10) and signal.raise_signal(signal.SIGINT), daemon=True
+    )
+    with E2bCompatibleBackend(endpoint=server.url, envd_url=server.url) as backend:
+        with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:
+            handle = sandbox.start("sleep 600")
+            interrupter.start()
+            with pytest.raises(KeyboardInterrupt) as raised:
+                handle.wait()
+    assert str(raised.value) == "interrupted: the remote command was killed"
+    assert server.wait_for("POST", "/process.Process/SendSignal", timeout=5)
