@@ -14,8 +14,9 @@ A sandbox created with ``network.allowPublicTraffic: false`` answers only reques
 carrying its ``E2b-Traffic-Access-Token``; any sandbox refuses a request carrying
 another sandbox's token (traffic or envd ``X-Access-Token``). Without either, as on
 E2B, a port is public (here: to the host's loopback). A paused sandbox created with
-``autoResume`` is resumed by such a request; otherwise it, an unknown sandbox and a
-port nothing listens on are answered 502 as E2B's edge does.
+``autoResume`` is resumed by such a request once its tokens are checked; otherwise
+it, an unknown sandbox and a port nothing listens on are answered 502 as E2B's edge
+does.
 
 Such a host name is resolved by curl and browsers only (``*.localhost``; a stock
 ``hosts: files dns`` resolver does not know it), so a port can also have a loopback
@@ -103,11 +104,14 @@ class SandboxPorts:
         if target is None:
             return None
         port, sandbox_id = target
+        known = self._registry.lookup(sandbox_id)
+        if known is None:
+            return _answer(502, sandbox_id, port, "The sandbox was not found")
+        if not _admitted(known, head.headers):  # before an autoResume sandbox is resumed
+            return _answer(403, sandbox_id, port, "Invalid or missing traffic access token")
         sandbox = self._registry.get(sandbox_id)
         if sandbox is None:
             return _answer(502, sandbox_id, port, "The sandbox was not found")
-        if not _admitted(sandbox, head.headers):
-            return _answer(403, sandbox_id, port, "Invalid or missing traffic access token")
         try:
             return sandbox.dial(port)
         except DialFailed:
