@@ -352,9 +352,10 @@ class SandboxdPod:
         self.root = os.path.realpath(tempfile.mkdtemp(prefix="piship-sandboxd-"))
         self._closing = threading.Event()
         self.processes = ProcessService(self.root, faults, self._closing)
-        self._grpc = grpc.server(
-            ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"{THREAD_PREFIX}sandboxd-rpc")
+        self._workers = ThreadPoolExecutor(
+            max_workers=32, thread_name_prefix=f"{THREAD_PREFIX}sandboxd-rpc"
         )
+        self._grpc = grpc.server(self._workers)
         self._grpc.add_generic_rpc_handlers((service_handler(self.processes),))
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
         self._grpc.start()
@@ -374,6 +375,7 @@ class SandboxdPod:
         self._closing.set()
         self.processes.kill_all()
         self._grpc.stop(grace=None).wait(5.0)
+        self._workers.shutdown(wait=True, cancel_futures=True)  # its threads end with it
         self._rest.close()
         shutil.rmtree(self.root, ignore_errors=True)
 

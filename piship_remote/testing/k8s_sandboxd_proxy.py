@@ -75,9 +75,10 @@ class SandboxdProxy:
         self._live = live
         self._token = token
         self._channels: dict[int, Any] = {}
-        self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=32, thread_name_prefix=f"{THREAD_PREFIX}grpc-proxy")
+        self._workers = ThreadPoolExecutor(
+            max_workers=32, thread_name_prefix=f"{THREAD_PREFIX}grpc-proxy"
         )
+        self._server = grpc.server(self._workers)
         self._server.add_generic_rpc_handlers((_Routes(self),))
         self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
         self._server.start()
@@ -126,6 +127,7 @@ class SandboxdProxy:
 
     def close(self) -> None:
         self._server.stop(grace=None).wait(5.0)
+        self._workers.shutdown(wait=True, cancel_futures=True)  # its threads end with it
         for channel in self._channels.values():
             channel.close()
 

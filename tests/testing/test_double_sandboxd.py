@@ -3,6 +3,8 @@ shapes, and the ``ProcessService``'s status codes and process groups."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -139,3 +141,19 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(") ", 1)[-1][:1] != "Z"
     except OSError:
         return False
+
+
+def test_a_closed_pod_leaves_no_thread_behind() -> None:
+    started = SandboxdPod("pool-threads", Faults())
+    channel = grpc.insecure_channel(f"127.0.0.1:{started.grpc_port}")
+    list(ProcessStub(channel).start(pb.StartRequest(config=config("echo x"))))
+    channel.close()
+    started.close()
+    deadline = time.monotonic() + 5.0
+    while _sandboxd_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _sandboxd_threads() == []
+
+
+def _sandboxd_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("piship-double-sandboxd")]
