@@ -34,7 +34,12 @@ from piship_remote.model.errors import (
     ConfigInvalid,
 )
 from piship_remote.model.result import CommandResult
-from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
+from piship_remote.sandbox._exec_engine import (
+    CHANNEL_BYTES,
+    COMMAND_KILLED,
+    INTERRUPT_POLL,
+    ExecEngine,
+)
 from piship_remote.sandbox._exec_workers import KILLED, BackgroundCall, Stream
 from piship_remote.sandbox._output import OutputCapture
 from piship_remote.transport.deadline import Deadline
@@ -62,8 +67,9 @@ class CommandHandle:
       iterates, older output beyond that leaves the iteration, and while someone does,
       the command is held back until they catch up. ``wait``'s result has all of it
       either way (each stream's last ``output_limit`` bytes, as ``Sandbox.run`` keeps).
-    - ``kill()``: end the command (E2B and the local service: SIGKILL; Kubernetes: its
-      process group in detached mode, else the claim is retired, as a cancel does);
+    - ``kill()``: end the command (E2B, the local service and Kubernetes on sandboxd:
+      SIGKILL; Kubernetes on the router: its process group in detached mode, else the
+      claim is retired, as a cancel does);
       ``False`` when it had already ended.
     - ``send_stdin(data)``, ``close_stdin()``: write to its input (started with
       ``stdin=True`` or ``pty=True``) from the calling thread; on a terminal
@@ -175,7 +181,7 @@ class CommandHandle:
                     )
         except KeyboardInterrupt:
             self.kill()
-            raise
+            raise KeyboardInterrupt(COMMAND_KILLED) from None
         result = self._engine.result_of(started, self._deadline)
         with self._cond:
             return self._capture.result(exit_status(result))
@@ -197,7 +203,7 @@ class CommandHandle:
                 yield item
         except KeyboardInterrupt:
             self.kill()
-            raise
+            raise KeyboardInterrupt(COMMAND_KILLED) from None
         finally:
             with self._cond:
                 self._readers -= 1

@@ -1,7 +1,7 @@
 """The :class:`Sandbox` façade over an active sandbox (:func:`activate_sandbox` makes one).
 
     >>> with activate_sandbox(policy, backend=backend, workspace=".") as sandbox:
-    ...     sandbox.exec("make test", on_data=sys.stdout.buffer.write, timeout=600)
+    ...     sandbox.exec("make test", on_data=sys.stdout.write, timeout=600)
 
 ``Sandbox`` turns a call into an ``ExecRequest`` (working directory, filtered
 environment) and hands it to the :class:`~piship_remote.sandbox._exec_engine.ExecEngine`,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TypeVar, Union
 
 import attrs
@@ -25,6 +25,7 @@ import attrs
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import Backend, ExecRequest
 from piship_remote.backends.control import CommandControl, TerminalSize
+from piship_remote.model.display import html_table
 from piship_remote.model.environment import screen_environment
 from piship_remote.model.errors import (
     CommandCancelled,
@@ -43,7 +44,7 @@ from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_engine import Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
-from piship_remote.sandbox._output import OUTPUT_LIMIT, OutputCapture
+from piship_remote.sandbox._output import OUTPUT_LIMIT, DataSink, OnData, OutputCapture
 from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
 from piship_remote.sandbox._workspace import real_path, workspace_relative
@@ -56,7 +57,6 @@ __all__ = ["ExecResult", "Sandbox"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
-OnData = Callable[[bytes], None]
 
 
 @attrs.frozen
@@ -99,6 +99,7 @@ class Sandbox:
         self._workspace_root = real_path(profile.workspace)
         self._transfers = transfers
         self._telemetry = telemetry
+        self._detached = False
         self._lifecycle = _track(self, engine)
 
     @property
@@ -113,8 +114,31 @@ class Sandbox:
     def __exit__(self, *exc_info: object) -> None:
         self.dispose()
 
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"retired"`` (broken: it runs no more commands), ``"disposed"``,
+        ``"detached"``, or ``"unavailable"`` (an optional policy that could not be enforced)."""
+        if self._engine is None:
+            return "unavailable"
+        return "detached" if self._detached else self._engine.state
+
+    def _shown_id(self) -> str:
+        engine = self._engine
+        sandbox_id = engine.epoch() if engine is not None else None
+        return sandbox_id or "(no id)"
+
     def __repr__(self) -> str:
-        return f"<Sandbox {self.report.adapter} {self.report.level}>"
+        return f"<Sandbox {self._shown_id()} {self.report.adapter} {self.state}>"
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ("id", self._shown_id()),
+            ("backend", self.report.adapter),
+            ("state", self.state),
+            ("containment", self.report.level),
+            ("network", self.report.network),
+        ]
+        return html_table(None, rows, caption="Sandbox")
 
     def exec(
         self,
@@ -132,9 +156,11 @@ class Sandbox:
         as :func:`shlex.join` does (``["pytest", "-k", "a b"]``).
         ``cwd`` is a host path inside the workspace (default: its root), mapped
         onto the remote working directory. ``on_data`` gets stdout and stderr
-        chunks on the calling thread. ``timeout`` (seconds, more than 0; ``None``: no
-        limit; 0 or less is ``CONFIG_INVALID``) kills the remote
-        command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
+        chunks on the calling thread: a callable given the bytes, or a writable stream
+        (``sys.stdout``, a file) or its ``write`` (``sys.stdout.write``, which works in a
+        notebook), which get text for a text stream, decoded as UTF-8. ``timeout``
+        (seconds, more than 0; ``None``: no limit; 0 or less is ``CONFIG_INVALID``) kills
+        the remote command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
         and raises :class:`CommandCancelled`; Ctrl-C kills it and re-raises.
         ``timeout`` may also be a :class:`~piship_remote.transport.deadline.Deadline`,
         handed down as it is (as a pool hands down its task's). ``env`` replaces the
@@ -150,8 +176,13 @@ class Sandbox:
             GatewayUnreachable: the service could not be reached.
             PiShipError: any other failure the service reports, with its code.
         """
-        sink = None if on_data is None else (lambda _stream, chunk: on_data(chunk))
-        return self._execute(command, cwd, sink, timeout, cancel, env)
+        if on_data is None:
+            return self._execute(command, cwd, None, timeout, cancel, env)
+        sink = DataSink(on_data)
+        try:
+            return self._execute(command, cwd, sink.write, timeout, cancel, env)
+        finally:
+            sink.close()
 
     def run(
         self,
@@ -417,6 +448,7 @@ class Sandbox:
             SandboxUnavailable: no sandbox is active, or it was disposed or retired.
         """
         sandbox_id = self._usable_engine().detach()
+        self._detached = True
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)
