@@ -178,7 +178,7 @@ class PiShipError(Exception):
             if not _hidden(frame)
         )
         shown = ["Traceback (most recent call last):\n", *frames.format()]
-        shown.append(f"{type(self).__name__}: {self.render()}")
+        shown.append(f"PiShipError: {self.render()}")  # the family; render() names the code
         return [line for chunk in shown for line in chunk.rstrip("\n").split("\n")]
 
 
