@@ -32,7 +32,12 @@ from collections.abc import Sequence
 
 from piship_remote import __version__
 from piship_remote.cli import _commands, _kept, _map, _sweep
-from piship_remote.cli._commands import EXIT_CONFIG, EXIT_UNAVAILABLE, error_status
+from piship_remote.cli._commands import (
+    EXIT_CONFIG,
+    EXIT_UNAVAILABLE,
+    error_status,
+    render_error,
+)
 from piship_remote.cli._parser import (
     Parser,
     add_sandbox_options,
@@ -74,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         silence_stdout()
         return EXIT_BROKEN_PIPE
     except PiShipError as e:
-        print(e.render(), file=sys.stderr)
+        print(render_error(e), file=sys.stderr)
         return error_status(e)
     except (CommandCancelled, KeyboardInterrupt):
         print("interrupted: the remote command was killed", file=sys.stderr)
@@ -108,6 +113,7 @@ def _parser() -> Parser:
         action="store_true",
         help="push the workspace first, pull back what the command changed after",
     )
+    _add_verbose(run)
     run.add_argument(
         "--keep",
         action="store_true",
@@ -230,6 +236,7 @@ def _add_map(parser: Parser) -> None:
     mapping.add_argument(
         "--sync", action="store_true", help="push the workspace into every sandbox once"
     )
+    _add_verbose(mapping)
     mapping.add_argument(
         "--fresh", action="store_true", help="a new sandbox for every task (default: reuse)"
     )
@@ -261,6 +268,12 @@ def _add_map(parser: Parser) -> None:
     )
     mapping.add_argument("command", nargs="...", help="after --: the command, then the items")
     mapping.set_defaults(handler=_map.map_items)
+
+
+def _add_verbose(parser: Parser) -> None:
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="with --sync: list every path left out"
+    )
 
 
 def _add_lease(parser: Parser) -> None:

@@ -5,6 +5,7 @@
 ``POST /sandboxes`` (and ``/v2/sandboxes``)  201 with ``sandboxID``, ``envdAccessToken``…
 ``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
 ``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``template``…)
+``GET /templates``                         200: the templates offered (``templateID``, ``aliases``)
 ``GET /sandboxes/<id>``                    200 with the sandbox's details (``state``)
 ``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 201 if it resumed
 ``POST /sandboxes/<id>/pause``             204: its processes frozen; 409 if already paused
@@ -154,6 +155,10 @@ class ControlPlane:
             if key:
                 return self._create_once(key, request.body, default)
             return self._create(request.body, default)[0]
+        if request.path == "/templates":
+            if request.method != "GET":
+                return api_error(405, f"{request.method} is not allowed on {request.path}")
+            return self._templates()
         copies = self._copy_route(request)
         if copies is not None:
             return copies
@@ -195,6 +200,14 @@ class ControlPlane:
             return Reply(200, text.encode(), "application/json")
         self._registry.delete(sandbox_id)
         return Reply(204)
+
+    def _templates(self) -> Reply:
+        """``GET /templates``: the templates offered, in E2B's list shape."""
+        offered = [
+            {"templateID": name, "aliases": [name], "buildStatus": "ready", "public": False}
+            for name in sorted(self._registry.templates)
+        ]
+        return Reply(200, json.dumps(offered).encode(), "application/json")
 
     def _copy_route(self, request: Request) -> Reply | None:
         """The answer to ``GET /snapshots`` or ``DELETE /templates/<id>``, else ``None``."""
@@ -313,7 +326,9 @@ class ControlPlane:
                 private_traffic=_private_traffic(body),
             )
         except UnknownTemplate:
-            return api_error(404, f"template '{new.template_id}' not found"), None
+            offered = ", ".join(sorted(self._registry.templates))
+            message = f"template '{new.template_id}' not found; this service offers: {offered}"
+            return api_error(404, message), None
         except TooManySandboxes as e:
             return api_error(429, str(e)), None
         except SandboxGone as e:
@@ -330,7 +345,7 @@ class ControlPlane:
     def _refusal(self, path: str, headers: Mapping[str, str]) -> Reply | None:
         if path == "/health":
             return None
-        if not path.startswith(("/sandboxes", "/v2/sandboxes", "/snapshots", "/templates/")):
+        if not path.startswith(("/sandboxes", "/v2/sandboxes", "/snapshots", "/templates")):
             return api_error(404, "not found")
         key = headers.get("x-api-key", "")
         if not hmac.compare_digest(key.encode(), self._api_key.encode()):

@@ -92,6 +92,9 @@ class PiShipError(Exception):
     retry_after: float | None
     user_action: str | None
     component: str | None
+    # The code of the failure underneath, where ``code`` is pinned and says less (a key
+    # the service refused, under activation's SANDBOX_UNAVAILABLE); not in to_dict().
+    cause_code: str | None
 
     def __init__(
         self,
@@ -104,6 +107,7 @@ class PiShipError(Exception):
         user_action: str | None = None,
         component: str | None = None,
         redactor: Redactor | None = None,
+        cause_code: str | None = None,
     ) -> None:
         clean = redaction(redactor)
         self.code = code
@@ -113,6 +117,7 @@ class PiShipError(Exception):
         self.retry_after = retry_after
         self.user_action = clean(user_action) if user_action is not None else None
         self.component = component
+        self.cause_code = cause_code
         super().__init__(self.message)
 
     def __str__(self) -> str:

@@ -27,6 +27,7 @@ from piship_remote.model._capability_rules import (
 from piship_remote.model.environment import command_environment, screen_environment
 from piship_remote.model.errors import (
     CONFIG_INVALID,
+    CREDENTIAL_DENIED,
     CREDENTIAL_REQUIRED,
     GATEWAY_UNREACHABLE,
     NETWORK_DENIED,
@@ -332,6 +333,7 @@ class Activation:
                 retry_after=failure.retry_after,
                 user_action=failure.user_action,
                 redactor=backend.redactor,
+                cause_code=failure.cause_code,
             )
         report = ContainmentReport(
             level="unavailable",
@@ -369,6 +371,7 @@ class _Failure(Exception):
         retryable: bool = False,
         user_action: str = UNSANDBOXED_ACTION,
         retry_after: float | None = None,
+        cause_code: str | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -376,6 +379,7 @@ class _Failure(Exception):
         self.retryable = retryable
         self.user_action = user_action
         self.retry_after = retry_after
+        self.cause_code = cause_code
 
     def within(self, context: str) -> _Failure:
         """The same failure, its reason prefixed with ``context``."""
@@ -385,6 +389,7 @@ class _Failure(Exception):
             retryable=self.retryable,
             user_action=self.user_action,
             retry_after=self.retry_after,
+            cause_code=self.cause_code,
         )
 
 
@@ -394,6 +399,11 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         return step()
     except PiShipError as e:
         reason = reason_text(str(e) or type(e).__name__, redactor)
+        if e.code == CREDENTIAL_DENIED:
+            # Activation's code stays SANDBOX_UNAVAILABLE; what to fix is the key.
+            return _Failure(
+                reason, user_action=e.user_action or UNSANDBOXED_ACTION, cause_code=e.code
+            )
         if e.code not in ACTIONABLE_CODES:
             # A service that asked to be retried later (429) says when, and the caller may wait.
             if e.retry_after is not None:
