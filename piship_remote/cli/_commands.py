@@ -29,6 +29,7 @@ from piship_remote.model.errors import (
 )
 from piship_remote.model.report import describe_containment
 from piship_remote.model.transfer import TransferSummary
+from piship_remote.sandbox._activation_steps import unenforceable_message
 from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
 # activate_sandbox's fixed opening for a required sandbox it could not have, and its meaning.
-UNENFORCEABLE = "The distribution requires a sandbox, but it cannot be enforced"
+UNENFORCEABLE = unenforceable_message("")
 UNENFORCEABLE_MEANING = (
     "Meaning: the policy requires a sandbox and none could be had, so nothing ran"
     " (nothing ever runs on this host instead)"

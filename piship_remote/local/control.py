@@ -325,10 +325,8 @@ class ControlPlane:
                 auto_pause_memory=new.auto_pause_memory is not False,
                 private_traffic=_private_traffic(body),
             )
-        except UnknownTemplate:
-            offered = ", ".join(sorted(self._registry.templates))
-            message = f"template '{new.template_id}' not found; this service offers: {offered}"
-            return api_error(404, message), None
+        except UnknownTemplate:  # GET /templates lists those offered
+            return api_error(404, f"template '{new.template_id}' not found"), None
         except TooManySandboxes as e:
             return api_error(429, str(e)), None
         except SandboxGone as e:

@@ -56,7 +56,7 @@ from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPAN
 if TYPE_CHECKING:
     from piship_remote.sandbox.activation import Sandbox
 
-__all__ = ["Activation", "log_environment_warnings"]
+__all__ = ["Activation", "log_environment_warnings", "unenforceable_message"]
 
 _LOG = logging.getLogger("piship_remote")
 
@@ -327,7 +327,7 @@ class Activation:
         if self.policy.required:
             raise PiShipError(
                 failure.code,
-                f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
+                unenforceable_message(reason),
                 component="sandbox",
                 retryable=failure.retryable,
                 retry_after=failure.retry_after,
@@ -391,6 +391,11 @@ class _Failure(Exception):
             retry_after=self.retry_after,
             cause_code=self.cause_code,
         )
+
+
+def unenforceable_message(reason: str) -> str:
+    """The fixed message of a required sandbox that could not be had, for ``reason``."""
+    return f"The distribution requires a sandbox, but it cannot be enforced: {reason}"
 
 
 def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure:
