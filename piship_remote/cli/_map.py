@@ -42,9 +42,18 @@ TAIL_LINES = 10  # lines of each stream shown under a task that did not end ok
 def map_items(args: argparse.Namespace) -> int:
     """Run the command for every item; 0 when every task was ``ok``."""
     template, items = _template_and_items(args)
-    check_command(template)
-    if ITEM not in template:
-        print(f"piship-remote: warning: {no_item_warning(template)}", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoItemWarning)  # told below, in the CLI's words
+        check_command(template)
+        if ITEM not in template:
+            print(f"piship-remote: warning: {no_item_warning(template)}", file=sys.stderr)
+        counts = _run_pool(args, template, items)
+    sys.stderr.write(summary_table(counts))
+    return 0 if counts["ok"] == len(items) else EXIT_NOT_ALL_OK
+
+
+def _run_pool(args: argparse.Namespace, template: str, items: list[str]) -> Counter[str]:
+    """Run the tasks, printing each as it ends; the count of each outcome."""
     counts: Counter[str] = Counter()
     with ExitStack() as stack:
         pool = SandboxPool(
@@ -63,16 +72,13 @@ def map_items(args: argparse.Namespace) -> int:
         stack.enter_context(pool)
         if args.sync:
             _report_push(pool, verbose=args.verbose)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NoItemWarning)  # told above, in the CLI's words
-            for result in pool.imap(template, items, timeout=args.timeout):
-                if result.error is not None and is_refusal(result.error):
-                    raise result.error  # a wrong key or template: no task can run
-                counts[result.outcome] += 1
-                lines = [_json_line(result)] if args.jsonl else _text_lines(result)
-                print("\n".join(lines), flush=True)
-    sys.stderr.write(summary_table(counts))
-    return 0 if counts["ok"] == len(items) else EXIT_NOT_ALL_OK
+        for result in pool.imap(template, items, timeout=args.timeout):
+            if result.error is not None and is_refusal(result.error):
+                raise result.error  # a wrong key or template: no task can run
+            counts[result.outcome] += 1
+            lines = [_json_line(result)] if args.jsonl else _text_lines(result)
+            print("\n".join(lines), flush=True)
+    return counts
 
 
 def _report_push(pool: SandboxPool, *, verbose: bool) -> None:

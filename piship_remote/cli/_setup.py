@@ -63,7 +63,8 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
     if args.backend == "local":
         from piship_remote.local import LocalE2bService
 
-        return stack.enter_context(LocalE2bService()).backend(lifetime_seconds=lease_seconds(args))
+        service = stack.enter_context(LocalE2bService())
+        return service.backend(template=args.template, lifetime_seconds=lease_seconds(args))
     if args.backend == "kubernetes":
         return kubernetes_backend(args)
     from piship_remote.backends.e2b.backend import E2bCompatibleBackend
