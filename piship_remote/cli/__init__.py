@@ -40,6 +40,7 @@ from piship_remote.cli._commands import (
 )
 from piship_remote.cli._parser import (
     Parser,
+    add_python_env,
     add_sandbox_options,
     non_negative_int,
     port_number,
@@ -194,8 +195,10 @@ def _parser() -> Parser:
         action="append",
         default=[],
         help="offer template NAME made from PATH: a root filesystem directory or an image"
-        " archive (docker save, podman save, an OCI layout tar); repeatable",
+        " archive (docker save, podman save, an OCI layout tar, a docker export root"
+        " filesystem tar); repeatable",
     )
+    add_python_env(serve, serve)
     serve.set_defaults(handler=_commands.serve)
 
     sweep = parser.command(

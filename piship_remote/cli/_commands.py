@@ -216,7 +216,12 @@ def serve(args: argparse.Namespace) -> int:
     }
     templates = dict(args.template)
     local.serve(
-        host=args.host, port=args.port, api_key=_serve_key(args), templates=templates, **limits
+        host=args.host,
+        port=args.port,
+        api_key=_serve_key(args),
+        templates=templates,
+        python_env=args.python_env,
+        **limits,
     )
     return 0
 

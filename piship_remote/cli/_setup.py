@@ -63,7 +63,7 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
     if args.backend == "local":
         from piship_remote.local import LocalE2bService
 
-        service = stack.enter_context(LocalE2bService())
+        service = stack.enter_context(LocalE2bService(python_env=args.python_env))
         return service.backend(template=args.template, lifetime_seconds=lease_seconds(args))
     if args.backend == "kubernetes":
         return kubernetes_backend(args)

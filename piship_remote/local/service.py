@@ -50,6 +50,7 @@ from piship_remote.local.isolation.limits import (
     MIB,
     Limits,
 )
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
@@ -59,7 +60,14 @@ from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiSh
 if TYPE_CHECKING:
     from piship_remote import E2bCompatibleBackend
 
-__all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
+__all__ = [
+    "DEFAULT_HTTP_LIMITS",
+    "LocalE2bService",
+    "add_python_env_option",
+    "main",
+    "remove_stale_directories",
+    "serve",
+]
 
 COMPONENT = "local"
 DIRECTORY_PREFIX = "piship-local-"
@@ -91,7 +99,11 @@ class LocalE2bService:
     ``templates`` maps a template name to a directory holding a root filesystem or to an
     image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
     unpacked once into the service's files; ``base`` is the host's ``/usr``, and a create
-    naming a template the service does not offer is refused (404).
+    naming a template the service does not offer is refused (404; ``GET /templates``
+    lists those offered). ``python_env`` lends every sandbox a host Python environment
+    (a virtual environment, or an installation with ``bin/python3``) read-only at its own
+    path, its ``bin`` first on ``PATH``: the sandbox's ``python3`` is that environment,
+    with the packages installed in it.
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
@@ -115,10 +127,12 @@ class LocalE2bService:
         max_disk_mib: int = DEFAULT_DISK_MIB,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
+        python_env: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_loopback(host)
         try:
             self.workdir = validate_workdir(workdir)
+            lent = None if python_env is None else PythonEnv.find(python_env, workdir=workdir)
         except ValueError as e:
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         problem = isolation_problem(bwrap)
@@ -140,6 +154,7 @@ class LocalE2bService:
         directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-", dir=parent)
         if root_mappable():
             os.chmod(directory, 0o711)  # its sandboxes' host uids look their places up
+        lent = _staged(lent, directory)
         try:
             cache = os.path.join(directory, TEMPLATE_CACHE)
             owner = host_uid(0) if root_mappable() else None
@@ -155,6 +170,7 @@ class LocalE2bService:
             max_sandboxes=max_sandboxes,
             limits=limits,
             templates=offered,
+            python_env=lent,
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
         self._envd = Envd(self._registry)
@@ -278,13 +294,15 @@ def serve(
     stop: threading.Event | None = None,
     api_key: str | None = None,
     templates: Mapping[str, str | os.PathLike[str]] | None = None,
+    python_env: str | os.PathLike[str] | None = None,
     **limits: Any,
 ) -> None:
     """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it.
 
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
     ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
-    ``max_memory_mib``, ``max_disk_mib``, ``max_lifetime``).
+    ``max_memory_mib``, ``max_disk_mib``, ``max_lifetime``); ``python_env`` as for
+    :class:`LocalE2bService`.
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
@@ -297,6 +315,7 @@ def serve(
             bwrap=bwrap,
             api_key=api_key,
             templates=templates,
+            python_env=python_env,
             **limits,
         ) as service,
         _stopped_by_sigterm(stop),
@@ -306,6 +325,8 @@ def serve(
         print(f"envd url: {service.envd_url}", file=out)
         print(f"api key:  {service.api_key}", file=out)
         print(f"templates: {', '.join(service.templates)}", file=out)
+        if python_env is not None:
+            print(f"python3:  {os.fspath(python_env)} (read-only, first on PATH)", file=out)
         for line in service.containment.lines():
             print(line, file=out)
         print("\nTo use it from another shell (piship-remote, or your own code):", file=out)
@@ -339,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--user", default="user", help="the envd user (default user)")
     parser.add_argument("--bwrap", default=None, help="the bubblewrap binary to use")
     add_template_option(parser)
+    add_python_env_option(parser)
     args = parser.parse_args(argv)
     try:
         templates = dict(args.template)
@@ -349,11 +371,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             user=args.user,
             bwrap=args.bwrap,
             templates=templates,
+            python_env=args.python_env,
         )
     except PiShipError as e:
         print(e.render(), file=sys.stderr)
         return 3 if e.code == SANDBOX_UNAVAILABLE else 2
     return 0
+
+
+def add_python_env_option(parser: argparse.ArgumentParser) -> None:
+    """``--python-env PATH``: the host Python environment every sandbox runs as ``python3``."""
+    parser.add_argument(
+        "--python-env",
+        metavar="PATH",
+        default=None,
+        help="lend every sandbox this Python environment (a venv with your test"
+        " dependencies), read-only: its python3 and scripts come first on PATH",
+    )
 
 
 def add_template_option(parser: argparse.ArgumentParser) -> None:
@@ -387,6 +421,22 @@ def _stopped_by_sigterm(stop: threading.Event) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _staged(lent: PythonEnv | None, directory: str) -> PythonEnv | None:
+    """``lent`` as a root service's sandboxes can bind it (a Python under ``/root`` bound
+    into the service's ``directory`` first); ``directory`` is removed when it cannot be."""
+    if lent is None or not root_mappable():
+        return lent
+    try:
+        return lent.staged(directory)
+    except OSError as e:
+        remove_tree(directory)
+        raise PiShipError(
+            CONFIG_INVALID,
+            f"the Python environment {lent.root} cannot be lent to the sandboxes: {e}",
+            component=COMPONENT,
+        ) from None
 
 
 def remove_stale_directories(parent: str) -> list[str]:

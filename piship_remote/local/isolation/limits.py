@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from itertools import count
@@ -41,6 +42,8 @@ __all__ = [
     "Enforcement",
     "GroupUsage",
     "Limits",
+    "bind_readonly",
+    "detach_mounts_below",
     "limit_check",
     "mount_tmpfs",
     "unmount",
@@ -54,8 +57,12 @@ DEFAULT_LIFETIME = 24 * 3600
 V1_ROOT = "/sys/fs/cgroup"
 REMOVE_TRIES = 50
 MNT_DETACH = 2
+MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 FREEZE_TIMEOUT = 5.0
 FREEZE_POLL = 0.005
 AGENT_SUFFIX = "-agent"
@@ -359,6 +366,45 @@ def unmount(path: str) -> None:
     libc = _libc()
     if libc is not None and os.path.ismount(path):
         libc.umount2(os.fsencode(path), MNT_DETACH)
+
+
+def bind_readonly(source: str, target: str) -> None:
+    """Bind the folder ``source`` at ``target``, read-only (checked: a bind the kernel left
+    writable is detached again); ``OSError`` if refused."""
+    libc = _libc()
+    if libc is None:
+        raise OSError("the C library cannot be loaded to bind a folder")
+    flags = MS_BIND | MS_NOSUID | MS_NODEV
+    if libc.mount(os.fsencode(source), os.fsencode(target), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"binding {source} at {target}: {os.strerror(err)}")
+    remount = flags | MS_REMOUNT | MS_RDONLY
+    libc.mount(None, os.fsencode(target), None, remount, None)
+    if not os.statvfs(target).f_flag & os.ST_RDONLY:
+        libc.umount2(os.fsencode(target), MNT_DETACH)
+        raise OSError(f"binding {source} at {target}: it could not be made read-only")
+
+
+def detach_mounts_below(path: str) -> None:
+    """Detach every mount at or below ``path`` (deepest first), so removing ``path``
+    never reaches into a folder bound there."""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            points = [_unescape(line.split()[4]) for line in handle if len(line.split()) > 4]
+    except OSError:
+        return
+    below = [p for p in points if p == real or p.startswith(real.rstrip("/") + "/")]
+    libc = _libc() if below else None
+    for point in sorted(set(below), key=len, reverse=True):
+        # Not unmount(): os.path.ismount misses a bind from the same filesystem.
+        if libc is not None:
+            libc.umount2(os.fsencode(point), MNT_DETACH)
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field, whose spaces and the like are written as octal escapes."""
+    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
 
 
 def _libc() -> ctypes.CDLL | None:

@@ -31,9 +31,11 @@ from piship_remote.local.isolation.limits import (
     CgroupSet,
     Enforcement,
     Limits,
+    detach_mounts_below,
     mount_tmpfs,
     unmount,
 )
+from piship_remote.local.isolation.python_env import LENT_FOLDER, PythonEnv
 from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
@@ -55,6 +57,7 @@ class SandboxLayout:
     with_root: bool
     limits: Limits
     enforcement: Enforcement
+    python_env: PythonEnv | None = None
 
 
 def boot(
@@ -128,6 +131,7 @@ def _jail(directory: str, layout: SandboxLayout, network: bool, rootfs: str | No
         own_map=own_map,
         rootfs=rootfs,
         boot_id=os.path.join(directory, "boot_id"),
+        python_env=layout.python_env,
     )
 
 
@@ -146,6 +150,9 @@ def remove_tree(path: str) -> None:
 
     if not os.path.lexists(path):
         return
+    # A folder bound read-only into the service's directory (a lent Python) is detached
+    # first, so the removal never reaches into it.
+    detach_mounts_below(os.path.join(path, LENT_FOLDER))
     if sys.version_info >= (3, 12):
         shutil.rmtree(path, onexc=unlock)
     else:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from piship_remote.local.isolation.limits import Enforcement, Limits
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
@@ -93,6 +94,7 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         with_root: bool | None = None,
         templates: Mapping[str, str | None] | None = None,
+        python_env: PythonEnv | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
@@ -111,6 +113,7 @@ class Registry:
             with_root=self.users.root is not None,
             limits=self.limits,
             enforcement=self.enforcement,
+            python_env=python_env,
         )
         self._max = max_sandboxes
         self.clock = clock
