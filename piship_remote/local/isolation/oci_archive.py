@@ -1,8 +1,10 @@
 """A container image archive unpacked into a root filesystem, layer by layer, nothing outside it.
 
-Two archive forms are read: what ``docker save`` / ``podman save`` write (a
-``manifest.json`` listing the layer tars) and an OCI image layout in a tar
-(``index.json`` -> a manifest blob -> layer blobs). Layers are applied in order;
+Three archive forms are read: what ``docker save`` / ``podman save`` write (a
+``manifest.json`` listing the layer tars), an OCI image layout in a tar
+(``index.json`` -> a manifest blob -> layer blobs), and a flat root filesystem (what
+``docker export`` writes: one tar of the files with ``usr/``, ``etc/`` or ``bin/`` at its
+top, read as one layer). Layers are applied in order;
 their whiteouts are honoured (``.wh.NAME`` removes ``NAME`` from the layers below,
 ``.wh..wh..opq`` empties its directory first). Layers may be plain or gzip tars::
 
@@ -14,6 +16,9 @@ Nothing is ever written outside ``target``: a member named with an absolute path
 outside the root refuse the whole archive (:class:`ImageRefused`). Device nodes are
 skipped (they cannot be made unprivileged and a sandbox gets its own ``/dev``); owners
 are not restored (the files belong to the service, the sandbox sees them read-only).
+Every file, link and directory keeps its modification time, and every file its mode
+(a directory stays open to the service), so the image's ``.pyc`` files stay valid: a
+Python whose sources all carried the unpack time would recompile them at every start.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 PIECE = 1024 * 1024
+_ROOT_FOLDERS = frozenset({"usr", "etc", "bin"})  # one of them: a flat tar is a root filesystem
 
 
 class ImageRefused(ValueError):
@@ -45,33 +51,68 @@ def is_image_archive(path: str) -> bool:
 
 
 def unpack_image(archive: str, target: str) -> None:
-    """Unpack the image ``archive`` into the new directory ``target`` (its parent must exist)."""
+    """Unpack the image ``archive`` (or flat root filesystem tar) into the new directory
+    ``target`` (its parent must exist)."""
     os.mkdir(target, 0o755)
+    folder_times: dict[str, float] = {}
     with tarfile.open(archive, "r:*") as outer:
-        for layer in _layers(outer):
-            with tarfile.open(fileobj=layer, mode="r:*") as tar:
-                _apply(tar, target)
+        if _is_flat(outer):
+            _apply(outer, target, folder_times)
+        else:
+            for layer in _layers(outer):
+                with tarfile.open(fileobj=layer, mode="r:*") as tar:
+                    _apply(tar, target, folder_times)
+    _set_folder_times(folder_times)
 
 
 def copy_root(source: str, target: str) -> None:
     """Copy the root filesystem ``source`` into the new directory ``target``: directories,
-    regular files and symlinks (as links, never followed); other kinds are skipped."""
+    regular files and symlinks (as links, never followed), with their times; other kinds
+    are skipped."""
     os.mkdir(target, 0o755)
+    folder_times = {target: os.stat(source).st_mtime}
     for directory, dirnames, filenames in os.walk(source):
         inside = os.path.join(target, os.path.relpath(directory, source))
         for name in dirnames + filenames:
-            _copy_entry(os.path.join(directory, name), os.path.join(inside, name))
+            copied = os.path.join(inside, name)
+            mtime = _copy_entry(os.path.join(directory, name), copied)
+            if name in dirnames and mtime is not None:
+                folder_times[copied] = mtime
+    _set_folder_times(folder_times)
 
 
-def _copy_entry(path: str, copy: str) -> None:
+def _copy_entry(path: str, copy: str) -> float | None:
+    """Copy one entry (a directory empty: its files follow); its modification time."""
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         os.symlink(os.readlink(path), copy)
     elif stat.S_ISDIR(info.st_mode):
         os.mkdir(copy, stat.S_IMODE(info.st_mode) | 0o700)
+        return info.st_mtime
     elif stat.S_ISREG(info.st_mode):
         shutil.copyfile(path, copy, follow_symlinks=False)
         os.chmod(copy, stat.S_IMODE(info.st_mode) & 0o1777)
+    else:
+        return None
+    os.utime(copy, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+    return info.st_mtime
+
+
+def _set_folder_times(folder_times: dict[str, float]) -> None:
+    """Give each folder its time, deepest first (filling a folder changes its time)."""
+    for folder in sorted(folder_times, key=lambda path: path.count(os.sep), reverse=True):
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            os.utime(folder, (folder_times[folder], folder_times[folder]))
+
+
+def _is_flat(outer: tarfile.TarFile) -> bool:
+    """Whether the tar is a root filesystem itself (``docker export``: no image manifest,
+    and a root's ``usr``, ``etc`` or ``bin`` at its top), not an image."""
+    names = set(outer.getnames())
+    if "manifest.json" in names or "index.json" in names:
+        return False
+    tops = {name.removeprefix("./").split("/", 1)[0] for name in names}
+    return bool(tops & _ROOT_FOLDERS)
 
 
 def _layers(outer: tarfile.TarFile) -> Iterator[IO[bytes]]:
@@ -85,7 +126,10 @@ def _layers(outer: tarfile.TarFile) -> Iterator[IO[bytes]]:
     elif "index.json" in names:
         paths = _oci_layers(outer)
     else:
-        raise ImageRefused("not an image archive: no manifest.json (docker save) or index.json")
+        raise ImageRefused(
+            "not an image archive: no manifest.json (docker save) or index.json (OCI), nor a"
+            " root filesystem (docker export: usr/, etc/ or bin/ at its top)"
+        )
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise ImageRefused("the image's manifest lists no layers")
     for path in paths:
@@ -136,7 +180,7 @@ def _json(outer: tarfile.TarFile, name: str) -> Any:
 # -- one layer -----------------------------------------------------------------------------
 
 
-def _apply(tar: tarfile.TarFile, root: str) -> None:
+def _apply(tar: tarfile.TarFile, root: str, folder_times: dict[str, float]) -> None:
     for member in tar:
         relative = _safe_name(member.name)
         if relative is None:
@@ -149,6 +193,8 @@ def _apply(tar: tarfile.TarFile, root: str) -> None:
             _remove(os.path.join(parent_path, base[len(WHITEOUT) :]))
         else:
             _write(tar, member, root, parent_path, base)
+            if member.isdir():
+                folder_times[os.path.join(parent_path, base)] = member.mtime
 
 
 def _safe_name(name: str) -> str | None:
@@ -209,6 +255,7 @@ def _write(
     _remove(path)
     if member.issym():
         os.symlink(member.linkname, path)
+        os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
     elif member.islnk():
         source = _safe_name(member.linkname)
         if source is None:
@@ -222,8 +269,10 @@ def _write(
         with os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(extracted, out, PIECE)
         os.chmod(path, _mode(member))
+        os.utime(path, (member.mtime, member.mtime))
     elif member.isfifo():
         os.mkfifo(path, _mode(member))
+        os.utime(path, (member.mtime, member.mtime))
     # Character and block devices are skipped: the sandbox gets its own /dev.
 
 
