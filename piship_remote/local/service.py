@@ -33,6 +33,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+import attrs
+
 from piship_remote._http_server.server import Head, HttpServer, Reply, Request
 from piship_remote._http_server.server import Limits as HttpLimits
 from piship_remote.local.containment import Containment, containment
@@ -49,6 +51,7 @@ from piship_remote.local.isolation.limits import (
     DEFAULT_PROCESSES,
     MIB,
     Limits,
+    detach_mounts_below,
 )
 from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
@@ -63,10 +66,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_HTTP_LIMITS",
     "LocalE2bService",
+    "StaleService",
     "add_python_env_option",
     "main",
+    "remove_service_directory",
     "remove_stale_directories",
     "serve",
+    "stale_services",
 ]
 
 COMPONENT = "local"
@@ -83,6 +89,7 @@ DEFAULT_HTTP_LIMITS = HttpLimits(
 stall at most 5 s, connections idle at most 120 s (the longest-idle one is closed first
 when all 64 are open)."""
 _OWNED_DIRECTORY = re.compile(re.escape(DIRECTORY_PREFIX) + r"(\d+)-[a-z0-9_]+")
+_SANDBOX_ID = re.compile(r"[0-9a-f]{20}")
 
 
 class LocalE2bService:
@@ -439,27 +446,55 @@ def _staged(lent: PythonEnv | None, directory: str) -> PythonEnv | None:
         ) from None
 
 
-def remove_stale_directories(parent: str) -> list[str]:
-    """Remove this user's service directories in ``parent`` whose owning process is gone."""
-    removed: list[str] = []
+@attrs.frozen
+class StaleService:
+    """What a local service whose process is gone (killed, its machine lost) left: its
+    ``directory``, the IDs of the ``sandboxes`` whose files are there, and when it began."""
+
+    directory: str
+    sandboxes: tuple[str, ...]
+    created: float
+
+
+def stale_services(parent: str | None = None) -> list[StaleService]:
+    """This user's service directories in ``parent`` (default: the system temporary
+    directory, where services make theirs) whose owning process is gone."""
+    folder = parent if parent is not None else tempfile.gettempdir()
+    found: list[StaleService] = []
     try:
-        entries = list(os.scandir(parent))
+        entries = list(os.scandir(folder))
     except OSError:
-        return removed
+        return found
     for entry in entries:
         owner = _OWNED_DIRECTORY.fullmatch(entry.name)
         if owner is None or _alive(int(owner.group(1))):
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False):
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid():
                 continue
-            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
+            names = sorted(os.listdir(entry.path))
         except OSError:
             continue
-        remove_tree(entry.path)
-        removed.append(entry.path)
+        sandboxes = tuple(name for name in names if _SANDBOX_ID.fullmatch(name))
+        found.append(StaleService(entry.path, sandboxes, info.st_mtime))
+    return found
+
+
+def remove_stale_directories(parent: str) -> list[str]:
+    """Remove this user's service directories in ``parent`` whose owning process is gone."""
+    removed: list[str] = []
+    for stale in stale_services(parent):
+        remove_service_directory(stale.directory)
+        removed.append(stale.directory)
     return removed
+
+
+def remove_service_directory(directory: str) -> None:
+    """Remove a stale service's directory, its mounts (sandbox disks, a lent Python)
+    detached first: no process of it is left to use them."""
+    detach_mounts_below(directory)
+    remove_tree(directory)
 
 
 def _alive(pid: int) -> bool:
