@@ -61,7 +61,14 @@ class Parser(argparse.ArgumentParser):
         group.add_argument(*names, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        super().error(f"{message}{self._hint(message)}")
+        """The mistake and its closest fix at once, under a one-line usage (``--help``
+        has the long one)."""
+        self.exit(
+            2,
+            f"usage: {self.prog} [options] ...\n"
+            f"{self.prog}: error: {message}{self._hint(message)}\n"
+            f"('{self.prog} --help' lists the options)\n",
+        )
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
