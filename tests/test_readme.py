@@ -188,6 +188,10 @@ def _clean_environ() -> dict[str, str]:
     keep = ("PATH", "HOME", "LANG", "SYSTEMROOT", "TMPDIR")
     env = {name: os.environ[name] for name in keep if name in os.environ}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    # The environment the tests run in, as `activate` leaves it: a README line may name
+    # $VIRTUAL_ENV, or run piship-remote anywhere in a pipeline.
+    env["VIRTUAL_ENV"] = sys.prefix
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     return env
 
 

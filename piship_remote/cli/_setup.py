@@ -10,7 +10,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from piship_remote.backends.base import Backend
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, CONFIG_UNAVAILABLE, PiShipError
 from piship_remote.model.policy import SandboxPolicy
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def _load_policy(path: str) -> dict[str, Any]:
             text = handle.read()
     except OSError as e:
         raise PiShipError(
-            CONFIG_INVALID, f"cannot read the policy file {path}: {e.strerror}"
+            CONFIG_UNAVAILABLE, f"cannot read the policy file {path}: {e.strerror}"
         ) from None
     data = _parse_policy(path, text)
     if not isinstance(data, dict):
