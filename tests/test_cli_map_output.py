@@ -20,7 +20,7 @@ def noisy(start: dict[str, Any]) -> dict[str, Any]:
     """``fail`` in the script: 30 lines on each stream, then exit 1; ``slow``: no end;
     else one line."""
     if "slow" in script(start):
-        return {"hang": True}
+        return {"stdout": "collected 3 items\n", "stderr": "still going\n", "hang": True}
     if "fail" not in script(start):
         return {"stdout": "fine\n"}
     return {
@@ -64,6 +64,12 @@ def test_a_timed_out_task_prints_the_timeout_it_was_given(mapped, capsys) -> Non
     out = capsys.readouterr().out
     assert status == 1
     assert "timeout   slow" in out and "timeout:0.7" in out
+
+
+def test_a_timed_out_task_shows_what_it_wrote_before_it_was_killed(mapped, capsys) -> None:
+    mapped("--timeout", "0.7", "--", "run {item}", "slow")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == ["  stderr | still going", "  stdout | collected 3 items"]
 
 
 def test_a_command_without_item_warns_once_in_plain_words(mapped, capsys) -> None:

@@ -141,10 +141,19 @@ def _text_lines(result: TaskResult) -> list[str]:
     elif result.error is not None and result.outcome != "ok":
         detail = f": {' '.join(str(result.error).split())[:300]}"
     lines = [f"{result.outcome:<9} {result.item} {result.seconds:.1f}s{detail}"]
-    if result.outcome != "ok" and isinstance(result.value, CommandResult):
-        lines.extend(_output_tail("stderr", result.value.stderr))
-        lines.extend(_output_tail("stdout", result.value.stdout))
+    output = _output_of(result)
+    if result.outcome != "ok" and output is not None:
+        lines.extend(_output_tail("stderr", output.stderr))
+        lines.extend(_output_tail("stdout", output.stdout))
     return lines
+
+
+def _output_of(result: TaskResult) -> CommandResult | None:
+    """The task's output: its command's result, or what it wrote before it was stopped."""
+    if isinstance(result.value, CommandResult):
+        return result.value
+    output = getattr(result.error, "output", None)
+    return output if isinstance(output, CommandResult) else None
 
 
 def _output_tail(stream: str, text: str) -> list[str]:

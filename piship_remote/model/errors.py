@@ -95,6 +95,8 @@ class PiShipError(Exception):
     # The code of the failure underneath, where ``code`` is pinned and says less (a key
     # the service refused, under activation's SANDBOX_UNAVAILABLE); not in to_dict().
     cause_code: str | None
+    # What a command wrote before this error stopped it (Sandbox.run sets it), or None.
+    output: CommandResult | None = None
 
     def __init__(
         self,
@@ -163,6 +165,9 @@ class CommandTimeout(TimeoutError):
 
     ``str(e)`` is ``timeout:<seconds>`` (``timeout:0.3``, ``timeout:5``).
     """
+
+    output: CommandResult | None = None
+    """What the command wrote before it was killed (``Sandbox.run`` sets it), or ``None``."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = float(timeout)

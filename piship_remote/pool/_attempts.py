@@ -199,8 +199,10 @@ class TaskAttempts:
         remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         try:
             result = sandbox.run(command, timeout=remaining, cancel=cancel)
-        except CommandTimeout:  # told as the task's timeout, not what was left of it
-            return _Attempt(TIMEOUT, error=CommandTimeout(timeout or 0.0), sandbox_id=sandbox_id)
+        except CommandTimeout as expired:  # told as the task's timeout, not what was left
+            told = CommandTimeout(timeout or 0.0)
+            told.output = expired.output
+            return _Attempt(TIMEOUT, error=told, sandbox_id=sandbox_id)
         except Exception as error:
             return _Attempt(command_outcome(error), error=error, sandbox_id=sandbox_id)
         return _Attempt(OK if result.exit_code == 0 else FAILED, result, sandbox_id=sandbox_id)

@@ -13,10 +13,13 @@ import sys
 
 import attrs
 
-__all__ = ["OUTPUT_LIMIT", "CommandResult", "OutputCapture"]
+__all__ = ["NO_EXIT", "OUTPUT_LIMIT", "CommandResult", "OutputCapture"]
 
 OUTPUT_LIMIT = 16 * 1024 * 1024
 """The bytes of each stream ``Sandbox.run`` keeps by default."""
+
+
+NO_EXIT = -1  # the exit code of the output of a command that did not exit on its own
 
 
 @attrs.frozen
