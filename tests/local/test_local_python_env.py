@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from local_service_support import Client, needs_bwrap
 
 from piship_remote import PiShipError
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.python_env import LENT_FOLDER, PythonEnv
 from piship_remote.model.errors import CONFIG_INVALID
+from tests.support.local_service import Client, needs_bwrap
 
 pytestmark = pytest.mark.timeout(120)
 HERE = sys.prefix  # the environment these tests run in: it holds pytest and attrs

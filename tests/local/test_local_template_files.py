@@ -10,12 +10,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from image_support import docker_save_tar, layer, layer_of_directory, minimal_rootfs
-from local_service_support import Client, needs_bwrap
 
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.oci_archive import copy_root, unpack_image
 from piship_remote.local.sandbox.templates import prepare_templates
+from tests.support.image import docker_save_tar, layer, layer_of_directory, minimal_rootfs
+from tests.support.local_service import Client, needs_bwrap
 
 pytestmark = pytest.mark.timeout(120)
 OLD = 1_000_000_000  # 2001-09-09: any time that is not now

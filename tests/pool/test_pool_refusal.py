@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pool_support import POLICY, exit_as_asked, pool_maker
 
 from piship_remote import E2bCompatibleBackend
 from piship_remote.model.errors import CONFIG_INVALID, CREDENTIAL_DENIED, SANDBOX_UNAVAILABLE
 from piship_remote.testing import E2bServer
+from tests.support.pool import POLICY, exit_as_asked, pool_maker
 
 pytestmark = pytest.mark.timeout(30)
 E2bFactory = Callable[..., E2bServer]

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import NEEDS_BWRAP, E2bFactory, use_e2b
-from pool_support import script
 
 from piship_remote.cli import main
+from tests.support.cli import NEEDS_BWRAP, E2bFactory, use_e2b
+from tests.support.pool import script
 
 pytestmark = pytest.mark.timeout(60)
 API_KEY = "e2b_map_output_key"

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_support import script, settled
 
 from piship_remote.testing import E2bServer
+from tests.support.pool import script, settled
 
 pytestmark = pytest.mark.timeout(60)
 E2bFactory = Callable[..., E2bServer]

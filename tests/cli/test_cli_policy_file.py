@@ -21,6 +21,6 @@ def test_a_missing_policy_file_is_config_unavailable(
 
 
 def test_the_readme_table_names_that_code_for_an_unreadable_file() -> None:
-    readme = (Path(__file__).parents[1] / "README.rst").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[2] / "README.rst").read_text(encoding="utf-8")
     row = readme[readme.index("   * - ``CONFIG_UNAVAILABLE``") :].splitlines()[1]
     assert "cannot be read" in row and "--policy" in row

@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pool_support import POLICY, exit_as_asked, pool_maker
 
 from piship_remote import E2bCompatibleBackend, PiShipError, SandboxPool
 from piship_remote.model.errors import CONFIG_INVALID
 from piship_remote.pool._command import NoItemWarning, command_for
 from piship_remote.testing import E2bServer
+from tests.support.pool import POLICY, exit_as_asked, pool_maker
 
 pytestmark = pytest.mark.timeout(30)
 E2bFactory = Callable[..., E2bServer]

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_support import POLICY, pool_maker, script
 
 from piship_remote import CommandTimeout, E2bCompatibleBackend, activate_sandbox
 from piship_remote.testing import E2bServer
+from tests.support.pool import POLICY, pool_maker, script
 
 pytestmark = pytest.mark.timeout(30)
 E2bFactory = Callable[..., E2bServer]
