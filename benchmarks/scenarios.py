@@ -28,6 +28,7 @@ from benchmarks import (
     pool_scale,
     push,
     stream_throughput,
+    template_python,
     tracing_cost,
 )
 from benchmarks.report import ScenarioResult
@@ -60,6 +61,7 @@ _REGISTERED = (
     Scenario(pool_first_command.NAME, pool_first_command.run, round_trips=True),
     Scenario(pool_scale.NAME, pool_scale.run, round_trips=True),
     Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
+    Scenario(template_python.NAME, template_python.run),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}
