@@ -8,9 +8,10 @@ shell word (other braces stay as written). Standard output gets one line per fin
 task, and under a task that did not end ``ok`` the last lines of its stderr and stdout
 (``--jsonl``: one JSON object, with its whole output); standard error gets the
 progress, with ``--sync`` what each sandbox is sent, and at the end a table of the
-outcomes. The exit status is 0 when
-every task is ``ok``, 1 otherwise. ``--sync`` pushes the workspace into every sandbox
-once, when it is activated (nothing is pulled back from many sandboxes).
+outcomes. The exit status is 0 when every task is ``ok``, 1 otherwise, 2 when the
+service refuses the key or the template (then no task runs). ``--sync`` pushes the
+workspace into every sandbox once, when it is activated (nothing is pulled back from
+many sandboxes).
 """
 
 from __future__ import annotations
