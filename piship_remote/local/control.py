@@ -5,7 +5,7 @@
 ``POST /sandboxes`` (and ``/v2/sandboxes``)  201 with ``sandboxID``, ``envdAccessToken``…
 ``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
 ``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``template``…)
-``GET /templates``                         200: the templates offered (``templateID``, ``aliases``)
+``GET /templates``                         200 (no key needed): the names offered (``templateID``)
 ``GET /sandboxes/<id>``                    200 with the sandbox's details (``state``)
 ``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 201 if it resumed
 ``POST /sandboxes/<id>/pause``             204: its processes frozen; 409 if already paused
@@ -112,6 +112,7 @@ _ACTION_METHOD = {
     "/snapshots": ("POST",),
     "/network": ("PUT",),
 }
+_TEMPLATES_PATH = "/templates"
 _SNAPSHOT_PATH = re.compile(r"/templates/([A-Za-z0-9_.:/-]{1,256})\Z")
 _RUNNING_ONLY = ("/timeout", "/refreshes", "/network")
 
@@ -136,6 +137,10 @@ class ControlPlane:
         """Answer one control-plane request."""
         if request.path == "/health":
             return Reply(204)
+        if request.path == _TEMPLATES_PATH:  # names only, no key needed: as /health
+            if request.method != "GET":
+                return api_error(405, f"{request.method} is not allowed on {request.path}")
+            return self._templates()
         refusal = self._refusal(request.path, request.headers)
         if refusal is not None:
             return refusal
@@ -155,10 +160,6 @@ class ControlPlane:
             if key:
                 return self._create_once(key, request.body, default)
             return self._create(request.body, default)[0]
-        if request.path == "/templates":
-            if request.method != "GET":
-                return api_error(405, f"{request.method} is not allowed on {request.path}")
-            return self._templates()
         copies = self._copy_route(request)
         if copies is not None:
             return copies
@@ -341,9 +342,9 @@ class ControlPlane:
         return Reply(204)
 
     def _refusal(self, path: str, headers: Mapping[str, str]) -> Reply | None:
-        if path == "/health":
+        if path in ("/health", _TEMPLATES_PATH):
             return None
-        if not path.startswith(("/sandboxes", "/v2/sandboxes", "/snapshots", "/templates")):
+        if not path.startswith(("/sandboxes", "/v2/sandboxes", "/snapshots", "/templates/")):
             return api_error(404, "not found")
         key = headers.get("x-api-key", "")
         if not hmac.compare_digest(key.encode(), self._api_key.encode()):

@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import requests
 
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.oci_archive import copy_root, unpack_image
@@ -94,3 +95,12 @@ def test_a_docker_export_tar_is_offered_as_a_template(tmp_path: Path) -> None:
         client = Client(service)
         sandbox = client.create(templateID="exported")
         assert client.run(sandbox, "cat /etc/motd").stdout == "exported\n"
+
+
+@needs_bwrap
+def test_the_service_lists_its_templates_without_a_key(tmp_path: Path) -> None:
+    rootfs = minimal_rootfs(tmp_path / "rootfs")
+    with LocalE2bService(templates={"tools": rootfs}) as service:
+        answer = requests.get(service.url + "/templates", timeout=10)
+    assert answer.status_code == 200
+    assert [entry["templateID"] for entry in answer.json()] == ["base", "tools"]

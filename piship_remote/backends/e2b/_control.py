@@ -419,9 +419,11 @@ class ControlPlane:
         )
 
     def _offered_templates(self) -> list[str]:
-        """The names ``GET /templates`` lists (E2B's shape), or none when it cannot say."""
+        """The names ``GET /templates`` lists (E2B's shape), or none when it cannot say;
+        asked without the key, as ``/health`` is (a service that wants one says nothing)."""
         try:
-            with self.request("GET", "/templates", repeatable=True) as response:
+            url = f"{self.endpoint}/templates"
+            with self._transport.request("GET", url, timeout=HEALTH_TIMEOUT) as response:
                 if response.status != 200:
                     return []
                 listed = response.json_value(MAX_CONTROL_RESPONSE)
