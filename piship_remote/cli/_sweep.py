@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -82,8 +83,9 @@ def _sweep_service(args: argparse.Namespace, now: float) -> list[OwnedSandbox]:
 
 def _sweep_local(args: argparse.Namespace, now: float) -> list[OwnedSandbox]:
     """The local backend's sandboxes live in the process that made them and end with it;
-    a process killed outright leaves their files (and disks) behind: those are listed
-    (they carry no labels) and removed."""
+    a process killed outright leaves its service directory (their files, their disks):
+    one row each, named after that directory, removed unless ``--dry-run``. They carry
+    no labels."""
     from piship_remote.local.service import remove_service_directory, stale_services
 
     if args.label:
@@ -92,9 +94,7 @@ def _sweep_local(args: argparse.Namespace, now: float) -> list[OwnedSandbox]:
     if not args.dry_run:
         for service in left:
             remove_service_directory(service.directory)
-    return [
-        OwnedSandbox(i, service.created, "local") for service in left for i in service.sandboxes
-    ]
+    return [OwnedSandbox(os.path.basename(s.directory), s.created, "local") for s in left]
 
 
 def _report(due: list[OwnedSandbox], now: float, args: argparse.Namespace) -> None:

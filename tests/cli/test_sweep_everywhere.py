@@ -68,13 +68,12 @@ def dead_pid() -> int:
 
 def test_local_sweep_lists_and_removes_what_a_killed_process_left(temporary: Path, capsys) -> None:
     left = temporary / f"piship-local-{dead_pid()}-abc123"
-    (left / "0123456789abcdef0123").mkdir(parents=True)
-    (left / "0123456789abcdef0123" / "home").mkdir()
+    (left / "0123456789abcdef" / "home").mkdir(parents=True)
     alive = temporary / f"piship-local-{os.getpid()}-def456"
-    (alive / "fedcba98765432100123").mkdir(parents=True)
+    (alive / "fedcba9876543210").mkdir(parents=True)
     assert main(["sweep", "--backend", "local", "--dry-run"]) == 0
-    assert "would delete 0123456789abcdef0123 (local, " in capsys.readouterr().out
+    assert f"would delete {left.name} (local, " in capsys.readouterr().out
     assert left.exists()
     assert main(["sweep", "--backend", "local"]) == 0
-    assert "deleted 0123456789abcdef0123 (local, " in capsys.readouterr().out
+    assert f"deleted {left.name} (local, " in capsys.readouterr().out
     assert not left.exists() and alive.exists()  # a running service's are not touched

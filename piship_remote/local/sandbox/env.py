@@ -6,7 +6,8 @@ the service maps root), its cgroups holding its limits, and starts its
 :class:`SandboxVm`; nothing is left behind when that fails. :func:`reboot` starts a
 fresh environment in an existing sandbox's jail (a filesystem-only resume); each
 boot gives the sandbox a new ``/proc/sys/kernel/random/boot_id``.
-:func:`remove_tree` removes such a directory again::
+:func:`remove_tree` (see :mod:`~piship_remote.local.isolation.trees`) removes such a
+directory again, at any depth::
 
     layout = SandboxLayout(bwrap=bwrap, user="user", workdir="/home/user",
                            with_root=False, limits=Limits(), enforcement=enforcement)
@@ -18,11 +19,7 @@ boot gives the sandbox a new ``/proc/sys/kernel/random/boot_id``.
 from __future__ import annotations
 
 import os
-import shutil
-import stat
-import sys
 import uuid
-from collections.abc import Callable
 
 import attrs
 
@@ -31,11 +28,12 @@ from piship_remote.local.isolation.limits import (
     CgroupSet,
     Enforcement,
     Limits,
-    detach_mounts_below,
+    group_name,
     mount_tmpfs,
     unmount,
 )
-from piship_remote.local.isolation.python_env import LENT_FOLDER, PythonEnv
+from piship_remote.local.isolation.python_env import PythonEnv
+from piship_remote.local.isolation.trees import remove_tree
 from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
@@ -74,10 +72,12 @@ def boot(
     try:
         jail = _jail(directory, layout, network, rootfs)
         vm = _start(sandbox_id, jail, layout, spawner)
-    except OSError as e:
+    except BaseException as e:  # whatever broke, nothing of the sandbox stays mounted
         unmount(directory)
         remove_tree(directory)
-        raise BootFailed(f"the sandbox could not be started: {e}") from None
+        if isinstance(e, OSError):
+            raise BootFailed(f"the sandbox could not be started: {e}") from None
+        raise
     return jail, vm
 
 
@@ -94,7 +94,7 @@ def _start(sandbox_id: str, jail: Jail, layout: SandboxLayout, spawner: Spawner)
     if jail.boot_id is not None:
         with open(jail.boot_id, "w", encoding="ascii") as handle:
             handle.write(f"{uuid.uuid4()}\n")
-    cgroups = CgroupSet.create(layout.enforcement, f"piship-{sandbox_id}", layout.limits)
+    cgroups = CgroupSet.create(layout.enforcement, group_name(), layout.limits)
     try:
         return SandboxVm.boot(jail, cgroups=cgroups, network=jail.network, spawner=spawner)
     except BaseException:
@@ -133,27 +133,3 @@ def _jail(directory: str, layout: SandboxLayout, network: bool, rootfs: str | No
         boot_id=os.path.join(directory, "boot_id"),
         python_env=layout.python_env,
     )
-
-
-def remove_tree(path: str) -> None:
-    """Remove ``path`` even where a sandbox left read-only directories; ignore what is gone."""
-
-    def unlock(function: Callable[..., object], failed: str, _: object) -> None:
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, os.stat(failed).st_mode | stat.S_IRWXU)
-            function(failed)
-        except OSError:
-            pass
-
-    if not os.path.lexists(path):
-        return
-    # A folder bound read-only into the service's directory (a lent Python) is detached
-    # first, so the removal never reaches into it.
-    detach_mounts_below(os.path.join(path, LENT_FOLDER))
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=unlock)
-    else:
-        shutil.rmtree(path, onerror=unlock)

@@ -35,10 +35,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.limits import Enforcement, Limits
+from piship_remote.local.isolation.limits import Enforcement, Limits, detach
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
 from piship_remote.local.isolation.python_env import PythonEnv
+from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
@@ -188,7 +189,9 @@ class Registry:
         if problem is not None:
             raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
-        directory = os.path.join(self.root, sandbox_id)
+        # Not named after the ID: its path is in the mount table and bubblewrap's command
+        # line, which every user of the host can read.
+        directory = os.path.join(self.root, secrets.token_hex(8))
         with self._changed:
             if self._closed:
                 raise SandboxGone("the local sandbox service stopped")
@@ -205,7 +208,7 @@ class Registry:
                 rootfs=self.templates[wanted.image],
             )
         except BootFailed as e:
-            raise SandboxUnavailable(str(e)) from None
+            raise SandboxUnavailable(self._without_host_paths(str(e))) from None
         finally:
             with self._changed:
                 self._booting -= 1
@@ -223,9 +226,11 @@ class Registry:
         try:
             if seed is not None:
                 copy_places(seed, sandbox.host_dirs)
-        except OSError as e:
+        except Exception as e:  # a copy that broke in any way leaves no sandbox running
             sandbox.destroy("the sandbox's files could not be copied")
-            raise SandboxUnavailable(str(e)) from None
+            reason = str(e) if isinstance(e, OSError) else "the tree is too deep or changed"
+            message = f"the sandbox's files could not be copied: {reason}"
+            raise SandboxUnavailable(self._without_host_paths(message)) from None
         with self._changed:
             if self._closed:
                 closed = True
@@ -237,6 +242,11 @@ class Registry:
             sandbox.destroy("stopped")
             raise SandboxGone("the local sandbox service stopped")
         return sandbox
+
+    def _without_host_paths(self, message: str) -> str:
+        """``message`` with the service's directory (and so any sandbox's) left out: the
+        client is told what failed, never where on the host."""
+        return message.replace(self.root, "<service directory>")
 
     def get(self, sandbox_id: str) -> Sandbox | None:
         """The running sandbox ``sandbox_id``, if any (a paused one is not served).
@@ -335,10 +345,13 @@ class Registry:
             self._sandboxes.clear()
             self._changed.notify_all()
         for sandbox in sandboxes:
-            sandbox.destroy("stopped")
+            with contextlib.suppress(Exception):  # one sandbox's failure spares the rest
+                sandbox.destroy("stopped")
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
+        for point in mounts_below(self.root):  # a destroy that failed midway; a lent Python
+            detach(point)
         remove_tree(self.root)
 
     def _expiry(self, seconds: int) -> float:
