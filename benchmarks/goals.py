@@ -26,6 +26,7 @@ from benchmarks.file_goals import file_goals
 from benchmarks.pool_goals import pool_goals
 from benchmarks.report import Goal, Row, ScenarioResult
 from benchmarks.template_python import NAME as TEMPLATE_PYTHON
+from benchmarks.template_python import SERVER as TEMPLATE_SERVER
 
 __all__ = ["ROUND_TRIP_MS", "evaluate"]
 
@@ -40,8 +41,16 @@ class _Rows:
     def __init__(self, rows: Sequence[Row]) -> None:
         self._rows = {row.key: row for row in rows}
 
-    def find(self, scenario: str, client: str, *, rtt_ms: int = 0, group: str = "") -> Row | None:
-        return self._rows.get((scenario, "loopback", rtt_ms, group, client))
+    def find(
+        self,
+        scenario: str,
+        client: str,
+        *,
+        rtt_ms: int = 0,
+        group: str = "",
+        server: str = "loopback",
+    ) -> Row | None:
+        return self._rows.get((scenario, server, rtt_ms, group, client))
 
 
 def _goal(
@@ -159,7 +168,7 @@ def evaluate(scenarios: Iterable[ScenarioResult]) -> tuple[Goal, ...]:
         _goal(
             "python3 start in a local template sandbox vs the host",
             "template",
-            _reference(rows.find(TEMPLATE_PYTHON, "template")),
+            _reference(rows.find(TEMPLATE_PYTHON, "template", server=TEMPLATE_SERVER)),
             "<= 1.20x",
             lambda v: v <= 1.2,
         )
