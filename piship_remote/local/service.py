@@ -60,6 +60,7 @@ from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
+from piship_remote.local.sandbox.snapshots import DEFAULT_SNAPSHOT_BUDGET
 from piship_remote.local.sandbox.templates import prepare_templates, template_names
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
@@ -121,6 +122,8 @@ class LocalE2bService:
     sandbox (``max_cpus`` a CPU bandwidth, 0.5 for half a CPU; default half the host's
     CPUs, at least one; held by the sandbox's cgroup where cgroups can be written, else
     said in :attr:`containment`);
+    ``max_snapshot_disk_mib`` bounds the host disk all snapshots take together (a snapshot
+    that would pass it is refused, 507, and leaves nothing behind; forks take none);
     ``templates`` maps a template name to a directory holding a root filesystem or to an
     image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
     unpacked once into the service's files within ``image_limits`` (bytes, entries and
@@ -152,6 +155,7 @@ class LocalE2bService:
         max_memory_mib: int = DEFAULT_MEMORY_MIB,
         max_disk_mib: int = DEFAULT_DISK_MIB,
         max_cpus: float | None = None,
+        max_snapshot_disk_mib: int = DEFAULT_SNAPSHOT_BUDGET // MIB,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
@@ -174,6 +178,9 @@ class LocalE2bService:
             )
         except ValueError as e:
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+        if max_snapshot_disk_mib < 0:
+            message = "max_snapshot_disk_mib must be 0 (no snapshots) or more"
+            raise PiShipError(CONFIG_INVALID, message, component=COMPONENT)
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         parent = os.fspath(root) if root is not None else tempfile.gettempdir()
@@ -203,6 +210,7 @@ class LocalE2bService:
             max_sandboxes=max_sandboxes,
             limits=limits,
             templates=offered,
+            snapshot_budget=max_snapshot_disk_mib * MIB,
             python_env=lent,
         )
         self._ports = SandboxPorts(self._registry, host)
@@ -343,8 +351,8 @@ def serve(
 
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
     ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
-    ``max_memory_mib``, ``max_disk_mib``, ``max_cpus``, ``max_lifetime``); ``python_env``
-    as for :class:`LocalE2bService`.
+    ``max_memory_mib``, ``max_disk_mib``, ``max_cpus``, ``max_lifetime``) and
+    ``max_snapshot_disk_mib``; ``python_env`` as for :class:`LocalE2bService`.
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
