@@ -111,6 +111,11 @@ class PiShipError(Exception):
     retry_after: float | None
     user_action: str | None
     component: str | None
+    # The code of the failure underneath, where ``code`` is pinned and says less (a key
+    # the service refused, under activation's SANDBOX_UNAVAILABLE); not in to_dict().
+    cause_code: str | None
+    # What a command wrote before this error stopped it (Sandbox.run sets it), or None.
+    output: CommandResult | None = None
     cause: BaseException | None
 
     def __init__(
@@ -124,6 +129,7 @@ class PiShipError(Exception):
         user_action: str | None = None,
         component: str | None = None,
         redactor: Redactor | None = None,
+        cause_code: str | None = None,
         cause: BaseException | None = None,
     ) -> None:
         """``cause``: the internal error behind this one, kept for debugging (``e.cause``)
@@ -136,6 +142,7 @@ class PiShipError(Exception):
         self.retry_after = retry_after
         self.user_action = clean(user_action) if user_action is not None else None
         self.component = component
+        self.cause_code = cause_code
         self.cause = cause
         super().__init__(self.message)
 
@@ -208,6 +215,7 @@ class _CodedError(PiShipError):
         component: str | None = None,
         redactor: Redactor | None = None,
         cause: BaseException | None = None,
+        cause_code: str | None = None,
     ) -> None:
         super().__init__(
             self.CODE,
@@ -219,6 +227,7 @@ class _CodedError(PiShipError):
             component=component,
             redactor=redactor,
             cause=cause,
+            cause_code=cause_code,
         )
 
 
@@ -301,6 +310,9 @@ class CommandTimeout(TimeoutError):
     ``str(e)`` is ``timeout:<seconds>`` (``timeout:0.3``, ``timeout:5``).
     """
 
+    output: CommandResult | None = None
+    """What the command wrote before it was killed (``Sandbox.run`` sets it), or ``None``."""
+
     def __init__(self, timeout: float) -> None:
         self.timeout = float(timeout)
         super().__init__(f"timeout:{format_seconds(timeout)}")
@@ -336,6 +348,7 @@ class CommandFailed(_CodedError):
         component: str | None = "sandbox",
         redactor: Redactor | None = None,
         cause: BaseException | None = None,
+        cause_code: str | None = None,
     ) -> None:
         if isinstance(result, str):
             self.result, self.exit_code, message = None, None, result
@@ -353,6 +366,7 @@ class CommandFailed(_CodedError):
             component=component,
             redactor=redactor,
             cause=cause,
+            cause_code=cause_code,
         )
 
 
@@ -388,6 +402,7 @@ def error_for(
     component: str | None = None,
     redactor: Redactor | None = None,
     cause: BaseException | None = None,
+    cause_code: str | None = None,
 ) -> PiShipError:
     """The error of ``code``'s own class, for a code known only at run time (one carried
     over from another error); a plain :class:`PiShipError` for a code without a class."""
@@ -403,6 +418,7 @@ def error_for(
             component=component,
             redactor=redactor,
             cause=cause,
+            cause_code=cause_code,
         )
     return error(
         message,
@@ -413,4 +429,5 @@ def error_for(
         component=component,
         redactor=redactor,
         cause=cause,
+        cause_code=cause_code,
     )

@@ -24,6 +24,7 @@ import attrs
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
 from piship_remote.pool._call import BoundedCall
+from piship_remote.pool._command import command_for
 from piship_remote.pool._supply import (
     NoSandboxInTime,
     SandboxSupply,
@@ -170,10 +171,7 @@ class TaskAttempts:
     ) -> _Attempt:
         sandbox_id = _id_of(sandbox)
         if isinstance(task, str):
-            try:
-                command = task.format(item=item)
-            except (KeyError, IndexError, ValueError) as error:  # the task's own mistake
-                return _Attempt(FAILED, error=error, sandbox_id=sandbox_id)
+            command = command_for(task, item)
             return self._run_command(sandbox, command, deadline, cancel, sandbox_id)
         call = BoundedCall(task, sandbox, item, name=f"piship-pool-call-{next(self._calls)}")
         try:

@@ -32,6 +32,7 @@ from piship_remote.model._capability_rules import (
 from piship_remote.model.environment import command_environment, screen_environment
 from piship_remote.model.errors import (
     CONFIG_INVALID,
+    CREDENTIAL_DENIED,
     CREDENTIAL_REQUIRED,
     GATEWAY_UNREACHABLE,
     NETWORK_DENIED,
@@ -62,7 +63,7 @@ from piship_remote.telemetry.logs import info, log_environment_warnings
 from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPANS
 from piship_remote.transport.deadline import Deadline
 
-__all__ = ["Activation"]
+__all__ = ["Activation", "unenforceable_message"]
 
 _LOG = logging.getLogger("piship_remote")
 
@@ -349,12 +350,13 @@ class Activation:
         if self.policy.required:
             raise error_for(
                 failure.code,
-                f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
+                unenforceable_message(reason),
                 component="sandbox",
                 retryable=failure.retryable,
                 retry_after=failure.retry_after,
                 user_action=failure.user_action,
                 redactor=backend.redactor,
+                cause_code=failure.cause_code,
                 cause=failure.cause or failure,
             ) from None
         report = ContainmentReport(
@@ -395,6 +397,7 @@ class _Failure(Exception):
         retryable: bool = False,
         user_action: str = UNSANDBOXED_ACTION,
         retry_after: float | None = None,
+        cause_code: str | None = None,
         cause: BaseException | None = None,
     ) -> None:
         super().__init__(reason)
@@ -403,6 +406,7 @@ class _Failure(Exception):
         self.retryable = retryable
         self.user_action = user_action
         self.retry_after = retry_after
+        self.cause_code = cause_code
         self.cause = cause  # the error the step raised, for the PiShipError's ``cause``
 
     def within(self, context: str) -> _Failure:
@@ -413,8 +417,14 @@ class _Failure(Exception):
             retryable=self.retryable,
             user_action=self.user_action,
             retry_after=self.retry_after,
+            cause_code=self.cause_code,
             cause=self.cause,
         )
+
+
+def unenforceable_message(reason: str) -> str:
+    """The fixed message of a required sandbox that could not be had, for ``reason``."""
+    return f"The distribution requires a sandbox, but it cannot be enforced: {reason}"
 
 
 def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure:
@@ -423,6 +433,14 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         return step()
     except PiShipError as e:
         reason = reason_text(str(e) or type(e).__name__, redactor)
+        if e.code == CREDENTIAL_DENIED:
+            # Activation's code stays SANDBOX_UNAVAILABLE; what to fix is the key.
+            return _Failure(
+                reason,
+                user_action=e.user_action or UNSANDBOXED_ACTION,
+                cause_code=e.code,
+                cause=e,
+            )
         if e.code not in ACTIONABLE_CODES:
             # A service that asked to be retried later (429) says when, and the caller may wait.
             if e.retry_after is not None:

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from piship_remote.model.result import CommandResult
 
-__all__ = ["OUTPUT_LIMIT", "DataSink", "OnData", "OutputCapture"]
+__all__ = ["NO_EXIT", "OUTPUT_LIMIT", "DataSink", "OnData", "OutputCapture"]
 
 OnData = Callable[[bytes], object] | Callable[[str], object] | IO[str] | IO[bytes]
 """What ``Sandbox.exec(on_data=...)`` takes: a callable given bytes, a callable given text
@@ -28,6 +28,7 @@ OUTPUT_LIMIT = 16 * 1024 * 1024
 """The bytes of each stream ``Sandbox.run`` keeps by default."""
 
 
+NO_EXIT = -1  # the exit code of the output of a command that did not exit on its own
 def text_decoders() -> dict[str, codecs.IncrementalDecoder]:
     """One UTF-8 decoder per stream: a character cut between chunks comes out whole, and
     invalid bytes as U+FFFD."""

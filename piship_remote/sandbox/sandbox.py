@@ -30,7 +30,9 @@ from piship_remote.model.environment import screen_environment
 from piship_remote.model.errors import (
     CommandCancelled,
     CommandFailed,
+    CommandTimeout,
     ConfigInvalid,
+    PiShipError,
     SandboxUnavailable,
 )
 from piship_remote.model.policy import SandboxProfile
@@ -44,7 +46,7 @@ from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_engine import Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
-from piship_remote.sandbox._output import OUTPUT_LIMIT, DataSink, OnData, OutputCapture
+from piship_remote.sandbox._output import NO_EXIT, OUTPUT_LIMIT, DataSink, OnData, OutputCapture
 from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
 from piship_remote.sandbox._workspace import real_path, workspace_relative
@@ -215,6 +217,10 @@ class Sandbox:
         iterable yields them and closed when it ends (E2B-compatible services; the
         agent-sandbox router refuses it with ``CONFIG_INVALID``).
 
+        A :class:`CommandTimeout` or ``PiShipError`` it raises carries what the command
+        wrote until then as ``error.output`` (a ``CommandResult`` whose ``exit_code`` is
+        -1: the command did not exit on its own).
+
         Raises:
             CommandFailed: ``check=True`` and the command exited non-zero.
             CommandTimeout: ``timeout`` passed; the remote command was killed.
@@ -227,7 +233,11 @@ class Sandbox:
             PiShipError: any other failure the service reports, with its code.
         """
         capture = OutputCapture(echo=echo, limit=output_limit)
-        result = self._execute(command, cwd, capture.write, timeout, cancel, env, stdin)
+        try:
+            result = self._execute(command, cwd, capture.write, timeout, cancel, env, stdin)
+        except (CommandTimeout, PiShipError) as error:
+            error.output = capture.result(NO_EXIT)  # what it wrote before it was stopped
+            raise
         outcome = capture.result(result.exit_code)
         if check and outcome.exit_code != 0:
             raise CommandFailed(outcome, redactor=self.redactor)
