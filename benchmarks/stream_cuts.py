@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         ("ours, local service (default)", ours_local(args.runs, args.lines, random.Random(seed))),
         (f"ours, E2B double, resumable=True ({double_lines} lines)",
          ours_double_resumable(args.runs, double_lines, random.Random(seed))),
-        ("official e2b SDK, local service", official_sdk(args.runs, args.lines, random.Random(seed))),
+        ("official e2b SDK, local service",
+         official_sdk(args.runs, args.lines, random.Random(seed))),
     ]  # fmt: skip
     for name, outcome in rows:
         if isinstance(outcome, str):

@@ -2,9 +2,10 @@
 
 The layers, top to bottom (``docs/architecture.md`` draws them); a module may import its
 own layer and the layers below it. The service side (local/, testing/, _http_server/) is
-pinned by ``test_service_layers.py``; ``wire/`` is shared by both and imports nothing of
-the client. Imports are read from each file's syntax tree, at any depth (a lazy import
-inside a function, one under ``TYPE_CHECKING``), so none can hide a circle.
+pinned by ``test_service_layers.py``; ``wire/`` and ``_sandboxd/`` are shared by both and
+import nothing of the client. Imports are read from each file's syntax tree, at any
+depth (a lazy import inside a function, one under ``TYPE_CHECKING``), so none can hide a
+circle.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ LAYERS = (
     ("piship_remote.backends",),
     ("piship_remote.telemetry",),
     ("piship_remote.transport",),
-    ("piship_remote.wire",),
+    ("piship_remote.wire", "piship_remote._sandboxd"),
     ("piship_remote.model",),
 )
 SERVICE_SIDE = ("piship_remote.local", "piship_remote.testing", "piship_remote._http_server")

@@ -31,6 +31,8 @@ SCENARIOS = {
     "pool_first_command",
     "pool_scale",
     "tracing_cost",
+    "template_python_start",
+    "sandboxd",
 }
 ROW_KEYS = {
     "scenario",
@@ -54,6 +56,7 @@ FILE_SCENARIOS = {"file_transfer", "push"}  # measured at every round trip too
 # also at every round trip; their rows count no requests, pool_scale needs the local service
 POOL_SCENARIOS = {"pool_first_command", "pool_scale"}
 TRACING_SCENARIOS = {"tracing_cost"}  # at every round trip; skipped without the otel SDK
+SANDBOXD_SCENARIOS = {"sandboxd"}  # skipped without the sandboxd extra
 NO_LOCAL_SERVICE = "the local service cannot run here"
 
 
@@ -101,10 +104,12 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
     assert set(scenarios) == SCENARIOS
     for scenario in scenarios.values():
         assert not [s for s in scenario["skipped"] if s.startswith("the scenario failed")]
-        local = FILE_SCENARIOS | {"pool_scale"}
+        local = FILE_SCENARIOS | {"pool_scale", "template_python_start"}
         if scenario["name"] in local and _without_local_service(scenario):
             continue
         if scenario["name"] in TRACING_SCENARIOS and _without_otel_sdk(scenario):
+            continue
+        if scenario["name"] in SANDBOXD_SCENARIOS and _without_sandboxd_extra(scenario):
             continue
         assert scenario["rows"], scenario["name"]
         for row in scenario["rows"]:
@@ -177,6 +182,7 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
             )
         ),
         "pool tasks/s vs the SDK's reuse loop at 20 ms RTT",
+        "python3 start in a local template sandbox vs the host",
     } == names
 
 
@@ -186,6 +192,10 @@ def _without_local_service(scenario: dict[str, Any]) -> bool:
 
 def _without_otel_sdk(scenario: dict[str, Any]) -> bool:
     return any("otel extra" in reason for reason in scenario["skipped"])
+
+
+def _without_sandboxd_extra(scenario: dict[str, Any]) -> bool:
+    return any("sandboxd extra" in reason for reason in scenario["skipped"])
 
 
 def _ran_on_the_local_service(report: dict[str, Any], name: str) -> list[dict[str, Any]]:

@@ -19,6 +19,9 @@ Two outcomes are not failures of the sandbox and so are not ``PiShipError``:
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, ClassVar
 
 from piship_remote.model.redact import redaction
@@ -108,6 +111,12 @@ class PiShipError(Exception):
     retry_after: float | None
     user_action: str | None
     component: str | None
+    # The code of the failure underneath, where ``code`` is pinned and says less (a key
+    # the service refused, under activation's SANDBOX_UNAVAILABLE); not in to_dict().
+    cause_code: str | None
+    # What a command wrote before this error stopped it (Sandbox.run sets it), or None.
+    output: CommandResult | None = None
+    cause: BaseException | None
 
     def __init__(
         self,
@@ -120,7 +129,11 @@ class PiShipError(Exception):
         user_action: str | None = None,
         component: str | None = None,
         redactor: Redactor | None = None,
+        cause_code: str | None = None,
+        cause: BaseException | None = None,
     ) -> None:
+        """``cause``: the internal error behind this one, kept for debugging (``e.cause``)
+        where the raise leaves it out of the traceback (``raise ... from None``)."""
         clean = redaction(redactor)
         self.code = code
         self.message = clean(message)
@@ -129,6 +142,8 @@ class PiShipError(Exception):
         self.retry_after = retry_after
         self.user_action = clean(user_action) if user_action is not None else None
         self.component = component
+        self.cause_code = cause_code
+        self.cause = cause
         super().__init__(self.message)
 
     def __str__(self) -> str:
@@ -161,6 +176,28 @@ class PiShipError(Exception):
             lines.append(f"Action: {self.user_action}")
         return "\n".join(lines)
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython and Jupyter show this error: the caller's own frames (the library's
+        are left out), then :meth:`render`'s code, message and action."""
+        frames = traceback.StackSummary.extract(
+            (frame, line)
+            for frame, line in traceback.walk_tb(self.__traceback__)
+            if not _hidden(frame)
+        )
+        shown = ["Traceback (most recent call last):\n", *frames.format()]
+        shown.append(f"PiShipError: {self.render()}")  # the family; render() names the code
+        return [line for chunk in shown for line in chunk.rstrip("\n").split("\n")]
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _hidden(frame: FrameType) -> bool:
+    """A frame of this library, or one that hides itself (IPython's ``run_code``)."""
+    if frame.f_locals.get("__tracebackhide__"):
+        return True
+    return Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
+
 
 class _CodedError(PiShipError):
     """A :class:`PiShipError` whose class names its code: ``SandboxUnavailable("...")``."""
@@ -177,6 +214,8 @@ class _CodedError(PiShipError):
         user_action: str | None = None,
         component: str | None = None,
         redactor: Redactor | None = None,
+        cause: BaseException | None = None,
+        cause_code: str | None = None,
     ) -> None:
         super().__init__(
             self.CODE,
@@ -187,6 +226,8 @@ class _CodedError(PiShipError):
             user_action=user_action,
             component=component,
             redactor=redactor,
+            cause=cause,
+            cause_code=cause_code,
         )
 
 
@@ -269,6 +310,9 @@ class CommandTimeout(TimeoutError):
     ``str(e)`` is ``timeout:<seconds>`` (``timeout:0.3``, ``timeout:5``).
     """
 
+    output: CommandResult | None = None
+    """What the command wrote before it was killed (``Sandbox.run`` sets it), or ``None``."""
+
     def __init__(self, timeout: float) -> None:
         self.timeout = float(timeout)
         super().__init__(f"timeout:{format_seconds(timeout)}")
@@ -303,6 +347,8 @@ class CommandFailed(_CodedError):
         user_action: str | None = None,
         component: str | None = "sandbox",
         redactor: Redactor | None = None,
+        cause: BaseException | None = None,
+        cause_code: str | None = None,
     ) -> None:
         if isinstance(result, str):
             self.result, self.exit_code, message = None, None, result
@@ -319,6 +365,8 @@ class CommandFailed(_CodedError):
             user_action=user_action,
             component=component,
             redactor=redactor,
+            cause=cause,
+            cause_code=cause_code,
         )
 
 
@@ -353,6 +401,8 @@ def error_for(
     user_action: str | None = None,
     component: str | None = None,
     redactor: Redactor | None = None,
+    cause: BaseException | None = None,
+    cause_code: str | None = None,
 ) -> PiShipError:
     """The error of ``code``'s own class, for a code known only at run time (one carried
     over from another error); a plain :class:`PiShipError` for a code without a class."""
@@ -367,6 +417,8 @@ def error_for(
             user_action=user_action,
             component=component,
             redactor=redactor,
+            cause=cause,
+            cause_code=cause_code,
         )
     return error(
         message,
@@ -376,4 +428,6 @@ def error_for(
         user_action=user_action,
         component=component,
         redactor=redactor,
+        cause=cause,
+        cause_code=cause_code,
     )

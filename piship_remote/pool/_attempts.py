@@ -24,11 +24,11 @@ import attrs
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
 from piship_remote.pool._call import BoundedCall
+from piship_remote.pool._command import command_for
 from piship_remote.pool._supply import (
     NoSandboxInTime,
     SandboxSupply,
     busy_delay,
-    closed_error,
     service_busy,
 )
 from piship_remote.pool.result import (
@@ -101,7 +101,7 @@ class TaskAttempts:
             if attempt.outcome != INFRA or attempts >= self._max_attempts:
                 break
         if self._supply.closed and attempt.outcome not in (OK, FAILED):
-            attempt = _Attempt(CANCELLED, None, closed_error(), attempt.sandbox_id)
+            attempt = _Attempt(CANCELLED, None, self._supply.closed_error(), attempt.sandbox_id)
         seconds = time.monotonic() - started
         return TaskResult(
             item, attempt.value, attempt.error, attempt.outcome, attempt.sandbox_id, attempts,
@@ -171,10 +171,7 @@ class TaskAttempts:
     ) -> _Attempt:
         sandbox_id = _id_of(sandbox)
         if isinstance(task, str):
-            try:
-                command = task.format(item=item)
-            except (KeyError, IndexError, ValueError) as error:  # the task's own mistake
-                return _Attempt(FAILED, error=error, sandbox_id=sandbox_id)
+            command = command_for(task, item)
             return self._run_command(sandbox, command, deadline, cancel, sandbox_id)
         call = BoundedCall(task, sandbox, item, name=f"piship-pool-call-{next(self._calls)}")
         try:

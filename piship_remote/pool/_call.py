@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
+from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.telemetry import carried
 from piship_remote.transport.deadline import Deadline
@@ -34,8 +36,15 @@ class BoundedCall:
     def __init__(
         self, task: Callable[[Sandbox, Any], Any], sandbox: Sandbox, item: Any, *, name: str
     ) -> None:
-        # The task's span is the parent of the spans the callable makes.
-        self._worker: Worker[Any] = Worker(carried(lambda: task(sandbox, item)), name)
+        # The task's span is the parent of the spans the callable makes; a task thread that
+        # works for the main thread hands that on.
+        for_main = lifecycle.works_for_the_main_thread()
+
+        def call() -> Any:
+            with lifecycle.working_for_the_main_thread() if for_main else nullcontext():
+                return task(sandbox, item)
+
+        self._worker: Worker[Any] = Worker(carried(call), name)
 
     def result(
         self,

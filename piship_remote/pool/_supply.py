@@ -26,11 +26,19 @@ from piship_remote.model.errors import (
     SandboxUnavailable,
 )
 from piship_remote.pool._throttle import CreateThrottle
+from piship_remote.pool.result import is_refusal
 from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.telemetry import carried
 from piship_remote.transport.deadline import Deadline
 
-__all__ = ["CLOSE_DEADLINE", "NoSandboxInTime", "SandboxSupply", "closed_error"]
+__all__ = [
+    "CLOSED_BY_CALLER",
+    "CLOSE_DEADLINE",
+    "INTERRUPTED",
+    "NoSandboxInTime",
+    "SandboxSupply",
+    "closed_error",
+]
 
 _LOG = logging.getLogger("piship_remote")
 CLOSE_DEADLINE = 10.0  # seconds close() waits for deletions and warm activations in flight
@@ -61,10 +69,15 @@ def busy_delay(error: BaseException | None, waits: int) -> float:
     return min(_BUSY_BACKOFF[0] * 2.0 ** (waits - 1), _BUSY_BACKOFF[1])
 
 
-def closed_error() -> PiShipError:
+CLOSED_BY_CALLER = "closed by the caller (close() or the end of its with block)"
+INTERRUPTED = "interrupted (Ctrl-C or the kernel's stop): its running commands were killed"
+
+
+def closed_error(reason: str) -> PiShipError:
     return SandboxUnavailable(
-        "the sandbox pool was closed; its sandboxes were disposed",
+        f"the sandbox pool was {reason}; its sandboxes were disposed",
         component="pool",
+        user_action="Make a new SandboxPool to run more tasks",
     )
 
 
@@ -95,6 +108,10 @@ class SandboxSupply:
         self._warming = 0
         self._deleting = 0
         self._closed = threading.Event()
+        # A create the service refused for good (a wrong key, an unknown template): every
+        # later take() raises it at once instead of sending another doomed create.
+        self._refusal: BaseException | None = None
+        self._close_reason = CLOSED_BY_CALLER
         self._warmers = [
             # The pool's creator's span is the parent of the warm activations'.
             threading.Thread(
@@ -109,6 +126,10 @@ class SandboxSupply:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    def closed_error(self) -> PiShipError:
+        """The error of a task or call that finds the pool closed, saying why it closed."""
+        return closed_error(self._close_reason)
+
     def counts(self) -> tuple[int, int, int]:
         """``(ready, leased, existing)``: existing counts activating and deleting ones."""
         with self._cond:
@@ -122,14 +143,17 @@ class SandboxSupply:
 
         Raises :class:`NoSandboxInTime` at ``deadline``,
         ``CommandCancelled`` when ``cancel`` is set, the closed error once closed, and
-        the activation's own error when a create fails.
+        the activation's own error when a create fails; once a create was refused for
+        good (:func:`~piship_remote.pool.result.is_refusal`), that error, with no create.
         """
         with self._cond:
             while True:
                 if self._closed.is_set():
-                    raise closed_error()
+                    raise self.closed_error()
                 if cancel is not None and cancel.is_set():
                     raise CommandCancelled()
+                if self._refusal is not None:
+                    raise self._refusal
                 if self._ready:
                     sandbox = self._ready.popleft()
                     self._leased.add(sandbox)
@@ -149,19 +173,21 @@ class SandboxSupply:
                 return sandbox
             self._deleting += 1
         self._delete(sandbox)
-        raise closed_error()
+        raise self.closed_error()
 
     def _create(self, deadline: Deadline) -> Sandbox:
         """Activate one sandbox (counted as activating), throttled; on failure uncounted."""
         try:
             if not self._throttle.wait_turn(self._closed, deadline.at):
                 if self._closed.is_set():
-                    raise closed_error()
+                    raise self.closed_error()
                 raise NoSandboxInTime()
             return self._activate()
-        except BaseException:
+        except BaseException as error:
             with self._cond:
                 self._activating -= 1
+                if is_refusal(error) and self._refusal is None:
+                    self._refusal = error
                 self._wake_all()
             raise
 
@@ -192,8 +218,9 @@ class SandboxSupply:
                 self._deleting -= 1
                 self._wake_all()
 
-    def close(self) -> None:
+    def close(self, reason: str = CLOSED_BY_CALLER) -> None:
         """Dispose every sandbox, ready or leased (their commands end at once); idempotent.
+        ``reason`` (the first call's) completes "the sandbox pool was ..." in later errors.
 
         Waits (up to :data:`CLOSE_DEADLINE`) for the deletions and for the warm
         activations in flight, never for a task.
@@ -201,6 +228,7 @@ class SandboxSupply:
         with self._cond:
             if self._closed.is_set():
                 return
+            self._close_reason = reason
             self._closed.set()
             doomed = [*self._ready, *self._leased]
             self._ready.clear()
@@ -239,9 +267,10 @@ class SandboxSupply:
             self._add_ready(sandbox)
 
     def _claim_warm_slot(self) -> bool:
-        """Wait until a warm sandbox is missing and ``size`` allows one; False once closed."""
+        """Wait until a warm sandbox is missing and ``size`` allows one; False once closed
+        or refused."""
         with self._cond:
-            while not self._closed.is_set():
+            while not self._closed.is_set() and self._refusal is None:
                 short = len(self._ready) + self._warming < self._warm
                 if short and self._existing() < self._size:
                     self._activating += 1

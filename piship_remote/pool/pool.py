@@ -26,13 +26,14 @@ from piship_remote.model.errors import (
 )
 from piship_remote.model.policy import SandboxPolicy
 from piship_remote.pool._attempts import Task, TaskAttempts
+from piship_remote.pool._command import check_command
 from piship_remote.pool._health import HealthOnce
 from piship_remote.pool._labels import labelled
 from piship_remote.pool._progress import progress_for
 from piship_remote.pool._run import MapRun
-from piship_remote.pool._supply import NoSandboxInTime, SandboxSupply
+from piship_remote.pool._supply import INTERRUPTED, NoSandboxInTime, SandboxSupply
 from piship_remote.pool._throttle import CreateThrottle
-from piship_remote.pool.result import TaskResult, is_infrastructure
+from piship_remote.pool.result import TaskResult, TaskResults, is_infrastructure
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.sandbox.sandbox import PathLike, Sandbox
@@ -101,7 +102,10 @@ class SandboxPool:
             on_failure=health.forget,
         )
         self._telemetry = Telemetry.load(backend.id, backend.redactor)
-        self._token = lifecycle.track(self, "sandbox pool", self._supply.close)
+        supply = self._supply  # the registry's closer must not hold the pool
+        self._token = lifecycle.track(
+            self, "sandbox pool", lambda: supply.close(lifecycle.disposal_cause())
+        )
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -110,9 +114,11 @@ class SandboxPool:
         self.close()
 
     def __repr__(self) -> str:
+        if self._supply.closed:
+            error = self._supply.closed_error()
+            return f"<SandboxPool size={self._size}: {error}; {error.user_action}>"
         ready, leased, existing = self._supply.counts()
-        state = "closed" if self._supply.closed else f"{leased} busy, {ready} ready"
-        return f"<SandboxPool size={self._size} {state}, {existing} sandboxes>"
+        return f"<SandboxPool size={self._size} {leased} busy, {ready} ready, {existing} sandboxes>"
 
     def close(self) -> None:
         """Dispose every sandbox the pool holds; idempotent; waits for no running task
@@ -151,15 +157,18 @@ class SandboxPool:
         finally:
             self._attempts.give_back(sandbox, healthy=healthy)
 
-    def map(
-        self, task: Task, items: Iterable[Any], *, timeout: float | None = None
-    ) -> list[TaskResult]:
+    def map(self, task: Task, items: Iterable[Any], *, timeout: float | None = None) -> TaskResults:
         """Run ``task`` for every item, up to ``size`` at once; one result per item, in
-        the order of ``items``. Never raises for a task's failure.
+        the order of ``items`` (a list; in a notebook a table, the failures first). Never
+        raises for a task's failure.
 
-        ``task``: a shell command, formatted with ``str.format(item=item)`` and run
-        with ``Sandbox.run`` (its ``CommandResult`` is the value), or a callable
-        ``task(sandbox, item)`` whose return value is the value. ``timeout`` bounds
+        ``task``: a shell command in which every literal ``{item}`` is replaced by the
+        item quoted as one shell word (``shlex.quote``; other braces are left as they
+        are), run with ``Sandbox.run`` (its ``CommandResult`` is the value), or a
+        callable ``task(sandbox, item)`` whose return value is the value (the way to
+        use the item unquoted). A command that cannot run (blank, a NUL, an open quote)
+        raises ``ConfigInvalid`` before any task starts; one without ``{item}`` warns
+        (``NoItemWarning``). ``timeout`` bounds
         each task, waiting for its sandbox included. Ctrl-C kills every running remote
         command, disposes the pool's sandboxes and is re-raised.
 
@@ -177,7 +186,7 @@ class SandboxPool:
         results: list[TaskResult | None] = [None] * len(listed)
         for index, result in self._run(task, listed, timeout):
             results[index] = result
-        return [result for result in results if result is not None]
+        return TaskResults(result for result in results if result is not None)
 
     def imap(
         self, task: Task, items: Iterable[Any], *, timeout: float | None = None
@@ -199,8 +208,10 @@ class SandboxPool:
             raise TypeError(
                 f"task must be a command (str) or a callable, not {type(task).__name__}"
             )
+        if isinstance(task, str):
+            check_command(task, stacklevel=3)  # warns at map's/imap's caller
         if self._supply.closed:
-            raise SandboxUnavailable("the sandbox pool is closed", component="pool")
+            raise self._supply.closed_error()
         progress = progress_for(self._progress, len(items))
         run = MapRun(
             self._attempts,
@@ -217,8 +228,11 @@ class SandboxPool:
             finished = True
         except KeyboardInterrupt:
             run.stop()
-            self.close()  # disposing the sandboxes kills every running remote command
-            raise
+            self._supply.close(INTERRUPTED)  # disposing the sandboxes kills every command
+            lifecycle.untrack(self._token)
+            raise KeyboardInterrupt(
+                "interrupted: the pool's running commands were killed, its sandboxes deleted"
+            ) from None
         finally:
             if not finished:
                 run.stop()

@@ -32,6 +32,7 @@ from piship_remote.model._capability_rules import (
 from piship_remote.model.environment import command_environment, screen_environment
 from piship_remote.model.errors import (
     CONFIG_INVALID,
+    CREDENTIAL_DENIED,
     CREDENTIAL_REQUIRED,
     GATEWAY_UNREACHABLE,
     NETWORK_DENIED,
@@ -62,7 +63,7 @@ from piship_remote.telemetry.logs import info, log_environment_warnings
 from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPANS
 from piship_remote.transport.deadline import Deadline
 
-__all__ = ["Activation"]
+__all__ = ["Activation", "unenforceable_message"]
 
 _LOG = logging.getLogger("piship_remote")
 
@@ -133,6 +134,9 @@ class Activation:
         except _Failure as failure:
             self._discard(instance, engine)
             return self._unavailable(failure)
+        except KeyboardInterrupt:
+            self._discard(instance, engine)
+            raise KeyboardInterrupt(self._interrupted()) from None  # no internal frames
         except BaseException:
             self._discard(instance, engine)
             raise
@@ -150,11 +154,13 @@ class Activation:
             try:
                 with self.telemetry.span(STEP_SPANS["push"]):
                     transfers.push()
-            except BaseException:
+            except BaseException as error:
                 if self.attach is not None:
                     _quietly(sandbox.detach)  # it was there before: let go, never delete
                 else:
                     sandbox.dispose()
+                if isinstance(error, KeyboardInterrupt):
+                    raise KeyboardInterrupt(self._interrupted()) from None
                 raise
             sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
         return sandbox, sandbox_telemetry
@@ -332,19 +338,27 @@ class Activation:
             return f"the sandbox check command failed: {reason}{advice}"
         return _verdict(exit_status(result), output.decode("utf-8", "replace"))
 
+    def _interrupted(self) -> str:
+        """The message of the ``KeyboardInterrupt`` that ends an interrupted activation."""
+        if self.attach is not None:
+            return "interrupted: the activation stopped; the attached sandbox was let go"
+        return "interrupted: the activation stopped and its sandbox was deleted"
+
     def _unavailable(self, failure: _Failure) -> tuple[Sandbox, SandboxTelemetry]:
         backend = self.backend
         reason = failure.reason
         if self.policy.required:
             raise error_for(
                 failure.code,
-                f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
+                unenforceable_message(reason),
                 component="sandbox",
                 retryable=failure.retryable,
                 retry_after=failure.retry_after,
                 user_action=failure.user_action,
                 redactor=backend.redactor,
-            )
+                cause_code=failure.cause_code,
+                cause=failure.cause or failure,
+            ) from None
         report = ContainmentReport(
             level="unavailable",
             adapter=backend.id,
@@ -383,6 +397,8 @@ class _Failure(Exception):
         retryable: bool = False,
         user_action: str = UNSANDBOXED_ACTION,
         retry_after: float | None = None,
+        cause_code: str | None = None,
+        cause: BaseException | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -390,6 +406,8 @@ class _Failure(Exception):
         self.retryable = retryable
         self.user_action = user_action
         self.retry_after = retry_after
+        self.cause_code = cause_code
+        self.cause = cause  # the error the step raised, for the PiShipError's ``cause``
 
     def within(self, context: str) -> _Failure:
         """The same failure, its reason prefixed with ``context``."""
@@ -399,7 +417,14 @@ class _Failure(Exception):
             retryable=self.retryable,
             user_action=self.user_action,
             retry_after=self.retry_after,
+            cause_code=self.cause_code,
+            cause=self.cause,
         )
+
+
+def unenforceable_message(reason: str) -> str:
+    """The fixed message of a required sandbox that could not be had, for ``reason``."""
+    return f"The distribution requires a sandbox, but it cannot be enforced: {reason}"
 
 
 def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure:
@@ -408,20 +433,29 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         return step()
     except PiShipError as e:
         reason = reason_text(str(e) or type(e).__name__, redactor)
+        if e.code == CREDENTIAL_DENIED:
+            # Activation's code stays SANDBOX_UNAVAILABLE; what to fix is the key.
+            return _Failure(
+                reason,
+                user_action=e.user_action or UNSANDBOXED_ACTION,
+                cause_code=e.code,
+                cause=e,
+            )
         if e.code not in ACTIONABLE_CODES:
             # A service that asked to be retried later (429) says when, and the caller may wait.
             if e.retry_after is not None:
-                return _Failure(reason, retryable=e.retryable, retry_after=e.retry_after)
-            return _Failure(reason)
+                return _Failure(reason, retryable=e.retryable, retry_after=e.retry_after, cause=e)
+            return _Failure(reason, cause=e)
         return _Failure(
             reason,
             code=e.code,
             retryable=e.retryable,
             user_action=e.user_action or UNSANDBOXED_ACTION,
             retry_after=e.retry_after,
+            cause=e,
         )
     except Exception as e:
-        return _Failure(reason_text(str(e) or type(e).__name__, redactor))
+        return _Failure(reason_text(str(e) or type(e).__name__, redactor), cause=e)
 
 
 def _quietly_id(read: Callable[[], str | None]) -> str | None:

@@ -3,7 +3,7 @@
     >>> backend = E2bCompatibleBackend(endpoint="https://api.e2b.app", credential=read_key)
     >>> with activate_sandbox(policy, backend=backend, workspace=".") as sandbox:
     ...     print(describe_containment(sandbox.report))
-    ...     sandbox.exec("make test", on_data=sys.stdout.buffer.write, timeout=600)
+    ...     sandbox.exec("make test", on_data=sys.stdout.write, timeout=600)
 
 Activation (:mod:`~piship_remote.sandbox._activation_steps`) runs these steps in order:
 availability, the capability check (before anything is created), prepare, the readiness

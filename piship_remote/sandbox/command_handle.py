@@ -34,7 +34,12 @@ from piship_remote.model.errors import (
     ConfigInvalid,
 )
 from piship_remote.model.result import CommandResult
-from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
+from piship_remote.sandbox._exec_engine import (
+    CHANNEL_BYTES,
+    COMMAND_KILLED,
+    INTERRUPT_POLL,
+    ExecEngine,
+)
 from piship_remote.sandbox._exec_workers import KILLED, BackgroundCall, Stream
 from piship_remote.sandbox._output import OutputCapture
 from piship_remote.transport.deadline import Deadline
@@ -66,8 +71,9 @@ class CommandHandle:
       the iteration yields an :class:`~piship_remote.OutputGap` chunk in its place.
     - ``missing``: per stream, the bytes that may be missing so far (as
       ``CommandResult.missing``).
-    - ``kill()``: end the command (E2B and the local service: SIGKILL; Kubernetes: its
-      process group in detached mode, else the claim is retired, as a cancel does);
+    - ``kill()``: end the command (E2B, the local service and Kubernetes on sandboxd:
+      SIGKILL; Kubernetes on the router: its process group in detached mode, else the
+      claim is retired, as a cancel does);
       ``False`` when it had already ended.
     - ``send_stdin(data)``, ``close_stdin()``: write to its input (started with
       ``stdin=True`` or ``pty=True``) from the calling thread; on a terminal
@@ -185,7 +191,7 @@ class CommandHandle:
                     )
         except KeyboardInterrupt:
             self.kill()
-            raise
+            raise KeyboardInterrupt(COMMAND_KILLED) from None
         result = self._engine.result_of(started, self._deadline)
         with self._cond:
             return self._capture.result(exit_status(result))
@@ -207,7 +213,7 @@ class CommandHandle:
                 yield item
         except KeyboardInterrupt:
             self.kill()
-            raise
+            raise KeyboardInterrupt(COMMAND_KILLED) from None
         finally:
             with self._cond:
                 self._readers -= 1

@@ -534,7 +534,8 @@ def _missing_host(path: str) -> PiShipError:
 def _check_read_limit(max_bytes: int) -> None:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         raise ConfigInvalid(
-            f"max_bytes must be a positive int, not {max_bytes!r}", component="files"
+            f"max_bytes must be a positive int, not {max_bytes!r}",
+            component="files",
         )
 
 

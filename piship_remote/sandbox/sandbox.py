@@ -1,7 +1,7 @@
 """The :class:`Sandbox` façade over an active sandbox (:func:`activate_sandbox` makes one).
 
     >>> with activate_sandbox(policy, backend=backend, workspace=".") as sandbox:
-    ...     sandbox.exec("make test", on_data=sys.stdout.buffer.write, timeout=600)
+    ...     sandbox.exec("make test", on_data=sys.stdout.write, timeout=600)
 
 ``Sandbox`` turns a call into an ``ExecRequest`` (working directory, filtered
 environment) and hands it to the :class:`~piship_remote.sandbox._exec_engine.ExecEngine`,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TypeVar, Union
 
 import attrs
@@ -25,11 +25,14 @@ import attrs
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import Backend, ExecRequest
 from piship_remote.backends.control import CommandControl, TerminalSize
+from piship_remote.model.display import html_table
 from piship_remote.model.environment import screen_environment
 from piship_remote.model.errors import (
     CommandCancelled,
     CommandFailed,
+    CommandTimeout,
     ConfigInvalid,
+    PiShipError,
     SandboxUnavailable,
 )
 from piship_remote.model.policy import SandboxProfile
@@ -43,7 +46,7 @@ from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_engine import Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
-from piship_remote.sandbox._output import OUTPUT_LIMIT, OutputCapture
+from piship_remote.sandbox._output import NO_EXIT, OUTPUT_LIMIT, DataSink, OnData, OutputCapture
 from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
 from piship_remote.sandbox._workspace import real_path, workspace_relative
@@ -56,7 +59,6 @@ __all__ = ["ExecResult", "Sandbox"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
-OnData = Callable[[bytes], None]
 
 
 @attrs.frozen
@@ -99,6 +101,7 @@ class Sandbox:
         self._workspace_root = real_path(profile.workspace)
         self._transfers = transfers
         self._telemetry = telemetry
+        self._detached = False
         self._lifecycle = _track(self, engine)
 
     @property
@@ -113,8 +116,31 @@ class Sandbox:
     def __exit__(self, *exc_info: object) -> None:
         self.dispose()
 
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"retired"`` (broken: it runs no more commands), ``"disposed"``,
+        ``"detached"``, or ``"unavailable"`` (an optional policy that could not be enforced)."""
+        if self._engine is None:
+            return "unavailable"
+        return "detached" if self._detached else self._engine.state
+
+    def _shown_id(self) -> str:
+        engine = self._engine
+        sandbox_id = engine.epoch() if engine is not None else None
+        return sandbox_id or "(no id)"
+
     def __repr__(self) -> str:
-        return f"<Sandbox {self.report.adapter} {self.report.level}>"
+        return f"<Sandbox {self._shown_id()} {self.report.adapter} {self.state}>"
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ("id", self._shown_id()),
+            ("backend", self.report.adapter),
+            ("state", self.state),
+            ("containment", self.report.level),
+            ("network", self.report.network),
+        ]
+        return html_table(None, rows, caption="Sandbox")
 
     def exec(
         self,
@@ -133,9 +159,11 @@ class Sandbox:
         as :func:`shlex.join` does (``["pytest", "-k", "a b"]``).
         ``cwd`` is a host path inside the workspace (default: its root), mapped
         onto the remote working directory. ``on_data`` gets stdout and stderr
-        chunks on the calling thread. ``timeout`` (seconds, more than 0; ``None``: no
-        limit; 0 or less is ``CONFIG_INVALID``) kills the remote
-        command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
+        chunks on the calling thread: a callable given the bytes, or a writable stream
+        (``sys.stdout``, a file) or its ``write`` (``sys.stdout.write``, which works in a
+        notebook), which get text for a text stream, decoded as UTF-8. ``timeout``
+        (seconds, more than 0; ``None``: no limit; 0 or less is ``CONFIG_INVALID``) kills
+        the remote command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
         and raises :class:`CommandCancelled`; Ctrl-C kills it and re-raises.
         ``timeout`` may also be a :class:`~piship_remote.transport.deadline.Deadline`,
         handed down as it is (as a pool hands down its task's). ``env`` replaces the
@@ -157,8 +185,15 @@ class Sandbox:
             GatewayUnreachable: the service could not be reached.
             PiShipError: any other failure the service reports, with its code.
         """
-        sink = None if on_data is None else (lambda _stream, chunk: on_data(chunk))
-        return self._execute(command, cwd, sink, timeout, cancel, env, resumable=resumable)
+        if on_data is None:
+            return self._execute(command, cwd, None, timeout, cancel, env, resumable=resumable)
+        sink = DataSink(on_data)
+        try:
+            return self._execute(
+                command, cwd, sink.write, timeout, cancel, env, resumable=resumable
+            )
+        finally:
+            sink.close()
 
     def run(
         self,
@@ -195,6 +230,10 @@ class Sandbox:
         ``resumable=True``: as for :meth:`exec`; ``missing`` on the result says how many
         bytes of each stream may be missing after a dropped stream (0: none).
 
+        A :class:`CommandTimeout` or ``PiShipError`` it raises carries what the command
+        wrote until then as ``error.output`` (a ``CommandResult`` whose ``exit_code`` is
+        -1: the command did not exit on its own).
+
         Raises:
             CommandFailed: ``check=True`` and the command exited non-zero.
             CommandTimeout: ``timeout`` passed; the remote command was killed.
@@ -207,9 +246,13 @@ class Sandbox:
             PiShipError: any other failure the service reports, with its code.
         """
         capture = OutputCapture(echo=echo, limit=output_limit)
-        result = self._execute(
-            command, cwd, capture.write, timeout, cancel, env, stdin, resumable=resumable
-        )
+        try:
+            result = self._execute(
+                command, cwd, capture.write, timeout, cancel, env, stdin, resumable=resumable
+            )
+        except (CommandTimeout, PiShipError) as error:
+            error.output = capture.result(NO_EXIT)  # what it wrote before it was stopped
+            raise
         outcome = capture.result(result.exit_code)
         if check and outcome.exit_code != 0:
             raise CommandFailed(outcome, redactor=self.redactor)
@@ -435,6 +478,7 @@ class Sandbox:
             SandboxUnavailable: no sandbox is active, or it was disposed or retired.
         """
         sandbox_id = self._usable_engine().detach()
+        self._detached = True
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)

@@ -9,6 +9,7 @@ command's stream dropped, a request stalled. Both doubles carry one as ``server.
         server.faults.cut_streams_after(100, 50)  # E2B: resets after 100, then 50 bytes of
                                                   # output; Connect follows the command again
         server.faults.stall("/execute", seconds=5)  # the next such request waits 5 s first
+        server.faults.lose_processes()          # sandboxd: the next call naming a pid: NOT_FOUND
         server.kill(sandbox.id)                  # the sandbox (or claim) is gone now
 
 Each fault is used up by the requests it hits, in arrival order; :meth:`Faults.clear`
@@ -54,6 +55,7 @@ class Faults:
         self._dropped_streams = 0
         self._cut_points: list[int] = []
         self.unheard = 0
+        self._lost_processes = 0
         self._stalls: list[tuple[str | None, Stall]] = []
         self._released = threading.Event()
 
@@ -88,6 +90,12 @@ class Faults:
             self._cut_points += points
             self.unheard = unheard
 
+    def lose_processes(self, count: int = 1) -> None:
+        """sandboxd: the next ``count`` calls naming a running process (``WriteStdin``,
+        ``SendSignal``, ``ResizeTTY``) find none and answer ``NOT_FOUND``."""
+        with self._lock:
+            self._lost_processes += count
+
     def stall(
         self, path: str | None = None, *, count: int = 1, seconds: float | None = None
     ) -> None:
@@ -105,7 +113,7 @@ class Faults:
         """Forget every fault not used yet."""
         with self._lock:
             self._create_failures.clear()
-            self._lost_answers = self._dropped_streams = 0
+            self._lost_answers = self._dropped_streams = self._lost_processes = 0
             self._cut_points.clear()
             self._stalls.clear()
 
@@ -132,6 +140,13 @@ class Faults:
     def take_cut_point(self) -> int | None:
         with self._lock:
             return self._cut_points.pop(0) if self._cut_points else None
+
+    def take_lost_process(self) -> bool:
+        with self._lock:
+            if self._lost_processes <= 0:
+                return False
+            self._lost_processes -= 1
+            return True
 
     def take_stall(self, path: str) -> Stall | None:
         with self._lock:

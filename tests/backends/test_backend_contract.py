@@ -123,7 +123,7 @@ def test_a_pool_task_s_timeout_is_the_one_its_command_reports(
     hanging: E2bCompatibleBackend, ws: Path
 ) -> None:
     with SandboxPool({"required": True}, backend=hanging, workspace=ws, size=1) as pool:
-        [result] = pool.map("sleep 60", ["x"], timeout=0.5)
+        [result] = pool.map("sleep 60 {item}", ["x"], timeout=0.5)
 
     assert result.outcome == "timeout"
     assert isinstance(result.error, CommandTimeout) and str(result.error) == "timeout:0.5"

@@ -56,8 +56,8 @@ from reliability_support import (
 )
 
 import piship_remote.backends.e2b._control as e2b_control
-import piship_remote.backends.e2b._envd as e2b_envd
 import piship_remote.backends.e2b._files as e2b_files
+import piship_remote.backends.e2b._instance as e2b_envd
 import piship_remote.backends.kubernetes._claims_api as k8s_claims
 import piship_remote.backends.kubernetes._files as k8s_files
 import piship_remote.backends.kubernetes._http as k8s_http

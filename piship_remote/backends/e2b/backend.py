@@ -4,7 +4,7 @@ A REST control plane (E2B, CubeSandbox, ...) creates the sandbox
 (``POST /sandboxes``), renews its lifetime before every command and deletes it
 at the end (:mod:`~piship_remote.backends.e2b._control`); each command is one
 Connect server stream (``POST /process.Process/Start``) from the sandbox's
-``envd`` daemon (:mod:`~piship_remote.backends.e2b._envd`), run by the instance
+``envd`` daemon (:mod:`~piship_remote.backends.e2b._instance`), run by the instance
 (:mod:`~piship_remote.backends.e2b._instance`) and decoded by
 :mod:`~piship_remote.backends.e2b._stream`::
 
@@ -48,13 +48,13 @@ from piship_remote.backends.e2b._control import (
     idempotency_key,
     wire_lifetime,
 )
-from piship_remote.backends.e2b._envd import (
+from piship_remote.backends.e2b._files import EnvdFiles
+from piship_remote.backends.e2b._instance import (
     ENVD_PORT,
     KEEPALIVE_INTERVAL,
+    E2bInstance,
     Envd,
 )
-from piship_remote.backends.e2b._files import EnvdFiles
-from piship_remote.backends.e2b._instance import E2bInstance
 from piship_remote.backends.e2b._lease import SandboxLease
 from piship_remote.backends.e2b._owned import check_id, connect, list_owned
 from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interval

@@ -187,6 +187,12 @@ class Claim:
     """The Sandbox's Service name (``status.serviceFQDN``; only sandboxes with a Service)."""
     node_name: str | None = None
     """The node its pod runs on (``status.nodeName``)."""
+    pod_name: str | None = None
+    """Its pod (the ``agents.x-k8s.io/pod-name`` annotation, else the Sandbox's name)."""
+    sandboxd_grpc: str | None = None
+    """Where its pod's sandboxd serves gRPC (``SANDBOXD_GRPC_ADDR``), when it runs one."""
+    sandboxd_rest: str | None = None
+    """Where its pod's sandboxd serves REST (``SANDBOXD_REST_ADDR``)."""
 
 
 class ClaimApi(Protocol):
@@ -344,6 +350,19 @@ class ClaimManager:
         """The claim name of the latest command (``None`` before the first command)."""
         with self._lock:
             return self._last
+
+    def current_claim(self) -> Claim | None:
+        """The current claim once it is created and ready (no request is sent, and it
+        does not count as a command: :meth:`epoch` is unchanged); ``None`` otherwise."""
+        with self._lock:
+            lease = self._current
+        if lease is None or not lease.future.done():
+            return None
+        try:
+            claim: Claim = lease.future.result()
+        except BaseException:
+            return None
+        return claim
 
     def prepare(self) -> None:
         """Create the first claim and wait until it is ready; on failure nothing is left."""
