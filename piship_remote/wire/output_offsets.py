@@ -25,8 +25,6 @@ the whole of each stream, read back by offset after a drop::
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Mapping
 
 __all__ = [
@@ -44,7 +42,8 @@ OFFSET_HEADER = "Piship-Output-Offset"
 OUTPUT_STREAMS = ("stdout", "stderr")
 SPOOL_FILES = {"stdout": "out", "stderr": "err"}
 _SPOOL_ROOT = "/tmp/piship-spool-"
-_SPOOLED = re.compile(r"\A# piship-spool (/tmp/piship-spool-[A-Za-z0-9-]{1,64})\n")
+_SPOOL_MARK = "# piship-spool "
+_TAG_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _MAX_DIGITS = 19
 
 
@@ -69,23 +68,28 @@ def parse_offsets(value: str | None) -> dict[str, int] | None:
 
 
 def spool_directory(tag: str) -> str:
-    """Where the command tagged ``tag`` spools its output."""
+    """Where the command tagged ``tag`` (letters, digits, ``-``) spools its output."""
+    if not 0 < len(tag) <= 64 or not set(tag) <= _TAG_CHARACTERS:
+        raise ValueError(f"a spool's tag is 1-64 letters, digits or '-', not {tag!r}")
     return _SPOOL_ROOT + tag
 
 
 def spooled_command(command: str, directory: str) -> str:
     """``command`` (a bash script) with its stdout and stderr also appended to ``out`` and
     ``err`` in ``directory``; its exit status is the command's."""
-    out = shlex.quote(f"{directory}/{SPOOL_FILES['stdout']}")
-    err = shlex.quote(f"{directory}/{SPOOL_FILES['stderr']}")
+    out = f"{directory}/{SPOOL_FILES['stdout']}"  # spool_directory's: nothing to quote
+    err = f"{directory}/{SPOOL_FILES['stderr']}"
     return (
-        f"# piship-spool {directory}\n"
-        f"mkdir -p {shlex.quote(directory)}\n"
+        f"{_SPOOL_MARK}{directory}\n"
+        f"mkdir -p {directory}\n"
         f"{{ {command}\n}} 2> >(tee -a {err} >&2) | tee -a {out}; exit \"${{PIPESTATUS[0]}}\""
     )
 
 
 def spool_of(script: str) -> str | None:
     """The spool directory a :func:`spooled_command` script writes to, if it is one."""
-    match = _SPOOLED.match(script)
-    return match.group(1) if match else None
+    if not script.startswith(_SPOOL_MARK + _SPOOL_ROOT):
+        return None
+    directory = script[len(_SPOOL_MARK) :].partition("\n")[0]
+    tag = directory[len(_SPOOL_ROOT) :]
+    return directory if tag and set(tag) <= _TAG_CHARACTERS and len(tag) <= 64 else None
