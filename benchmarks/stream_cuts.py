@@ -34,6 +34,17 @@ def expected_lines(lines: int) -> str:
     return "".join(f"{n}\n" for n in range(1, lines + 1))
 
 
+def describe(result: Any, expected: str) -> str:
+    """Where a result's output parts from what was expected."""
+    got = result.stdout
+    pairs = enumerate(zip(got, expected, strict=False))
+    at = next((i for i, (a, b) in pairs if a != b), min(len(got), len(expected)))
+    return (
+        f"exit {result.exit_code}, missing {result.missing}, {len(got)}/{len(expected)} "
+        f"bytes, first difference at {at}: {got[at - 20 : at + 20]!r}"
+    )
+
+
 def cut_points(rng: random.Random, lines: int) -> list[int]:
     """1-3 byte counts within one stream's answer (its base64 is about 4/3 of the text)."""
     wire = len(expected_lines(lines)) * 4 // 3
@@ -73,7 +84,10 @@ def ours_local(runs: int, lines: int, rng: random.Random) -> tuple[int, int]:
             before = proxies[0].cuts
             try:
                 result = sandbox.run(f"seq 1 {lines}; exit {EXIT_CODE}", output_limit=None)
-                good += result.exit_code == EXIT_CODE and result.stdout == expected
+                complete = result.exit_code == EXIT_CODE and result.stdout == expected
+                good += complete
+                if not complete:
+                    print(f"  ours/local incomplete: {describe(result, expected)}", file=sys.stderr)
             except Exception as error:  # a run that failed counts as not good
                 print(f"  ours/local run failed: {error}", file=sys.stderr)
             cuts += proxies[0].cuts - before
