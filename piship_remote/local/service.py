@@ -50,10 +50,13 @@ from piship_remote.local.isolation.limits import (
     MIB,
     Limits,
 )
-from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
+from piship_remote.local.isolation.mounts import unmount_under
+from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
+from piship_remote.local.isolation.user_map import root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
 from piship_remote.local.sandbox.templates import prepare_templates, template_names
+from piship_remote.local.sandbox.vm import Spawner
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 
 if TYPE_CHECKING:
@@ -142,19 +145,30 @@ class LocalE2bService:
             os.chmod(directory, 0o711)  # its sandboxes' host uids look their places up
         try:
             cache = os.path.join(directory, TEMPLATE_CACHE)
-            owner = host_uid(0) if root_mappable() else None
+            owner = TEMPLATE_OWNER if root_mappable() else None
             offered = prepare_templates(templates or {}, cache, owner=owner)
         except ValueError as e:
             remove_tree(directory)
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
-        self._registry = Registry(
-            directory,
-            bwrap=binary,
-            workdir=self.workdir,
-            user=user,
-            max_sandboxes=max_sandboxes,
-            limits=limits,
-            templates=offered,
+        try:
+            self._spawner = Spawner(private_mounts=root_mappable())
+        except OSError as e:
+            remove_tree(directory)
+            problem = f"the service cannot make a mount namespace of its own: {e}"
+            raise _unavailable(problem) from None
+        # Made on the spawner's thread: the registry's threads, and the server's, share its
+        # mount namespace, where every sandbox's mounts are.
+        self._registry = self._spawner.call(
+            lambda: Registry(
+                directory,
+                bwrap=binary,
+                workdir=self.workdir,
+                user=user,
+                max_sandboxes=max_sandboxes,
+                limits=limits,
+                templates=offered,
+                spawner=self._spawner,
+            )
         )
         self._control = ControlPlane(self._registry, api_key=self.api_key)
         self._envd = Envd(self._registry)
@@ -173,7 +187,7 @@ class LocalE2bService:
                 thread_prefix="piship-local-",
             )
         except OSError as e:
-            self._registry.close()
+            self._spawner.call(self._registry.close)
             remove_tree(directory)
             raise PiShipError(
                 SANDBOX_UNAVAILABLE,
@@ -181,7 +195,7 @@ class LocalE2bService:
                 component=COMPONENT,
             ) from None
         self._control.domain = f"localhost:{self._server.port}"
-        self._server.start()
+        self._spawner.call(self._server.start)
         atexit.register(self.close)
         self.url = self._server.url
 
@@ -215,8 +229,9 @@ class LocalE2bService:
         return self._registry.ids()
 
     def sandbox_home(self, sandbox_id: str) -> str:
-        """The host directory mounted as ``sandbox_id``'s home (for tests and demos)."""
-        return os.path.join(self._registry.root, sandbox_id, "home")
+        """The host directory mounted as ``sandbox_id``'s home (for tests and demos), as
+        this process sees it from any thread (through the service's mount namespace)."""
+        return self._spawner.view(os.path.join(self._registry.root, sandbox_id, "home"))
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
         """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
@@ -237,7 +252,7 @@ class LocalE2bService:
             if self._closed:
                 return
             self._closed = True
-        self._registry.close()
+        self._spawner.call(self._registry.close)  # in the namespace holding its mounts
         self._server.close()
 
     def __enter__(self) -> LocalE2bService:
@@ -407,6 +422,7 @@ def remove_stale_directories(parent: str) -> list[str]:
                 continue
         except OSError:
             continue
+        unmount_under(entry.path)  # an older version mounted in the host's namespace
         remove_tree(entry.path)
         removed.append(entry.path)
     return removed

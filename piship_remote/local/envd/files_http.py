@@ -59,7 +59,7 @@ FILES_PATH = "/files"
 _JSON = "application/json; charset=utf-8"
 EXPIRED = "signature is already expired"
 _MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE, _NO_STAT, _NO_OPEN = 10, 11, 12, 13, 14, 15
-_NO_METADATA = 16
+_NO_METADATA, _NO_PARENT = 16, 17
 _READ_SCRIPT = f"""
 if [ ! -e "$1" ]; then
   case $(LC_ALL=C stat -L -- "$1" 2>&1) in *"ermission denied"*) exit {_NO_STAT};; esac
@@ -76,8 +76,9 @@ _WRITE_SCRIPT = f"""
 f=$1 m=$2; shift 2
 [ -d "$f" ] && exit {_DIRECTORY}
 d=$(dirname -- "$f")
-if ! mkdir -p -- "$d" 2>/dev/null; then
+if ! e=$(LC_ALL=C mkdir -p -- "$d" 2>&1); then
   p=$d; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname -- "$p"); done
+  [ -d "$p" ] && {{ printf %s "$e" >&2; exit {_NO_PARENT}; }}
   printf %s "$p" >&2; exit {_PARENT_BLOCKED}
 fi
 existed=; [ -f "$f" ] && existed=1
@@ -311,6 +312,9 @@ def _write_failure(path: str, ran: Ran) -> Reply:
     if ran.exit_code == _PARENT_BLOCKED:
         return error(500, f"error ensuring directories: path is a file: {ran.error_text}")
     text = ran.error_text
+    if ran.exit_code == _NO_PARENT and "No space left" not in text:
+        # what stopped it: "Read-only file system", "Permission denied", …
+        return error(500, f"error ensuring directories: {text[-300:] or 'failed'}")
     if "No space left" in text:
         return error(507, "not enough disk space available")
     if "quota" in text.lower():

@@ -35,9 +35,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from piship_remote.local.isolation.bubblewrap import Jail
 from piship_remote.local.isolation.limits import Enforcement, Limits
+from piship_remote.local.isolation.mounts import unmount_under
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
+from piship_remote.local.isolation.uid_block import SandboxIds, UidBlock, sandbox_uid
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
@@ -48,7 +51,7 @@ from piship_remote.local.sandbox.snapshots import (
     copy_places,
 )
 from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
-from piship_remote.local.sandbox.vm import Spawner
+from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
 __all__ = [
     "Registry",
@@ -93,6 +96,7 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         with_root: bool | None = None,
         templates: Mapping[str, str | None] | None = None,
+        spawner: Spawner | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
@@ -119,7 +123,9 @@ class Registry:
         self._changed = threading.Condition()
         self._resuming = threading.Lock()  # one resume at a time: a reboot is not repeated
         self._closed = False
-        self._spawner = Spawner()
+        self._spawner = spawner or Spawner()
+        self._uids = UidBlock()  # a range of host uids per sandbox, where the service maps them
+        self._ids: dict[str, SandboxIds] = {}
         self._reaper = threading.Thread(target=self._reap, name="piship-local-reaper", daemon=True)
         self._reaper.start()
 
@@ -193,16 +199,7 @@ class Registry:
                 raise TooManySandboxes(f"the local service runs at most {self._max} sandboxes")
             self._booting += 1
         try:
-            jail, vm = boot(
-                sandbox_id,
-                directory,
-                self._layout,
-                network=wanted.network,
-                spawner=self._spawner,
-                rootfs=self.templates[wanted.image],
-            )
-        except BootFailed as e:
-            raise SandboxUnavailable(str(e)) from None
+            jail, vm = self._boot(sandbox_id, directory, wanted)
         finally:
             with self._changed:
                 self._booting -= 1
@@ -219,9 +216,9 @@ class Registry:
         )
         try:
             if seed is not None:
-                copy_places(seed, sandbox.host_dirs)
+                copy_places(seed, sandbox.host_dirs, _owner_in(jail.ids))
         except OSError as e:
-            sandbox.destroy("the sandbox's files could not be copied")
+            self._end(sandbox, "the sandbox's files could not be copied")
             raise SandboxUnavailable(str(e)) from None
         with self._changed:
             if self._closed:
@@ -231,9 +228,42 @@ class Registry:
                 self._sandboxes[sandbox_id] = sandbox
                 self._changed.notify_all()
         if closed:
-            sandbox.destroy("stopped")
+            self._end(sandbox, "stopped")
             raise SandboxGone("the local sandbox service stopped")
         return sandbox
+
+    def _boot(self, sandbox_id: str, directory: str, wanted: Wanted) -> tuple[Jail, SandboxVm]:
+        """Boot the sandbox as its own range of host uids (where the service maps them)."""
+        try:
+            ids = self._uids.take() if self._layout.maps_users else None
+        except OSError as e:
+            raise SandboxUnavailable(str(e)) from None
+        try:
+            jail, vm = boot(
+                sandbox_id,
+                directory,
+                self._layout,
+                network=wanted.network,
+                spawner=self._spawner,
+                rootfs=self.templates[wanted.image],
+                ids=ids,
+            )
+        except BootFailed as e:
+            if ids is not None:
+                self._uids.give_back(ids)
+            raise SandboxUnavailable(str(e)) from None
+        if ids is not None:
+            with self._changed:
+                self._ids[sandbox_id] = ids
+        return jail, vm
+
+    def _end(self, sandbox: Sandbox, reason: str) -> None:
+        """Destroy ``sandbox``, then free its host uids: nothing of it is left to own."""
+        sandbox.destroy(reason)
+        with self._changed:
+            ids = self._ids.pop(sandbox.id, None)
+        if ids is not None:
+            self._uids.give_back(ids)
 
     def get(self, sandbox_id: str) -> Sandbox | None:
         """The running sandbox ``sandbox_id``, if any (a paused one is not served).
@@ -321,7 +351,7 @@ class Registry:
             sandbox = self._sandboxes.pop(sandbox_id, None)
         if sandbox is None:
             return False
-        sandbox.destroy(reason)
+        self._end(sandbox, reason)
         return True
 
     def close(self) -> None:
@@ -332,11 +362,13 @@ class Registry:
             self._sandboxes.clear()
             self._changed.notify_all()
         for sandbox in sandboxes:
-            sandbox.destroy("stopped")
+            self._end(sandbox, "stopped")
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
+        unmount_under(self.root)
         remove_tree(self.root)
+        self._uids.close()
 
     def _expiry(self, seconds: int) -> float:
         return self.clock() + self._bounded(seconds)
@@ -377,3 +409,14 @@ class Registry:
             return None
         earliest = min(s.expires_at for s in self._sandboxes.values())
         return max(earliest - self.clock(), 0.0)
+
+
+def _owner_in(ids: SandboxIds | None) -> Callable[[int], int]:
+    """How a copied file's host owner becomes the target sandbox's: the same sandbox uid,
+    in its range (files of no sandbox uid keep theirs)."""
+
+    def owner(host: int) -> int:
+        uid = sandbox_uid(host)
+        return host if ids is None or uid is None else ids.host(uid)
+
+    return owner

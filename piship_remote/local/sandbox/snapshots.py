@@ -21,7 +21,7 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
@@ -119,11 +119,16 @@ class SnapshotStore:
         return True
 
 
-def copy_places(source: Mapping[str, str], target: Mapping[str, str]) -> None:
+def copy_places(
+    source: Mapping[str, str],
+    target: Mapping[str, str],
+    owner: Callable[[int], int] = lambda uid: uid,
+) -> None:
     """Copy each place's files (by path in the sandbox) from ``source`` into ``target``.
 
     Modes, times, extended attributes and symlinks are kept, and owners where the
-    service may set them (it runs as root); sockets, pipes and devices are left out.
+    service may set them (it runs as root), each host uid (and gid) turned into
+    ``owner(uid)`` (the target sandbox's own); sockets, pipes and devices are left out.
     ``OSError`` when something cannot be read or written.
     """
     for inside, host in source.items():
@@ -135,7 +140,7 @@ def copy_places(source: Mapping[str, str], target: Mapping[str, str]) -> None:
         except shutil.Error as e:
             raise OSError(f"the sandbox's files could not be copied: {e.args[0][0][2]}") from None
         if os.geteuid() == 0:
-            _copy_owners(host, destination)
+            _copy_owners(host, destination, owner)
 
 
 def _special(directory: str, names: Iterable[str]) -> list[str]:
@@ -148,7 +153,7 @@ def _special(directory: str, names: Iterable[str]) -> list[str]:
     return left_out
 
 
-def _copy_owners(source: str, target: str) -> None:
+def _copy_owners(source: str, target: str, owner: Callable[[int], int]) -> None:
     """Give every copied entry under ``target`` the owner of its original under ``source``."""
     for directory, dirs, files in os.walk(source):
         for name in ["", *dirs, *files]:
@@ -156,4 +161,4 @@ def _copy_owners(source: str, target: str) -> None:
             copy = os.path.join(target, os.path.relpath(original, source))
             if os.path.lexists(copy):
                 info = os.lstat(original)
-                os.lchown(copy, info.st_uid, info.st_gid)
+                os.lchown(copy, owner(info.st_uid), owner(info.st_gid))

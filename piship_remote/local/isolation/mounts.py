@@ -1,0 +1,202 @@
+"""The local service's own mounts: where they live, how a sandbox's writable root is made,
+and how they are taken down.
+
+Where the service runs as host root it mounts (a size-capped tmpfs per sandbox, an image
+template's layers) in a mount namespace of its own, entered by the thread that starts
+sandboxes (see :class:`~piship_remote.local.sandbox.vm.Spawner`) and inherited by every
+thread and process it starts. Its propagation from the host is one-way (``MS_SLAVE``): the
+host sees none of these mounts, so a killed service leaves none (the kernel tears the
+namespace down with its last process) and its tmpfs data goes with them.
+
+An image template's files belong to
+:data:`~piship_remote.local.isolation.uid_block.TEMPLATE_OWNER`, which no sandbox maps. A
+sandbox sees them through an *idmapped* mount of the template that shows them as its own
+root's, under an overlay whose upper layer lies on the sandbox's capped tmpfs: its writes
+stay its own and count against its disk cap, and the template never changes::
+
+    enter_private_namespace()                       # on the spawner thread, root only
+    mount_image_root(template, layer_dir, ids)      # <layer_dir>/root: the writable root
+    unmount_under("/tmp/piship-local-123-x/ab12")   # every mount there, deepest first
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import subprocess
+import sys
+
+from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER, SandboxIds
+
+__all__ = [
+    "enter_private_namespace",
+    "mount_image_root",
+    "mounts_under",
+    "unmount_under",
+]
+
+CLONE_NEWNS = 0x00020000
+MS_REC = 0x4000
+MS_SLAVE = 1 << 19
+MS_NOSUID = 2
+MS_NODEV = 4
+MNT_DETACH = 2
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_IDMAP = 0x100000
+# The generic syscall numbers (the same on x86_64 and aarch64) of the new mount API.
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+SYS_MOUNT_SETATTR = 442
+USERNS_TIMEOUT = 10.0
+# A process in a new user namespace of its own: says so, then waits to be killed.
+_HOLD_USERNS = (
+    "import ctypes,sys\n"
+    "if ctypes.CDLL(None,use_errno=True).unshare(0x10000000)!=0: sys.exit(1)\n"
+    "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()\n"
+)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _checked(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def enter_private_namespace() -> None:
+    """Move the calling thread (and what it starts from now on) into a new mount namespace
+    whose mounts never reach the host's; ``OSError`` if it cannot."""
+    libc = _libc()
+    _checked(libc.unshare(CLONE_NEWNS), "unsharing the mount namespace")
+    _checked(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making mounts one-way")
+
+
+def mount_image_root(template: str, directory: str, ids: SandboxIds) -> str:
+    """Mount the sandbox's writable root over image ``template`` in ``directory`` (on its
+    capped tmpfs); return the mount's path (``<directory>/root``)."""
+    paths = {name: os.path.join(directory, name) for name in ("lower", "upper", "work", "root")}
+    for name, path in paths.items():
+        os.mkdir(path, 0o755 if name != "work" else 0o700)
+    owner = ids.host(0)
+    os.chown(paths["upper"], owner, owner)  # the root directory, as the image's: root's
+    _idmapped_clone(template, paths["lower"], ids)
+    options = ",".join(
+        (f"lowerdir={paths['lower']}", f"upperdir={paths['upper']}", f"workdir={paths['work']}")
+    )
+    result = _libc().mount(
+        b"overlay", os.fsencode(paths["root"]), b"overlay", MS_NOSUID | MS_NODEV, options.encode()
+    )
+    _checked(result, f"mounting the sandbox's root filesystem over {os.path.basename(template)}")
+    return paths["root"]
+
+
+def _idmapped_clone(source: str, target: str, ids: SandboxIds) -> None:
+    """Mount ``source`` read-only at ``target``, its :data:`TEMPLATE_OWNER` files shown as the
+    sandbox root's (host uid ``ids.host(0)``)."""
+    libc = _libc()
+    userns = _mapping_namespace(f"{TEMPLATE_OWNER} {ids.host(0)} 1\n")
+    try:
+        flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
+        tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), flags)
+        _checked(tree, "cloning a template")
+    except BaseException:
+        os.close(userns)
+        raise
+    try:
+        flags = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+        attr = _MountAttr(flags)
+        attr.userns_fd = userns
+        size = ctypes.sizeof(attr)
+        where = AT_EMPTY_PATH | AT_RECURSIVE
+        result = libc.syscall(SYS_MOUNT_SETATTR, tree, b"", where, ctypes.byref(attr), size)
+        _checked(result, "mapping a template's owner (idmapped mounts need Linux 5.12)")
+        target_path = os.fsencode(target)
+        result = libc.syscall(
+            SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target_path, MOVE_MOUNT_F_EMPTY_PATH
+        )
+        _checked(result, "mounting a template")
+    finally:
+        os.close(tree)
+        os.close(userns)
+
+
+def _mapping_namespace(uid_map: str) -> int:
+    """A descriptor of a new user namespace whose uid and gid maps are ``uid_map``."""
+    holder = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _HOLD_USERNS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={},
+    )
+    try:
+        assert holder.stdout is not None
+        if holder.stdout.readline() != b"ready\n":
+            raise OSError("a user namespace for a template's mount could not be made")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{holder.pid}/{name}", "w", encoding="ascii") as handle:
+                handle.write(uid_map)
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        holder.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            holder.communicate(timeout=USERNS_TIMEOUT)
+
+
+def mounts_under(path: str) -> list[str]:
+    """The mount points at or below ``path`` in this thread's namespace, deepest first."""
+    base = os.path.realpath(path)
+    found: list[str] = []
+    mountinfo = "/proc/thread-self/mountinfo"
+    with contextlib.suppress(OSError), open(mountinfo, encoding="utf-8", errors="replace") as info:
+        for line in info:
+            point = _unescape(line.split(" ")[4])
+            if point == base or point.startswith(base.rstrip("/") + "/"):
+                found.append(point)
+    return sorted(set(found), key=lambda p: (-p.count("/"), p))
+
+
+def unmount_under(path: str) -> None:
+    """Detach every mount at or below ``path`` (nothing when there is none)."""
+    libc = _libc()
+    for point in mounts_under(path):
+        libc.umount2(os.fsencode(point), MNT_DETACH)
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field with its octal escapes (``\\040`` for a space) decoded."""
+    if "\\" not in field:
+        return field
+    raw = field.encode()
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
+            out.append(int(raw[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return os.fsdecode(bytes(out))
