@@ -328,8 +328,8 @@ class Jail:
     """The sandbox's own range of host uids, where the service maps them (``own_map``)."""
     root_layer: str | None = None
     """The host directory bound at ``/``: the sandbox's writable root (a directory of its
-    own, or the overlay of ``rootfs`` the service mounted). Without it and ``overlay``,
-    ``/`` is read-only."""
+    own, or the overlay of ``rootfs`` the service mounted). Without it, ``/`` is a tmpfs
+    of bubblewrap's (of ``scratch_size``, where given)."""
     overlay: tuple[str, str] | None = None
     """The upper and work directories of the overlay bubblewrap itself mounts at ``/``
     over ``rootfs`` (a service that cannot mount)."""
@@ -372,19 +372,20 @@ class Jail:
         for host, fd in sources.dirs.items():
             if host not in self._places():
                 options += ["--ro-bind-fd", str(fd), host]
-        if self.root_layer is None and self.overlay is None:
-            options += ["--remount-ro", "/"]
         options += ["--chdir", cwd]
         for name, value in env.items():
             options += ["--setenv", name, value]
         return options
 
     def _root(self, sources: Sources) -> list[str]:
-        """The root filesystem: the sandbox's own layer (or a throwaway one), then the host's
-        system directories, read-only (at their places, or at a private one in an image)."""
+        """The root filesystem, writable: the sandbox's own layer (or a tmpfs of its own), then
+        the host's system directories, read-only (at their places, or at a private one in an
+        image)."""
         own: list[str] = []
         if self.root_layer is not None:
             own = ["--bind-fd", str(sources.dir(self.root_layer)), "/"]
+        elif self.scratch_size is not None:
+            own = ["--size", str(self.scratch_size), "--tmpfs", "/"]
         if self.rootfs is None:
             return [*own, "--ro-bind", "/usr", "/usr", *_system_dirs(), *_base_extras(sources)]
         if self.overlay is not None:

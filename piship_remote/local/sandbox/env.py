@@ -157,7 +157,10 @@ def _root_layer(
 ) -> tuple[str | None, tuple[str, str] | None]:
     """The sandbox's writable root in ``directory`` (on its disk): a directory of its own
     (the base template), an overlay of ``rootfs`` the service mounts (a root service), or
-    the upper and work directories of the one bubblewrap mounts (a normal user's)."""
+    the upper and work directories of the one bubblewrap mounts (a normal user's); nothing
+    where the root is a capped tmpfs of bubblewrap's (the base template, a normal user's)."""
+    if rootfs is None and ids is None:
+        return None, None
     os.mkdir(directory, 0o711)
     if rootfs is not None and ids is not None:
         return mount_image_root(rootfs, directory, ids), None
@@ -184,6 +187,9 @@ def remove_tree(path: str) -> None:
             os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
             if os.path.isdir(failed) and not os.path.islink(failed):
                 os.chmod(failed, os.stat(failed).st_mode | stat.S_IRWXU)
+                if function is not os.rmdir:  # it could not be opened (mode 000): again
+                    remove_tree(failed)
+                    return
             function(failed)
         except OSError:
             pass
