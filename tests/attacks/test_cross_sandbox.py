@@ -13,7 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from local_service_support import Client, gone, marked, marker, needs_bwrap, run_as, start_as
+from local_service_support import (
+    Client,
+    gone,
+    has_stdout,
+    marked,
+    marker,
+    needs_bwrap,
+    run_as,
+    start_as,
+)
 from sandbox_uid_support import as_host_uid, host_uid_of, needs_util_linux
 
 from piship_remote.local import LocalE2bService
@@ -92,3 +101,33 @@ def test_a_sandbox_cannot_signal_another_sandboxs_processes(
         killed = as_host_uid(service, host_uid_of(client, first, user), f"kill -9 {victim}")
         assert "Operation not permitted" in killed.stderr
     assert marked(mark) == [victim]
+
+
+def test_a_sandbox_cannot_reach_another_sandboxs_port(
+    client: Client, pair: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    first, second = pair
+    listen = "s=socket.socket(); s.bind(('127.0.0.1', 8431)); s.listen(); print('up', flush=True)"
+    serve = f'python3 -c "import socket, time; {listen}; time.sleep(60)"'
+    start_as(client, second, "user", serve).until(has_stdout("up"))
+    probe = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8431), 2)\""
+    assert "Connection refused" not in start_as(client, second, "user", probe).finish().stderr
+    assert "Connection refused" in start_as(client, first, "user", probe).finish().stderr
+
+
+def test_a_forks_files_belong_to_the_forks_own_uids(
+    service: LocalE2bService, client: Client, pair: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    first, _ = pair
+    run_as(client, first, "user", "echo mine > ~/own")
+    run_as(client, first, "root", "echo roots > /home/user/roots")
+    forked = client.control("POST", f"/sandboxes/{first['sandboxID']}/fork", json={"count": 1})
+    assert forked.status_code == 201, forked.text
+    fork = forked.json()[0]["sandbox"]
+    try:
+        home = service.sandbox_home(fork["sandboxID"])
+        assert os.stat(os.path.join(home, "own")).st_uid == host_uid_of(client, fork, "user")
+        assert os.stat(os.path.join(home, "roots")).st_uid == host_uid_of(client, fork, "root")
+        assert host_uid_of(client, fork, "user") != host_uid_of(client, first, "user")
+    finally:
+        client.control("DELETE", f"/sandboxes/{fork['sandboxID']}")
