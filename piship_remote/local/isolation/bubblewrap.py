@@ -333,6 +333,8 @@ class Jail:
     overlay: tuple[str, str] | None = None
     """The upper and work directories of the overlay bubblewrap itself mounts at ``/``
     over ``rootfs`` (a service that cannot mount)."""
+    etc_in_root: bool = False
+    """Whether the ``etc`` files are in ``root_layer`` already (its root's), not copied in."""
 
     @property
     def maps_users(self) -> bool:
@@ -399,7 +401,9 @@ class Jail:
         """Open what the sandbox is made from: its places, ``/etc`` files and, given the
         ``python`` that runs it, the agent (and that Python's prefix outside ``/usr``)."""
         dirs = list(self._places())
-        files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
+        files: dict[str, str] = {}
+        if not self.etc_in_root:
+            files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
         if self.boot_id is not None:
             files[BOOT_ID_PATH] = self.boot_id
         if python is not None:

@@ -15,7 +15,7 @@ root's, under an overlay whose upper layer lies on the sandbox's capped tmpfs: i
 stay its own and count against its disk cap, and the template never changes::
 
     enter_private_namespace()                       # on the spawner thread, root only
-    mount_image_root(template, layer_dir, ids)      # <layer_dir>/root: the writable root
+    mount_image_root(template, layer_dir, owner)    # <layer_dir>/root: the writable root
     unmount_under("/tmp/piship-local-123-x/ab12")   # every mount there, deepest first
 """
 
@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 
-from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER, SandboxIds
+from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 
 __all__ = [
     "enter_private_namespace",
@@ -93,15 +93,15 @@ def enter_private_namespace() -> None:
     _checked(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making mounts one-way")
 
 
-def mount_image_root(template: str, directory: str, ids: SandboxIds) -> str:
+def mount_image_root(template: str, directory: str, owner: int) -> str:
     """Mount the sandbox's writable root over image ``template`` in ``directory`` (on its
-    capped tmpfs); return the mount's path (``<directory>/root``)."""
+    capped tmpfs), the template's files shown as host uid ``owner``'s (the sandbox's root);
+    return the mount's path (``<directory>/root``). ``<directory>/upper``, the sandbox's
+    layer, is the caller's to make first."""
     paths = {name: os.path.join(directory, name) for name in ("lower", "upper", "work", "root")}
-    for name, path in paths.items():
-        os.mkdir(path, 0o755 if name != "work" else 0o700)
-    owner = ids.host(0)
-    os.chown(paths["upper"], owner, owner)  # the root directory, as the image's: root's
-    _idmapped_clone(template, paths["lower"], ids)
+    for name in ("lower", "work", "root"):
+        os.mkdir(paths[name], 0o700 if name == "work" else 0o755)
+    _idmapped_clone(template, paths["lower"], owner)
     options = ",".join(
         (f"lowerdir={paths['lower']}", f"upperdir={paths['upper']}", f"workdir={paths['work']}")
     )
@@ -112,11 +112,11 @@ def mount_image_root(template: str, directory: str, ids: SandboxIds) -> str:
     return paths["root"]
 
 
-def _idmapped_clone(source: str, target: str, ids: SandboxIds) -> None:
-    """Mount ``source`` read-only at ``target``, its :data:`TEMPLATE_OWNER` files shown as the
-    sandbox root's (host uid ``ids.host(0)``)."""
+def _idmapped_clone(source: str, target: str, owner: int) -> None:
+    """Mount ``source`` read-only at ``target``, its :data:`TEMPLATE_OWNER` files shown as
+    host uid ``owner``'s."""
     libc = _libc()
-    userns = _mapping_namespace(f"{TEMPLATE_OWNER} {ids.host(0)} 1\n")
+    userns = _mapping_namespace(f"{TEMPLATE_OWNER} {owner} 1\n")
     try:
         flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
         tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), flags)

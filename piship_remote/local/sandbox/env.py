@@ -57,6 +57,11 @@ class SandboxLayout:
         """Whether the service maps its sandboxes' uids (a range of host uids each)."""
         return self.with_root or root_mappable()
 
+    @property
+    def root_uid(self) -> int:
+        """The sandbox uid that owns its root filesystem: root's, where it has one."""
+        return 0 if self.with_root else uid_for(self.user)
+
 
 def boot(
     sandbox_id: str,
@@ -131,7 +136,9 @@ def _jail(
         for path in paths[:3]:  # the sandbox's user owns its places, on the host too
             give_to(path, uid_for(layout.user), ids)
     write_etc(paths[3], user=layout.user, workdir=layout.workdir, network=network)
-    root_layer, overlay = _root_layer(os.path.join(directory, "layer"), rootfs, ids)
+    owner = None if ids is None else ids.host(layout.root_uid)
+    layer = os.path.join(directory, "layer")
+    root_layer, overlay = _root_layer(layer, rootfs, owner, paths[3], layout.workdir)
     return Jail(
         bwrap=layout.bwrap,
         home=paths[0],
@@ -149,33 +156,57 @@ def _jail(
         ids=ids if own_map else None,
         root_layer=root_layer,
         overlay=overlay,
+        etc_in_root=root_layer is not None,
     )
 
 
 def _root_layer(
-    directory: str, rootfs: str | None, ids: SandboxIds | None
+    directory: str, rootfs: str | None, owner: int | None, etc: str, workdir: str
 ) -> tuple[str | None, tuple[str, str] | None]:
     """The sandbox's writable root in ``directory`` (on its disk): a directory of its own
-    (the base template), an overlay of ``rootfs`` the service mounts (a root service), or
-    the upper and work directories of the one bubblewrap mounts (a normal user's); nothing
-    where the root is a capped tmpfs of bubblewrap's (the base template, a normal user's)."""
-    if rootfs is None and ids is None:
+    (the base template) or an overlay of ``rootfs`` the service mounts, both the host uid
+    ``owner``'s (its root, a root service's sandbox) with the ``/etc`` files of ``etc`` in
+    place; or the upper and work directories of the overlay bubblewrap mounts (a normal
+    user's); nothing where the root is a capped tmpfs of bubblewrap's (``base``, a normal
+    user's)."""
+    if rootfs is None and owner is None:
         return None, None
     os.mkdir(directory, 0o711)
-    if rootfs is not None and ids is not None:
-        return mount_image_root(rootfs, directory, ids), None
-    if rootfs is not None:
+    if owner is None:
         upper, work = os.path.join(directory, "upper"), os.path.join(directory, "work")
         os.mkdir(upper, 0o755)
         os.mkdir(work, 0o700)
         return None, (upper, work)
-    root = os.path.join(directory, "root")
-    os.mkdir(root, 0o755)
-    os.mkdir(os.path.join(root, "etc"), 0o755)  # where bubblewrap puts the /etc files
-    if ids is not None:
-        for path in (root, os.path.join(root, "etc")):
-            give_to(path, 0, ids)  # the sandbox's root owns its /, as on E2B
-    return root, None
+    top = os.path.join(directory, "root" if rootfs is None else "upper")
+    os.mkdir(top, 0o755)
+    _place_etc(top, etc, owner)
+    if rootfs is None:  # what bubblewrap would make (as the sandbox's user) root's
+        for place in ("run", "run/piship", "etc/ssl", *_parents(workdir)):
+            os.mkdir(os.path.join(top, place), 0o755)
+            os.chown(os.path.join(top, place), owner, owner)
+    if rootfs is not None:
+        return mount_image_root(rootfs, directory, owner), None
+    return top, None
+
+
+def _parents(path: str) -> list[str]:
+    """The relative parents of absolute ``path``, outermost first (``a``, ``a/b`` of
+    ``/a/b/c``)."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/".join(parts[: n + 1]) for n in range(len(parts))]
+
+
+def _place_etc(top: str, etc: str, owner: int) -> None:
+    """Copy the ``/etc`` files into layer ``top`` (fresh, the service's alone), all of them
+    ``owner``'s: the sandbox's root owns its ``/`` and ``/etc``, as on E2B."""
+    target = os.path.join(top, "etc")
+    os.mkdir(target, 0o755)
+    for name in os.listdir(etc):
+        shutil.copyfile(os.path.join(etc, name), os.path.join(target, name))
+        os.chmod(os.path.join(target, name), 0o644)
+        os.chown(os.path.join(target, name), owner, owner)
+    for path in (top, target):
+        os.chown(path, owner, owner)
 
 
 def remove_tree(path: str) -> None:

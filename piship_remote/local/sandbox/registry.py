@@ -1,11 +1,12 @@
 """The local service's sandboxes: their environments, files, processes and lifetimes.
 
 A :class:`Registry` creates sandboxes (a :class:`SandboxVm` each, with a private
-home, ``/tmp`` and ``/dev/shm`` on a size-capped tmpfs under one service
-directory, and cgroups holding its limits), finds them, renews and deletes
-them. A ``piship-local-reaper`` thread deletes each sandbox when its lifetime
-ends (or pauses one created with ``auto_pause``). Deleting ends every process
-of the sandbox and removes its files::
+home, ``/tmp``, ``/dev/shm`` and writable root layer on a size-capped tmpfs under one
+service directory, cgroups holding its limits, and, where the service maps them, a
+range of host uids of its own), finds them, renews and deletes them. A
+``piship-local-reaper`` thread deletes each sandbox when its lifetime ends (or pauses
+one created with ``auto_pause``). Deleting ends every process of the sandbox, removes
+its files, then frees its host uids::
 
     registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user",
                         limits=Limits(), enforcement=Enforcement.probe())
