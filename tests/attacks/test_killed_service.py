@@ -53,6 +53,8 @@ def parent() -> Iterator[str]:
 
 @pytest.fixture
 def served(parent: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    if not os.access(sys.executable, os.X_OK):
+        pytest.skip(f"this user cannot start {sys.executable} again to host a service")
     process = subprocess.Popen(
         [sys.executable, "-c", SERVE, parent],
         stdout=subprocess.PIPE,
