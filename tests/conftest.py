@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 import requests
-from claims_support import FakeCluster
-from local_service_support import Client
-from secrets_support import HOST_SECRETS
-from seed_support import Clocks
 
 from piship_remote.backends.kubernetes.backend import KubernetesInstance
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import Recorded, RecordingServer, leaks
+from tests.support.claims import FakeCluster
+from tests.support.host_secrets import HOST_SECRETS
+from tests.support.local_service import Client
+from tests.support.seed import Clocks
 
-pytest_plugins = ["piship_remote.testing.plugin", "telemetry_support"]
+pytest_plugins = ["piship_remote.testing.plugin", "tests.support.telemetry"]
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def cli_environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 # that put a secret in a request deliberately opt out with
 # ``@pytest.mark.no_secret_sweep``; tests may add their own secrets with
 # ``secret_sweep.add(value, allowed_headers)``. A test with the ``otel`` fixture
-# (telemetry_support) also has every exported span and metric swept.
+# (tests/support/telemetry.py) also has every exported span and metric swept.
 
 SWEEP_MARKER = "no_secret_sweep: skip the end-of-test secret sweep (a test that leaks on purpose)"
 _MIN_SECRET = 6  # shorter values are not registered as secrets by the library either
@@ -148,7 +148,7 @@ class SecretSweep:
     def __init__(self) -> None:
         self.servers: list[RecordingServer] = []
         self.records: list[logging.LogRecord] = []
-        self.exported: list[str] = []  # what OpenTelemetry exported (telemetry_support)
+        self.exported: list[str] = []  # what OpenTelemetry exported (tests/support/telemetry.py)
         self._extra: dict[str, tuple[str, ...]] = {}
 
     def add(self, secret: str, allowed_headers: Sequence[str] = ()) -> None:

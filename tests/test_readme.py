@@ -35,10 +35,10 @@ from pathlib import Path
 
 import attrs
 import pytest
-from optional_peers import install_hint
 
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import KubernetesServer
+from tests.support.optional_peers import install_hint
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.rst"

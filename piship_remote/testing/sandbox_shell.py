@@ -13,7 +13,8 @@ The grammar is the part of ``sh`` such scripts use: ``;``, ``&&``, ``||``, ``|``
 ``< > >> 2>/dev/null``, ``NAME=value``. :mod:`~piship_remote.testing.sandbox_interpreter`
 runs it; the utilities are in :data:`~piship_remote.testing.sandbox_utilities.UTILITIES`
 (``find`` and ``tar`` in modules of their own). It covers every helper of
-:mod:`piship_remote.workspace._sandbox_commands` (``tests/test_double_shell.py`` checks each).
+:mod:`piship_remote.workspace._sandbox_commands`
+(``tests/testing/test_double_shell.py`` checks each).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from optional_peers import install_hint
+
+from tests.support.optional_peers import install_hint
 
 pytest.importorskip("atheris", reason=install_hint("fuzz"))
 

@@ -18,20 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from optional_peers import install_hint
+
+from tests.support.optional_peers import install_hint
 
 pytest.importorskip("e2b.envd.process.process_connect", reason=install_hint("interop"))
 
 import requests
 from e2b import CommandExitException, Sandbox, TimeoutException
 from envd_peer import ENVD_PATH, ControlPlane, EnvdPeer, PeerProcess
-from seed_support import Seed, host_values_in, wire
 
 from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 from piship_remote.model.errors import CommandCancelled, CommandTimeout, PiShipError
 from piship_remote.sandbox.activation import Sandbox as PiSandbox
 from piship_remote.testing import leaks
 from piship_remote.wire.connect import EnvelopeReader, Frame, connect_envelope
+from tests.support.seed import Seed, host_values_in, wire
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(20)]
 

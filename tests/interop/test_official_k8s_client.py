@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import requests
-from optional_peers import install_hint
+
+from tests.support.optional_peers import install_hint
 
 pytest.importorskip("k8s_agent_sandbox", reason=install_hint("interop"))
 pytest.importorskip("kubernetes", reason=install_hint("interop"))

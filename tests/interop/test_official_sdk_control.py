@@ -15,7 +15,8 @@ from datetime import timedelta
 
 import pytest
 from local_e2b import local_e2b_service
-from optional_peers import install_hint
+
+from tests.support.optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
 

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 from local_e2b import local_e2b_service
-from optional_peers import install_hint
+
+from tests.support.optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
 pytest.importorskip("httpx", reason=install_hint("interop"))

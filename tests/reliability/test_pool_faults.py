@@ -23,9 +23,7 @@ from piship_remote import (
     TaskResult,
 )
 from piship_remote.testing import CLAIMS, Cluster, E2bServer, KubernetesServer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pool_support import (
+from tests.support.pool import (
     K8S_POLICY,
     POLICY,
     cluster_backend,
