@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_local_as_normal_user import RUN_TIMEOUT, as_user, spare_uid
+
+from tests.local.test_local_as_normal_user import RUN_TIMEOUT, as_user, spare_uid
 
 HERE = Path(__file__).resolve()
 

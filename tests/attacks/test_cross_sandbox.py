@@ -2,7 +2,7 @@
 
 Each sandbox of a root service runs as host uids of its own, so what one could reach by
 any path on the host (an escaped descriptor, a guessed directory) belongs to uids it is
-not. The tests act as a sandbox's host uids directly (see ``sandbox_uid_support``), as an
+not. The tests act as a sandbox's host uids directly (see ``tests.support.sandbox_uid``), as an
 escape from the sandbox would find itself.
 """
 
@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from local_service_support import (
+
+from piship_remote.local import LocalE2bService
+from tests.support.local_service import (
     Client,
     gone,
     has_stdout,
@@ -23,9 +25,7 @@ from local_service_support import (
     run_as,
     start_as,
 )
-from sandbox_uid_support import as_host_uid, host_uid_of, needs_util_linux
-
-from piship_remote.local import LocalE2bService
+from tests.support.sandbox_uid import as_host_uid, host_uid_of, needs_util_linux
 
 pytestmark = [
     needs_bwrap,

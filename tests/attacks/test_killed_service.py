@@ -22,11 +22,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from local_service_support import Client, needs_bwrap, run_as
 
 from piship_remote.local.isolation.mounts import mounts_under
 from piship_remote.local.isolation.user_map import root_mappable
 from piship_remote.local.service import remove_stale_directories
+from tests.support.local_service import Client, needs_bwrap, run_as
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
 START_TIMEOUT = 60

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 import requests
-from image_support import minimal_rootfs
-from local_service_support import HTTP_TIMEOUT, Client, needs_bwrap, start_as
-from sandbox_uid_support import as_host_uid, host_uid_of, needs_util_linux
 
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 from piship_remote.local.isolation.user_map import root_mappable
+from tests.support.image import minimal_rootfs
+from tests.support.local_service import HTTP_TIMEOUT, Client, needs_bwrap, start_as
+from tests.support.sandbox_uid import as_host_uid, host_uid_of, needs_util_linux
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
 TEMPLATES = ["base", "folder"]

@@ -14,9 +14,9 @@ import subprocess
 from typing import Any
 
 import pytest
-from local_service_support import Client, gone, marked, marker, start_as
 
 from piship_remote.local import LocalE2bService
+from tests.support.local_service import Client, gone, marked, marker, start_as
 
 needs_util_linux = pytest.mark.skipif(
     shutil.which("nsenter") is None or shutil.which("setpriv") is None,
