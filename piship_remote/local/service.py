@@ -98,7 +98,10 @@ class LocalE2bService:
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
-    interpreter exit for a service never closed.
+    interpreter exit for a service never closed. Run as host root, it mounts only in a
+    mount namespace of its own (see :mod:`piship_remote.local.isolation.mounts`), so a
+    killed service leaves no mount on the host, and each sandbox runs as host uids of its
+    own (see :mod:`piship_remote.local.isolation.uid_block`).
     """
 
     def __init__(

@@ -23,7 +23,7 @@ from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 from piship_remote.local.isolation.user_map import root_mappable
 from tests.support.image import minimal_rootfs
 from tests.support.local_service import HTTP_TIMEOUT, Client, needs_bwrap, start_as
-from tests.support.sandbox_uid import as_host_uid, host_uid_of, needs_util_linux
+from tests.support.sandbox_uid import as_host_uid, host_uid_of, mount_namespace, needs_util_linux
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
 TEMPLATES = ["base", "folder"]
@@ -154,3 +154,21 @@ def test_a_sandbox_cannot_plant_a_file_in_the_shared_template(
     planted = as_host_uid(service, attacker, f"echo x > {template}/etc/planted")
     assert planted.returncode != 0 and "Permission denied" in planted.stderr
     assert run(client, second, "ls /etc/planted")[0] != 0
+
+
+@needs_root_service
+@pytest.mark.parametrize("pair", ["folder"], indirect=True)
+def test_every_mount_the_service_makes_is_nosuid_and_nodev(
+    service: LocalE2bService, pair: list[dict[str, Any]]
+) -> None:
+    mountinfo = mount_namespace(service).removesuffix("/ns/mnt") + "/mountinfo"
+    with open(mountinfo, encoding="utf-8") as info:
+        fields = [line.split() for line in info]
+    ours = [
+        (point, options)
+        for _, _, _, _, point, options, *_ in fields
+        if point.startswith(service.root)
+    ]
+    assert len(ours) >= 3 * len(pair)  # each sandbox's tmpfs, template and root filesystem
+    for point, options in ours:
+        assert {"nosuid", "nodev"} <= set(options.split(",")), point
