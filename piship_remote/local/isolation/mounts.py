@@ -15,7 +15,8 @@ root's, under an overlay whose upper layer lies on the sandbox's capped tmpfs: i
 stay its own and count against its disk cap, and the template never changes::
 
     enter_private_namespace()                       # on the spawner thread, root only
-    mount_image_root(template, layer_dir, owner)    # <layer_dir>/root: the writable root
+    maps = OwnerMaps()                              # the service's, closed at its end
+    mount_image_root(template, layer_dir, owner, maps)  # <layer_dir>/root: the writable root
     unmount_under("/tmp/piship-local-123-x/ab12")   # every mount there, deepest first
 """
 
@@ -26,10 +27,12 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 
 from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 
 __all__ = [
+    "OwnerMaps",
     "enter_private_namespace",
     "mount_image_root",
     "mounts_under",
@@ -93,15 +96,38 @@ def enter_private_namespace() -> None:
     _checked(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making mounts one-way")
 
 
-def mount_image_root(template: str, directory: str, owner: int) -> str:
+class OwnerMaps:
+    """The user namespaces that show :data:`TEMPLATE_OWNER`'s files as another host uid's
+    (an idmapped mount's map), one per uid, each made once (by a helper process) and kept
+    until :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._namespaces: dict[int, int] = {}  # host uid -> its namespace's descriptor
+        self._lock = threading.Lock()
+
+    def showing_as(self, owner: int) -> int:
+        """The descriptor of the namespace mapping :data:`TEMPLATE_OWNER` onto ``owner``."""
+        with self._lock:
+            if owner not in self._namespaces:
+                self._namespaces[owner] = _mapping_namespace(f"{TEMPLATE_OWNER} {owner} 1\n")
+            return self._namespaces[owner]
+
+    def close(self) -> None:
+        with self._lock:
+            namespaces, self._namespaces = list(self._namespaces.values()), {}
+        for fd in namespaces:
+            os.close(fd)
+
+
+def mount_image_root(template: str, directory: str, owner: int, maps: OwnerMaps) -> str:
     """Mount the sandbox's writable root over image ``template`` in ``directory`` (on its
-    capped tmpfs), the template's files shown as host uid ``owner``'s (the sandbox's root);
-    return the mount's path (``<directory>/root``). ``<directory>/upper``, the sandbox's
-    layer, is the caller's to make first."""
+    capped tmpfs), the template's files shown as host uid ``owner``'s (the sandbox's root,
+    through ``maps``); return the mount's path (``<directory>/root``).
+    ``<directory>/upper``, the sandbox's layer, is the caller's to make first."""
     paths = {name: os.path.join(directory, name) for name in ("lower", "upper", "work", "root")}
     for name in ("lower", "work", "root"):
         os.mkdir(paths[name], 0o700 if name == "work" else 0o755)
-    _idmapped_clone(template, paths["lower"], owner)
+    _idmapped_clone(template, paths["lower"], maps.showing_as(owner))
     options = ",".join(
         (f"lowerdir={paths['lower']}", f"upperdir={paths['upper']}", f"workdir={paths['work']}")
     )
@@ -112,18 +138,13 @@ def mount_image_root(template: str, directory: str, owner: int) -> str:
     return paths["root"]
 
 
-def _idmapped_clone(source: str, target: str, owner: int) -> None:
-    """Mount ``source`` read-only at ``target``, its :data:`TEMPLATE_OWNER` files shown as
-    host uid ``owner``'s."""
+def _idmapped_clone(source: str, target: str, userns: int) -> None:
+    """Mount ``source`` read-only at ``target``, its owners mapped through user namespace
+    ``userns`` (a descriptor)."""
     libc = _libc()
-    userns = _mapping_namespace(f"{TEMPLATE_OWNER} {owner} 1\n")
-    try:
-        flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
-        tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), flags)
-        _checked(tree, "cloning a template")
-    except BaseException:
-        os.close(userns)
-        raise
+    flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE
+    tree = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), flags)
+    _checked(tree, "cloning a template")
     try:
         flags = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
         attr = _MountAttr(flags)
@@ -139,7 +160,6 @@ def _idmapped_clone(source: str, target: str, owner: int) -> None:
         _checked(result, "mounting a template")
     finally:
         os.close(tree)
-        os.close(userns)
 
 
 def _mapping_namespace(uid_map: str) -> int:

@@ -143,13 +143,17 @@ class UidBlock:
 
 
 def _running_uids() -> set[int]:
-    """Every real, effective, saved and filesystem uid of a running process, in the block."""
+    """Every real, effective, saved and filesystem uid of a live process, in the block (a
+    zombie, which can no longer act, waiting for its reaper, does not count)."""
     found: set[int] = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        with contextlib.suppress(OSError, ValueError, StopIteration):
+        with contextlib.suppress(OSError, ValueError):
             with open(f"/proc/{name}/status", encoding="ascii", errors="replace") as status:
-                line = next(line for line in status if line.startswith("Uid:"))
-            found.update(uid for uid in map(int, line.split()[1:]) if sandbox_uid(uid) is not None)
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            if fields.get("State", "").split()[:1] == ["Z"]:
+                continue
+            uids = map(int, fields.get("Uid", "").split())
+            found.update(uid for uid in uids if sandbox_uid(uid) is not None)
     return found

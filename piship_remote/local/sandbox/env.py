@@ -28,7 +28,7 @@ import attrs
 
 from piship_remote.local.isolation.bubblewrap import Jail, uid_for, write_etc
 from piship_remote.local.isolation.limits import CgroupSet, Enforcement, Limits, mount_tmpfs
-from piship_remote.local.isolation.mounts import mount_image_root, unmount_under
+from piship_remote.local.isolation.mounts import OwnerMaps, mount_image_root, unmount_under
 from piship_remote.local.isolation.uid_block import SandboxIds
 from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
@@ -51,6 +51,8 @@ class SandboxLayout:
     with_root: bool
     limits: Limits
     enforcement: Enforcement
+    owner_maps: OwnerMaps = attrs.field(factory=OwnerMaps, eq=False)
+    """How image templates are shown as each sandbox root's (closed with the service)."""
 
     @property
     def maps_users(self) -> bool:
@@ -138,7 +140,7 @@ def _jail(
     write_etc(paths[3], user=layout.user, workdir=layout.workdir, network=network)
     owner = None if ids is None else ids.host(layout.root_uid)
     layer = os.path.join(directory, "layer")
-    root_layer, overlay = _root_layer(layer, rootfs, owner, paths[3], layout.workdir)
+    root_layer, overlay = _root_layer(layer, rootfs, owner, paths[3], layout)
     return Jail(
         bwrap=layout.bwrap,
         home=paths[0],
@@ -161,7 +163,7 @@ def _jail(
 
 
 def _root_layer(
-    directory: str, rootfs: str | None, owner: int | None, etc: str, workdir: str
+    directory: str, rootfs: str | None, owner: int | None, etc: str, layout: SandboxLayout
 ) -> tuple[str | None, tuple[str, str] | None]:
     """The sandbox's writable root in ``directory`` (on its disk): a directory of its own
     (the base template) or an overlay of ``rootfs`` the service mounts, both the host uid
@@ -181,11 +183,11 @@ def _root_layer(
     os.mkdir(top, 0o755)
     _place_etc(top, etc, owner)
     if rootfs is None:  # what bubblewrap would make (as the sandbox's user) root's
-        for place in ("run", "run/piship", "etc/ssl", *_parents(workdir)):
+        for place in ("run", "run/piship", "etc/ssl", *_parents(layout.workdir)):
             os.mkdir(os.path.join(top, place), 0o755)
             os.chown(os.path.join(top, place), owner, owner)
     if rootfs is not None:
-        return mount_image_root(rootfs, directory, owner), None
+        return mount_image_root(rootfs, directory, owner, layout.owner_maps), None
     return top, None
 
 

@@ -370,6 +370,7 @@ class Registry:
         unmount_under(self.root)
         remove_tree(self.root)
         self._uids.close()
+        self._layout.owner_maps.close()
 
     def _expiry(self, seconds: int) -> float:
         return self.clock() + self._bounded(seconds)
