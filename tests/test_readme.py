@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,25 +170,31 @@ def _run(example: Example, env: dict[str, str], cwd: Path) -> None:
 
 
 def _shell_lines(code: str) -> list[str]:
-    commands = []
-    for line in code.splitlines():
-        if line.startswith("$ "):
-            command = line[2:].split("  #", 1)[0].strip()
-            commands.append(
-                command.replace(
-                    "piship-remote ", f"{shlex.quote(sys.executable)} -m piship_remote ", 1
-                )
-                if command.startswith("piship-remote ")
-                else command
-            )
-    return commands
+    return [
+        line[2:].split("  #", 1)[0].strip() for line in code.splitlines() if line.startswith("$ ")
+    ]
 
 
 def _clean_environ() -> dict[str, str]:
+    """The settings an example runs with: its ``piship-remote`` (anywhere on a line, a pipe's
+    far end included) is this interpreter's, activated or not (``.venv/bin/python -m pytest``)."""
     keep = ("PATH", "HOME", "LANG", "SYSTEMROOT", "TMPDIR")
     env = {name: os.environ[name] for name in keep if name in os.environ}
+    env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", os.defpath)])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     return env
+
+
+def test_a_piped_command_line_runs_this_interpreters_piship_remote(tmp_path: Path) -> None:
+    # As with `.venv/bin/python -m pytest`: the venv's bin directory is not on PATH.
+    scripts = sysconfig.get_path("scripts")
+    inherited = os.pathsep.join(
+        p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p != scripts
+    )
+    example = Example(0, "shell-local", "", "$ printf 'x\\n' | piship-remote --help >/dev/null\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", inherited)
+        _run(example, {}, tmp_path)
 
 
 @NEEDS_BWRAP

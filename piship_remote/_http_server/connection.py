@@ -1,8 +1,9 @@
 """One connection of the HTTP server: read each request's head and body, route it, answer.
 
 :class:`ConnectionHandler` is the ``socketserver`` handler :class:`HttpServer` runs on
-each connection's thread. It reads the head within the head budget, asks the
-server's ``screen`` before any body byte, then either reads the whole body (within
+each connection's thread. It reads the head within the head budget (its size, and its
+time: each read waits at most what is left of ``head_seconds`` from the head's first
+byte), asks the server's ``screen`` before any body byte, then either reads the whole body (within
 the body limits) or, for a route the server streams, hands the router a
 :class:`StreamedBody` that reads ``Content-Length`` or chunked bodies as the router
 asks. A streamed body the router left unread closes the connection after the answer.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import logging
 import socket
 import socketserver
@@ -73,6 +75,38 @@ class _HeadBudget:
         return line
 
 
+class _PacedReads(socket.SocketIO):
+    """A connection's reads; while a head is timed, each read waits at most what is left of
+    the head's time, which starts with its first byte (the wait for that byte is the idle
+    one)."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        super().__init__(connection, "rb")
+        self._connection = connection
+        self._head_seconds: float | None = None
+        self._read_timeout: float | None = None
+        self._deadline: float | None = None
+
+    def time_head(self, seconds: float | None, read_timeout: float | None) -> None:
+        """Time the next head (``None``: untimed); :meth:`end_head` once it is read."""
+        self._head_seconds, self._read_timeout, self._deadline = seconds, read_timeout, None
+
+    def end_head(self) -> None:
+        self._head_seconds = self._deadline = None
+
+    def readinto(self, buffer: Any) -> int | None:
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request head took too long")
+            step = self._read_timeout
+            self._connection.settimeout(left if step is None else min(left, step))
+        count = super().readinto(buffer)
+        if count and self._head_seconds is not None and self._deadline is None:
+            self._deadline = time.monotonic() + self._head_seconds
+        return count
+
+
 class ConnectionHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Listener
@@ -82,6 +116,9 @@ class ConnectionHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.owner = self.server.owner
         super().setup()
+        self.rfile.close()  # read through _PacedReads instead, buffered the same way
+        self._reads = _PacedReads(self.connection)
+        self.rfile = io.BufferedReader(self._reads)
         # StreamRequestHandler's class-wide ``timeout``, per server instead.
         self.connection.settimeout(self.owner.limits.read_timeout)
         _no_delay(self.connection)
@@ -99,30 +136,39 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         limits = self.owner.limits
         limit = limits.header_bytes
         idle = limits.read_timeout if limits.idle_timeout is None else limits.idle_timeout
-        self.owner._set_idle(self.connection, True)
+        self.owner._set_waiting(self.connection, True)
         self.connection.settimeout(idle)
+        self._reads.time_head(limits.head_seconds, limits.read_timeout)
         try:
-            self.raw_requestline = self.rfile.readline(limit + 1)
+            parsed = self._read_head(limit)
         finally:
-            self.owner._set_idle(self.connection, False)
+            self._reads.end_head()
+            self.owner._set_waiting(self.connection, False)
             self.connection.settimeout(limits.read_timeout)
+        if parsed:
+            self._dispatch()
+            self.wfile.flush()
+
+    def _read_head(self, limit: int) -> bool:
+        """Read and parse the request line and headers; False when there is no request
+        (the connection ended, or the head was refused and answered)."""
+        self.raw_requestline = self.rfile.readline(limit + 1)
         if not self.raw_requestline:
             self.close_connection = True
-            return
+            return False
+        # The idle wait is over: the rest of the head comes within read_timeout per read.
+        self.connection.settimeout(self.owner.limits.read_timeout)
         if len(self.raw_requestline) > limit:
             self.requestline, self.request_version, self.command = "", "", ""
             self.send_error(414)
             self.close_connection = True
-            return
+            return False
         rfile = self.rfile
         self.rfile = _HeadBudget(rfile, limit - len(self.raw_requestline))  # type: ignore[assignment]
         try:
-            parsed = self.parse_request()
+            return self.parse_request()
         finally:
             self.rfile = rfile
-        if parsed:
-            self._dispatch()
-            self.wfile.flush()
 
     def _dispatch(self) -> None:
         problem = self._framing_problem()
@@ -201,6 +247,13 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         return None
 
     def _body(self) -> bytes:
+        self.owner._set_waiting(self.connection, True)
+        try:
+            return self._whole_body()
+        finally:
+            self.owner._set_waiting(self.connection, False)
+
+    def _whole_body(self) -> bytes:
         limits = self.owner.limits
         deadline = None if limits.body_seconds is None else time.monotonic() + limits.body_seconds
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():

@@ -126,10 +126,18 @@ class Limits:
 
     Longer than the clients' own pool expiry (reqwest keeps one 90 s), so that a client
     never sends on a connection the server is closing at that moment."""
+    head_seconds: float | None = None
+    """The whole request head (request line and headers) must arrive within this, counted
+    from its first byte (a client trickling a header byte at a time is dropped)."""
     body_seconds: float | None = None
     """The whole body must arrive within this (a trickling client is dropped)."""
     connections: int | None = None
     """Open connections at most (one thread each)."""
+    client_share: int | None = None
+    """The connections one peer address may count on when the server is full (``None``:
+    all of them). A newcomer from an address holding fewer displaces the connection of
+    the address holding most that waits longest on its client (idle, or owing its head or
+    body); one from an address holding its share or more displaces only its own."""
 
 
 class DropConnection(Exception):

@@ -17,10 +17,14 @@ are produced::
 ``screen(head)`` runs on the request line and headers alone, before any body byte
 is read: a reply it returns is sent and the connection closed (how the local
 service refuses a request without its key). :class:`Limits` bounds what a client
-can hold: the size of the head and of the body, how long a read may stall or a
-connection idle, and how many connections are open at once (when full, the
-longest-idle connection is closed to admit a new one, else the new one gets an
-immediate 503). ``streamed(head)`` names the routes that read their body themselves
+can hold: the size of the head and of the body, how long a read may stall, a whole
+head or body may take, or a connection idle, and how many connections are open at
+once. When full, a connection waiting on its client (idle, or still owing its head or
+body) is closed to admit a new one, taken from the peer address holding most
+connections (the newcomer's own once it holds its ``client_share``), longest waiting
+first; else the new one gets an immediate 503. So clients that trickle their requests
+cannot starve the others: they hold their connections a bounded time and give them up
+first. ``streamed(head)`` names the routes that read their body themselves
 (``request.stream``), of any size, instead of getting it whole. ``tunnel(head)``, asked
 after ``screen``, may hand the whole connection to an upstream socket it connected
 (see :mod:`piship_remote._http_server.tunnel`), or refuse it with a reply.
@@ -44,6 +48,7 @@ import socketserver
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -127,7 +132,10 @@ class HttpServer:
         self._requests: list[Recorded] = []
         self._waiting: set[threading.Event] = set()
         self._connections: dict[socket.socket, threading.Thread] = {}
-        self._idle_since: dict[socket.socket, float] = {}
+        self._peers: dict[socket.socket, str] = {}
+        self._waiting_since: dict[socket.socket, float] = {}
+        """Connections waiting on their client (idle, or owing their head or body): the ones
+        a full server may close."""
         self._counter = itertools.count(1)
         self._closing = threading.Event()
         self._closed = False
@@ -257,24 +265,29 @@ class HttpServer:
             name=f"{self._prefix}conn-{next(self._counter)}",
             daemon=True,
         )
+        peer = str(address[0]) if isinstance(address, tuple) and address else str(address)
         with self._changed:
-            admitted = not self._closed and self._make_room()
+            admitted = not self._closed and self._make_room(peer)
             if admitted:
                 self._connections[connection] = thread
-                # idle until its first request line arrives, so a full server can make room
-                self._idle_since[connection] = time.monotonic()
+                self._peers[connection] = peer
+                # waiting until its first request line arrives, so a full server can make room
+                self._waiting_since[connection] = time.monotonic()
         if not admitted:
             _refuse(connection)
             return
         thread.start()
 
-    def _make_room(self) -> bool:
-        """With the lock held: True once a connection may open (closing the longest idle)."""
+    def _make_room(self, peer: str) -> bool:
+        """With the lock held: True once a connection from ``peer`` may open (closing a
+        waiting one, see :meth:`_displaced`)."""
         cap = self.limits.connections
         if cap is None or len(self._connections) < cap:
             return True
-        if self._idle_since:
-            cut(min(self._idle_since, key=self._idle_since.__getitem__))
+        victim = self._displaced(peer)
+        if victim is not None:
+            del self._waiting_since[victim]  # cut: no other newcomer counts on it
+            cut(victim)
         deadline = time.monotonic() + ADMIT_WAIT
         while len(self._connections) >= cap and not self._closed:
             remaining = deadline - time.monotonic()
@@ -282,6 +295,18 @@ class HttpServer:
                 return False
             self._changed.wait(remaining)
         return not self._closed
+
+    def _displaced(self, peer: str) -> socket.socket | None:
+        """The waiting connection a newcomer from ``peer`` takes the place of, if any: of the
+        address holding most (``peer``'s own once it holds its share), longest waiting."""
+        held = Counter(self._peers.values())
+        share = self.limits.client_share
+        candidates = list(self._waiting_since)
+        if share is not None and held[peer] >= share:
+            candidates = [c for c in candidates if self._peers.get(c) == peer]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda c: (-held[self._peers[c]], self._waiting_since[c]))
 
     def _serve(self, connection: socket.socket, address: Any) -> None:
         try:
@@ -291,7 +316,8 @@ class HttpServer:
         finally:
             with self._changed:
                 self._connections.pop(connection, None)
-                self._idle_since.pop(connection, None)
+                self._peers.pop(connection, None)
+                self._waiting_since.pop(connection, None)
                 self._changed.notify_all()
             self._listener.shutdown_request(connection)
 
@@ -304,12 +330,13 @@ class HttpServer:
         """A name for a tunnel's thread."""
         return f"{self._prefix}tunnel-{next(self._counter)}"
 
-    def _set_idle(self, connection: socket.socket, idle: bool) -> None:
+    def _set_waiting(self, connection: socket.socket, waiting: bool) -> None:
+        """Mark ``connection`` as waiting on its client (idle, or owing its head or body)."""
         with self._lock:
-            if idle:
-                self._idle_since[connection] = time.monotonic()
-            else:
-                self._idle_since.pop(connection, None)
+            if not waiting:
+                self._waiting_since.pop(connection, None)
+            elif connection in self._connections:
+                self._waiting_since.setdefault(connection, time.monotonic())
 
     def _arrived(self, request: Request) -> None:
         if not self._record:

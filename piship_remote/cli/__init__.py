@@ -39,6 +39,7 @@ from piship_remote.cli._parser import (
     non_negative_int,
     port_number,
     positive_int,
+    positive_number,
     template_pair,
 )
 from piship_remote.cli._streams import EXIT_BROKEN_PIPE, silence_stdout
@@ -181,6 +182,12 @@ def _parser() -> Parser:
         ("--max-lifetime", "seconds a sandbox may live at most"),
     ):
         serve.add_argument(option, type=positive_int, default=None, help=what)
+    serve.add_argument(
+        "--max-cpus",
+        type=positive_number,
+        default=None,
+        help="CPUs per sandbox, as a bandwidth (0.5: half a CPU; default: half the host's)",
+    )
     serve.add_argument(
         "--template",
         metavar="NAME=PATH",

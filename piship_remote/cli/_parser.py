@@ -118,6 +118,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above zero (``0.5``, ``2``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a number above zero")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An argparse type: a whole number, zero or more."""
     try:

@@ -1,7 +1,7 @@
 """What the local service enforces on this host, said exactly.
 
 summary = containment(Limits(), Enforcement.probe())
-summary.held        # ("processes", "memory", "disk", "lifetime")
+summary.held        # ("processes", "memory", "cpu", "disk", "lifetime")
 summary.warnings    # one sentence per thing that does not hold here
 summary.lines()     # for ``serve`` and ``doctor``
 """
@@ -47,6 +47,8 @@ class Containment:
             f"lifetime: at most {limits.lifetime} s",
         ]
         lines = [f"limits per sandbox: {', '.join(shown)} (held: {', '.join(self.held)})"]
+        held = "held" if "cpu" in self.held else "not held"
+        lines.append(f"cpu per sandbox: at most {limits.cpus:g} CPUs of this host ({held})")
         lines += [f"network {mode}" for mode in self.network]
         lines += [f"warning: {warning}" for warning in self.warnings]
         return lines

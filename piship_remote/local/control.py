@@ -14,6 +14,7 @@
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
 ``DELETE /sandboxes/<id>``                 204: kill its processes, remove its files
 ``PUT /sandboxes/<id>/network``            204 when it changes nothing; 400 for egress rules
+``POST /sandboxes/<id>/ports/<port>``      200 ``{"url": "http://127.0.0.1:<p>"}``: its port
 ``POST /sandboxes/<id>/fork``, snapshots   see :mod:`~piship_remote.local.control_copies`
 =========================================  ======================================
 
@@ -36,6 +37,9 @@ files are kept and resuming reboots the sandbox (nothing of what ran survives). 
 and connect answers carry ``domain`` (``localhost:<port>``), so ``get_host(port)`` names a
 loopback host the service routes (see :mod:`~piship_remote.local.ports`); a sandbox created with
 ``network.allowPublicTraffic: false`` also gets a ``trafficAccessToken`` its ports want.
+``/ports/<port>`` (this service's own, not E2B's) gives a port an address any HTTP client
+reaches without resolving a ``*.localhost`` name: a loopback listener spliced to it, closed
+when the sandbox ends (403 for a sandbox whose ports want its traffic token).
 Errors are E2B's ``{"code": <status>, "message": …}``. A sandbox may reach the internet only when
 created with ``"allow_internet_access": true`` (E2B's default is to allow)::
 
@@ -50,7 +54,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from piship_remote._http_server.messages import Head, Reply, Request
 from piship_remote.local.control_copies import SandboxCopies, api_error
@@ -97,7 +101,8 @@ V2_TIMEOUT = 300
 V1_TIMEOUT = 15
 _SANDBOX_PATH = re.compile(
     r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})"
-    r"(/timeout|/refreshes|/connect|/metrics|/pause|/resume|/fork|/snapshots|/network)?\Z"
+    r"(/timeout|/refreshes|/connect|/metrics|/pause|/resume|/fork|/snapshots|/network"
+    r"|/ports/[0-9]{1,5})?\Z"
 )
 _ACTION_METHOD = {
     None: ("GET", "DELETE"),
@@ -110,16 +115,27 @@ _ACTION_METHOD = {
     "/fork": ("POST",),
     "/snapshots": ("POST",),
     "/network": ("PUT",),
+    "/ports": ("POST",),
 }
 _SNAPSHOT_PATH = re.compile(r"/templates/([A-Za-z0-9_.:/-]{1,256})\Z")
 _RUNNING_ONLY = ("/timeout", "/refreshes", "/network")
+PortAddress = Callable[[Sandbox, int], str]
+"""``host:port`` of a loopback listener spliced to a sandbox's port (the service's)."""
 
 
 class ControlPlane:
     """Answers the REST requests for the sandboxes of a :class:`Registry`."""
 
-    def __init__(self, registry: Registry, *, api_key: str, domain: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        api_key: str,
+        domain: str | None = None,
+        port_address: PortAddress | None = None,
+    ) -> None:
         self._registry = registry
+        self._port_address = port_address
         self._api_key = api_key
         self.domain = domain
         """What create and connect answers give as ``domain`` (the service's loopback host)."""
@@ -161,6 +177,9 @@ class ControlPlane:
         if match is None:
             return api_error(404, "not found")
         sandbox_id, action = match.group(1), match.group(2)
+        port = None
+        if action is not None and action.startswith("/ports/"):
+            action, port = "/ports", int(action[len("/ports/") :])
         sandbox = self._registry.lookup(sandbox_id)
         if sandbox is None or (action in _RUNNING_ONLY and sandbox.pause_state.paused):
             return api_error(404, f'sandbox "{sandbox_id}" not found')
@@ -168,6 +187,8 @@ class ControlPlane:
             return api_error(405, f"{request.method} is not allowed on {request.path}")
         if action == "/connect":
             return self._connect(sandbox, request.body)
+        if port is not None:
+            return self._port(sandbox, port)
         if action == "/pause":
             return self._pause(sandbox, request.body)
         if action == "/resume":
@@ -195,6 +216,20 @@ class ControlPlane:
             return Reply(200, text.encode(), "application/json")
         self._registry.delete(sandbox_id)
         return Reply(204)
+
+    def _port(self, sandbox: Sandbox, port: int) -> Reply:
+        """``{"url": ...}``: the loopback address of the sandbox's ``port``."""
+        if self._port_address is None or not 0 < port < 65536:
+            return api_error(404, "not found")
+        try:
+            address = self._port_address(sandbox, port)
+        except PermissionError as e:
+            return api_error(403, f"{e}: reach them at <port>-<id>.<domain> with it")
+        except SandboxGone:
+            return api_error(404, f'sandbox "{sandbox.id}" not found')
+        except OSError as e:
+            return api_error(503, f"no listener could be opened: {e.strerror or e}")
+        return Reply(200, json.dumps({"url": f"http://{address}"}).encode(), "application/json")
 
     def _copy_route(self, request: Request) -> Reply | None:
         """The answer to ``GET /snapshots`` or ``DELETE /templates/<id>``, else ``None``."""

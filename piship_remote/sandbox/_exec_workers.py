@@ -34,6 +34,7 @@ from piship_remote.backends.base import BackendResult, ExecRequest
 from piship_remote.telemetry.context import carried_job
 
 __all__ = [
+    "KILLED",
     "STOPPED",
     "AbortKind",
     "Aborted",
@@ -53,8 +54,9 @@ __all__ = [
 ]
 
 Stream = Literal["stdout", "stderr"]
-AbortKind = Literal["timeout", "cancel", "disposed", "stopped"]
-"""Why a call was aborted; ``stopped``: its reader gave up (Ctrl-C, ``on_data`` failed)."""
+AbortKind = Literal["timeout", "cancel", "killed", "disposed", "stopped"]
+"""Why a call was aborted; ``stopped``: its reader gave up (Ctrl-C, ``on_data`` failed);
+``killed``: a handle's ``kill()`` (its ``wait`` then returns the signal's result)."""
 Sink = Callable[[Stream, bytes], None]
 Action = Callable[[], None]
 BackendCall = Callable[[Callable[[bytes], None], Callable[[bytes], None]], BackendResult]
@@ -63,6 +65,7 @@ BackendCall = Callable[[Callable[[bytes], None], Callable[[bytes], None]], Backe
 BATCH = 256 * 1024  # output that wakes the reader at once
 LINGER = 0.001  # how long the reader waits for a batch to build (seconds)
 STOPPED: AbortKind = "stopped"
+KILLED: AbortKind = "killed"
 
 
 @attrs.frozen

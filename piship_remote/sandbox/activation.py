@@ -365,7 +365,8 @@ class Sandbox:
 
     def url(self, port: int) -> str:
         """The address at which a server listening on ``port`` inside the sandbox is reached
-        from this host (``http://8000-<id>.localhost:<port>`` on the local service).
+        from this host by any HTTP client (``http://127.0.0.1:<p>`` on the local service: a
+        loopback listener of its own for the port).
 
         ``PiShipError`` ``CONFIG_INVALID`` for a port outside 1-65535, or on a backend that
         does not route a sandbox's ports (Kubernetes agent-sandbox).

@@ -31,7 +31,7 @@ from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.control import CommandInput, TerminalSize
 from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, PiShipError
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
-from piship_remote.sandbox._exec_workers import BackgroundCall, Stream
+from piship_remote.sandbox._exec_workers import KILLED, BackgroundCall, Stream
 from piship_remote.sandbox._output import CommandResult, OutputCapture
 from piship_remote.transport.deadline import Deadline
 
@@ -49,17 +49,18 @@ class CommandHandle:
       it); ``None`` where the service gives none (the agent-sandbox router).
     - ``wait(timeout=None)``: its :class:`~piship_remote.CommandResult` once it ended.
       Raises :class:`~piship_remote.CommandTimeout` when the command's own ``timeout``
-      (given to ``start``) expired, :class:`~piship_remote.CommandCancelled` after
-      :meth:`kill`. ``wait``'s ``timeout`` is how long to wait: when it runs out,
-      ``TimeoutError`` is raised and the command keeps running.
+      (given to ``start``) expired. After :meth:`kill` the result's ``exit_code`` is 137
+      (``128 + 9``, SIGKILL, as a shell reports it) on every service, with the output
+      that arrived before the kill. ``wait``'s ``timeout`` is how long to wait: when it
+      runs out, ``TimeoutError`` is raised and the command keeps running.
     - ``for stream, chunk in handle``: ``("stdout" | "stderr", bytes)`` as the output
       arrives, until the command ends. Up to 1 MiB waits for the reader; while nobody
       iterates, older output beyond that leaves the iteration, and while someone does,
       the command is held back until they catch up. ``wait``'s result has all of it
       either way (each stream's last ``output_limit`` bytes, as ``Sandbox.run`` keeps).
-    - ``kill()``: end the command (E2B: SIGKILL; Kubernetes: its process group in
-      detached mode, else the claim is retired, as a cancel does); ``False`` when it
-      had already ended.
+    - ``kill()``: end the command (E2B and the local service: SIGKILL; Kubernetes: its
+      process group in detached mode, else the claim is retired, as a cancel does);
+      ``False`` when it had already ended.
     - ``send_stdin(data)``, ``close_stdin()``: write to its input (started with
       ``stdin=True`` or ``pty=True``) from the calling thread; on a terminal
       ``close_stdin`` types Ctrl-D. ``resize(cols, rows)``: its terminal's size.
@@ -196,7 +197,7 @@ class CommandHandle:
         started = self._begun()
         if started.done.is_set() or started.call.aborted is not None:
             return False
-        started.call.abort("cancel")
+        started.call.abort(KILLED)
         self._wake()
         return True
 

@@ -18,8 +18,9 @@ and it raises ``PiShipError`` ``SANDBOX_UNAVAILABLE`` mentioning "disposed". A s
 transfer ends within milliseconds, whatever request it was blocked in.
 
 What comes back from a sandbox is bounded by :attr:`SandboxFiles.limits` while it is
-read, and is put in place only once it all arrived: a download that fails (a limit, a
-full disk, a cut connection, a timeout) leaves nothing on the host.
+read (its size, its entries, the host filesystem's free space it leaves), and is put in
+place only once it all arrived: a download that fails (a limit, a full disk, a cut
+connection, a timeout) leaves nothing on the host.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from piship_remote.sandbox._worker import Worker
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.names import TRANSFER_SPAN
 from piship_remote.workspace._host_writes import (
+    SpaceReserve,
     bounded_writer,
     host_write_error,
     make_parents,
@@ -48,17 +50,18 @@ from piship_remote.workspace._host_writes import (
 from piship_remote.workspace._remote_archives import (
     Progress,
     RemoteArchives,
-    counting,
     staged_archive,
 )
 from piship_remote.workspace._sandbox_commands import pack_tree_command
 from piship_remote.workspace._tree import TreeWalk, inside
 
-__all__ = ["CHUNK", "Progress", "SandboxFiles"]
+__all__ = ["CHUNK", "READ_LIMIT", "Progress", "SandboxFiles"]
 
 _T = TypeVar("_T")
 
 CHUNK = 1024 * 1024
+READ_LIMIT = 64 * 1024 * 1024
+"""``read``'s default ``max_bytes``: what one call may hold in memory (64 MiB)."""
 
 
 class SandboxFiles:
@@ -69,8 +72,9 @@ class SandboxFiles:
     on ``cancel`` :class:`CommandCancelled`; ``Sandbox.dispose()`` stops it with
     ``PiShipError`` ``SANDBOX_UNAVAILABLE`` ("disposed").
 
-    ``limits`` bounds what one download or pull writes on this host; set it to change
-    them (``files.limits = TransferLimits(max_bytes=...)``).
+    ``limits`` bounds what one download or pull writes on this host, and the free space
+    it leaves there; set it to change them (``files.limits = TransferLimits(max_bytes=...)``).
+    :meth:`read` holds a file in memory, so it takes its own ``max_bytes``.
     """
 
     def __init__(
@@ -123,16 +127,25 @@ class SandboxFiles:
         return self._moved("upload", write, _info_size)
 
     def read(
-        self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
+        self,
+        path: str,
+        *,
+        max_bytes: int = READ_LIMIT,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> bytes:
-        """The whole file ``path`` (use :meth:`download` for a large one)."""
+        """The whole file ``path``, held in memory: at most ``max_bytes`` (64 MiB by default).
+
+        A larger file raises ``PiShipError`` ``CONFIG_INVALID`` naming :meth:`download`
+        (which streams to a file) as soon as ``max_bytes`` arrived: no more is read."""
+        _check_read_limit(max_bytes)
 
         def read() -> bytes:
             buffer = io.BytesIO()
             with self._calls.begin(timeout, cancel) as call:
                 self._remote.read(
                     self._resolve(path, call),
-                    counting(buffer.write, None),
+                    _held(buffer.write, max_bytes, path),
                     cancel=call.cancel,
                     deadline=call.deadline,
                 )
@@ -145,11 +158,14 @@ class SandboxFiles:
         path: str,
         encoding: str = "utf-8",
         *,
+        max_bytes: int = READ_LIMIT,
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> str:
-        """The file ``path`` decoded as ``encoding``."""
-        return self.read(path, timeout=timeout, cancel=cancel).decode(encoding)
+        """The file ``path`` decoded as ``encoding`` (at most ``max_bytes``, as :meth:`read`)."""
+        return self.read(path, max_bytes=max_bytes, timeout=timeout, cancel=cancel).decode(
+            encoding
+        )
 
     def list(
         self,
@@ -352,9 +368,11 @@ class SandboxFiles:
             raise host_write_error(target, e) from None
         try:
             with os.fdopen(handle, "wb") as out:
+                limits = self.limits
+                reserve = SpaceReserve(target, limits.min_free_bytes)
                 size = self._remote.read(
                     source,
-                    bounded_writer(out.write, self.limits.max_bytes, source, target, progress),
+                    bounded_writer(out.write, limits.max_bytes, source, target, progress, reserve),
                     cancel=call.cancel,
                     deadline=call.deadline,
                 )
@@ -425,3 +443,33 @@ def _missing_host(path: str) -> PiShipError:
     return PiShipError(
         FILE_NOT_FOUND, f"no file or directory at {path} on this host", component="files"
     )
+
+
+def _check_read_limit(max_bytes: int) -> None:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise PiShipError(
+            CONFIG_INVALID,
+            f"max_bytes must be a positive int, not {max_bytes!r}",
+            component="files",
+        )
+
+
+def _held(write: Callable[[bytes], object], limit: int, path: str) -> Callable[[bytes], None]:
+    """``write`` up to ``limit`` bytes; past it, the error that names ``download()``."""
+    held = 0
+
+    def sink(chunk: bytes) -> None:
+        nonlocal held
+        held += len(chunk)
+        if held > limit:
+            raise PiShipError(
+                CONFIG_INVALID,
+                f"{path} in the sandbox is larger than read's max_bytes ({limit} bytes); "
+                "nothing was kept",
+                user_action="copy it to a file with files.download(), or pass a larger "
+                "max_bytes",
+                component="files",
+            )
+        write(chunk)
+
+    return sink

@@ -18,7 +18,11 @@ Routes:
 - ``POST /sandboxes`` (or ``/v2/sandboxes``, the official SDK's): status ``create``
   with sandbox ``sbx<n>``, the lowest ``n`` not alive (the first is ``sbx1``), envd
   token ``envd-token-1`` and ``"domain": null``, or, when
-  ``create >= 400``, ``{"code":<create>,"message":"no capacity"}``.
+  ``create >= 400``, ``{"code":<create>,"message":"no capacity"}``. A create with an
+  ``Idempotency-Key`` (1-255 of ``[a-z0-9-]``, else 400) makes one sandbox per key
+  while it lives: the same key and body again answer that sandbox, another body 422,
+  as the local service does; ``idempotency_keys=False`` ignores the header (a
+  service that does not honour it).
 - ``/sandboxes/sbx1/timeout`` and ``/sandboxes/sbx1`` (any method): 204. A DELETE of
   ``/sandboxes/sbx1`` ends one live sandbox.
 - ``/process.Process/Start``: ``Authorization`` must be ``Basic base64("<user>:")``
@@ -132,6 +136,7 @@ _CREATE_PATHS = ("/sandboxes", "/v2/sandboxes")
 _SANDBOX_PATH = re.compile(r"(?:/v2)?/sandboxes/([A-Za-z0-9-]{1,128})(/timeout|/connect)?\Z")
 _FILESYSTEM = "/filesystem.Filesystem/"
 DEFAULT_TIMEOUT = {"/sandboxes": 15, "/v2/sandboxes": 300}
+_IDEMPOTENCY_KEY = re.compile(r"[a-z0-9-]{1,255}\Z")
 CONNECT_TIMEOUT = 300
 
 
@@ -150,8 +155,11 @@ class E2bServer(RecordingServer):
         clock: Callable[[], float] = time.monotonic,
         distinct_ids: bool = False,
         file_tree: Callable[[str], MemoryTree] | None = None,
+        idempotency_keys: bool = True,
     ) -> None:
         self._command = command
+        self._honours_keys = idempotency_keys
+        self._keyed: dict[str, tuple[bytes, str]] = {}  # key -> (the create's body, sandbox)
         self._file_tree = file_tree or (lambda _sandbox_id: MemoryTree())
         self._api_key = api_key
         self._reject_once = list(reject_once)
@@ -281,7 +289,7 @@ class E2bServer(RecordingServer):
             if request.method == "GET":
                 return self._list(request)
             if request.method == "POST":
-                return self._create_sandbox(_object(_json_body(request)), DEFAULT_TIMEOUT[path])
+                return self._create_keyed(request, DEFAULT_TIMEOUT[path])
         match = _SANDBOX_PATH.match(path)
         if match is None:
             return Response(b"", status=404)
@@ -312,7 +320,27 @@ class E2bServer(RecordingServer):
         for live in lives:
             live.expires_at = max(live.expires_at, end) if connect else end
 
-    def _create_sandbox(self, body: dict[str, Any], default_timeout: int) -> Response:
+    def _create_keyed(self, request: Request, default_timeout: int) -> Response:
+        """A create, answered with the sandbox its ``Idempotency-Key`` already made if any."""
+        key = request.headers.get("Idempotency-Key") if self._honours_keys else None
+        body = request.get_data()
+        if key is not None and not _IDEMPOTENCY_KEY.match(key):
+            return _json(400, ApiError(400, "invalid Idempotency-Key"))
+        with self._state:
+            self._prune()
+            earlier = self._keyed.get(key) if key else None
+            alive = earlier is not None and any(
+                live.sandbox_id == earlier[1] for live in self._live
+            )
+        if earlier is not None and alive:
+            if earlier[0] != body:
+                return _json(422, ApiError(422, "the Idempotency-Key was used for another request"))
+            return self._created(earlier[1])
+        return self._create_sandbox(_object(_json_body(request)), default_timeout, key, body)
+
+    def _create_sandbox(
+        self, body: dict[str, Any], default_timeout: int, key: str | None, raw: bytes
+    ) -> Response:
         if self._create >= 400:
             return _json(self._create, ApiError(self._create, "no capacity"))
         failure = self.faults.take_create_failure()
@@ -331,6 +359,13 @@ class E2bServer(RecordingServer):
             )
             self._live.append(LiveSandbox(sandbox_id, kept, time.time(), now + lifetime))
             self._gone.discard(sandbox_id)
+            for stale in [k for k, (_, made) in self._keyed.items() if made == sandbox_id]:
+                del self._keyed[stale]  # a reused id: that key's sandbox ended
+            if key:
+                self._keyed[key] = (raw, sandbox_id)
+        return self._created(sandbox_id)
+
+    def _created(self, sandbox_id: str) -> Response:
         if self.faults.take_lost_answer():
             raise DropConnection
         return _json(self._create, _info(sandbox_id))

@@ -28,7 +28,7 @@ import requests.utils
 
 from piship_remote.model.errors import CONFIG_INVALID, NETWORK_DENIED, PiShipError
 
-__all__ = ["check_endpoint", "is_localhost_name", "loopback_addresses"]
+__all__ = ["check_endpoint", "is_localhost_name", "is_loopback", "loopback_addresses"]
 
 AddressInfo = tuple[
     socket.AddressFamily, socket.SocketKind, int, str, tuple[str, int] | tuple[str, int, int, int]

@@ -6,7 +6,9 @@
         raise host_write_error(target, e) from None
 
     made = make_parents(target)               # the directories made for it, to undo
-    sink = bounded_writer(out.write, limit, remote, target, progress)
+    reserve = SpaceReserve(target, limits.min_free_bytes)
+    sink = bounded_writer(out.write, limit, remote, target, progress, reserve)
+    reserve.take(size, target)                # before writing size more bytes
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from collections.abc import Callable
 
 from piship_remote.model.errors import CONFIG_INVALID, FILE_WRITE_FAILED, PiShipError
 
-__all__ = ["bounded_writer", "host_write_error", "make_parents", "remove_directories"]
+__all__ = [
+    "SpaceReserve",
+    "bounded_writer",
+    "free_bytes",
+    "host_write_error",
+    "make_parents",
+    "remove_directories",
+]
 
 _CAUSES = {
     errno.ENOSPC: "the disk is full",
@@ -54,15 +63,60 @@ def host_write_error(
     )
 
 
+def free_bytes(path: str) -> int:
+    """The bytes an unprivileged writer may still use on the filesystem holding ``path``
+    (or its nearest existing parent)."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
+class SpaceReserve:
+    """The free space a transfer writing under ``path`` leaves on its host filesystem.
+
+    :meth:`take` comes before each write: one that would leave less than ``reserve``
+    bytes free raises a ``PiShipError`` naming ``min_free_bytes``. The filesystem is asked
+    again only once what it said last is used up, so a long write costs few ``statvfs``.
+    """
+
+    def __init__(self, path: str, reserve: int) -> None:
+        self._path = path
+        self._reserve = reserve
+        self._left: int | None = None  # what may still be written, as last asked
+
+    def take(self, size: int, target: str) -> None:
+        """Count ``size`` more bytes written to ``target``; raise when they do not fit."""
+        if self._reserve == 0:
+            return
+        if self._left is None or size > self._left:
+            try:
+                self._left = free_bytes(self._path) - self._reserve
+            except OSError as e:
+                raise host_write_error(target, e) from None
+            if size > self._left:
+                raise PiShipError(
+                    FILE_WRITE_FAILED,
+                    f"writing {target} on this host would leave less than {self._reserve} "
+                    "bytes free on its filesystem (the min_free_bytes reserve); nothing was "
+                    "written",
+                    user_action="free space on this host, write to a larger disk, or lower "
+                    "the reserve: files.limits = TransferLimits(min_free_bytes=…)",
+                    component="files",
+                )
+        self._left -= size
+
+
 def bounded_writer(
     write: Callable[[bytes], object],
     limit: int,
     source: str,
     target: str,
     progress: Callable[[int], None] | None,
+    reserve: SpaceReserve | None = None,
 ) -> Callable[[bytes], None]:
     """A sink writing at most ``limit`` bytes: past it, a ``PiShipError`` naming the limit;
-    a failed write, one naming ``target``."""
+    one past the ``reserve``, or a failed write, a ``PiShipError`` naming ``target``."""
     written = 0
 
     def sink(chunk: bytes) -> None:
@@ -76,6 +130,8 @@ def bounded_writer(
                 user_action="raise the limit: files.limits = TransferLimits(max_bytes=…)",
                 component="files",
             )
+        if reserve is not None:
+            reserve.take(len(chunk), target)
         try:
             write(chunk)
         except OSError as e:

@@ -7,8 +7,9 @@ Nothing in the archive is trusted: absolute names, ``..``, links, devices, FIFOs
 names that would land outside the destination (through a symlink on the host too)
 are refused and listed, never written. Limits apply while the archive is read: the
 bytes its entries declare, the number of entries, the size of one entry's header, and
-what may follow its end; past one, the unpack stops at once with a ``PiShipError``
-naming the limit.
+what may follow its end, and the host filesystem's free space (the ``min_free_bytes``
+reserve, checked before each file is written); past one, the unpack stops at once with a
+``PiShipError`` naming the limit.
 
 Each file is first written to a temporary name beside its target; the files are put
 in place (renamed) only once the whole archive was read and checked. Anything that
@@ -30,7 +31,7 @@ from typing import IO, Protocol, cast
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.model.transfer import SkippedPath, TransferLimits, TransferSummary
 from piship_remote.workspace._chunk_pipe import ChunkPipe, ChunkSink, ReaderGone
-from piship_remote.workspace._host_writes import host_write_error
+from piship_remote.workspace._host_writes import SpaceReserve, host_write_error
 from piship_remote.workspace._tree import inside
 
 __all__ = [
@@ -68,13 +69,16 @@ def unpack_tar(
     exclude: Exclude | None = None,
     max_members: int = _DEFAULTS.max_entries,
     max_bytes: int = _DEFAULTS.max_bytes,
+    min_free_bytes: int = _DEFAULTS.min_free_bytes,
 ) -> TransferSummary:
     """Unpack the regular files and directories of the tar in ``source`` below ``destination``.
 
     ``may_write(absolute_path)`` says whether the policy lets a file be written there.
     """
     reader = _Budgeted(source)
-    unpacker = _Unpacker(os.path.realpath(destination), may_write, exclude, max_members, max_bytes)
+    root = os.path.realpath(destination)
+    reserve = SpaceReserve(root, min_free_bytes)
+    unpacker = _Unpacker(root, may_write, exclude, max_members, max_bytes, reserve)
     try:
         # Only read() is used in stream mode ("r|"); tarfile's stub wants a whole file type.
         with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|") as archive:
@@ -117,6 +121,7 @@ def unpack_streamed(
             exclude=exclude,
             max_members=limits.max_entries,
             max_bytes=limits.max_bytes,
+            min_free_bytes=limits.min_free_bytes,
         )
 
     worker = pipe.consume(unpack, "piship-files-receive")
@@ -189,8 +194,10 @@ class _Unpacker:
         exclude: Exclude | None,
         max_members: int,
         max_bytes: int,
+        reserve: SpaceReserve,
     ) -> None:
         self.root = root
+        self.reserve = reserve
         self.may_write = may_write
         self.exclude = exclude
         self.max_members = max_members
@@ -209,7 +216,8 @@ class _Unpacker:
         if member.isdir() and member.name.replace("\\", "/").strip("/") in ("", "."):
             return  # the archive's root: the target directory itself
         # Counted for refused entries too: tarfile reads past what each one declares.
-        self.declared += _declared_bytes(archive, member)
+        declared = _declared_bytes(archive, member)
+        self.declared += declared
         if self.declared > self.max_bytes:
             raise limit_error(f"more than {self.max_bytes} bytes", "max_bytes")
         target, reason = self._target(member)
@@ -225,6 +233,7 @@ class _Unpacker:
         if stream is None:
             self.skipped.append(SkippedPath(member.name, "not a regular file"))
             return
+        self.reserve.take(declared, target)  # a sparse entry is written at its full size
         self._stage(target, stream, member.mode, member.size)
 
     def apply(self) -> TransferSummary:

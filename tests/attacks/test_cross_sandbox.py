@@ -25,7 +25,12 @@ from tests.support.local_service import (
     run_as,
     start_as,
 )
-from tests.support.sandbox_uid import as_host_uid, host_uid_of, needs_util_linux
+from tests.support.sandbox_uid import (
+    as_host_uid,
+    host_uid_of,
+    needs_util_linux,
+    sandbox_directory,
+)
 
 pytestmark = [
     needs_bwrap,
@@ -57,10 +62,6 @@ def pair(client: Client) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         client.control("DELETE", f"/sandboxes/{created['sandboxID']}")
 
 
-def places(service: LocalE2bService, sandbox: dict[str, Any]) -> str:
-    return os.path.join(service.root, sandbox["sandboxID"])
-
-
 def test_two_sandboxes_run_as_different_host_uids(
     client: Client, pair: tuple[dict[str, Any], dict[str, Any]]
 ) -> None:
@@ -81,7 +82,7 @@ def test_a_sandbox_cannot_read_or_write_another_sandboxs_home_or_root(
     first, second = pair
     plant = "echo secret > /root/s; echo secret > /home/user/s; chmod 644 /root/s /home/user/s"
     run_as(client, second, "root", plant)
-    target = os.path.join(places(service, second), place)
+    target = os.path.join(sandbox_directory(service, second), place)
     attacker = host_uid_of(client, first, user)
     read = as_host_uid(service, attacker, f"cat {target}/s")
     assert "secret" not in read.stdout and "Permission denied" in read.stderr

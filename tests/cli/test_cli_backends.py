@@ -241,6 +241,14 @@ def test_serve_prints_the_export_lines_for_a_given_api_key() -> None:
 
 @NEEDS_BWRAP
 @pytest.mark.timeout(60)
+def test_serve_takes_a_cpu_limit_per_sandbox() -> None:
+    served = serve_until_healthy("--max-cpus", "0.5")
+    assert served.healthy, served.stderr
+    assert "cpu per sandbox: at most 0.5 CPUs of this host" in served.stdout
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(60)
 def test_serve_takes_its_api_key_from_e2b_api_key() -> None:
     key = "e2b_key_from_the_environment_0123456789"
     served = serve_until_healthy(env={"E2B_API_KEY": key})

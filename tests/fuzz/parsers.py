@@ -178,7 +178,7 @@ def _control_plane(answer: dict[str, Any], deletes: _Deletes) -> e2b_control.Con
     control = e2b_control.ControlPlane(
         _TRANSPORT, "http://127.0.0.1:9", Credential(lambda: None, None, redactor), 300, redactor
     )
-    control._create_response = lambda request, closed: _Answered(answer)  # type: ignore[method-assign,assignment,return-value]
+    control._create_response = lambda request, closed, key: _Answered(answer)  # type: ignore[method-assign,assignment,return-value]
     control.delete = deletes.delete  # type: ignore[method-assign]
     return control
 
@@ -191,7 +191,7 @@ def check_create_answer(answer: dict[str, Any]) -> None:
     deletes = _Deletes()
     control = _control_plane(answer, deletes)
     try:
-        created = control.create(_NEW_SANDBOX, threading.Event())
+        created = control.create(_NEW_SANDBOX, threading.Event(), key=e2b_control.idempotency_key())
     except PiShipError as error:
         _typed(error)
         if deletes.deleted:

@@ -250,3 +250,20 @@ def test_answers_are_sent_without_waiting_for_the_clients_ack(
     server = serve()
     assert requests.get(server.url + "/", timeout=TIMEOUT).status_code == 200
     assert set_on and all(set_on)
+
+
+def test_the_head_deadline_counts_from_a_requests_first_byte_not_the_idle_wait(
+    serve: Callable[..., HttpServer],
+) -> None:
+    server = serve(limits=Limits(read_timeout=TIMEOUT, idle_timeout=TIMEOUT, head_seconds=0.3))
+    client = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+    try:
+        client.request("GET", "/")
+        assert client.getresponse().read() == b"ok"
+        first = client.sock
+        time.sleep(0.6)  # idle past the head deadline, between two requests
+        client.request("GET", "/")
+        assert client.getresponse().read() == b"ok"
+        assert client.sock is first
+    finally:
+        client.close()

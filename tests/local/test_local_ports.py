@@ -1,8 +1,10 @@
-"""A server in a local sandbox, reached from the host at ``<port>-<id>.localhost:<service port>``.
+"""A server in a local sandbox, reached from the host at ``<port>-<id>.localhost:<service port>``
+and at the loopback listener the service opens for the port.
 
 The service hands such a request whole to the port on the sandbox's own loopback
 (its agent connects from inside the sandbox's network namespace), with the network
-denied or allowed; ``Sandbox.url(port)`` names that address on E2B-compatible backends.
+denied or allowed; ``Sandbox.url(port)`` names the port's loopback listener on the local
+service and E2B's port host elsewhere.
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ import http.client
 import socket
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from piship_remote import E2bCompatibleBackend
 from piship_remote.local import LocalE2bService
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
-from piship_remote.sandbox.activation import activate_sandbox
+from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 from piship_remote.testing import E2bServer
 from tests.support.local_service import Client, needs_bwrap
 from tests.support.seed import kubernetes
@@ -190,22 +194,92 @@ def test_a_sandbox_with_the_network_allowed_serves_its_port_too(
 # -- the client: Sandbox.url(port) ---------------------------------------------------------
 
 
+@pytest.fixture
+def localhost_unresolvable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process resolves no ``*.localhost`` name, as a stock ``hosts: files dns`` host."""
+    resolve = socket.getaddrinfo
+
+    def stock(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(host, str) and host.endswith(".localhost"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stock)
+
+
+def served_sandbox_url(sandbox: Sandbox, port: int = 8000) -> str:
+    """``sandbox.url(port)`` once a page is served there (polled until it answers)."""
+    assert sandbox.exec(SERVE_PAGE.format(port=port)).exit_code == 0
+    url = sandbox.url(port)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/index.html", timeout=10) as answer:
+                if answer.status == 200:
+                    return url
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"no answer at {url}"
+        time.sleep(0.1)
+
+
 @needs_bwrap
-def test_sandbox_url_reaches_a_server_started_with_exec(
+def test_sandbox_url_is_a_loopback_address_of_its_own(
     service: LocalE2bService, workspace: Path
 ) -> None:
     backend = E2bCompatibleBackend(endpoint=service.url, credential=lambda: service.api_key)
     with activate_sandbox({"required": True}, backend=backend, workspace=workspace) as sandbox:
-        started = sandbox.exec(SERVE_PAGE.format(port=8000))
-        assert started.exit_code == 0
         url = sandbox.url(8000)
         parts = urllib.parse.urlsplit(url)
-        assert (parts.scheme, parts.netloc) == ("http", f"8000-{sandbox.id}.localhost:{parts.port}")
-        deadline = time.monotonic() + READY_TIMEOUT
-        while (answer := get(service, parts.netloc, "/index.html"))[0] != 200:
-            assert time.monotonic() < deadline, f"no answer at {url}: {answer}"
-            time.sleep(0.1)
-        assert answer[1].decode() == PAGE
+        assert (parts.scheme, parts.hostname) == ("http", "127.0.0.1")
+        assert parts.port != service_port(service)
+        assert sandbox.url(8000) == url  # one listener per port
+
+
+@needs_bwrap
+def test_sandbox_url_is_read_by_urllib_where_localhost_names_do_not_resolve(
+    service: LocalE2bService, workspace: Path, localhost_unresolvable: None
+) -> None:
+    backend = E2bCompatibleBackend(endpoint=service.url, credential=lambda: service.api_key)
+    with activate_sandbox({"required": True}, backend=backend, workspace=workspace) as sandbox:
+        with pytest.raises(socket.gaierror):
+            socket.getaddrinfo(f"8000-{sandbox.id}.localhost", 80)
+        url = served_sandbox_url(sandbox)
+        with urllib.request.urlopen(url + "/index.html", timeout=10) as answer:
+            assert answer.read().decode() == PAGE
+
+
+@needs_bwrap
+def test_sandbox_url_is_read_by_requests_where_localhost_names_do_not_resolve(
+    service: LocalE2bService, workspace: Path, localhost_unresolvable: None
+) -> None:
+    backend = E2bCompatibleBackend(endpoint=service.url, credential=lambda: service.api_key)
+    with activate_sandbox({"required": True}, backend=backend, workspace=workspace) as sandbox:
+        url = served_sandbox_url(sandbox)
+        answer = requests.get(url + "/index.html", timeout=10)
+        assert (answer.status_code, answer.text) == (200, PAGE)
+
+
+@needs_bwrap
+def test_a_ports_listener_is_closed_when_the_sandbox_ends(
+    service: LocalE2bService, workspace: Path
+) -> None:
+    backend = E2bCompatibleBackend(endpoint=service.url, credential=lambda: service.api_key)
+    with activate_sandbox({"required": True}, backend=backend, workspace=workspace) as sandbox:
+        parts = urllib.parse.urlsplit(sandbox.url(8000))
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((parts.hostname, parts.port), timeout=5).close()
+
+
+@needs_bwrap
+def test_the_e2b_port_host_stays_for_the_official_sdks(
+    service: LocalE2bService, client: Client, sandbox: dict[str, Any]
+) -> None:
+    # get_host(port) is "<port>-<id>.<domain>" with the create answer's domain.
+    assert sandbox["domain"] == f"localhost:{service_port(service)}"
+    serve_page(client, sandbox)
+    status, body = get(service, port_host(service, sandbox, 8000), "/index.html")
+    assert (status, body.decode()) == (200, PAGE)
 
 
 def test_sandbox_url_names_the_port_host_of_an_e2b_double(workspace: Path) -> None:

@@ -16,7 +16,7 @@ or dispose), then a follow-up, then disposes, and checks:
 - after dispose the double holds no sandbox or claim (except where the delete
   itself met the fault: then the request was attempted and the lifetime bounds it;
   a create whose answer was lost is resolved: the claim is read by its name, the
-  E2B sandbox found by the create id in its metadata);
+  E2B create sent again with its ``Idempotency-Key``, which the double honours);
 - no library thread outlives dispose.
 
 Requests (the reference catalogues): E2B ``health``, ``create``, ``renew``, ``start``
@@ -204,7 +204,7 @@ def expect(cell: Cell) -> Expect:
     if request == "execute" and fault == "stall":
         return Expect(ok=False, error=CommandTimeout)
     if request == "create" and fault in FORWARDED:
-        # Issue 31: the lost answer is resolved, the sandbox found by its create id.
+        # The lost answer is resolved: the create is repeated with its Idempotency-Key.
         return Expect(ok=True)
     if request == "claim-ready" and fault == "refused":
         why = "the API was down for the cleanup too; the claim's shutdownTime removes it"
@@ -327,6 +327,7 @@ class Harness:
                 credential=lambda: API_KEY,
                 credential_rejected=lambda: True,
                 stream_idle_timeout=idle,
+                idempotent_creates=True,
             )
         else:
             self.backend = KubernetesAgentSandboxBackend(

@@ -67,7 +67,9 @@ def server(e2b_server: E2bFactory, commands: Commands) -> E2bServer:
 
 @pytest.fixture
 def make_pool(server: E2bServer, workspace: Path) -> Iterator[Callable[..., SandboxPool]]:
-    backend = E2bCompatibleBackend(endpoint=server.url, envd_url=server.url)
+    backend = E2bCompatibleBackend(
+        endpoint=server.url, envd_url=server.url, idempotent_creates=True
+    )
     with pool_maker(POLICY, backend, workspace) as make:
         yield make
     backend.close()
@@ -245,12 +247,15 @@ def test_kubernetes_a_router_that_cannot_connect_is_infra_then_retried(cluster_p
 # -- creates: lost answers and a full service ------------------------------------------
 
 
-def test_a_lost_create_answer_is_adopted_not_created_again(make_pool, server) -> None:
+def test_a_lost_create_answer_is_repeated_with_its_key_and_makes_one_sandbox(
+    make_pool, server
+) -> None:
     server.faults.lose_create_answer()
     with make_pool(size=1) as pool:
         [result] = pool.map("echo {item}", ["x"])
         assert (result.outcome, result.attempts) == ("ok", 1)
-        assert server.count("POST", "/sandboxes") == 1
+        creates = server.find("POST", "/sandboxes")
+        assert len({c.headers["idempotency-key"] for c in creates}) == 1 < len(creates)
         assert server.live_sandboxes == [result.sandbox_id]
     assert server.live_sandboxes == []
 

@@ -27,6 +27,7 @@ activate = contract.activate
 sandbox = contract.sandbox
 
 MIB = 1024 * 1024
+NO_RESERVE = TransferLimits(min_free_bytes=0)
 
 
 @pytest.fixture(params=["kubernetes", "local", "e2b"])
@@ -111,6 +112,7 @@ def test_a_full_host_disk_names_the_path_and_leaves_nothing(
     sandbox: Sandbox, tmp_path: Path
 ) -> None:
     _make(sandbox, "mkdir -p out && head -c 2097152 /dev/zero > out/big.bin")
+    sandbox.files.limits = NO_RESERVE  # the disk itself refuses, not the reserve
     with small_filesystem(tmp_path / "disk", "1m") as disk:
         for remote, local in (("out/big.bin", disk / "big.bin"), ("out", disk / "tree")):
             with pytest.raises(PiShipError) as raised:
@@ -126,6 +128,7 @@ def test_a_pull_onto_a_full_disk_leaves_the_workspace_as_it_was(
     with small_filesystem(workspace, "1m"):
         (workspace / "kept.txt").write_text("host")
         sandbox = activate(sync="push")
+        sandbox.files.limits = NO_RESERVE  # the disk itself refuses, not the reserve
         _make(sandbox, "echo small > a.txt && head -c 2097152 /dev/zero > z.bin")
         with pytest.raises(PiShipError) as raised:
             sandbox.pull()

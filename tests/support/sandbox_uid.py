@@ -4,11 +4,12 @@
 are mounted) and ``setpriv`` takes the uid, with no groups::
 
     uid = host_uid_of(client, sandbox, "root")
-    ran = as_host_uid(service, uid, "cat /some/host/path")
+    ran = as_host_uid(service, uid, f"cat {sandbox_directory(service, other)}/home/x")
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Any
@@ -47,6 +48,14 @@ def as_host_uid(
         timeout=30,
         check=False,
     )
+
+
+def sandbox_directory(service: LocalE2bService, sandbox: dict[str, Any]) -> str:
+    """The sandbox's host directory as its service's mount namespace names it."""
+    home = service.sandbox_home(sandbox["sandboxID"])
+    if home.startswith("/proc/"):
+        home = home[home.index("/root/") + len("/root") :]
+    return os.path.dirname(home)
 
 
 def mount_namespace(service: LocalE2bService) -> str:

@@ -9,8 +9,12 @@ protocol)::
     control.renew(created.sandbox_id, cancel)
     control.delete(created.sandbox_id)
 
-A create is repeated (bounded, jittered) only on 429 or 503, which mean nothing
-was created; lifetimes travel as whole seconds, rounded up.
+Every create carries an ``Idempotency-Key`` (one per logical create, the same on each
+of its repeats). It is repeated (bounded, jittered) on 429 or 503, which mean nothing
+was created, and after a lost answer only when the service is known to honour the key
+(``idempotent``: the repeat answers the sandbox the first one made); otherwise a lost
+answer is an error saying a sandbox may exist, never a second create. Lifetimes travel
+as whole seconds, rounded up.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import math
 import random
 import re
 import threading
-from collections.abc import Callable, Mapping
+import urllib.parse
+import uuid
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -42,6 +48,7 @@ from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
 from piship_remote.telemetry.names import LEASE_RENEW_SPAN
 from piship_remote.transport import HttpClient, HttpReply, TransportError
+from piship_remote.transport.endpoint import is_localhost_name, is_loopback
 from piship_remote.wire.e2b_control import TimeoutRequest
 
 __all__ = [
@@ -51,6 +58,7 @@ __all__ = [
     "CreateRetry",
     "Created",
     "NewSandbox",
+    "idempotency_key",
     "wire_lifetime",
 ]
 
@@ -62,6 +70,7 @@ CREATE_ATTEMPTS = 3
 RETRY_BASE_DELAY = 0.5
 MAX_RETRY_AFTER = 10.0
 RETRIED_CREATE_STATUSES = frozenset({429, 503})
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}\Z")
 _DOMAIN = re.compile(r"[A-Za-z0-9.-]+(?::[0-9]{1,5})?\Z")
@@ -106,6 +115,15 @@ class CreateRetry:
         if retry_after > self.max_retry_after:
             return None
         return retry_after * rng.uniform(1.0, 1.25)
+
+
+def idempotency_key() -> str:
+    """A fresh key for one logical create: lower-case hex and hyphens, as E2B takes them.
+
+    >>> re.fullmatch(r"[a-z0-9-]{1,255}", idempotency_key()) is not None
+    True
+    """
+    return f"piship-{uuid.uuid4()}"
 
 
 def wire_lifetime(value: object) -> int:
@@ -181,6 +199,7 @@ class ControlPlane:
         repeatable: bool,
         body: object = None,
         cancel: threading.Event | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpReply:
         """One request under the 401 protocol; ``body`` is an attrs wire shape."""
         return send_credentialed(
@@ -193,7 +212,8 @@ class ControlPlane:
             json=None if body is None else _WIRE.unstructure(body),
             timeout=CONTROL_TIMEOUT,
             cancel=cancel,
-            headers=self._telemetry.trace_headers(),  # the control plane only: never envd
+            # trace headers go to the control plane only: never to envd
+            headers={**self._telemetry.trace_headers(), **(headers or {})},
         )
 
     def health(self, spare: str | None = None) -> Availability:
@@ -233,51 +253,58 @@ class ControlPlane:
         self,
         request: NewSandbox,
         closed: threading.Event,
-        recover: Callable[[], Created | None] | None = None,
+        *,
+        key: str,
+        idempotent: bool = False,
     ) -> Created:
-        """``POST /sandboxes``; on any failure after the answer, the sandbox is deleted.
+        """``POST /sandboxes`` with ``Idempotency-Key: key``; on any failure after the
+        answer, the sandbox is deleted.
 
         ``closed`` ends the waits between repeats (the backend was closed). When the
-        answer is lost, ``recover`` (if given) finds what the create made (by a mark
-        the request carries): that sandbox is used, and ``None`` means none was made.
+        answer is lost, the create is sent again with the same key only if the service
+        is ``idempotent`` (known to answer a repeated key with the sandbox it made);
+        otherwise, or when every repeat lost its answer too, the error says a sandbox
+        may exist and when it expires.
         """
-        lost: str
+        lost = ""
+        for attempt in range(1, self._retry.attempts + 1):
+            if attempt > 1:
+                delay = self._retry.delay(attempt - 1, None, self._random)
+                if closed.wait(delay or 0.0):
+                    raise self.closed_error()
+            outcome = self._create_once(request, closed, key, known=attempt > 1)
+            if isinstance(outcome, Created):
+                return outcome
+            lost = outcome
+            if not idempotent:
+                break
+        raise self._lost_answer(lost)
+
+    def _create_once(
+        self, request: NewSandbox, closed: threading.Event, key: str, *, known: bool
+    ) -> Created | str:
+        """The sandbox one create (and its 429/503 repeats) made, or why its answer was lost.
+
+        ``known``: an earlier send of this key may have made a sandbox, so a create
+        refused outright may still have one behind it: that is reported as lost too."""
         try:
-            response = self._create_response(request, closed)
+            response = self._create_response(request, closed, key)
         except TransportError as error:
-            if not error.request_sent:
+            if not error.request_sent and not known:
                 raise self._unreachable(error) from None
-            return self._after_lost_answer(error.message, recover)
+            return error.message
         with response:
             if not is_success(response.status):
+                if known:  # the lost first answer may still have made one
+                    return response.failure()
                 raise self._create_failure(response)
             try:
                 answer = response.json_object(MAX_CONTROL_RESPONSE)
             except ValueError as e:
-                lost = f"the create answer was invalid: {e}"
+                return f"the create answer was invalid: {e}"
             except TransportError as error:
-                lost = error.message
-            else:
-                return self.sandbox_of(answer, delete_on_failure=True)
-        return self._after_lost_answer(lost, recover)
-
-    def _after_lost_answer(
-        self, reason: str, recover: Callable[[], Created | None] | None
-    ) -> Created:
-        """The sandbox a create whose answer was lost made, found by ``recover``."""
-        if recover is None:
-            raise self._lost_answer(reason)
-        try:
-            found = recover()
-        except Exception:  # the lookup failed too: say the sandbox may exist
-            raise self._lost_answer(reason) from None
-        if found is None:
-            raise self._errors(
-                f"creating the sandbox failed: {reason}; no sandbox was created (none "
-                "carries this create's id)",
-                retryable=True,
-            )
-        return found
+                return error.message
+            return self.sandbox_of(answer, delete_on_failure=True)
 
     def sandbox_of(self, answer: Mapping[str, Any], *, delete_on_failure: bool) -> Created:
         """The sandbox a create or connect answer names (its envd token registered as secret)."""
@@ -329,6 +356,24 @@ class ControlPlane:
                     not_started=True,
                 )
 
+    def port_listener(self, sandbox_id: str, port: int) -> str | None:
+        """``http://<loopback>:<p>``, the service's own listener for the sandbox's ``port``
+        (``POST /sandboxes/<id>/ports/<port>``, the local service's), or ``None`` where the
+        service has none (any failure: the caller falls back to E2B's port host)."""
+        try:
+            path = f"/sandboxes/{sandbox_id}/ports/{port}"
+            response = self.request("POST", path, repeatable=True)
+        except TransportError:
+            return None
+        with response:
+            if not is_success(response.status):
+                return None
+            try:
+                url = response.json_object(MAX_CONTROL_RESPONSE).get("url")
+            except (ValueError, TransportError):
+                return None
+        return url if isinstance(url, str) and is_loopback_url(url) else None
+
     def delete(self, sandbox_id: str) -> None:
         """``DELETE /sandboxes/<id>``; every outcome is ignored (it also expires on its own)."""
         try:
@@ -340,7 +385,9 @@ class ControlPlane:
         """The error of a backend used after ``close()``."""
         return self._errors(f"the {BACKEND_ID} backend was closed; create a new one")
 
-    def _create_response(self, request: NewSandbox, closed: threading.Event) -> HttpReply:
+    def _create_response(
+        self, request: NewSandbox, closed: threading.Event, key: str
+    ) -> HttpReply:
         """Send the create; repeat it (bounded, jittered) only on 429 or 503.
 
         Those statuses mean nothing was created, unlike a 401 or a lost answer,
@@ -348,7 +395,13 @@ class ControlPlane:
         """
         attempt = 0
         while True:
-            response = self.request("POST", "/sandboxes", repeatable=False, body=request)
+            response = self.request(
+                "POST",
+                "/sandboxes",
+                repeatable=False,
+                body=request,
+                headers={IDEMPOTENCY_HEADER: key},
+            )
             attempt += 1
             if response.status not in RETRIED_CREATE_STATUSES:
                 return response
@@ -400,6 +453,22 @@ class ControlPlane:
             raise self._errors("the sandbox service returned an invalid envd access token")
         self._redactor.register(token)
         return token
+
+
+def is_loopback_url(url: str) -> bool:
+    """An ``http://`` URL of a loopback address (never a name: no resolution needed)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    return (
+        parts.scheme == "http"
+        and port is not None
+        and not is_localhost_name(host)
+        and is_loopback(host)
+    )
 
 
 def _api_key_header(key: str) -> Mapping[str, str]:

@@ -8,6 +8,7 @@ import itertools
 import math
 import secrets
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,6 +30,7 @@ from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
 from piship_remote.transport.deadline import Deadline
+from piship_remote.transport.endpoint import is_loopback
 
 __all__ = ["E2bInstance"]
 
@@ -70,6 +72,7 @@ class E2bInstance:
         self._watcher = EventWatcher()  # a plain Event's cancel, polled on first use
         self._files: RemoteFiles | None = None
         self._ports: tuple[str, str] | None = None  # (scheme, domain) of the sandbox's hosts
+        self._port_urls: dict[int, str] = {}  # the service's loopback listeners, by port
         # Tags only need to be unique in this sandbox: a random prefix and a counter.
         self._tag_prefix = f"piship-{secrets.token_hex(4)}"
         self._tag_numbers = itertools.count()
@@ -90,12 +93,25 @@ class E2bInstance:
         self._ports = (scheme, domain)
 
     def url(self, port: int) -> str:
-        """The address of ``port`` in the sandbox, through the service's edge."""
+        """The address of ``port`` in the sandbox, through the service's edge.
+
+        A service on this machine (a ``*.localhost`` or loopback domain, which most
+        resolvers cannot look up as a port host) is asked for a loopback listener of
+        the port (the local service opens one); elsewhere, or when it has none, the
+        E2B form ``<scheme>://<port>-<id>.<domain>``."""
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise ValueError(f"a port is a number from 1 to 65535, not {port!r}")
         if self._ports is None:
             raise self._errors("the service named no domain for the sandbox's ports")
         scheme, domain = self._ports
+        if is_loopback(urllib.parse.urlsplit(f"//{domain}").hostname or ""):
+            with self._lock:
+                known = self._port_urls.get(port)
+            listener = known or self._control.port_listener(self.sandbox_id, port)
+            if listener is not None:
+                with self._lock:
+                    self._port_urls[port] = listener
+                return listener
         return f"{scheme}://{port}-{self.sandbox_id}.{domain}"
 
     def files(self) -> RemoteFiles:

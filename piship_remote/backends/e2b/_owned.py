@@ -2,12 +2,10 @@
 
 ``POST /sandboxes/<id>/connect`` hands back an existing sandbox with a fresh envd
 access token (and extends its lifetime); ``GET /v2/sandboxes?metadata=…`` lists
-only the sandboxes whose metadata carries ``created-by: piship``, and finds the one a
-create whose answer was lost made, by the ``piship-create-id`` it carries::
+only the sandboxes whose metadata carries ``created-by: piship``::
 
     created = connect(control, "sbx1")
     owned = list_owned(control)
-    adopted = find_created(control, create_id)
 """
 
 from __future__ import annotations
@@ -28,10 +26,9 @@ from piship_remote.backends.e2b._control import (
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.transport import TransportError
 
-__all__ = ["CREATE_ID", "OWNED_QUERY", "connect", "find_created", "list_owned"]
+__all__ = ["OWNED_QUERY", "connect", "list_owned"]
 
 OWNED_QUERY = "metadata=" + urllib.parse.quote(f"{CREATED_BY}={CREATOR}", safe="")
-CREATE_ID = "piship-create-id"  # the metadata key a create is found by when its answer is lost
 _PAGE_LIMIT = 100
 _MAX_PAGES = 100
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}\Z")
@@ -114,24 +111,6 @@ def list_owned(control: ControlPlane) -> list[OwnedSandbox]:
         if not token:
             break
     return owned
-
-
-def find_created(control: ControlPlane, create_id: str) -> Created | None:
-    """The sandbox a create marked with ``create_id`` made (connected to), or ``None``."""
-    wanted = {CREATED_BY: CREATOR, CREATE_ID: create_id}
-    query = "metadata=" + urllib.parse.quote(urllib.parse.urlencode(wanted), safe="")
-    with control.request("GET", f"/v2/sandboxes?{query}", repeatable=True) as response:
-        if not is_success(response.status):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
-                f"looking up a created sandbox failed: {response.failure()}",
-                component="sandbox",
-            )
-        page = response.json_value(MAX_CONTROL_RESPONSE)
-    for item in page if isinstance(page, list) else ():
-        if _ours(item) and item["metadata"].get(CREATE_ID) == create_id:
-            return connect(control, str(item["sandboxID"]))
-    return None
 
 
 def check_id(sandbox_id: str) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -46,6 +45,7 @@ from piship_remote.backends.e2b._control import (
     Created,
     CreateRetry,
     NewSandbox,
+    idempotency_key,
     wire_lifetime,
 )
 from piship_remote.backends.e2b._envd import (
@@ -56,13 +56,7 @@ from piship_remote.backends.e2b._envd import (
 from piship_remote.backends.e2b._files import EnvdFiles
 from piship_remote.backends.e2b._instance import E2bInstance
 from piship_remote.backends.e2b._lease import SandboxLease
-from piship_remote.backends.e2b._owned import (
-    CREATE_ID,
-    check_id,
-    connect,
-    find_created,
-    list_owned,
-)
+from piship_remote.backends.e2b._owned import check_id, connect, list_owned
 from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interval
 from piship_remote.model.errors import PiShipError
 from piship_remote.model.redact import Redactor
@@ -99,6 +93,12 @@ class E2bCompatibleBackend:
     HTTP client (any :class:`~piship_remote.transport.HttpClient`, e.g. a recording
     wrapper around :class:`~piship_remote.transport.Transport`); ``session`` is then unused.
 
+    Every create carries an ``Idempotency-Key``. ``idempotent_creates=True`` says the
+    service honours it (one sandbox per key: the local service and ``E2bServer`` do), so
+    a create whose answer was lost is sent again with the same key and answered with the
+    sandbox it made. Without it (E2B's hosted API documents no such promise) a lost
+    answer is never repeated: the error says a sandbox may exist and when it expires.
+
     Every command renews the sandbox's lifetime, and an idle sandbox is renewed every
     quarter lifetime, so a short ``lifetime_seconds`` is safe; a sandbox past the end
     last committed (by the wall clock or the monotonic clock, ``now`` and ``monotonic``,
@@ -124,8 +124,10 @@ class E2bCompatibleBackend:
         client: HttpClient | None = None,
         now: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        idempotent_creates: bool = False,
     ) -> None:
         self.redactor = Redactor()
+        self._idempotent_creates = idempotent_creates
         self._errors = SandboxErrors(self.redactor)
         credentials = Credential(
             credential, credential_rejected, self.redactor, name=API_KEY_VARIABLE, required=True
@@ -190,26 +192,27 @@ class E2bCompatibleBackend:
         """Create a sandbox for ``profile`` (only its network mode is used), ``labels`` in
         its metadata.
 
-        Its metadata also carries a create id: a create whose answer is lost is looked
-        up by it and the sandbox it made is used, so a lost answer never leaves a
-        second sandbox behind.
+        The create carries an ``Idempotency-Key``; when its answer is lost it is sent
+        again with the same key only with ``idempotent_creates`` (the service answers
+        the sandbox the key made), else the error says a sandbox may exist: a lost
+        answer never leaves a second sandbox behind.
         """
         if self._open.closed.is_set():
             raise self._control.closed_error()
         read = self._clock.anchor()
         # The service counts the lifetime from when the create arrived: later than this.
         anchor = Anchor(read.wall, read.monotonic, read.wall + self._clock.lifetime)
-        create_id = uuid.uuid4().hex
         control = self._control
         created = control.create(
             NewSandbox(
                 template_id=self._template,
                 timeout=control.lifetime,
-                metadata={**check_labels(labels), CREATED_BY: CREATOR, CREATE_ID: create_id},
+                metadata={**check_labels(labels), CREATED_BY: CREATOR},
                 allow_internet_access=profile.network == "allow",
             ),
             self._open.closed,
-            recover=lambda: find_created(control, create_id),
+            key=idempotency_key(),
+            idempotent=self._idempotent_creates,
         )
         try:
             instance = self._instance(created, anchor)

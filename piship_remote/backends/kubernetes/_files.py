@@ -328,7 +328,10 @@ class RuntimeFiles:
                 " directory)",
                 component="files",
             )
-        raise self._http.errors(f"{what} failed: {self._http.failure(response)}")
+        raise self._http.errors(
+            f"{what} failed: {self._http.failure(response)}",
+            user_action=self._http.advice(response),
+        )
 
     def _transfer_failed(self, what: str, error: TransportError) -> PiShipError:
         return self._http.errors(f"{what} failed: {error}", retryable=not error.request_sent)

@@ -22,19 +22,35 @@ from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
 from piship_remote.transport import HttpClient, HttpReply, TransportError, window_text
 
-__all__ = ["API_TIMEOUT", "ClusterHttp", "transient"]
+__all__ = ["API_TIMEOUT", "ROUTER_TOKEN_ACTION", "ClusterHttp", "transient"]
 
 API_TIMEOUT = 30.0
+ROUTER_TOKEN_ACTION = (
+    "set the router's own token (router_credential; PISHIP_K8S_ROUTER_TOKEN for the CLI) "
+    "to its ROUTER_AUTH_TOKEN"
+)
 _FAILURE_WINDOW = 4096
 
 
 class ClusterHttp:
-    """One backend's transport and credential, with its error factory."""
+    """One backend's transport and credential, with its error factory.
 
-    def __init__(self, transport: HttpClient, credential: Credential, redactor: Redactor) -> None:
+    ``on_401`` is the :meth:`advice` for an HTTP 401: what the user sets so the next
+    request is let through (the router's own token, for the router).
+    """
+
+    def __init__(
+        self,
+        transport: HttpClient,
+        credential: Credential,
+        redactor: Redactor,
+        *,
+        on_401: str | None = None,
+    ) -> None:
         self.transport = transport
         self._credential = credential
         self._redactor = redactor
+        self._on_401 = on_401
         self.errors = SandboxErrors(redactor)
 
     def call(self, method: str, url: str, **kwargs: Any) -> HttpReply:
@@ -57,6 +73,10 @@ class ClusterHttp:
         redacted = self._redactor.redact(" ".join(detail.split()))
         detail = redacted[:DETAIL_LIMIT].strip()
         return f"HTTP {response.status}: {detail}" if detail else f"HTTP {response.status}"
+
+    def advice(self, response: HttpReply) -> str | None:
+        """What the user does about a failed answer, when this client knows (``on_401``)."""
+        return self._on_401 if response.status == 401 else None
 
 
 def transient(status: int) -> bool:

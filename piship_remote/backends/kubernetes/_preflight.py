@@ -22,7 +22,7 @@ from typing import Any, Literal
 import attrs
 
 from piship_remote.backends._common import is_success
-from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._http import ROUTER_TOKEN_ACTION, ClusterHttp
 from piship_remote.backends.kubernetes._port_forward import RouterTunnel
 from piship_remote.model.errors import PiShipError
 from piship_remote.transport import HttpReply, TransportError
@@ -205,8 +205,7 @@ class Preflight:
                 return Check(
                     "fail",
                     f"the sandbox router refused the token: {self._router.failure(reply)}",
-                    "set the router's own token (router_credential; PISHIP_K8S_ROUTER_TOKEN "
-                    "for the CLI) to its ROUTER_AUTH_TOKEN",
+                    ROUTER_TOKEN_ACTION,
                 )
             if status == 400 or is_success(status):
                 return Check("ok", f"the sandbox router at {self._router_url} accepts the token")

@@ -183,7 +183,8 @@ class Router:
                 raise self._unknown(f"the sandbox router answered {failure}")
             if not is_success(response.status):
                 raise self._http.errors(
-                    f"running the command failed: {self._http.failure(response)}"
+                    f"running the command failed: {self._http.failure(response)}",
+                    user_action=self._http.advice(response),
                 )
             try:
                 answer = response.json_object(_ROUTER_LIMIT)

@@ -66,7 +66,7 @@ from piship_remote.backends.kubernetes._cluster_config import (
     in_cluster,
 )
 from piship_remote.backends.kubernetes._files import RuntimeFiles
-from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._http import ROUTER_TOKEN_ACTION, ClusterHttp
 from piship_remote.backends.kubernetes._instance import KubernetesInstance, runtime_command
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
 from piship_remote.backends.kubernetes._port_forward import PortForward, RouterTunnel
@@ -213,7 +213,9 @@ class KubernetesAgentSandboxBackend:
             sight=ExistenceWindow.of(self._existence_window, self._clock).now,
             foreground_deletion=foreground_deletion,
         )
-        router_http = ClusterHttp(self._router_transport, router_credentials, self.redactor)
+        router_http = ClusterHttp(
+            self._router_transport, router_credentials, self.redactor, on_401=ROUTER_TOKEN_ACTION
+        )
         self._router = Router(
             router_http,
             router,

@@ -127,20 +127,30 @@ class Envd:
         return self._process.handle(sandbox, method, request, user)
 
     def _sandbox(self, head: Head) -> Sandbox | Reply:
-        """The sandbox the request names and holds the token of, or the refusal."""
+        """The sandbox the request names and holds the token of, or the refusal.
+
+        The token is checked on the sandbox as it is (paused or not) before anything
+        changes: only a request holding it resumes an ``autoResume`` sandbox.
+        """
         headers = head.headers
         sandbox_id = headers.get("e2b-sandbox-id") or _host_sandbox(headers) or ""
         if not sandbox_id and head.path == FILES_PATH:
             sandbox_id = self._signed_by(head)
-        sandbox = self._registry.get(sandbox_id)
-        if sandbox is None:
-            return _missing(sandbox_id)
-        if head.path == FILES_PATH:
-            return sandbox  # a token or a URL signature, checked by the file endpoints
-        token = headers.get("x-access-token", "")
-        if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
+        known = self._registry.lookup(sandbox_id)
+        if known is None or not self._holds_token(known, head):
             return _missing(sandbox_id)  # as for an unknown id: ids cannot be probed
-        return sandbox
+        sandbox = self._registry.get(sandbox_id)  # resumes an autoResume sandbox
+        return _missing(sandbox_id) if sandbox is None else sandbox
+
+    def _holds_token(self, sandbox: Sandbox, head: Head) -> bool:
+        """Whether the request carries the sandbox's token (on ``/files``: or a URL signed
+        with it, the file endpoints telling an expired signature apart)."""
+        token = head.headers.get("x-access-token")
+        if head.path == FILES_PATH and token is None:
+            return self._files.signed_for(sandbox, head)
+        return token is not None and hmac.compare_digest(
+            token.encode(), sandbox.access_token.encode()
+        )
 
     def _signed_by(self, head: Head) -> str:
         """The sandbox whose token signs a ``/files`` URL that names no sandbox (else ``""``).

@@ -1,17 +1,22 @@
-"""Per-sandbox limits of the local service: processes, memory, disk and lifetime; and the
-freezer that pauses a sandbox.
+"""Per-sandbox limits of the local service: processes, memory, CPU, disk and lifetime; and
+the freezer that pauses a sandbox.
 
-Processes and memory are held by cgroups: v2 (``pids.max``, ``memory.max``) where
-the host has a unified hierarchy with those controllers, else v1 (``pids`` and
-``memory`` hierarchies, where root can create groups). A paused sandbox's
-processes are frozen by its cgroup: v2's ``cgroup.freeze``, or the v1
+Processes, memory and CPU are held by cgroups: v2 (``pids.max``, ``memory.max``,
+``cpu.max``) where the host has a unified hierarchy with those controllers, else v1
+(``pids``, ``memory`` and ``cpu`` hierarchies, where root can create groups; CPU as
+``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``). The CPU limit is a bandwidth: a
+sandbox limited to 1.5 CPUs runs at most 150 ms of every 100 ms period, over all its
+processes; by default :func:`fair_share_cpus`, half the host's CPUs (at least one), so
+one busy sandbox always leaves the service and the others CPU to run. A group's name
+is random, never the sandbox's ID: ``/proc/<pid>/cgroup`` is readable by every user.
+A paused sandbox's processes are frozen by its cgroup: v2's ``cgroup.freeze``, or the v1
 ``freezer`` hierarchy's ``freezer.state``. Disk is a size-capped tmpfs holding
 the sandbox's home, ``/tmp`` and ``/dev/shm``, mounted by the service (root
 only). What this host can enforce is found once, at start::
 
     limits = Limits(processes=256, memory=512 * MIB, disk=1024 * MIB, lifetime=3600)
     support = Enforcement.probe()         # what holds here, and why not
-    group = CgroupSet.create(support, "piship-3f2a…", limits)
+    group = CgroupSet.create(support, group_name(), limits)  # cpu.max too, where held
     group.procs_files()                   # where the sandbox's first process is written
     group.breach()                        # "memory" / "processes" after a command, or None
     check = limit_check(group, limits, [home, tmp])  # names the limit a command hit
@@ -25,6 +30,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from itertools import count
@@ -32,6 +38,7 @@ from itertools import count
 import attrs
 
 __all__ = [
+    "CPU_PERIOD_US",
     "DEFAULT_DISK_MIB",
     "DEFAULT_LIFETIME",
     "DEFAULT_MEMORY_MIB",
@@ -41,6 +48,8 @@ __all__ = [
     "Enforcement",
     "GroupUsage",
     "Limits",
+    "fair_share_cpus",
+    "group_name",
     "limit_check",
     "mount_tmpfs",
     "unmount",
@@ -60,19 +69,38 @@ FREEZE_TIMEOUT = 5.0
 FREEZE_POLL = 0.005
 AGENT_SUFFIX = "-agent"
 V1_THAW_EVERY = 50  # freezing passes between two thaws of a v1 group that stays FREEZING
+CPU_PERIOD_US = 100_000
+"""The period a sandbox's CPU quota is counted over (the kernel's default)."""
+
+
+def fair_share_cpus() -> float:
+    """The default CPU limit of a sandbox: half this host's CPUs, at least one."""
+    return max(1.0, (os.cpu_count() or 1) / 2)
+
+
+def group_name() -> str:
+    """A new sandbox's cgroup name: random, so ``/proc/*/cgroup`` shows no sandbox ID."""
+    return f"piship-{secrets.token_hex(8)}"
 
 
 @attrs.frozen
 class Limits:
-    """What one sandbox may use: processes, memory and disk (bytes), lifetime (seconds)."""
+    """What one sandbox may use: processes, memory and disk (bytes), lifetime (seconds),
+    CPUs (a bandwidth: 0.5 is half of one CPU's time)."""
 
     processes: int = DEFAULT_PROCESSES
     memory: int = DEFAULT_MEMORY_MIB * MIB
     disk: int = DEFAULT_DISK_MIB * MIB
     lifetime: int = DEFAULT_LIFETIME
+    cpus: float = attrs.field(factory=fair_share_cpus)
+
+    @property
+    def cpu_quota_us(self) -> int:
+        """The CPU time a sandbox may use per :data:`CPU_PERIOD_US`, in microseconds."""
+        return max(1000, round(self.cpus * CPU_PERIOD_US))
 
     def __attrs_post_init__(self) -> None:
-        for name in ("processes", "memory", "disk", "lifetime"):
+        for name in ("processes", "memory", "disk", "lifetime", "cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"the sandbox {name} limit must be positive")
 
@@ -88,6 +116,8 @@ class Enforcement:
     problems: tuple[str, ...] = ()
     freezer: str | None = None
     """The v1 freezer hierarchy's group sandboxes are made under (v2 freezes in its own group)."""
+    cpu: str | None = None
+    """The group sandboxes' CPU groups are made under (v2: the one group; v1: in ``cpu``)."""
 
     @classmethod
     def probe(cls) -> Enforcement:
@@ -101,13 +131,19 @@ class Enforcement:
         if memory is None:
             problems.append("the memory limit is not enforced: no writable memory cgroup")
         freezer = _probe_v1_freezer() if cgroup == "v1" else None
+        cpu = _probe_v2_cpu() if cgroup == "v2" else _probe_v1_cpu()
+        if cpu is None:
+            problems.append(
+                "the CPU limit is not enforced: no writable cpu cgroup (a sandbox may use"
+                " every CPU of the host)"
+            )
         disk = os.geteuid() == 0 and _libc() is not None
         if not disk:
             problems.append(
                 "the disk limit covers /tmp and /dev/shm only: the home is on the host's"
                 " filesystem (a size-capped home needs the service to run as root)"
             )
-        return cls(cgroup, processes, memory, disk, tuple(problems), freezer)
+        return cls(cgroup, processes, memory, disk, tuple(problems), freezer, cpu)
 
     @property
     def freezes(self) -> bool:
@@ -118,7 +154,7 @@ class Enforcement:
 
     def held(self) -> tuple[str, ...]:
         """The limits that hold, in a fixed order."""
-        names = [("processes", self.processes), ("memory", self.memory)]
+        names = [("processes", self.processes), ("memory", self.memory), ("cpu", self.cpu)]
         held = [name for name, base in names if base is not None]
         return (*held, "disk" if self.disk else "disk (/tmp, /dev/shm)", "lifetime")
 
@@ -145,23 +181,14 @@ class CgroupSet:
     """The v1 memory group of bubblewrap and the agent, outside the sandbox's limit: a
     command moves itself into ``memory`` as it starts (see :meth:`command_procs`), so a
     memory-limit kill hits a command, never the sandbox."""
+    cpu: str | None = None
+    """The group holding its CPU limit (v2: the one group)."""
 
     @classmethod
     def create(cls, support: Enforcement, name: str, limits: Limits) -> CgroupSet:
         """Make the groups for ``name`` and write ``limits`` into them."""
         if support.cgroup == "v2":
-            base = support.processes or support.memory
-            assert base is not None
-            path = os.path.join(base, name)
-            os.mkdir(path)
-            pids_path = path if support.processes else None
-            group = cls("v2", pids_path, path if support.memory else None, path)
-            if group.pids:
-                _write(os.path.join(path, "pids.max"), str(limits.processes))
-            if group.memory:
-                _write(os.path.join(path, "memory.max"), str(limits.memory))
-                _write_try(os.path.join(path, "memory.swap.max"), "0")
-            return group
+            return cls._create_v2(support, name, limits)
         pids = memory = None
         if support.processes is not None:
             pids = os.path.join(support.processes, name)
@@ -179,11 +206,34 @@ class CgroupSet:
         if support.freezer is not None:
             freezer = os.path.join(support.freezer, name)
             os.mkdir(freezer)
-        return cls(support.cgroup, pids, memory, freezer, agent_memory)
+        cpu = None
+        if support.cpu is not None:
+            cpu = os.path.join(support.cpu, name)
+            os.mkdir(cpu)
+            _write_v1_cpu_quota(cpu, support.cpu, limits.cpu_quota_us)
+        return cls(support.cgroup, pids, memory, freezer, agent_memory, cpu)
+
+    @classmethod
+    def _create_v2(cls, support: Enforcement, name: str, limits: Limits) -> CgroupSet:
+        base = support.processes or support.memory or support.cpu
+        assert base is not None
+        path = os.path.join(base, name)
+        os.mkdir(path)
+        pids_path = path if support.processes else None
+        cpu = path if support.cpu else None
+        group = cls("v2", pids_path, path if support.memory else None, path, cpu=cpu)
+        if group.pids:
+            _write(os.path.join(path, "pids.max"), str(limits.processes))
+        if group.memory:
+            _write(os.path.join(path, "memory.max"), str(limits.memory))
+            _write_try(os.path.join(path, "memory.swap.max"), "0")
+        if cpu:
+            _write(os.path.join(path, "cpu.max"), f"{limits.cpu_quota_us} {CPU_PERIOD_US}")
+        return group
 
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files the sandbox's first process must join."""
-        first = [self.pids, self.agent_memory or self.memory, self.freezer]
+        first = [self.pids, self.agent_memory or self.memory, self.freezer, self.cpu]
         return [os.path.join(p, "cgroup.procs") for p in dict.fromkeys(first) if p]
 
     def command_procs(self) -> str | None:
@@ -245,7 +295,7 @@ class CgroupSet:
         return _wait_for(settled, frozen)
 
     def _paths(self) -> list[str]:
-        groups = (self.pids, self.memory, self.freezer, self.agent_memory)
+        groups = (self.pids, self.memory, self.freezer, self.agent_memory, self.cpu)
         return [p for p in dict.fromkeys(groups) if p]
 
     def counters(self) -> tuple[int, int]:
@@ -402,6 +452,42 @@ def _probe_v1() -> tuple[str | None, str | None, str | None]:
     return "v1", found["pids"], found["memory"]
 
 
+def _write_v1_cpu_quota(group: str, parent: str, quota_us: int) -> None:
+    """Write the group's CPU quota; where v1 refuses one above the parent group's (the
+    service's own, as in a container with a CPU limit), the parent's, which binds anyway."""
+    _write(os.path.join(group, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+    quota_file = os.path.join(group, "cpu.cfs_quota_us")
+    try:
+        _write(quota_file, str(quota_us))
+    except OSError:
+        parent_quota = _number(os.path.join(parent, "cpu.cfs_quota_us"))
+        parent_period = _number(os.path.join(parent, "cpu.cfs_period_us")) or CPU_PERIOD_US
+        if parent_quota <= 0:
+            raise
+        _write(quota_file, str(min(quota_us, parent_quota * CPU_PERIOD_US // parent_period)))
+
+
+def _probe_v2_cpu() -> str | None:
+    """This process's v2 group, when its children may have the cpu controller."""
+    base = os.path.join("/sys/fs/cgroup", _own_cgroup("").lstrip("/"))
+    try:
+        with open(os.path.join(base, "cgroup.subtree_control"), encoding="ascii") as handle:
+            enabled = handle.read().split()
+    except OSError:
+        return None
+    return base if "cpu" in enabled and os.access(base, os.W_OK) else None
+
+
+def _probe_v1_cpu() -> str | None:
+    """This process's group in the v1 cpu hierarchy, when root may write it and it has CFS
+    bandwidth control (``cpu.cfs_quota_us``)."""
+    if not os.path.isdir(os.path.join(V1_ROOT, "cpu")):
+        return None
+    base = os.path.join(V1_ROOT, "cpu", _own_cgroup("cpu").lstrip("/"))
+    has_quota = os.path.exists(os.path.join(base, "cpu.cfs_quota_us"))
+    return base if has_quota and os.access(base, os.W_OK) else None
+
+
 def _probe_v1_freezer() -> str | None:
     """This process's group in the v1 freezer hierarchy, when there is one root may write."""
     base = os.path.join(V1_ROOT, "freezer", _own_cgroup("freezer").lstrip("/"))
@@ -415,9 +501,18 @@ def _own_cgroup(controller: str) -> str:
     with contextlib.suppress(OSError), open("/proc/self/cgroup", encoding="utf-8") as handle:
         for line in handle:
             _, names, path = line.rstrip("\n").split(":", 2)
-            if names.split(",") == [controller] if controller else names == "":
+            if _names_controller(names, controller):
                 return path
     return "/"
+
+
+def _names_controller(names: str, controller: str) -> bool:
+    """Whether a ``/proc/self/cgroup`` line's controller list is ``controller``'s hierarchy
+    (``""``: the v2 one); ``cpu`` may share its hierarchy (``cpu,cpuacct``)."""
+    if not controller:
+        return names == ""
+    listed = names.split(",")
+    return listed == [controller] or (controller == "cpu" and controller in listed)
 
 
 def _field(path: str, name: str, *, missing: int = 0) -> int:

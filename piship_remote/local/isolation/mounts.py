@@ -29,13 +29,13 @@ import subprocess
 import sys
 import threading
 
+from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 
 __all__ = [
     "OwnerMaps",
     "enter_private_namespace",
     "mount_image_root",
-    "mounts_under",
     "unmount_under",
 ]
 
@@ -185,38 +185,9 @@ def _mapping_namespace(uid_map: str) -> int:
             holder.communicate(timeout=USERNS_TIMEOUT)
 
 
-def mounts_under(path: str) -> list[str]:
-    """The mount points at or below ``path`` in this thread's namespace, deepest first."""
-    base = os.path.realpath(path)
-    found: list[str] = []
-    mountinfo = "/proc/thread-self/mountinfo"
-    with contextlib.suppress(OSError), open(mountinfo, encoding="utf-8", errors="replace") as info:
-        for line in info:
-            point = _unescape(line.split(" ")[4])
-            if point == base or point.startswith(base.rstrip("/") + "/"):
-                found.append(point)
-    return sorted(set(found), key=lambda p: (-p.count("/"), p))
-
-
 def unmount_under(path: str) -> None:
-    """Detach every mount at or below ``path`` (nothing when there is none)."""
+    """Detach every mount at or below ``path`` in the calling thread's mount namespace,
+    deepest first (nothing when there is none)."""
     libc = _libc()
-    for point in mounts_under(path):
+    for point in mounts_below(path):
         libc.umount2(os.fsencode(point), MNT_DETACH)
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo path field with its octal escapes (``\\040`` for a space) decoded."""
-    if "\\" not in field:
-        return field
-    raw = field.encode()
-    out = bytearray()
-    i = 0
-    while i < len(raw):
-        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
-            out.append(int(raw[i + 1 : i + 4], 8))
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return os.fsdecode(bytes(out))

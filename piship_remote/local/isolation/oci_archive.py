@@ -10,29 +10,83 @@ their whiteouts are honoured (``.wh.NAME`` removes ``NAME`` from the layers belo
     copy_root("./rootfs", "/var/cache/piship/templates/tools")     # a folder, links kept
 
 Nothing is ever written outside ``target``: a member named with an absolute path or
-``..``, one whose parent is a symlink (in the image so far), and a hard link to
-outside the root refuse the whole archive (:class:`ImageRefused`). Device nodes are
-skipped (they cannot be made unprivileged and a sandbox gets its own ``/dev``); owners
-are not restored (the files belong to the service, the sandbox sees them read-only).
+``..``, one whose parent is a symlink (in the image so far), a hard link to outside
+the root, and a whiteout naming no entry (``.wh.``, ``.wh..``, ``.wh...``) refuse the
+whole archive (:class:`ImageRefused`), before that member changes anything. Device
+nodes are skipped (they cannot be made unprivileged and a sandbox gets its own
+``/dev``); owners are not restored (the files belong to the service, the sandbox sees
+them read-only).
+
+What an archive may cost the host is bounded by :class:`ImageLimits`: the bytes its
+files hold once unpacked (a sparse member counts at its full size, as it is written
+out), its entries, and the ratio of those bytes to the archive's own size (a gzip
+layer of zeros expands a thousandfold). The ratio also bounds what the layers' tars
+decompress to, headers included, counted before each read: a layer is read as a
+stream (decompressed here, gzip, bzip2 or xz), so a header claiming gigabytes is
+refused before it is held in memory. A refused archive leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import json
+import lzma
 import os
 import posixpath
 import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-__all__ = ["ImageRefused", "copy_root", "is_image_archive", "unpack_image"]
+import attrs
+
+from piship_remote.local.isolation.trees import remove_tree, walk
+
+__all__ = [
+    "DEFAULT_IMAGE_LIMITS",
+    "ImageLimits",
+    "ImageRefused",
+    "copy_root",
+    "is_image_archive",
+    "unpack_image",
+]
 
 WHITEOUT = ".wh."
+WHITEOUT_META = ".wh..wh."
 OPAQUE = ".wh..wh..opq"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_OUTER_ENTRIES = 10_000
+"""Files in the archive itself (docker save: a few per layer), before any layer is read."""
 PIECE = 1024 * 1024
+MIB = 1024 * 1024
+IMAGE_MAX_MIB = 8192
+"""The bytes an image's files may hold once unpacked."""
+IMAGE_MAX_ENTRIES = 500_000
+"""Entries (files, directories, links, whiteouts) over all of an image's layers."""
+IMAGE_MAX_EXPANSION = 100
+"""How many times its archive's size an image may unpack to, past ``EXPANSION_FREE_MIB``."""
+EXPANSION_FREE_MIB = 64
+"""What any archive, however small, may unpack to."""
+
+
+@attrs.frozen
+class ImageLimits:
+    """What unpacking one image archive may cost the host."""
+
+    max_bytes: int = IMAGE_MAX_MIB * MIB
+    max_entries: int = IMAGE_MAX_ENTRIES
+    max_expansion: int = IMAGE_MAX_EXPANSION
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("max_bytes", "max_entries", "max_expansion"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"the image {name} limit must be positive")
+
+
+DEFAULT_IMAGE_LIMITS = ImageLimits()
 
 
 class ImageRefused(ValueError):
@@ -44,23 +98,69 @@ def is_image_archive(path: str) -> bool:
     return os.path.isfile(path) and tarfile.is_tarfile(path)
 
 
-def unpack_image(archive: str, target: str) -> None:
-    """Unpack the image ``archive`` into the new directory ``target`` (its parent must exist)."""
+def unpack_image(archive: str, target: str, limits: ImageLimits = DEFAULT_IMAGE_LIMITS) -> None:
+    """Unpack the image ``archive`` into the new directory ``target`` (its parent must exist);
+    :class:`ImageRefused` (or ``OSError``) with nothing left in ``target``'s place if not."""
+    budget = _Budget(limits, os.path.getsize(archive))
     os.mkdir(target, 0o755)
-    with tarfile.open(archive, "r:*") as outer:
-        for layer in _layers(outer):
-            with tarfile.open(fileobj=layer, mode="r:*") as tar:
-                _apply(tar, target)
+    try:
+        with tarfile.open(archive, "r:*") as outer:
+            for layer in _layers(outer):
+                with tarfile.open(fileobj=_Metered(_decompressed(layer), budget), mode="r|") as tar:
+                    _apply(tar, target, budget)
+    except BaseException:
+        remove_tree(target)
+        raise
 
 
 def copy_root(source: str, target: str) -> None:
     """Copy the root filesystem ``source`` into the new directory ``target``: directories,
     regular files and symlinks (as links, never followed); other kinds are skipped."""
     os.mkdir(target, 0o755)
-    for directory, dirnames, filenames in os.walk(source):
+    for directory, dirnames, filenames in walk(source):
         inside = os.path.join(target, os.path.relpath(directory, source))
         for name in dirnames + filenames:
             _copy_entry(os.path.join(directory, name), os.path.join(inside, name))
+
+
+class _Budget:
+    """What one archive has unpacked so far, against its :class:`ImageLimits`."""
+
+    def __init__(self, limits: ImageLimits, archive_size: int) -> None:
+        self.limits = limits
+        expansion = limits.max_expansion * archive_size
+        self.expansion_cap = max(expansion, EXPANSION_FREE_MIB * MIB)
+        self.entries = 0
+        self.bytes = 0
+        self.streamed = 0
+
+    def stream(self, size: int) -> None:
+        """Count ``size`` more bytes of the layers' tars about to be read (headers included):
+        :class:`ImageRefused` before a read that would pass the expansion ratio."""
+        self.streamed += size
+        if self.streamed > self.expansion_cap:
+            raise ImageRefused(
+                f"the image's layers decompress to more than {self.limits.max_expansion} times"
+                " its archive's size: a compression bomb"
+            )
+
+    def entry(self, member: tarfile.TarInfo) -> None:
+        """Count ``member``; :class:`ImageRefused` before it is written if it is one too many
+        or its bytes would pass a limit."""
+        self.entries += 1
+        if self.entries > self.limits.max_entries:
+            raise ImageRefused(f"the image holds more than {self.limits.max_entries} entries")
+        if not member.isfile():
+            return
+        self.bytes += member.size
+        if self.bytes > self.limits.max_bytes:
+            raise ImageRefused(f"the image unpacks to more than {self.limits.max_bytes // MIB} MiB")
+        if self.bytes > self.expansion_cap:
+            raise ImageRefused(
+                f"the image unpacks to more than {self.limits.max_expansion} times its"
+                f" archive's size ({self.bytes // MIB} MiB so far): a compression bomb or"
+                " sparse files"
+            )
 
 
 def _copy_entry(path: str, copy: str) -> None:
@@ -74,9 +174,63 @@ def _copy_entry(path: str, copy: str) -> None:
         os.chmod(copy, stat.S_IMODE(info.st_mode) & 0o1777)
 
 
+class _Reader(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+class _Metered(io.RawIOBase):
+    """A layer's tar as it is read, each read counted by the budget before it is made."""
+
+    def __init__(self, stream: _Reader, budget: _Budget) -> None:
+        self._stream = stream
+        self._budget = budget
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = PIECE
+        self._budget.stream(size)
+        return self._stream.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _decompressed(layer: IO[bytes]) -> _Reader:
+    """A layer's tar: the layer itself, or decompressed as it is read (gzip, bzip2, xz)."""
+    stream = layer if isinstance(layer, io.BufferedReader) else io.BufferedReader(_Raw(layer))
+    magic = stream.peek(6)[:6]
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=stream, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(stream, mode="rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(stream, mode="rb")
+    return stream
+
+
+class _Raw(io.RawIOBase):
+    """Any binary file as raw I/O, to buffer it."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
 def _layers(outer: tarfile.TarFile) -> Iterator[IO[bytes]]:
     """The layer tars of a docker-save archive or an OCI layout, lowest first."""
-    names = set(outer.getnames())
+    names = _outer_names(outer)
     if "manifest.json" in names:
         manifest = _json(outer, "manifest.json")
         if not isinstance(manifest, list) or not manifest or not isinstance(manifest[0], dict):
@@ -90,6 +244,19 @@ def _layers(outer: tarfile.TarFile) -> Iterator[IO[bytes]]:
         raise ImageRefused("the image's manifest lists no layers")
     for path in paths:
         yield _member(outer, path)
+
+
+def _outer_names(outer: tarfile.TarFile) -> set[str]:
+    """The names of the archive's own members (its layers and their manifests), at most
+    ``MAX_OUTER_ENTRIES`` of them."""
+    names: set[str] = set()
+    for member in outer:
+        names.add(member.name)
+        if len(names) > MAX_OUTER_ENTRIES:
+            raise ImageRefused(
+                f"the archive holds more than {MAX_OUTER_ENTRIES} files: not an image archive"
+            )
+    return names
 
 
 def _oci_layers(outer: tarfile.TarFile) -> list[str]:
@@ -136,19 +303,30 @@ def _json(outer: tarfile.TarFile, name: str) -> Any:
 # -- one layer -----------------------------------------------------------------------------
 
 
-def _apply(tar: tarfile.TarFile, root: str) -> None:
+def _apply(tar: tarfile.TarFile, root: str, budget: _Budget) -> None:
     for member in tar:
+        budget.entry(member)
         relative = _safe_name(member.name)
         if relative is None:
             continue  # the root itself
         parent, base = posixpath.split(relative)
-        parent_path = _inside(root, parent)
         if base == OPAQUE:
-            _empty(parent_path)
+            _empty(_inside(root, parent))
+        elif base.startswith(WHITEOUT_META):
+            continue  # the layer format's own bookkeeping (aufs), not the image's files
         elif base.startswith(WHITEOUT):
-            _remove(os.path.join(parent_path, base[len(WHITEOUT) :]))
+            removed = _whited_out(member.name, base)  # checked before anything is removed
+            _remove(os.path.join(_inside(root, parent), removed))
         else:
-            _write(tar, member, root, parent_path, base)
+            _write(tar, member, root, _inside(root, parent), base)
+
+
+def _whited_out(name: str, base: str) -> str:
+    """The entry a whiteout ``base`` removes; :class:`ImageRefused` when it names none."""
+    removed = base[len(WHITEOUT) :]
+    if removed in ("", ".", ".."):
+        raise ImageRefused(f"the image holds a whiteout that names no entry: {name!r}"[:200])
+    return removed
 
 
 def _safe_name(name: str) -> str | None:
@@ -184,7 +362,9 @@ def _remove(path: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(mode):
-        shutil.rmtree(path)
+        remove_tree(path)
+        if os.path.lexists(path):
+            raise OSError(f"{os.path.basename(path)!r} could not be removed")
     else:
         os.unlink(path)
 

@@ -6,7 +6,8 @@ and root's home where the service maps root), its cgroups holding its limits, an
 :class:`SandboxVm`; nothing is left behind when that fails. :func:`reboot` starts a
 fresh environment in an existing sandbox's jail (a filesystem-only resume); each
 boot gives the sandbox a new ``/proc/sys/kernel/random/boot_id``.
-:func:`remove_tree` removes such a directory again::
+:func:`remove_tree` (see :mod:`~piship_remote.local.isolation.trees`) removes such a
+directory again, at any depth::
 
     layout = SandboxLayout(bwrap=bwrap, user="user", workdir="/home/user",
                            with_root=False, limits=Limits(), enforcement=enforcement)
@@ -19,16 +20,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
-import sys
 import uuid
-from collections.abc import Callable
 
 import attrs
 
 from piship_remote.local.isolation.bubblewrap import Jail, uid_for, write_etc
-from piship_remote.local.isolation.limits import CgroupSet, Enforcement, Limits, mount_tmpfs
+from piship_remote.local.isolation.limits import (
+    CgroupSet,
+    Enforcement,
+    Limits,
+    group_name,
+    mount_tmpfs,
+)
 from piship_remote.local.isolation.mounts import OwnerMaps, mount_image_root, unmount_under
+from piship_remote.local.isolation.trees import remove_tree
 from piship_remote.local.isolation.uid_block import SandboxIds
 from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
@@ -82,9 +87,11 @@ def boot(
     try:
         jail = spawner.call(lambda: _jail(directory, layout, network, rootfs, ids))
         vm = _start(sandbox_id, jail, layout, spawner)
-    except OSError as e:
+    except BaseException as e:  # whatever broke, nothing of the sandbox stays mounted
         spawner.call(lambda: _remove(directory))
-        raise BootFailed(f"the sandbox could not be started: {e}") from None
+        if isinstance(e, OSError):
+            raise BootFailed(f"the sandbox could not be started: {e}") from None
+        raise
     return jail, vm
 
 
@@ -106,7 +113,7 @@ def _start(sandbox_id: str, jail: Jail, layout: SandboxLayout, spawner: Spawner)
     if jail.boot_id is not None:
         with open(jail.boot_id, "w", encoding="ascii") as handle:
             handle.write(f"{uuid.uuid4()}\n")
-    cgroups = CgroupSet.create(layout.enforcement, f"piship-{sandbox_id}", layout.limits)
+    cgroups = CgroupSet.create(layout.enforcement, group_name(), layout.limits)
     try:
         return SandboxVm.boot(jail, cgroups=cgroups, network=jail.network, spawner=spawner)
     except BaseException:
@@ -209,27 +216,3 @@ def _place_etc(top: str, etc: str, owner: int) -> None:
         os.chown(os.path.join(target, name), owner, owner)
     for path in (top, target):
         os.chown(path, owner, owner)
-
-
-def remove_tree(path: str) -> None:
-    """Remove ``path`` even where a sandbox left read-only directories; ignore what is gone."""
-
-    def unlock(function: Callable[..., object], failed: str, _: object) -> None:
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, os.stat(failed).st_mode | stat.S_IRWXU)
-                if function is not os.rmdir:  # it could not be opened (mode 000): again
-                    remove_tree(failed)
-                    return
-            function(failed)
-        except OSError:
-            pass
-
-    if not os.path.lexists(path):
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=unlock)
-    else:
-        shutil.rmtree(path, onerror=unlock)

@@ -319,11 +319,13 @@ class Sandbox:
             ended, self._ended = self._ended, []
         for callback in ended:
             callback()
-        self.pause_state.release()  # a frozen process cannot take its SIGKILL
-        for process in processes:
-            process.kill(reason)
-        self._vm.close()
-        for process in processes:
-            process.wait(REAP_TIMEOUT)
-        unmount_under(self._root)  # its tmpfs, and its root layer's mounts on it
-        remove_tree(self._root)
+        try:
+            self.pause_state.release()  # a frozen process cannot take its SIGKILL
+            for process in processes:
+                process.kill(reason)
+            self._vm.close()
+            for process in processes:
+                process.wait(REAP_TIMEOUT)
+        finally:  # whatever failed above, nothing of it stays mounted or on disk
+            unmount_under(self._root)  # its tmpfs, and its root layer's mounts on it
+            remove_tree(self._root)

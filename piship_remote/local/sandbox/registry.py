@@ -192,7 +192,9 @@ class Registry:
         if problem is not None:
             raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
-        directory = os.path.join(self.root, sandbox_id)
+        # Not named after the ID: its path is in the mount table and bubblewrap's command
+        # line, which every user of the host can read.
+        directory = os.path.join(self.root, secrets.token_hex(8))
         with self._changed:
             if self._closed:
                 raise SandboxGone("the local sandbox service stopped")
@@ -218,9 +220,11 @@ class Registry:
         try:
             if seed is not None:
                 copy_places(seed, sandbox.host_dirs, _owner_in(jail.ids))
-        except OSError as e:
+        except Exception as e:  # a copy that broke in any way leaves no sandbox running
             self._end(sandbox, "the sandbox's files could not be copied")
-            raise SandboxUnavailable(str(e)) from None
+            reason = str(e) if isinstance(e, OSError) else "the tree is too deep or changed"
+            message = f"the sandbox's files could not be copied: {reason}"
+            raise SandboxUnavailable(self._without_host_paths(message)) from None
         with self._changed:
             if self._closed:
                 closed = True
@@ -249,22 +253,31 @@ class Registry:
                 rootfs=self.templates[wanted.image],
                 ids=ids,
             )
-        except BootFailed as e:
+        except BaseException as e:
             if ids is not None:
                 self._uids.give_back(ids)
-            raise SandboxUnavailable(str(e)) from None
+            if isinstance(e, BootFailed):
+                raise SandboxUnavailable(self._without_host_paths(str(e))) from None
+            raise
         if ids is not None:
             with self._changed:
                 self._ids[sandbox_id] = ids
         return jail, vm
 
     def _end(self, sandbox: Sandbox, reason: str) -> None:
-        """Destroy ``sandbox``, then free its host uids: nothing of it is left to own."""
-        sandbox.destroy(reason)
-        with self._changed:
-            ids = self._ids.pop(sandbox.id, None)
-        if ids is not None:
-            self._uids.give_back(ids)
+        """Destroy ``sandbox``, then free its host uids once nothing of it can use them."""
+        try:
+            sandbox.destroy(reason)
+        finally:
+            with self._changed:
+                ids = self._ids.pop(sandbox.id, None)
+            if ids is not None:
+                self._uids.give_back(ids)
+
+    def _without_host_paths(self, message: str) -> str:
+        """``message`` with the service's directory (and so any sandbox's) left out: the
+        client is told what failed, never where on the host."""
+        return message.replace(self.root, "<service directory>")
 
     def get(self, sandbox_id: str) -> Sandbox | None:
         """The running sandbox ``sandbox_id``, if any (a paused one is not served).
@@ -363,11 +376,12 @@ class Registry:
             self._sandboxes.clear()
             self._changed.notify_all()
         for sandbox in sandboxes:
-            self._end(sandbox, "stopped")
+            with contextlib.suppress(Exception):  # one sandbox's failure spares the rest
+                self._end(sandbox, "stopped")
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
-        unmount_under(self.root)
+        unmount_under(self.root)  # a sandbox whose destroy failed midway
         remove_tree(self.root)
         self._uids.close()
         self._layout.owner_maps.close()

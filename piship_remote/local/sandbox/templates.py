@@ -20,11 +20,14 @@ import stat
 from collections.abc import Mapping
 
 from piship_remote.local.isolation.oci_archive import (
+    DEFAULT_IMAGE_LIMITS,
+    ImageLimits,
     ImageRefused,
     copy_root,
     is_image_archive,
     unpack_image,
 )
+from piship_remote.local.isolation.trees import remove_tree, walk
 
 __all__ = ["DEFAULT_TEMPLATE", "prepare_templates", "template_names"]
 
@@ -33,10 +36,15 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def prepare_templates(
-    sources: Mapping[str, str | os.PathLike[str]], cache: str, *, owner: int | None = None
+    sources: Mapping[str, str | os.PathLike[str]],
+    cache: str,
+    *,
+    owner: int | None = None,
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
 ) -> dict[str, str | None]:
     """Each template's root filesystem (``None``: the host view), archives unpacked into
-    ``cache``; ``ValueError`` naming the template that cannot be made.
+    ``cache`` within ``image_limits``; ``ValueError`` naming the template that cannot be
+    made (nothing of it is left in ``cache``).
 
     ``owner`` is the host uid (and gid) the files are given where the service maps its
     sandboxes' uids: one no sandbox maps, which each sandbox's mount of the template shows
@@ -58,10 +66,11 @@ def prepare_templates(
             if os.path.isdir(path):
                 copy_root(path, target)
             else:
-                unpack_image(path, target)
+                unpack_image(path, target, image_limits)
             if owner is not None:
                 _give_tree(target, owner)
         except (ImageRefused, OSError) as e:
+            remove_tree(target)
             raise ValueError(f"template {name}: {path} cannot be unpacked: {e}") from None
         templates[name] = target
     return templates
@@ -69,7 +78,7 @@ def prepare_templates(
 
 def _give_tree(root: str, owner: int) -> None:
     _give(root, owner)
-    for directory, dirnames, filenames in os.walk(root):
+    for directory, dirnames, filenames in walk(root):
         for name in dirnames + filenames:
             _give(os.path.join(directory, name), owner)
 

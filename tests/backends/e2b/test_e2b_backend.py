@@ -370,15 +370,12 @@ def test_create_body_is_compact_json_in_the_originals_key_order(
     mock = e2b_server()
     backend_for(mock.url).prepare(profile).dispose()
     (create,) = mock.find("POST", "/sandboxes")
-    create_id = json.loads(create.body)["metadata"]["piship-create-id"]
-    assert re.fullmatch("[0-9a-f]{32}", create_id)
     assert create.body == (
         b'{"templateID":"piship-workspace","timeout":3600,'
-        b'"metadata":{"created-by":"piship","piship-create-id":"'
-        + create_id.encode()
-        + b'"},"allow_internet_access":false}'
+        b'"metadata":{"created-by":"piship"},"allow_internet_access":false}'
     )
     assert create.headers["content-type"] == "application/json"
+    assert re.fullmatch("[a-z0-9-]{1,255}", create.headers["idempotency-key"])
 
 
 @pytest.mark.parametrize(("given", "sent"), [(120, 120), (0, 3600), (-5, 3600), (True, 3600)])

@@ -3,13 +3,16 @@ scoped tokens (and so refuses the pod-IP and UID routing headers)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from piship_remote.backends.base import ExecRequest
 from piship_remote.model.errors import PiShipError
+from piship_remote.model.policy import SandboxProfile
 from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.testing import Cluster, KubernetesServer
 from piship_remote.wire.agent_sandbox import SANDBOXES
@@ -92,3 +95,40 @@ def test_in_scoped_token_mode_the_router_is_reached_by_the_sandbox_name_only(
 def test_an_unknown_router_auth_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="router_auth"):
         kubernetes("http://127.0.0.1:1", router_auth="mtls")
+
+
+def test_a_router_refusing_the_token_at_activation_names_router_credential(
+    kubernetes_server: KubernetesFactory, tmp_path: Path
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(router_token="router-t0ken"))
+    backend = kubernetes(mock.url, router_credential=lambda: "wrong")
+    with backend, pytest.raises(PiShipError) as caught:
+        activate_sandbox(POLICY, backend=backend, workspace=tmp_path)
+    assert "HTTP 401" in str(caught.value)
+    assert "router_credential" in str(caught.value)
+    assert "wrong" not in str(caught.value)
+
+
+def test_a_router_refusing_a_missing_token_at_activation_names_router_credential(
+    kubernetes_server: KubernetesFactory, tmp_path: Path
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(router_token="router-t0ken"))
+    backend = kubernetes(mock.url)
+    with backend, pytest.raises(PiShipError, match=r"HTTP 401.*router_credential"):
+        activate_sandbox(POLICY, backend=backend, workspace=tmp_path)
+
+
+def test_a_command_the_router_refuses_with_401_says_to_set_router_credential(
+    kubernetes_server: KubernetesFactory, tmp_path: Path
+) -> None:
+    mock = kubernetes_server(cluster=Cluster(router_token="router-t0ken"))
+    backend = kubernetes(mock.url, router_credential=lambda: "wrong")
+    with backend:
+        instance = backend.prepare(SandboxProfile(workspace=str(tmp_path)))
+        try:
+            with pytest.raises(PiShipError) as caught:
+                instance.exec(ExecRequest("true", cwd=str(tmp_path)), cancel=threading.Event())
+        finally:
+            instance.dispose()
+    assert "HTTP 401" in str(caught.value)
+    assert "router_credential" in (caught.value.user_action or "")
