@@ -52,7 +52,6 @@ __all__ = [
     "group_name",
     "limit_check",
     "mount_tmpfs",
-    "unmount",
 ]
 
 MIB = 1024 * 1024
@@ -62,7 +61,6 @@ DEFAULT_DISK_MIB = 1024
 DEFAULT_LIFETIME = 24 * 3600
 V1_ROOT = "/sys/fs/cgroup"
 REMOVE_TRIES = 50
-MNT_DETACH = 2
 MS_NOSUID = 2
 MS_NODEV = 4
 FREEZE_TIMEOUT = 5.0
@@ -402,13 +400,6 @@ def mount_tmpfs(path: str, size: int, *, mode: int = 0o700) -> None:
     if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mounting a tmpfs at {path}: {os.strerror(err)}")
-
-
-def unmount(path: str) -> None:
-    """Detach the mount at ``path``; nothing when there is none."""
-    libc = _libc()
-    if libc is not None and os.path.ismount(path):
-        libc.umount2(os.fsencode(path), MNT_DETACH)
 
 
 def _libc() -> ctypes.CDLL | None:
