@@ -180,6 +180,7 @@ def _parser() -> Parser:
         ("--max-memory-mib", "memory per sandbox, MiB"),
         ("--max-disk-mib", "disk (home, /tmp, /dev/shm) per sandbox, MiB"),
         ("--max-lifetime", "seconds a sandbox may live at most"),
+        ("--max-snapshot-disk-mib", "host disk all snapshots may take together, MiB"),
     ):
         serve.add_argument(option, type=positive_int, default=None, help=what)
     serve.add_argument(

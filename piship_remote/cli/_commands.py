@@ -188,7 +188,14 @@ def serve(args: argparse.Namespace) -> int:
 
     limits = {
         name: getattr(args, name)
-        for name in ("max_processes", "max_memory_mib", "max_disk_mib", "max_cpus", "max_lifetime")
+        for name in (
+            "max_processes",
+            "max_memory_mib",
+            "max_disk_mib",
+            "max_cpus",
+            "max_lifetime",
+            "max_snapshot_disk_mib",
+        )
         if getattr(args, name) is not None
     }
     templates = dict(args.template)

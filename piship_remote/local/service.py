@@ -57,6 +57,7 @@ from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 from piship_remote.local.isolation.user_map import root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
+from piship_remote.local.sandbox.snapshots import DEFAULT_SNAPSHOT_BUDGET
 from piship_remote.local.sandbox.templates import prepare_templates, template_names
 from piship_remote.local.sandbox.vm import Spawner
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
@@ -114,6 +115,8 @@ class LocalE2bService:
     sandbox (``max_cpus`` a CPU bandwidth, 0.5 for half a CPU; default half the host's
     CPUs, at least one; held by the sandbox's cgroup where cgroups can be written, else
     said in :attr:`containment`);
+    ``max_snapshot_disk_mib`` bounds the host disk all snapshots take together (a snapshot
+    that would pass it is refused, 507, and leaves nothing behind; forks take none);
     ``templates`` maps a template name to a directory holding a root filesystem or to an
     image archive (``docker save``/``podman save`` output, or an OCI layout in a tar),
     unpacked once into the service's files within ``image_limits`` (bytes, entries and
@@ -145,6 +148,7 @@ class LocalE2bService:
         max_memory_mib: int = DEFAULT_MEMORY_MIB,
         max_disk_mib: int = DEFAULT_DISK_MIB,
         max_cpus: float | None = None,
+        max_snapshot_disk_mib: int = DEFAULT_SNAPSHOT_BUDGET // MIB,
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
@@ -165,6 +169,9 @@ class LocalE2bService:
             )
         except ValueError as e:
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+        if max_snapshot_disk_mib < 0:
+            message = "max_snapshot_disk_mib must be 0 (no snapshots) or more"
+            raise PiShipError(CONFIG_INVALID, message, component=COMPONENT)
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         parent = os.fspath(root) if root is not None else tempfile.gettempdir()
@@ -202,6 +209,7 @@ class LocalE2bService:
                 max_sandboxes=max_sandboxes,
                 limits=limits,
                 templates=offered,
+                snapshot_budget=max_snapshot_disk_mib * MIB,
                 spawner=self._spawner,
             )
         )
@@ -344,7 +352,8 @@ def serve(
 
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
     ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
-    ``max_memory_mib``, ``max_disk_mib``, ``max_cpus``, ``max_lifetime``).
+    ``max_memory_mib``, ``max_disk_mib``, ``max_cpus``, ``max_lifetime``) and
+    ``max_snapshot_disk_mib``.
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()

@@ -105,6 +105,8 @@ _HOST_ETC = (
 )
 _NETWORK_ETC = ("gai.conf",)
 AGENT_PATH = "/run/piship/agent.py"
+AGENT_FILES_PATH = "/run/piship/agent_files.py"
+AGENT_WATCH_PATH = "/run/piship/agent_watch.py"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCAL_BIN = "/usr/local/bin"
 SUDO_PATH = LOCAL_BIN + "/sudo"
@@ -408,6 +410,8 @@ class Jail:
             files[BOOT_ID_PATH] = self.boot_id
         if python is not None:
             files[AGENT_PATH] = agent_source()
+            files[AGENT_FILES_PATH] = agent_source("agent_files.py")
+            files[AGENT_WATCH_PATH] = agent_source("agent_watch.py")
             if self.rootfs is None:
                 files[SUDO_PATH] = sudo_source()
             prefix = python_prefix(python)
@@ -493,9 +497,10 @@ def _nested(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
-def agent_source() -> str:
-    """The host path of the in-sandbox agent's source file."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py")
+def agent_source(name: str = "agent.py") -> str:
+    """The host path of the in-sandbox agent's source file ``name`` (the agent, or the
+    module beside it that it loads)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
 
 
 def sudo_source() -> str:

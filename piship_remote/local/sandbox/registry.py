@@ -15,6 +15,7 @@ its files, then frees its host uids::
     registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
     fork = registry.fork(sandbox.id, 300)           # a new sandbox with a copy of its files
     snapshot = registry.snapshot(sandbox.id, "app")  # a copy kept; its ID is a template
+    # (both made by the sandboxes' agents: see snapshots.py)
     registry.delete(sandbox.id)
     registry.close()
 
@@ -41,25 +42,32 @@ from piship_remote.local.isolation.limits import Enforcement, Limits
 from piship_remote.local.isolation.mounts import unmount_under
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
-from piship_remote.local.isolation.uid_block import SandboxIds, UidBlock, sandbox_uid
+from piship_remote.local.isolation.uid_block import SandboxIds, UidBlock
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
 from piship_remote.local.sandbox.snapshots import (
+    DEFAULT_SNAPSHOT_BUDGET,
+    CopyFailed,
     Snapshot,
+    SnapshotBudgetExceeded,
     SnapshotStore,
     TooManySnapshots,
-    copy_places,
+    exporter,
+    fork_files,
+    unpack,
 )
 from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
 __all__ = [
+    "CopyFailed",
     "Registry",
     "Sandbox",
     "SandboxGone",
     "SandboxUnavailable",
     "Snapshot",
+    "SnapshotBudgetExceeded",
     "StartRefused",
     "TooManySandboxes",
     "TooManySnapshots",
@@ -97,11 +105,12 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         with_root: bool | None = None,
         templates: Mapping[str, str | None] | None = None,
+        snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
         spawner: Spawner | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
-        self.snapshots = SnapshotStore(os.path.join(root, "snapshots"))
+        self.snapshots = SnapshotStore(os.path.join(root, "snapshots"), budget=snapshot_budget)
         """The snapshots taken, each a template too (by its ID)."""
         mapped = root_mappable() if with_root is None else with_root
         self.users = SandboxUsers.of(user=user, workdir=workdir, root=mapped)  # who may run
@@ -165,7 +174,9 @@ class Registry:
             auto_pause_memory=auto_pause_memory,
             private_traffic=private_traffic,
         )
-        return self._create(wanted, lifetime, None if snapshot is None else snapshot.places)
+        if snapshot is None:
+            return self._create(wanted, lifetime, None)
+        return self._create(wanted, lifetime, lambda sandbox: unpack(snapshot, sandbox))
 
     def fork(self, sandbox_id: str, lifetime: int) -> Sandbox | None:
         """A new sandbox made as ``sandbox_id`` was, with a copy of its files now
@@ -173,21 +184,29 @@ class Registry:
         source = self.lookup(sandbox_id)
         if source is None:
             return None
-        return self._create(source.wanted, lifetime, source.host_dirs)
+        return self._create(source.wanted, lifetime, lambda sandbox: fork_files(source, sandbox))
 
     def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot | None:
         """A snapshot of the sandbox's files now (``None`` if it is unknown).
 
-        ``OSError`` when they cannot be copied, :class:`TooManySnapshots` at the limit.
+        :class:`CopyFailed` when they cannot be copied, :class:`TooManySnapshots` at the
+        limit, :class:`SnapshotBudgetExceeded` past the service's snapshot disk budget.
         """
         source = self.lookup(sandbox_id)
         if source is None:
             return None
-        image = source.wanted.image
-        return self.snapshots.take(source.host_dirs, template=image, source=source.id, name=name)
+        return self.snapshots.take(
+            exporter(source),
+            places=sorted(source.host_dirs),
+            template=source.wanted.image,
+            source=source.id,
+            name=name,
+        )
 
-    def _create(self, wanted: Wanted, lifetime: int, seed: Mapping[str, str] | None) -> Sandbox:
-        """Boot a sandbox as ``wanted``, its places seeded with copies of ``seed``'s."""
+    def _create(
+        self, wanted: Wanted, lifetime: int, seed: Callable[[Sandbox], None] | None
+    ) -> Sandbox:
+        """Boot a sandbox as ``wanted``, its places filled by ``seed`` (a copy's import)."""
         problem = egress_problem() if wanted.network else None
         if problem is not None:
             raise SandboxUnavailable(problem)
@@ -219,12 +238,14 @@ class Registry:
         )
         try:
             if seed is not None:
-                copy_places(seed, sandbox.host_dirs, _owner_in(jail.ids))
-        except Exception as e:  # a copy that broke in any way leaves no sandbox running
+                seed(sandbox)
+        except BaseException as e:  # a copy that broke in any way leaves no sandbox running
             self._end(sandbox, "the sandbox's files could not be copied")
-            reason = str(e) if isinstance(e, OSError) else "the tree is too deep or changed"
-            message = f"the sandbox's files could not be copied: {reason}"
-            raise SandboxUnavailable(self._without_host_paths(message)) from None
+            if not isinstance(e, (CopyFailed, OSError)):
+                raise
+            unreached = "the sandbox's files could not be copied: its agent could not be reached"
+            reason = str(e) if isinstance(e, CopyFailed) else unreached
+            raise SandboxUnavailable(self._without_host_paths(reason)) from None
         with self._changed:
             if self._closed:
                 closed = True
@@ -425,14 +446,3 @@ class Registry:
             return None
         earliest = min(s.expires_at for s in self._sandboxes.values())
         return max(earliest - self.clock(), 0.0)
-
-
-def _owner_in(ids: SandboxIds | None) -> Callable[[int], int]:
-    """How a copied file's host owner becomes the target sandbox's: the same sandbox uid,
-    in its range (files of no sandbox uid keep theirs)."""
-
-    def owner(host: int) -> int:
-        uid = sandbox_uid(host)
-        return host if ids is None or uid is None else ids.host(uid)
-
-    return owner
