@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 
+from piship_remote.local.isolation.limits import detach
 from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 
@@ -44,7 +45,6 @@ MS_REC = 0x4000
 MS_SLAVE = 1 << 19
 MS_NOSUID = 2
 MS_NODEV = 4
-MNT_DETACH = 2
 AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
@@ -188,6 +188,5 @@ def _mapping_namespace(uid_map: str) -> int:
 def unmount_under(path: str) -> None:
     """Detach every mount at or below ``path`` in the calling thread's mount namespace,
     deepest first (nothing when there is none)."""
-    libc = _libc()
     for point in mounts_below(path):
-        libc.umount2(os.fsencode(point), MNT_DETACH)
+        detach(point)

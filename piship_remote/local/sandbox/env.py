@@ -33,6 +33,7 @@ from piship_remote.local.isolation.limits import (
     mount_tmpfs,
 )
 from piship_remote.local.isolation.mounts import OwnerMaps, mount_image_root, unmount_under
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.trees import remove_tree
 from piship_remote.local.isolation.uid_block import SandboxIds
 from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
@@ -56,6 +57,7 @@ class SandboxLayout:
     with_root: bool
     limits: Limits
     enforcement: Enforcement
+    python_env: PythonEnv | None = None
     owner_maps: OwnerMaps = attrs.field(factory=OwnerMaps, eq=False)
     """How image templates are shown as each sandbox root's (closed with the service)."""
 
@@ -162,6 +164,7 @@ def _jail(
         own_map=own_map,
         rootfs=rootfs,
         boot_id=os.path.join(directory, "boot_id"),
+        python_env=layout.python_env,
         ids=ids if own_map else None,
         root_layer=root_layer,
         overlay=overlay,

@@ -42,6 +42,7 @@ from piship_remote.local.isolation.limits import Enforcement, Limits
 from piship_remote.local.isolation.mounts import unmount_under
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.uid_block import SandboxIds, UidBlock
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
@@ -106,6 +107,7 @@ class Registry:
         with_root: bool | None = None,
         templates: Mapping[str, str | None] | None = None,
         snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
+        python_env: PythonEnv | None = None,
         spawner: Spawner | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
@@ -125,6 +127,7 @@ class Registry:
             with_root=self.users.root is not None,
             limits=self.limits,
             enforcement=self.enforcement,
+            python_env=python_env,
         )
         self._max = max_sandboxes
         self.clock = clock
@@ -402,7 +405,7 @@ class Registry:
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
-        unmount_under(self.root)  # a sandbox whose destroy failed midway
+        unmount_under(self.root)  # a destroy that failed midway; a lent Python
         remove_tree(self.root)
         self._uids.close()
         self._layout.owner_maps.close()
