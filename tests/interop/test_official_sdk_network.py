@@ -7,7 +7,8 @@ command's stream when its sandbox is killed.
 Every address tried from inside a sandbox is its gateway ``10.0.2.2``, the host's
 loopback seen through slirp4netns, which the service keeps closed
 (``--disable-host-loopback``): a connection there is refused by the stack
-(``ENETUNREACH``) unless an egress rule drops it first (``EHOSTUNREACH``, ICMP "administratively prohibited").
+(``ENETUNREACH``) unless an egress rule refuses it first (``EHOSTUNREACH``: ICMP
+"administratively prohibited").
 """
 
 from __future__ import annotations
