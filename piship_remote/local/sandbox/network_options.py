@@ -6,7 +6,7 @@ ignored. Held: ``allow_internet_access`` (omitted means on, as on E2B), ``networ
 :mod:`~piship_remote.local.isolation.egress`), ``allowPublicTraffic`` and
 ``maskRequestHost``. Refused: ``network``'s ``dnsServers``, ``egressProxy``, ``rules``
 and ``httpsPorts`` (they need E2B's egress proxy), and ``mcp``, ``iam`` and
-``volumeMounts`` (no MCP gateway, cloud identity or volumes here)::
+``volumeMounts`` (no tool-server gateway, cloud identity or volumes here)::
 
     options = NetworkOptions.of(json.loads(body))     # OptionRefused: answer 400
     options.egress, options.mask_request_host, options.echo()
@@ -25,7 +25,7 @@ __all__ = ["NetworkOptions", "OptionRefused", "masked_host"]
 
 _PROXY_ONLY = ("dnsServers", "egressProxy", "rules", "httpsPorts")
 _NOT_HERE = {
-    "mcp": "an MCP gateway",
+    "mcp": "a tool-server gateway",
     "iam": "cloud identities",
     "volumeMounts": "volumes",
 }
