@@ -3,7 +3,7 @@
     >>> from piship_remote import E2bCompatibleBackend, activate_sandbox
     >>> backend = E2bCompatibleBackend(endpoint="https://api.e2b.app", credential=read_key)
     >>> with activate_sandbox({"required": True}, backend=backend, workspace=".") as sandbox:
-    ...     sandbox.exec("echo hello", on_data=sys.stdout.buffer.write)
+    ...     sandbox.exec("echo hello", on_data=sys.stdout.write)
 """
 
 import logging
@@ -21,7 +21,7 @@ from piship_remote.model.report import (
     describe_containment,
 )
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferSummary
-from piship_remote.pool import SandboxPool, TaskResult
+from piship_remote.pool import SandboxPool, TaskResult, TaskResults
 from piship_remote.sandbox._output import CommandResult
 from piship_remote.sandbox.activation import ExecResult, Sandbox, activate_sandbox
 from piship_remote.sandbox.command_handle import CommandHandle
@@ -59,6 +59,7 @@ __all__ = [
     "SandboxProfile",
     "SkippedPath",
     "TaskResult",
+    "TaskResults",
     "TransferSummary",
     "WorkspaceReport",
     "__version__",

@@ -14,100 +14,72 @@ before it says how it is checked, so none is left unchecked by accident:
   ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY`` pointing at a local service
   (skipped without the ``interop`` extra);
 - ``.. readme-test: shell-local`` — each ``$ `` line run with the same settings;
+- ``.. readme-test: notebook-local`` — a notebook cell: all of them, in order, run as one
+  ``python-local`` script here and in a real kernel by ``tests/test_notebook.py``;
 - ``.. readme-test: set-up`` — a set-up command for a fresh machine, run verbatim by
   ``.ci/run`` in a fresh venv (``.ci/readme_commands.py`` reads it from here);
 - ``.. readme-test: pytest-doubles`` — a user's pytest module, run by pytest with this
   package's plugin (its fixtures ``e2b_server`` and ``kubernetes_server``); it must pass;
 - ``.. readme-test: not-run <reason>`` — shown, not run (an install line, output, a
   cloud account), and the reason is required.
+
+An example that runs checks its result, not only that it ends well: its code asserts, or
+its note says what it prints (``.. readme-test: python-local prints "exit 0"``), and the
+runner looks for each text in its standard output.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import sysconfig
-import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import pytest
 
 from piship_remote.local import LocalE2bService
 from piship_remote.testing import KubernetesServer
 from tests.support.optional_peers import install_hint
+from tests.support.readme import ALL, EVAL_SCRIPT, MAKEFILE, ROOT, Example
 
-ROOT = Path(__file__).parents[1]
-README = ROOT / "README.rst"
-MARK = re.compile(r"^\.\. readme-test: (\S+)(.*)$")
 KINDS = {
     "python-local",
     "python-local-otel",
     "python-e2b-sdk",
     "python-k8s-double",
     "shell-local",
+    "notebook-local",
     "pytest-doubles",
     "set-up",
     "not-run",
 }
+RUNS = {"python-local", "python-local-otel", "python-e2b-sdk", "python-k8s-double", "shell-local"}
 NEEDS_BWRAP = pytest.mark.skipif(
     LocalE2bService.check() is not None, reason=f"no local service here: {LocalE2bService.check()}"
 )
 EXAMPLE_TIMEOUT = 120
-
-
-@attrs.frozen
-class Example:
-    line: int
-    kind: str
-    note: str
-    code: str
-
-    def __str__(self) -> str:
-        return f"README.rst:{self.line} ({self.kind})"
-
-
-def examples(text: str) -> Iterator[Example]:
-    lines = text.splitlines()
-    mark: tuple[str, str] | None = None
-    for number, line in enumerate(lines):
-        found = MARK.match(line)
-        if found:
-            mark = (found.group(1), found.group(2).strip())
-            continue
-        if not _opens_block(line):
-            continue
-        block = _block(lines, number + 1)
-        kind, note = mark if mark is not None else ("", "")
-        yield Example(number + 1, kind, note, block)
-        mark = None
-
-
-def _opens_block(line: str) -> bool:
-    stripped = line.rstrip()
-    if stripped.startswith(".. code-block::"):
-        return True
-    return stripped.endswith("::") and not stripped.lstrip().startswith("..")
-
-
-def _block(lines: list[str], start: int) -> str:
-    body: list[str] = []
-    for line in lines[start:]:
-        if line.strip() and not line.startswith((" ", "\t")):
-            break
-        body.append(line)
-    return textwrap.dedent("\n".join(body)).strip("\n")
-
-
-ALL = list(examples(README.read_text(encoding="utf-8")))
+NOTEBOOK = Example(
+    line=next((e.line for e in ALL if e.kind == "notebook-local"), 0),
+    kind="python-local",
+    note="the Notebooks section's cells, in order",
+    code="\n\n".join(e.code for e in ALL if e.kind == "notebook-local"),
+)
 
 
 def test_every_example_says_how_it_is_checked() -> None:
     unmarked = [str(example) for example in ALL if example.kind not in KINDS]
     assert unmarked == [], "add a '.. readme-test: KIND' comment before each example"
+
+
+def test_every_example_that_runs_checks_its_result() -> None:
+    running = [*(e for e in ALL if e.kind in RUNS), NOTEBOOK]
+    unchecked = [str(e) for e in running if not e.prints and "assert " not in e.code]
+    assert unchecked == [], 'assert in the example, or note what it prints: prints "..."'
+
+
+def test_the_readme_has_notebook_cells() -> None:
+    assert NOTEBOOK.line > 0 and "SandboxPool" in NOTEBOOK.code
 
 
 def test_every_example_that_is_not_run_says_why() -> None:
@@ -135,9 +107,11 @@ def test_ci_runs_the_set_up_commands_the_readme_gives() -> None:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A newcomer's project: a Makefile whose test target writes a result file."""
+    """A newcomer's project: a Makefile whose test target writes a result file, and the
+    notebook's evaluation script."""
     path = tmp_path_factory.mktemp("project")
-    (path / "Makefile").write_text("test:\n\t@echo tests pass > result.txt\n\t@cat result.txt\n")
+    (path / "Makefile").write_text(MAKEFILE)
+    (path / "eval.py").write_text(EVAL_SCRIPT)
     return path
 
 
@@ -155,7 +129,9 @@ def _run(example: Example, env: dict[str, str], cwd: Path) -> None:
             check=False,
         )
         assert done.returncode == 0, f"{example} failed:\n{done.stdout}\n{done.stderr}"
+        _check_prints(example, done.stdout)
         return
+    printed = []
     for command in _shell_lines(example.code):
         done = subprocess.run(
             ["bash", "-c", command],
@@ -167,6 +143,13 @@ def _run(example: Example, env: dict[str, str], cwd: Path) -> None:
             check=False,
         )
         assert done.returncode == 0, f"{example}: {command!r} failed:\n{done.stdout}\n{done.stderr}"
+        printed.append(done.stdout)
+    _check_prints(example, "".join(printed))
+
+
+def _check_prints(example: Example, stdout: str) -> None:
+    missing = [text for text in example.prints if text not in stdout]
+    assert missing == [], f"{example} did not print {missing}:\n{stdout[-4000:]}"
 
 
 def _shell_lines(code: str) -> list[str]:
@@ -204,6 +187,12 @@ def test_a_piped_command_line_runs_this_interpreters_piship_remote(tmp_path: Pat
 )
 def test_a_local_example_runs(example: Example, project: Path) -> None:
     _run_on_the_local_service(example, project)
+
+
+@NEEDS_BWRAP
+@pytest.mark.timeout(600)
+def test_the_notebook_cells_run_in_order_as_a_script(project: Path) -> None:
+    _run_on_the_local_service(NOTEBOOK, project)
 
 
 @NEEDS_BWRAP

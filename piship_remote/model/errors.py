@@ -16,6 +16,9 @@ Two outcomes are not failures of the sandbox and so are not ``PiShipError``:
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from piship_remote.model.redact import redaction
@@ -92,6 +95,7 @@ class PiShipError(Exception):
     retry_after: float | None
     user_action: str | None
     component: str | None
+    cause: BaseException | None
 
     def __init__(
         self,
@@ -104,7 +108,10 @@ class PiShipError(Exception):
         user_action: str | None = None,
         component: str | None = None,
         redactor: Redactor | None = None,
+        cause: BaseException | None = None,
     ) -> None:
+        """``cause``: the internal error behind this one, kept for debugging (``e.cause``)
+        where the raise leaves it out of the traceback (``raise ... from None``)."""
         clean = redaction(redactor)
         self.code = code
         self.message = clean(message)
@@ -113,6 +120,7 @@ class PiShipError(Exception):
         self.retry_after = retry_after
         self.user_action = clean(user_action) if user_action is not None else None
         self.component = component
+        self.cause = cause
         super().__init__(self.message)
 
     def __str__(self) -> str:
@@ -144,6 +152,28 @@ class PiShipError(Exception):
         if self.user_action:
             lines.append(f"Action: {self.user_action}")
         return "\n".join(lines)
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython and Jupyter show this error: the caller's own frames (the library's
+        are left out), then :meth:`render`'s code, message and action."""
+        frames = traceback.StackSummary.extract(
+            (frame, line)
+            for frame, line in traceback.walk_tb(self.__traceback__)
+            if not _hidden(frame)
+        )
+        shown = ["Traceback (most recent call last):\n", *frames.format()]
+        shown.append(f"{type(self).__name__}: {self.render()}")
+        return [line for chunk in shown for line in chunk.rstrip("\n").split("\n")]
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _hidden(frame: FrameType) -> bool:
+    """A frame of this library, or one that hides itself (IPython's ``run_code``)."""
+    if frame.f_locals.get("__tracebackhide__"):
+        return True
+    return Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
 
 
 def format_seconds(seconds: float) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "GUARANTEES",
     "HOST_FILESYSTEM_ISOLATION",
     "NOTHING_RUNS",
+    "NOTHING_SENT",
     "PATH_POLICY_PLANES",
     "WORKSPACE_CONFINEMENT",
     "WORKSPACE_MODES",
@@ -228,7 +229,7 @@ class ContainmentReport:
         rows = "".join(
             f"<tr><th style='text-align:left'>{html.escape(key)}</th>"
             f"<td style='text-align:left'>{html.escape(_cell(value))}</td></tr>"
-            for key, value in self.to_dict().items()
+            for key, value in self._shown_rows()
         )
         caption = html.escape(describe_containment(self))
         return f"<table><caption>{caption}</caption>{rows}</table>"
@@ -238,8 +239,23 @@ class ContainmentReport:
             printer.text("ContainmentReport(...)")
             return
         lines = [f"ContainmentReport: {describe_containment(self)}"]
-        lines += [f"  {key}: {_cell(value)}" for key, value in self.to_dict().items()]
+        lines += [f"  {key}: {_cell(value)}" for key, value in self._shown_rows()]
         printer.text("\n".join(lines))
+
+    def _shown_rows(self) -> list[tuple[str, object]]:
+        """The JSON fields, and for a remote sandbox given no files a row that says so (the
+        line's "Remote commands see a copy" means the copy the sandbox has, not this one)."""
+        rows: list[tuple[str, object]] = list(self.to_dict().items())
+        workspace = self.workspace
+        if self.isolation == "remote" and workspace is not None and workspace.sync is None:
+            rows.append(("workspaceFiles", NOTHING_SENT))
+        return rows
+
+
+NOTHING_SENT = (
+    'none sent: the sandbox starts without this workspace\'s files (sync="push" sends them)'
+)
+"""What a report shown in a notebook says of a remote sandbox activated with ``sync="none"``."""
 
 
 def _cell(value: object) -> str:

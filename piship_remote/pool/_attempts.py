@@ -28,7 +28,6 @@ from piship_remote.pool._supply import (
     NoSandboxInTime,
     SandboxSupply,
     busy_delay,
-    closed_error,
     service_busy,
 )
 from piship_remote.pool.result import (
@@ -100,7 +99,7 @@ class TaskAttempts:
             if attempt.outcome != INFRA or attempts >= self._max_attempts:
                 break
         if self._supply.closed and attempt.outcome not in (OK, FAILED):
-            attempt = _Attempt(CANCELLED, None, closed_error(), attempt.sandbox_id)
+            attempt = _Attempt(CANCELLED, None, self._supply.closed_error(), attempt.sandbox_id)
         seconds = time.monotonic() - started
         return TaskResult(
             item, attempt.value, attempt.error, attempt.outcome, attempt.sandbox_id, attempts,

@@ -3,15 +3,17 @@
     progress = progress_for(None, total=64)      # None: shown on a terminal or in a notebook
     progress.started(); progress.finished("ok"); progress.close()
 
-With the optional ``tqdm`` (``pip install 'piship-remote[progress]'``) it is a
-``tqdm.auto`` bar, which draws as a widget in a notebook and as a text bar on a
-terminal. Without it, a terminal gets one plain line per finished task on standard
-error and a notebook gets nothing. ``tqdm`` is imported only when a bar is shown.
+With the optional ``tqdm`` (``pip install 'piship-remote[progress]'``, which brings
+``ipywidgets`` too) it is a ``tqdm`` bar: a widget in a notebook that has ``ipywidgets``,
+a text bar on a terminal or in a notebook without it. Without ``tqdm``, a terminal gets
+one plain line per finished task on standard error and a notebook one line rewritten in
+place. ``tqdm`` is imported only when a bar is shown.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import threading
 import time
@@ -74,11 +76,14 @@ class _Counts:
 
 
 class PlainProgress:
-    """One line per finished task on ``stream`` (a terminal without ``tqdm``)."""
+    """One line per finished task on ``stream`` (a terminal without ``tqdm``); with
+    ``in_place``, one line rewritten after a carriage return (a notebook without it)."""
 
-    def __init__(self, total: int, stream: TextIO) -> None:
+    def __init__(self, total: int, stream: TextIO, *, in_place: bool = False) -> None:
         self._counts = _Counts(total)
         self._stream = stream
+        self._in_place = in_place
+        self._shown = False
 
     def started(self) -> None:
         self._counts.started()
@@ -87,11 +92,16 @@ class PlainProgress:
         self._counts.finished(outcome)
         with self._counts.lock:
             line = self._counts.line()
-        self._stream.write(f"pool: {line}\n")
-        self._stream.flush()
+            self._stream.write(f"\rpool: {line}" if self._in_place else f"pool: {line}\n")
+            self._stream.flush()
+            self._shown = True
 
     def close(self) -> None:
-        pass
+        with self._counts.lock:
+            if self._in_place and self._shown:
+                self._stream.write("\n")
+                self._stream.flush()
+                self._shown = False
 
 
 class TqdmProgress:
@@ -125,17 +135,18 @@ class TqdmProgress:
 
 def progress_for(setting: bool | None, total: int, stream: TextIO | None = None) -> Progress:
     """The display ``progress=setting`` asks for: ``None`` shows one on a terminal or in a
-    notebook, ``True`` always, ``False`` never."""
+    notebook, ``True`` always (without ``tqdm``: the plain lines), ``False`` never."""
     stream = sys.stderr if stream is None else stream
     notebook = in_notebook()
     terminal = _is_terminal(stream)
     if setting is False or (setting is None and not (terminal or notebook)):
         return NoProgress()
+    # tqdm.auto draws a widget in a notebook, and warns there without ipywidgets.
+    widgets = notebook and importlib.util.find_spec("ipywidgets") is not None
     try:
-        tqdm = importlib.import_module("tqdm.auto").tqdm
+        tqdm = importlib.import_module("tqdm.auto" if widgets or not notebook else "tqdm.std").tqdm
     except ImportError:
-        plain = terminal or (setting is True and not notebook)
-        return PlainProgress(total, stream) if plain else NoProgress()
+        return PlainProgress(total, stream, in_place=notebook and not terminal)
     return TqdmProgress(total, tqdm)
 
 

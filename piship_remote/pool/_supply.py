@@ -26,7 +26,14 @@ from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.sandbox.activation import Sandbox
 from piship_remote.telemetry import carried
 
-__all__ = ["CLOSE_DEADLINE", "NoSandboxInTime", "SandboxSupply", "closed_error"]
+__all__ = [
+    "CLOSED_BY_CALLER",
+    "CLOSE_DEADLINE",
+    "INTERRUPTED",
+    "NoSandboxInTime",
+    "SandboxSupply",
+    "closed_error",
+]
 
 _LOG = logging.getLogger("piship_remote")
 CLOSE_DEADLINE = 10.0  # seconds close() waits for deletions and warm activations in flight
@@ -57,11 +64,16 @@ def busy_delay(error: BaseException | None, waits: int) -> float:
     return min(_BUSY_BACKOFF[0] * 2.0 ** (waits - 1), _BUSY_BACKOFF[1])
 
 
-def closed_error() -> PiShipError:
+CLOSED_BY_CALLER = "closed by the caller (close() or the end of its with block)"
+INTERRUPTED = "interrupted (Ctrl-C or the kernel's stop): its running commands were killed"
+
+
+def closed_error(reason: str) -> PiShipError:
     return PiShipError(
         SANDBOX_UNAVAILABLE,
-        "the sandbox pool was closed; its sandboxes were disposed",
+        f"the sandbox pool was {reason}; its sandboxes were disposed",
         component="pool",
+        user_action="Make a new SandboxPool to run more tasks",
     )
 
 
@@ -92,6 +104,7 @@ class SandboxSupply:
         self._warming = 0
         self._deleting = 0
         self._closed = threading.Event()
+        self._close_reason = CLOSED_BY_CALLER
         self._warmers = [
             # The pool's creator's span is the parent of the warm activations'.
             threading.Thread(
@@ -105,6 +118,10 @@ class SandboxSupply:
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+    def closed_error(self) -> PiShipError:
+        """The error of a task or call that finds the pool closed, saying why it closed."""
+        return closed_error(self._close_reason)
 
     def counts(self) -> tuple[int, int, int]:
         """``(ready, leased, existing)``: existing counts activating and deleting ones."""
@@ -124,7 +141,7 @@ class SandboxSupply:
         with self._cond:
             while True:
                 if self._closed.is_set():
-                    raise closed_error()
+                    raise self.closed_error()
                 if cancel is not None and cancel.is_set():
                     raise CommandCancelled()
                 if self._ready:
@@ -146,14 +163,14 @@ class SandboxSupply:
                 return sandbox
             self._deleting += 1
         self._delete(sandbox)
-        raise closed_error()
+        raise self.closed_error()
 
     def _create(self, deadline: float | None) -> Sandbox:
         """Activate one sandbox (counted as activating), throttled; on failure uncounted."""
         try:
             if not self._throttle.wait_turn(self._closed, deadline):
                 if self._closed.is_set():
-                    raise closed_error()
+                    raise self.closed_error()
                 raise NoSandboxInTime()
             return self._activate()
         except BaseException:
@@ -189,8 +206,9 @@ class SandboxSupply:
                 self._deleting -= 1
                 self._wake_all()
 
-    def close(self) -> None:
+    def close(self, reason: str = CLOSED_BY_CALLER) -> None:
         """Dispose every sandbox, ready or leased (their commands end at once); idempotent.
+        ``reason`` (the first call's) completes "the sandbox pool was ..." in later errors.
 
         Waits (up to :data:`CLOSE_DEADLINE`) for the deletions and for the warm
         activations in flight, never for a task.
@@ -198,6 +216,7 @@ class SandboxSupply:
         with self._cond:
             if self._closed.is_set():
                 return
+            self._close_reason = reason
             self._closed.set()
             doomed = [*self._ready, *self._leased]
             self._ready.clear()

@@ -28,9 +28,9 @@ from piship_remote.pool._health import HealthOnce
 from piship_remote.pool._labels import labelled
 from piship_remote.pool._progress import progress_for
 from piship_remote.pool._run import MapRun
-from piship_remote.pool._supply import NoSandboxInTime, SandboxSupply
+from piship_remote.pool._supply import INTERRUPTED, NoSandboxInTime, SandboxSupply
 from piship_remote.pool._throttle import CreateThrottle
-from piship_remote.pool.result import TaskResult, is_infrastructure
+from piship_remote.pool.result import TaskResult, TaskResults, is_infrastructure
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox.activation import PathLike, Sandbox, activate_sandbox
 from piship_remote.telemetry import Telemetry
@@ -97,7 +97,10 @@ class SandboxPool:
             on_failure=health.forget,
         )
         self._telemetry = Telemetry.load(backend.id, backend.redactor)
-        self._token = lifecycle.track(self, "sandbox pool", self._supply.close)
+        supply = self._supply  # the registry's closer must not hold the pool
+        self._token = lifecycle.track(
+            self, "sandbox pool", lambda: supply.close(lifecycle.disposal_cause())
+        )
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -106,9 +109,11 @@ class SandboxPool:
         self.close()
 
     def __repr__(self) -> str:
+        if self._supply.closed:
+            error = self._supply.closed_error()
+            return f"<SandboxPool size={self._size}: {error}; {error.user_action}>"
         ready, leased, existing = self._supply.counts()
-        state = "closed" if self._supply.closed else f"{leased} busy, {ready} ready"
-        return f"<SandboxPool size={self._size} {state}, {existing} sandboxes>"
+        return f"<SandboxPool size={self._size} {leased} busy, {ready} ready, {existing} sandboxes>"
 
     def close(self) -> None:
         """Dispose every sandbox the pool holds; idempotent; waits for no running task
@@ -143,11 +148,10 @@ class SandboxPool:
         finally:
             self._attempts.give_back(sandbox, healthy=healthy)
 
-    def map(
-        self, task: Task, items: Iterable[Any], *, timeout: float | None = None
-    ) -> list[TaskResult]:
+    def map(self, task: Task, items: Iterable[Any], *, timeout: float | None = None) -> TaskResults:
         """Run ``task`` for every item, up to ``size`` at once; one result per item, in
-        the order of ``items``. Never raises for a task's failure.
+        the order of ``items`` (a list; in a notebook a table, the failures first). Never
+        raises for a task's failure.
 
         ``task``: a shell command, formatted with ``str.format(item=item)`` and run
         with ``Sandbox.run`` (its ``CommandResult`` is the value), or a callable
@@ -164,7 +168,7 @@ class SandboxPool:
         results: list[TaskResult | None] = [None] * len(listed)
         for index, result in self._run(task, listed, timeout):
             results[index] = result
-        return [result for result in results if result is not None]
+        return TaskResults(result for result in results if result is not None)
 
     def imap(
         self, task: Task, items: Iterable[Any], *, timeout: float | None = None
@@ -181,7 +185,7 @@ class SandboxPool:
                 f"task must be a command (str) or a callable, not {type(task).__name__}"
             )
         if self._supply.closed:
-            raise PiShipError(SANDBOX_UNAVAILABLE, "the sandbox pool is closed", component="pool")
+            raise self._supply.closed_error()
         progress = progress_for(self._progress, len(items))
         run = MapRun(
             self._attempts,
@@ -198,8 +202,11 @@ class SandboxPool:
             finished = True
         except KeyboardInterrupt:
             run.stop()
-            self.close()  # disposing the sandboxes kills every running remote command
-            raise
+            self._supply.close(INTERRUPTED)  # disposing the sandboxes kills every command
+            lifecycle.untrack(self._token)
+            raise KeyboardInterrupt(
+                "interrupted: the pool's running commands were killed, its sandboxes deleted"
+            ) from None
         finally:
             if not finished:
                 run.stop()

@@ -13,10 +13,12 @@ may have come after the command began, so its outcome is ``"unknown"``.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Final
 
 import attrs
 
+from piship_remote.model.display import html_pre, html_table, tail, text_table
 from piship_remote.model.errors import (
     COMMAND_FAILED,
     GATEWAY_PROTOCOL_ERROR,
@@ -37,6 +39,7 @@ __all__ = [
     "TIMEOUT",
     "UNKNOWN",
     "TaskResult",
+    "TaskResults",
     "command_outcome",
     "is_infrastructure",
     "never_started",
@@ -73,6 +76,77 @@ class TaskResult:
     sandbox_id: str | None
     attempts: int
     seconds: float
+
+    def _repr_html_(self) -> str:
+        cells = [[html_pre(value) for value in _row(self)]]
+        return html_table(_COLUMNS, cells, caption="TaskResult", raw_cells=True)
+
+
+_COLUMNS = ("item", "outcome", "detail", "sandbox", "attempts", "seconds")
+_SHOWN_DETAIL = 300  # characters of a task's error or output a table row shows
+_SHOWN_ROWS = 200  # rows of a summary table; the rest are counted
+
+
+def _row(result: TaskResult) -> list[str]:
+    return [
+        repr(result.item),
+        result.outcome,
+        tail(_detail(result), _SHOWN_DETAIL),
+        result.sandbox_id or "",
+        str(result.attempts),
+        f"{result.seconds:.2f}",
+    ]
+
+
+def _detail(result: TaskResult) -> str:
+    """What a reader of a row needs: the error, else the end of a command's output."""
+    if result.error is not None:
+        return f"{type(result.error).__name__}: {result.error}"
+    value = result.value
+    stdout, stderr = getattr(value, "stdout", None), getattr(value, "stderr", None)
+    if isinstance(stdout, str) and isinstance(stderr, str):
+        code = getattr(value, "exit_code", "?")
+        text = (stderr if result.outcome != OK and stderr.strip() else stdout).strip()
+        return f"exit {code}: {text}" if text else f"exit {code}"
+    return repr(value)
+
+
+class TaskResults(list[TaskResult]):
+    """The list ``SandboxPool.map`` returns, in the order of its items; in a notebook a
+    table: the count of each outcome, then the tasks, those not ``"ok"`` first."""
+
+    def counts(self) -> dict[str, int]:
+        """How many tasks ended with each outcome (only the outcomes that occurred)."""
+        counted = Counter(result.outcome for result in self)
+        return {outcome: counted[outcome] for outcome in OUTCOMES if counted[outcome]}
+
+    def failures(self) -> TaskResults:
+        """The results whose outcome is not ``"ok"``, in order."""
+        return TaskResults(result for result in self if result.outcome != OK)
+
+    def _summary(self) -> str:
+        counts = ", ".join(f"{count} {outcome}" for outcome, count in self.counts().items())
+        return f"{len(self)} tasks: {counts or 'none'}"
+
+    def _shown(self) -> tuple[list[TaskResult], int]:
+        ordered = sorted(self, key=lambda result: result.outcome == OK)  # stable: failures first
+        return ordered[:_SHOWN_ROWS], max(0, len(ordered) - _SHOWN_ROWS)
+
+    def _repr_html_(self) -> str:
+        shown, left = self._shown()
+        rows = [[html_pre(value) for value in _row(result)] for result in shown]
+        if left:
+            rows.append([html_pre(f"… {left} more")] + [""] * (len(_COLUMNS) - 1))
+        return html_table(_COLUMNS, rows, caption=self._summary(), raw_cells=True)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        if cycle:
+            printer.text("TaskResults(...)")
+            return
+        shown, left = self._shown()
+        table = text_table(_COLUMNS, (_row(result) for result in shown))
+        more = f"\n… {left} more" if left else ""
+        printer.text(f"{self._summary()}\n{table}{more}")
 
 
 def is_infrastructure(error: BaseException) -> bool:

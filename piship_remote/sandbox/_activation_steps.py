@@ -126,6 +126,9 @@ class Activation:
         except _Failure as failure:
             self._discard(instance, engine)
             return self._unavailable(failure)
+        except KeyboardInterrupt:
+            self._discard(instance, engine)
+            raise KeyboardInterrupt(self._interrupted()) from None  # no internal frames
         except BaseException:
             self._discard(instance, engine)
             raise
@@ -139,11 +142,13 @@ class Activation:
         )
         try:
             self._with_files(sandbox, instance, engine)
-        except BaseException:
+        except BaseException as error:
             if self.attach is not None:
                 _quietly(sandbox.detach)  # it was there before: let go, never delete
             else:
                 sandbox.dispose()
+            if isinstance(error, KeyboardInterrupt):
+                raise KeyboardInterrupt(self._interrupted()) from None
             raise
         return sandbox
 
@@ -324,6 +329,12 @@ class Activation:
             return f"the sandbox check command failed: {reason}{advice}"
         return _verdict(exit_status(result), output.decode("utf-8", "replace"))
 
+    def _interrupted(self) -> str:
+        """The message of the ``KeyboardInterrupt`` that ends an interrupted activation."""
+        if self.attach is not None:
+            return "interrupted: the activation stopped; the attached sandbox was let go"
+        return "interrupted: the activation stopped and its sandbox was deleted"
+
     def _unavailable(self, failure: _Failure) -> Sandbox:
         backend = self.backend
         reason = failure.reason
@@ -336,7 +347,8 @@ class Activation:
                 retry_after=failure.retry_after,
                 user_action=failure.user_action,
                 redactor=backend.redactor,
-            )
+                cause=failure.cause or failure,
+            ) from None
         report = ContainmentReport(
             level="unavailable",
             adapter=backend.id,
@@ -373,6 +385,7 @@ class _Failure(Exception):
         retryable: bool = False,
         user_action: str = UNSANDBOXED_ACTION,
         retry_after: float | None = None,
+        cause: BaseException | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -380,6 +393,7 @@ class _Failure(Exception):
         self.retryable = retryable
         self.user_action = user_action
         self.retry_after = retry_after
+        self.cause = cause  # the error the step raised, for the PiShipError's ``cause``
 
     def within(self, context: str) -> _Failure:
         """The same failure, its reason prefixed with ``context``."""
@@ -389,6 +403,7 @@ class _Failure(Exception):
             retryable=self.retryable,
             user_action=self.user_action,
             retry_after=self.retry_after,
+            cause=self.cause,
         )
 
 
@@ -401,17 +416,18 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         if e.code not in ACTIONABLE_CODES:
             # A service that asked to be retried later (429) says when, and the caller may wait.
             if e.retry_after is not None:
-                return _Failure(reason, retryable=e.retryable, retry_after=e.retry_after)
-            return _Failure(reason)
+                return _Failure(reason, retryable=e.retryable, retry_after=e.retry_after, cause=e)
+            return _Failure(reason, cause=e)
         return _Failure(
             reason,
             code=e.code,
             retryable=e.retryable,
             user_action=e.user_action or UNSANDBOXED_ACTION,
             retry_after=e.retry_after,
+            cause=e,
         )
     except Exception as e:
-        return _Failure(reason_text(str(e) or type(e).__name__, redactor))
+        return _Failure(reason_text(str(e) or type(e).__name__, redactor), cause=e)
 
 
 def _quietly_id(read: Callable[[], str | None]) -> str | None:

@@ -99,6 +99,7 @@ from piship_remote.transport.deadline import Deadline
 
 __all__ = [
     "CHANNEL_BYTES",
+    "COMMAND_KILLED",
     "INTERRUPT_POLL",
     "Command",
     "ExecEngine",
@@ -109,6 +110,7 @@ Command = str | Sequence[str | os.PathLike[str]]
 """A shell command line, or its arguments one by one (``["pytest", "-k", "a b"]``)."""
 
 INTERRUPT_POLL = 0.05
+COMMAND_KILLED = "interrupted: the remote command was killed"
 CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of its sink
 KILLED_RESULT = BackendResult(None, "SIGKILL")  # exit status 137, as a shell reports it
 
@@ -220,7 +222,7 @@ class ExecEngine:
                 outcome = self._registered(call, sink, deadline, cancel, retire=retire)
         finally:
             if disarm is not None and disarm():
-                raise KeyboardInterrupt from None
+                raise KeyboardInterrupt(COMMAND_KILLED) from None
         if isinstance(outcome, Raised):
             raise self._errors.from_backend(outcome.error)
         return outcome.result
@@ -338,6 +340,12 @@ class ExecEngine:
         """The instance's current sandbox or claim id."""
         return self._instance.epoch()
 
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"retired"`` (it runs no more commands) or ``"disposed"``."""
+        with self._lock:
+            return "disposed" if self._disposed else "retired" if self._retired else "active"
+
     def dispose(self) -> None:
         """Abort every running call, dispose the instance, stop the threads. Idempotent."""
         self._shut(self._instance.dispose)
@@ -417,7 +425,10 @@ class ExecEngine:
         except _Aborted as aborted:
             self._settle(call, retire=retire and aborted.kind != "disposed")
             raise self._errors.aborted(aborted.kind, deadline) from None
-        except BaseException:  # Ctrl-C, or the sink failed
+        except KeyboardInterrupt:
+            self._settle(call, retire=retire)
+            raise KeyboardInterrupt(COMMAND_KILLED) from None  # no worker-channel frames
+        except BaseException:  # the sink failed
             self._settle(call, retire=retire)
             raise
         finally:

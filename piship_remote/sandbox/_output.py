@@ -9,22 +9,38 @@ the :class:`CommandResult`. The live echo sees every byte.
 from __future__ import annotations
 
 import codecs
+import inspect
+import io
 import sys
+from collections.abc import Callable
+from typing import IO, Any
 
 import attrs
 
-__all__ = ["OUTPUT_LIMIT", "CommandResult", "OutputCapture"]
+from piship_remote.model.display import html_pre, html_table, tail
+
+__all__ = ["OUTPUT_LIMIT", "CommandResult", "DataSink", "OnData", "OutputCapture"]
+
+OnData = Callable[[bytes], object] | Callable[[str], object] | IO[str] | IO[bytes]
+"""What ``Sandbox.exec(on_data=...)`` takes: a callable given bytes, a callable given text
+(a text stream's ``write``, ``sys.stdout.write``, or a function whose first parameter is
+annotated ``str``), or a writable stream object, text or binary."""
 
 OUTPUT_LIMIT = 16 * 1024 * 1024
 """The bytes of each stream ``Sandbox.run`` keeps by default."""
 
 
-@attrs.frozen
+_SHOWN = 2000
+"""The characters of each stream a result's display shows (its end, where errors are)."""
+
+
+@attrs.frozen(repr=False)
 class CommandResult:
     """What ``Sandbox.run`` returns: the exit code and the decoded output.
 
     ``stdout_truncated``/``stderr_truncated``: the stream was longer than the
     limit, and only its last ``limit`` bytes are in ``stdout``/``stderr``.
+    Shown (``repr``, a notebook's table) with the end of each stream only.
     """
 
     exit_code: int
@@ -32,6 +48,33 @@ class CommandResult:
     stderr: str
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"CommandResult(exit_code={self.exit_code!r}, stdout={tail(self.stdout, _SHOWN)!r}, "
+            f"stderr={tail(self.stderr, _SHOWN)!r}"
+            + ", stdout_truncated=True" * self.stdout_truncated
+            + ", stderr_truncated=True" * self.stderr_truncated
+            + ")"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ["exit code", str(self.exit_code)],
+            ["stdout" + " (truncated)" * self.stdout_truncated, tail(self.stdout, _SHOWN)],
+            ["stderr" + " (truncated)" * self.stderr_truncated, tail(self.stderr, _SHOWN)],
+        ]
+        cells = [[f"<b>{name}</b>", html_pre(value)] for name, value in rows]
+        return html_table(None, cells, caption="CommandResult", raw_cells=True)
+
+
+def text_decoders() -> dict[str, codecs.IncrementalDecoder]:
+    """One UTF-8 decoder per stream: a character cut between chunks comes out whole, and
+    invalid bytes as U+FFFD."""
+    return {name: codecs.getincrementaldecoder("utf-8")("replace") for name in _STREAMS}
+
+
+_STREAMS = ("stdout", "stderr")
 
 
 class _Tail:
@@ -77,9 +120,7 @@ class OutputCapture:
             raise ValueError(f"the output limit must not be negative, not {limit}")
         self._echo = echo
         self._kept = {"stdout": _Tail(limit), "stderr": _Tail(limit)}
-        self._decoders = {
-            name: codecs.getincrementaldecoder("utf-8")("replace") for name in self._kept
-        }
+        self._decoders = text_decoders()
 
     def write(self, stream: str, chunk: bytes) -> None:
         self._kept[stream].write(chunk)
@@ -109,3 +150,78 @@ class OutputCapture:
             stdout_truncated=stdout.truncated,
             stderr_truncated=stderr.truncated,
         )
+
+
+class DataSink:
+    """Hands a command's output to what a caller passed as ``on_data`` (see :data:`OnData`).
+
+    Bytes go as they came to a callable that takes bytes or a binary stream; a text
+    target gets each stream decoded as UTF-8 incrementally (a character split across
+    chunks is whole; invalid bytes become U+FFFD), and :meth:`close` hands on what a
+    cut character left. A stream, or the stream behind a bound ``write``, is flushed
+    after every chunk, so a notebook cell shows the output as it arrives.
+    """
+
+    def __init__(self, on_data: OnData) -> None:
+        owner = _stream_of(on_data)
+        write: Any = on_data if callable(on_data) else getattr(on_data, "write", None)
+        if not callable(write):
+            raise TypeError(
+                f"on_data must be a callable or a writable stream, not {type(on_data).__name__}"
+            )
+        self._write: Callable[[object], object] = write
+        self._flush = getattr(owner, "flush", None) if owner is not None else None
+        text = _is_text_stream(owner) if owner is not None else _takes_text(write)
+        self._decoders = text_decoders() if text else None
+
+    def write(self, stream: str, chunk: bytes) -> None:
+        decoders = self._decoders
+        if decoders is None:
+            self._write(chunk)
+        else:
+            text = decoders[stream].decode(chunk)
+            if not text:
+                return
+            self._write(text)
+        if self._flush is not None:
+            self._flush()
+
+    def close(self) -> None:
+        """Hand on the end of a character that the last chunk of a stream cut."""
+        for decoder in (self._decoders or {}).values():
+            left = decoder.decode(b"", final=True)
+            if left:
+                self._write(left)
+
+
+def _stream_of(on_data: OnData) -> object | None:
+    """The stream object ``on_data`` is, or whose ``write`` it is; ``None`` for a function."""
+    if not callable(on_data):
+        return on_data
+    owner: object | None = getattr(on_data, "__self__", None)
+    if owner is not None and getattr(on_data, "__name__", "") == "write":
+        return owner
+    # Jupyter's sys.stdout.write is a plain function set on the stream, not a bound method.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and getattr(stream, "write", None) == on_data:
+            return stream
+    return None
+
+
+def _is_text_stream(stream: object) -> bool:
+    if isinstance(stream, io.TextIOBase):
+        return True  # sys.stdout, io.StringIO, Jupyter's OutStream
+    if isinstance(stream, (io.RawIOBase, io.BufferedIOBase)):
+        return False
+    return hasattr(stream, "encoding") and "b" not in str(getattr(stream, "mode", ""))
+
+
+def _takes_text(function: Callable[..., object]) -> bool:
+    """Whether ``function`` (a Python function or method) says by its first parameter's
+    annotation that it takes ``str``; read off its code, as this runs for every ``exec``."""
+    code = getattr(function, "__code__", None)
+    if code is None:  # a builtin (bytearray.extend, list.append): bytes, as documented
+        return False
+    names = code.co_varnames[: code.co_argcount][1 if inspect.ismethod(function) else 0 :]
+    annotations = getattr(function, "__annotations__", None) or {}
+    return bool(names) and annotations.get(names[0]) in (str, "str")

@@ -3,7 +3,7 @@
     >>> backend = E2bCompatibleBackend(endpoint="https://api.e2b.app", credential=read_key)
     >>> with activate_sandbox(policy, backend=backend, workspace=".") as sandbox:
     ...     print(describe_containment(sandbox.report))
-    ...     sandbox.exec("make test", on_data=sys.stdout.buffer.write, timeout=600)
+    ...     sandbox.exec("make test", on_data=sys.stdout.write, timeout=600)
 
 Activation runs these steps in order: availability, the capability check (before
 anything is created), prepare, the readiness check command, the network-denial
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar, Union
 
 import attrs
@@ -29,6 +29,7 @@ import attrs
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import Backend, ExecRequest
 from piship_remote.backends.control import CommandControl, TerminalSize
+from piship_remote.model.display import html_table
 from piship_remote.model.environment import screen_environment
 from piship_remote.model.errors import (
     CONFIG_INVALID,
@@ -48,7 +49,13 @@ from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._activation_steps import Activation, log_environment_warnings
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
-from piship_remote.sandbox._output import OUTPUT_LIMIT, CommandResult, OutputCapture
+from piship_remote.sandbox._output import (
+    OUTPUT_LIMIT,
+    CommandResult,
+    DataSink,
+    OnData,
+    OutputCapture,
+)
 from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers, check_sync_mode
 from piship_remote.sandbox._workspace import check_workspace, real_path, workspace_relative
@@ -68,7 +75,6 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 _T = TypeVar("_T")
-OnData = Callable[[bytes], None]
 
 
 @attrs.frozen
@@ -110,6 +116,7 @@ class Sandbox:
         self._workspace_root = real_path(profile.workspace)
         self._transfers: SandboxTransfers | None = None
         self._telemetry = SandboxTelemetry(telemetry or Telemetry(report.adapter), engine)
+        self._detached = False
         self._lifecycle = _track(self, engine)
 
     @property
@@ -124,8 +131,31 @@ class Sandbox:
     def __exit__(self, *exc_info: object) -> None:
         self.dispose()
 
+    @property
+    def state(self) -> str:
+        """``"active"``, ``"retired"`` (broken: it runs no more commands), ``"disposed"``,
+        ``"detached"``, or ``"unavailable"`` (an optional policy that could not be enforced)."""
+        if self._engine is None:
+            return "unavailable"
+        return "detached" if self._detached else self._engine.state
+
+    def _shown_id(self) -> str:
+        engine = self._engine
+        sandbox_id = engine.epoch() if engine is not None else None
+        return sandbox_id or "(no id)"
+
     def __repr__(self) -> str:
-        return f"<Sandbox {self.report.adapter} {self.report.level}>"
+        return f"<Sandbox {self._shown_id()} {self.report.adapter} {self.state}>"
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ("id", self._shown_id()),
+            ("backend", self.report.adapter),
+            ("state", self.state),
+            ("containment", self.report.level),
+            ("network", self.report.network),
+        ]
+        return html_table(None, rows, caption="Sandbox")
 
     def exec(
         self,
@@ -143,14 +173,21 @@ class Sandbox:
         as :func:`shlex.join` does (``["pytest", "-k", "a b"]``).
         ``cwd`` is a host path inside the workspace (default: its root), mapped
         onto the remote working directory. ``on_data`` gets stdout and stderr
-        chunks on the calling thread. ``timeout`` (seconds, more than 0; ``None``: no
-        limit; 0 or less is ``CONFIG_INVALID``) kills the remote
-        command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
+        chunks on the calling thread: a callable given the bytes, or a writable stream
+        (``sys.stdout``, a file) or its ``write`` (``sys.stdout.write``, which works in a
+        notebook), which get text for a text stream, decoded as UTF-8. ``timeout``
+        (seconds, more than 0; ``None``: no limit; 0 or less is ``CONFIG_INVALID``) kills
+        the remote command and raises :class:`CommandTimeout`; setting ``cancel`` kills it
         and raises :class:`CommandCancelled`; Ctrl-C kills it and re-raises.
         ``env`` replaces the environment the allow list is applied to.
         """
-        sink = None if on_data is None else (lambda _stream, chunk: on_data(chunk))
-        return self._execute(command, cwd, sink, timeout, cancel, env)
+        if on_data is None:
+            return self._execute(command, cwd, None, timeout, cancel, env)
+        sink = DataSink(on_data)
+        try:
+            return self._execute(command, cwd, sink.write, timeout, cancel, env)
+        finally:
+            sink.close()
 
     def run(
         self,
@@ -378,6 +415,7 @@ class Sandbox:
         deleted at exit, and it lives until its lifetime ends. Returns its id, for
         ``activate_sandbox(..., attach=id)`` (from this or another process)."""
         sandbox_id = self._usable_engine().detach()
+        self._detached = True
         if self._transfers is not None:
             self._transfers.stop()  # its file operations end too, and their threads
         lifecycle.untrack(self._lifecycle)

@@ -30,7 +30,12 @@ from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.control import CommandInput, TerminalSize
 from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, PiShipError
-from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, INTERRUPT_POLL, ExecEngine
+from piship_remote.sandbox._exec_engine import (
+    CHANNEL_BYTES,
+    COMMAND_KILLED,
+    INTERRUPT_POLL,
+    ExecEngine,
+)
 from piship_remote.sandbox._exec_workers import KILLED, BackgroundCall, Stream
 from piship_remote.sandbox._output import CommandResult, OutputCapture
 from piship_remote.transport.deadline import Deadline
@@ -164,7 +169,7 @@ class CommandHandle:
                     )
         except KeyboardInterrupt:
             self.kill()
-            raise
+            raise KeyboardInterrupt(COMMAND_KILLED) from None
         result = self._engine.result_of(started, self._deadline)
         with self._cond:
             return self._capture.result(exit_status(result))
@@ -186,7 +191,7 @@ class CommandHandle:
                 yield item
         except KeyboardInterrupt:
             self.kill()
-            raise
+            raise KeyboardInterrupt(COMMAND_KILLED) from None
         finally:
             with self._cond:
                 self._readers -= 1

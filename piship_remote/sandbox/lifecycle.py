@@ -42,6 +42,7 @@ from piship_remote.sandbox._unwinding import UnwindWatch
 __all__ = [
     "EXIT_DEADLINE",
     "cleanup_on_signals",
+    "disposal_cause",
     "dispose_all",
     "live_count",
     "running_off_main_thread",
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 EXIT_DEADLINE = 10.0  # seconds the exit hook waits for every live sandbox's deletion
+_AT_EXIT = "closed at interpreter exit"
 _LOG = logging.getLogger("piship_remote")
 
 Disposer = Callable[[], object]
@@ -66,6 +68,8 @@ class _Registry:
         self._finalizers: dict[int, weakref.finalize[..., object]] = {}
         self._signals: dict[int, _Handler] = {}
         self._deleting: dict[threading.Thread, str] = {}  # deletions under way, by name
+        # Why the latest disposal started, for owners that tell their users (a closed pool).
+        self.cause = _AT_EXIT
         self.unwinding = UnwindWatch(self._dispose_on_interrupt)
 
     def track(self, owner: object, name: str, disposer: Disposer) -> int:
@@ -90,13 +94,14 @@ class _Registry:
         with self._lock:
             return len(self._live)
 
-    def dispose_all(self, deadline: float) -> list[str]:
+    def dispose_all(self, deadline: float, cause: str = "") -> list[str]:
         """Dispose every live sandbox in parallel; the names not done within ``deadline``.
 
         Deletions already under way (a collected sandbox's, an earlier call's) are waited
         for too: a process must not end in the middle of one.
         """
         with self._lock:
+            self.cause = cause or _AT_EXIT
             entries = list(self._live.items())
             self._live.clear()
             finalizers = list(self._finalizers.values())
@@ -116,7 +121,7 @@ class _Registry:
         # On the watch thread: start the deletions and return, so that the workers'
         # commands end at once; the exit hooks wait for the deletions.
         _LOG.info("Ctrl-C while the main thread waits for its workers: disposing the sandboxes")
-        self.dispose_all(0.0)
+        self.dispose_all(0.0, "interrupted (Ctrl-C while the main thread waited for threads)")
 
     def _collected(self, token: int) -> None:
         with self._lock:
@@ -125,6 +130,8 @@ class _Registry:
         if entry is None:
             return
         name, disposer = entry
+        with self._lock:
+            self.cause = "garbage-collected without close()"
         warnings.warn(
             f"sandbox {name} was garbage-collected without dispose(); deleting it now",
             ResourceWarning,
@@ -156,7 +163,7 @@ class _Registry:
                 self._signals[number] = previous
 
     def _on_signal(self, number: int, frame: FrameType | None) -> None:
-        left = self.dispose_all(EXIT_DEADLINE)
+        left = self.dispose_all(EXIT_DEADLINE, f"closed on {signal.Signals(number).name}")
         if left:
             _LOG.warning("not deleted before exit (they expire on their own): %s", ", ".join(left))
         previous = self._signals.get(number, signal.SIG_DFL)
@@ -207,6 +214,12 @@ def running_off_main_thread() -> AbstractContextManager[None]:
 def dispose_all(deadline: float = EXIT_DEADLINE) -> list[str]:
     """Dispose every tracked sandbox in parallel; returns the names not deleted in time."""
     return _REGISTRY.dispose_all(deadline)
+
+
+def disposal_cause() -> str:
+    """Why the registry's latest disposal started ("closed on SIGTERM", ...), for a
+    disposer that tells its users."""
+    return _REGISTRY.cause
 
 
 def cleanup_on_signals(signals: Iterable[int] | None = None) -> None:

@@ -78,3 +78,38 @@ def test_a_pool_asked_for_progress_reports_each_task(
     assert len(lines) == 3 and lines[-1].startswith("pool: 3/3 done")
 
 
+@pytest.fixture
+def in_a_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("piship_remote.pool._progress.in_notebook", lambda: True)
+
+
+@pytest.mark.usefixtures("without_tqdm", "in_a_notebook")
+def test_without_tqdm_a_notebook_gets_one_line_rewritten_in_place() -> None:
+    stream = io.StringIO()
+    progress = progress_for(None, 2, stream)
+    for outcome in ("ok", "failed"):
+        progress.started()
+        progress.finished(outcome)
+    progress.close()
+    shown = stream.getvalue()
+    assert shown.startswith("\rpool: 1/2 done") and shown.endswith(" tasks/s\n")
+    assert shown.count("\n") == 1 and "\rpool: 2/2 done, 0 running, 1 failed" in shown
+
+
+@pytest.mark.usefixtures("without_tqdm", "in_a_notebook")
+def test_progress_true_is_never_silent_without_tqdm() -> None:
+    assert isinstance(progress_for(True, 1, io.StringIO()), PlainProgress)
+
+
+@pytest.mark.usefixtures("in_a_notebook")
+def test_in_a_notebook_without_ipywidgets_tqdm_draws_text_without_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    pytest.importorskip("tqdm")
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # find_spec says it is not there
+    progress = progress_for(True, 1)
+    progress.started()
+    progress.finished("ok")
+    progress.close()
+    err = capsys.readouterr().err
+    assert "1/1" in err and "IProgress" not in err
