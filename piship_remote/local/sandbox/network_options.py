@@ -5,8 +5,9 @@ ignored. Held: ``allow_internet_access`` (omitted means on, as on E2B), ``networ
 ``allowOut``/``denyOut`` (addresses and CIDRs; see
 :mod:`~piship_remote.local.isolation.egress`), ``allowPublicTraffic`` and
 ``maskRequestHost``. Refused: ``network``'s ``dnsServers``, ``egressProxy``, ``rules``
-and ``httpsPorts`` (they need E2B's egress proxy), and ``mcp``, ``iam`` and
-``volumeMounts`` (no tool-server gateway, cloud identity or volumes here)::
+and ``httpsPorts`` (they need E2B's egress proxy), ``iam`` and ``volumeMounts`` (no
+cloud identity or volumes here). ``mcp`` is the SDKs' own business: they start the
+gateway with a command in the sandbox, which needs a template that has it::
 
     options = NetworkOptions.of(json.loads(body))     # OptionRefused: answer 400
     options.egress, options.mask_request_host, options.echo()
@@ -25,7 +26,6 @@ __all__ = ["NetworkOptions", "OptionRefused", "masked_host"]
 
 _PROXY_ONLY = ("dnsServers", "egressProxy", "rules", "httpsPorts")
 _NOT_HERE = {
-    "mcp": "a tool-server gateway",
     "iam": "cloud identities",
     "volumeMounts": "volumes",
 }
