@@ -13,7 +13,7 @@
 ``POST /sandboxes/<id>/timeout``           204: live ``timeout`` more seconds from now
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
 ``DELETE /sandboxes/<id>``                 204: kill its processes, remove its files
-``PUT /sandboxes/<id>/network``            204: its egress rules replaced; 400 if not held
+``PUT /sandboxes/<id>/network``            204: internet on/off, rules cleared; 400 if not held
 ``POST /sandboxes/<id>/ports/<port>``      200 ``{"url": "http://127.0.0.1:<p>"}``: its port
 ``POST /sandboxes/<id>/fork``, snapshots   see :mod:`~piship_remote.local.control_copies`
 =========================================  ======================================
@@ -59,7 +59,7 @@ from collections.abc import Callable, Mapping
 from piship_remote._http_server.messages import Head, Reply, Request
 from piship_remote.local.control_copies import SandboxCopies, api_error
 from piship_remote.local.idempotency import IdempotencyKeys
-from piship_remote.local.isolation.egress import rules_problem
+from piship_remote.local.isolation.egress import EgressRules, rules_problem
 from piship_remote.local.sandbox.listing import (
     Lifecycle,
     ListError,
@@ -73,12 +73,7 @@ from piship_remote.local.sandbox.listing import (
     state,
 )
 from piship_remote.local.sandbox.metrics import SandboxMetrics, Sizes, time_range
-from piship_remote.local.sandbox.network_options import (
-    NetworkOptions,
-    OptionRefused,
-    egress_of,
-    refuse_proxy_options,
-)
+from piship_remote.local.sandbox.network_options import NetworkOptions, OptionRefused
 from piship_remote.local.sandbox.registry import (
     Registry,
     Sandbox,
@@ -386,37 +381,29 @@ class ControlPlane:
 
 
 def _network_update(sandbox: Sandbox, update: NetworkUpdate) -> Reply:
-    """204 once the sandbox's egress rules are replaced by the update's (what it leaves out
-    is cleared); 400 for what a local sandbox cannot do: a proxy, a domain name, or egress
-    for a sandbox created without any."""
+    """204 once the sandbox's egress is as the update says (rules it was created with are
+    cleared, internet access switched); 400 for what a running local sandbox cannot get:
+    address rules or a proxy (give ``allowOut``/``denyOut`` at create), egress for a
+    sandbox created without any, or rules where they cannot be enforced."""
+    if update.filters:
+        return api_error(
+            400,
+            "the local service cannot filter or proxy a running sandbox's egress: give "
+            "network.allowOut/denyOut (addresses, CIDRs) when creating it",
+        )
     internet = update.allow_internet_access
-    try:
-        refuse_proxy_options(
-            {
-                "dnsServers": update.dns_servers,
-                "egressProxy": update.egress_proxy,
-                "rules": update.rules,
-            }
-        )
-        rules = egress_of(
-            sandbox.options.egress.internet if internet is None else internet,
-            update.allow_out,
-            update.deny_out,
-        )
-    except OptionRefused as e:
-        return api_error(400, str(e))
-    if not sandbox.network:
-        if rules.reaches_out:
-            return api_error(
-                400,
-                "the local service cannot give egress to a sandbox created without any: "
-                "create one with allow_internet_access (or allowOut)",
-            )
-        sandbox.hold_egress(rules)
+    rules = EgressRules(sandbox.options.egress.internet if internet is None else internet)
+    if rules == sandbox.options.egress:
         return Reply(204)
+    if rules.reaches_out and not sandbox.network:
+        return api_error(
+            400,
+            "the local service cannot give egress to a running sandbox created without "
+            "any: create one with allow_internet_access=True",
+        )
     problem = rules_problem()
     if problem is not None:
-        return api_error(400, f"the egress rules cannot be enforced here: {problem}")
+        return api_error(400, f"the sandbox's egress cannot be changed here: {problem}")
     try:
         sandbox.hold_egress(rules)
     except OSError as e:

@@ -161,12 +161,29 @@ def test_allow_out_opens_an_address_of_a_sandbox_without_internet(
 
 
 @needs_rules
-def test_update_network_replaces_the_rules(target: Target, sandboxes: list[Sandbox]) -> None:
-    sandbox = made(sandboxes, target, allow_internet_access=True)
-    sandbox.update_network({"deny_out": [GATEWAY]})
-    assert gateway_errno(sandbox) == errno.EHOSTUNREACH
+def test_update_network_clears_the_rules_given_at_create(
+    target: Target, sandboxes: list[Sandbox]
+) -> None:
+    sandbox = made(sandboxes, target, network=SandboxNetworkOpts(deny_out=[GATEWAY]))
     sandbox.update_network({})
     assert gateway_errno(sandbox) == errno.ENETUNREACH
+    assert (sandbox.get_info().network or {}).get("deny_out") is None
+
+
+@needs_rules
+def test_update_network_switches_internet_off(target: Target, sandboxes: list[Sandbox]) -> None:
+    sandbox = made(sandboxes, target, allow_internet_access=True)
+    sandbox.update_network({"allow_internet_access": False})
+    assert gateway_errno(sandbox) == errno.EHOSTUNREACH
+    assert sandbox.get_info().allow_internet_access is False
+
+
+def test_update_network_with_address_rules_is_refused_naming_the_create_option(
+    target: Target, sandboxes: list[Sandbox]
+) -> None:
+    sandbox = made(sandboxes, target, allow_internet_access=False)
+    with pytest.raises(SandboxException, match="allowOut/denyOut"):
+        sandbox.update_network({"deny_out": [GATEWAY]})
 
 
 # -- E2B's defaults, echoed ---------------------------------------------------------------

@@ -53,7 +53,7 @@ class NetworkOptions:
         network = body.get("network") or {}
         if not isinstance(network, Mapping):
             raise OptionRefused("network must be an object")
-        refuse_proxy_options(network)
+        _refuse_proxy_options(network)
         given = body.get("allow_internet_access")
         if given is not None and not isinstance(given, bool):
             raise OptionRefused("allow_internet_access must be true or false")
@@ -61,7 +61,7 @@ class NetworkOptions:
         if mask is not None and (not isinstance(mask, str) or not _header_safe(mask)):
             raise OptionRefused("network.maskRequestHost must be a host name (with ${PORT})")
         return cls(
-            egress=egress_of(given is not False, network.get("allowOut"), network.get("denyOut")),
+            egress=_egress_of(given is not False, network.get("allowOut"), network.get("denyOut")),
             private_traffic=network.get("allowPublicTraffic") is False,
             mask_request_host=mask or None,
         )
@@ -82,7 +82,7 @@ class NetworkOptions:
         return self.egress.internet, network
 
 
-def refuse_proxy_options(network: Mapping[str, Any]) -> None:
+def _refuse_proxy_options(network: Mapping[str, Any]) -> None:
     """:class:`OptionRefused` if ``network`` asks for what only E2B's egress proxy does."""
     for key in _PROXY_ONLY:
         if network.get(key):
@@ -92,7 +92,7 @@ def refuse_proxy_options(network: Mapping[str, Any]) -> None:
             )
 
 
-def egress_of(internet: bool, allow_out: object, deny_out: object) -> EgressRules:
+def _egress_of(internet: bool, allow_out: object, deny_out: object) -> EgressRules:
     """Egress rules from a body's fields; :class:`OptionRefused` when they are malformed
     or name what cannot be filtered here."""
     lists = []
