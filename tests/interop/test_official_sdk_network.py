@@ -161,6 +161,22 @@ def test_allow_out_opens_an_address_of_a_sandbox_without_internet(
 
 
 @needs_rules
+def test_the_rules_hold_again_after_a_reboot(target: Target, sandboxes: list[Sandbox]) -> None:
+    sandbox = made(sandboxes, target, network=SandboxNetworkOpts(deny_out=[GATEWAY]))
+    assert sandbox.pause(keep_memory=False) is True
+    resumed = target.connect(sandbox.sandbox_id)
+    assert gateway_errno(resumed) == errno.EHOSTUNREACH
+
+
+@needs_rules
+def test_a_fork_holds_the_rules_of_its_source(target: Target, sandboxes: list[Sandbox]) -> None:
+    sandbox = made(sandboxes, target, network=SandboxNetworkOpts(deny_out=[GATEWAY]))
+    (fork,) = sandbox.fork()
+    sandboxes.append(fork)
+    assert gateway_errno(fork) == errno.EHOSTUNREACH
+
+
+@needs_rules
 def test_update_network_clears_the_rules_given_at_create(
     target: Target, sandboxes: list[Sandbox]
 ) -> None:
