@@ -27,6 +27,7 @@ from benchmarks import (
     pool_kubernetes,
     pool_scale,
     push,
+    sandboxd,
     stream_throughput,
     tracing_cost,
 )
@@ -60,6 +61,7 @@ _REGISTERED = (
     Scenario(pool_first_command.NAME, pool_first_command.run, round_trips=True),
     Scenario(pool_scale.NAME, pool_scale.run, round_trips=True),
     Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
+    Scenario(sandboxd.NAME, sandboxd.run),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}

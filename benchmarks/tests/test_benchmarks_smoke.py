@@ -31,6 +31,7 @@ SCENARIOS = {
     "pool_first_command",
     "pool_scale",
     "tracing_cost",
+    "sandboxd",
 }
 ROW_KEYS = {
     "scenario",
@@ -54,6 +55,7 @@ FILE_SCENARIOS = {"file_transfer", "push"}  # measured at every round trip too
 # also at every round trip; their rows count no requests, pool_scale needs the local service
 POOL_SCENARIOS = {"pool_first_command", "pool_scale"}
 TRACING_SCENARIOS = {"tracing_cost"}  # at every round trip; skipped without the otel SDK
+SANDBOXD_SCENARIOS = {"sandboxd"}  # skipped without the sandboxd extra
 NO_LOCAL_SERVICE = "the local service cannot run here"
 
 
@@ -105,6 +107,8 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
         if scenario["name"] in local and _without_local_service(scenario):
             continue
         if scenario["name"] in TRACING_SCENARIOS and _without_otel_sdk(scenario):
+            continue
+        if scenario["name"] in SANDBOXD_SCENARIOS and _without_sandboxd_extra(scenario):
             continue
         assert scenario["rows"], scenario["name"]
         for row in scenario["rows"]:
@@ -186,6 +190,10 @@ def _without_local_service(scenario: dict[str, Any]) -> bool:
 
 def _without_otel_sdk(scenario: dict[str, Any]) -> bool:
     return any("otel extra" in reason for reason in scenario["skipped"])
+
+
+def _without_sandboxd_extra(scenario: dict[str, Any]) -> bool:
+    return any("sandboxd extra" in reason for reason in scenario["skipped"])
 
 
 def _ran_on_the_local_service(report: dict[str, Any], name: str) -> list[dict[str, Any]]:

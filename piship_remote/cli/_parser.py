@@ -220,6 +220,21 @@ def add_sandbox_options(parser: Parser) -> None:
     )
     parser.option(
         k8s,
+        "--runtime",
+        choices=("auto", "python-runtime", "sandboxd"),
+        default=env("PISHIP_K8S_RUNTIME", "auto"),
+        help="the pod's runtime: auto reads the claim's template; sandboxd passes standard"
+        " input (env PISHIP_K8S_RUNTIME; default auto)",
+    )
+    parser.option(
+        k8s,
+        "--sandboxd-proxy",
+        default=env("PISHIP_K8S_SANDBOXD_PROXY"),
+        help="reach sandboxd through the router's gRPC proxy, grpcs://host:port, instead of a"
+        " port-forward to the pod (env PISHIP_K8S_SANDBOXD_PROXY)",
+    )
+    parser.option(
+        k8s,
         "--pool",
         default=env("PISHIP_K8S_TEMPLATE"),
         help="warm pool name (env PISHIP_K8S_TEMPLATE)",

@@ -102,6 +102,8 @@ def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBacken
         "template": args.pool,
         "lifetime_seconds": lease_seconds(args),
         "router_auth": args.router_auth,
+        "runtime": getattr(args, "runtime", "auto"),
+        "sandboxd_proxy": getattr(args, "sandboxd_proxy", None),
     }
     if args.namespace:
         options["namespace"] = args.namespace

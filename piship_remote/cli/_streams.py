@@ -30,12 +30,13 @@ def command_input(args: argparse.Namespace) -> Iterable[bytes] | None:
 
     None for a terminal, ``/dev/null``, with ``--no-stdin``, and where nothing can be read. On
     Kubernetes (whose router cannot pass input) input that is already waiting is
-    refused with ``CONFIG_INVALID``; an empty or silent one is left alone.
+    refused with ``CONFIG_INVALID``; an empty or silent one is left alone. With
+    ``--runtime sandboxd`` it is passed, as on E2B.
     """
     fd = _stdin_fd()
     if fd is None or args.no_stdin or os.isatty(fd) or _is_devnull(fd):
         return None
-    if args.backend == "kubernetes":
+    if args.backend == "kubernetes" and getattr(args, "runtime", "auto") != "sandboxd":
         _refuse_waiting_input(fd)
         return None
     return iter(functools.partial(os.read, fd, INPUT_CHUNK), b"")

@@ -63,8 +63,9 @@ class CommandHandle:
       iterates, older output beyond that leaves the iteration, and while someone does,
       the command is held back until they catch up. ``wait``'s result has all of it
       either way (each stream's last ``output_limit`` bytes, as ``Sandbox.run`` keeps).
-    - ``kill()``: end the command (E2B and the local service: SIGKILL; Kubernetes: its
-      process group in detached mode, else the claim is retired, as a cancel does);
+    - ``kill()``: end the command (E2B, the local service and Kubernetes on sandboxd:
+      SIGKILL; Kubernetes on the router: its process group in detached mode, else the
+      claim is retired, as a cancel does);
       ``False`` when it had already ended.
     - ``send_stdin(data)``, ``close_stdin()``: write to its input (started with
       ``stdin=True`` or ``pty=True``) from the calling thread; on a terminal

@@ -7,6 +7,7 @@ command's stream dropped, a request stalled. Both doubles carry one as ``server.
         server.faults.lose_create_answer()      # the next create happens, its answer is cut
         server.faults.drop_stream_after_output()  # the next command's output, then a reset
         server.faults.stall("/execute", seconds=5)  # the next such request waits 5 s first
+        server.faults.lose_processes()          # sandboxd: the next call naming a pid: NOT_FOUND
         server.kill(sandbox.id)                  # the sandbox (or claim) is gone now
 
 Each fault is used up by the requests it hits, in arrival order; :meth:`Faults.clear`
@@ -50,6 +51,7 @@ class Faults:
         self._create_failures: list[CreateFailure] = []
         self._lost_answers = 0
         self._dropped_streams = 0
+        self._lost_processes = 0
         self._stalls: list[tuple[str | None, Stall]] = []
         self._released = threading.Event()
 
@@ -75,6 +77,12 @@ class Faults:
         with self._lock:
             self._dropped_streams += count
 
+    def lose_processes(self, count: int = 1) -> None:
+        """sandboxd: the next ``count`` calls naming a running process (``WriteStdin``,
+        ``SendSignal``, ``ResizeTTY``) find none and answer ``NOT_FOUND``."""
+        with self._lock:
+            self._lost_processes += count
+
     def stall(
         self, path: str | None = None, *, count: int = 1, seconds: float | None = None
     ) -> None:
@@ -92,7 +100,7 @@ class Faults:
         """Forget every fault not used yet."""
         with self._lock:
             self._create_failures.clear()
-            self._lost_answers = self._dropped_streams = 0
+            self._lost_answers = self._dropped_streams = self._lost_processes = 0
             self._stalls.clear()
 
     # ---- what a double takes ---------------------------------------------------------
@@ -113,6 +121,13 @@ class Faults:
             if self._dropped_streams <= 0:
                 return False
             self._dropped_streams -= 1
+            return True
+
+    def take_lost_process(self) -> bool:
+        with self._lock:
+            if self._lost_processes <= 0:
+                return False
+            self._lost_processes -= 1
             return True
 
     def take_stall(self, path: str) -> Stall | None:

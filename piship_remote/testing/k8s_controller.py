@@ -77,8 +77,10 @@ class Controller:
         store: Store,
         settings: ControllerSettings,
         sandbox_name: Callable[[str], str],
+        containers: list[dict[str, Any]] | None = None,
     ) -> None:
         self._store = store
+        self._containers = containers or [{"name": "runtime"}]
         self._settings = settings
         self._sandbox_name = sandbox_name
         self._lock = threading.RLock()
@@ -218,7 +220,7 @@ class Controller:
                     }
                 ],
             },
-            "spec": {"podTemplate": {"spec": {"containers": [{"name": "runtime"}]}}},
+            "spec": {"podTemplate": {"spec": {"containers": self._containers}}},
         }
         self._store.create(SANDBOXES, namespace, body)
         status = {

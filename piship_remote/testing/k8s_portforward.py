@@ -15,7 +15,9 @@ message from the server is the port number (2 bytes, little endian). The forward
 port reaches the router itself: the server serves the stream as a new plain-HTTP
 connection (:meth:`~piship_remote._http_server.server.HttpServer.serve_connection`), or,
 with ``cluster.router_upstream`` (a loopback ``(host, port)``), a router listening there.
-A port the router pod does not listen on gets the kubelet's error on the error
+A sandbox pod is reached the same way where the server runs sandboxd (``pods``: a live
+sandbox pod's listener for a port, see :mod:`~piship_remote.testing.k8s_sandboxd`).
+A port the pod does not listen on gets the kubelet's error on the error
 channel, then the stream closes. ``"create pods/portforward"`` in ``cluster.denied``
 refuses the upgrade with 403.
 """
@@ -30,7 +32,7 @@ import re
 import socket
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
@@ -69,12 +71,21 @@ class Serving(Protocol):
     def serve_connection(self, connection: socket.socket) -> None: ...
 
 
-class PortForwards:
-    """The router Service's API answers and the port-forwards to its pods."""
+PodListener = Callable[[str, str, int], "tuple[bool, tuple[str, int] | None]"]
+"""``(namespace, pod, port)`` → whether such a sandbox pod lives, and where its ``port`` is
+served (``None``: nothing listens there)."""
 
-    def __init__(self, cluster: RouterServiceSettings, server: Serving) -> None:
+
+class PortForwards:
+    """The router Service's API answers and the port-forwards to its pods (and, with
+    ``pods``, to the sandbox pods)."""
+
+    def __init__(
+        self, cluster: RouterServiceSettings, server: Serving, pods: PodListener | None = None
+    ) -> None:
         self._cluster = cluster
         self._server = server
+        self._pods = pods
         self._counter = itertools.count(1)
 
     def core(self, request: Request) -> Response | None:
@@ -99,21 +110,31 @@ class PortForwards:
             return _reply(*refusal)
         if "create pods/portforward" in self._cluster.denied:
             return _failure(403, "Forbidden", "pods/portforward is forbidden")
-        pods = self._cluster.router_pods
-        if match["ns"] != self._cluster.router_namespace or match["pod"] not in pods:
-            return _failure(404, "NotFound", f'pods "{match["pod"]}" not found')
+        ports = parse_qs(urlsplit(head.target).query).get("ports", [])
+        port = int(ports[0]) if len(ports) == 1 and ports[0].isdigit() else 0
+        router = match["ns"] == self._cluster.router_namespace and (
+            match["pod"] in self._cluster.router_pods
+        )
+        upstream = self._cluster.router_upstream
+        if not router:
+            alive, upstream = (
+                self._pods(match["ns"], match["pod"], port)
+                if self._pods is not None
+                else (False, None)
+            )
+            if not alive:
+                return _failure(404, "NotFound", f'pods "{match["pod"]}" not found')
         problem = _upgrade_problem(head.headers)
         if problem is not None:
             return _failure(400, "BadRequest", problem)
-        ports = parse_qs(urlsplit(head.target).query).get("ports", [])
-        if len(ports) != 1 or not ports[0].isdigit():
+        if not port:
             return _failure(400, "BadRequest", "exactly one port is forwarded here")
         ours, theirs = socket.socketpair()
         name = f"{THREAD_PREFIX}portforward-{next(self._counter)}"
-        forward = _Forward(theirs, head.headers["sec-websocket-key"], int(ports[0]), match["pod"])
-        upstream = self._cluster.router_upstream
+        forward = _Forward(theirs, head.headers["sec-websocket-key"], port, match["pod"])
+        listening = port == ROUTER_PORT if router else upstream is not None
         thread = threading.Thread(
-            target=forward.run, args=(self._server, name, upstream), name=name
+            target=forward.run, args=(self._server, name, upstream, listening), name=name
         )
         thread.daemon = True
         thread.start()
@@ -130,7 +151,9 @@ class _Forward:
         self._pod = pod
         self._lock = threading.Lock()
 
-    def run(self, server: Serving, name: str, upstream: tuple[str, int] | None) -> None:
+    def run(
+        self, server: Serving, name: str, upstream: tuple[str, int] | None, listening: bool
+    ) -> None:
         with contextlib.closing(self._ws):
             reader = self._ws.makefile("rb")
             if not _skip_head(reader):
@@ -144,7 +167,7 @@ class _Forward:
             prefix = struct.pack("<H", self._port)
             self._send(_BINARY, b"\x00" + prefix)
             self._send(_BINARY, b"\x01" + prefix)
-            if self._port != ROUTER_PORT:
+            if not listening:
                 self._refuse_port(reader)
                 return
             router = self._router(server, upstream)
@@ -167,14 +190,17 @@ class _Forward:
             server.serve_connection(ours)
             return router
         if upstream[0] not in ("127.0.0.1", "::1", "localhost"):
-            raise ValueError("router_upstream must be a loopback address")
+            raise ValueError("a port-forward's upstream must be a loopback address")
         try:
-            return socket.create_connection(upstream, timeout=5.0)
+            connection = socket.create_connection(upstream, timeout=5.0)
         except OSError as error:
             with contextlib.suppress(OSError):
                 self._send(_BINARY, b"\x01" + f"error forwarding port: {error}".encode())
                 self._send(_CLOSE, struct.pack("!H", 1000))
             return None
+        connection.settimeout(None)  # a stream may stay quiet for as long as it likes
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return connection
 
     def _requests(self, reader: Any, router: socket.socket) -> None:
         """The client's frames to the router, until the client closes."""

@@ -99,6 +99,14 @@ name its ``/.piship-`` staging files) and its ``pwd`` question.
 ``faults`` (:class:`~piship_remote.testing.faults.Faults`) and ``kill(claim)`` make
 failures on demand.
 
+``runtime="sandboxd"`` (needs the ``sandboxd`` extra): the sandboxes' template announces
+agent-sandbox 1.0's runtime (``SANDBOXD_GRPC_ADDR`` and ``SANDBOXD_REST_ADDR`` on the
+workload container, beside a ``sandboxd`` container), and each sandbox pod runs one
+(:mod:`~piship_remote.testing.k8s_sandboxd`: real processes in a temporary directory of
+its own, the gRPC ``ProcessService`` on port 9090 and the REST files on 8080), reached
+through the pod's ``portforward`` subresource; ``sandboxd_address(claim)`` gives its two
+loopback listeners directly, ``files(claim)`` what its directory holds.
+
 Every event the server waits on (``after``, ``patch_gate``) is set when it closes.
 """
 
@@ -106,11 +114,13 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import socket
 import ssl
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 from werkzeug import Request, Response
@@ -118,6 +128,7 @@ from werkzeug.formparser import parse_form_data
 
 from piship_remote._http_server.server import Head
 from piship_remote._http_server.server import Reply as RawReply
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.testing.faults import Faults, hold_if_stalled
 from piship_remote.testing.k8s_access import access_review, refused, warm_pool
 from piship_remote.testing.k8s_api import RESOURCE_PATH, ResourceApi
@@ -140,8 +151,25 @@ from piship_remote.testing.recorder import (
     json_response,
 )
 from piship_remote.wire.agent_sandbox import CLAIMS as CLAIM_RESOURCE
+from piship_remote.wire.agent_sandbox import SANDBOXES as SANDBOX_RESOURCE
 
-__all__ = ["CLAIMS", "Cluster", "ExecuteAnswer", "KubernetesServer", "claims_path"]
+if TYPE_CHECKING:
+    from piship_remote.testing.k8s_sandboxd import SandboxdPods
+    from piship_remote.testing.k8s_sandboxd_proxy import SandboxdProxy
+
+__all__ = ["CLAIMS", "RUNTIMES", "Cluster", "ExecuteAnswer", "KubernetesServer", "claims_path"]
+
+RUNTIMES = ("python-runtime", "sandboxd")
+_SANDBOXD_CONTAINERS = [
+    {"name": "sandboxd", "ports": [{"containerPort": 8080}, {"containerPort": 9090}]},
+    {
+        "name": "workload",
+        "env": [
+            {"name": "SANDBOXD_GRPC_ADDR", "value": "localhost:9090"},
+            {"name": "SANDBOXD_REST_ADDR", "value": "localhost:8080"},
+        ],
+    },
+]
 
 _LOG = logging.getLogger("piship_remote.testing")
 
@@ -161,6 +189,7 @@ _WARM_POOL = re.compile(
 _ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _ROUTER_PATHS = re.compile(r"^/(execute|upload|download/.*|list/.*|exists/.*)?$")
 _RECONCILE_INTERVAL = 0.05
+_POD_NAME = "agents.x-k8s.io/pod-name"
 
 
 @attrs.define
@@ -222,13 +251,28 @@ class KubernetesServer(RecordingServer):
         *,
         file_tree: Callable[[str], FileTree] | None = None,
         tls: ssl.SSLContext | None = None,
+        runtime: str = "python-runtime",
     ) -> None:
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
+        self.runtime = runtime
         self.cluster = cluster if cluster is not None else Cluster()
         self.store = Store()
         """The API server's objects (read them, or change them as a cluster would)."""
-        self.controller = Controller(self.store, self.cluster, lambda c: SANDBOX_PREFIX + c)
+        self.controller = Controller(
+            self.store,
+            self.cluster,
+            lambda c: SANDBOX_PREFIX + c,
+            _SANDBOXD_CONTAINERS if runtime == "sandboxd" else None,
+        )
         self.faults = Faults()
         """Faults on demand (:class:`~piship_remote.testing.faults.Faults`)."""
+        self._sandboxd = _sandboxd_pods(self.faults) if runtime == "sandboxd" else None
+        self._proxy = (
+            _sandboxd_proxy(self._sandboxd, self._reaches, self._router_token)
+            if self._sandboxd is not None
+            else None
+        )
         self._router = Router(
             self.store,
             self.cluster,
@@ -244,7 +288,9 @@ class KubernetesServer(RecordingServer):
         self._stop = threading.Event()
         self.client_subjects: list[tuple[str, str | None]] = []
         """Each request's path and its verified client certificate's common name, if any."""
-        self._port_forwards = PortForwards(self.cluster, self)
+        self._port_forwards = PortForwards(
+            self.cluster, self, self._sandboxd_listener if self._sandboxd is not None else None
+        )
         super().__init__(self._handle, tls=tls, tunnel=self._tunnel)
         self._ticker = threading.Thread(
             target=self._tick, name=f"{THREAD_PREFIX}controller", daemon=True
@@ -267,7 +313,27 @@ class KubernetesServer(RecordingServer):
 
     def files(self, claim_name: str) -> dict[str, bytes]:
         """The files in ``claim_name``'s sandbox runtime, by path relative to its base."""
+        if self._sandboxd is not None:
+            return _tree_of(self._sandboxd.pod(SANDBOX_PREFIX + claim_name).root)
         return self._router.files(claim_name)
+
+    @property
+    def sandboxd_proxy(self) -> str:
+        """``runtime="sandboxd"``: the router's gRPC proxy (``127.0.0.1:<port>``), which
+        routes each call by its ``x-sandbox-id`` and ``x-sandbox-namespace`` metadata (the
+        router's HTTP forwards sandboxd's REST surface the same way, ``X-Sandbox-Port``
+        8080)."""
+        if self._proxy is None:
+            raise ValueError('the server runs no sandboxd (KubernetesServer(runtime="sandboxd"))')
+        return str(self._proxy.address)
+
+    def sandboxd_address(self, claim_name: str) -> tuple[str, int, int]:
+        """``runtime="sandboxd"``: the host, REST port and gRPC port of ``claim_name``'s
+        sandboxd on loopback, as a port-forward to its pod reaches them."""
+        if self._sandboxd is None:
+            raise ValueError('the server runs no sandboxd (KubernetesServer(runtime="sandboxd"))')
+        pod = self._sandboxd.pod(SANDBOX_PREFIX + claim_name)
+        return "127.0.0.1", pod.rest_port, pod.grpc_port
 
     def reconcile(self) -> None:
         """Run one controller pass now (it also runs every 50 ms on its own)."""
@@ -283,6 +349,10 @@ class KubernetesServer(RecordingServer):
         super().close()
         if self._ticker is not threading.current_thread():
             self._ticker.join()
+        if self._proxy is not None:
+            self._proxy.close()
+        if self._sandboxd is not None:
+            self._sandboxd.close()
 
     # ---- the HTTP layer --------------------------------------------------------------
 
@@ -322,6 +392,10 @@ class KubernetesServer(RecordingServer):
             return self._api.handle(request, match)
         if request.path == "/healthz" and request.method == "GET":
             return json_response(200, {"status": "ok"})
+        if self._sandboxd is not None:
+            forwarded = _sandboxd_rest(request, self._sandboxd, self._reaches, _lower(request))
+            if forwarded is not None:
+                return forwarded
         if _ROUTER_PATHS.match(request.path):
             return _response(self._router.handle(_router_request(request)))
         return json_response(404, {})
@@ -347,8 +421,74 @@ class KubernetesServer(RecordingServer):
         while not self._stop.wait(_RECONCILE_INTERVAL):
             try:
                 self.reconcile()
+                if self._sandboxd is not None:
+                    self._sandboxd.sweep(self._live_pods())
             except Exception:
                 _LOG.exception("the fake controller's pass failed")
+
+    def _live_pods(self, namespace: str | None = None) -> set[str]:
+        return {
+            str(s["metadata"].get("annotations", {}).get(_POD_NAME, s["metadata"]["name"]))
+            for s in self.store.objects(SANDBOX_RESOURCE, namespace)
+        }
+
+    def _reaches(self, namespace: str, sandbox: str) -> bool:
+        claim = sandbox.removeprefix(SANDBOX_PREFIX)
+        if claim in self.cluster.expired | self.cluster.router_gone:
+            return False
+        return sandbox in self._live_pods(namespace)
+
+    def _router_token(self) -> str | None:
+        return self.cluster.router_token or self.cluster.token
+
+    def _sandboxd_listener(
+        self, namespace: str, pod: str, port: int
+    ) -> tuple[bool, tuple[str, int] | None]:
+        if self._sandboxd is None or pod not in self._live_pods(namespace):
+            return False, None
+        return True, self._sandboxd.pod(pod).address(port)
+
+
+def _sandboxd_pods(faults: Faults) -> SandboxdPods:
+    try:
+        from piship_remote.testing.k8s_sandboxd import SandboxdPods as Pods
+    except ImportError:
+        raise PiShipError(
+            CONFIG_INVALID,
+            'KubernetesServer(runtime="sandboxd") needs grpcio and protobuf',
+            user_action="pip install 'piship-remote[sandboxd]'",
+        ) from None
+    return Pods(faults)
+
+
+def _sandboxd_proxy(
+    pods: SandboxdPods, reaches: Callable[[str, str], bool], token: Callable[[], str | None]
+) -> SandboxdProxy:
+    from piship_remote.testing.k8s_sandboxd_proxy import SandboxdProxy as Proxy
+
+    return Proxy(pods, reaches, token)
+
+
+def _sandboxd_rest(
+    request: Request,
+    pods: SandboxdPods,
+    reaches: Callable[[str, str], bool],
+    headers: dict[str, str],
+) -> Response | None:
+    from piship_remote.testing.k8s_sandboxd_proxy import rest
+
+    return rest(request, pods, reaches, headers)
+
+
+def _tree_of(root: str) -> dict[str, bytes]:
+    found = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            full = os.path.join(directory, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                with open(full, "rb") as opened:
+                    found[os.path.relpath(full, root)] = opened.read()
+    return found
 
 
 def _lower(request: Request) -> dict[str, str]:

@@ -231,3 +231,21 @@ def test_a_failed_pull_is_told_beside_the_commands_own_status(
     assert told in err
     assert "FILE_WRITE_FAILED" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+def test_with_runtime_sandboxd_standard_input_reaches_the_command_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("grpc", reason="pip install 'piship-remote[sandboxd]'")
+    with KubernetesServer(runtime="sandboxd") as server:
+        status, out, err = cli_bytes(
+            *("run", "--backend", "kubernetes", "--runtime", "sandboxd", "--network", "allow"),
+            *("--api", server.url, "--router", server.url, "--pool", "python-pool"),
+            *("--namespace", "agents", "--", "cat"),
+            cwd=tmp_path,
+            given=BINARY,
+        )
+        assert status == 0, err
+        assert out == BINARY
+        assert server.live_claims == []

@@ -1,8 +1,9 @@
 """One contract for ``Sandbox.files``, ``push`` and ``pull``, run against every service.
 
-Five services: the doubles over a real directory (the Kubernetes runtime's ``/execute``
+Six services: the doubles over a real directory (the Kubernetes runtime's ``/execute``
 and the E2B double's ``Start`` run the command in it, so the helper commands act on the
-same files their file endpoints serve); the doubles as users construct them, with no
+same files their file endpoints serve); the Kubernetes double on sandboxd (its REST files
+and real commands in a directory per claim); the doubles as users construct them, with no
 arguments (their in-memory trees and shell, nothing run on the host); and the local
 service, the real thing.
 """
@@ -156,6 +157,22 @@ def _kubernetes_double(workspace: Path) -> Iterator[Service]:
             sandbox.dispose()
 
 
+@contextlib.contextmanager
+def _kubernetes_sandboxd(tmp_path: Path, workspace: Path) -> Iterator[Service]:
+    """``KubernetesServer(runtime="sandboxd")``: each claim's sandboxd runs real commands in
+    a directory of its own; its REST surface serves the files under it, helper commands the
+    rest (``elsewhere`` lies outside it)."""
+    pytest.importorskip("grpc", reason="pip install 'piship-remote[sandboxd]'")
+    sandboxes: list[Sandbox] = []
+    with KubernetesServer(runtime="sandboxd") as server:
+        start = _starter(kubernetes(server.url), workspace, sandboxes)
+        yield Service(
+            start, str(tmp_path / "elsewhere"), "/proc/piship-refused", "kubernetes-sandboxd"
+        )
+        for sandbox in sandboxes:
+            sandbox.dispose()
+
+
 IN_MEMORY = ("e2b-double", "kubernetes-double")
 
 
@@ -169,11 +186,12 @@ def open_service(
         "e2b": lambda: _e2b(tmp_path, workspace),
         "e2b-double": lambda: _e2b_double(workspace),
         "kubernetes-double": lambda: _kubernetes_double(workspace),
+        "kubernetes-sandboxd": lambda: _kubernetes_sandboxd(tmp_path, workspace),
     }
     return services[name]()
 
 
-@pytest.fixture(params=["kubernetes", "local", "e2b", *IN_MEMORY])
+@pytest.fixture(params=["kubernetes", "kubernetes-sandboxd", "local", "e2b", *IN_MEMORY])
 def service(request: pytest.FixtureRequest, tmp_path: Path, workspace: Path) -> Iterator[Service]:
     with open_service(request.param, tmp_path, workspace) as chosen:
         yield chosen

@@ -5,7 +5,8 @@ mistyped fields (a cluster may lag the schema)::
 
     ready = ready_condition(claim)            # the Ready condition, or {}
     name = sandbox_name(claim, fallback)      # status.sandbox.name, else the claim's
-    facts = sandbox_facts(sandbox)            # pod IP, UID, serviceFQDN, nodeName
+    facts = sandbox_facts(sandbox)            # pod IP, UID, serviceFQDN, nodeName, pod,
+                                              # the sandboxd addresses its template announces
     raise_if_finished(claim)                  # ClaimGone: being deleted, or failed for good
 """
 
@@ -64,17 +65,45 @@ class SandboxFacts:
     uid: str | None = None
     service_fqdn: str | None = None
     node_name: str | None = None
+    pod_name: str | None = None
+    sandboxd_grpc: str | None = None
+    """``SANDBOXD_GRPC_ADDR`` on a container of its pod template: it runs sandboxd."""
+    sandboxd_rest: str | None = None
+    """``SANDBOXD_REST_ADDR`` beside it."""
+
+
+_POD_NAME = "agents.x-k8s.io/pod-name"
 
 
 def sandbox_facts(sandbox: Mapping[str, Any]) -> SandboxFacts:
-    """What the Sandbox object ``sandbox`` says (its pod IP: IPv4 preferred)."""
+    """What the Sandbox object ``sandbox`` says (its pod IP: IPv4 preferred; its pod: the
+    ``agents.x-k8s.io/pod-name`` annotation, else the Sandbox's own name)."""
     status = mapping(sandbox.get("status"))
+    metadata = mapping(sandbox.get("metadata"))
+    env = _template_env(sandbox)
     return SandboxFacts(
         _best_ip(status.get("podIPs")),
-        _text(mapping(sandbox.get("metadata")).get("uid")),
+        _text(metadata.get("uid")),
         _text(status.get("serviceFQDN")),
         _text(status.get("nodeName")),
+        _text(mapping(metadata.get("annotations")).get(_POD_NAME)) or _text(metadata.get("name")),
+        env.get("SANDBOXD_GRPC_ADDR"),
+        env.get("SANDBOXD_REST_ADDR"),
     )
+
+
+def _template_env(sandbox: Mapping[str, Any]) -> dict[str, str]:
+    """The plain ``env`` values of every container of the Sandbox's pod template."""
+    spec = mapping(mapping(mapping(sandbox.get("spec")).get("podTemplate")).get("spec"))
+    containers = spec.get("containers")
+    found: dict[str, str] = {}
+    for container in containers if isinstance(containers, list) else []:
+        variables = mapping(container).get("env")
+        for variable in variables if isinstance(variables, list) else []:
+            name, value = mapping(variable).get("name"), mapping(variable).get("value")
+            if isinstance(name, str) and isinstance(value, str) and value:
+                found.setdefault(name, value)
+    return found
 
 
 def _text(value: object) -> str | None:

@@ -40,6 +40,12 @@ class Claim:
     """The Sandbox's Service name (``status.serviceFQDN``; only sandboxes with a Service)."""
     node_name: str | None = None
     """The node its pod runs on (``status.nodeName``)."""
+    pod_name: str | None = None
+    """Its pod (the ``agents.x-k8s.io/pod-name`` annotation, else the Sandbox's name)."""
+    sandboxd_grpc: str | None = None
+    """Where its pod's sandboxd serves gRPC (``SANDBOXD_GRPC_ADDR``), when it runs one."""
+    sandboxd_rest: str | None = None
+    """Where its pod's sandboxd serves REST (``SANDBOXD_REST_ADDR``)."""
 
 
 class ClaimApi(Protocol):

@@ -240,6 +240,9 @@ class ClaimsApi:
             facts.uid,
             facts.service_fqdn,
             facts.node_name,
+            facts.pod_name,
+            facts.sandboxd_grpc,
+            facts.sandboxd_rest,
         )
 
     def _read(self, name: str, cancel: CancelToken) -> dict[str, Any] | None:

@@ -51,7 +51,7 @@ from piship_remote.workspace._sandbox_commands import (
     working_directory_command,
 )
 
-__all__ = ["FILE_TIMEOUT", "ClaimScope", "RuntimeFiles"]
+__all__ = ["FILE_TIMEOUT", "ClaimScope", "RuntimeFiles", "listed_by_command"]
 
 FILE_TIMEOUT = 60.0
 TRANSFER_IDLE = 60.0
@@ -375,22 +375,27 @@ class RuntimeFiles:
         self, path: str, cancel: threading.Event | None, deadline: Deadline | None
     ) -> list[FileInfo]:
         output = self._command(list_dir_command(path), f"listing {path}", cancel, deadline)
-        if output.strip() == "missing":
-            raise _not_found(path, "directory")
-        entries = []
-        for record in output.split("\0"):
-            kind, _, rest = record.partition(" ")
-            size, _, name = rest.partition(" ")
-            if name:
-                entries.append(
-                    FileInfo(
-                        posixpath.join(path, name),
-                        name,
-                        _TYPES.get(kind, "other"),
-                        int(size) if size.isdigit() else 0,
-                    )
+        return listed_by_command(path, output)
+
+
+def listed_by_command(path: str, output: str) -> list[FileInfo]:
+    """The entries of the directory ``path`` from the output of its ``list_dir_command``."""
+    if output.strip() == "missing":
+        raise _not_found(path, "directory")
+    entries = []
+    for record in output.split("\0"):
+        kind, _, rest = record.partition(" ")
+        size, _, name = rest.partition(" ")
+        if name:
+            entries.append(
+                FileInfo(
+                    posixpath.join(path, name),
+                    name,
+                    _TYPES.get(kind, "other"),
+                    int(size) if size.isdigit() else 0,
                 )
-        return entries
+            )
+    return entries
 
 
 def _multipart(boundary: str, filename: str, chunks: Iterable[bytes]) -> Iterator[bytes]:

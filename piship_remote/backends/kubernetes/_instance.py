@@ -207,14 +207,17 @@ class KubernetesInstance:
         return self._files
 
     @contextmanager
-    def claimed(self, cancel: threading.Event | None) -> Iterator[ClaimUse]:
-        """The current claim for one file call, held (and renewed) like a command's."""
+    def claimed(
+        self, cancel: threading.Event | None, *, direct: bool = False
+    ) -> Iterator[ClaimUse]:
+        """The current claim for one file call, held (and renewed) like a command's
+        (``direct``: unchecked within the existence window, as a direct command's)."""
         with bridge(cancel, self._watcher) as user:
             if user.is_set():
                 raise CommandCancelled()
             if self._manager.disposed:
                 raise disposed_error()
-            with self._manager.command(user) as use:
+            with self._manager.command(user, direct=direct) as use:
                 try:
                     yield use
                 except CommandCancelled:

@@ -18,6 +18,10 @@ once, so the URL never changes.
 
 A connection whose stream cannot be opened is answered ``502`` with the header
 :data:`TUNNEL_FAILED`: nothing reached the router, so the request never ran.
+
+``RouterTunnel(..., pod="<name>")`` forwards to that pod's ``forward.port`` instead of a
+Service's (sandboxd's listeners, in the pod named; ``forward.service`` is then unused),
+its threads named after ``names``.
 """
 
 from __future__ import annotations
@@ -99,8 +103,13 @@ class RouterTunnel:
         endpoint: str,
         credential: Credential,
         tls: TlsSettings,
+        *,
+        pod: str | None = None,
+        names: str = "piship-router-tunnel",
     ) -> None:
         require_websocket_client()
+        self._pod = pod
+        self._names = names
         self._forward = forward
         self._api = api
         self._endpoint = endpoint
@@ -133,7 +142,7 @@ class RouterTunnel:
             if self._accepting is None:
                 self._wake = socket.socketpair()
                 self._accepting = threading.Thread(
-                    target=self._accept, name="piship-router-tunnel-accept", daemon=True
+                    target=self._accept, name=f"{self._names}-accept", daemon=True
                 )
                 self._accepting.start()
         try:
@@ -173,6 +182,8 @@ class RouterTunnel:
 
     def _find_target(self) -> _Target:
         forward = self._forward
+        if self._pod is not None:
+            return _Target(self._pod, forward.port)
         service = read(self._get(f"services/{forward.service}"), Service)
         wanted = next((p for p in service.spec.ports if p.port == forward.port), None)
         if wanted is None:
@@ -232,9 +243,10 @@ class RouterTunnel:
                 return
             try:
                 local, _ = self._listener.accept()
+                local.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small frames go now
             except OSError:
                 return
-            name = f"piship-router-tunnel-{next(self._counter)}"
+            name = f"{self._names}-{next(self._counter)}"
             thread = threading.Thread(target=self._serve, args=(local,), name=name, daemon=True)
             with self._lock:
                 self._relays[thread] = None

@@ -69,10 +69,18 @@ from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._http import ROUTER_TOKEN_ACTION, ClusterHttp
 from piship_remote.backends.kubernetes._instance import KubernetesInstance, runtime_command
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
-from piship_remote.backends.kubernetes._port_forward import PortForward, RouterTunnel
+from piship_remote.backends.kubernetes._port_forward import PortForward, RouterTunnel, TlsSettings
 from piship_remote.backends.kubernetes._preflight import Check, Preflight
 from piship_remote.backends.kubernetes._router import Router
-from piship_remote.backends.kubernetes.claims import ClaimManager
+from piship_remote.backends.kubernetes._sandboxd_link import (
+    PodLink,
+    ProxyLink,
+    SandboxdLink,
+    SandboxdLinks,
+    proxy_target,
+    require_sandboxd,
+)
+from piship_remote.backends.kubernetes.claims import Claim, ClaimManager
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
 from piship_remote.model.errors import (
@@ -96,6 +104,7 @@ __all__ = [
 
 PROVIDER = "kubernetes-agent-sandbox"
 EXECUTION_MODES = ("direct", "detached")
+RUNTIMES = ("auto", "python-runtime", "sandboxd")
 PORT_FORWARD = "port-forward"
 """``router=`` this: reach the router by port-forward (:class:`PortForward`'s defaults)."""
 ROUTER_AUTH_MODES = ("bearer", "scoped-token")
@@ -164,9 +173,19 @@ class KubernetesAgentSandboxBackend:
         volume_claim_templates: Sequence[Mapping[str, Any]] | None = None,
         ttl_seconds_after_finished: int | None = None,
         foreground_deletion: bool = False,
+        runtime: Literal["auto", "python-runtime", "sandboxd"] = "auto",
+        sandboxd_proxy: str | None = None,
     ) -> None:
         if execution not in EXECUTION_MODES:
             raise ValueError('execution must be "direct" or "detached"')
+        if runtime not in RUNTIMES:
+            raise ValueError('runtime must be "auto", "python-runtime" or "sandboxd"')
+        if runtime == "sandboxd" and execution == "detached":
+            raise ValueError('execution="detached" is for the router\'s runtime, not sandboxd')
+        self.runtime = runtime
+        if sandboxd_proxy is not None:
+            proxy_target(sandboxd_proxy)  # ValueError now, not at the first command
+        self._sandboxd_proxy = sandboxd_proxy
         self._existence_window = existence_window_seconds(existence_window)
         if not all(
             isinstance(name, str) and RESOURCE_NAME.match(name) for name in (namespace, template)
@@ -201,6 +220,8 @@ class KubernetesAgentSandboxBackend:
         self._workdir = workdir
         http = ClusterHttp(self._transport, credentials, self.redactor)
         self._tunnel = _tunnel(router, http, endpoint, credentials, session)
+        self._pod_tunnels = (http, endpoint, credentials, session)
+        self._router_credentials = router_credentials
         router = self._tunnel.url if self._tunnel is not None else check_endpoint(str(router))
         self._claims = ClaimsApi(
             http,
@@ -374,6 +395,8 @@ class KubernetesAgentSandboxBackend:
             existence_window=self._existence_window,
             telemetry=self._telemetry,
         )
+        if self.runtime == "sandboxd":
+            require_sandboxd()
         if self._tunnel is not None:
             self._tunnel.hold(manager)  # the router is reached through it while this lives
         try:
@@ -382,19 +405,83 @@ class KubernetesAgentSandboxBackend:
             if self._tunnel is not None:
                 self._tunnel.release(manager)
             raise
-        instance = KubernetesInstance(
-            self._router,
-            manager,
-            self._workdir,
-            lambda disposed: self._disposed(disposed, manager),
-            self._runtime_files,
-            self._jobs,
-            claims,
-        )
+        try:
+            sandboxd = self._runs_sandboxd(manager)
+        except BaseException:
+            if self._tunnel is not None:
+                self._tunnel.release(manager)
+            manager.dispose()  # the claim it made is deleted
+            raise
+        instance: KubernetesInstance
+        if sandboxd:
+            instance = self._sandboxd_instance(manager, claims)
+        else:
+            instance = KubernetesInstance(
+                self._router,
+                manager,
+                self._workdir,
+                lambda disposed: self._disposed(disposed, manager),
+                self._runtime_files,
+                self._jobs,
+                claims,
+            )
         if self._open.admit(instance):
             return instance
         instance.dispose()
         raise self._closed_error()
+
+    def _runs_sandboxd(self, manager: ClaimManager) -> bool:
+        """Whether the prepared claim runs sandboxd (as told, or as its template says);
+        ``CONFIG_INVALID`` naming the extra when it does and the extra is missing."""
+        if self.runtime != "auto":
+            return self.runtime == "sandboxd"
+        claim = manager.current_claim()
+        announced = claim is not None and claim.sandboxd_grpc is not None
+        if announced:
+            require_sandboxd()
+        return announced
+
+    def _sandboxd_instance(self, manager: ClaimManager, claims: KeptClaims) -> KubernetesInstance:
+        from piship_remote.backends.kubernetes._sandboxd_instance import SandboxdInstance
+
+        http, endpoint, credentials, session = self._pod_tunnels
+        errors = SandboxErrors(self.redactor)
+        proxy = self._sandboxd_proxy
+
+        def open_tunnel(pod: str, port: int) -> RouterTunnel:
+            forward = PortForward(service=pod, namespace=self._namespace, port=port)
+            return RouterTunnel(
+                forward,
+                http,
+                endpoint,
+                credentials,
+                _tls_of(session),
+                pod=pod,
+                names="piship-sandboxd-tunnel",
+            )
+
+        def open_link(claim: Claim) -> SandboxdLink:
+            if proxy is None:
+                return PodLink(claim, open_tunnel, self._transport, errors)
+            return ProxyLink(
+                claim,
+                proxy,
+                self._router,
+                self._router_url,
+                self._http,
+                self._router_credentials,
+                errors,
+            )
+
+        return SandboxdInstance(
+            self._router,
+            manager,
+            self._workdir,
+            lambda disposed: self._disposed(disposed, manager),
+            SandboxdLinks(open_link, errors),
+            errors,
+            claims,
+        )
 
     def _disposed(self, instance: KubernetesInstance, manager: ClaimManager) -> None:
         self._open.forget(instance)
@@ -440,6 +527,11 @@ def _tunnel(
         router = PortForward()
     if not isinstance(router, PortForward):
         return None
+    return RouterTunnel(router, api, endpoint, credential, _tls_of(session))
+
+
+def _tls_of(session: requests.Session | None) -> TlsSettings:
+    """The API server's CA and client certificate as ``session`` has them, read when asked."""
 
     def tls() -> tuple[bool | str, tuple[str, str] | None]:
         verify = session.verify if session is not None else True
@@ -447,4 +539,4 @@ def _tunnel(
         pair = (str(cert[0]), str(cert[1])) if isinstance(cert, tuple) and len(cert) == 2 else None
         return verify if isinstance(verify, str) else True, pair
 
-    return RouterTunnel(router, api, endpoint, credential, tls)
+    return tls

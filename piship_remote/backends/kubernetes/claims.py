@@ -118,6 +118,19 @@ class ClaimManager:
         with self._lock:
             return self._last
 
+    def current_claim(self) -> Claim | None:
+        """The current claim once it is created and ready (no request is sent, and it
+        does not count as a command: :meth:`epoch` is unchanged); ``None`` otherwise."""
+        with self._lock:
+            lease = self._current
+        if lease is None or not lease.future.done():
+            return None
+        try:
+            claim: Claim = lease.future.result()
+        except BaseException:
+            return None
+        return claim
+
     def prepare(self) -> None:
         """Create the first claim and wait until it is ready; on failure nothing is left."""
         try:
