@@ -8,8 +8,9 @@
 =========================================  ======================================
 
 Both copy the sandbox's files (home, ``/tmp``, ``/dev/shm``, root's home) while it
-runs, which is all a local sandbox has to keep: a fork or a sandbox created from
-a snapshot (``templateID`` = the snapshot's ID) starts with those files and its
+runs, exported by its own agent (a snapshot's copy counts against the service's snapshot
+disk budget: 507 past it), which is all a local sandbox has to keep: a fork or a sandbox
+created from a snapshot (``templateID`` = the snapshot's ID) starts with those files and its
 source's template, variables and metadata, but not its running processes.
 A fork lives ``timeout`` seconds (300 when absent)::
 
@@ -24,10 +25,12 @@ from collections.abc import Callable
 from piship_remote._http_server.messages import Reply, Request
 from piship_remote.local.sandbox.listing import query_of
 from piship_remote.local.sandbox.registry import (
+    CopyFailed,
     Registry,
     Sandbox,
     SandboxGone,
     Snapshot,
+    SnapshotBudgetExceeded,
     TooManySandboxes,
     TooManySnapshots,
 )
@@ -84,8 +87,12 @@ class SandboxCopies:
             snapshot = self._registry.snapshot(sandbox.id, request.name or None)
         except TooManySnapshots as e:
             return api_error(429, str(e))
-        except OSError as e:
+        except SnapshotBudgetExceeded as e:
+            return api_error(507, str(e))
+        except CopyFailed as e:
             return api_error(500, f"the snapshot could not be taken: {e}")
+        except OSError:
+            return api_error(500, "the snapshot could not be taken: its agent could not be reached")
         if snapshot is None:
             return api_error(404, f'sandbox "{sandbox.id}" not found')
         return Reply(201, to_json(_snapshot_info(snapshot)), "application/json")

@@ -342,3 +342,13 @@ def test_envd_is_reached_by_the_host_name_get_host_gives(
         timeout=TIMEOUT,
     )
     assert answer.json()["message"] == f"path '{HOME}/nope' does not exist"
+
+
+def test_a_write_where_the_sandbox_cannot_write_says_read_only(
+    service: LocalE2bService, sandbox: dict[str, Any]
+) -> None:
+    written = _upload(service, sandbox, "/dev/piship/x.txt", b"x")
+    assert (written.status_code, written.json()["message"]) == (
+        500,
+        "error ensuring directories: mkdir /dev/piship: read-only file system",
+    )

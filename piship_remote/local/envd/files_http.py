@@ -5,7 +5,7 @@
 ``multipart/form-data`` body (each ``file`` part's filename is its path, unless
 ``path`` is given) into it, creating missing parent directories. Bodies of any
 size pass through in pieces (chunked request bodies too), and every byte is read
-and written by a process inside the sandbox (see :mod:`piship_remote.local.sandbox.fs`).
+and written inside the sandbox, by its agent (see :mod:`piship_remote.local.sandbox.fs`).
 
 A request carrying ``X-Access-Token`` must carry the sandbox's; one without it must
 carry a valid ``signature`` (``v1_`` + unpadded base64 of SHA-256 over
@@ -32,7 +32,6 @@ import posixpath
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import IO
 from urllib.parse import parse_qs, urlsplit
 
 import attrs
@@ -40,14 +39,8 @@ import attrs
 from piship_remote._http_server.messages import BodyReader, DropConnection, Head, Reply, Request
 from piship_remote.local.envd.multipart import MultipartError, MultipartReader, boundary_of
 from piship_remote.local.isolation.user_map import ROOT_REFUSAL, Identity, SandboxUsers
-from piship_remote.local.sandbox.fs import (
-    FEED_PIECE,
-    Ran,
-    StreamBroken,
-    open_stream,
-    run,
-)
-from piship_remote.local.sandbox.metadata import from_headers, invalid, writer
+from piship_remote.local.sandbox.fs import FilesFailed, StreamBroken, read, write
+from piship_remote.local.sandbox.metadata import from_headers, invalid
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_control import ApiError
 from piship_remote.wire.e2b_json import to_json
@@ -58,39 +51,6 @@ __all__ = ["FILES_PATH", "FileEndpoints", "sandbox_missing"]
 FILES_PATH = "/files"
 _JSON = "application/json; charset=utf-8"
 EXPIRED = "signature is already expired"
-_MISSING, _DIRECTORY, _PARENT_BLOCKED, _NO_SPACE, _NO_STAT, _NO_OPEN = 10, 11, 12, 13, 14, 15
-_NO_METADATA = 16
-_READ_SCRIPT = f"""
-if [ ! -e "$1" ]; then
-  case $(LC_ALL=C stat -L -- "$1" 2>&1) in *"ermission denied"*) exit {_NO_STAT};; esac
-  exit {_MISSING}
-fi
-[ -d "$1" ] && exit {_DIRECTORY}
-[ -r "$1" ] || exit {_NO_OPEN}
-stat -L -c %s -- "$1" || exit 1
-exec cat -- "$1"
-"""
-# PATH METADATA WRITER...: the bytes, then the metadata (JSON, empty for none) replaces the
-# file's own where there is some to set or to clear (a new file has none).
-_WRITE_SCRIPT = f"""
-f=$1 m=$2; shift 2
-[ -d "$f" ] && exit {_DIRECTORY}
-d=$(dirname -- "$f")
-if ! mkdir -p -- "$d" 2>/dev/null; then
-  p=$d; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname -- "$p"); done
-  printf %s "$p" >&2; exit {_PARENT_BLOCKED}
-fi
-existed=; [ -f "$f" ] && existed=1
-# As envd: open (create or truncate), a change of attributes, then the bytes.
-: > "$f" || exit 1
-touch -c -- "$f" 2>/dev/null
-cat >> "$f" || exit 1
-[ -n "$existed$m" ] || exit 0
-[ -n "$m" ] || m='{{}}'
-"$@" "$f" "$m" || exit {_NO_METADATA}
-"""
-
-
 class FileEndpoints:
     """``/files`` for the sandboxes of one service, read and written as one of ``users``."""
 
@@ -175,27 +135,12 @@ class FileEndpoints:
             path = resolve(raw_path, user.home)
         except PathError as e:
             return error(400, str(e))
-        opened = open_stream(sandbox, _READ_SCRIPT, path, user=user)
         name = posixpath.basename(path)
         headers = (("Vary", "Accept-Encoding"), ("Content-Disposition", f"inline; filename={name}"))
-        if opened.ended is not None:
-            ended = opened.ended
-            if ended.exit_code == 0:
-                return Reply(200, b"", _content_type(path), headers)
-            if ended.exit_code == _MISSING:
-                return error(404, f"path '{path}' does not exist")
-            if ended.exit_code == _DIRECTORY:
-                return error(400, f"path '{path}' is a directory")
-            if ended.exit_code == _NO_STAT:
-                reason = f"stat {path}: permission denied"
-                return error(500, f"error checking if path exists '{path}': {reason}")
-            if ended.exit_code == _NO_OPEN:
-                return error(500, f"error opening file '{path}': open {path}: permission denied")
-            return error(500, f"error reading file: {ended.error_text or 'failed'}")
-        assert opened.chunks is not None
-        size, chunks = _sized(opened.chunks)
-        if size is None:
-            return error(500, "error reading file: its size could not be read")
+        try:
+            size, chunks = read(sandbox, path, user=user)
+        except FilesFailed as e:
+            return _read_failure(path, e)
         return Reply(
             200,
             content_type=_content_type(path),
@@ -283,17 +228,11 @@ class FileEndpoints:
 
     def _write(self, target: _Target, path: str, source: Callable[[int], bytes]) -> Reply | None:
         """Write ``path``, then replace its metadata (a new file has none to clear)."""
-
-        def feed(pipe: IO[bytes]) -> None:
-            while piece := source(FEED_PIECE):
-                pipe.write(piece)
-
-        sandbox, metadata = target.sandbox, json.dumps(target.metadata) if target.metadata else ""
-        args = (path, metadata, *writer(sandbox))
-        ran = run(sandbox, _WRITE_SCRIPT, *args, feed=feed, user=target.user)
-        if ran.exit_code == _NO_METADATA:
-            return error(500, f"error setting metadata: {ran.error_text[-300:] or 'failed'}")
-        return None if ran.exit_code == 0 else _write_failure(path, ran)
+        try:
+            write(target.sandbox, path, source, metadata=target.metadata, user=target.user)
+        except FilesFailed as e:
+            return _write_failure(path, e)
+        return None
 
 
 @attrs.frozen
@@ -305,17 +244,37 @@ class _Target:
     metadata: dict[str, str]
 
 
-def _write_failure(path: str, ran: Ran) -> Reply:
-    if ran.exit_code == _DIRECTORY:
+def _read_failure(path: str, failure: FilesFailed) -> Reply:
+    if failure.code == "ENOENT":
+        return error(404, f"path '{path}' does not exist")
+    if failure.code == "EISDIR":
+        return error(400, f"path '{path}' is a directory")
+    if failure.code == "EACCES" and failure.details.get("stage") == "stat":
+        reason = f"stat {path}: permission denied"
+        return error(500, f"error checking if path exists '{path}': {reason}")
+    if failure.code == "EACCES":
+        return error(500, f"error opening file '{path}': open {path}: permission denied")
+    return error(500, f"error reading file: {failure.reason}")
+
+
+def _write_failure(path: str, failure: FilesFailed) -> Reply:
+    """envd's answer for a write that failed: the file in the way, read-only, no space, …"""
+    code, details = failure.code, failure.details
+    if code == "EISDIR":
         return error(400, f"path is a directory: {path}")
-    if ran.exit_code == _PARENT_BLOCKED:
-        return error(500, f"error ensuring directories: path is a file: {ran.error_text}")
-    text = ran.error_text
-    if "No space left" in text:
+    if code == "ENOSPC":
         return error(507, "not enough disk space available")
-    if "quota" in text.lower():
+    if code == "EDQUOT":
         return error(507, "not enough inodes available")
-    return error(500, f"error writing file: {text[-300:] or 'failed'}")
+    if code == "EMETADATA":
+        return error(500, f"error setting metadata: {failure.reason}")
+    if details.get("stage") == "parent":
+        if code == "ENOTDIR":
+            return error(500, f"error ensuring directories: path is a file: {details['blocked']}")
+        return error(500, f"error ensuring directories: mkdir {details['path']}: {failure.reason}")
+    if details.get("stage") == "open":
+        return error(500, f"error opening file '{path}': open {path}: {failure.reason}")
+    return error(500, f"error writing file: {failure.reason}")
 
 
 def _query(target: str) -> dict[str, str]:
@@ -326,33 +285,6 @@ def _written(paths: list[str], metadata: dict[str, str]) -> Reply:
     extra = {"metadata": metadata} if metadata else {}
     entries = [{"path": p, "name": posixpath.basename(p), "type": "file", **extra} for p in paths]
     return Reply(200, to_json(entries), "application/json")
-
-
-def _sized(chunks: Iterator[bytes]) -> tuple[int | None, Iterator[bytes]]:
-    """The size line the read script prints first, and the file's bytes after it.
-
-    Sending the size as ``Content-Length`` (as envd does) spares every client the
-    decoding of a chunked body.
-    """
-    head = b""
-    for chunk in chunks:
-        head += chunk
-        line, newline, rest = head.partition(b"\n")
-        if newline:
-            if not line.strip().isdigit():
-                _close(chunks)
-                return None, iter(())
-            return int(line), _after(rest, chunks)
-        if len(head) > 32:
-            break
-    _close(chunks)
-    return None, iter(())
-
-
-def _after(first: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:
-    if first:
-        yield first
-    yield from chunks
 
 
 def _exactly(chunks: Iterator[bytes], size: int) -> Iterator[bytes]:

@@ -1,7 +1,7 @@
 """envd's ``filesystem.Filesystem`` Connect RPCs on the local service: Stat, ListDir, MakeDir,
 Move, Remove, the watcher RPCs (unary, JSON codec), and WatchDir (a server stream).
 
-Stat … Remove each run as a script inside the sandbox (see
+Stat … Remove are each done by the sandbox's agent, inside it (see
 :mod:`piship_remote.local.sandbox.fs`), and answer envd's shapes: ``{"entry":
 EntryInfo}``, ``{"entries": [...]}``, ``{}``; the watchers are
 :mod:`piship_remote.local.envd.watch_rpc`'s. Unary errors are Connect's ``{"code":
@@ -23,8 +23,7 @@ from collections.abc import Callable, Mapping
 from piship_remote._http_server.messages import Reply, Request
 from piship_remote.local.envd.watch_rpc import CONNECT_JSON, Watches, WatchFailed
 from piship_remote.local.isolation.user_map import Identity
-from piship_remote.local.sandbox.fs import ENTRY_FORMAT, Ran, parse_entries, run
-from piship_remote.local.sandbox.metadata import reader
+from piship_remote.local.sandbox.fs import FilesFailed, call, entries_of
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_json import (
     WireError,
@@ -61,33 +60,6 @@ STATUS = {
     "unimplemented": 501,
     "unavailable": 503,
 }
-_A, _B, _C = 10, 11, 12
-_PRINT = f"find \"$p\" -maxdepth 0 -printf '{ENTRY_FORMAT}'"
-# Each script takes its path(s) first, then the metadata reader's argv (see metadata.py),
-# which prints the entries' metadata after them.
-_METADATA = '"$@" "$d" "$p" 2>/dev/null; exit 0'
-_STAT = f"""p=$1 d=0; shift
-[ -e "$p" ] || [ -L "$p" ] || exit {_A}
-{_PRINT} || exit 1
-{_METADATA}"""
-_LIST = f"""p=$1 d=$2; shift 2
-[ -e "$p" ] || exit {_A}
-[ -d "$p" ] || exit {_B}
-find -H "$p" -mindepth 1 -maxdepth "$d" -printf '{ENTRY_FORMAT}' 2>/dev/null
-{_METADATA}"""
-_MAKE = f"""p=$1
-[ -d "$p" ] && exit {_A}
-[ -e "$p" ] || [ -L "$p" ] && exit {_B}
-mkdir -p -- "$p" || exit {_C}
-exec {_PRINT}"""
-_MOVE = f"""[ -e "$1" ] || [ -L "$1" ] || exit {_A}
-mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2" || exit {_C}
-p=$2 d=0; shift 2
-{_PRINT} || exit 1
-{_METADATA}"""
-_REMOVE = 'rm -rf -- "$1"'
-
-
 class FilesystemRpc:
     """Answers the Filesystem RPCs for sandboxes whose user's home is ``home``."""
 
@@ -155,55 +127,67 @@ class FilesystemRpc:
 
     def _stat(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         path = self._path(parse(body, PathRequest).path, user)
-        ran = run(sandbox, _STAT, path, *reader(sandbox), user=user)
-        if ran.exit_code == _A:
-            return connect_error(
-                "not_found", f"file not found: lstat {path}: no such file or directory"
-            )
-        return _entry(ran)
+        try:
+            return _entry(call(sandbox, "stat", {"path": path}, user=user))
+        except FilesFailed as e:
+            if e.code == "ENOENT":
+                return connect_error(
+                    "not_found", f"file not found: lstat {path}: no such file or directory"
+                )
+            return _failed("reading the entry", path, e)
 
     def _list_dir(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         request = parse(body, ListDirRequest)
         path = self._path(request.path, user)
         depth = min(max(request.depth, 1), MAX_DEPTH)
-        ran = run(sandbox, _LIST, path, str(depth), *reader(sandbox), user=user)
-        if ran.exit_code == _A:
-            return connect_error(
-                "not_found", f"path not found: stat {path}: no such file or directory"
-            )
-        if ran.exit_code == _B:
-            return connect_error("invalid_argument", f"path is not a directory: {path}")
-        if ran.exit_code != 0:
-            return _internal("listing the directory", ran)
-        entries = [unstructure(e) for e in sorted(parse_entries(ran.stdout), key=_walk_order)]
+        try:
+            found = call(sandbox, "list", {"path": path, "depth": depth}, user=user)
+        except FilesFailed as e:
+            if e.code == "ENOENT":
+                return connect_error(
+                    "not_found", f"path not found: stat {path}: no such file or directory"
+                )
+            if e.code == "ENOTDIR":
+                return connect_error("invalid_argument", f"path is not a directory: {path}")
+            return _failed("listing the directory", path, e)
+        entries = [unstructure(e) for e in sorted(entries_of(found), key=_walk_order)]
         return _ok({"entries": entries})
 
     def _make_dir(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         path = self._path(parse(body, PathRequest).path, user)
-        ran = run(sandbox, _MAKE, path, user=user)
-        if ran.exit_code == _A:
-            return connect_error("already_exists", f"directory already exists: {path}")
-        if ran.exit_code == _B:
-            return connect_error(
-                "invalid_argument", f"path already exists but it is not a directory: {path}"
-            )
-        return _entry(ran, "creating the directory")
+        try:
+            return _entry(call(sandbox, "make_dir", {"path": path}, user=user))
+        except FilesFailed as e:
+            if e.code == "EEXIST" and e.details.get("directory"):
+                return connect_error("already_exists", f"directory already exists: {path}")
+            if e.code == "EEXIST":
+                return connect_error(
+                    "invalid_argument", f"path already exists but it is not a directory: {path}"
+                )
+            return _failed("creating the directory", path, e)
 
     def _move(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         request = parse(body, MoveRequest)
         source = self._path(request.source, user)
         destination = self._path(request.destination, user)
-        ran = run(sandbox, _MOVE, source, destination, *reader(sandbox), user=user)
-        if ran.exit_code == _A:
-            return connect_error(
-                "not_found", f"source file not found: rename {source}: no such file or directory"
-            )
-        return _entry(ran, "moving the file")
+        args = {"source": source, "destination": destination}
+        try:
+            return _entry(call(sandbox, "move", args, user=user))
+        except FilesFailed as e:
+            if e.code == "ENOENT" and e.details.get("source"):
+                return connect_error(
+                    "not_found",
+                    f"source file not found: rename {source}: no such file or directory",
+                )
+            return _failed("moving the file", destination, e)
 
     def _remove(self, sandbox: Sandbox, body: bytes, user: Identity | None) -> Reply:
         path = self._path(parse(body, PathRequest).path, user)
-        ran = run(sandbox, _REMOVE, path, user=user)
-        return _ok({}) if ran.exit_code == 0 else _internal("removing the path", ran)
+        try:
+            call(sandbox, "remove", {"path": path}, user=user)
+        except FilesFailed as e:
+            return _failed("removing the path", path, e)
+        return _ok({})
 
 
 def _walk_order(entry: EntryInfo) -> list[bytes]:
@@ -211,16 +195,21 @@ def _walk_order(entry: EntryInfo) -> list[bytes]:
     return [part.encode(errors="surrogateescape") for part in entry.path.split("/")]
 
 
-def _entry(ran: Ran, doing: str = "reading the entry") -> Reply:
-    entries = parse_entries(ran.stdout) if ran.exit_code == 0 else []
+def _entry(value: object) -> Reply:
+    entries = entries_of(value)
     if not entries:
-        return _internal(doing, ran)
+        return connect_error("internal", "error reading the entry: it is gone")
     return _ok({"entry": unstructure(entries[0])})
 
 
-def _internal(doing: str, ran: Ran) -> Reply:
-    text = ran.error_text[-300:] or f"exit status {ran.exit_code}"
-    return connect_error("internal", f"error {doing}: {text}")
+def _failed(doing: str, path: str, failure: FilesFailed) -> Reply:
+    """envd's answer for an operation the user may not do, or that failed."""
+    where = str(failure.details.get("path") or path)
+    if failure.code == "EACCES":
+        return connect_error("permission_denied", f"error {doing}: {where}: permission denied")
+    if failure.code in ("ENOSPC", "EDQUOT"):
+        return connect_error("resource_exhausted", f"error {doing}: no space left on device")
+    return connect_error("internal", f"error {doing}: {where}: {failure.reason}")
 
 
 def _ok(value: object) -> Reply:

@@ -24,7 +24,6 @@ from piship_remote._http_server.messages import Reply, Request
 from piship_remote.local.envd.process_feed import Follower, ProcessFeed
 from piship_remote.local.isolation.process import Exited, InputFailed, LocalProcess, WindowSize
 from piship_remote.local.isolation.user_map import Identity
-from piship_remote.local.sandbox.fs import TAG_PREFIX
 from piship_remote.local.sandbox.registry import Sandbox, SandboxGone, StartRefused
 from piship_remote.wire.connect import EnvelopeReader, connect_envelope
 from piship_remote.wire.e2b_json import (
@@ -214,7 +213,6 @@ class ProcessRpc:
         infos = [
             ProcessInfo(config, process.pid, process.tag)
             for process, config in sandbox.listing()
-            if not process.tag.startswith(TAG_PREFIX)
         ]
         return Reply(200, to_json(ProcessList(infos)), "application/json")
 
@@ -238,7 +236,7 @@ def _select(sandbox: Sandbox, selector: ProcessSelector) -> LocalProcess:
     if selector.pid is None and not selector.tag:
         raise WireError("a process pid or tag is required")
     process = sandbox.find(pid=selector.pid, tag=selector.tag)
-    if process is None or process.tag.startswith(TAG_PREFIX):
+    if process is None:
         raise NotFound(_not_found(selector))
     return process
 

@@ -1,15 +1,16 @@
 """envd's watcher RPCs on the local service: ``WatchDir`` (a server stream), and
 ``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher`` (unary, polled).
 
-The path is resolved inside the sandbox first (``cd -P``, so a symlink means what
+The path is resolved inside the sandbox first, by its agent (so a symlink means what
 it means there), with envd's errors: ``path <p> not found``, ``path <p> not a
 directory``, and ``internal`` ``error statting path <p>: stat <p>: permission
 denied`` or ``error adding path <p> to watcher: permission denied`` for a place the
-user may not reach or read (where envd's stat or inotify fails). It is then watched
-on the host through :class:`DirWatch`. Only the sandbox's own writable places can
-be watched (its home, ``/tmp``, ``/dev/shm``, root's home); other paths are refused
-with ``invalid_argument``. A sandbox holds at most :data:`MAX_WATCHERS` watchers;
-they all end with it (a ``WatchDir`` stream then ends with ``unavailable``)::
+user may not reach or read (where envd's stat or inotify fails). The agent then
+watches it, inside the sandbox, as the user; its events come to a :class:`DirWatch`.
+Only the sandbox's own writable places can be watched (its home, ``/tmp``,
+``/dev/shm``, root's home); other paths are refused with ``invalid_argument``. A sandbox
+holds at most :data:`MAX_WATCHERS` watchers; they all end with it (a ``WatchDir`` stream
+then ends with ``unavailable``)::
 
     watches = Watches(home="/home/user")
     reply = watches.create(sandbox, b'{"path": "src", "recursive": true}')  # {"watcherId"}
@@ -32,8 +33,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from piship_remote._http_server.messages import Reply
 from piship_remote.local.envd.watcher import DirWatch, WatchEvent, WatchPump
 from piship_remote.local.isolation.user_map import Identity
-from piship_remote.local.sandbox.fs import ENTRY_FORMAT, parse_entries, run
-from piship_remote.local.sandbox.metadata import reader
+from piship_remote.local.sandbox.fs import FilesFailed, call, entries_of, watch
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.connect import connect_envelope
 from piship_remote.wire.e2b_json import WireError, end_stream_frame, to_json, unstructure
@@ -43,23 +43,11 @@ from piship_remote.wire.envd_paths import PathError, resolve
 __all__ = ["MAX_WATCHERS", "WatchFailed", "Watches"]
 
 MAX_WATCHERS = 64
+SYNC_TIMEOUT = 2.0
 CONNECT_JSON = "application/connect+json"
 T = TypeVar("T")
-_A, _B, _NO_STAT, _NO_READ = 10, 11, 12, 13
-_CANONICAL = f"""if [ ! -e "$1" ]; then
-  case $(LC_ALL=C stat -L -- "$1" 2>&1) in *"ermission denied"*) exit {_NO_STAT};; esac
-  exit {_A}
-fi
-[ -d "$1" ] || exit {_B}
-cd -P -- "$1" 2>/dev/null && [ -r . ] || exit {_NO_READ}
-pwd -P"""
-# N PATH... READER...: each PATH still there described (find), then their metadata.
-_DESCRIBE = f"""n=$1; shift; i=0
-while [ "$i" -lt "$n" ]; do
-  find "$1" -maxdepth 0 -printf '{ENTRY_FORMAT}' 2>/dev/null
-  set -- "$@" "$1"; shift; i=$((i + 1))
-done
-"$@" 2>/dev/null; exit 0"""
+DESCRIBED_AT_ONCE = 16 * 1024
+"""The bytes of paths one describe request carries (a request is one packet to the agent)."""
 _WITH_ENTRY = frozenset({"EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD"})
 
 
@@ -138,6 +126,7 @@ class _Watcher:
 
     def events(self) -> list[dict[str, object]]:
         """The events since the last call, as envd sends them."""
+        self.watch.sync(SYNC_TIMEOUT)  # what happened before the request is in it
         taken = self.watch.take()
         described = self._described(taken) if self.entries else {}
         return [_event(e, described.get(e.name)) for e in taken]
@@ -148,9 +137,13 @@ class _Watcher:
         if not names:
             return {}
         paths = [posixpath.join(self.path, name) for name in names]
-        args = (str(len(paths)), *paths, *reader(self.sandbox), "0")
-        ran = run(self.sandbox, _DESCRIBE, *args, user=self.user)
-        by_path = {e.path: unstructure(e) for e in parse_entries(ran.stdout)}
+        by_path: dict[str, dict[str, object]] = {}
+        for batch in _batches(paths):
+            try:
+                found = call(self.sandbox, "describe", {"paths": batch}, user=self.user)
+            except (FilesFailed, OSError):
+                continue
+            by_path.update({e.path: unstructure(e) for e in entries_of(found)})
         return {n: by_path[p] for n, p in zip(names, paths, strict=True) if p in by_path}
 
 
@@ -232,33 +225,21 @@ class Watches:
             path = resolve(request.path, self._home if user is None else user.home)
         except PathError as e:
             raise WatchFailed("invalid_argument", str(e)) from None
-        ran = run(sandbox, _CANONICAL, path, user=user)
-        if ran.exit_code == _A:
-            raise WatchFailed("not_found", f"path {path} not found: no such file or directory")
-        if ran.exit_code == _B:
-            raise WatchFailed("invalid_argument", f"path {path} not a directory: not a directory")
-        if ran.exit_code == _NO_STAT:  # envd's os.Stat failing
-            reason = f"stat {path}: permission denied"
-            raise WatchFailed("internal", f"error statting path {path}: {reason}")
-        if ran.exit_code == _NO_READ:  # envd's inotify watch failing on a directory it may not read
-            raise WatchFailed("internal", f"error adding path {path} to watcher: permission denied")
-        if ran.exit_code != 0:
-            raise WatchFailed("internal", f"error resolving {path}: {ran.error_text[-300:]}")
-        canonical = ran.stdout.decode(errors="replace").strip()
-        host_root, relative = _host_place(sandbox, canonical)
-        if host_root is None:
+        try:
+            canonical = str(call(sandbox, "canonical", {"path": path}, user=user))
+        except FilesFailed as e:
+            raise _watch_refusal(path, e) from None
+        if not _in_places(sandbox, canonical):
             places = ", ".join(sandbox.host_dirs)
             raise WatchFailed(
                 "invalid_argument",
                 f"cannot watch {path}: the local service watches directories under {places} only",
             )
         try:
-            watch = DirWatch.open(
-                host_root=host_root, relative=relative, recursive=request.recursive
-            )
-        except OSError as e:
-            raise WatchFailed("invalid_argument", f"cannot watch {path}: {e.strerror}") from None
-        return _Watcher(sandbox, watch, path, request.include_entry, user)
+            events = watch(sandbox, canonical, recursive=request.recursive, user=user)
+        except FilesFailed as e:
+            raise _watch_refusal(path, e) from None
+        return _Watcher(sandbox, DirWatch(events), path, request.include_entry, user)
 
     def _find(self, sandbox: Sandbox, watcher_id: str) -> _Watcher:
         with self._lock:
@@ -274,12 +255,40 @@ class Watches:
             self._pump.remove(found.watch)
 
 
-def _host_place(sandbox: Sandbox, canonical: str) -> tuple[str | None, str]:
-    """The host directory holding the sandbox path ``canonical``, and the path below it."""
-    for inside, host in sorted(sandbox.host_dirs.items(), key=lambda kv: -len(kv[0])):
-        if canonical == inside or canonical.startswith(inside.rstrip("/") + "/"):
-            return host, canonical[len(inside) :].lstrip("/")
-    return None, ""
+def _batches(paths: list[str]) -> Iterator[list[str]]:
+    """``paths`` in runs of at most :data:`DESCRIBED_AT_ONCE` bytes (at least one each)."""
+    batch: list[str] = []
+    size = 0
+    for path in paths:
+        if batch and size + len(path) > DESCRIBED_AT_ONCE:
+            yield batch
+            batch, size = [], 0
+        batch.append(path)
+        size += len(path) + 4
+    if batch:
+        yield batch
+
+
+def _watch_refusal(path: str, failure: FilesFailed) -> WatchFailed:
+    """envd's refusal of a watch of ``path`` (its stat or its inotify watch failing)."""
+    if failure.code == "ENOENT":
+        return WatchFailed("not_found", f"path {path} not found: no such file or directory")
+    if failure.code == "ENOTDIR":
+        return WatchFailed("invalid_argument", f"path {path} not a directory: not a directory")
+    if failure.code == "EACCES" and failure.details.get("stage") == "stat":
+        reason = f"stat {path}: permission denied"
+        return WatchFailed("internal", f"error statting path {path}: {reason}")
+    if failure.code == "EACCES":
+        return WatchFailed("internal", f"error adding path {path} to watcher: permission denied")
+    return WatchFailed("internal", f"error resolving {path}: {failure.reason}")
+
+
+def _in_places(sandbox: Sandbox, canonical: str) -> bool:
+    """Whether the sandbox path ``canonical`` is in one of the sandbox's writable places."""
+    return any(
+        canonical == inside or canonical.startswith(inside.rstrip("/") + "/")
+        for inside in sandbox.host_dirs
+    )
 
 
 def _event(event: WatchEvent, entry: dict[str, object] | None) -> dict[str, object]:

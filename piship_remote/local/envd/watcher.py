@@ -1,85 +1,41 @@
-"""Watching a directory of a local sandbox with Linux inotify: envd's filesystem events.
+"""A watched directory of a local sandbox: envd's filesystem events, as its agent reports them.
 
-A :class:`DirWatch` watches one directory (and, ``recursive``, every directory
-below it) of a sandbox's writable places (its home, ``/tmp``, ``/dev/shm``) on
-the host side. A sandbox can plant symlinks to host files, so the host side
-never follows one: the directory is opened component by component with
-``O_NOFOLLOW`` from the sandbox's own host directory, and the watch is added on
-the opened descriptor (``/proc/self/fd/<n>``). Each inotify event becomes envd's
-event type, named relative to the watched directory::
+The sandbox's agent watches the directory itself, inside the sandbox, as the requesting
+user (inotify, see :mod:`piship_remote.local.isolation.agent_watch`), and writes each event
+as a JSON line on a socket; the host opens no path of the sandbox. A :class:`DirWatch` holds
+the host's end of that socket::
 
     pump = WatchPump()
-    watch = DirWatch.open(host_root="/srv/sb/home", relative="src", recursive=True)
+    watch = DirWatch(connection)      # a socket: the agent's helper writes the other end
     pump.add(watch)                   # its events are read as they happen
-    watch.wait(50.0)                  # True when events wait (or it was closed)
+    watch.wait(50.0)                  # True when events wait (or it ended)
+    watch.sync(2.0)                   # every event so far is in (the helper says so)
     watch.take()                      # [WatchEvent("a.txt", "EVENT_TYPE_CREATE"), ...]
-    pump.remove(watch)                # and closes it
+    pump.remove(watch)                # and closes it: the helper ends
 
-A ``piship-local-watch`` thread reads every watch's events as they happen, so
-that a directory appearing below a recursive watch is watched at once; what it
-already holds by then is reported as created. It runs while any watch exists.
-A watch keeps at most :data:`MAX_EVENTS` untaken events (the oldest are dropped).
+A ``piship-local-watch`` thread reads every watch's events as they happen. It runs while
+any watch exists. A watch keeps at most :data:`MAX_EVENTS` untaken events (the oldest are
+dropped); it ends when the helper does (the sandbox ended).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import errno
+import json
 import os
-import posixpath
 import queue
 import selectors
-import struct
 import threading
 from collections import deque
 
 import attrs
 
-__all__ = ["MAX_DIRS", "MAX_EVENTS", "DirWatch", "WatchEvent", "WatchPump"]
+__all__ = ["MAX_EVENTS", "DirWatch", "WatchEvent", "WatchPump"]
 
 MAX_EVENTS = 10_000
-MAX_DIRS = 4096
 READ_BYTES = 64 * 1024
+MAX_LINE = 64 * 1024
 JOIN_TIMEOUT = 5.0
-_HEADER = struct.Struct("iIII")
-IN_MODIFY = 0x2
-IN_ATTRIB = 0x4
-IN_MOVED_FROM = 0x40
-IN_MOVED_TO = 0x80
-IN_CREATE = 0x100
-IN_DELETE = 0x200
-IN_DELETE_SELF = 0x400
-IN_MOVE_SELF = 0x800
-IN_Q_OVERFLOW = 0x4000
-IN_IGNORED = 0x8000
-IN_ONLYDIR = 0x1000000
-IN_EXCL_UNLINK = 0x4000000
-IN_ISDIR = 0x40000000
-IN_NONBLOCK = os.O_NONBLOCK
-IN_CLOEXEC = os.O_CLOEXEC
-_MASK = (
-    IN_MODIFY
-    | IN_ATTRIB
-    | IN_MOVED_FROM
-    | IN_MOVED_TO
-    | IN_CREATE
-    | IN_DELETE
-    | IN_DELETE_SELF
-    | IN_MOVE_SELF
-    | IN_ONLYDIR
-    | IN_EXCL_UNLINK
-)
-# inotify bit → envd's event type, in the order envd reports several at once.
-_TYPES = (
-    (IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE"),
-    (IN_MODIFY, "EVENT_TYPE_WRITE"),
-    (IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE"),
-    (IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME"),
-    (IN_ATTRIB, "EVENT_TYPE_CHMOD"),
-)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @attrs.frozen
@@ -91,55 +47,31 @@ class WatchEvent:
 
 
 class DirWatch:
-    """One inotify instance watching a sandbox directory (recursively or not)."""
+    """The events of one directory watch, read from the agent's socket (non-blocking)."""
 
-    def __init__(self, fd: int, root_fd: int, recursive: bool) -> None:
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
         self._fd = fd
-        self._root_fd = root_fd
-        self._recursive = recursive
-        self._dirs: dict[int, str] = {}
-        self._moving: dict[int, str] = {}
+        self._buffer = b""
         self._lock = threading.Condition()
         self._pending: deque[WatchEvent] = deque(maxlen=MAX_EVENTS)
         self._closed = False
-
-    @classmethod
-    def open(cls, *, host_root: str, relative: str, recursive: bool) -> DirWatch:
-        """Watch ``relative`` below the trusted ``host_root``; ``OSError`` when it cannot be.
-
-        A symlink on the way is refused (``ELOOP``/``ENOTDIR``), never followed.
-        """
-        root_fd = os.open(host_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            dir_fd = _open_below(root_fd, relative)
-        except OSError:
-            os.close(root_fd)
-            raise
-        os.close(root_fd)
-        libc = _libc()
-        fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            os.close(dir_fd)
-            raise _errno("inotify_init1")
-        watch = cls(fd, dir_fd, recursive)
-        try:
-            watch._add("", dir_fd, report=False)
-        except OSError:
-            watch.close()
-            raise
-        return watch
+        self._ended = False
+        self._asked = 0  # syncs asked of the helper, and answered
+        self._synced = 0
 
     @property
     def closed(self) -> bool:
-        """Whether the watch has ended."""
-        return self._closed
+        """Whether the watch has ended (closed here, or its helper ended)."""
+        return self._closed or self._ended
 
     def fileno(self) -> int:
-        """The inotify descriptor (readable when events wait)."""
+        """The socket (readable when events wait)."""
         return self._fd
 
-    def pump(self) -> None:
-        """Read what the kernel holds into the untaken events (the pump thread's work)."""
+    def pump(self) -> bool:
+        """Read what the helper wrote into the untaken events (the pump thread's work);
+        ``False`` once it has ended."""
         with self._lock:
             while not self._closed:
                 try:
@@ -147,14 +79,30 @@ class DirWatch:
                 except (BlockingIOError, InterruptedError):
                     break
                 if not data:
+                    self._ended = True
                     break
                 self._consume(data)
             self._lock.notify_all()
+            return not self.closed
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for events (or the end); whether any came."""
         with self._lock:
-            return self._lock.wait_for(lambda: bool(self._pending) or self._closed, timeout)
+            return self._lock.wait_for(lambda: bool(self._pending) or self.closed, timeout)
+
+    def sync(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until every event that happened before this call
+        is among the untaken ones: the helper reads what the kernel holds and says so."""
+        with self._lock:
+            if self.closed:
+                return
+            self._asked += 1
+            target = self._asked
+            try:
+                os.write(self._fd, b"s")
+            except OSError:
+                return
+            self._lock.wait_for(lambda: self._synced >= target or self.closed, timeout)
 
     def take(self) -> list[WatchEvent]:
         """The events since the last call."""
@@ -164,92 +112,26 @@ class DirWatch:
             return taken
 
     def close(self) -> None:
-        """Stop watching; idempotent."""
+        """Stop watching (the helper sees the socket closed and ends); idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             os.close(self._fd)
-            os.close(self._root_fd)
             self._lock.notify_all()
 
     def _consume(self, data: bytes) -> None:
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            wd, mask, cookie, length = _HEADER.unpack_from(data, offset)
-            offset += _HEADER.size
-            raw = data[offset : offset + length].rstrip(b"\0")
-            offset += length
-            self._event(wd, mask, cookie, os.fsdecode(raw))
-        for path in self._moving.values():
-            self._forget_below(path)  # moved out of the watched tree
-        self._moving.clear()
-
-    def _event(self, wd: int, mask: int, cookie: int, name: str) -> None:
-        if mask & IN_Q_OVERFLOW:
-            return
-        base = self._dirs.get(wd)
-        if base is None:
-            return
-        if mask & IN_IGNORED:
-            del self._dirs[wd]
-            return
-        is_self = not name
-        if is_self and base:
-            return  # a subdirectory's own removal or move is reported by its parent
-        path = posixpath.join(base, name) if name else "."
-        for bits, kind in _TYPES:
-            if mask & bits:
-                self._pending.append(WatchEvent(path, kind))
-        if not (self._recursive and mask & IN_ISDIR):
-            return
-        if mask & IN_MOVED_FROM:
-            self._moving[cookie] = path
-        elif mask & IN_MOVED_TO and cookie in self._moving:
-            self._rename_below(self._moving.pop(cookie), path)
-        elif mask & (IN_CREATE | IN_MOVED_TO):
-            # A new directory's early entries are reported; a moved-in one's were not new.
-            with contextlib.suppress(OSError):
-                dir_fd = _open_below(self._root_fd, path)
-                self._add(path, dir_fd, report=bool(mask & IN_CREATE))
-
-    def _rename_below(self, old: str, new: str) -> None:
-        """A directory moved within the tree: its watches (and those below) keep their wd."""
-        for wd, relative in list(self._dirs.items()):
-            if relative == old or relative.startswith(old + "/"):
-                self._dirs[wd] = new + relative[len(old) :]
-
-    def _forget_below(self, path: str) -> None:
-        """Stop watching ``path`` and what is below it (moved away: its names are stale)."""
-        for wd, relative in list(self._dirs.items()):
-            if relative == path or relative.startswith(path + "/"):
-                _libc().inotify_rm_watch(self._fd, wd)
-                del self._dirs[wd]
-
-    def _add(self, relative: str, dir_fd: int, *, report: bool) -> None:
-        """Watch the open directory ``dir_fd`` (and, recursively, those below); closes it."""
-        try:
-            if len(self._dirs) >= MAX_DIRS:
-                return
-            path = f"/proc/self/fd/{dir_fd}".encode()
-            wd = _libc().inotify_add_watch(self._fd, path, _MASK)
-            if wd < 0:
-                raise _errno(f"watching {relative or '.'}")
-            self._dirs[wd] = relative
-            if not self._recursive and not report:
-                return
-            with os.scandir(dir_fd) as entries:
-                children = list(entries)
-        finally:
-            if dir_fd != self._root_fd:
-                os.close(dir_fd)
-        for entry in children:
-            child = posixpath.join(relative, entry.name) if relative else entry.name
-            if report:
-                self._pending.append(WatchEvent(child, "EVENT_TYPE_CREATE"))
-            if self._recursive and entry.is_dir(follow_symlinks=False):
-                with contextlib.suppress(OSError):
-                    self._add(child, _open_below(self._root_fd, child), report=report)
+        *lines, self._buffer = (self._buffer + data).split(b"\n")
+        if len(self._buffer) > MAX_LINE:
+            self._buffer = b""  # not an event line: dropped
+        for line in lines:
+            with contextlib.suppress(ValueError, AttributeError):
+                event = json.loads(line)
+                name, kind = event.get("name"), event.get("type")
+                if isinstance(name, str) and isinstance(kind, str):
+                    self._pending.append(WatchEvent(name, kind))
+                elif event.get("sync") is True:
+                    self._synced += 1
 
 
 class WatchPump:
@@ -319,41 +201,5 @@ class WatchPump:
                     if key.data is None:
                         with contextlib.suppress(BlockingIOError):
                             os.read(wake, 4096)
-                    else:
-                        key.data.pump()
-
-
-def _open_below(root_fd: int, relative: str) -> int:
-    """Open the directory ``relative`` below ``root_fd`` without following any symlink."""
-    fd = os.dup(root_fd)
-    for part in [p for p in relative.split("/") if p and p != "."]:
-        if part == "..":
-            os.close(fd)
-            raise OSError(errno.EINVAL, "a watched path may not climb out with '..'")
-        try:
-            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-        finally:
-            os.close(fd)
-        fd = child
-    return fd
-
-
-_LIBC: list[ctypes.CDLL] = []
-
-
-def _libc() -> ctypes.CDLL:
-    if not _LIBC:
-        name = ctypes.util.find_library("c")
-        if name is None:
-            raise OSError(errno.ENOSYS, "the C library cannot be loaded for inotify")
-        libc = ctypes.CDLL(name, use_errno=True)
-        libc.inotify_init1.argtypes = [ctypes.c_int]
-        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
-        _LIBC.append(libc)
-    return _LIBC[0]
-
-
-def _errno(doing: str) -> OSError:
-    err = ctypes.get_errno()
-    return OSError(err, f"{doing}: {os.strerror(err)}")
+                    elif not key.data.pump():
+                        selector.unregister(key.fd)  # ended: its remove() comes later

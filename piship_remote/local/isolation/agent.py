@@ -16,10 +16,10 @@ message per packet, file descriptors passed alongside (``SCM_RIGHTS``)::
     {"op": "protect"}         + fds [its own oom_score_adj, opened by a root service]
     {"op": "cgroup"}          + fds [the sandbox's memory cgroup.procs, opened by the service]
     {"op": "dial", "port": 8000}  + fds [channel]
+    {"op": "files", "call": "read", "args": {"path": …}, "uid": 1000}  + fds [reply, (data)]
 
 ``spec`` is a memfd holding ``{"cmd", "args", "env", "cwd"}`` (and ``"size"``,
-``{"cols", "rows"}``, for a pty; ``"limited": false`` for the service's file helpers, which
-stay in the agent's memory group), so command text and environment values never
+``{"cols", "rows"}``, for a pty), so command text and environment values never
 appear in any host process's argv or environ. A pty command runs on a fresh
 pseudo-terminal opened here, inside the sandbox; the agent sends its master end
 back over ``channel`` (a socket) and keeps nothing of it. On the
@@ -58,6 +58,17 @@ Where it runs commands as root, the agent also listens on the abstract socket
 (see ``sudo.py``) sends one spec there with its stdin, stdout and stderr, and reads the
 status lines back on the same connection; the command runs as root.
 
+A ``files`` request is the sandbox's content work (file operations, metadata, the export
+and import of its files for snapshots and forks; see ``agent_files.py``, shipped beside
+this file): the agent forks a helper that becomes the requesting user (a capable agent's
+helper for the user gives up every capability on the way), answers one JSON line on
+``reply`` and moves bytes through ``data``, then exits. Nothing of the image is used.
+
+No host handle crosses into the sandbox: at start the agent closes every descriptor but
+its standard ones and its socket (bubblewrap's own, and any the service handed it), and
+makes itself not dumpable, so no process of the sandbox reads its ``/proc/2/fd``; every
+command is started with ``close_fds``.
+
 A ``bash``/``sh`` ``-c SCRIPT`` command gets its script through the environment
 variable ``PISHIP_SCRIPT`` (unexported before it runs), so the script text is not
 in the shell's argv either, where any host user could read it in ``/proc``.
@@ -67,6 +78,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib.util
 import itertools
 import json
 import os
@@ -78,6 +90,7 @@ import subprocess
 import sys
 import termios
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 MAX_FDS = 5
@@ -88,6 +101,7 @@ ROOT_UID, USER_UID = 0, 1000
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
 OOM_KILLABLE, OOM_PROTECTED = b"0", b"-1000"
+PR_SET_DUMPABLE = 4
 DIAL_TIMEOUT = 2.0
 SUDO_ADDRESS = "\0piship-sudo"
 STDIO_FDS = 3
@@ -116,6 +130,8 @@ class Agent:
         if self.capable:
             _keep_capabilities_to_myself()
         self.children: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
+        self.helpers: set[int] = set()  # the forked helpers of files requests
+        self.files: ModuleType | None = None
         self.draining: set[int] = set()
         self.oom_score: int | None = None  # its own oom_score_adj, where it is protected
         self.command_group: int | None = None  # the cgroup.procs commands join
@@ -167,6 +183,8 @@ class Agent:
             dial(int(message.get("port", 0)), fds[0])
             for fd in fds[1:]:
                 os.close(fd)
+        elif op == "files" and fds:
+            self.start_files(message, fds)
         elif op == "drain":
             for fd in fds:
                 os.set_blocking(fd, False)
@@ -190,6 +208,44 @@ class Agent:
             os.close(stderr)
             if stdin != subprocess.DEVNULL:
                 os.close(stdin)
+
+    def start_files(self, message: dict[str, Any], fds: list[int]) -> None:
+        """Fork a helper that answers one ``files`` request as its user; nothing waits here."""
+        reply, data = fds[0], (fds[1] if len(fds) > 1 else None)
+        uid = message.get("uid", USER_UID)
+        if uid not in (ROOT_UID, USER_UID) or (uid == ROOT_UID and not self.capable):
+            _write(reply, {"error": {"errno": "EPERM", "message": f"no such user (uid {uid!r})"}})
+        else:
+            self._set_oom_score(OOM_KILLABLE)  # what the helper inherits
+            try:
+                if self.files is None:
+                    self.files = _load_files()
+                pid = os.fork()
+                if pid == 0:
+                    self._helper(message, uid, reply, data)
+                self.helpers.add(pid)
+            except (OSError, ImportError) as e:  # no process left under the sandbox's limit
+                _write(reply, {"error": {"errno": "EAGAIN", "message": str(e)[:200]}})
+            finally:
+                self._set_oom_score(OOM_PROTECTED)
+        for fd in fds:
+            os.close(fd)
+
+    def _helper(self, message: dict[str, Any], uid: int, reply: int, data: int | None) -> None:
+        """In the forked helper: become ``uid``, answer the request, exit."""
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _keep_only(reply, *([] if data is None else [data]))
+            if self.capable:
+                _become(uid)
+            assert self.files is not None
+            self.files.serve(str(message.get("call")), dict(message.get("args") or {}), reply, data)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
 
     def start_sudo(self, listener: socket.socket) -> None:
         """One ``sudo``: its spec and stdio on a new connection, which carries the status back."""
@@ -271,7 +327,7 @@ class Agent:
                 stderr=stdio[2],
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=self._in_child(terminal, limited=spec.get("limited", True) is not False),
+                preexec_fn=self._in_child(terminal),
                 **identity,
             )
         except OSError as e:
@@ -283,10 +339,9 @@ class Agent:
         finally:
             self._set_oom_score(OOM_PROTECTED)
 
-    def _in_child(self, terminal: bool, *, limited: bool) -> Callable[[], None] | None:
-        """What the child does before its program: join the commands' cgroup (``limited``),
-        take the pty."""
-        group = self.command_group if limited else None
+    def _in_child(self, terminal: bool) -> Callable[[], None] | None:
+        """What the child does before its program: join the commands' cgroup, take the pty."""
+        group = self.command_group
         if group is None and not terminal:
             return None
 
@@ -326,6 +381,13 @@ class Agent:
                 pass
 
     def reap(self) -> None:
+        for pid in list(self.helpers):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.helpers.discard(pid)
         for ident, (child, status) in list(self.children.items()):
             code = child.poll()
             if code is None:
@@ -421,6 +483,57 @@ def _take_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+def _load_files() -> ModuleType:
+    """``agent_files.py``, beside this file (the sandbox has no package to import it from)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_files.py")
+    spec = importlib.util.spec_from_file_location("piship_agent_files", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _become(uid: int) -> None:
+    """Be ``uid`` (and its group, no others). Going from root to the user clears every
+    capability (permitted, effective, ambient): the user's helper has none."""
+    try:
+        os.setgroups([])
+    except PermissionError:
+        pass  # a user namespace that denies setgroups: there are none to drop
+    os.setresgid(uid, uid, uid)
+    os.setresuid(ROOT_UID, ROOT_UID, ROOT_UID)
+    if uid != ROOT_UID:
+        os.setresuid(uid, uid, uid)
+
+
+def _keep_only(*kept: int) -> None:
+    """Close every descriptor above the standard three but ``kept``."""
+    low = STDIO_FDS
+    for fd in sorted(kept):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, _fd_ceiling())
+
+
+def _fd_ceiling() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (OSError, ValueError):
+        return 65536
+
+
+def _not_dumpable() -> None:
+    """No process of the sandbox may read the agent's ``/proc/PID/fd``, ``mem`` or
+    ``environ``, nor attach to it, whatever its uid."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "making the agent not dumpable failed")
+
+
 def _has_capabilities() -> bool:
     """Whether the agent was given capabilities (a sandbox with a root beside its user)."""
     with open("/proc/self/status", encoding="ascii") as status:
@@ -463,6 +576,8 @@ def _write(fd: int, message: dict[str, object]) -> None:
 
 def main() -> None:
     fd = int(sys.argv[1])
+    _keep_only(fd)  # whatever bubblewrap or the service left open: host handles
+    _not_dumpable()
     os.set_inheritable(fd, False)
     control = socket.socket(fileno=fd)
     control.sendall(b'{"ready": true}')

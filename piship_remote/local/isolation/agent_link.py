@@ -11,6 +11,8 @@ status line from it (the pid, or :class:`StartFailed` with envd's wording)::
     pid = started_pid(status_read)          # then {"exit": n} or {"signal": n} follows
     link.send({"op": "kill", "id": ident, "signal": 9})
     upstream = dial(link, 8000)             # a socket connected to the sandbox's port 8000
+    reply = send_files(link, "stat", {"path": "/home/user/a"}, uid=1000)
+    entry = files_answer(reply)             # the value, or FilesFailed (what the agent refused)
 
 :class:`~piship_remote.local.isolation.process.LocalProcess` is the command started this way.
 """
@@ -33,16 +35,20 @@ __all__ = [
     "AgentGone",
     "AgentLink",
     "DialFailed",
+    "FilesFailed",
     "StartFailed",
     "dial",
+    "files_answer",
     "first_status",
     "parse_status",
     "received_fd",
+    "send_files",
     "send_start",
     "started_pid",
 ]
 
 START_TIMEOUT = 10.0
+ANSWER_LIMIT = 64 * 1024 * 1024
 
 
 class StartFailed(Exception):
@@ -55,6 +61,25 @@ class AgentGone(ConnectionResetError):
 
     def __init__(self) -> None:
         super().__init__(errno.ECONNRESET, "the sandbox agent is gone")
+
+
+class FilesFailed(Exception):
+    """The agent's helper refused a files request: ``code`` is the errno's name (``ENOENT``,
+    ``EACCES``, ``EROFS``, ``ENOSPC``, …) and ``details`` what else it said (sandbox paths)."""
+
+    def __init__(self, details: Mapping[str, object]) -> None:
+        self.code = str(details.get("errno", "EIO"))
+        self.details = dict(details)
+        super().__init__(self.reason)
+
+    @property
+    def reason(self) -> str:
+        """The errno's text as Go prints it (``no such file or directory``)."""
+        number = getattr(errno, self.code, None)
+        message = self.details.get("message")
+        if isinstance(message, str) and message:
+            return message
+        return os.strerror(number).lower() if isinstance(number, int) else self.code
 
 
 class DialFailed(OSError):
@@ -198,3 +223,58 @@ def first_status(fd: int) -> dict[str, object]:
     if not data:
         raise AgentGone()
     return parse_status(data)
+
+
+def send_files(
+    link: AgentLink,
+    call: str,
+    args: Mapping[str, object],
+    *,
+    uid: int | None,
+    data: int | None = None,
+) -> int:
+    """Ask the agent for one files request (``data``, a pipe end, is closed here).
+
+    Returns the read end of its reply pipe, for :func:`files_answer`.
+    """
+    reply_read, reply_write = os.pipe()
+    fds = [reply_write] if data is None else [reply_write, data]
+    message: dict[str, object] = {"op": "files", "call": call, "args": dict(args)}
+    if uid is not None:
+        message["uid"] = uid
+    try:
+        link.send(message, fds)
+    except BaseException:
+        os.close(reply_read)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return reply_read
+
+
+def files_answer(reply: int, *, close: bool = True) -> object:
+    """The value of the helper's answer line on ``reply``; :class:`FilesFailed` for its
+    refusal, :class:`AgentGone` when it ended without one. ``reply`` is closed (``close``)."""
+    try:
+        buffer = bytearray()
+        while not buffer.endswith(b"\n"):
+            chunk = os.read(reply, 65536 if close else 1)
+            if not chunk:
+                break
+            buffer += chunk
+            if len(buffer) > ANSWER_LIMIT:
+                raise OSError("the sandbox agent's answer is too large")
+    finally:
+        if close:
+            os.close(reply)
+    line = bytes(buffer).partition(b"\n")[0]
+    if not line:
+        raise AgentGone()
+    answer = json.loads(line)
+    if not isinstance(answer, dict):
+        raise AgentGone()
+    if "error" in answer:
+        details = answer["error"]
+        raise FilesFailed(details if isinstance(details, dict) else {})
+    return answer.get("ok")

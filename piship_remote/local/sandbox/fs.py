@@ -1,192 +1,167 @@
-"""File operations run inside a sandbox, as the requesting user (default: the sandbox's), through
-the same entry point as commands.
+"""File operations in a sandbox, done by its agent, as the requesting user (default: the
+sandbox's).
 
 A hostile sandbox can plant symlinks to host files, so no sandbox path is ever
-resolved on the host: each operation is a small ``/bin/sh`` script (``cat``,
-``find -printf``, ``mkdir``, ``mv``, ``rm``) started with :meth:`Sandbox.start`, so it
-sees exactly the sandbox's own view. Output and input are streamed through pipes;
-nothing holds a whole file::
+resolved on the host: each operation is a request to the sandbox's agent, whose helper
+does it inside, in Python, as the user (see
+:mod:`piship_remote.local.isolation.agent_files`), needing nothing from the image. Bytes
+are streamed through pipes; nothing holds a whole file::
 
-    ran = run(sandbox, 'rm -rf -- "$1"', "/home/user/x")      # Ran(exit_code, stdout, stderr)
-    ran = run(sandbox, 'cat -- "$1"', "/root/x", user=root)   # as root (an Identity)
-    opened = open_stream(sandbox, CAT_SCRIPT, "/home/user/big.bin")
-    entries = parse_entries(ran.stdout)                        # from find -printf ENTRY_FORMAT
+    [entry] = entries_of(call(sandbox, "stat", {"path": "/home/user/a"}))
+    call(sandbox, "remove", {"path": "/home/user/x"}, user=root)    # as root (an Identity)
+    size, chunks = read(sandbox, "/home/user/big.bin")              # FilesFailed if not
+    write(sandbox, "/home/user/new.txt", source, metadata=None)     # source(n) -> bytes
+    events = watch(sandbox, "/home/user/src", recursive=True)      # a socket of JSON lines
 
-Paths come from :func:`resolve`: relative to the home, ``~`` expanded, cleaned.
+A refusal is :class:`FilesFailed`, its ``code`` the errno's name (``ENOENT``, ``EACCES``,
+``EROFS``, ``ENOSPC``, …). Paths come from :func:`resolve`: relative to the home, ``~``
+expanded, cleaned.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import posixpath
+import socket
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
-from typing import IO
 
 import attrs
 
-from piship_remote.local.isolation.process import Exited, LocalProcess, Output
+from piship_remote.local.isolation.agent_link import FilesFailed, files_answer
 from piship_remote.local.isolation.user_map import Identity
 from piship_remote.local.sandbox.metadata import parse_found
 from piship_remote.local.sandbox.registry import Sandbox
-from piship_remote.wire.envd import EntryInfo, ProcessConfig
+from piship_remote.wire.envd import EntryInfo
 from piship_remote.wire.envd_paths import resolve
 
 __all__ = [
     "ENTRY_FORMAT",
-    "TAG_PREFIX",
-    "Ran",
-    "Streamed",
+    "FEED_PIECE",
+    "FilesFailed",
+    "StreamBroken",
+    "call",
+    "entries_of",
     "entry_from_fields",
-    "open_stream",
     "parse_entries",
+    "read",
     "resolve",
-    "run",
+    "watch",
+    "write",
 ]
 
-TAG_PREFIX = "piship-files-"
-"""The tag of every helper process (left out of the Process ``List``)."""
 ENTRY_FORMAT = r"%y\0%Y\0%s\0%m\0%u\0%g\0%T@\0%l\0%p\0"
+"""The fields of an entry in a listing, as ``find -printf`` would print them."""
 FIELDS = 9
-CAPTURE_LIMIT = 64 * 1024 * 1024
-STDERR_LIMIT = 64 * 1024
 FEED_PIECE = 256 * 1024
-_QUIET = 3600.0
+READ_PIECE = 256 * 1024
 _GO_TYPE = {"d": "d", "l": "L", "p": "p", "s": "S", "b": "D", "c": "Dc", "f": ""}
 _TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY"}
 
-Feed = Callable[[IO[bytes]], None]
-
-
-@attrs.frozen
-class Ran:
-    """How a helper script ended: its exit code and what it wrote (bounded)."""
-
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-
-    @property
-    def error_text(self) -> str:
-        return self.stderr.decode(errors="replace").strip()
-
-
-@attrs.frozen
-class Streamed:
-    """A started streaming script: its output ``chunks``, or how it ended before any."""
-
-    chunks: Iterator[bytes] | None
-    ended: Ran | None
-
-
-def _config(script: str, args: tuple[str, ...]) -> ProcessConfig:
-    return ProcessConfig(cmd="/bin/sh", args=["-c", script, "sh", *args])
-
-
-def _start(
-    sandbox: Sandbox, script: str, args: tuple[str, ...], stdin: bool, user: Identity | None
-) -> LocalProcess:
-    config = _config(script, args)
-    # Outside the memory limit: files filling the sandbox's memory can still be removed.
-    tag = TAG_PREFIX + script[:24]
-    return sandbox.start(config, tag=tag, stdin=stdin, user=user, limited=False)
-
-
-def run(
-    sandbox: Sandbox,
-    script: str,
-    *args: str,
-    feed: Feed | None = None,
-    user: Identity | None = None,
-) -> Ran:
-    """Run ``script`` with ``args`` in the sandbox as ``user``; ``feed`` writes its stdin
-    (then closed)."""
-    process = _start(sandbox, script, args, feed is not None, user)
-    try:
-        if feed is not None:
-            _feed(process, feed)
-        out, err = bytearray(), bytearray()
-        code = -1
-        for event in process.events(deadline=None, keepalive=_QUIET):
-            if isinstance(event, Output):
-                stdout = event.stream == "stdout"
-                target, limit = (out, CAPTURE_LIMIT) if stdout else (err, STDERR_LIMIT)
-                if len(target) < limit:
-                    target += event.data
-            elif isinstance(event, Exited):
-                code = event.exit_code if event.killed is None else -1
-        return Ran(code, bytes(out), bytes(err))
-    finally:
-        sandbox.forget(process)
-
-
-def _feed(process: LocalProcess, feed: Feed) -> None:
-    pipe = process.stdin
-    assert pipe is not None
-    try:
-        feed(pipe)
-    except BrokenPipeError:
-        pass  # the script ended early; its exit code says why
-    finally:
-        with contextlib.suppress(OSError):
-            pipe.close()
-
-
-def open_stream(
-    sandbox: Sandbox, script: str, *args: str, user: Identity | None = None
-) -> Streamed:
-    """Start ``script`` as ``user``; wait for its first stdout bytes (streamed on) or its end."""
-    process = _start(sandbox, script, args, False, user)
-    events = process.events(deadline=None, keepalive=_QUIET)
-    err = bytearray()
-    try:
-        for event in events:
-            if isinstance(event, Output) and event.stream == "stdout":
-                return Streamed(_rest(sandbox, process, events, event.data), None)
-            if isinstance(event, Output):
-                err += event.data[:STDERR_LIMIT]
-            elif isinstance(event, Exited):
-                code = event.exit_code if event.killed is None else -1
-                sandbox.forget(process)
-                return Streamed(None, Ran(code, b"", bytes(err)))
-    except BaseException:
-        _close(events)
-        sandbox.forget(process)
-        raise
-    sandbox.forget(process)
-    return Streamed(None, Ran(-1, b"", bytes(err)))
-
 
 class StreamBroken(Exception):
-    """The script failed after its output had started (the answer is already on its way)."""
+    """A read failed after its bytes had started (the answer is already on its way)."""
 
 
-def _rest(
-    sandbox: Sandbox, process: LocalProcess, events: Iterator[object], first: bytes
-) -> Iterator[bytes]:
+def call(
+    sandbox: Sandbox, name: str, args: Mapping[str, object], *, user: Identity | None = None
+) -> object:
+    """The agent's answer to request ``name`` with ``args``, done as ``user``."""
+    return files_answer(sandbox.files(name, args, user=user))
+
+
+def read(
+    sandbox: Sandbox, path: str, *, user: Identity | None = None
+) -> tuple[int, Iterator[bytes]]:
+    """``path``'s size and its bytes as they are read (at most that many)."""
+    data_read, data_write = os.pipe()
     try:
-        yield first
-        for event in events:
-            if isinstance(event, Output) and event.stream == "stdout":
-                yield event.data
-            elif isinstance(event, Exited) and (event.exit_code != 0 or event.killed):
-                raise StreamBroken(f"the read ended with exit status {event.exit_code}")
+        reply = sandbox.files("read", {"path": path}, user=user, data=data_write)
+    except BaseException:
+        os.close(data_read)
+        raise
+    try:
+        answer = files_answer(reply, close=False)
+    except BaseException:
+        os.close(data_read)
+        raise
     finally:
-        _close(events)
-        sandbox.forget(process)
+        os.close(reply)
+    size = answer.get("size") if isinstance(answer, dict) else None
+    if not isinstance(size, int):
+        os.close(data_read)
+        raise FilesFailed({"errno": "EIO", "message": "the sandbox agent sent no size"})
+    return size, _chunks(data_read)
 
 
-def _close(events: Iterator[object]) -> None:
-    """End the process's event generator (which kills the process if it still runs)."""
-    close = getattr(events, "close", None)
-    if close is not None:
-        close()
+def _chunks(fd: int) -> Iterator[bytes]:
+    try:
+        while piece := os.read(fd, READ_PIECE):
+            yield piece
+    except OSError as e:
+        raise StreamBroken(f"the read failed: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def write(
+    sandbox: Sandbox,
+    path: str,
+    source: Callable[[int], bytes],
+    *,
+    metadata: Mapping[str, str] | None,
+    user: Identity | None = None,
+) -> None:
+    """Write ``path`` (its parents made) with what ``source`` gives until it gives ``b""``,
+    then replace its metadata where there is some to set or to clear (a new file has none)."""
+    data_read, data_write = os.pipe()
+    args = {"path": path, "metadata": dict(metadata) if metadata else None}
+    try:
+        reply = sandbox.files("write", args, user=user, data=data_read)
+    except BaseException:
+        os.close(data_write)
+        raise
+    try:
+        with open(data_write, "wb", buffering=0) as pipe:
+            data_write = -1
+            with contextlib.suppress(BrokenPipeError):  # it ended early; its answer says why
+                while piece := source(FEED_PIECE):
+                    pipe.write(piece)
+    except BaseException:
+        os.close(reply)
+        raise
+    finally:
+        if data_write >= 0:
+            os.close(data_write)
+    files_answer(reply)
+
+
+def watch(sandbox: Sandbox, path: str, *, recursive: bool, user: Identity | None = None) -> int:
+    """Have the agent watch directory ``path``; the socket its events come on (one JSON line
+    each, see :mod:`piship_remote.local.envd.watcher`), once the watch is set. Closing it
+    ends the watch."""
+    kept, sent = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        args = {"path": path, "recursive": recursive}
+        files_answer(sandbox.files("watch", args, user=user, data=sent.detach()))
+    except BaseException:
+        kept.close()
+        raise
+    return kept.detach()
+
+
+def entries_of(value: object) -> list[EntryInfo]:
+    """The entries of a listing the agent sent (see :func:`parse_entries`)."""
+    if not isinstance(value, str):
+        raise FilesFailed({"errno": "EIO", "message": "the sandbox agent sent no listing"})
+    return parse_entries(value.encode(errors="surrogateescape"))
 
 
 def parse_entries(output: bytes) -> list[EntryInfo]:
-    """The entries ``find -printf ENTRY_FORMAT`` printed (NUL-separated fields), each with
-    its metadata where :func:`~piship_remote.local.sandbox.metadata.reader` printed it after."""
+    """The entries of a listing: each one's :data:`ENTRY_FORMAT` fields (NUL-ended), then
+    the JSON object of their metadata by path."""
     fields = output.split(b"\0")
     count = (len(fields) - 1) // FIELDS
     found = parse_found(b"\0".join(fields[count * FIELDS :]))

@@ -14,6 +14,7 @@ a paused sandbox is refused.
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import threading
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, find_python, uid_for
+from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
 from piship_remote.local.isolation.egress import EgressRules, load_rules
 from piship_remote.local.isolation.limits import CgroupSet, Limits, limit_check, unmount
 from piship_remote.local.isolation.process import (
@@ -143,10 +144,6 @@ class Sandbox:
         """Whether envd traffic resumes it while it is paused (``autoResume``)."""
         return self.wanted.auto_resume
 
-    def python_command(self, *args: str) -> list[str]:
-        """The argv running the host's Python (standard library only) inside the sandbox."""
-        return self._jail.python_command(find_python(), *args)
-
     @property
     def home(self) -> str:
         """The host directory mounted as the sandbox's home."""
@@ -222,6 +219,8 @@ class Sandbox:
         """PATH, ``user``'s HOME, USER, LOGNAME (default: the sandbox's), envVars, ``envs``."""
         who = user or self._default
         env = {"PATH": DEFAULT_PATH, "HOME": who.home, "USER": who.name, "LOGNAME": who.name}
+        if self._jail.python_env is not None:
+            env.update(self._jail.python_env.variables(DEFAULT_PATH))
         env.update(self._env_vars)
         env.update(envs)
         for name, value in env.items():
@@ -237,13 +236,8 @@ class Sandbox:
         stdin: bool = False,
         size: WindowSize | None = None,
         user: Identity | None = None,
-        limited: bool = True,
     ) -> LocalProcess:
         """Spawn ``config`` as ``user`` (default: the sandbox's), on a terminal of ``size``.
-
-        A command not ``limited`` (the service's own file helpers) runs outside the
-        sandbox's memory limit where the agent is (cgroup v1), so files that fill the
-        memory can still be read and removed; the disk limit still bounds what it writes.
 
         ``cwd`` may be anywhere in the sandbox's filesystem (relative paths and
         ``~`` are taken from the user's home). :class:`StartRefused`, :class:`SandboxGone`,
@@ -262,8 +256,6 @@ class Sandbox:
         spec: dict[str, object] = {"cmd": config.cmd, "args": config.args, "env": env, "cwd": cwd}
         if self._jail.root_home is not None:
             spec["uid"] = who.uid
-        if not limited:
-            spec["limited"] = False
         with self._lock:
             if self._deleted is not None:
                 raise SandboxGone(self._deleted)
@@ -292,6 +284,32 @@ class Sandbox:
                 raise SandboxGone(self._deleted)
         with self.pause_state.running():
             return self._vm.dial(port)
+
+    def files(
+        self,
+        call: str,
+        args: Mapping[str, object],
+        *,
+        user: Identity | None = None,
+        data: int | None = None,
+    ) -> int:
+        """Ask the sandbox's agent for a files request as ``user`` (default: the sandbox's);
+        ``data`` (a pipe end) is closed here. Returns the read end of the answer's pipe (see
+        :mod:`piship_remote.local.sandbox.fs`); :class:`SandboxGone`, or ``Paused``."""
+        who = user or self._default
+        uid = who.uid if self._jail.root_home is not None else None
+        handed = False
+        try:
+            with self._lock:
+                if self._deleted is not None:
+                    raise SandboxGone(self._deleted)
+                vm = self._vm
+            with self.pause_state.running():
+                handed = True  # closed by the request from here on
+                return vm.files(call, args, uid=uid, data=data)
+        finally:
+            if data is not None and not handed:
+                os.close(data)
 
     def forget(self, process: LocalProcess) -> None:
         """Drop a finished process from the sandbox's list."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import attrs
 
 from piship_remote.local.isolation.limits import MIB, GroupUsage
-from piship_remote.local.sandbox.fs import run
+from piship_remote.local.sandbox.fs import FilesFailed, call
 from piship_remote.local.sandbox.listing import query_of, rfc3339
 from piship_remote.local.sandbox.registry import Sandbox
 from piship_remote.wire.e2b_control import SandboxMetric
@@ -195,7 +195,8 @@ def _stat_fields(pid: int) -> list[str] | None:
 def _disk_used(sandbox: Sandbox) -> int:
     """Bytes in the sandbox's home, ``/tmp`` and root's home (counted as root, where it has one)."""
     places = [place for place in sandbox.host_dirs if place != "/dev/shm"]
-    script = 'du -sxbc -- "$@" 2>/dev/null | tail -n 1'
-    ran = run(sandbox, script, *places, user=sandbox.root_user)
-    text = ran.stdout.decode(errors="replace").split()
-    return int(text[0]) if text and text[0].isdigit() else 0
+    try:
+        used = call(sandbox, "usage", {"places": places}, user=sandbox.root_user)
+    except (FilesFailed, OSError):
+        return 0
+    return used if isinstance(used, int) else 0

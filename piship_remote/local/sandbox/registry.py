@@ -14,6 +14,7 @@ of the sandbox and removes its files::
     registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
     fork = registry.fork(sandbox.id, 300)           # a new sandbox with a copy of its files
     snapshot = registry.snapshot(sandbox.id, "app")  # a copy kept; its ID is a template
+    # (both made by the sandboxes' agents: see snapshots.py)
     registry.delete(sandbox.id)
     registry.close()
 
@@ -38,29 +39,37 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from piship_remote.local.isolation.egress import rules_problem
-from piship_remote.local.isolation.limits import Enforcement, Limits, unmount
+from piship_remote.local.isolation.limits import Enforcement, Limits, detach
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
 from piship_remote.local.sandbox.network_options import NetworkOptions
 from piship_remote.local.sandbox.snapshots import (
+    DEFAULT_SNAPSHOT_BUDGET,
+    CopyFailed,
     Snapshot,
+    SnapshotBudgetExceeded,
     SnapshotStore,
     TooManySnapshots,
-    copy_places,
+    exporter,
+    fork_files,
+    unpack,
 )
 from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
 from piship_remote.local.sandbox.vm import Spawner
 
 __all__ = [
+    "CopyFailed",
     "Registry",
     "Sandbox",
     "SandboxGone",
     "SandboxUnavailable",
     "Snapshot",
+    "SnapshotBudgetExceeded",
     "StartRefused",
     "TooManySandboxes",
     "TooManySnapshots",
@@ -98,10 +107,12 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         with_root: bool | None = None,
         templates: Mapping[str, str | None] | None = None,
+        snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
+        python_env: PythonEnv | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
-        self.snapshots = SnapshotStore(os.path.join(root, "snapshots"))
+        self.snapshots = SnapshotStore(os.path.join(root, "snapshots"), budget=snapshot_budget)
         """The snapshots taken, each a template too (by its ID)."""
         mapped = root_mappable() if with_root is None else with_root
         self.users = SandboxUsers.of(user=user, workdir=workdir, root=mapped)  # who may run
@@ -116,6 +127,7 @@ class Registry:
             with_root=self.users.root is not None,
             limits=self.limits,
             enforcement=self.enforcement,
+            python_env=python_env,
         )
         self._max = max_sandboxes
         self.clock = clock
@@ -162,7 +174,9 @@ class Registry:
             auto_pause_memory=auto_pause_memory,
             options=network,
         )
-        return self._create(wanted, lifetime, None if snapshot is None else snapshot.places)
+        if snapshot is None:
+            return self._create(wanted, lifetime, None)
+        return self._create(wanted, lifetime, lambda sandbox: unpack(snapshot, sandbox))
 
     def fork(self, sandbox_id: str, lifetime: int) -> Sandbox | None:
         """A new sandbox made as ``sandbox_id`` was, with a copy of its files now
@@ -171,21 +185,29 @@ class Registry:
         if source is None:
             return None
         wanted = attrs.evolve(source.wanted, options=source.options)
-        return self._create(wanted, lifetime, source.host_dirs)
+        return self._create(wanted, lifetime, lambda sandbox: fork_files(source, sandbox))
 
     def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot | None:
         """A snapshot of the sandbox's files now (``None`` if it is unknown).
 
-        ``OSError`` when they cannot be copied, :class:`TooManySnapshots` at the limit.
+        :class:`CopyFailed` when they cannot be copied, :class:`TooManySnapshots` at the
+        limit, :class:`SnapshotBudgetExceeded` past the service's snapshot disk budget.
         """
         source = self.lookup(sandbox_id)
         if source is None:
             return None
-        image = source.wanted.image
-        return self.snapshots.take(source.host_dirs, template=image, source=source.id, name=name)
+        return self.snapshots.take(
+            exporter(source),
+            places=sorted(source.host_dirs),
+            template=source.wanted.image,
+            source=source.id,
+            name=name,
+        )
 
-    def _create(self, wanted: Wanted, lifetime: int, seed: Mapping[str, str] | None) -> Sandbox:
-        """Boot a sandbox as ``wanted``, its places seeded with copies of ``seed``'s."""
+    def _create(
+        self, wanted: Wanted, lifetime: int, seed: Callable[[Sandbox], None] | None
+    ) -> Sandbox:
+        """Boot a sandbox as ``wanted``, its places filled by ``seed`` (a copy's import)."""
         problem = egress_problem() if wanted.network else None
         if problem is None and wanted.network and wanted.options.egress.filtered:
             problem = rules_problem()
@@ -234,12 +256,14 @@ class Registry:
             raise SandboxUnavailable(str(e)) from None
         try:
             if seed is not None:
-                copy_places(seed, sandbox.host_dirs)
-        except Exception as e:  # a copy that broke in any way leaves no sandbox running
+                seed(sandbox)
+        except BaseException as e:  # a copy that broke in any way leaves no sandbox running
             sandbox.destroy("the sandbox's files could not be copied")
-            reason = str(e) if isinstance(e, OSError) else "the tree is too deep or changed"
-            message = f"the sandbox's files could not be copied: {reason}"
-            raise SandboxUnavailable(self._without_host_paths(message)) from None
+            if not isinstance(e, (CopyFailed, OSError)):
+                raise
+            unreached = "the sandbox's files could not be copied: its agent could not be reached"
+            reason = str(e) if isinstance(e, CopyFailed) else unreached
+            raise SandboxUnavailable(self._without_host_paths(reason)) from None
         with self._changed:
             if self._closed:
                 closed = True
@@ -360,8 +384,8 @@ class Registry:
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
-        for point in mounts_below(self.root):  # a sandbox whose destroy failed midway
-            unmount(point)
+        for point in mounts_below(self.root):  # a destroy that failed midway; a lent Python
+            detach(point)
         remove_tree(self.root)
 
     def _expiry(self, seconds: int) -> float:

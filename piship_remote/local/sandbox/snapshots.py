@@ -1,39 +1,74 @@
-"""Snapshots of local sandboxes: copies of their files that new sandboxes start from.
+"""Snapshots and forks of local sandboxes: copies of their files, made by their agents.
 
-A snapshot holds a copy of a sandbox's writable places (its home, ``/tmp``,
-``/dev/shm`` and root's home) taken while it runs, and the template it was made
-from; a sandbox created with the snapshot's ID as its template boots that
-template and gets those files. A fork is the same copy made straight into a new
-sandbox (:func:`copy_places`). Memory is not kept: what ran in the source does
-not run in the copy. Snapshots live under the service directory and go with it::
+A copy holds a sandbox's writable places (its home, ``/tmp``, ``/dev/shm`` and root's
+home) as its agent exports them while it runs: a tar stream written inside the sandbox, as
+the sandbox's root where it has one (else its user), sparse files kept sparse (see
+:mod:`piship_remote.local.isolation.agent_files`). The host never opens a path of a
+sandbox: it moves bytes. A snapshot's stream goes into one file of the service's own
+(counted against the service-wide snapshot disk budget), with the template it was made
+from; a sandbox created from it gets the stream unpacked by its own agent. A fork pipes the
+source's export straight into the new sandbox's import; its disk cap bounds it. Memory is
+not kept: what ran in the source does not run in the copy. Snapshots live under the
+service directory and go with it::
 
-    store = SnapshotStore(os.path.join(root, "snapshots"))
-    snapshot = store.take(sandbox.host_dirs, template="base", source=sandbox.id, name="app")
-    copy_places(snapshot.places, new_sandbox.host_dirs)
+    store = SnapshotStore(os.path.join(root, "snapshots"), budget=4 * 2**30)
+    snapshot = store.take(exporter(sandbox), places=places, template="base",
+                          source=sandbox.id, name="app")
+    unpack(snapshot, new_sandbox)                 # the new sandbox's agent unpacks it
+    fork_files(sandbox, new_sandbox)              # export piped into import
     store.delete(snapshot.id)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-import shutil
-import stat
+import select
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Sequence
 
 import attrs
 
+from piship_remote.local.isolation.agent_link import FilesFailed, files_answer
 from piship_remote.local.sandbox.env import remove_tree
+from piship_remote.local.sandbox.instance import Sandbox
+from piship_remote.local.sandbox.pause import Paused
 
-__all__ = ["MAX_SNAPSHOTS", "Snapshot", "SnapshotStore", "TooManySnapshots", "copy_places"]
+__all__ = [
+    "COPY_TIMEOUT",
+    "DEFAULT_SNAPSHOT_BUDGET",
+    "MAX_SNAPSHOTS",
+    "CopyFailed",
+    "Snapshot",
+    "SnapshotBudgetExceeded",
+    "SnapshotStore",
+    "SnapshotWriter",
+    "TooManySnapshots",
+    "exporter",
+    "fork_files",
+    "unpack",
+]
 
 MAX_SNAPSHOTS = 100
+DEFAULT_SNAPSHOT_BUDGET = 4 * 1024**3
+COPY_TIMEOUT = 600.0
+PIECE = 1024 * 1024
+ARCHIVE = "files.tar"
 
 
 class TooManySnapshots(Exception):
     """The service keeps at most :data:`MAX_SNAPSHOTS` snapshots; delete one first."""
+
+
+class SnapshotBudgetExceeded(Exception):
+    """The snapshots together would take more host disk than the service's budget."""
+
+
+class CopyFailed(Exception):
+    """A sandbox's files could not be exported or imported (the message says why, in the
+    sandbox's own paths)."""
 
 
 @attrs.frozen
@@ -44,8 +79,11 @@ class Snapshot:
     names: tuple[str, ...]
     source: str
     template: str
-    places: Mapping[str, str]
-    """Each place's copy, by its path in the sandbox."""
+    places: tuple[str, ...]
+    """The places it holds, by their paths in the sandbox."""
+    archive: str
+    """The host file holding the export (the service's own)."""
+    size: int
     taken_at: float
 
     def known_as(self, name: str) -> bool:
@@ -54,39 +92,77 @@ class Snapshot:
         return name == self.id or name in self.names or bare in self.names
 
 
-class SnapshotStore:
-    """The snapshots of one service, each a directory under ``root``."""
+class SnapshotWriter:
+    """Where a snapshot's bytes go: its file, each piece counted against the budget first."""
 
-    def __init__(self, root: str, limit: int = MAX_SNAPSHOTS) -> None:
+    def __init__(self, fd: int, reserve: Callable[[int], None]) -> None:
+        self._fd = fd
+        self._reserve = reserve
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        """Append ``data``; :class:`SnapshotBudgetExceeded` (nothing written) past the budget."""
+        self._reserve(len(data))
+        self.written += len(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+
+Export = Callable[[SnapshotWriter], None]
+
+
+class SnapshotStore:
+    """The snapshots of one service, each a directory under ``root``, together at most
+    ``budget`` bytes of host disk."""
+
+    def __init__(
+        self, root: str, limit: int = MAX_SNAPSHOTS, budget: int = DEFAULT_SNAPSHOT_BUDGET
+    ) -> None:
         self._root = root
         self._limit = limit
+        self.budget = budget
         self._lock = threading.Lock()
         self._snapshots: dict[str, Snapshot] = {}
+        self._used = 0  # bytes of the snapshots kept and of those being taken
 
     def take(
-        self, places: Mapping[str, str], *, template: str, source: str, name: str | None
+        self,
+        export: Export,
+        *,
+        places: Sequence[str],
+        template: str,
+        source: str,
+        name: str | None,
     ) -> Snapshot:
-        """Copy ``places`` (path in the sandbox → host directory) into a new snapshot.
+        """A new snapshot of what ``export`` writes (the ``places`` of sandbox ``source``).
 
         A ``name`` already given to a snapshot moves to this one (the old one keeps its ID).
-        ``OSError`` when the files cannot be copied; :class:`TooManySnapshots` at the limit.
+        :class:`TooManySnapshots` at the limit, :class:`SnapshotBudgetExceeded` past the
+        budget, what ``export`` raises when the copy fails; nothing is left behind then.
         """
         with self._lock:
             if len(self._snapshots) >= self._limit:
                 raise TooManySnapshots(f"the local service keeps at most {self._limit} snapshots")
         snapshot_id = "snapshot-" + secrets.token_hex(8)
         directory = os.path.join(self._root, snapshot_id)
+        archive = os.path.join(directory, ARCHIVE)
         os.makedirs(directory, 0o700)
-        copies = {inside: os.path.join(directory, f"place{n}") for n, inside in enumerate(places)}
+        writer: SnapshotWriter | None = None
         try:
-            for path in copies.values():
-                os.mkdir(path, 0o700)
-            copy_places(places, copies)
-        except OSError:
+            fd = os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                writer = SnapshotWriter(fd, self._reserve)
+                export(writer)
+            finally:
+                os.close(fd)
+        except BaseException:
+            self._release(writer.written if writer is not None else 0)
             remove_tree(directory)
             raise
         names = (name,) if name else ()
-        snapshot = Snapshot(snapshot_id, names, source, template, copies, time.time())
+        size, now = writer.written, time.time()
+        snapshot = Snapshot(snapshot_id, names, source, template, tuple(places), archive, size, now)
         with self._lock:
             for other in list(self._snapshots.values()):
                 if name and name in other.names:
@@ -94,6 +170,26 @@ class SnapshotStore:
                     self._snapshots[other.id] = attrs.evolve(other, names=rest)
             self._snapshots[snapshot_id] = snapshot
         return snapshot
+
+    def _reserve(self, size: int) -> None:
+        with self._lock:
+            if self._used + size > self.budget:
+                raise SnapshotBudgetExceeded(
+                    f"the snapshot does not fit the local service's snapshot disk budget of "
+                    f"{self.budget // 2**20} MiB (max_snapshot_disk_mib); delete snapshots or "
+                    "raise it"
+                )
+            self._used += size
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._used -= size
+
+    @property
+    def used(self) -> int:
+        """The bytes the snapshots take on the host (those being taken included)."""
+        with self._lock:
+            return self._used
 
     def get(self, snapshot_id: str) -> Snapshot | None:
         """The snapshot with that ID, if any."""
@@ -116,44 +212,110 @@ class SnapshotStore:
         if snapshot is None:
             return False
         remove_tree(os.path.join(self._root, snapshot_id))
+        self._release(snapshot.size)
         return True
 
 
-def copy_places(source: Mapping[str, str], target: Mapping[str, str]) -> None:
-    """Copy each place's files (by path in the sandbox) from ``source`` into ``target``.
+def exporter(sandbox: Sandbox) -> Export:
+    """What writes ``sandbox``'s export into a snapshot: bytes its agent streams out."""
 
-    Modes, times, extended attributes and symlinks are kept, and owners where the
-    service may set them (it runs as root); sockets, pipes and devices are left out.
-    ``OSError`` when something cannot be read or written.
-    """
-    for inside, host in source.items():
-        destination = target.get(inside)
-        if destination is None or not os.path.isdir(host):
-            continue
+    def export(writer: SnapshotWriter) -> None:
+        data_read, data_write = os.pipe()
+        reply = _request(sandbox, "export", data_write)
         try:
-            shutil.copytree(host, destination, symlinks=True, dirs_exist_ok=True, ignore=_special)
-        except shutil.Error as e:
-            raise OSError(f"the sandbox's files could not be copied: {e.args[0][0][2]}") from None
-        if os.geteuid() == 0:
-            _copy_owners(host, destination)
+            with contextlib.closing(_Pipe(data_read)) as pipe:
+                while piece := pipe.read():
+                    writer.write(piece)
+        except BaseException:
+            os.close(reply)  # the helper meets a closed pipe and ends
+            raise
+        _answered(reply)
+
+    return export
 
 
-def _special(directory: str, names: Iterable[str]) -> list[str]:
-    """The entries of ``directory`` that are neither files, directories nor symlinks."""
-    left_out = []
-    for name in names:
-        mode = os.lstat(os.path.join(directory, name)).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-            left_out.append(name)
-    return left_out
+def unpack(snapshot: Snapshot, sandbox: Sandbox) -> None:
+    """Have ``sandbox``'s agent unpack ``snapshot`` into its places; :class:`CopyFailed`."""
+    data_read, data_write = os.pipe()
+    reply = _request(sandbox, "import", data_read)
+    os.set_blocking(data_write, False)
+    try:
+        with open(snapshot.archive, "rb") as archive, contextlib.suppress(BrokenPipeError):
+            while piece := archive.read(PIECE):
+                _write_within(data_write, piece)
+    except BaseException:
+        os.close(reply)
+        raise
+    finally:
+        os.close(data_write)
+    _answered(reply)
 
 
-def _copy_owners(source: str, target: str) -> None:
-    """Give every copied entry under ``target`` the owner of its original under ``source``."""
-    for directory, dirs, files in os.walk(source):
-        for name in ["", *dirs, *files]:
-            original = os.path.join(directory, name) if name else directory
-            copy = os.path.join(target, os.path.relpath(original, source))
-            if os.path.lexists(copy):
-                info = os.lstat(original)
-                os.lchown(copy, info.st_uid, info.st_gid)
+def fork_files(source: Sandbox, target: Sandbox) -> None:
+    """Pipe ``source``'s export straight into ``target``'s import; :class:`CopyFailed`."""
+    data_read, data_write = os.pipe()
+    exported = _request(source, "export", data_write)
+    try:
+        imported = _request(target, "import", data_read)
+    except BaseException:
+        os.close(exported)
+        raise
+    failures = []
+    for reply in (exported, imported):
+        try:
+            _answered(reply)
+        except CopyFailed as e:
+            failures.append(e)
+    if failures:
+        raise failures[-1]  # the import's reason, where both failed (the export's is a pipe)
+
+
+def _request(sandbox: Sandbox, call: str, data: int) -> int:
+    """Ask ``sandbox``'s agent (as its root, where it has one) for ``call`` on its places."""
+    places = sorted(sandbox.host_dirs)
+    try:
+        return sandbox.files(call, {"places": places}, user=sandbox.root_user, data=data)
+    except Paused:
+        raise CopyFailed("the sandbox is paused: resume it to copy its files") from None
+
+
+def _answered(reply: int) -> None:
+    """Wait for the helper's answer; :class:`CopyFailed` with its reason."""
+    try:
+        ready, _, _ = select.select([reply], [], [], COPY_TIMEOUT)
+        if not ready:
+            raise CopyFailed("the sandbox's files could not be copied: it took too long")
+        files_answer(reply, close=False)
+    except FilesFailed as e:
+        raise CopyFailed(f"the sandbox's files could not be copied: {e.reason}") from None
+    except OSError:
+        raise CopyFailed("the sandbox's files could not be copied: its agent ended") from None
+    finally:
+        os.close(reply)
+
+
+class _Pipe:
+    """The read end of a copy's pipe, each read bounded by :data:`COPY_TIMEOUT`."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def read(self) -> bytes:
+        ready, _, _ = select.select([self._fd], [], [], COPY_TIMEOUT)
+        if not ready:
+            raise CopyFailed("the sandbox's files could not be copied: it took too long")
+        return os.read(self._fd, PIECE)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _write_within(fd: int, data: bytes) -> None:
+    """Write ``data`` to the non-blocking ``fd``, each wait bounded by :data:`COPY_TIMEOUT`."""
+    view = memoryview(data)
+    while view:
+        _, writable, _ = select.select([], [fd], [], COPY_TIMEOUT)
+        if not writable:
+            raise CopyFailed("the sandbox's files could not be copied: it took too long")
+        with contextlib.suppress(BlockingIOError):
+            view = view[os.write(fd, view) :]

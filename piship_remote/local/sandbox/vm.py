@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TypeVar
 
-from piship_remote.local.isolation.agent_link import AgentLink, dial
+from piship_remote.local.isolation.agent_link import AgentLink, dial, send_files
 from piship_remote.local.isolation.bubblewrap import (
     Jail,
     find_python,
@@ -307,6 +307,12 @@ class SandboxVm:
     def dial(self, port: int) -> socket.socket:
         """A socket connected to ``port`` on the sandbox's loopback (see :func:`dial`)."""
         return dial(self._link, port)
+
+    def files(
+        self, call: str, args: Mapping[str, object], *, uid: int | None, data: int | None
+    ) -> int:
+        """Have the agent answer a files request as ``uid``; see :func:`send_files`."""
+        return send_files(self._link, call, args, uid=uid, data=data)
 
     def close(self) -> None:
         """End every process of the sandbox, its network stack and its cgroups; idempotent."""
