@@ -66,11 +66,13 @@ def run(client: Client, sandbox: dict[str, Any], command: str) -> tuple[int, str
     return stream.end.get("exitCode", 0), stream.stdout, stream.stderr
 
 
-def upload(client: Client, sandbox: dict[str, Any], path: str, data: bytes) -> requests.Response:
+def upload(
+    client: Client, sandbox: dict[str, Any], path: str, data: bytes, *, username: str = WRITER
+) -> requests.Response:
     headers = {**client.envd_headers(sandbox), "Content-Type": "application/octet-stream"}
     return client.session.post(
         client.service.url + "/files",
-        params={"path": path, "username": WRITER},
+        params={"path": path, "username": username},
         data=data,
         headers=headers,
         timeout=HTTP_TIMEOUT,
@@ -98,6 +100,17 @@ def test_a_file_written_through_envd_gets_its_parents_in_the_root_filesystem(
     assert written.status_code == 200, written.text
     assert run(client, first, "cat /opt/x/y.txt")[1] == "through envd\n"
     assert run(client, second, "ls /opt/x")[0] != 0
+
+
+@pytest.mark.parametrize("pair", TEMPLATES, indirect=True)
+def test_the_users_write_to_app_gets_parents_the_user_owns_as_envd_makes_them(
+    client: Client, pair: list[dict[str, Any]]
+) -> None:
+    written = upload(client, pair[0], "/app/deep/x.txt", b"mine\n", username="user")
+    assert written.status_code == 200, written.text
+    code, owners, error = run(client, pair[0], "stat -c %U /app /app/deep /app/deep/x.txt")
+    assert code == 0, error
+    assert owners == "user\nuser\nuser\n"
 
 
 @pytest.mark.parametrize("pair", ["folder"], indirect=True)
