@@ -1,15 +1,16 @@
 """The local service's sandboxes: their environments, files, processes and lifetimes.
 
 A :class:`Registry` creates sandboxes (a :class:`SandboxVm` each, with a private
-home, ``/tmp`` and ``/dev/shm`` on a size-capped tmpfs under one service
-directory, and cgroups holding its limits), finds them, renews and deletes
-them. A ``piship-local-reaper`` thread deletes each sandbox when its lifetime
-ends (or pauses one created with ``auto_pause``). Deleting ends every process
-of the sandbox and removes its files::
+home, ``/tmp``, ``/dev/shm`` and writable root layer on a size-capped tmpfs under one
+service directory, cgroups holding its limits, and, where the service maps them, a
+range of host uids of its own), finds them, renews and deletes them. A
+``piship-local-reaper`` thread deletes each sandbox when its lifetime ends (or pauses
+one created with ``auto_pause``). Deleting ends every process of the sandbox, removes
+its files, then frees its host uids::
 
     registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user",
                         limits=Limits(), enforcement=Enforcement.probe())
-    sandbox = registry.create(template="base", lifetime=300, network=False, env_vars={})
+    sandbox = registry.create(template="base", lifetime=300, network=NetworkOptions(), env_vars={})
     process = sandbox.start(ProcessConfig(cmd="/bin/bash", args=["-c", "id"]), tag="t1")
     registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
     fork = registry.fork(sandbox.id, 300)           # a new sandbox with a copy of its files
@@ -36,14 +37,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.limits import Enforcement, Limits, detach
+import attrs
+
+from piship_remote.local.isolation.bubblewrap import Jail
+from piship_remote.local.isolation.egress import rules_problem
+from piship_remote.local.isolation.limits import Enforcement, Limits
+from piship_remote.local.isolation.mounts import unmount_under
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
 from piship_remote.local.isolation.python_env import PythonEnv
-from piship_remote.local.isolation.trees import mounts_below
+from piship_remote.local.isolation.uid_block import SandboxIds, UidBlock
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
+from piship_remote.local.sandbox.network_options import NetworkOptions
 from piship_remote.local.sandbox.snapshots import (
     DEFAULT_SNAPSHOT_BUDGET,
     CopyFailed,
@@ -56,7 +63,7 @@ from piship_remote.local.sandbox.snapshots import (
     unpack,
 )
 from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
-from piship_remote.local.sandbox.vm import Spawner
+from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
 __all__ = [
     "CopyFailed",
@@ -105,6 +112,7 @@ class Registry:
         templates: Mapping[str, str | None] | None = None,
         snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
         python_env: PythonEnv | None = None,
+        spawner: Spawner | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
@@ -132,7 +140,9 @@ class Registry:
         self._changed = threading.Condition()
         self._resuming = threading.Lock()  # one resume at a time: a reboot is not repeated
         self._closed = False
-        self._spawner = Spawner()
+        self._spawner = spawner or Spawner()
+        self._uids = UidBlock()  # a range of host uids per sandbox, where the service maps them
+        self._ids: dict[str, SandboxIds] = {}
         self._reaper = threading.Thread(target=self._reap, name="piship-local-reaper", daemon=True)
         self._reaper.start()
 
@@ -141,13 +151,12 @@ class Registry:
         *,
         template: str,
         lifetime: int,
-        network: bool,
+        network: NetworkOptions,
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str] | None = None,
         auto_pause: bool = False,
         auto_resume: bool = False,
         auto_pause_memory: bool = True,
-        private_traffic: bool = False,
     ) -> Sandbox:
         """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
@@ -155,7 +164,7 @@ class Registry:
         starts with the snapshot's files). :class:`UnknownTemplate` if it is neither;
         :class:`TooManySandboxes` at the limit; :class:`SandboxUnavailable` when
         its environment cannot be made here (network asked for and no user-mode
-        stack installed, or the sandbox would not start).
+        stack installed, egress rules that cannot be held, or the sandbox would not start).
         """
         snapshot = None if template in self.templates else self.snapshots.get(template)
         if template not in self.templates and snapshot is None:
@@ -163,13 +172,13 @@ class Registry:
         wanted = Wanted(
             template=template,
             image=template if snapshot is None else snapshot.template,
-            network=network,
+            network=network.egress.reaches_out,
             env_vars=dict(env_vars),
             metadata=dict(metadata or {}),
             auto_pause=auto_pause,
             auto_resume=auto_resume,
             auto_pause_memory=auto_pause_memory,
-            private_traffic=private_traffic,
+            options=network,
         )
         if snapshot is None:
             return self._create(wanted, lifetime, None)
@@ -181,7 +190,8 @@ class Registry:
         source = self.lookup(sandbox_id)
         if source is None:
             return None
-        return self._create(source.wanted, lifetime, lambda sandbox: fork_files(source, sandbox))
+        wanted = attrs.evolve(source.wanted, options=source.options)
+        return self._create(wanted, lifetime, lambda sandbox: fork_files(source, sandbox))
 
     def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot | None:
         """A snapshot of the sandbox's files now (``None`` if it is unknown).
@@ -205,6 +215,8 @@ class Registry:
     ) -> Sandbox:
         """Boot a sandbox as ``wanted``, its places filled by ``seed`` (a copy's import)."""
         problem = egress_problem() if wanted.network else None
+        if problem is None and wanted.network and wanted.options.egress.filtered:
+            problem = rules_problem()
         if problem is not None:
             raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
@@ -218,16 +230,7 @@ class Registry:
                 raise TooManySandboxes(f"the local service runs at most {self._max} sandboxes")
             self._booting += 1
         try:
-            jail, vm = boot(
-                sandbox_id,
-                directory,
-                self._layout,
-                network=wanted.network,
-                spawner=self._spawner,
-                rootfs=self.templates[wanted.image],
-            )
-        except BootFailed as e:
-            raise SandboxUnavailable(self._without_host_paths(str(e))) from None
+            jail, vm = self._boot(sandbox_id, directory, wanted)
         finally:
             with self._changed:
                 self._booting -= 1
@@ -243,10 +246,16 @@ class Registry:
             lifetime=lifetime,
         )
         try:
+            if wanted.network and wanted.options.egress.filtered:
+                sandbox.hold_egress()
+        except OSError as e:
+            sandbox.destroy("the sandbox's egress rules could not be held")
+            raise SandboxUnavailable(str(e)) from None
+        try:
             if seed is not None:
                 seed(sandbox)
         except BaseException as e:  # a copy that broke in any way leaves no sandbox running
-            sandbox.destroy("the sandbox's files could not be copied")
+            self._end(sandbox, "the sandbox's files could not be copied")
             if not isinstance(e, (CopyFailed, OSError)):
                 raise
             unreached = "the sandbox's files could not be copied: its agent could not be reached"
@@ -260,9 +269,46 @@ class Registry:
                 self._sandboxes[sandbox_id] = sandbox
                 self._changed.notify_all()
         if closed:
-            sandbox.destroy("stopped")
+            self._end(sandbox, "stopped")
             raise SandboxGone("the local sandbox service stopped")
         return sandbox
+
+    def _boot(self, sandbox_id: str, directory: str, wanted: Wanted) -> tuple[Jail, SandboxVm]:
+        """Boot the sandbox as its own range of host uids (where the service maps them)."""
+        try:
+            ids = self._uids.take() if self._layout.maps_users else None
+        except OSError as e:
+            raise SandboxUnavailable(str(e)) from None
+        try:
+            jail, vm = boot(
+                sandbox_id,
+                directory,
+                self._layout,
+                network=wanted.network,
+                spawner=self._spawner,
+                rootfs=self.templates[wanted.image],
+                ids=ids,
+            )
+        except BaseException as e:
+            if ids is not None:
+                self._uids.give_back(ids)
+            if isinstance(e, BootFailed):
+                raise SandboxUnavailable(self._without_host_paths(str(e))) from None
+            raise
+        if ids is not None:
+            with self._changed:
+                self._ids[sandbox_id] = ids
+        return jail, vm
+
+    def _end(self, sandbox: Sandbox, reason: str) -> None:
+        """Destroy ``sandbox``, then free its host uids once nothing of it can use them."""
+        try:
+            sandbox.destroy(reason)
+        finally:
+            with self._changed:
+                ids = self._ids.pop(sandbox.id, None)
+            if ids is not None:
+                self._uids.give_back(ids)
 
     def _without_host_paths(self, message: str) -> str:
         """``message`` with the service's directory (and so any sandbox's) left out: the
@@ -325,7 +371,8 @@ class Registry:
     def _reboot(self, sandbox: Sandbox) -> None:
         try:
             spawner, layout = self._spawner, self._layout
-            sandbox.reboot(lambda jail: reboot(sandbox.id, jail, layout, spawner=spawner))
+            holding = sandbox.held_egress()
+            sandbox.reboot(lambda jail: holding(reboot(sandbox.id, jail, layout, spawner=spawner)))
         except BootFailed as e:
             self.delete(sandbox.id, "the sandbox could not be rebooted")
             raise OSError(str(e)) from None
@@ -355,7 +402,7 @@ class Registry:
             sandbox = self._sandboxes.pop(sandbox_id, None)
         if sandbox is None:
             return False
-        sandbox.destroy(reason)
+        self._end(sandbox, reason)
         return True
 
     def close(self) -> None:
@@ -367,13 +414,14 @@ class Registry:
             self._changed.notify_all()
         for sandbox in sandboxes:
             with contextlib.suppress(Exception):  # one sandbox's failure spares the rest
-                sandbox.destroy("stopped")
+                self._end(sandbox, "stopped")
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
-        for point in mounts_below(self.root):  # a destroy that failed midway; a lent Python
-            detach(point)
+        unmount_under(self.root)  # a destroy that failed midway; a lent Python
         remove_tree(self.root)
+        self._uids.close()
+        self._layout.owner_maps.close()
 
     def _expiry(self, seconds: int) -> float:
         return self.clock() + self._bounded(seconds)
