@@ -8,7 +8,8 @@ and on a new connection). Straight to the loopback server: exec p50 through
 commands/s, streams at least 2.5x the SDK's and 0.6x the raw socket's MB/s, and
 resident memory growth at most 32 MiB however much is streamed (1 GiB at ``--size full``).
 With the ``otel`` extra, a traced command's p50 at most 1.05x an untraced one's, both
-straight to the loopback server and at 20 ms.
+straight to the loopback server and at 20 ms. A Python's start in a local template
+sandbox at most 1.2x the same Python's on the host (the image's ``.pyc`` files valid).
 The file targets are in :mod:`benchmarks.file_goals`, the pool's in :mod:`benchmarks.pool_goals`.
 
 >>> [goal.name for goal in evaluate(())][:1]
@@ -24,6 +25,8 @@ from benchmarks.activation import NEW_CONNECTION
 from benchmarks.file_goals import file_goals
 from benchmarks.pool_goals import pool_goals
 from benchmarks.report import Goal, Row, ScenarioResult
+from benchmarks.template_python import NAME as TEMPLATE_PYTHON
+from benchmarks.template_python import SERVER as TEMPLATE_SERVER
 
 __all__ = ["ROUND_TRIP_MS", "evaluate"]
 
@@ -38,8 +41,16 @@ class _Rows:
     def __init__(self, rows: Sequence[Row]) -> None:
         self._rows = {row.key: row for row in rows}
 
-    def find(self, scenario: str, client: str, *, rtt_ms: int = 0, group: str = "") -> Row | None:
-        return self._rows.get((scenario, "loopback", rtt_ms, group, client))
+    def find(
+        self,
+        scenario: str,
+        client: str,
+        *,
+        rtt_ms: int = 0,
+        group: str = "",
+        server: str = "loopback",
+    ) -> Row | None:
+        return self._rows.get((scenario, server, rtt_ms, group, client))
 
 
 def _goal(
@@ -152,6 +163,15 @@ def evaluate(scenarios: Iterable[ScenarioResult]) -> tuple[Goal, ...]:
             lambda v: v <= 1.05,
         )
         for rtt in (0, at)
+    )
+    goals.append(
+        _goal(
+            "python3 start in a local template sandbox vs the host",
+            "template",
+            _reference(rows.find(TEMPLATE_PYTHON, "template", server=TEMPLATE_SERVER)),
+            "<= 1.20x",
+            lambda v: v <= 1.2,
+        )
     )
     goals.extend(file_goals(flat))
     goals.extend(pool_goals(flat))

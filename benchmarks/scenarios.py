@@ -29,6 +29,7 @@ from benchmarks import (
     push,
     sandboxd,
     stream_throughput,
+    template_python,
     tracing_cost,
 )
 from benchmarks.report import ScenarioResult
@@ -61,6 +62,7 @@ _REGISTERED = (
     Scenario(pool_first_command.NAME, pool_first_command.run, round_trips=True),
     Scenario(pool_scale.NAME, pool_scale.run, round_trips=True),
     Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
+    Scenario(template_python.NAME, template_python.run),
     Scenario(sandboxd.NAME, sandboxd.run),
 )
 

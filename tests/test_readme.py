@@ -165,6 +165,10 @@ def _clean_environ() -> dict[str, str]:
     env = {name: os.environ[name] for name in keep if name in os.environ}
     env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", os.defpath)])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    # The environment the tests run in, as `activate` leaves it: a README line may name
+    # $VIRTUAL_ENV, or run piship-remote anywhere in a pipeline.
+    env["VIRTUAL_ENV"] = sys.prefix
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     return env
 
 

@@ -31,6 +31,7 @@ SCENARIOS = {
     "pool_first_command",
     "pool_scale",
     "tracing_cost",
+    "template_python_start",
     "sandboxd",
 }
 ROW_KEYS = {
@@ -103,7 +104,7 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
     assert set(scenarios) == SCENARIOS
     for scenario in scenarios.values():
         assert not [s for s in scenario["skipped"] if s.startswith("the scenario failed")]
-        local = FILE_SCENARIOS | {"pool_scale"}
+        local = FILE_SCENARIOS | {"pool_scale", "template_python_start"}
         if scenario["name"] in local and _without_local_service(scenario):
             continue
         if scenario["name"] in TRACING_SCENARIOS and _without_otel_sdk(scenario):
@@ -181,6 +182,7 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
             )
         ),
         "pool tasks/s vs the SDK's reuse loop at 20 ms RTT",
+        "python3 start in a local template sandbox vs the host",
     } == names
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "check_labels",
     "has_labels",
     "parse_timestamp",
+    "user_labels",
 ]
 
 CREATED_BY = "created-by"  # the E2B metadata key; the claim label adds a prefix
@@ -108,6 +109,11 @@ def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
             raise PiShipError(CONFIG_INVALID, f"not a usable value for label {key}: {value!r}")
         checked[key] = value
     return checked
+
+
+def user_labels(owned: OwnedSandbox) -> dict[str, str]:
+    """Its labels less this library's own marks (``created-by``, ``piship-…``)."""
+    return {key: value for key, value in owned.labels.items() if not _RESERVED.match(key)}
 
 
 def has_labels(owned: OwnedSandbox, wanted: Mapping[str, str]) -> bool:

@@ -32,9 +32,15 @@ from collections.abc import Sequence
 
 from piship_remote import __version__
 from piship_remote.cli import _commands, _kept, _map, _sweep
-from piship_remote.cli._commands import EXIT_CONFIG, EXIT_UNAVAILABLE, error_status
+from piship_remote.cli._commands import (
+    EXIT_CONFIG,
+    EXIT_UNAVAILABLE,
+    error_status,
+    render_error,
+)
 from piship_remote.cli._parser import (
     Parser,
+    add_python_env,
     add_sandbox_options,
     non_negative_int,
     port_number,
@@ -75,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         silence_stdout()
         return EXIT_BROKEN_PIPE
     except PiShipError as e:
-        print(e.render(), file=sys.stderr)
+        print(render_error(e), file=sys.stderr)
         return error_status(e)
     except (CommandCancelled, KeyboardInterrupt):
         print("interrupted: the remote command was killed", file=sys.stderr)
@@ -109,6 +115,7 @@ def _parser() -> Parser:
         action="store_true",
         help="push the workspace first, pull back what the command changed after",
     )
+    _add_verbose(run)
     run.add_argument(
         "--keep",
         action="store_true",
@@ -196,8 +203,10 @@ def _parser() -> Parser:
         action="append",
         default=[],
         help="offer template NAME made from PATH: a root filesystem directory or an image"
-        " archive (docker save, podman save, an OCI layout tar); repeatable",
+        " archive (docker save, podman save, an OCI layout tar, a docker export root"
+        " filesystem tar); repeatable",
     )
+    add_python_env(serve, serve)
     serve.set_defaults(handler=_commands.serve)
 
     sweep = parser.command(
@@ -238,6 +247,7 @@ def _add_map(parser: Parser) -> None:
     mapping.add_argument(
         "--sync", action="store_true", help="push the workspace into every sandbox once"
     )
+    _add_verbose(mapping)
     mapping.add_argument(
         "--fresh", action="store_true", help="a new sandbox for every task (default: reuse)"
     )
@@ -269,6 +279,12 @@ def _add_map(parser: Parser) -> None:
     )
     mapping.add_argument("command", nargs="...", help="after --: the command, then the items")
     mapping.set_defaults(handler=_map.map_items)
+
+
+def _add_verbose(parser: Parser) -> None:
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="with --sync: list every path left out"
+    )
 
 
 def _add_lease(parser: Parser) -> None:

@@ -20,6 +20,7 @@ from piship_remote.cli._terminal import run_on_terminal, terminal_input
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     CONFIG_UNAVAILABLE,
+    CREDENTIAL_DENIED,
     CREDENTIAL_REQUIRED,
     FILE_NOT_FOUND,
     FILE_WRITE_FAILED,
@@ -28,6 +29,7 @@ from piship_remote.model.errors import (
 )
 from piship_remote.model.report import describe_containment
 from piship_remote.model.transfer import TransferSummary
+from piship_remote.sandbox._activation_steps import unenforceable_message
 from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 
 __all__ = [
@@ -39,12 +41,19 @@ __all__ = [
     "doctor",
     "error_status",
     "exit_status",
+    "render_error",
     "run",
     "serve",
 ]
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
+# activate_sandbox's fixed opening for a required sandbox it could not have, and its meaning.
+UNENFORCEABLE = unenforceable_message("")
+UNENFORCEABLE_MEANING = (
+    "Meaning: the policy requires a sandbox and none could be had, so nothing ran"
+    " (nothing ever runs on this host instead)"
+)
 # Something to fix on the user's side: a setting, a credential, a path that is not there or
 # cannot be written.
 CONFIG_CODES = frozenset(
@@ -52,6 +61,7 @@ CONFIG_CODES = frozenset(
         CONFIG_INVALID,
         CONFIG_UNAVAILABLE,
         CREDENTIAL_REQUIRED,
+        CREDENTIAL_DENIED,
         NETWORK_DENIED,
         FILE_NOT_FOUND,
         FILE_WRITE_FAILED,
@@ -89,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.sync:
-            _report_transfer("pushed", sandbox.push())
+            _report_transfer("pushed", sandbox.push(), verbose=args.verbose)
         line = _shell_line(command)
         if terminal is not None:
             code = run_on_terminal(sandbox, line, terminal, args.timeout)
@@ -97,16 +107,16 @@ def run(args: argparse.Namespace) -> int:
             code = sandbox.run(line, timeout=args.timeout, echo=True, stdin=stdin).exit_code
         status = exit_status(code)
         if args.sync:
-            return _pull_after(sandbox, status)
+            return _pull_after(sandbox, status, verbose=args.verbose)
         return status
 
 
-def _pull_after(sandbox: Sandbox, status: int) -> int:
+def _pull_after(sandbox: Sandbox, status: int, *, verbose: bool) -> int:
     """Pull what the command changed; a failure is told beside the command's status."""
     try:
-        _report_transfer("pulled", sandbox.pull())
+        _report_transfer("pulled", sandbox.pull(), verbose=verbose)
     except PiShipError as e:
-        print(e.render(), file=sys.stderr)
+        print(render_error(e), file=sys.stderr)
         print(
             f"piship-remote: the command exited with status {status}, but bringing its"
             " changes back failed (above)",
@@ -132,15 +142,28 @@ def cp(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_transfer(verb: str, summary: TransferSummary | None) -> None:
+def _report_transfer(verb: str, summary: TransferSummary | None, *, verbose: bool = False) -> None:
     if summary is not None:
-        for line in describe_transfer(verb, summary):
+        for line in describe_transfer(verb, summary, verbose=verbose):
             print(line, file=sys.stderr)
 
 
 def error_status(error: PiShipError) -> int:
-    """The exit status for ``error``: 2 for a configuration error, else 3."""
-    return EXIT_CONFIG if error.code in CONFIG_CODES else EXIT_UNAVAILABLE
+    """The exit status for ``error``: 2 for a configuration error (a refused key
+    included, whatever code activation gave it), else 3."""
+    return EXIT_CONFIG if (error.cause_code or error.code) in CONFIG_CODES else EXIT_UNAVAILABLE
+
+
+def render_error(error: PiShipError) -> str:
+    """``error`` for stderr: under the code of what to fix (a refused key's
+    ``CREDENTIAL_DENIED``, not activation's ``SANDBOX_UNAVAILABLE``), and, after
+    activation's fixed wording, what it means in plain words."""
+    rendered = error.render()
+    if error.cause_code is not None and rendered.startswith(f"{error.code}: "):
+        rendered = f"{error.cause_code}: {rendered[len(error.code) + 2 :]}"
+    if error.message.startswith(UNENFORCEABLE):
+        rendered += f"\n{UNENFORCEABLE_MEANING}"
+    return rendered
 
 
 def exit_status(remote: int) -> int:
@@ -200,7 +223,12 @@ def serve(args: argparse.Namespace) -> int:
     }
     templates = dict(args.template)
     local.serve(
-        host=args.host, port=args.port, api_key=_serve_key(args), templates=templates, **limits
+        host=args.host,
+        port=args.port,
+        api_key=_serve_key(args),
+        templates=templates,
+        python_env=args.python_env,
+        **limits,
     )
     return 0
 

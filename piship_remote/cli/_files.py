@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TextIO
 
@@ -16,7 +17,6 @@ __all__ = ["PROGRESS_FROM", "Progress", "copy", "describe_transfer"]
 
 PROGRESS_FROM = 8 * 1024 * 1024  # bytes a transfer moves before a progress line is drawn
 _REDRAW = 0.1  # seconds between progress redraws
-_SHOWN_SKIPS = 10
 
 
 class Progress:
@@ -75,13 +75,19 @@ def _call(
     return action(first, second, progress=progress)
 
 
-def describe_transfer(verb: str, summary: TransferSummary) -> list[str]:
-    """Lines for stderr: what moved, and what was left out and why."""
-    lines = [f"{verb} {summary.files} file(s), {_size(summary.bytes)}"]
-    for skipped in summary.skipped[:_SHOWN_SKIPS]:
-        lines.append(f"  skipped {skipped.path}: {skipped.reason}")
-    if len(summary.skipped) > _SHOWN_SKIPS:
-        lines.append(f"  ... and {len(summary.skipped) - _SHOWN_SKIPS} more skipped")
+def describe_transfer(verb: str, summary: TransferSummary, *, verbose: bool = False) -> list[str]:
+    """Lines for stderr: what moved, how many paths were left out for each reason, and
+    (``verbose``) each path left out."""
+    line = f"{verb} {summary.files} file(s), {_size(summary.bytes)}"
+    reasons = Counter(skipped.reason for skipped in summary.skipped)
+    if reasons:
+        counted = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
+        line += f"; skipped {len(summary.skipped)}: {counted}"
+        if not verbose:
+            line += " (-v lists them)"
+    lines = [line]
+    if verbose:
+        lines.extend(f"  skipped {skipped.path}: {skipped.reason}" for skipped in summary.skipped)
     return lines
 
 

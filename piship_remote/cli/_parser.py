@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 __all__ = [
     "Parser",
+    "add_python_env",
     "add_sandbox_options",
     "existing_directory",
     "non_negative_int",
@@ -60,7 +61,14 @@ class Parser(argparse.ArgumentParser):
         group.add_argument(*names, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        super().error(f"{message}{self._hint(message)}")
+        """The mistake and its closest fix at once, under a one-line usage (``--help``
+        has the long one)."""
+        self.exit(
+            2,
+            f"usage: {self.prog} [options] ...\n"
+            f"{self.prog}: error: {message}{self._hint(message)}\n"
+            f"('{self.prog} --help' lists the options)\n",
+        )
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -148,6 +156,18 @@ def existing_directory(text: str) -> str:
     return text
 
 
+def add_python_env(parser: Parser, group: Any) -> None:
+    """``--python-env PATH``: the local service lends its sandboxes this Python environment."""
+    parser.option(
+        group,
+        "--python-env",
+        metavar="PATH",
+        default=os.environ.get("PISHIP_LOCAL_PYTHON_ENV"),
+        help="with --backend local: every sandbox's python3 is this host environment (a venv"
+        " holding your test dependencies), lent read-only (env PISHIP_LOCAL_PYTHON_ENV)",
+    )
+
+
 def add_sandbox_options(parser: Parser) -> None:
     """The options every command that activates a sandbox takes (env defaults in brackets)."""
     env = os.environ.get
@@ -168,6 +188,8 @@ def add_sandbox_options(parser: Parser) -> None:
         default=".",
         help="the workspace root (default: here)",
     )
+    local = parser.add_argument_group("local options")
+    add_python_env(parser, local)
     group = parser.add_argument_group("e2b options")
     parser.option(
         group,

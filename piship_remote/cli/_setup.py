@@ -10,7 +10,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from piship_remote.backends.base import Backend
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, CONFIG_UNAVAILABLE, PiShipError
 from piship_remote.model.policy import SandboxPolicy
 
 if TYPE_CHECKING:
@@ -34,6 +34,10 @@ DEFAULT_ALLOW = ("LANG", "LC_ALL", "TERM", "TZ")
 CLI_LEASE_SECONDS = 300.0
 # A sandbox kept for later (--keep, --attach, create) lives this long without --lease.
 KEPT_LEASE_SECONDS = 3600.0
+# What a backend made only to list and delete claims (sweep) is given for the router and
+# warm pool it never uses: those calls go to the API server alone.
+LISTING_POOL = "piship-sweep"
+LISTING_ROUTER = "http://127.0.0.1:9"
 
 
 def lease_seconds(args: argparse.Namespace) -> float:
@@ -63,7 +67,8 @@ def backend_for(args: argparse.Namespace, stack: ExitStack) -> Backend:
     if args.backend == "local":
         from piship_remote.local import LocalE2bService
 
-        return stack.enter_context(LocalE2bService()).backend(lifetime_seconds=lease_seconds(args))
+        service = stack.enter_context(LocalE2bService(python_env=args.python_env))
+        return service.backend(template=args.template, lifetime_seconds=lease_seconds(args))
     if args.backend == "kubernetes":
         return kubernetes_backend(args)
     from piship_remote.backends.e2b.backend import E2bCompatibleBackend
@@ -83,12 +88,17 @@ def env_reader(name: str, environ: Mapping[str, str] = os.environ) -> Callable[[
     return lambda: environ.get(name) or None
 
 
-def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBackend:
+def kubernetes_backend(
+    args: argparse.Namespace, *, listing: bool = False
+) -> KubernetesAgentSandboxBackend:
     """The Kubernetes backend: ``--api`` with ``PISHIP_K8S_TOKEN``, else the pod's service
-    account inside a cluster (without ``--kubeconfig``/``--context``), else a kubeconfig."""
+    account inside a cluster (without ``--kubeconfig``/``--context``), else a kubeconfig.
+    ``listing``: only to list and delete claims (``sweep``), which needs no router or pool."""
     from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 
-    needed = (("--api", _cluster_known(args)), ("--router", args.router), ("--pool", args.pool))
+    needed = [("--api", _cluster_known(args))]
+    if not listing:
+        needed += [("--router", args.router), ("--pool", args.pool)]
     missing = [name for name, value in needed if not value]
     if missing:
         raise PiShipError(
@@ -99,7 +109,7 @@ def kubernetes_backend(args: argparse.Namespace) -> KubernetesAgentSandboxBacken
         )
     router_token = env_reader(args.router_token)
     options: dict[str, Any] = {
-        "template": args.pool,
+        "template": args.pool or LISTING_POOL,
         "lifetime_seconds": lease_seconds(args),
         "router_auth": args.router_auth,
         "runtime": getattr(args, "runtime", "auto"),
@@ -131,7 +141,7 @@ def _router(args: argparse.Namespace) -> str | PortForward:
     """``--router``: a URL, or port-forward to ``--router-service`` in ``--router-namespace``."""
     from piship_remote.backends.kubernetes.backend import PORT_FORWARD, PortForward
 
-    url: str = args.router
+    url: str = args.router or LISTING_ROUTER
     if url != PORT_FORWARD:
         return url
     return PortForward(service=args.router_service, namespace=args.router_namespace)
@@ -153,7 +163,7 @@ def _load_policy(path: str) -> dict[str, Any]:
             text = handle.read()
     except OSError as e:
         raise PiShipError(
-            CONFIG_INVALID, f"cannot read the policy file {path}: {e.strerror}"
+            CONFIG_UNAVAILABLE, f"cannot read the policy file {path}: {e.strerror}"
         ) from None
     data = _parse_policy(path, text)
     if not isinstance(data, dict):

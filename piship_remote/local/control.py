@@ -5,6 +5,7 @@
 ``POST /sandboxes`` (and ``/v2/sandboxes``)  201 with ``sandboxID``, ``envdAccessToken``…
 ``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
 ``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``template``…)
+``GET /templates``                         200 (no key needed): the names offered (``templateID``)
 ``GET /sandboxes/<id>``                    200 with the sandbox's details (``state``)
 ``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 201 if it resumed
 ``POST /sandboxes/<id>/pause``             204: its processes frozen; 409 if already paused
@@ -117,6 +118,7 @@ _ACTION_METHOD = {
     "/network": ("PUT",),
     "/ports": ("POST",),
 }
+_TEMPLATES_PATH = "/templates"
 _SNAPSHOT_PATH = re.compile(r"/templates/([A-Za-z0-9_.:/-]{1,256})\Z")
 _RUNNING_ONLY = ("/timeout", "/refreshes", "/network")
 PortAddress = Callable[[Sandbox, int], str]
@@ -151,6 +153,10 @@ class ControlPlane:
         """Answer one control-plane request."""
         if request.path == "/health":
             return Reply(204)
+        if request.path == _TEMPLATES_PATH:  # names only, no key needed: as /health
+            if request.method != "GET":
+                return api_error(405, f"{request.method} is not allowed on {request.path}")
+            return self._templates()
         refusal = self._refusal(request.path, request.headers)
         if refusal is not None:
             return refusal
@@ -216,6 +222,14 @@ class ControlPlane:
             return Reply(200, text.encode(), "application/json")
         self._registry.delete(sandbox_id)
         return Reply(204)
+
+    def _templates(self) -> Reply:
+        """``GET /templates``: the templates offered, in E2B's list shape."""
+        offered = [
+            {"templateID": name, "aliases": [name], "buildStatus": "ready", "public": False}
+            for name in sorted(self._registry.templates)
+        ]
+        return Reply(200, json.dumps(offered).encode(), "application/json")
 
     def _port(self, sandbox: Sandbox, port: int) -> Reply:
         """``{"url": ...}``: the loopback address of the sandbox's ``port``."""
@@ -347,7 +361,7 @@ class ControlPlane:
                 auto_pause_memory=new.auto_pause_memory is not False,
                 private_traffic=_private_traffic(body),
             )
-        except UnknownTemplate:
+        except UnknownTemplate:  # GET /templates lists those offered
             return api_error(404, f"template '{new.template_id}' not found"), None
         except TooManySandboxes as e:
             return api_error(429, str(e)), None
@@ -363,7 +377,7 @@ class ControlPlane:
         return Reply(204)
 
     def _refusal(self, path: str, headers: Mapping[str, str]) -> Reply | None:
-        if path == "/health":
+        if path in ("/health", _TEMPLATES_PATH):
             return None
         if not path.startswith(("/sandboxes", "/v2/sandboxes", "/snapshots", "/templates/")):
             return api_error(404, "not found")

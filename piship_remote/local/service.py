@@ -33,6 +33,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+import attrs
+
 from piship_remote._http_server.server import Head, HttpServer, Reply, Request
 from piship_remote._http_server.server import Limits as HttpLimits
 from piship_remote.local.containment import Containment, containment
@@ -49,10 +51,11 @@ from piship_remote.local.isolation.limits import (
     DEFAULT_PROCESSES,
     MIB,
     Limits,
+    detach,
     fair_share_cpus,
-    unmount,
 )
 from piship_remote.local.isolation.oci_archive import DEFAULT_IMAGE_LIMITS, ImageLimits
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
@@ -70,9 +73,13 @@ __all__ = [
     "HTTP_CONNECTIONS",
     "HTTP_HEAD_SECONDS",
     "LocalE2bService",
+    "StaleService",
+    "add_python_env_option",
     "main",
+    "remove_service_directory",
     "remove_stale_directories",
     "serve",
+    "stale_services",
 ]
 
 COMPONENT = "local"
@@ -98,6 +105,7 @@ reads that stall at most 5 s, connections idle at most 120 s. When all 64 connec
 open, one waiting on its client (idle, or still sending its head or body) is closed for a
 newcomer: of the peer address holding most, or the newcomer's own once it holds 16."""
 _OWNED_DIRECTORY = re.compile(re.escape(DIRECTORY_PREFIX) + r"(\d+)-[a-z0-9_]+")
+_SANDBOX_DIRECTORY = re.compile(r"[0-9a-f]{16}")  # random names, not the sandboxes' IDs
 
 
 class LocalE2bService:
@@ -121,7 +129,10 @@ class LocalE2bService:
     unpacked once into the service's files within ``image_limits`` (bytes, entries and
     expansion ratio, :data:`~piship_remote.local.isolation.oci_archive.DEFAULT_IMAGE_LIMITS`);
     ``base`` is the host's ``/usr``, and a create naming a template the service does not
-    offer is refused (404).
+    offer is refused (404; ``GET /templates`` lists those offered). ``python_env`` lends
+    every sandbox a host Python environment (a virtual environment, or an installation
+    with ``bin/python3``) read-only at its own path, its ``bin`` first on ``PATH``: the
+    sandbox's ``python3`` is that environment, with the packages installed in it.
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
@@ -148,10 +159,12 @@ class LocalE2bService:
         http_limits: HttpLimits = DEFAULT_HTTP_LIMITS,
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+        python_env: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_loopback(host)
         try:
             self.workdir = validate_workdir(workdir)
+            lent = None if python_env is None else PythonEnv.find(python_env, workdir=workdir)
         except ValueError as e:
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
         problem = isolation_problem(bwrap)
@@ -188,6 +201,7 @@ class LocalE2bService:
         except ValueError as e:
             remove_tree(directory)
             raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+        lent = _staged(lent, directory)  # last: the registry's close detaches what it binds
         self._registry = Registry(
             directory,
             bwrap=binary,
@@ -197,6 +211,7 @@ class LocalE2bService:
             limits=limits,
             templates=offered,
             snapshot_budget=max_snapshot_disk_mib * MIB,
+            python_env=lent,
         )
         self._ports = SandboxPorts(self._registry, host)
         self._control = ControlPlane(
@@ -329,6 +344,7 @@ def serve(
     stop: threading.Event | None = None,
     api_key: str | None = None,
     templates: Mapping[str, str | os.PathLike[str]] | None = None,
+    python_env: str | os.PathLike[str] | None = None,
     **limits: Any,
 ) -> None:
     """Run the service until Ctrl-C or SIGTERM (or ``stop`` is set), printing how to reach it.
@@ -336,7 +352,7 @@ def serve(
     It prints the ``export`` lines that point ``piship-remote`` and one's own code at it.
     ``limits`` are :class:`LocalE2bService`'s per-sandbox limits (``max_processes``,
     ``max_memory_mib``, ``max_disk_mib``, ``max_cpus``, ``max_lifetime``) and
-    ``max_snapshot_disk_mib``.
+    ``max_snapshot_disk_mib``; ``python_env`` as for :class:`LocalE2bService`.
     """
     out = out if out is not None else sys.stdout
     stop = stop if stop is not None else threading.Event()
@@ -349,6 +365,7 @@ def serve(
             bwrap=bwrap,
             api_key=api_key,
             templates=templates,
+            python_env=python_env,
             **limits,
         ) as service,
         _stopped_by_sigterm(stop),
@@ -358,6 +375,8 @@ def serve(
         print(f"envd url: {service.envd_url}", file=out)
         print(f"api key:  {service.api_key}", file=out)
         print(f"templates: {', '.join(service.templates)}", file=out)
+        if python_env is not None:
+            print(f"python3:  {os.fspath(python_env)} (read-only, first on PATH)", file=out)
         for line in service.containment.lines():
             print(line, file=out)
         print("\nTo use it from another shell (piship-remote, or your own code):", file=out)
@@ -391,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--user", default="user", help="the envd user (default user)")
     parser.add_argument("--bwrap", default=None, help="the bubblewrap binary to use")
     add_template_option(parser)
+    add_python_env_option(parser)
     args = parser.parse_args(argv)
     try:
         templates = dict(args.template)
@@ -401,11 +421,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             user=args.user,
             bwrap=args.bwrap,
             templates=templates,
+            python_env=args.python_env,
         )
     except PiShipError as e:
         print(e.render(), file=sys.stderr)
         return 3 if e.code == SANDBOX_UNAVAILABLE else 2
     return 0
+
+
+def add_python_env_option(parser: argparse.ArgumentParser) -> None:
+    """``--python-env PATH``: the host Python environment every sandbox runs as ``python3``."""
+    parser.add_argument(
+        "--python-env",
+        metavar="PATH",
+        default=None,
+        help="lend every sandbox this Python environment (a venv with your test"
+        " dependencies), read-only: its python3 and scripts come first on PATH",
+    )
 
 
 def add_template_option(parser: argparse.ArgumentParser) -> None:
@@ -441,29 +473,72 @@ def _stopped_by_sigterm(stop: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def remove_stale_directories(parent: str) -> list[str]:
-    """Remove this user's service directories in ``parent`` whose owning process is gone."""
-    removed: list[str] = []
+def _staged(lent: PythonEnv | None, directory: str) -> PythonEnv | None:
+    """``lent`` as a root service's sandboxes can bind it (a Python under ``/root`` bound
+    into the service's ``directory`` first); ``directory`` is removed when it cannot be."""
+    if lent is None or not root_mappable():
+        return lent
     try:
-        entries = list(os.scandir(parent))
+        return lent.staged(directory)
+    except OSError as e:
+        remove_tree(directory)
+        raise PiShipError(
+            CONFIG_INVALID,
+            f"the Python environment {lent.root} cannot be lent to the sandboxes: {e}",
+            component=COMPONENT,
+        ) from None
+
+
+@attrs.frozen
+class StaleService:
+    """What a local service whose process is gone (killed, its machine lost) left: its
+    ``directory``, how many ``sandboxes`` left files there, and when it began."""
+
+    directory: str
+    sandboxes: int
+    created: float
+
+
+def stale_services(parent: str | None = None) -> list[StaleService]:
+    """This user's service directories in ``parent`` (default: the system temporary
+    directory, where services make theirs) whose owning process is gone."""
+    folder = parent if parent is not None else tempfile.gettempdir()
+    found: list[StaleService] = []
+    try:
+        entries = list(os.scandir(folder))
     except OSError:
-        return removed
+        return found
     for entry in entries:
         owner = _OWNED_DIRECTORY.fullmatch(entry.name)
         if owner is None or _alive(int(owner.group(1))):
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False):
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid():
                 continue
-            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
+            names = sorted(os.listdir(entry.path))
         except OSError:
             continue
-        for point in mounts_below(entry.path):  # a crashed root service's sandbox disks
-            unmount(point)
-        remove_tree(entry.path)
-        removed.append(entry.path)
+        sandboxes = sum(1 for name in names if _SANDBOX_DIRECTORY.fullmatch(name))
+        found.append(StaleService(entry.path, sandboxes, info.st_mtime))
+    return found
+
+
+def remove_stale_directories(parent: str) -> list[str]:
+    """Remove this user's service directories in ``parent`` whose owning process is gone."""
+    removed: list[str] = []
+    for stale in stale_services(parent):
+        remove_service_directory(stale.directory)
+        removed.append(stale.directory)
     return removed
+
+
+def remove_service_directory(directory: str) -> None:
+    """Remove a stale service's directory, its mounts (sandbox disks, a lent Python)
+    detached first: no process of it is left to use them."""
+    for point in mounts_below(directory):
+        detach(point)
+    remove_tree(directory)
 
 
 def _alive(pid: int) -> bool:

@@ -95,6 +95,11 @@ class PiShipError(Exception):
     retry_after: float | None
     user_action: str | None
     component: str | None
+    # The code of the failure underneath, where ``code`` is pinned and says less (a key
+    # the service refused, under activation's SANDBOX_UNAVAILABLE); not in to_dict().
+    cause_code: str | None
+    # What a command wrote before this error stopped it (Sandbox.run sets it), or None.
+    output: CommandResult | None = None
     cause: BaseException | None
 
     def __init__(
@@ -108,6 +113,7 @@ class PiShipError(Exception):
         user_action: str | None = None,
         component: str | None = None,
         redactor: Redactor | None = None,
+        cause_code: str | None = None,
         cause: BaseException | None = None,
     ) -> None:
         """``cause``: the internal error behind this one, kept for debugging (``e.cause``)
@@ -120,6 +126,7 @@ class PiShipError(Exception):
         self.retry_after = retry_after
         self.user_action = clean(user_action) if user_action is not None else None
         self.component = component
+        self.cause_code = cause_code
         self.cause = cause
         super().__init__(self.message)
 
@@ -188,6 +195,9 @@ class CommandTimeout(TimeoutError):
 
     ``str(e)`` is ``timeout:<seconds>`` (``timeout:0.3``, ``timeout:5``).
     """
+
+    output: CommandResult | None = None
+    """What the command wrote before it was killed (``Sandbox.run`` sets it), or ``None``."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = float(timeout)

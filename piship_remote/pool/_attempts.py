@@ -24,6 +24,7 @@ import attrs
 
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
 from piship_remote.pool._call import BoundedCall
+from piship_remote.pool._command import command_for
 from piship_remote.pool._supply import (
     NoSandboxInTime,
     SandboxSupply,
@@ -170,11 +171,8 @@ class TaskAttempts:
     ) -> _Attempt:
         sandbox_id = _id_of(sandbox)
         if isinstance(task, str):
-            try:
-                command = task.format(item=item)
-            except (KeyError, IndexError, ValueError) as error:  # the task's own mistake
-                return _Attempt(FAILED, error=error, sandbox_id=sandbox_id)
-            return self._run_command(sandbox, command, deadline, cancel, sandbox_id)
+            command = command_for(task, item)
+            return self._run_command(sandbox, command, deadline, timeout, cancel, sandbox_id)
         call = BoundedCall(task, sandbox, item, name=f"piship-pool-call-{next(self._calls)}")
         try:
             value = call.result(deadline, timeout, cancel, lambda: self._supply.closed)
@@ -193,12 +191,17 @@ class TaskAttempts:
         sandbox: Sandbox,
         command: str,
         deadline: float | None,
+        timeout: float | None,
         cancel: threading.Event,
         sandbox_id: str | None,
     ) -> _Attempt:
         remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         try:
             result = sandbox.run(command, timeout=remaining, cancel=cancel)
+        except CommandTimeout as expired:  # told as the task's timeout, not what was left
+            told = CommandTimeout(timeout or 0.0)
+            told.output = expired.output
+            return _Attempt(TIMEOUT, error=told, sandbox_id=sandbox_id)
         except Exception as error:
             return _Attempt(command_outcome(error), error=error, sandbox_id=sandbox_id)
         return _Attempt(OK if result.exit_code == 0 else FAILED, result, sandbox_id=sandbox_id)

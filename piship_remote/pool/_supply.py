@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from piship_remote.model.errors import SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
 from piship_remote.pool._throttle import CreateThrottle
+from piship_remote.pool.result import is_refusal
 from piship_remote.sandbox.activation import Sandbox
 from piship_remote.telemetry import carried
 
@@ -104,6 +105,9 @@ class SandboxSupply:
         self._warming = 0
         self._deleting = 0
         self._closed = threading.Event()
+        # A create the service refused for good (a wrong key, an unknown template): every
+        # later take() raises it at once instead of sending another doomed create.
+        self._refusal: BaseException | None = None
         self._close_reason = CLOSED_BY_CALLER
         self._warmers = [
             # The pool's creator's span is the parent of the warm activations'.
@@ -136,7 +140,8 @@ class SandboxSupply:
 
         Raises :class:`NoSandboxInTime` at ``deadline`` (``time.monotonic``),
         ``CommandCancelled`` when ``cancel`` is set, the closed error once closed, and
-        the activation's own error when a create fails.
+        the activation's own error when a create fails; once a create was refused for
+        good (:func:`~piship_remote.pool.result.is_refusal`), that error, with no create.
         """
         with self._cond:
             while True:
@@ -144,6 +149,8 @@ class SandboxSupply:
                     raise self.closed_error()
                 if cancel is not None and cancel.is_set():
                     raise CommandCancelled()
+                if self._refusal is not None:
+                    raise self._refusal
                 if self._ready:
                     sandbox = self._ready.popleft()
                     self._leased.add(sandbox)
@@ -173,9 +180,11 @@ class SandboxSupply:
                     raise self.closed_error()
                 raise NoSandboxInTime()
             return self._activate()
-        except BaseException:
+        except BaseException as error:
             with self._cond:
                 self._activating -= 1
+                if is_refusal(error) and self._refusal is None:
+                    self._refusal = error
                 self._wake_all()
             raise
 
@@ -255,9 +264,10 @@ class SandboxSupply:
             self._add_ready(sandbox)
 
     def _claim_warm_slot(self) -> bool:
-        """Wait until a warm sandbox is missing and ``size`` allows one; False once closed."""
+        """Wait until a warm sandbox is missing and ``size`` allows one; False once closed
+        or refused."""
         with self._cond:
-            while not self._closed.is_set():
+            while not self._closed.is_set() and self._refusal is None:
                 short = len(self._ready) + self._warming < self._warm
                 if short and self._existing() < self._size:
                     self._activating += 1

@@ -24,6 +24,7 @@ from piship_remote.backends.base import Backend
 from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
 from piship_remote.model.policy import SandboxPolicy
 from piship_remote.pool._attempts import Task, TaskAttempts
+from piship_remote.pool._command import check_command
 from piship_remote.pool._health import HealthOnce
 from piship_remote.pool._labels import labelled
 from piship_remote.pool._progress import progress_for
@@ -153,9 +154,13 @@ class SandboxPool:
         the order of ``items`` (a list; in a notebook a table, the failures first). Never
         raises for a task's failure.
 
-        ``task``: a shell command, formatted with ``str.format(item=item)`` and run
-        with ``Sandbox.run`` (its ``CommandResult`` is the value), or a callable
-        ``task(sandbox, item)`` whose return value is the value. ``timeout`` bounds
+        ``task``: a shell command in which every literal ``{item}`` is replaced by the
+        item quoted as one shell word (``shlex.quote``; other braces are left as they
+        are), run with ``Sandbox.run`` (its ``CommandResult`` is the value), or a
+        callable ``task(sandbox, item)`` whose return value is the value (the way to
+        use the item unquoted). A command that cannot run (blank, a NUL, an open quote)
+        raises ``ConfigInvalid`` before any task starts; one without ``{item}`` warns
+        (``NoItemWarning``). ``timeout`` bounds
         each task, waiting for its sandbox included. Ctrl-C kills every running remote
         command, disposes the pool's sandboxes and is re-raised.
 
@@ -184,6 +189,8 @@ class SandboxPool:
             raise TypeError(
                 f"task must be a command (str) or a callable, not {type(task).__name__}"
             )
+        if isinstance(task, str):
+            check_command(task, stacklevel=3)  # warns at map's/imap's caller
         if self._supply.closed:
             raise self._supply.closed_error()
         progress = progress_for(self._progress, len(items))

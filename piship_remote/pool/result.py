@@ -21,6 +21,9 @@ import attrs
 from piship_remote.model.display import html_pre, html_table, tail, text_table
 from piship_remote.model.errors import (
     COMMAND_FAILED,
+    CONFIG_INVALID,
+    CREDENTIAL_DENIED,
+    CREDENTIAL_REQUIRED,
     GATEWAY_PROTOCOL_ERROR,
     GATEWAY_UNREACHABLE,
     SANDBOX_UNAVAILABLE,
@@ -42,6 +45,7 @@ __all__ = [
     "TaskResults",
     "command_outcome",
     "is_infrastructure",
+    "is_refusal",
     "never_started",
 ]
 
@@ -57,6 +61,10 @@ OUTCOMES = (OK, FAILED, INFRA, UNKNOWN, TIMEOUT, CANCELLED)
 _INFRASTRUCTURE_CODES = frozenset(
     {SANDBOX_UNAVAILABLE, GATEWAY_UNREACHABLE, GATEWAY_PROTOCOL_ERROR}
 )
+
+# The codes of a create that no other attempt can get past: a missing or refused key,
+# a template the service does not offer, a setting it cannot take.
+_REFUSAL_CODES = frozenset({CREDENTIAL_REQUIRED, CREDENTIAL_DENIED, CONFIG_INVALID})
 
 
 @attrs.frozen
@@ -156,6 +164,13 @@ def is_infrastructure(error: BaseException) -> bool:
         and error.code != COMMAND_FAILED
         and (error.code in _INFRASTRUCTURE_CODES or isinstance(error, TransportError))
     )
+
+
+def is_refusal(error: BaseException) -> bool:
+    """Whether a failed activation will fail the same way however often it is tried."""
+    if not isinstance(error, PiShipError):
+        return False
+    return (error.cause_code or error.code) in _REFUSAL_CODES
 
 
 def never_started(error: BaseException) -> bool:

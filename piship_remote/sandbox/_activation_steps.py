@@ -27,6 +27,7 @@ from piship_remote.model._capability_rules import (
 from piship_remote.model.environment import command_environment, screen_environment
 from piship_remote.model.errors import (
     CONFIG_INVALID,
+    CREDENTIAL_DENIED,
     CREDENTIAL_REQUIRED,
     GATEWAY_UNREACHABLE,
     NETWORK_DENIED,
@@ -55,7 +56,7 @@ from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPAN
 if TYPE_CHECKING:
     from piship_remote.sandbox.activation import Sandbox
 
-__all__ = ["Activation", "log_environment_warnings"]
+__all__ = ["Activation", "log_environment_warnings", "unenforceable_message"]
 
 _LOG = logging.getLogger("piship_remote")
 
@@ -341,12 +342,13 @@ class Activation:
         if self.policy.required:
             raise PiShipError(
                 failure.code,
-                f"The distribution requires a sandbox, but it cannot be enforced: {reason}",
+                unenforceable_message(reason),
                 component="sandbox",
                 retryable=failure.retryable,
                 retry_after=failure.retry_after,
                 user_action=failure.user_action,
                 redactor=backend.redactor,
+                cause_code=failure.cause_code,
                 cause=failure.cause or failure,
             ) from None
         report = ContainmentReport(
@@ -385,6 +387,7 @@ class _Failure(Exception):
         retryable: bool = False,
         user_action: str = UNSANDBOXED_ACTION,
         retry_after: float | None = None,
+        cause_code: str | None = None,
         cause: BaseException | None = None,
     ) -> None:
         super().__init__(reason)
@@ -393,6 +396,7 @@ class _Failure(Exception):
         self.retryable = retryable
         self.user_action = user_action
         self.retry_after = retry_after
+        self.cause_code = cause_code
         self.cause = cause  # the error the step raised, for the PiShipError's ``cause``
 
     def within(self, context: str) -> _Failure:
@@ -403,8 +407,14 @@ class _Failure(Exception):
             retryable=self.retryable,
             user_action=self.user_action,
             retry_after=self.retry_after,
+            cause_code=self.cause_code,
             cause=self.cause,
         )
+
+
+def unenforceable_message(reason: str) -> str:
+    """The fixed message of a required sandbox that could not be had, for ``reason``."""
+    return f"The distribution requires a sandbox, but it cannot be enforced: {reason}"
 
 
 def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure:
@@ -413,6 +423,14 @@ def _call_reporting(step: Callable[[], _T], redactor: Redactor) -> _T | _Failure
         return step()
     except PiShipError as e:
         reason = reason_text(str(e) or type(e).__name__, redactor)
+        if e.code == CREDENTIAL_DENIED:
+            # Activation's code stays SANDBOX_UNAVAILABLE; what to fix is the key.
+            return _Failure(
+                reason,
+                user_action=e.user_action or UNSANDBOXED_ACTION,
+                cause_code=e.code,
+                cause=e,
+            )
         if e.code not in ACTIONABLE_CODES:
             # A service that asked to be retried later (429) says when, and the caller may wait.
             if e.retry_after is not None:

@@ -19,7 +19,7 @@ import attrs
 
 from piship_remote.model.display import html_pre, html_table, tail
 
-__all__ = ["OUTPUT_LIMIT", "CommandResult", "DataSink", "OnData", "OutputCapture"]
+__all__ = ["NO_EXIT", "OUTPUT_LIMIT", "CommandResult", "DataSink", "OnData", "OutputCapture"]
 
 OnData = Callable[[bytes], object] | Callable[[str], object] | IO[str] | IO[bytes]
 """What ``Sandbox.exec(on_data=...)`` takes: a callable given bytes, a callable given text
@@ -30,6 +30,7 @@ OUTPUT_LIMIT = 16 * 1024 * 1024
 """The bytes of each stream ``Sandbox.run`` keeps by default."""
 
 
+NO_EXIT = -1  # the exit code of the output of a command that did not exit on its own
 _SHOWN = 2000
 """The characters of each stream a result's display shows (its end, where errors are)."""
 

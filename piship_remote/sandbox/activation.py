@@ -36,6 +36,7 @@ from piship_remote.model.errors import (
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandFailed,
+    CommandTimeout,
     PiShipError,
 )
 from piship_remote.model.policy import SandboxPolicy, SandboxProfile, resolve_profile
@@ -50,6 +51,7 @@ from piship_remote.sandbox._activation_steps import Activation, log_environment_
 from piship_remote.sandbox._exec_engine import CHANNEL_BYTES, Command, ExecEngine, command_line
 from piship_remote.sandbox._exec_workers import Sink
 from piship_remote.sandbox._output import (
+    NO_EXIT,
     OUTPUT_LIMIT,
     CommandResult,
     DataSink,
@@ -219,9 +221,17 @@ class Sandbox:
         ``stdin`` is the command's standard input, written chunk by chunk as the
         iterable yields them and closed when it ends (E2B-compatible services; the
         agent-sandbox router refuses it with ``CONFIG_INVALID``).
+
+        A :class:`CommandTimeout` or ``PiShipError`` it raises carries what the command
+        wrote until then as ``error.output`` (a ``CommandResult`` whose ``exit_code`` is
+        -1: the command did not exit on its own).
         """
         capture = OutputCapture(echo=echo, limit=output_limit)
-        result = self._execute(command, cwd, capture.write, timeout, cancel, env, stdin)
+        try:
+            result = self._execute(command, cwd, capture.write, timeout, cancel, env, stdin)
+        except (CommandTimeout, PiShipError) as error:
+            error.output = capture.result(NO_EXIT)  # what it wrote before it was stopped
+            raise
         outcome = capture.result(result.exit_code)
         if check and outcome.exit_code != 0:
             raise CommandFailed(outcome, redactor=self.redactor)

@@ -5,9 +5,10 @@
     secret_reason("src/main.py", "/src/app/src/main.py", False)   # None
 
 Files: ``.env`` and ``.env.*`` (not the templates ``.env.example``, ``.sample``,
-``.template``, ``.dist``), private keys (``id_rsa``, ``id_ed25519``…, ``*.pem``,
-``*.key``, ``*.p12``, ``*.pfx``), ``.netrc``, ``.git-credentials``, ``.pgpass``, and
-``.npmrc`` / ``.pypirc`` when they hold a token or password. Folders: ``.aws``,
+``.template``, ``.dist``), private keys (``id_rsa``, ``id_ed25519``…, ``*.key``,
+``*.p12``, ``*.pfx``, and ``*.pem`` unless it holds certificates and no private key, as a
+CA bundle such as certifi's ``cacert.pem`` does), ``.netrc``, ``.git-credentials``,
+``.pgpass``, and ``.npmrc`` / ``.pypirc`` when they hold a token or password. Folders: ``.aws``,
 ``.azure``, ``.config/gcloud``, ``.ssh``, ``.gnupg``, ``.kube``.
 """
 
@@ -37,7 +38,11 @@ _NAMES = frozenset(
         "id_ed25519_sk",
     }
 )
-_PATTERNS = (".env.*", "*.pem", "*.key", "*.p12", "*.pfx")
+_PATTERNS = (".env.*", "*.key", "*.p12", "*.pfx")
+_PEM = ".pem"
+_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+_PRIVATE_KEY = b"PRIVATE KEY-----"  # BEGIN PRIVATE KEY, RSA/EC/OPENSSH/ENCRYPTED PRIVATE KEY
+_PEM_READ = 16 * 1024 * 1024  # a larger .pem is kept home unread
 _TEMPLATES = (".example", ".sample", ".template", ".dist")
 # A credential line in .npmrc (``//registry/:_authToken=…``, ``_auth``, ``_password``)
 # or .pypirc (``password = …``).
@@ -56,6 +61,8 @@ def secret_reason(relative: str, absolute: str, *, is_dir: bool) -> str | None:
     name = relative.rpartition("/")[2]
     if name in _NAMES or _secret_pattern(name):
         return SECRET_FILE
+    if name.endswith(_PEM) and not _only_certificates(absolute):
+        return SECRET_FILE
     token = _TOKENS.get(name)
     if token is not None and _holds(absolute, token):
         return SECRET_FILE
@@ -70,6 +77,18 @@ def _secret_pattern(name: str) -> bool:
     if name.startswith(".env.") and name.endswith(_TEMPLATES):
         return False
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in _PATTERNS)
+
+
+def _only_certificates(path: str) -> bool:
+    """Whether a ``.pem`` holds certificates (public) and no private key."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_PEM_READ + 1)
+    except OSError:
+        return False  # unreadable: not sent, rather than sent unchecked
+    if len(data) > _PEM_READ:
+        return False
+    return _CERTIFICATE in data and _PRIVATE_KEY not in data
 
 
 def _holds(path: str, pattern: re.Pattern[bytes]) -> bool:

@@ -154,7 +154,7 @@ def test_an_unreachable_service_exits_3_with_the_code_and_action() -> None:
 def test_a_rejected_key_never_reaches_the_output(e2b_server: E2bFactory) -> None:
     mock = e2b_server(api_key="the-right-key-000000")
     result = cli("run", "--", "true", env=mock_env(mock))
-    assert result.returncode == 3
+    assert result.returncode == 2  # issue 44: a refused key is the user's to fix (was 3)
     assert "HTTP 401" in result.stderr
     assert API_KEY not in result.stderr + result.stdout
 

@@ -42,7 +42,12 @@ from piship_remote.backends._common import (
 from piship_remote.backends._credential import Credential, send_credentialed
 from piship_remote.backends.base import Availability
 from piship_remote.backends.lifetime import lifetime_seconds
-from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
+from piship_remote.model.errors import (
+    CONFIG_INVALID,
+    CREDENTIAL_DENIED,
+    GATEWAY_UNREACHABLE,
+    PiShipError,
+)
 from piship_remote.model.redact import Redactor
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
@@ -70,6 +75,7 @@ CREATE_ATTEMPTS = 3
 RETRY_BASE_DELAY = 0.5
 MAX_RETRY_AFTER = 10.0
 RETRIED_CREATE_STATUSES = frozenset({429, 503})
+LISTED_TEMPLATES = 20  # template names an unknown-template error lists at most
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}\Z")
@@ -297,7 +303,7 @@ class ControlPlane:
             if not is_success(response.status):
                 if known:  # the lost first answer may still have made one
                     return response.failure()
-                raise self._create_failure(response)
+                raise self._create_failure(response, request.template_id)
             try:
                 answer = response.json_object(MAX_CONTROL_RESPONSE)
             except ValueError as e:
@@ -385,9 +391,7 @@ class ControlPlane:
         """The error of a backend used after ``close()``."""
         return self._errors(f"the {BACKEND_ID} backend was closed; create a new one")
 
-    def _create_response(
-        self, request: NewSandbox, closed: threading.Event, key: str
-    ) -> HttpReply:
+    def _create_response(self, request: NewSandbox, closed: threading.Event, key: str) -> HttpReply:
         """Send the create; repeat it (bounded, jittered) only on 429 or 503.
 
         Those statuses mean nothing was created, unlike a 401 or a lost answer,
@@ -436,14 +440,48 @@ class ControlPlane:
             f"{self.lifetime} s"
         )
 
-    def _create_failure(self, response: HttpReply) -> PiShipError:
-        retryable = response.status in RETRIED_CREATE_STATUSES
+    def _create_failure(self, response: HttpReply, template: str) -> PiShipError:
+        status = response.status
+        if status == 401:
+            return self._errors(
+                f"creating the sandbox failed: {response.failure()}; the service refused"
+                " the API key",
+                code=CREDENTIAL_DENIED,
+                user_action="Set E2B_API_KEY (or the backend's credential) to a key this"
+                f" service at {self.endpoint} accepts",
+            )
+        if status == 404:
+            failure = response.failure()
+            offered = self._offered_templates()
+            listed = f"; it offers: {', '.join(offered)}" if offered else ""
+            return self._errors(
+                f"creating the sandbox failed: {failure}; the service has no template"
+                f" {template!r}{listed}",
+                code=CONFIG_INVALID,
+                user_action="Name a template the service offers (--template, or the"
+                " backend's template=), or check the endpoint",
+            )
+        retryable = status in RETRIED_CREATE_STATUSES
         retry_after = response.headers.get("Retry-After")
         return self._errors(
             f"creating the sandbox failed: {response.failure()}",
             retryable=retryable,
             retry_after=retry_after_seconds(retry_after) if retryable else None,
         )
+
+    def _offered_templates(self) -> list[str]:
+        """The names ``GET /templates`` lists (E2B's shape), or none when it cannot say;
+        asked without the key, as ``/health`` is (a service that wants one says nothing)."""
+        try:
+            url = f"{self.endpoint}/templates"
+            with self._transport.request("GET", url, timeout=HEALTH_TIMEOUT) as response:
+                if response.status != 200:
+                    return []
+                listed = response.json_value(MAX_CONTROL_RESPONSE)
+        except Exception:  # only a hint for an error message
+            return []
+        names = [_template_name(entry) for entry in listed] if isinstance(listed, list) else []
+        return sorted({name for name in names if name})[:LISTED_TEMPLATES]
 
     def _access_token(self, answer: Mapping[str, Any]) -> str | None:
         token = answer.get("envdAccessToken")
@@ -478,3 +516,14 @@ def _api_key_header(key: str) -> Mapping[str, str]:
 def _domain(answer: Mapping[str, Any]) -> str | None:
     domain = answer.get("domain")
     return domain if isinstance(domain, str) and _DOMAIN.match(domain) else None
+
+
+def _template_name(entry: object) -> str | None:
+    """A listed template's first alias, else its ID."""
+    if not isinstance(entry, dict):
+        return None
+    aliases = entry.get("aliases")
+    if isinstance(aliases, list) and aliases and isinstance(aliases[0], str):
+        return aliases[0]
+    template_id = entry.get("templateID")
+    return template_id if isinstance(template_id, str) else None

@@ -50,6 +50,7 @@ from piship_remote.local.isolation.host_python import (
 )
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
 from piship_remote.local.isolation.network import DNS_SERVER
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.user_map import (
     ROOT_HOME,
     SANDBOX_UID,
@@ -323,6 +324,9 @@ class Jail:
     boot_id: str | None = None
     """A host file holding the sandbox's own boot id (each boot writes a new one), shown
     at :data:`BOOT_ID_PATH` in place of the host kernel's."""
+    python_env: PythonEnv | None = None
+    """A host Python environment lent read-only at its own paths (its ``bin`` first on
+    ``PATH``, see :mod:`piship_remote.local.isolation.python_env`)."""
 
     @property
     def maps_users(self) -> bool:
@@ -362,9 +366,12 @@ class Jail:
         for inside, fd in sources.files.items():
             if not inside.startswith(("/etc/", "/proc/")) and inside != SUDO_PATH:
                 options += ["--file", str(fd), inside]
+        lent = {} if self.python_env is None else self.python_env.sources()
         for host, fd in sources.dirs.items():
             if host not in self._places():
-                options += ["--ro-bind-fd", str(fd), host]
+                options += ["--ro-bind-fd", str(fd), lent.get(host, host)]
+        if self.root_place() and any(_nested(inside, ROOT_HOME) for inside in lent.values()):
+            options += ["--chmod", "0711", ROOT_HOME]  # the user reaches a lent Python there
         options += ["--remount-ro", "/", "--chdir", cwd]
         for name, value in env.items():
             options += ["--setenv", name, value]
@@ -377,6 +384,8 @@ class Jail:
         files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
         if self.boot_id is not None:
             files[BOOT_ID_PATH] = self.boot_id
+        if self.python_env is not None:
+            dirs += self.python_env.sources()  # bound read-only at their own paths
         if python is not None:
             files[AGENT_PATH] = agent_source()
             files[AGENT_FILES_PATH] = agent_source("agent_files.py")

@@ -48,6 +48,8 @@ __all__ = [
     "Enforcement",
     "GroupUsage",
     "Limits",
+    "bind_readonly",
+    "detach",
     "fair_share_cpus",
     "group_name",
     "limit_check",
@@ -63,8 +65,11 @@ DEFAULT_LIFETIME = 24 * 3600
 V1_ROOT = "/sys/fs/cgroup"
 REMOVE_TRIES = 50
 MNT_DETACH = 2
+MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
 FREEZE_TIMEOUT = 5.0
 FREEZE_POLL = 0.005
 AGENT_SUFFIX = "-agent"
@@ -409,6 +414,32 @@ def unmount(path: str) -> None:
     libc = _libc()
     if libc is not None and os.path.ismount(path):
         libc.umount2(os.fsencode(path), MNT_DETACH)
+
+
+def bind_readonly(source: str, target: str) -> None:
+    """Bind the folder ``source`` at ``target``, read-only (checked: a bind the kernel left
+    writable is detached again); ``OSError`` if refused."""
+    libc = _libc()
+    if libc is None:
+        raise OSError("the C library cannot be loaded to bind a folder")
+    flags = MS_BIND | MS_NOSUID | MS_NODEV
+    if libc.mount(os.fsencode(source), os.fsencode(target), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"binding {source} at {target}: {os.strerror(err)}")
+    remount = flags | MS_REMOUNT | MS_RDONLY
+    libc.mount(None, os.fsencode(target), None, remount, None)
+    if not os.statvfs(target).f_flag & os.ST_RDONLY:
+        libc.umount2(os.fsencode(target), MNT_DETACH)
+        raise OSError(f"binding {source} at {target}: it could not be made read-only")
+
+
+def detach(point: str) -> None:
+    """Detach the mount at ``point``, a mount point read from the mount table (unlike
+    :func:`unmount`, it does not ask ``os.path.ismount``, which misses a folder bound from
+    the same filesystem)."""
+    libc = _libc()
+    if libc is not None:
+        libc.umount2(os.fsencode(point), MNT_DETACH)
 
 
 def _libc() -> ctypes.CDLL | None:

@@ -1,8 +1,10 @@
 """A container image archive unpacked into a root filesystem, layer by layer, nothing outside it.
 
-Two archive forms are read: what ``docker save`` / ``podman save`` write (a
-``manifest.json`` listing the layer tars) and an OCI image layout in a tar
-(``index.json`` -> a manifest blob -> layer blobs). Layers are applied in order;
+Three archive forms are read: what ``docker save`` / ``podman save`` write (a
+``manifest.json`` listing the layer tars), an OCI image layout in a tar (``index.json``
+-> a manifest blob -> layer blobs), and a flat root filesystem (what ``docker export``
+writes: one tar of the files with ``usr/``, ``etc/`` or ``bin/`` at its top, read as one
+layer). Layers are applied in order;
 their whiteouts are honoured (``.wh.NAME`` removes ``NAME`` from the layers below,
 ``.wh..wh..opq`` empties its directory first). Layers may be plain or gzip tars::
 
@@ -15,7 +17,10 @@ the root, and a whiteout naming no entry (``.wh.``, ``.wh..``, ``.wh...``) refus
 whole archive (:class:`ImageRefused`), before that member changes anything. Device
 nodes are skipped (they cannot be made unprivileged and a sandbox gets its own
 ``/dev``); owners are not restored (the files belong to the service, the sandbox sees
-them read-only).
+them read-only). Every file, link and directory keeps its modification time, and every
+file its mode (a directory stays open to the service), so the image's ``.pyc`` files stay
+valid: a Python whose sources all carried the unpack time would recompile them at every
+start.
 
 What an archive may cost the host is bounded by :class:`ImageLimits`: the bytes its
 files hold once unpacked (a sparse member counts at its full size, as it is written
@@ -61,6 +66,7 @@ MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_OUTER_ENTRIES = 10_000
 """Files in the archive itself (docker save: a few per layer), before any layer is read."""
 PIECE = 1024 * 1024
+_ROOT_FOLDERS = frozenset({"usr", "etc", "bin"})  # one of them: a flat tar is a root filesystem
 MIB = 1024 * 1024
 IMAGE_MAX_MIB = 8192
 """The bytes an image's files may hold once unpacked."""
@@ -103,11 +109,20 @@ def unpack_image(archive: str, target: str, limits: ImageLimits = DEFAULT_IMAGE_
     :class:`ImageRefused` (or ``OSError``) with nothing left in ``target``'s place if not."""
     budget = _Budget(limits, os.path.getsize(archive))
     os.mkdir(target, 0o755)
+    folder_times: dict[str, float] = {}
     try:
         with tarfile.open(archive, "r:*") as outer:
-            for layer in _layers(outer):
+            flat = _is_flat(outer)
+            layers = () if flat else _layers(outer)
+            for layer in layers:
                 with tarfile.open(fileobj=_Metered(_decompressed(layer), budget), mode="r|") as tar:
-                    _apply(tar, target, budget)
+                    _apply(tar, target, budget, folder_times)
+        if flat:
+            with open(archive, "rb") as raw:
+                stream = _Metered(_decompressed(raw), budget)
+                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                    _apply(tar, target, budget, folder_times)
+        _set_folder_times(folder_times)
     except BaseException:
         remove_tree(target)
         raise
@@ -115,12 +130,38 @@ def unpack_image(archive: str, target: str, limits: ImageLimits = DEFAULT_IMAGE_
 
 def copy_root(source: str, target: str) -> None:
     """Copy the root filesystem ``source`` into the new directory ``target``: directories,
-    regular files and symlinks (as links, never followed); other kinds are skipped."""
+    regular files and symlinks (as links, never followed), with their times; other kinds
+    are skipped."""
     os.mkdir(target, 0o755)
+    folder_times = {target: os.stat(source).st_mtime}
     for directory, dirnames, filenames in walk(source):
         inside = os.path.join(target, os.path.relpath(directory, source))
         for name in dirnames + filenames:
-            _copy_entry(os.path.join(directory, name), os.path.join(inside, name))
+            copied = os.path.join(inside, name)
+            mtime = _copy_entry(os.path.join(directory, name), copied)
+            if name in dirnames and mtime is not None:
+                folder_times[copied] = mtime
+    _set_folder_times(folder_times)
+
+
+def _set_folder_times(folder_times: dict[str, float]) -> None:
+    """Give each folder its time, deepest first (filling a folder changes its time)."""
+    for folder in sorted(folder_times, key=lambda path: path.count(os.sep), reverse=True):
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            os.utime(folder, (folder_times[folder], folder_times[folder]))
+
+
+def _is_flat(outer: tarfile.TarFile) -> bool:
+    """Whether the tar is a root filesystem itself (``docker export``): a root's ``usr``,
+    ``etc`` or ``bin`` at its top (an image archive has its layers and manifest there),
+    seen among its first ``MAX_OUTER_ENTRIES`` members."""
+    for seen, member in enumerate(outer, 1):
+        top = member.name.removeprefix("./").split("/", 1)[0]
+        if top in ("manifest.json", "index.json") or seen > MAX_OUTER_ENTRIES:
+            return False
+        if top in _ROOT_FOLDERS:
+            return True
+    return False
 
 
 class _Budget:
@@ -163,15 +204,21 @@ class _Budget:
             )
 
 
-def _copy_entry(path: str, copy: str) -> None:
+def _copy_entry(path: str, copy: str) -> float | None:
+    """Copy one entry (a directory empty: its files follow); its modification time."""
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         os.symlink(os.readlink(path), copy)
     elif stat.S_ISDIR(info.st_mode):
         os.mkdir(copy, stat.S_IMODE(info.st_mode) | 0o700)
+        return info.st_mtime
     elif stat.S_ISREG(info.st_mode):
         shutil.copyfile(path, copy, follow_symlinks=False)
         os.chmod(copy, stat.S_IMODE(info.st_mode) & 0o1777)
+    else:
+        return None
+    os.utime(copy, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+    return info.st_mtime
 
 
 class _Reader(Protocol):
@@ -239,7 +286,10 @@ def _layers(outer: tarfile.TarFile) -> Iterator[IO[bytes]]:
     elif "index.json" in names:
         paths = _oci_layers(outer)
     else:
-        raise ImageRefused("not an image archive: no manifest.json (docker save) or index.json")
+        raise ImageRefused(
+            "not an image archive: no manifest.json (docker save) or index.json (OCI), nor a"
+            " root filesystem (docker export: usr/, etc/ or bin/ at its top)"
+        )
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         raise ImageRefused("the image's manifest lists no layers")
     for path in paths:
@@ -303,7 +353,9 @@ def _json(outer: tarfile.TarFile, name: str) -> Any:
 # -- one layer -----------------------------------------------------------------------------
 
 
-def _apply(tar: tarfile.TarFile, root: str, budget: _Budget) -> None:
+def _apply(
+    tar: tarfile.TarFile, root: str, budget: _Budget, folder_times: dict[str, float]
+) -> None:
     for member in tar:
         budget.entry(member)
         relative = _safe_name(member.name)
@@ -319,6 +371,8 @@ def _apply(tar: tarfile.TarFile, root: str, budget: _Budget) -> None:
             _remove(os.path.join(_inside(root, parent), removed))
         else:
             _write(tar, member, root, _inside(root, parent), base)
+            if member.isdir():
+                folder_times[os.path.join(root, relative)] = member.mtime
 
 
 def _whited_out(name: str, base: str) -> str:
@@ -389,6 +443,7 @@ def _write(
     _remove(path)
     if member.issym():
         os.symlink(member.linkname, path)
+        os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
     elif member.islnk():
         source = _safe_name(member.linkname)
         if source is None:
@@ -402,8 +457,10 @@ def _write(
         with os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(extracted, out, PIECE)
         os.chmod(path, _mode(member))
+        os.utime(path, (member.mtime, member.mtime))
     elif member.isfifo():
         os.mkfifo(path, _mode(member))
+        os.utime(path, (member.mtime, member.mtime))
     # Character and block devices are skipped: the sandbox gets its own /dev.
 
 

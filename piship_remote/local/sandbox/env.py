@@ -32,6 +32,7 @@ from piship_remote.local.isolation.limits import (
     mount_tmpfs,
     unmount,
 )
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.trees import remove_tree
 from piship_remote.local.isolation.user_map import give_to, make_root_home, root_mappable
 from piship_remote.local.sandbox.vm import SandboxVm, Spawner
@@ -54,6 +55,7 @@ class SandboxLayout:
     with_root: bool
     limits: Limits
     enforcement: Enforcement
+    python_env: PythonEnv | None = None
 
 
 def boot(
@@ -129,4 +131,5 @@ def _jail(directory: str, layout: SandboxLayout, network: bool, rootfs: str | No
         own_map=own_map,
         rootfs=rootfs,
         boot_id=os.path.join(directory, "boot_id"),
+        python_env=layout.python_env,
     )

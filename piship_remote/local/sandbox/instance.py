@@ -183,6 +183,8 @@ class Sandbox:
         """PATH, ``user``'s HOME, USER, LOGNAME (default: the sandbox's), envVars, ``envs``."""
         who = user or self._default
         env = {"PATH": DEFAULT_PATH, "HOME": who.home, "USER": who.name, "LOGNAME": who.name}
+        if self._jail.python_env is not None:
+            env.update(self._jail.python_env.variables(DEFAULT_PATH))
         env.update(self._env_vars)
         env.update(envs)
         for name, value in env.items():

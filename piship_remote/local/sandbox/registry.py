@@ -36,9 +36,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from piship_remote.local.isolation.limits import Enforcement, Limits, unmount
+from piship_remote.local.isolation.limits import Enforcement, Limits, detach
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
+from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
@@ -103,6 +104,7 @@ class Registry:
         with_root: bool | None = None,
         templates: Mapping[str, str | None] | None = None,
         snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
+        python_env: PythonEnv | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
@@ -121,6 +123,7 @@ class Registry:
             with_root=self.users.root is not None,
             limits=self.limits,
             enforcement=self.enforcement,
+            python_env=python_env,
         )
         self._max = max_sandboxes
         self.clock = clock
@@ -368,8 +371,8 @@ class Registry:
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
-        for point in mounts_below(self.root):  # a sandbox whose destroy failed midway
-            unmount(point)
+        for point in mounts_below(self.root):  # a destroy that failed midway; a lent Python
+            detach(point)
         remove_tree(self.root)
 
     def _expiry(self, seconds: int) -> float:

@@ -2,7 +2,8 @@
 
 A template is made from a directory holding a root filesystem (copied, so the
 sandboxes' host uids can read it wherever it lies) or from an image archive
-(``docker save`` / ``podman save`` output, or an OCI layout in a tar), unpacked once
+(``docker save`` / ``podman save`` output, an OCI layout in a tar, or a flat root
+filesystem tar as ``docker export`` writes), unpacked once
 into the service's cache (see
 :mod:`piship_remote.local.isolation.oci_archive`). Every sandbox of a template
 shares its root filesystem read-only; each one's writes stay its own::
@@ -53,10 +54,12 @@ def prepare_templates(
         if not _NAME.fullmatch(name):
             raise ValueError(f"template name {name!r} must be letters, digits, '.', '_' or '-'")
         path = os.path.abspath(os.fspath(source))
+        if not os.path.exists(path):
+            raise ValueError(f"template {name}: {path} is not found")
         if not (os.path.isdir(path) or is_image_archive(path)):
             raise ValueError(
-                f"template {name}: {path} is neither a directory (a root filesystem) nor an"
-                " image archive (docker save, podman save, or an OCI layout in a tar)"
+                f"template {name}: {path} is neither a directory (a root filesystem) nor a"
+                " tar (docker save, podman save, an OCI layout, or docker export)"
             )
         os.makedirs(cache, 0o755, exist_ok=True)
         target = os.path.join(cache, name)
