@@ -20,13 +20,14 @@ from piship_remote.model.report import (
     WorkspaceReport,
     describe_containment,
 )
+from piship_remote.model.result import CommandResult
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferSummary
-from piship_remote.pool import SandboxPool, TaskResult, TaskResults
-from piship_remote.sandbox._output import CommandResult
-from piship_remote.sandbox.activation import ExecResult, Sandbox, activate_sandbox
+from piship_remote.pool import Outcome, SandboxPool, TaskResult, TaskResults
+from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.sandbox.command_handle import CommandHandle
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.sandbox.lifecycle import cleanup_on_signals
+from piship_remote.sandbox.sandbox import ExecResult, Sandbox
 from piship_remote.wire.connect import EnvelopeReader, Frame, connect_envelope
 
 __version__ = "0.1.0"
@@ -51,6 +52,7 @@ __all__ = [
     "Frame",
     "KubernetesAgentSandboxBackend",
     "NetworkDenial",
+    "Outcome",
     "PiShipError",
     "Sandbox",
     "SandboxFiles",

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from piship_remote._http_server.messages import DropConnection, Head, Reply, Request
+from piship_remote._http_server.messages import DropConnection, Head, Reply, Request, Upstream
 from piship_remote._http_server.tunnel import splice
 
 if TYPE_CHECKING:
@@ -223,10 +223,14 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # the unread rest of the body is never read
         self._send(reply)
 
-    def _splice(self, upstream: socket.socket) -> None:
-        """Hand the connection to ``upstream``, this request's head first, as it arrived."""
+    def _splice(self, upstream: socket.socket | Upstream) -> None:
+        """Hand the connection to ``upstream``, this request's head first (its header
+        lines as they arrived, or as an :class:`Upstream` rewrites them)."""
+        fields = list(self.headers.items())
+        if isinstance(upstream, Upstream):
+            fields, upstream = upstream.headers(fields), upstream.socket
         lines = [self.raw_requestline]
-        lines += [f"{name}: {value}\r\n".encode("latin-1") for name, value in self.headers.items()]
+        lines += [f"{name}: {value}\r\n".encode("latin-1") for name, value in fields]
         head = b"".join([*lines, b"\r\n"])
         splice(head, self.rfile, self.connection, upstream, name=self.owner.tunnel_name())
 

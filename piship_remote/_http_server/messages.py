@@ -34,6 +34,7 @@ __all__ = [
     "Router",
     "Screen",
     "Tunnel",
+    "Upstream",
 ]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024 + 5
@@ -146,5 +147,17 @@ class DropConnection(Exception):
 
 Router = Callable[[Request], Reply]
 Screen = Callable[[Head], "Reply | None"]
-Tunnel = Callable[[Head], "socket.socket | Reply | None"]
-"""For a request to hand over whole: a connected upstream socket, or the refusal; else ``None``."""
+HeaderLines = Callable[[list[tuple[str, str]]], list[tuple[str, str]]]
+
+
+@attrs.frozen
+class Upstream:
+    """A connected upstream socket, and what the request's header lines become on the way."""
+
+    socket: socket.socket
+    headers: HeaderLines
+
+
+Tunnel = Callable[[Head], "socket.socket | Upstream | Reply | None"]
+"""For a request to hand over whole: a connected upstream socket (or :class:`Upstream`),
+or the refusal; else ``None``."""

@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, overload
 
 import attrs
 
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    SANDBOX_UNAVAILABLE,
+    ConfigInvalid,
+    PiShipError,
+    error_for,
+)
 
 if TYPE_CHECKING:
     from piship_remote.backends.base import BackendResult, Instance
@@ -64,9 +69,7 @@ def remote_directory(workdir: str | None, workspace_path: str | None) -> str | N
     path = workspace_path or "."
     relative = path != "."
     if relative and (path.startswith("/") or ".." in path.split("/")):
-        raise PiShipError(
-            CONFIG_INVALID, "the working directory is outside the workspace", component="sandbox"
-        )
+        raise ConfigInvalid("the working directory is outside the workspace", component="sandbox")
     if workdir is None:
         return path if relative else None
     if not relative:
@@ -151,7 +154,7 @@ class SandboxErrors:
         retry_after: float | None = None,
         user_action: str | None = None,
     ) -> PiShipError:
-        return PiShipError(
+        return error_for(
             code,
             message,
             retryable=retryable,

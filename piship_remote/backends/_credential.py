@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from piship_remote.model.errors import CREDENTIAL_REQUIRED, PiShipError
+from piship_remote.model.errors import CredentialRequired, PiShipError
 
 if TYPE_CHECKING:
     from piship_remote.model.redact import Redactor
@@ -119,8 +119,7 @@ class Credential:
             return False
 
     def _required(self, name: str, problem: str) -> PiShipError:
-        return PiShipError(
-            CREDENTIAL_REQUIRED,
+        return CredentialRequired(
             f"the sandbox service needs a credential, but {name} {problem}",
             user_action=f"Set {name} to the service's credential, or pass a credential "
             f"callable that returns it (credential={_EXAMPLE})",

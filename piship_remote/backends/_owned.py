@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
 
 import attrs
 
-from piship_remote.backends.base import Instance
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
-from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = [
     "CREATED_BY",
     "CREATOR",
-    "Detachable",
-    "Labelled",
     "OwnedSandbox",
-    "Reattachable",
     "check_labels",
     "has_labels",
     "parse_timestamp",
@@ -70,43 +64,15 @@ class OwnedSandbox:
         }
 
 
-@runtime_checkable
-class Reattachable(Protocol):
-    """A backend that can attach to, list and delete the sandboxes it created."""
-
-    def attach(self, sandbox_id: str) -> Instance:
-        """An instance for the existing sandbox or claim ``sandbox_id`` (it must be ours)."""
-        ...
-
-    def list_owned(self) -> Sequence[OwnedSandbox]:
-        """Every live sandbox or claim marked as created by this library."""
-        ...
-
-    def delete_owned(self, sandbox_id: str) -> None:
-        """Delete one of :meth:`list_owned`'s sandboxes."""
-        ...
-
-
-@runtime_checkable
-class Labelled(Protocol):
-    """A backend that puts labels on what it creates (E2B metadata, claim labels)."""
-
-    def prepare(
-        self, profile: SandboxProfile, *, labels: Mapping[str, str] | None = None
-    ) -> Instance:
-        """Create a sandbox for ``profile`` that carries ``labels``."""
-        ...
-
-
 def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     """``labels`` as a dict, each key and value one both services accept; the library's
     own keys (``created-by``, ``piship-…``) are refused."""
     checked: dict[str, str] = {}
     for key, value in (labels or {}).items():
         if not isinstance(key, str) or not _LABEL_KEY.match(key) or _RESERVED.match(key):
-            raise PiShipError(CONFIG_INVALID, f"not a usable label name: {key!r}")
+            raise ConfigInvalid(f"not a usable label name: {key!r}")
         if not isinstance(value, str) or not _LABEL_VALUE.match(value):
-            raise PiShipError(CONFIG_INVALID, f"not a usable value for label {key}: {value!r}")
+            raise ConfigInvalid(f"not a usable value for label {key}: {value!r}")
         checked[key] = value
     return checked
 
@@ -119,15 +85,6 @@ def user_labels(owned: OwnedSandbox) -> dict[str, str]:
 def has_labels(owned: OwnedSandbox, wanted: Mapping[str, str]) -> bool:
     """Whether ``owned`` carries every label of ``wanted``."""
     return all(owned.labels.get(key) == value for key, value in wanted.items())
-
-
-@runtime_checkable
-class Detachable(Protocol):
-    """An instance that can let go of its sandbox without deleting it."""
-
-    def detach(self) -> str:
-        """Stop using the sandbox, leave it running; its id, to attach to later."""
-        ...
 
 
 def parse_timestamp(value: object) -> float | None:

@@ -25,12 +25,14 @@ from piship_remote.model.errors import (
     FILE_NOT_FOUND,
     FILE_WRITE_FAILED,
     NETWORK_DENIED,
+    ConfigInvalid,
     PiShipError,
 )
 from piship_remote.model.report import describe_containment
 from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox._activation_steps import unenforceable_message
-from piship_remote.sandbox.activation import Sandbox, activate_sandbox
+from piship_remote.sandbox.activation import activate_sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 
 __all__ = [
     "CONFIG_CODES",
@@ -78,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "run needs a command after --",
             user_action="Example: piship-remote run -- echo hello",
         )
@@ -129,8 +130,7 @@ def _pull_after(sandbox: Sandbox, status: int, *, verbose: bool) -> int:
 def cp(args: argparse.Namespace) -> int:
     """Copy files between this host and the sandbox ``--attach`` names (which stays)."""
     if not args.attach:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "cp needs a sandbox to copy to or from",
             user_action="make one with 'ID=$(piship-remote create)', then"
             " 'piship-remote cp --attach $ID LOCAL :REMOTE'",
@@ -243,11 +243,11 @@ def _serve_key(args: argparse.Namespace) -> str | None:
             with open(args.api_key_file, encoding="utf-8") as handle:
                 key = handle.read().strip()
         except OSError as e:
-            raise PiShipError(
-                CONFIG_INVALID, f"cannot read the API key file {args.api_key_file}: {e.strerror}"
+            raise ConfigInvalid(
+                f"cannot read the API key file {args.api_key_file}: {e.strerror}"
             ) from None
         if not key:
-            raise PiShipError(CONFIG_INVALID, f"the API key file {args.api_key_file} is empty")
+            raise ConfigInvalid(f"the API key file {args.api_key_file} is empty")
         return key
     return os.environ.get("E2B_API_KEY") or None
 

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TextIO
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox.files import SandboxFiles
 
@@ -53,8 +53,7 @@ def copy(sandbox_files: SandboxFiles, args: argparse.Namespace) -> TransferSumma
     upload = destination.startswith(":") and not source.startswith(":")
     download = source.startswith(":") and not destination.startswith(":")
     if upload == download:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "cp copies between this host and the sandbox: exactly one side is ':REMOTE'",
             user_action="piship-remote cp LOCAL :REMOTE, or piship-remote cp :REMOTE LOCAL",
         )

@@ -21,10 +21,11 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from types import FrameType
 
-from piship_remote.backends._owned import Reattachable
+from piship_remote.backends.base import Reattachable
 from piship_remote.cli._setup import backend_for, lease_seconds, policy_for
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
-from piship_remote.sandbox.activation import Sandbox, activate_sandbox
+from piship_remote.model.errors import ConfigInvalid, PiShipError
+from piship_remote.sandbox.activation import activate_sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 
 __all__ = ["ENDING_SIGNALS", "activated", "create", "describe_lease", "keeps", "kill"]
 
@@ -131,8 +132,7 @@ def _lease_left(args: argparse.Namespace, sandbox_id: str) -> float | None:
 
 def _refuse_local(args: argparse.Namespace) -> None:
     if args.backend == "local":
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "the local backend's sandboxes end with this command, so none can be kept",
             user_action="Start 'piship-remote serve' in another shell and use the e2b"
             " backend with the endpoint it prints",
@@ -173,7 +173,7 @@ def kill(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         backend = backend_for(args, stack)
         if not isinstance(backend, Reattachable):
-            raise PiShipError(CONFIG_INVALID, f"the {backend.id} backend keeps no sandboxes")
+            raise ConfigInvalid(f"the {backend.id} backend keeps no sandboxes")
         backend.attach(args.sandbox_id).dispose()
         close = getattr(backend, "close", None)
         if callable(close):

@@ -27,12 +27,12 @@ from typing import Any
 
 from piship_remote.cli._files import describe_transfer
 from piship_remote.cli._setup import backend_for, policy_for
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid, PiShipError
+from piship_remote.model.result import CommandResult
 from piship_remote.model.transfer import SkippedPath, TransferSummary
 from piship_remote.pool import OUTCOMES, SandboxPool, TaskResult
 from piship_remote.pool._command import ITEM, NoItemWarning, check_command, no_item_warning
 from piship_remote.pool.result import is_refusal
-from piship_remote.sandbox._output import CommandResult
 
 __all__ = ["EXIT_NOT_ALL_OK", "map_items", "summary_table"]
 
@@ -101,8 +101,7 @@ def _template_and_items(args: argparse.Namespace) -> tuple[str, list[str]]:
     if words and words[0] == "--":
         words = words[1:]
     if not words:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "map needs a command after --",
             user_action="Example: piship-remote map --size 4 -- 'pytest tests/{item}' a.py b.py",
         )
@@ -110,8 +109,7 @@ def _template_and_items(args: argparse.Namespace) -> tuple[str, list[str]]:
     if args.items_file is not None:
         items += _read_items(args.items_file)
     if not items:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "map has no items: name them after the command, or with --items-file",
         )
     return template, items
@@ -125,9 +123,7 @@ def _read_items(path: str) -> list[str]:
         with open(path, encoding="utf-8") as stream:
             return _lines(stream)
     except OSError as e:
-        raise PiShipError(
-            CONFIG_INVALID, f"cannot read the items file {path}: {e.strerror}"
-        ) from None
+        raise ConfigInvalid(f"cannot read the items file {path}: {e.strerror}") from None
 
 
 def _lines(stream: Iterable[str]) -> list[str]:
@@ -183,7 +179,7 @@ def _json_line(result: TaskResult) -> str:
 
 def summary_table(counts: Counter[str]) -> str:
     """The outcomes and how many tasks had each, in a fixed order, then the total."""
-    rows = [(outcome, counts[outcome]) for outcome in OUTCOMES if counts[outcome]]
+    rows = [(str(outcome), counts[outcome]) for outcome in OUTCOMES if counts[outcome]]
     rows.append(("total", sum(counts.values())))
     width = max(len(str(n)) for _, n in rows)
     return "".join(f"{name:<10}{n:>{width}}\n" for name, n in rows)

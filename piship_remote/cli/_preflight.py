@@ -11,17 +11,16 @@ import sys
 from typing import Any
 
 from piship_remote.cli._setup import kubernetes_backend
-from piship_remote.model.errors import SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import SandboxUnavailable
 
 __all__ = ["ChecksFailed", "kubernetes_checks"]
 
 
-class ChecksFailed(PiShipError):
+class ChecksFailed(SandboxUnavailable):
     """A check the Kubernetes backend needs failed; ``checks`` holds every finding."""
 
     def __init__(self, failed: list[Any], checks: list[dict[str, Any]]) -> None:
         super().__init__(
-            SANDBOX_UNAVAILABLE,
             "the Kubernetes checks failed: " + "; ".join(check.what for check in failed),
             user_action="; ".join(check.fix for check in failed if check.fix) or None,
             component="sandbox",

@@ -10,7 +10,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from piship_remote.backends.base import Backend
-from piship_remote.model.errors import CONFIG_INVALID, CONFIG_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import ConfigInvalid, ConfigUnavailable
 from piship_remote.model.policy import SandboxPolicy
 
 if TYPE_CHECKING:
@@ -101,8 +101,7 @@ def kubernetes_backend(
         needed += [("--router", args.router), ("--pool", args.pool)]
     missing = [name for name, value in needed if not value]
     if missing:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"the kubernetes backend needs {', '.join(missing)}",
             user_action="Set PISHIP_K8S_ROUTER and PISHIP_K8S_TEMPLATE, and PISHIP_K8S_API "
             "unless a kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) names the cluster",
@@ -134,7 +133,7 @@ def kubernetes_backend(
             args.kubeconfig, context=args.context, **options
         )
     except ValueError as e:
-        raise PiShipError(CONFIG_INVALID, str(e)) from None
+        raise ConfigInvalid(str(e)) from None
 
 
 def _router(args: argparse.Namespace) -> str | PortForward:
@@ -162,12 +161,10 @@ def _load_policy(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except OSError as e:
-        raise PiShipError(
-            CONFIG_UNAVAILABLE, f"cannot read the policy file {path}: {e.strerror}"
-        ) from None
+        raise ConfigUnavailable(f"cannot read the policy file {path}: {e.strerror}") from None
     data = _parse_policy(path, text)
     if not isinstance(data, dict):
-        raise PiShipError(CONFIG_INVALID, f"the policy file {path} does not hold a mapping")
+        raise ConfigInvalid(f"the policy file {path} does not hold a mapping")
     return data.get("sandbox", data) if isinstance(data.get("sandbox"), dict) else data
 
 
@@ -177,15 +174,14 @@ def _parse_policy(path: str, text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise PiShipError(CONFIG_INVALID, f"the policy file {path} is not JSON: {e.msg}") from None
+        raise ConfigInvalid(f"the policy file {path} is not JSON: {e.msg}") from None
 
 
 def _parse_yaml(path: str, text: str) -> Any:
     try:
         import yaml  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "reading a YAML policy needs PyYAML",
             user_action="pip install 'piship-remote[yaml]', or write the policy as JSON",
         ) from None
@@ -193,6 +189,4 @@ def _parse_yaml(path: str, text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or "malformed YAML"
-        raise PiShipError(
-            CONFIG_INVALID, f"the policy file {path} is not valid YAML: {problem}"
-        ) from None
+        raise ConfigInvalid(f"the policy file {path} is not valid YAML: {problem}") from None

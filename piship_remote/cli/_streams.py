@@ -17,7 +17,7 @@ import stat
 import sys
 from collections.abc import Iterable
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["EXIT_BROKEN_PIPE", "INPUT_CHUNK", "command_input", "silence_stdout"]
 
@@ -64,8 +64,7 @@ def _is_devnull(fd: int) -> bool:
 def _refuse_waiting_input(fd: int) -> None:
     readable, _, _ = select.select([fd], [], [], 0)
     if readable and os.read(fd, 1):
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "the kubernetes backend cannot pass standard input to the command",
             user_action="Copy the input into the sandbox and redirect it ('cmd < file'),"
             " or run with --no-stdin (or < /dev/null) to pass none",

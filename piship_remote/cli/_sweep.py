@@ -22,9 +22,10 @@ import sys
 import time
 from contextlib import ExitStack
 
-from piship_remote.backends._owned import OwnedSandbox, Reattachable, has_labels, user_labels
+from piship_remote.backends._owned import OwnedSandbox, has_labels, user_labels
+from piship_remote.backends.base import Reattachable
 from piship_remote.cli._setup import backend_for, kubernetes_backend
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["duration", "label", "sweep"]
 
@@ -65,7 +66,7 @@ def _sweep_service(args: argparse.Namespace, now: float) -> list[OwnedSandbox]:
         else:
             backend = backend_for(args, stack)
         if not isinstance(backend, Reattachable):
-            raise PiShipError(CONFIG_INVALID, f"the {args.backend} backend cannot be swept")
+            raise ConfigInvalid(f"the {args.backend} backend cannot be swept")
         wanted = dict(args.label or ())
         due = [
             owned

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from types import FrameType
 
 from piship_remote.model.errors import PiShipError
-from piship_remote.sandbox.activation import Sandbox
 from piship_remote.sandbox.command_handle import CommandHandle
+from piship_remote.sandbox.sandbox import Sandbox
 
 __all__ = ["run_on_terminal", "terminal_input"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 
+from piship_remote.local.isolation.egress import rules_problem
 from piship_remote.local.isolation.limits import MIB, Enforcement, Limits
 from piship_remote.local.isolation.network import egress_problem
 
@@ -19,6 +20,10 @@ NETWORK_DENY = "deny: loopback only, in the sandbox's own network namespace"
 NETWORK_ALLOW = (
     "allow: egress through slirp4netns in the sandbox's own network namespace;"
     " the host's loopback, its abstract Unix sockets and other sandboxes are out of reach"
+)
+NETWORK_RULES = (
+    "rules: allowOut/denyOut (addresses, CIDRs) held by an nftables ruleset in the sandbox's"
+    " own network namespace, which its root cannot change"
 )
 COMMAND_LINES = (
     "a command's shell script and environment are not in any host process's command line or"
@@ -61,6 +66,11 @@ def containment(limits: Limits, enforcement: Enforcement) -> Containment:
     problem = egress_problem()
     if problem is None:
         network.append(NETWORK_ALLOW)
+        rules = rules_problem()
+        if rules is None:
+            network.append(NETWORK_RULES)
+        else:
+            warnings.append(f"egress rules (allowOut/denyOut) are refused: {rules}")
         warnings.append(
             "with network allowed, a sandbox can reach services listening on this host's"
             " non-loopback addresses, as any outside host could"

@@ -14,7 +14,7 @@
 ``POST /sandboxes/<id>/timeout``           204: live ``timeout`` more seconds from now
 ``POST /sandboxes/<id>/refreshes``         204: live at least ``duration`` more seconds
 ``DELETE /sandboxes/<id>``                 204: kill its processes, remove its files
-``PUT /sandboxes/<id>/network``            204 when it changes nothing; 400 for egress rules
+``PUT /sandboxes/<id>/network``            204: internet on/off, rules cleared; 400 if not held
 ``POST /sandboxes/<id>/ports/<port>``      200 ``{"url": "http://127.0.0.1:<p>"}``: its port
 ``POST /sandboxes/<id>/fork``, snapshots   see :mod:`~piship_remote.local.control_copies`
 =========================================  ======================================
@@ -41,8 +41,10 @@ loopback host the service routes (see :mod:`~piship_remote.local.ports`); a sand
 ``/ports/<port>`` (this service's own, not E2B's) gives a port an address any HTTP client
 reaches without resolving a ``*.localhost`` name: a loopback listener spliced to it, closed
 when the sandbox ends (403 for a sandbox whose ports want its traffic token).
-Errors are E2B's ``{"code": <status>, "message": …}``. A sandbox may reach the internet only when
-created with ``"allow_internet_access": true`` (E2B's default is to allow)::
+Errors are E2B's ``{"code": <status>, "message": …}``. A sandbox reaches the internet unless
+created with ``"allow_internet_access": false`` (E2B's default); ``network.allowOut`` and
+``denyOut`` are enforced or refused with 400, never ignored (see
+:mod:`~piship_remote.local.sandbox.network_options`)::
 
     control = ControlPlane(registry, api_key="e2b_…")
     reply = control.handle(request)
@@ -52,14 +54,13 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 import re
-import shutil
 from collections.abc import Callable, Mapping
 
 from piship_remote._http_server.messages import Head, Reply, Request
 from piship_remote.local.control_copies import SandboxCopies, api_error
 from piship_remote.local.idempotency import IdempotencyKeys
+from piship_remote.local.isolation.egress import EgressRules, rules_problem
 from piship_remote.local.sandbox.listing import (
     Lifecycle,
     ListError,
@@ -72,7 +73,8 @@ from piship_remote.local.sandbox.listing import (
     rfc3339,
     state,
 )
-from piship_remote.local.sandbox.metrics import SandboxMetrics, time_range
+from piship_remote.local.sandbox.metrics import SandboxMetrics, Sizes, time_range
+from piship_remote.local.sandbox.network_options import NetworkOptions, OptionRefused
 from piship_remote.local.sandbox.registry import (
     Registry,
     Sandbox,
@@ -97,7 +99,6 @@ __all__ = ["CLIENT_ID", "ENVD_VERSION", "ControlPlane"]
 ENVD_VERSION = "0.6.4"
 CLIENT_ID = "piship-local"
 MAX_REFRESH = 3600
-MIB = 1024 * 1024
 V2_TIMEOUT = 300
 V1_TIMEOUT = 15
 _SANDBOX_PATH = re.compile(
@@ -350,16 +351,22 @@ class ControlPlane:
         if timeout < 0:
             return api_error(400, "timeout must not be negative"), None
         try:
+            options = NetworkOptions.of(json.loads(body))
+        except OptionRefused as e:
+            return api_error(400, str(e)), None
+        problem = rules_problem() if options.egress.filtered else None
+        if problem is not None:
+            return api_error(400, f"the egress rules cannot be enforced here: {problem}"), None
+        try:
             sandbox = self._registry.create(
                 template=new.template_id,
                 lifetime=timeout,
-                network=new.allow_internet_access is True,
+                network=options,
                 env_vars=new.env_vars,
                 metadata=new.metadata,
                 auto_pause=ending.auto_pause,
                 auto_resume=ending.auto_resume,
                 auto_pause_memory=new.auto_pause_memory is not False,
-                private_traffic=_private_traffic(body),
             )
         except UnknownTemplate:  # GET /templates lists those offered
             return api_error(404, f"template '{new.template_id}' not found"), None
@@ -388,26 +395,39 @@ class ControlPlane:
 
 
 def _network_update(sandbox: Sandbox, update: NetworkUpdate) -> Reply:
-    """204 when the update leaves the sandbox's egress as it is (all of it or none, as
-    created); 400 for what a local sandbox cannot do: filter by address, proxy, or switch."""
+    """204 once the sandbox's egress is as the update says (rules it was created with are
+    cleared, internet access switched); 400 for what a running local sandbox cannot get:
+    address rules or a proxy (give ``allowOut``/``denyOut`` at create), egress for a
+    sandbox created without any, or rules where they cannot be enforced."""
     if update.filters:
         return api_error(
             400,
-            "the local service cannot filter or proxy a sandbox's egress: a sandbox has all "
-            "of it (created with allow_internet_access) or none",
+            "the local service cannot filter or proxy a running sandbox's egress: give "
+            "network.allowOut/denyOut (addresses, CIDRs) when creating it",
         )
-    wanted = update.allow_internet_access
-    if wanted is not None and wanted != sandbox.network:
+    internet = update.allow_internet_access
+    rules = EgressRules(sandbox.options.egress.internet if internet is None else internet)
+    if rules == sandbox.options.egress:
+        return Reply(204)
+    if rules.reaches_out and not sandbox.network:
         return api_error(
             400,
-            "the local service cannot switch a running sandbox's internet access: create "
-            f"one with allow_internet_access={wanted}",
+            "the local service cannot give egress to a running sandbox created without "
+            "any: create one with allow_internet_access=True",
         )
+    problem = rules_problem()
+    if problem is not None:
+        return api_error(400, f"the sandbox's egress cannot be changed here: {problem}")
+    try:
+        sandbox.hold_egress(rules)
+    except OSError as e:
+        return api_error(500, f"the egress rules could not be loaded: {e}")
     return Reply(204)
 
 
 def _detail(sandbox: Sandbox, domain: str | None) -> SandboxDetail:
     size = _sizes(sandbox)
+    internet, network = sandbox.options.echo()
     return SandboxDetail(
         sandbox_id=sandbox.id,
         template_id=sandbox.template,
@@ -422,6 +442,8 @@ def _detail(sandbox: Sandbox, domain: str | None) -> SandboxDetail:
         state=state(sandbox),
         metadata=sandbox.metadata,
         domain=domain,
+        allow_internet_access=internet,
+        network=network,
     )
 
 
@@ -449,12 +471,6 @@ def _end_at(sandbox: Sandbox) -> str:
 
 
 def _sizes(sandbox: Sandbox) -> tuple[int, int, int]:
-    """CPUs, memory MiB and disk MiB: the host's, which the sandbox shares."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB
-    return os.cpu_count() or 1, memory, shutil.disk_usage(sandbox.home).total // MIB
-
-
-def _private_traffic(body: bytes) -> bool:
-    """Whether a create asked for its ports to need a traffic token (``allowPublicTraffic``)."""
-    network = json.loads(body).get("network") if body.strip() else None
-    return isinstance(network, dict) and network.get("allowPublicTraffic") is False
+    """CPUs, memory MiB and disk MiB: the sandbox's limits, as ``get_metrics`` has them."""
+    size = Sizes.of(sandbox)
+    return size.cpus, size.memory_mib, size.disk_mib

@@ -5,7 +5,10 @@ the SDKs' ``get_host(port)`` names), or that carries ``E2b-Sandbox-Id`` with an
 ``E2b-Sandbox-Port`` other than envd's, is handed whole to that port on the
 sandbox's own loopback: the sandbox's agent connects from inside its network
 namespace (with the network denied or allowed) and passes the socket out, and the
-connection is spliced to it, WebSocket upgrades included::
+connection is spliced to it, WebSocket upgrades included. The request's head goes on as
+E2B's proxy sends it: header names in canonical case, ``Host`` first, and for a sandbox
+created with ``network.maskRequestHost`` that host instead (``${PORT}``: the port); later
+requests on a kept-alive connection pass unread::
 
     ports = SandboxPorts(registry)
     server = HttpServer(route, tunnel=ports.tunnel)
@@ -37,10 +40,13 @@ import socket
 import threading
 from collections.abc import Mapping
 
-from piship_remote._http_server.messages import Head, Reply
+import attrs
+
+from piship_remote._http_server.messages import Head, Reply, Upstream
 from piship_remote._http_server.tunnel import splice
 from piship_remote.local.envd.router import ENVD_PORT
 from piship_remote.local.isolation.agent_link import DialFailed
+from piship_remote.local.sandbox.network_options import masked_host
 from piship_remote.local.sandbox.pause import Paused
 from piship_remote.local.sandbox.registry import Registry, Sandbox, SandboxGone
 
@@ -98,7 +104,7 @@ class SandboxPorts:
         if listener is not None:
             listener.close()
 
-    def tunnel(self, head: Head) -> socket.socket | Reply | None:
+    def tunnel(self, head: Head) -> Upstream | Reply | None:
         """A socket connected to the port the request names, the refusal, or ``None``."""
         target = port_target(head.headers)
         if target is None:
@@ -113,11 +119,36 @@ class SandboxPorts:
         if sandbox is None:
             return _answer(502, sandbox_id, port, "The sandbox was not found")
         try:
-            return sandbox.dial(port)
+            return Upstream(sandbox.dial(port), _AsE2bProxySends(sandbox, port))
         except DialFailed:
             return _answer(502, sandbox_id, port, "The sandbox is running but port is not open")
         except (SandboxGone, Paused, OSError):
             return _answer(502, sandbox_id, port, "The sandbox was not found")
+
+
+@attrs.frozen
+class _AsE2bProxySends:
+    """A port request's header lines as E2B's proxy (Go's HTTP client) sends them on:
+    names in canonical case (``Host``, ``Content-Type``), ``Host`` first, and under
+    ``network.maskRequestHost`` the masked host (``${PORT}`` filled in) in its place."""
+
+    sandbox: Sandbox
+    port: int
+
+    def __call__(self, fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        host = next((value for name, value in fields if name.lower() == "host"), None)
+        mask = self.sandbox.options.mask_request_host
+        if mask is not None:
+            host = masked_host(mask, self.port)
+        rest = [(_canonical(name), value) for name, value in fields if name.lower() != "host"]
+        return rest if host is None else [("Host", host), *rest]
+
+
+def _canonical(name: str) -> str:
+    """``content-type`` → ``Content-Type``, as Go's ``CanonicalMIMEHeaderKey`` writes it."""
+    if not all(c.isalnum() or c == "-" for c in name):
+        return name
+    return "-".join(part[:1].upper() + part[1:].lower() for part in name.split("-"))
 
 
 def _admitted(sandbox: Sandbox, headers: Mapping[str, str]) -> bool:

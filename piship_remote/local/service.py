@@ -12,7 +12,7 @@ name their sandbox in ``E2b-Sandbox-Id``, as E2B's edge routes them), and a ``Ho
 
 Every command runs under bubblewrap (see :mod:`piship_remote.local.isolation.bubblewrap`).
 Where bubblewrap cannot run, the service refuses to start with
-``PiShipError(SANDBOX_UNAVAILABLE, …)`` saying why; it never runs a command
+``SandboxUnavailable(…)`` saying why; it never runs a command
 unisolated. :meth:`LocalE2bService.check` tells the reason without starting.
 """
 
@@ -62,7 +62,12 @@ from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
 from piship_remote.local.sandbox.snapshots import DEFAULT_SNAPSHOT_BUDGET
 from piship_remote.local.sandbox.templates import prepare_templates, template_names
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    SANDBOX_UNAVAILABLE,
+    ConfigInvalid,
+    PiShipError,
+    SandboxUnavailable,
+)
 
 if TYPE_CHECKING:
     from piship_remote import E2bCompatibleBackend
@@ -166,7 +171,7 @@ class LocalE2bService:
             self.workdir = validate_workdir(workdir)
             lent = None if python_env is None else PythonEnv.find(python_env, workdir=workdir)
         except ValueError as e:
-            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+            raise ConfigInvalid(str(e), component=COMPONENT) from None
         problem = isolation_problem(bwrap)
         binary = find_bwrap(bwrap)
         if problem is not None or binary is None:
@@ -177,17 +182,17 @@ class LocalE2bService:
                 max_processes, max_memory_mib * MIB, max_disk_mib * MIB, max_lifetime, cpus
             )
         except ValueError as e:
-            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+            raise ConfigInvalid(str(e), component=COMPONENT) from None
         if max_snapshot_disk_mib < 0:
             message = "max_snapshot_disk_mib must be 0 (no snapshots) or more"
-            raise PiShipError(CONFIG_INVALID, message, component=COMPONENT)
+            raise ConfigInvalid(message, component=COMPONENT)
         self.user = user
         self.api_key = api_key or "e2b_" + secrets.token_hex(20)
         parent = os.fspath(root) if root is not None else tempfile.gettempdir()
         if root_mappable():
             closed = unsearchable(parent)
             if closed is not None:
-                raise PiShipError(CONFIG_INVALID, closed, component=COMPONENT)
+                raise ConfigInvalid(closed, component=COMPONENT)
         remove_stale_directories(parent)
         directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-", dir=parent)
         if root_mappable():
@@ -200,7 +205,7 @@ class LocalE2bService:
             )
         except ValueError as e:
             remove_tree(directory)
-            raise PiShipError(CONFIG_INVALID, str(e), component=COMPONENT) from None
+            raise ConfigInvalid(str(e), component=COMPONENT) from None
         lent = _staged(lent, directory)  # last: the registry's close detaches what it binds
         self._registry = Registry(
             directory,
@@ -234,8 +239,7 @@ class LocalE2bService:
         except OSError as e:
             self._registry.close()
             remove_tree(directory)
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"the local sandbox service cannot listen on {host}:{port}: {e.strerror}",
                 component=COMPONENT,
             ) from None
@@ -482,8 +486,7 @@ def _staged(lent: PythonEnv | None, directory: str) -> PythonEnv | None:
         return lent.staged(directory)
     except OSError as e:
         remove_tree(directory)
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"the Python environment {lent.root} cannot be lent to the sandboxes: {e}",
             component=COMPONENT,
         ) from None
@@ -559,8 +562,7 @@ def _check_loopback(host: str) -> None:
     except ValueError:
         loopback = False
     if not loopback:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"the local sandbox service listens on loopback addresses only, not {host}",
             user_action="use --host 127.0.0.1 (or ::1)",
             component=COMPONENT,
@@ -572,8 +574,7 @@ def _unavailable(problem: str) -> PiShipError:
     reason, separator, hint = problem.rpartition("; ")
     if not separator:
         reason, hint = problem, ""
-    return PiShipError(
-        SANDBOX_UNAVAILABLE,
+    return SandboxUnavailable(
         f"the local sandbox service cannot isolate commands, so it will not run: {reason}",
         user_action=hint or None,
         component=COMPONENT,

@@ -2,10 +2,13 @@
 
 Every failure of an activation or a command is a :class:`PiShipError` carrying a
 stable ``code`` (``SANDBOX_UNAVAILABLE``, ``CONFIG_INVALID``, ...), a one-line
-message that never contains a secret, and optionally the action a user can take::
+message that never contains a secret, and optionally the action a user can take.
+Each code has a subclass named after it, so a caller catches the kind it handles::
 
     try:
         sandbox = activate_sandbox(policy, backend=backend, workspace=".")
+    except SandboxUnavailable as e:
+        print(f"no sandbox: {e}")
     except PiShipError as e:
         print(f"{e.code}: {e}")
 
@@ -19,13 +22,13 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from piship_remote.model.redact import redaction
 
 if TYPE_CHECKING:
     from piship_remote.model.redact import Redactor
-    from piship_remote.sandbox._output import CommandResult
+    from piship_remote.model.result import CommandResult
 
 __all__ = [
     "COMMAND_FAILED",
@@ -33,6 +36,7 @@ __all__ = [
     "CONFIG_UNAVAILABLE",
     "CREDENTIAL_DENIED",
     "CREDENTIAL_REQUIRED",
+    "ERROR_CLASSES",
     "ERROR_CODES",
     "FILE_NOT_FOUND",
     "FILE_WRITE_FAILED",
@@ -44,7 +48,19 @@ __all__ = [
     "CommandCancelled",
     "CommandFailed",
     "CommandTimeout",
+    "ConfigInvalid",
+    "ConfigUnavailable",
+    "CredentialDenied",
+    "CredentialRequired",
+    "FileNotFound",
+    "FileWriteFailed",
+    "GatewayProtocolError",
+    "GatewayUnreachable",
+    "NetworkDenied",
     "PiShipError",
+    "SandboxUnavailable",
+    "TlsPolicyViolation",
+    "error_for",
     "format_seconds",
 ]
 
@@ -134,7 +150,7 @@ class PiShipError(Exception):
         return self.message
 
     def __repr__(self) -> str:
-        return f"PiShipError({self.code!r}, {self.message!r})"
+        return f"{type(self).__name__}({self.code!r}, {self.message!r})"
 
     def to_dict(self) -> dict[str, object]:
         """The JSON form: ``code``, ``message``, ``retryable`` and, when set, the others."""
@@ -169,7 +185,7 @@ class PiShipError(Exception):
             if not _hidden(frame)
         )
         shown = ["Traceback (most recent call last):\n", *frames.format()]
-        shown.append(f"{type(self).__name__}: {self.render()}")
+        shown.append(f"PiShipError: {self.render()}")  # the family; render() names the code
         return [line for chunk in shown for line in chunk.rstrip("\n").split("\n")]
 
 
@@ -181,6 +197,104 @@ def _hidden(frame: FrameType) -> bool:
     if frame.f_locals.get("__tracebackhide__"):
         return True
     return Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
+
+
+class _CodedError(PiShipError):
+    """A :class:`PiShipError` whose class names its code: ``SandboxUnavailable("...")``."""
+
+    CODE: ClassVar[str]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = False,
+        not_started: bool = False,
+        retry_after: float | None = None,
+        user_action: str | None = None,
+        component: str | None = None,
+        redactor: Redactor | None = None,
+        cause: BaseException | None = None,
+        cause_code: str | None = None,
+    ) -> None:
+        super().__init__(
+            self.CODE,
+            message,
+            retryable=retryable,
+            not_started=not_started,
+            retry_after=retry_after,
+            user_action=user_action,
+            component=component,
+            redactor=redactor,
+            cause=cause,
+            cause_code=cause_code,
+        )
+
+
+class ConfigInvalid(_CodedError, ValueError):
+    """An argument, option or policy is wrong; the message names it and what to write."""
+
+    CODE = CONFIG_INVALID
+
+
+class ConfigUnavailable(_CodedError):
+    """Configuration the library needs (a kubeconfig, a service account) cannot be read."""
+
+    CODE = CONFIG_UNAVAILABLE
+
+
+class CredentialRequired(_CodedError):
+    """The service asked for a credential and none was given."""
+
+    CODE = CREDENTIAL_REQUIRED
+
+
+class CredentialDenied(_CodedError):
+    """The service refused the credential it was given."""
+
+    CODE = CREDENTIAL_DENIED
+
+
+class GatewayUnreachable(_CodedError):
+    """A request to the service failed below HTTP (refused, reset, dropped, timed out)."""
+
+    CODE = GATEWAY_UNREACHABLE
+
+
+class GatewayProtocolError(_CodedError):
+    """The service answered something this library cannot read."""
+
+    CODE = GATEWAY_PROTOCOL_ERROR
+
+
+class NetworkDenied(_CodedError):
+    """The policy denies the network the request needed."""
+
+    CODE = NETWORK_DENIED
+
+
+class TlsPolicyViolation(_CodedError):
+    """An endpoint breaks the transport rules (plain HTTP off loopback, credentials in a URL)."""
+
+    CODE = TLS_POLICY_VIOLATION
+
+
+class SandboxUnavailable(_CodedError):
+    """No sandbox could be had, or the sandbox failed under a command (the default code)."""
+
+    CODE = SANDBOX_UNAVAILABLE
+
+
+class FileNotFound(_CodedError):
+    """No file or directory at a path in the sandbox or on this host."""
+
+    CODE = FILE_NOT_FOUND
+
+
+class FileWriteFailed(_CodedError):
+    """A file could not be written where it was asked; the sandbox stays usable."""
+
+    CODE = FILE_WRITE_FAILED
 
 
 def format_seconds(seconds: float) -> str:
@@ -214,20 +328,106 @@ class CommandCancelled(Exception):
         super().__init__(message)
 
 
-class CommandFailed(PiShipError):
-    """``Sandbox.run(..., check=True)`` saw a non-zero exit; carries the exit code and output."""
+class CommandFailed(_CodedError):
+    """A command failed: ``Sandbox.run(..., check=True)`` saw a non-zero exit (``result``
+    holds its exit code and output), or input went to a command that has ended
+    (``result`` is ``None``)."""
 
-    def __init__(self, result: CommandResult, *, redactor: Redactor | None = None) -> None:
-        self.result = result
-        self.exit_code = result.exit_code
-        tail = (result.stderr or result.stdout).strip()[-OUTPUT_TAIL:]
-        message = f"the command exited with status {result.exit_code}"
+    CODE = COMMAND_FAILED
+    result: CommandResult | None
+    exit_code: int | None
+
+    def __init__(
+        self,
+        result: CommandResult | str,
+        *,
+        retryable: bool = False,
+        not_started: bool = False,
+        retry_after: float | None = None,
+        user_action: str | None = None,
+        component: str | None = "sandbox",
+        redactor: Redactor | None = None,
+        cause: BaseException | None = None,
+        cause_code: str | None = None,
+    ) -> None:
+        if isinstance(result, str):
+            self.result, self.exit_code, message = None, None, result
+        else:
+            self.result, self.exit_code = result, result.exit_code
+            tail = (result.stderr or result.stdout).strip()[-OUTPUT_TAIL:]
+            message = f"the command exited with status {result.exit_code}"
+            message = f"{message}: {' '.join(tail.split())}" if tail else message
         super().__init__(
-            COMMAND_FAILED,
-            f"{message}: {' '.join(tail.split())}" if tail else message,
-            component="sandbox",
+            message,
+            retryable=retryable,
+            not_started=not_started,
+            retry_after=retry_after,
+            user_action=user_action,
+            component=component,
             redactor=redactor,
+            cause=cause,
+            cause_code=cause_code,
         )
 
 
 OUTPUT_TAIL = 300
+
+ERROR_CLASSES: dict[str, type[_CodedError]] = {
+    error.CODE: error
+    for error in (
+        ConfigInvalid,
+        ConfigUnavailable,
+        CredentialRequired,
+        CredentialDenied,
+        GatewayUnreachable,
+        GatewayProtocolError,
+        NetworkDenied,
+        TlsPolicyViolation,
+        SandboxUnavailable,
+        FileNotFound,
+        FileWriteFailed,
+        CommandFailed,
+    )
+}
+
+
+def error_for(
+    code: str,
+    message: str,
+    *,
+    retryable: bool = False,
+    not_started: bool = False,
+    retry_after: float | None = None,
+    user_action: str | None = None,
+    component: str | None = None,
+    redactor: Redactor | None = None,
+    cause: BaseException | None = None,
+    cause_code: str | None = None,
+) -> PiShipError:
+    """The error of ``code``'s own class, for a code known only at run time (one carried
+    over from another error); a plain :class:`PiShipError` for a code without a class."""
+    error = ERROR_CLASSES.get(code)
+    if error is None:
+        return PiShipError(
+            code,
+            message,
+            retryable=retryable,
+            not_started=not_started,
+            retry_after=retry_after,
+            user_action=user_action,
+            component=component,
+            redactor=redactor,
+            cause=cause,
+            cause_code=cause_code,
+        )
+    return error(
+        message,
+        retryable=retryable,
+        not_started=not_started,
+        retry_after=retry_after,
+        user_action=user_action,
+        component=component,
+        redactor=redactor,
+        cause=cause,
+        cause_code=cause_code,
+    )

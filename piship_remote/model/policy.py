@@ -35,7 +35,7 @@ from cattrs.errors import (
 )
 from cattrs.gen import make_dict_structure_fn
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid, PiShipError
 
 __all__ = [
     "DEFAULT_ENVIRONMENT_ALLOW",
@@ -106,7 +106,7 @@ def _shown(value: object) -> str:
 
 
 def _invalid(message: str) -> PiShipError:
-    return PiShipError(CONFIG_INVALID, message, component="sandbox")
+    return ConfigInvalid(message, component="sandbox")
 
 
 def _token_rest(value: str, token: str) -> str | None:
@@ -166,7 +166,7 @@ class SandboxPolicy:
     ('workspace',)
 
     Path rules are ``workspace``, ``tmp``, ``~`` (optionally followed by ``/...``)
-    or absolute; anything else raises ``PiShipError(CONFIG_INVALID)``.
+    or absolute; anything else raises :class:`~piship_remote.model.errors.ConfigInvalid`.
     """
 
     required: bool = False
@@ -183,10 +183,13 @@ class SandboxPolicy:
 
     @classmethod
     def from_dict(cls, mapping: Any) -> SandboxPolicy:
-        """Structure the manifest shape; bad input raises ``PiShipError(CONFIG_INVALID)``.
+        """Structure the manifest shape; bad input raises ``ConfigInvalid`` naming the field.
 
         >>> SandboxPolicy.from_dict({"required": True, "network": {"mode": "allow"}}).network
         'allow'
+
+        Raises:
+            ConfigInvalid: a field is missing its shape or value; the message names it.
         """
         if not isinstance(mapping, Mapping):
             raise _invalid(f"sandbox policy must be a mapping, not {_kind(mapping)}")

@@ -9,6 +9,6 @@ with SandboxPool(policy, backend=backend, workspace=".", size=8, warm=8) as pool
 from __future__ import annotations
 
 from piship_remote.pool.pool import SandboxPool
-from piship_remote.pool.result import OUTCOMES, TaskResult, TaskResults
+from piship_remote.pool.result import OUTCOMES, Outcome, TaskResult, TaskResults
 
-__all__ = ["OUTCOMES", "SandboxPool", "TaskResult", "TaskResults"]
+__all__ = ["OUTCOMES", "Outcome", "SandboxPool", "TaskResult", "TaskResults"]

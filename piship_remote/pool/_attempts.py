@@ -42,7 +42,8 @@ from piship_remote.pool.result import (
     command_outcome,
     is_infrastructure,
 )
-from piship_remote.sandbox.activation import Sandbox
+from piship_remote.sandbox.sandbox import Sandbox
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["RESET_TIMEOUT", "Task", "TaskAttempts"]
 
@@ -85,12 +86,12 @@ class TaskAttempts:
     ) -> TaskResult:
         """Run ``task`` for ``item``; never raises for the task's or a sandbox's failure."""
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
+        deadline = Deadline.never() if timeout is None else Deadline.after(timeout)
         attempts = 0
         waits = 0
         while True:
             attempts += 1
-            attempt = self._attempt(task, item, deadline, timeout, cancel)
+            attempt = self._attempt(task, item, deadline, cancel)
             if attempt.outcome == _BUSY:  # the service is full: not a failed attempt
                 attempts -= 1
                 waits += 1
@@ -111,20 +112,19 @@ class TaskAttempts:
         self,
         task: Task,
         item: Any,
-        deadline: float | None,
-        timeout: float | None,
+        deadline: Deadline,
         cancel: threading.Event,
     ) -> _Attempt:
         try:
             sandbox = self._supply.take(deadline, cancel)
         except NoSandboxInTime:
-            return _Attempt(TIMEOUT, error=CommandTimeout(timeout or 0.0))
+            return _Attempt(TIMEOUT, error=CommandTimeout(deadline.seconds or 0.0))
         except CommandCancelled as cancelled:
             return _Attempt(CANCELLED, error=cancelled)
         except Exception as error:  # activation failed: the work never started
             return _Attempt(_BUSY if service_busy(error) else INFRA, error=error)
         try:
-            attempt = self._run_in(sandbox, task, item, deadline, timeout, cancel)
+            attempt = self._run_in(sandbox, task, item, deadline, cancel)
         except BaseException:  # e.g. SystemExit from a callable: what ran there is unknown
             self.give_back(sandbox, healthy=False)
             raise
@@ -140,13 +140,14 @@ class TaskAttempts:
         self._supply.give_back(sandbox, keep=keep)
 
     def _wait_for_room(
-        self, busy: _Attempt, waits: int, deadline: float | None, cancel: threading.Event
+        self, busy: _Attempt, waits: int, deadline: Deadline, cancel: threading.Event
     ) -> _Attempt:
         """Wait as a full service asked (``Retry-After``, else a growing pause); ``busy``
         again to try once more, or how the task ends when its deadline comes first."""
         delay = busy_delay(busy.error, waits)
-        if deadline is not None and time.monotonic() + delay >= deadline:
-            self._pause(max(0.0, deadline - time.monotonic()), cancel)
+        left = deadline.remaining()
+        if left is not None and delay >= left:
+            self._pause(left, cancel)
             return _Attempt(TIMEOUT, error=busy.error)
         self._pause(delay, cancel)
         if cancel.is_set():
@@ -155,8 +156,8 @@ class TaskAttempts:
 
     def _pause(self, seconds: float, cancel: threading.Event) -> None:
         """Sleep ``seconds`` unless the task is cancelled or the pool closed first."""
-        end = time.monotonic() + seconds
-        while not self._supply.closed and (left := end - time.monotonic()) > 0:
+        end = Deadline.after(seconds)
+        while not self._supply.closed and (left := end.remaining() or 0.0) > 0:
             if cancel.wait(min(left, _PAUSE_SLICE)):
                 return
 
@@ -165,17 +166,16 @@ class TaskAttempts:
         sandbox: Sandbox,
         task: Task,
         item: Any,
-        deadline: float | None,
-        timeout: float | None,
+        deadline: Deadline,
         cancel: threading.Event,
     ) -> _Attempt:
         sandbox_id = _id_of(sandbox)
         if isinstance(task, str):
             command = command_for(task, item)
-            return self._run_command(sandbox, command, deadline, timeout, cancel, sandbox_id)
+            return self._run_command(sandbox, command, deadline, cancel, sandbox_id)
         call = BoundedCall(task, sandbox, item, name=f"piship-pool-call-{next(self._calls)}")
         try:
-            value = call.result(deadline, timeout, cancel, lambda: self._supply.closed)
+            value = call.result(deadline, cancel, lambda: self._supply.closed)
         except CommandTimeout as error:
             return _Attempt(TIMEOUT, error=error, sandbox_id=sandbox_id)
         except CommandCancelled as error:
@@ -190,18 +190,12 @@ class TaskAttempts:
         self,
         sandbox: Sandbox,
         command: str,
-        deadline: float | None,
-        timeout: float | None,
+        deadline: Deadline,
         cancel: threading.Event,
         sandbox_id: str | None,
     ) -> _Attempt:
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
         try:
-            result = sandbox.run(command, timeout=remaining, cancel=cancel)
-        except CommandTimeout as expired:  # told as the task's timeout, not what was left
-            told = CommandTimeout(timeout or 0.0)
-            told.output = expired.output
-            return _Attempt(TIMEOUT, error=told, sandbox_id=sandbox_id)
+            result = sandbox.run(command, timeout=deadline, cancel=cancel)
         except Exception as error:
             return _Attempt(command_outcome(error), error=error, sandbox_id=sandbox_id)
         return _Attempt(OK if result.exit_code == 0 else FAILED, result, sandbox_id=sandbox_id)

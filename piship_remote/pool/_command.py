@@ -15,7 +15,7 @@ import shlex
 import warnings
 from typing import Any
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["ITEM", "NoItemWarning", "check_command", "command_for"]
 
@@ -41,8 +41,7 @@ def check_command(command: str, *, stacklevel: int = 2) -> None:
     """
     problem = command_problem(command)
     if problem is not None:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"the task command {problem}",
             component="pool",
             user_action="Fix the command; {item} is replaced by the item as one quoted word",

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from piship_remote.backends._owned import Labelled, check_labels
-from piship_remote.backends.base import Availability, Backend, Instance
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.backends._owned import check_labels
+from piship_remote.backends.base import Availability, Backend, Instance, Labelled
+from piship_remote.model.errors import ConfigInvalid
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.report import Capabilities
 
@@ -26,7 +26,7 @@ def labelled(backend: Backend, labels: Mapping[str, str]) -> Backend:
     if not checked:
         return backend
     if not isinstance(backend, Labelled):
-        raise PiShipError(CONFIG_INVALID, f"the {backend.id} backend cannot label its sandboxes")
+        raise ConfigInvalid(f"the {backend.id} backend cannot label its sandboxes")
     return _LabelledBackend(backend, checked)
 
 

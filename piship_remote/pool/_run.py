@@ -18,12 +18,14 @@ import itertools
 import queue
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from piship_remote.model.errors import CommandCancelled
 from piship_remote.pool._attempts import Task, TaskAttempts
 from piship_remote.pool._progress import Progress
 from piship_remote.pool.result import CANCELLED, UNKNOWN, TaskResult
+from piship_remote.sandbox import lifecycle
 from piship_remote.telemetry import Telemetry, carried
 from piship_remote.telemetry.names import ATTEMPTS, ERROR_TYPE, POOL_TASK_SPAN, SANDBOX_ID
 from piship_remote.telemetry.outcomes import error_type
@@ -61,6 +63,8 @@ class MapRun:
         # watcher thread poll it every 2 ms while it runs, one thread per busy sandbox.
         self.cancel = CancelToken()
         self._telemetry = telemetry
+        # Called on the main thread, the call takes Ctrl-C itself: its threads need no watch.
+        self._for_main = threading.current_thread() is threading.main_thread()
         self._threads = [
             threading.Thread(
                 target=carried(self._work), name=f"piship-pool-task-{next(_NUMBERS)}", daemon=True
@@ -89,6 +93,10 @@ class MapRun:
             return next(self._next, None)
 
     def _work(self) -> None:
+        with lifecycle.working_for_the_main_thread() if self._for_main else nullcontext():
+            self._work_through()
+
+    def _work_through(self) -> None:
         while (index := self._take()) is not None:
             item = self._items[index]
             if self.cancel.is_set():

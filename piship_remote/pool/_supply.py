@@ -1,7 +1,7 @@
 """The sandboxes of one pool: at most ``size`` of them, ``warm`` kept ready ahead.
 
     supply = SandboxSupply(activate, size=4, warm=2, throttle=CreateThrottle(None))
-    sandbox = supply.take(deadline=None, cancel=None)
+    sandbox = supply.take(Deadline.never(), cancel=None)
     ...
     supply.give_back(sandbox, keep=True)
     supply.close()
@@ -17,15 +17,19 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
-from piship_remote.model.errors import SANDBOX_UNAVAILABLE, CommandCancelled, PiShipError
+from piship_remote.model.errors import (
+    CommandCancelled,
+    PiShipError,
+    SandboxUnavailable,
+)
 from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.pool.result import is_refusal
-from piship_remote.sandbox.activation import Sandbox
+from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.telemetry import carried
+from piship_remote.transport.deadline import Deadline
 
 __all__ = [
     "CLOSED_BY_CALLER",
@@ -70,8 +74,7 @@ INTERRUPTED = "interrupted (Ctrl-C or the kernel's stop): its running commands w
 
 
 def closed_error(reason: str) -> PiShipError:
-    return PiShipError(
-        SANDBOX_UNAVAILABLE,
+    return SandboxUnavailable(
         f"the sandbox pool was {reason}; its sandboxes were disposed",
         component="pool",
         user_action="Make a new SandboxPool to run more tasks",
@@ -135,10 +138,10 @@ class SandboxSupply:
     def _existing(self) -> int:
         return len(self._ready) + len(self._leased) + self._activating + self._deleting
 
-    def take(self, deadline: float | None, cancel: threading.Event | None) -> Sandbox:
+    def take(self, deadline: Deadline, cancel: threading.Event | None) -> Sandbox:
         """A ready sandbox, else a new one when ``size`` allows, else wait for either.
 
-        Raises :class:`NoSandboxInTime` at ``deadline`` (``time.monotonic``),
+        Raises :class:`NoSandboxInTime` at ``deadline``,
         ``CommandCancelled`` when ``cancel`` is set, the closed error once closed, and
         the activation's own error when a create fails; once a create was refused for
         good (:func:`~piship_remote.pool.result.is_refusal`), that error, with no create.
@@ -172,10 +175,10 @@ class SandboxSupply:
         self._delete(sandbox)
         raise self.closed_error()
 
-    def _create(self, deadline: float | None) -> Sandbox:
+    def _create(self, deadline: Deadline) -> Sandbox:
         """Activate one sandbox (counted as activating), throttled; on failure uncounted."""
         try:
-            if not self._throttle.wait_turn(self._closed, deadline):
+            if not self._throttle.wait_turn(self._closed, deadline.at):
                 if self._closed.is_set():
                     raise self.closed_error()
                 raise NoSandboxInTime()
@@ -239,14 +242,13 @@ class SandboxSupply:
         ]
         for thread in deleters:
             thread.start()
-        end = time.monotonic() + CLOSE_DEADLINE
+        end = Deadline.after(CLOSE_DEADLINE)
         for thread in deleters + self._warmers:
             if thread is not threading.current_thread():
-                thread.join(max(0.0, end - time.monotonic()))
+                thread.join(end.remaining())
         with self._cond:  # a task's create that lands now is deleted by _lease
             self._cond.wait_for(
-                lambda: self._activating == 0 and self._deleting == 0,
-                max(0.0, end - time.monotonic()),
+                lambda: self._activating == 0 and self._deleting == 0, end.remaining()
             )
 
     # -- the warm threads ----------------------------------------------------------------
@@ -255,7 +257,7 @@ class SandboxSupply:
         backoff = _WARM_BACKOFF[0]
         while self._claim_warm_slot():
             try:
-                sandbox = self._create(None)
+                sandbox = self._create(Deadline.never())
             except Exception as error:
                 with self._cond:
                     self._warming -= 1
@@ -293,11 +295,11 @@ class SandboxSupply:
         self._delete(sandbox)
 
 
-def _wait_time(deadline: float | None, cancel: threading.Event | None) -> float | None:
+def _wait_time(deadline: Deadline, cancel: threading.Event | None) -> float | None:
     """How long a take() sleeps before it looks again; raises at the deadline."""
-    if deadline is None:
+    remaining = deadline.remaining()
+    if remaining is None:
         return _WAKE if cancel is not None else None
-    remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise NoSandboxInTime()
     return min(remaining, _WAKE) if cancel is not None else remaining

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["CreateThrottle"]
 
@@ -24,7 +24,7 @@ class CreateThrottle:
 
     def __init__(self, rate: float | None, clock: Callable[[], float] = time.monotonic) -> None:
         if rate is not None and not rate > 0:
-            raise PiShipError(CONFIG_INVALID, f"max_create_rate must be positive, not {rate}")
+            raise ConfigInvalid(f"max_create_rate must be positive, not {rate}")
         self._gap = 0.0 if rate is None else 1.0 / rate
         self._clock = clock
         self._lock = threading.Lock()
@@ -32,7 +32,8 @@ class CreateThrottle:
 
     def wait_turn(self, stop: threading.Event, deadline: float | None) -> bool:
         """Wait for this create's slot; ``False`` when ``stop`` was set or the slot would
-        come after ``deadline`` (a ``time.monotonic`` value)."""
+        come after ``deadline`` (an instant of this throttle's clock: a
+        :class:`~piship_remote.transport.deadline.Deadline`'s ``at``)."""
         with self._lock:
             now = self._clock()
             slot = max(now, self._next)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from piship_remote.backends.base import Backend
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    SandboxUnavailable,
+)
 from piship_remote.model.policy import SandboxPolicy
 from piship_remote.pool._attempts import Task, TaskAttempts
 from piship_remote.pool._command import check_command
@@ -33,8 +35,10 @@ from piship_remote.pool._supply import INTERRUPTED, NoSandboxInTime, SandboxSupp
 from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.pool.result import TaskResult, TaskResults, is_infrastructure
 from piship_remote.sandbox import lifecycle
-from piship_remote.sandbox.activation import PathLike, Sandbox, activate_sandbox
+from piship_remote.sandbox.activation import activate_sandbox
+from piship_remote.sandbox.sandbox import PathLike, Sandbox
 from piship_remote.telemetry import Telemetry
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["SandboxPool"]
 
@@ -128,13 +132,17 @@ class SandboxPool:
 
         It goes back to the pool at exit, or is disposed when the block raised a
         failure of the sandbox itself.
+
+        Raises:
+            SandboxUnavailable: no sandbox was ready within ``timeout`` (the message mentions the
+                pool), or the pool is closed.
+            ConfigInvalid: a bad ``timeout``.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline.never() if timeout is None else Deadline.after(timeout)
         try:
             sandbox = self._supply.take(deadline, None)
         except NoSandboxInTime:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"no sandbox of the pool became free within {timeout} s",
                 component="pool",
                 user_action="Wait longer, or make the pool larger (size=)",
@@ -168,6 +176,11 @@ class SandboxPool:
         expires (or the pool closes) first, its result says ``"timeout"``
         (``"cancelled"``) at once and its sandbox is disposed, never handed on, but
         Python cannot stop the thread, which lingers until the callable returns.
+
+        Raises:
+            ConfigInvalid: a bad ``task`` or ``timeout``; a task's own failure is in its result,
+                never raised.
+            SandboxUnavailable: the pool is closed.
         """
         listed = list(items)
         results: list[TaskResult | None] = [None] * len(listed)
@@ -178,7 +191,13 @@ class SandboxPool:
     def imap(
         self, task: Task, items: Iterable[Any], *, timeout: float | None = None
     ) -> Iterator[TaskResult]:
-        """As :meth:`map`, but yields each result as its task finishes."""
+        """As :meth:`map`, but yields each result as its task finishes.
+
+        Raises:
+            ConfigInvalid: a bad ``task`` or ``timeout``; a task's own failure is in its result,
+                never raised.
+            SandboxUnavailable: the pool is closed.
+        """
         for _, result in self._run(task, list(items), timeout):
             yield result
 
@@ -222,11 +241,11 @@ class SandboxPool:
 
 def _check_counts(size: int, warm: int, max_attempts: int) -> None:
     if size < 1:
-        raise PiShipError(CONFIG_INVALID, f"size must be at least 1, not {size}")
+        raise ConfigInvalid(f"size must be at least 1, not {size}")
     if not 0 <= warm <= size:
-        raise PiShipError(CONFIG_INVALID, f"warm must be between 0 and size ({size}), not {warm}")
+        raise ConfigInvalid(f"warm must be between 0 and size ({size}), not {warm}")
     if max_attempts < 1:
-        raise PiShipError(CONFIG_INVALID, f"max_attempts must be at least 1, not {max_attempts}")
+        raise ConfigInvalid(f"max_attempts must be at least 1, not {max_attempts}")
 
 
 def _activate_usable(policy: SandboxPolicy | Mapping[str, Any], **options: Any) -> Sandbox:
@@ -237,8 +256,7 @@ def _activate_usable(policy: SandboxPolicy | Mapping[str, Any], **options: Any) 
     if sandbox.report.level != "unavailable":
         return sandbox
     sandbox.dispose()
-    raise PiShipError(
-        SANDBOX_UNAVAILABLE,
+    raise SandboxUnavailable(
         f"No {sandbox.report.adapter} sandbox could be activated for the pool: "
         f"{sandbox.report.reason or 'unknown reason'}",
         component="sandbox",

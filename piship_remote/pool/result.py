@@ -1,7 +1,8 @@
-"""What became of one task in a pool: :class:`TaskResult`, and how an error is judged.
+"""What became of one task in a pool: :class:`TaskResult`, its :class:`Outcome`, and how
+an error is judged.
 
     for result in pool.imap("pytest tests/{item}", shards):
-        if result.outcome == "infra":
+        if result.outcome is Outcome.INFRA:  # or == "infra": an Outcome is a str
             print(result.item, "never ran:", result.error)
 
 Only work that never started may run again. A sandbox error says whether its command
@@ -13,6 +14,7 @@ may have come after the command began, so its outcome is ``"unknown"``.
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from typing import Any, Final
 
@@ -41,6 +43,7 @@ __all__ = [
     "OUTCOMES",
     "TIMEOUT",
     "UNKNOWN",
+    "Outcome",
     "TaskResult",
     "TaskResults",
     "command_outcome",
@@ -49,13 +52,35 @@ __all__ = [
     "never_started",
 ]
 
-OK: Final = "ok"
-FAILED: Final = "failed"
-INFRA: Final = "infra"
-UNKNOWN: Final = "unknown"
-TIMEOUT: Final = "timeout"
-CANCELLED: Final = "cancelled"
-OUTCOMES = (OK, FAILED, INFRA, UNKNOWN, TIMEOUT, CANCELLED)
+
+
+class Outcome(str, enum.Enum):
+    """How a task ended; a ``str``, so ``result.outcome == "ok"`` holds for ``Outcome.OK``.
+
+    ``OK``: the command exited 0, or the callable returned. ``FAILED``: the task's own
+    failure (a non-zero exit, a callable that raised); never retried. ``INFRA``: no
+    sandbox could be had, or the work never started, on every attempt. ``UNKNOWN``: the
+    command may have run; never retried. ``TIMEOUT`` / ``CANCELLED``: the task's timeout
+    expired / the task was cancelled.
+    """
+
+    OK = "ok"
+    FAILED = "failed"
+    INFRA = "infra"
+    UNKNOWN = "unknown"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+    __str__ = str.__str__  # "ok" in f-strings and print, on every Python
+
+
+OK: Final = Outcome.OK
+FAILED: Final = Outcome.FAILED
+INFRA: Final = Outcome.INFRA
+UNKNOWN: Final = Outcome.UNKNOWN
+TIMEOUT: Final = Outcome.TIMEOUT
+CANCELLED: Final = Outcome.CANCELLED
+OUTCOMES = tuple(Outcome)
 
 # The codes of a failure of the sandbox or the service, not of the task.
 _INFRASTRUCTURE_CODES = frozenset(
@@ -71,16 +96,15 @@ _REFUSAL_CODES = frozenset({CREDENTIAL_REQUIRED, CREDENTIAL_DENIED, CONFIG_INVAL
 class TaskResult:
     """One task's end: its ``item``, ``value`` (or ``None``), ``error``, and ``outcome``.
 
-    ``outcome`` is ``"ok"``, ``"failed"`` (the task's own failure; never retried),
-    ``"infra"`` (no sandbox could be had, or the work never started, on every attempt),
-    ``"unknown"`` (the command may have run; never retried), ``"timeout"`` or
-    ``"cancelled"``. ``attempts`` counts the sandboxes tried; ``seconds`` the whole time.
+    ``outcome`` is an :class:`Outcome` (a ``str``: ``"ok"``, ``"failed"``, ``"infra"``,
+    ``"unknown"``, ``"timeout"`` or ``"cancelled"``). ``attempts`` counts the sandboxes
+    tried; ``seconds`` the whole time.
     """
 
     item: Any
     value: Any
     error: BaseException | None
-    outcome: str
+    outcome: Outcome = attrs.field(converter=Outcome)
     sandbox_id: str | None
     attempts: int
     seconds: float
@@ -185,7 +209,7 @@ def never_started(error: BaseException) -> bool:
     return error.retryable or error.not_started
 
 
-def command_outcome(error: BaseException) -> str:
+def command_outcome(error: BaseException) -> Outcome:
     """The outcome of a command (a ``str`` task) that raised ``error``."""
     if isinstance(error, CommandTimeout):
         return TIMEOUT

@@ -12,14 +12,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import TypeVar, Union
 
 import attrs
 
 from piship_remote.backends._common import exit_status
-from piship_remote.backends._file_protocol import SupportsFiles
-from piship_remote.backends._owned import Detachable, Reattachable
-from piship_remote.backends.base import Backend, ExecRequest, Instance
+from piship_remote.backends.base import (
+    Backend,
+    Detachable,
+    ExecRequest,
+    Instance,
+    Reattachable,
+    SupportsFiles,
+)
 from piship_remote.model._capability_rules import (
     capability_mismatch,
     claimed_guarantees,
@@ -34,7 +39,9 @@ from piship_remote.model.errors import (
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandTimeout,
+    ConfigInvalid,
     PiShipError,
+    error_for,
 )
 from piship_remote.model.policy import SandboxPolicy, SandboxProfile
 from piship_remote.model.redact import Redactor
@@ -47,16 +54,16 @@ from piship_remote.model.report import (
 from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_errors import reason_text
 from piship_remote.sandbox._exec_workers import Stream
+from piship_remote.sandbox._sandbox_telemetry import SandboxTelemetry
 from piship_remote.sandbox._sandbox_transfers import SandboxTransfers
 from piship_remote.sandbox._workspace import real_path
+from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.telemetry import Telemetry
-from piship_remote.telemetry.logs import info
+from piship_remote.telemetry.logs import info, log_environment_warnings
 from piship_remote.telemetry.names import ACTIVATION_SPAN, SANDBOX_ID, STEP_SPANS
+from piship_remote.transport.deadline import Deadline
 
-if TYPE_CHECKING:
-    from piship_remote.sandbox.activation import Sandbox
-
-__all__ = ["Activation", "log_environment_warnings", "unenforceable_message"]
+__all__ = ["Activation", "unenforceable_message"]
 
 _LOG = logging.getLogger("piship_remote")
 
@@ -92,7 +99,6 @@ class Activation:
     sync: str = "none"
     sync_ignore: bool = True
     attach: str | None = None
-    sandbox_type: type[Sandbox] = attrs.field(kw_only=True)
     # The caller passed env= on purpose: the names it does not allow are named too.
     env_given: bool = attrs.field(default=False, kw_only=True)
     telemetry: Telemetry = attrs.field(kw_only=True)
@@ -100,18 +106,18 @@ class Activation:
     def run(self) -> Sandbox:
         telemetry = self.telemetry
         with telemetry.span(ACTIVATION_SPAN, ended=telemetry.activation_ended) as span:
-            sandbox = self._steps()
+            sandbox, sandbox_telemetry = self._steps()
             if sandbox.report.level != "enforced":
                 span.outcome("unavailable")
                 return sandbox
             sandbox_id = _quietly_id(lambda: sandbox.id)
             span.set(SANDBOX_ID, sandbox_id)
-        sandbox._telemetry.activated()
+        sandbox_telemetry.activated()
         what = "attached to" if self.attach is not None else "created"
         info("%s sandbox %s %s", self.backend.id, sandbox_id, what, redactor=self.backend.redactor)
         return sandbox
 
-    def _steps(self) -> Sandbox:
+    def _steps(self) -> tuple[Sandbox, SandboxTelemetry]:
         instance: Instance | None = None
         engine: ExecEngine | None = None
         step = self.telemetry.span
@@ -124,6 +130,7 @@ class Activation:
             engine = self._engine(instance)
             with step(STEP_SPANS["readiness"]):
                 report = self._checked(engine, self._report(capabilities), capabilities)
+            transfers = self._transfers(instance, engine)
         except _Failure as failure:
             self._discard(instance, engine)
             return self._unavailable(failure)
@@ -133,38 +140,42 @@ class Activation:
         except BaseException:
             self._discard(instance, engine)
             raise
-        sandbox = self.sandbox_type(
+        sandbox_telemetry = SandboxTelemetry(self.telemetry, engine)
+        sandbox = Sandbox(
             report=report,
             profile=self.profile,
             backend=self.backend,
             engine=engine,
             env=self.env,
-            telemetry=self.telemetry,
+            telemetry=sandbox_telemetry,
+            transfers=transfers,
         )
-        try:
-            self._with_files(sandbox, instance, engine)
-        except BaseException as error:
-            if self.attach is not None:
-                _quietly(sandbox.detach)  # it was there before: let go, never delete
-            else:
-                sandbox.dispose()
-            if isinstance(error, KeyboardInterrupt):
-                raise KeyboardInterrupt(self._interrupted()) from None
-            raise
-        return sandbox
+        if transfers is not None and self.sync != "none":
+            try:
+                with self.telemetry.span(STEP_SPANS["push"]):
+                    transfers.push()
+            except BaseException as error:
+                if self.attach is not None:
+                    _quietly(sandbox.detach)  # it was there before: let go, never delete
+                else:
+                    sandbox.dispose()
+                if isinstance(error, KeyboardInterrupt):
+                    raise KeyboardInterrupt(self._interrupted()) from None
+                raise
+            sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
+        return sandbox, sandbox_telemetry
 
-    def _with_files(self, sandbox: Sandbox, instance: Instance, engine: ExecEngine) -> None:
-        """Give the sandbox its file side (when the backend moves files) and push if asked."""
+    def _transfers(self, instance: Instance, engine: ExecEngine) -> SandboxTransfers | None:
+        """The sandbox's file side, when the backend moves files (else sync is refused)."""
         if not isinstance(instance, SupportsFiles):
             if self.sync != "none":
-                raise PiShipError(
-                    CONFIG_INVALID,
+                raise ConfigInvalid(
                     f"the {self.backend.id} sandbox backend cannot move files, so sync"
                     f" {self.sync!r} is not possible",
                     component="files",
                 )
-            return
-        transfers = SandboxTransfers(
+            return None
+        return SandboxTransfers(
             instance,
             engine,
             self.profile,
@@ -173,11 +184,6 @@ class Activation:
             adapter=self.backend.id,
             telemetry=self.telemetry,
         )
-        sandbox._attach_transfers(transfers)
-        if self.sync != "none":
-            with self.telemetry.span(STEP_SPANS["push"]):
-                transfers.push()
-            sandbox.report = attrs.evolve(sandbox.report, workspace=transfers.workspace_report())
 
     def _discard(self, instance: Instance | None, engine: ExecEngine | None) -> None:
         """Dispose what a failed activation built: its engine (and threads) or instance.
@@ -318,7 +324,9 @@ class Activation:
             ),
         )
         try:
-            result = engine.run(request, collect, self.probe_timeout, None, retire=False)
+            result = engine.run(
+                request, collect, Deadline.after(self.probe_timeout), None, retire=False
+            )
         except (CommandTimeout, CommandCancelled):
             return "the sandbox check command timed out"
         except Exception as e:
@@ -336,11 +344,11 @@ class Activation:
             return "interrupted: the activation stopped; the attached sandbox was let go"
         return "interrupted: the activation stopped and its sandbox was deleted"
 
-    def _unavailable(self, failure: _Failure) -> Sandbox:
+    def _unavailable(self, failure: _Failure) -> tuple[Sandbox, SandboxTelemetry]:
         backend = self.backend
         reason = failure.reason
         if self.policy.required:
-            raise PiShipError(
+            raise error_for(
                 failure.code,
                 unenforceable_message(reason),
                 component="sandbox",
@@ -362,14 +370,16 @@ class Activation:
             reason=backend.redactor.redact(reason),
             warnings=tuple(self.profile.warnings),
         )
-        return self.sandbox_type(
+        sandbox_telemetry = SandboxTelemetry(self.telemetry, None)
+        sandbox = Sandbox(
             report=report,
             profile=self.profile,
             backend=backend,
             engine=None,
             env=self.env,
-            telemetry=self.telemetry,
+            telemetry=sandbox_telemetry,
         )
+        return sandbox, sandbox_telemetry
 
 
 class _Failure(Exception):
@@ -454,12 +464,6 @@ def _quietly_id(read: Callable[[], str | None]) -> str | None:
         return read()
     except Exception:
         return None
-
-
-def log_environment_warnings(warnings: tuple[str, ...]) -> None:
-    """Each environment warning as a ``logging`` warning (names only, never values)."""
-    for warning in warnings:
-        _LOG.warning("environment: %s", warning)
 
 
 def _mismatch_action(mismatch: str, network: str) -> str:

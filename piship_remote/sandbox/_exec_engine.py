@@ -65,15 +65,18 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
-from piship_remote.backends._owned import Detachable
 from piship_remote.backends.base import (
     BackendResult,
+    Detachable,
     ExecRequest,
     Instance,
     ServesPorts,
-    takes_deadline,
 )
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    PiShipError,
+    SandboxUnavailable,
+)
 from piship_remote.model.redact import Redactor
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_errors import ExecErrors
@@ -84,7 +87,6 @@ from piship_remote.sandbox._exec_workers import (
     AbortKind,
     BackendCall,
     BackgroundCall,
-    DeadlineTimer,
     DirectCall,
     Outcome,
     Output,
@@ -94,7 +96,13 @@ from piship_remote.sandbox._exec_workers import (
     WorkerPool,
 )
 from piship_remote.sandbox._interrupts import Disarm, InterruptGuard
-from piship_remote.transport._cancel import CancelToken, EventWatcher, bridge, when_cancelled
+from piship_remote.transport._cancel import (
+    CancelToken,
+    DeadlineTimer,
+    EventWatcher,
+    bridge,
+    when_cancelled,
+)
 from piship_remote.transport.deadline import Deadline
 
 __all__ = [
@@ -141,7 +149,7 @@ def command_line(command: object) -> str:
             )
         arguments.append(argument)
     if not arguments:
-        raise PiShipError(CONFIG_INVALID, "the command is an empty list of arguments")
+        raise ConfigInvalid("the command is an empty list of arguments")
     return shlex.join(arguments)
 
 
@@ -173,9 +181,8 @@ class ExecEngine:
         self._workers = WorkerPool()
         self._timer = DeadlineTimer()
         self._interrupts = InterruptGuard()
-        self._prompt = getattr(instance, "cancels_promptly", False) is True
-        self._controls = getattr(instance, "controls_commands", False) is True
-        self._deadlines = takes_deadline(instance)
+        self._prompt = instance.cancels_promptly
+        self._controls = instance.controls_commands
         self._disposed = False
         self._retired = False
 
@@ -194,18 +201,15 @@ class ExecEngine:
         self,
         request: ExecRequest,
         sink: Sink | None,
-        deadline: Deadline | float | None,
+        deadline: Deadline,
         cancel: threading.Event | None,
         *,
         retire: bool,
     ) -> BackendResult:
-        """Run ``request``, its output to ``sink`` on this thread, until ``deadline``
-        (seconds from now also do; ``None``: none).
+        """Run ``request``, its output to ``sink`` on this thread, until ``deadline``.
 
         ``retire``: a backend call that ignores an abort retires the sandbox.
         """
-        if not isinstance(deadline, Deadline):
-            deadline = Deadline.never() if deadline is None else Deadline.after(deadline)
         call: WorkerCall | DirectCall
         disarm: Disarm | None = None
         off_main = threading.current_thread() is not threading.main_thread()
@@ -291,9 +295,8 @@ class ExecEngine:
     def _bound(self, request: ExecRequest, deadline: Deadline) -> tuple[BackendCall, CancelToken]:
         """The instance's ``exec`` bound to ``request``, ``deadline`` and a new token."""
         token, instance = CancelToken(), self._instance
-        given = {"deadline": deadline} if self._deadlines else {}  # else exec takes none
         return lambda out, err: instance.exec(
-            request, on_stdout=out, on_stderr=err, cancel=token, **given
+            request, on_stdout=out, on_stderr=err, cancel=token, deadline=deadline
         ), token
 
     def _worker_call(self, request: ExecRequest, deadline: Deadline) -> WorkerCall:
@@ -354,8 +357,7 @@ class ExecEngine:
         """The address of ``port`` inside the sandbox, where its service routes ports."""
         instance = self._instance
         if not isinstance(instance, ServesPorts):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"The {self._adapter} sandbox backend does not reach a sandbox's ports from this"
                 " host",
                 component="sandbox",
@@ -365,14 +367,13 @@ class ExecEngine:
         try:
             return instance.url(port)
         except ValueError as e:
-            raise PiShipError(CONFIG_INVALID, str(e), component="sandbox") from None
+            raise ConfigInvalid(str(e), component="sandbox") from None
 
     def detach(self) -> str:
         """Like :meth:`dispose`, but the remote sandbox is left running; its id."""
         instance = self._instance
         if not isinstance(instance, Detachable):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"The {self._adapter} sandbox backend cannot detach from a sandbox",
                 component="sandbox",
             )

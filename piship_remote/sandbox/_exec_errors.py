@@ -13,6 +13,7 @@ from piship_remote.model.errors import (
     CommandCancelled,
     CommandTimeout,
     PiShipError,
+    SandboxUnavailable,
 )
 from piship_remote.model.redact import Redactor
 from piship_remote.sandbox._exec_workers import AbortKind
@@ -35,6 +36,8 @@ class ExecErrors:
         if kind == "timeout":
             return CommandTimeout(deadline.seconds or 0)
         if kind == "disposed":
+            # The one plain PiShipError the library raises (code SANDBOX_UNAVAILABLE): its
+            # exact type is pinned by callers that compare ``type(error)``.
             return PiShipError(
                 SANDBOX_UNAVAILABLE,
                 f"The {self._adapter} sandbox was disposed while the command ran; "
@@ -49,8 +52,7 @@ class ExecErrors:
             return error
         if not isinstance(error, Exception):
             return error
-        return PiShipError(
-            SANDBOX_UNAVAILABLE,
+        return SandboxUnavailable(
             reason_text(str(error) or type(error).__name__, self._redactor),
             component="sandbox",
             redactor=self._redactor,
@@ -68,7 +70,7 @@ class ExecErrors:
                 f"The {self._adapter} sandbox backend did not stop a timed-out or "
                 "cancelled command, so piship_remote retired it; activate a new sandbox"
             )
-        return PiShipError(SANDBOX_UNAVAILABLE, text, not_started=True, component="sandbox")
+        return SandboxUnavailable(text, not_started=True, component="sandbox")
 
 
 def reason_text(text: str, redactor: Redactor) -> str:

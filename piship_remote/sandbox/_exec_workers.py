@@ -20,10 +20,8 @@ or :class:`Raised` (together an :data:`Outcome`), output travels as
 
 from __future__ import annotations
 
-import heapq
 import queue
 import threading
-import time
 from collections.abc import Callable
 from itertools import count
 from typing import Literal, Protocol, TypeAlias
@@ -41,7 +39,6 @@ __all__ = [
     "BackendCall",
     "BackgroundCall",
     "Channel",
-    "DeadlineTimer",
     "DirectCall",
     "Job",
     "Outcome",
@@ -397,81 +394,6 @@ class BackgroundCall:
             self._request.control.end()
         self.done.set()
         self._on_done()
-
-
-class DeadlineTimer:
-    """Runs actions at deadlines on one lazily started thread (``piship-exec-timer``)."""
-
-    def __init__(self, name: str = "piship-exec-timer") -> None:
-        self._name = name
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int]] = []
-        self._actions: dict[int, Action] = {}
-        self._keys = count()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def schedule(self, delay: float, action: Action) -> Action:
-        """Run ``action`` in ``delay`` seconds; returns a function that cancels it."""
-        when = time.monotonic() + delay
-        with self._cond:
-            if self._closed:
-                return _nothing
-            key = next(self._keys)
-            self._actions[key] = action
-            heapq.heappush(self._heap, (when, key))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            elif self._heap[0][1] == key:
-                self._cond.notify()
-        return lambda: self._cancel(key)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._actions.clear()
-            thread, self._thread = self._thread, None
-            self._cond.notify()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _cancel(self, key: int) -> None:
-        with self._cond:
-            if self._actions.pop(key, None) is None:
-                return
-            if len(self._heap) > 64 + 2 * len(self._actions):
-                # Cancelled deadlines would pile up until they are due: drop them.
-                self._heap = [entry for entry in self._heap if entry[1] in self._actions]
-                heapq.heapify(self._heap)
-
-    def _run(self) -> None:
-        while True:
-            action = self._next()
-            if action is None:
-                return
-            try:
-                action()
-            except Exception:
-                pass
-
-    def _next(self) -> Action | None:
-        with self._cond:
-            while not self._closed:
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                when, key = self._heap[0]
-                if key not in self._actions:
-                    heapq.heappop(self._heap)
-                    continue
-                delay = when - time.monotonic()
-                if delay > 0:
-                    self._cond.wait(delay)
-                    continue
-                heapq.heappop(self._heap)
-                return self._actions.pop(key)
-            return None
 
 
 def _nothing() -> None:

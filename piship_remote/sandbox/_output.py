@@ -15,11 +15,9 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
-import attrs
+from piship_remote.model.result import CommandResult
 
-from piship_remote.model.display import html_pre, html_table, tail
-
-__all__ = ["NO_EXIT", "OUTPUT_LIMIT", "CommandResult", "DataSink", "OnData", "OutputCapture"]
+__all__ = ["NO_EXIT", "OUTPUT_LIMIT", "DataSink", "OnData", "OutputCapture"]
 
 OnData = Callable[[bytes], object] | Callable[[str], object] | IO[str] | IO[bytes]
 """What ``Sandbox.exec(on_data=...)`` takes: a callable given bytes, a callable given text
@@ -31,44 +29,6 @@ OUTPUT_LIMIT = 16 * 1024 * 1024
 
 
 NO_EXIT = -1  # the exit code of the output of a command that did not exit on its own
-_SHOWN = 2000
-"""The characters of each stream a result's display shows (its end, where errors are)."""
-
-
-@attrs.frozen(repr=False)
-class CommandResult:
-    """What ``Sandbox.run`` returns: the exit code and the decoded output.
-
-    ``stdout_truncated``/``stderr_truncated``: the stream was longer than the
-    limit, and only its last ``limit`` bytes are in ``stdout``/``stderr``.
-    Shown (``repr``, a notebook's table) with the end of each stream only.
-    """
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-
-    def __repr__(self) -> str:
-        return (
-            f"CommandResult(exit_code={self.exit_code!r}, stdout={tail(self.stdout, _SHOWN)!r}, "
-            f"stderr={tail(self.stderr, _SHOWN)!r}"
-            + ", stdout_truncated=True" * self.stdout_truncated
-            + ", stderr_truncated=True" * self.stderr_truncated
-            + ")"
-        )
-
-    def _repr_html_(self) -> str:
-        rows = [
-            ["exit code", str(self.exit_code)],
-            ["stdout" + " (truncated)" * self.stdout_truncated, tail(self.stdout, _SHOWN)],
-            ["stderr" + " (truncated)" * self.stderr_truncated, tail(self.stderr, _SHOWN)],
-        ]
-        cells = [[f"<b>{name}</b>", html_pre(value)] for name, value in rows]
-        return html_table(None, cells, caption="CommandResult", raw_cells=True)
-
-
 def text_decoders() -> dict[str, codecs.IncrementalDecoder]:
     """One UTF-8 decoder per stream: a character cut between chunks comes out whole, and
     invalid bytes as U+FFFD."""

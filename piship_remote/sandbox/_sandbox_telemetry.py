@@ -1,4 +1,4 @@
-"""What one :class:`~piship_remote.sandbox.activation.Sandbox` records: its commands' spans
+"""What one :class:`~piship_remote.sandbox.sandbox.Sandbox` records: its commands' spans
 and metrics, its count among the active sandboxes, its INFO events (its pushes, pulls and
 file transfers are recorded by ``SandboxTransfers`` and ``SandboxFiles``)."""
 

@@ -10,7 +10,7 @@ Helper commands (tar, find, touch) run through the governed engine like any
 command, with an empty environment and bounded output, but without the login shell
 (``ExecRequest(login=False)``): a sandbox's startup files cannot replace their tools.
 They carry the token and deadline of the file operation they are part of, as its
-requests do (:class:`~piship_remote.sandbox._file_calls.FileCalls`).
+requests do (:class:`~piship_remote.workspace._file_calls.FileCalls`).
 ``mode="push-pull"`` pulls at dispose; a failure there is logged (the sandbox is
 deleted anyway) and kept in :attr:`SandboxTransfers.dispose_error`, never raised from
 ``dispose()``.
@@ -25,9 +25,8 @@ import threading
 from collections.abc import Iterable
 
 from piship_remote.backends._common import exit_status
-from piship_remote.backends._file_protocol import SupportsFiles
-from piship_remote.backends.base import ExecRequest, Instance
-from piship_remote.model.errors import SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.backends.base import ExecRequest, Instance, SupportsFiles
+from piship_remote.model.errors import PiShipError, SandboxUnavailable
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.report import (
     SyncedPath,
@@ -38,10 +37,10 @@ from piship_remote.model.report import (
 from piship_remote.model.transfer import TransferSummary
 from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_workers import Stream
-from piship_remote.sandbox._file_calls import FileCall, FileCalls
 from piship_remote.sandbox.files import SandboxFiles
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.names import PULL_SPAN, PUSH_SPAN
+from piship_remote.workspace._file_calls import FileCall, FileCalls
 from piship_remote.workspace._remote_archives import RemoteArchives
 from piship_remote.workspace._sync import SYNC_MODES, WorkspaceSync
 
@@ -80,8 +79,7 @@ class SandboxTransfers:
         self._root = os.path.realpath(profile.workspace)
         self.mode = check_sync_mode(mode)
         if not isinstance(instance, SupportsFiles):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"the {type(instance).__name__} sandbox cannot move files",
                 component="files",
             )

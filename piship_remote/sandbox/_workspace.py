@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["check_workspace", "real_path", "workspace_relative"]
 
@@ -23,8 +23,7 @@ def check_workspace(workspace: PathLike) -> None:
     if os.path.isdir(path):
         return
     problem = "is not a directory" if os.path.exists(path) else "does not exist"
-    raise PiShipError(
-        CONFIG_INVALID,
+    raise ConfigInvalid(
         f"the workspace {path!r} {problem}",
         user_action="Pass workspace= an existing directory (the host folder whose files"
         ' the sandbox works on), e.g. workspace="."',
@@ -53,8 +52,7 @@ def workspace_relative(cwd: PathLike | None, root: str, adapter: str) -> str:
     if real == root:
         return "."
     if not real.startswith(root.rstrip(os.sep) + os.sep):
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "Working directory is outside the workspace, where the "
             f"{adapter} sandbox backend cannot run commands: {os.fspath(cwd)}",
         )

@@ -29,7 +29,11 @@ from collections.abc import Callable, Iterator
 from piship_remote.backends._common import exit_status
 from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.control import CommandInput, TerminalSize
-from piship_remote.model.errors import COMMAND_FAILED, CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import (
+    CommandFailed,
+    ConfigInvalid,
+)
+from piship_remote.model.result import CommandResult
 from piship_remote.sandbox._exec_engine import (
     CHANNEL_BYTES,
     COMMAND_KILLED,
@@ -37,7 +41,7 @@ from piship_remote.sandbox._exec_engine import (
     ExecEngine,
 )
 from piship_remote.sandbox._exec_workers import KILLED, BackgroundCall, Stream
-from piship_remote.sandbox._output import CommandResult, OutputCapture
+from piship_remote.sandbox._output import OutputCapture
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["UNREAD_LIMIT", "CommandHandle"]
@@ -159,7 +163,14 @@ class CommandHandle:
         return control.pid()
 
     def wait(self, timeout: float | None = None) -> CommandResult:
-        """The command's result once it ended (see the class); ``timeout``: how long to wait."""
+        """The command's result once it ended (see the class); ``timeout``: how long to wait.
+
+        Raises:
+            CommandTimeout: the command's own ``timeout`` expired (it was killed).
+            TimeoutError: this call's ``timeout`` passed; the command still runs.
+            SandboxUnavailable: the sandbox failed under the command, or was disposed.
+            PiShipError: any other failure the service reports, with its code.
+        """
         started = self._begun()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -208,7 +219,12 @@ class CommandHandle:
         return True
 
     def send_stdin(self, data: bytes | str) -> None:
-        """Write ``data`` (a ``str`` as UTF-8) to the command's input."""
+        """Write ``data`` (a ``str`` as UTF-8) to the command's input.
+
+        Raises:
+            ConfigInvalid: the command was not started with ``stdin=True``.
+            CommandFailed: the command has ended.
+        """
         if isinstance(data, str):
             data = data.encode()
         self._input("write to").send(bytes(data))
@@ -220,17 +236,20 @@ class CommandHandle:
             command_input.close()
 
     def resize(self, cols: int, rows: int) -> None:
-        """Resize the command's terminal (started with ``pty=True``)."""
+        """Resize the command's terminal (started with ``pty=True``).
+
+        Raises:
+            ConfigInvalid: the command was not started with ``pty=True``.
+            CommandFailed: the command has ended.
+        """
         if self._request.pty is None:
-            raise PiShipError(
-                CONFIG_INVALID, "the command has no terminal to resize; start it with pty=True"
-            )
+            raise ConfigInvalid("the command has no terminal to resize; start it with pty=True")
         self._input("resize the terminal of").resize(TerminalSize(cols, rows))
 
     def _input(self, what: str) -> CommandInput:
         command_input = self._bound_input(what)
         if command_input is None:
-            raise PiShipError(COMMAND_FAILED, f"cannot {what} the command: it has ended")
+            raise CommandFailed(f"cannot {what} the command: it has ended", component=None)
         return command_input
 
     def _bound_input(self, what: str) -> CommandInput | None:
@@ -238,8 +257,7 @@ class CommandHandle:
         self._begun()
         control = self._request.control
         if control is None or not (control.stdin or self._request.pty is not None):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"cannot {what} the command's input: start it with stdin=True (or pty=True)",
             )
         return control.input()

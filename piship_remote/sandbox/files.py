@@ -34,12 +34,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO, TypeVar
 
 from piship_remote.backends._file_protocol import SizedChunks
-from piship_remote.model.errors import CONFIG_INVALID, FILE_NOT_FOUND, PiShipError
+from piship_remote.backends._sandbox_commands import pack_tree_command
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    FileNotFound,
+    PiShipError,
+)
 from piship_remote.model.transfer import FileInfo, SkippedPath, TransferLimits, TransferSummary
-from piship_remote.sandbox._file_calls import FileCall
-from piship_remote.sandbox._worker import Worker
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.names import TRANSFER_SPAN
+from piship_remote.workspace._file_calls import FileCall
 from piship_remote.workspace._host_writes import (
     SpaceReserve,
     bounded_writer,
@@ -52,8 +56,8 @@ from piship_remote.workspace._remote_archives import (
     RemoteArchives,
     staged_archive,
 )
-from piship_remote.workspace._sandbox_commands import pack_tree_command
 from piship_remote.workspace._tree import TreeWalk, inside
+from piship_remote.workspace._worker import Worker
 
 __all__ = ["CHUNK", "READ_LIMIT", "Progress", "SandboxFiles"]
 
@@ -115,7 +119,17 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> FileInfo:
-        """Write ``data`` (bytes, text as UTF-8, or a binary file object, streamed)."""
+        """Write ``data`` (bytes, text as UTF-8, or a binary file object, streamed).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileWriteFailed: the file could not be written there (read-only, full, a file where a
+                folder must be).
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
 
         def write() -> FileInfo:
             with self._calls.begin(timeout, cancel) as call:
@@ -137,7 +151,17 @@ class SandboxFiles:
         """The whole file ``path``, held in memory: at most ``max_bytes`` (64 MiB by default).
 
         A larger file raises ``PiShipError`` ``CONFIG_INVALID`` naming :meth:`download`
-        (which streams to a file) as soon as ``max_bytes`` arrived: no more is read."""
+        (which streams to a file) as soon as ``max_bytes`` arrived: no more is read.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at the path.
+            ConfigInvalid: the file is larger than ``max_bytes`` (use ``download``), or a bad
+                argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         _check_read_limit(max_bytes)
 
         def read() -> bytes:
@@ -162,7 +186,18 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> str:
-        """The file ``path`` decoded as ``encoding`` (at most ``max_bytes``, as :meth:`read`)."""
+        """The file ``path`` decoded as ``encoding`` (at most ``max_bytes``, as :meth:`read`).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at the path.
+            ConfigInvalid: the file is larger than ``max_bytes`` (use ``download``), or a bad
+                argument.
+            UnicodeDecodeError: the file is not text in ``encoding``.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         return self.read(path, max_bytes=max_bytes, timeout=timeout, cancel=cancel).decode(
             encoding
         )
@@ -174,7 +209,16 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> list[FileInfo]:
-        """The entries directly in the directory ``path``, sorted by name."""
+        """The entries directly in the directory ``path``, sorted by name.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at the path.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             entries = self._remote.list_dir(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -184,7 +228,15 @@ class SandboxFiles:
     def exists(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> bool:
-        """Whether anything is at ``path``."""
+        """Whether anything is at ``path``.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             found = self._remote.stat(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -194,7 +246,15 @@ class SandboxFiles:
     def remove(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> None:
-        """Remove a file, or a directory recursively (a missing path is fine)."""
+        """Remove a file, or a directory recursively (a missing path is fine).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             self._remote.remove(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -203,7 +263,17 @@ class SandboxFiles:
     def make_dir(
         self, path: str, *, timeout: float | None = None, cancel: threading.Event | None = None
     ) -> bool:
-        """Create the directory ``path`` and its parents; ``False`` if it existed."""
+        """Create the directory ``path`` and its parents; ``False`` if it existed.
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileWriteFailed: the file could not be written there (read-only, full, a file where a
+                folder must be).
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
         with self._calls.begin(timeout, cancel) as call:
             return self._remote.make_dir(
                 self._resolve(path, call), cancel=call.cancel, deadline=call.deadline
@@ -241,7 +311,18 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
-        """Copy a host file or directory into the sandbox (``cp -r local remote``)."""
+        """Copy a host file or directory into the sandbox (``cp -r local remote``).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at ``local`` on this host.
+            FileWriteFailed: the file could not be written there (read-only, full, a file where a
+                folder must be).
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
 
         def upload() -> TransferSummary:
             with self._calls.begin(timeout, cancel) as call:
@@ -281,7 +362,17 @@ class SandboxFiles:
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> TransferSummary:
-        """Copy a sandbox file or directory to the host path ``local`` (``cp -r``)."""
+        """Copy a sandbox file or directory to the host path ``local`` (``cp -r``).
+
+        Raises:
+            CommandTimeout: ``timeout`` passed.
+            CommandCancelled: ``cancel`` was set.
+            FileNotFound: nothing is at ``remote`` in the sandbox.
+            FileWriteFailed: a file could not be written on this host.
+            ConfigInvalid: a path the operation may not use, or a bad argument.
+            SandboxUnavailable: the sandbox is gone, disposed, or failed during the transfer.
+            PiShipError: any other failure the service reports, with its code.
+        """
 
         def download() -> TransferSummary:
             with self._calls.begin(timeout, cancel) as call:
@@ -391,8 +482,7 @@ class SandboxFiles:
 
     def _check_writable(self, target: str) -> None:
         if not self._archives.may_write(target):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"the policy does not allow writing {target}",
                 user_action="download into the workspace, or allow the place in"
                 " filesystem.write.allow",
@@ -434,21 +524,16 @@ def _unlink_quietly(path: str) -> None:
 
 
 def _missing_remote(path: str) -> PiShipError:
-    return PiShipError(
-        FILE_NOT_FOUND, f"no file or directory at {path} in the sandbox", component="files"
-    )
+    return FileNotFound(f"no file or directory at {path} in the sandbox", component="files")
 
 
 def _missing_host(path: str) -> PiShipError:
-    return PiShipError(
-        FILE_NOT_FOUND, f"no file or directory at {path} on this host", component="files"
-    )
+    return FileNotFound(f"no file or directory at {path} on this host", component="files")
 
 
 def _check_read_limit(max_bytes: int) -> None:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"max_bytes must be a positive int, not {max_bytes!r}",
             component="files",
         )
@@ -462,8 +547,7 @@ def _held(write: Callable[[bytes], object], limit: int, path: str) -> Callable[[
         nonlocal held
         held += len(chunk)
         if held > limit:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{path} in the sandbox is larger than read's max_bytes ({limit} bytes); "
                 "nothing was kept",
                 user_action="copy it to a file with files.download(), or pass a larger "

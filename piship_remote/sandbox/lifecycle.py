@@ -33,8 +33,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import FrameType
 
 from piship_remote.sandbox._unwinding import UnwindWatch
@@ -48,6 +48,8 @@ __all__ = [
     "running_off_main_thread",
     "track",
     "untrack",
+    "working_for_the_main_thread",
+    "works_for_the_main_thread",
 ]
 
 EXIT_DEADLINE = 10.0  # seconds the exit hook waits for every live sandbox's deletion
@@ -71,6 +73,8 @@ class _Registry:
         # Why the latest disposal started, for owners that tell their users (a closed pool).
         self.cause = _AT_EXIT
         self.unwinding = UnwindWatch(self._dispose_on_interrupt)
+        # Set on a thread whose commands run for a main thread that handles Ctrl-C itself.
+        self.for_the_main_thread = threading.local()
 
     def track(self, owner: object, name: str, disposer: Disposer) -> int:
         token = next(self._tokens)
@@ -207,8 +211,32 @@ def live_count() -> int:
 
 def running_off_main_thread() -> AbstractContextManager[None]:
     """Mark a command running on a thread other than the main one for the block, so
-    that Ctrl-C while the main thread waits for that thread disposes the sandboxes."""
+    that Ctrl-C while the main thread waits for that thread disposes the sandboxes.
+
+    A thread that works for the main thread (:func:`working_for_the_main_thread`) needs
+    no watch: the main thread kills its commands itself on Ctrl-C.
+    """
+    if works_for_the_main_thread():
+        return nullcontext()
     return _REGISTRY.unwinding.watching()
+
+
+@contextmanager
+def working_for_the_main_thread() -> Iterator[None]:
+    """In the block, this thread's commands run for the main thread, which handles Ctrl-C
+    itself (a pool's ``map`` called there kills them and disposes its sandboxes)."""
+    local = _REGISTRY.for_the_main_thread
+    before = getattr(local, "working", False)
+    local.working = True
+    try:
+        yield
+    finally:
+        local.working = before
+
+
+def works_for_the_main_thread() -> bool:
+    """Whether this thread is inside :func:`working_for_the_main_thread`."""
+    return bool(getattr(_REGISTRY.for_the_main_thread, "working", False))
 
 
 def dispose_all(deadline: float = EXIT_DEADLINE) -> list[str]:

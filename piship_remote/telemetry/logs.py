@@ -12,7 +12,7 @@ import logging
 
 from piship_remote.model.redact import Redactor, redaction
 
-__all__ = ["LOGGER", "info"]
+__all__ = ["LOGGER", "info", "log_environment_warnings"]
 
 LOGGER = "piship_remote"
 
@@ -24,3 +24,10 @@ def info(message: str, *args: object, redactor: Redactor | None = None) -> None:
         return
     clean = redaction(redactor)
     log.info(message, *(clean(arg) if isinstance(arg, str) else arg for arg in args), stacklevel=2)
+
+
+def log_environment_warnings(warnings: tuple[str, ...]) -> None:
+    """Each environment warning as a WARNING (names only, never values)."""
+    log = logging.getLogger(LOGGER)
+    for warning in warnings:
+        log.warning("environment: %s", warning, stacklevel=2)

@@ -14,6 +14,7 @@ once per object, so no module keeps any state.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
@@ -88,10 +89,9 @@ class Telemetry:
         meter_provider: MeterProvider,
     ) -> Telemetry:
         """Spans and metrics to the given providers (the ``otel`` extra must be installed)."""
-        from piship_remote import __version__
-
-        tracer = tracer_provider.get_tracer(names.SCOPE, __version__)
-        instruments = Instruments(meter_provider.get_meter(names.SCOPE, __version__))
+        version = _version()
+        tracer = tracer_provider.get_tracer(names.SCOPE, version)
+        instruments = Instruments(meter_provider.get_meter(names.SCOPE, version))
         return cls(backend, redactor, tracer, instruments)
 
     @property
@@ -230,3 +230,11 @@ class Telemetry:
         if failure is not None:
             labels[names.ERROR_TYPE] = failure
         return labels
+
+
+def _version() -> str:
+    """This library's version as installed (the instrumentation scope's version)."""
+    try:
+        return importlib.metadata.version("piship_remote")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from piship_remote.backends._sandbox_commands import working_directory_command
 from piship_remote.testing.k8s_runtime import (
     FileTree,
     Reply,
@@ -41,7 +42,6 @@ from piship_remote.testing.k8s_store import Store
 from piship_remote.testing.recorder import DropConnection
 from piship_remote.testing.sandbox_shell import Shell, script_of
 from piship_remote.wire.agent_sandbox import SANDBOXES
-from piship_remote.workspace._sandbox_commands import working_directory_command
 
 __all__ = ["CHECK_MARKER", "SANDBOX_PREFIX", "Router", "RouterRequest", "RouterSettings"]
 

@@ -128,7 +128,7 @@ from werkzeug.formparser import parse_form_data
 
 from piship_remote._http_server.server import Head
 from piship_remote._http_server.server import Reply as RawReply
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 from piship_remote.testing.faults import Faults, hold_if_stalled
 from piship_remote.testing.k8s_access import access_review, refused, warm_pool
 from piship_remote.testing.k8s_api import RESOURCE_PATH, ResourceApi
@@ -453,8 +453,7 @@ def _sandboxd_pods(faults: Faults) -> SandboxdPods:
     try:
         from piship_remote.testing.k8s_sandboxd import SandboxdPods as Pods
     except ImportError:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             'KubernetesServer(runtime="sandboxd") needs grpcio and protobuf',
             user_action="pip install 'piship-remote[sandboxd]'",
         ) from None

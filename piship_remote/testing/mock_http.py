@@ -49,7 +49,7 @@ from requests.structures import CaseInsensitiveDict
 
 from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
-from piship_remote.transport._scope import ON_SENT
+from piship_remote.transport._connection import ON_SENT
 from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.failures import TransportError, failure_code, timed_out
 from piship_remote.transport.response import (

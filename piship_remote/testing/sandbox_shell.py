@@ -13,7 +13,7 @@ The grammar is the part of ``sh`` such scripts use: ``;``, ``&&``, ``||``, ``|``
 ``< > >> 2>/dev/null``, ``NAME=value``. :mod:`~piship_remote.testing.sandbox_interpreter`
 runs it; the utilities are in :data:`~piship_remote.testing.sandbox_utilities.UTILITIES`
 (``find`` and ``tar`` in modules of their own). It covers every helper of
-:mod:`piship_remote.workspace._sandbox_commands`
+:mod:`piship_remote.backends._sandbox_commands`
 (``tests/testing/test_double_shell.py`` checks each).
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import attrs
 
+from piship_remote.backends._sandbox_commands import STAGING_PREFIX
 from piship_remote.testing.sandbox_tree import ShellTree
-from piship_remote.workspace._sandbox_commands import STAGING_PREFIX
 
 __all__ = ["STAGING", "Shell", "ShellResult", "ShellSyntaxError", "script_of"]
 

@@ -10,7 +10,7 @@ sending one byte per second cannot stretch it, as it would a per-read socket tim
 A request sent directly goes out on a connection the transport armed with its scope
 (:func:`arm`, until :func:`disarm`); on the proxy path, where urllib3's ``urlopen``
 takes the connection, the scope comes through the context variable
-:data:`~piship_remote.transport._scope.CURRENT`. A connection registers its socket when
+:data:`~piship_remote.transport._connection.CURRENT`. A connection registers its socket when
 it connects (before ``connect()``, so a cancel interrupts a hanging connect) and again
 just before it waits for the response headers. Taken from the pool by another call,
 it first leaves the previous call's scope (under that scope's lock); if that call was
@@ -25,12 +25,13 @@ plain head over a bare chunked body becomes a
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import io
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import urllib3
@@ -45,7 +46,6 @@ from piship_remote.model.errors import CommandCancelled
 from piship_remote.model.redact import Redactor
 from piship_remote.transport._cancel import EventWatcher, when_cancelled
 from piship_remote.transport._response_head import PlainHead, peek_plain_head
-from piship_remote.transport._scope import CURRENT, ON_SENT
 from piship_remote.transport._steady_socket import SteadyTimeoutSocket
 from piship_remote.transport._streamed_response import StreamedResponse
 from piship_remote.transport._urllib3_internals import (
@@ -63,7 +63,42 @@ from piship_remote.transport.failures import (
     timed_out,
 )
 
-__all__ = ["HOSTS", "POOL_CLASSES", "Call", "CallScope", "DeadlineReader", "arm", "disarm"]
+__all__ = [
+    "CURRENT",
+    "HOSTS",
+    "ON_SENT",
+    "POOL_CLASSES",
+    "Call",
+    "CallScope",
+    "DeadlineReader",
+    "arm",
+    "disarm",
+    "when_sent",
+]
+
+# The scope of the call the current thread is making (set only while it makes it).
+CURRENT: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
+    "piship_transport_call", default=None
+)
+
+# Called by the connection once a request's headers and body are written (see when_sent).
+ON_SENT: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "piship_on_sent", default=None
+)
+
+
+@contextlib.contextmanager
+def when_sent(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` as soon as the requests sent in this block are on the wire.
+
+    It fires after the connection wrote the request, before the answer is read,
+    so another request can follow without waiting for it.
+    """
+    token = ON_SENT.set(callback)
+    try:
+        yield
+    finally:
+        ON_SENT.reset(token)
 
 
 class CallScope:

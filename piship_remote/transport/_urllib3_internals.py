@@ -47,7 +47,7 @@ import ssl
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import urllib3
 import urllib3.connection
@@ -59,12 +59,10 @@ import urllib3.util.retry
 from piship_remote.transport._headers import HeaderSet
 from piship_remote.transport._response_head import PlainHead, read_plain_head
 
-if TYPE_CHECKING:
-    from piship_remote.transport._streamed_response import StreamedResponse
-
 __all__ = [
     "RETIRED",
     "PlainHeadResponse",
+    "PooledAnswer",
     "SingleWriteRequest",
     "SocketFactoryHook",
     "chunked_source",
@@ -75,6 +73,13 @@ __all__ = [
     "send_direct",
     "taken_from_pool",
 ]
+
+
+class PooledAnswer(Protocol):
+    """A connection's own answer to a streamed request (``_connection``'s
+    ``StreamedResponse``): it gives the connection back to its ``pool`` when released."""
+
+    pool: urllib3.connectionpool.HTTPConnectionPool | None
 
 
 class SocketFactoryHook(urllib3.connection.HTTPConnection):
@@ -329,7 +334,7 @@ def send_direct(
     retries: urllib3.util.retry.Retry,
     stream: bool = False,
     conn: urllib3.connection.HTTPConnection | None = None,
-) -> urllib3.response.HTTPResponse | StreamedResponse:
+) -> urllib3.response.HTTPResponse | PooledAnswer:
     """What ``pool.urlopen`` does for a request without retries, redirects or a proxy.
 
     ``timeout`` is the socket timeout of the connect and of the wait for the response
@@ -337,8 +342,8 @@ def send_direct(
     there. The body is not read (``preload_content=False``) and the connection goes
     back to the pool when the response is released. A failure closes the connection
     and is raised wrapped as ``urlopen`` wraps it, in a ``MaxRetryError``. With
-    ``stream``, a connection that can (see ``_connection``) may answer with a
-    :class:`StreamedResponse`. ``conn``, when given, is a connection the caller took
+    ``stream``, a connection that can (see ``_connection``) may answer with its own
+    :class:`PooledAnswer`. ``conn``, when given, is a connection the caller took
     from ``pool`` (:func:`taken_from_pool`) and set up.
     """
     if conn is None:
@@ -353,7 +358,7 @@ def send_direct(
         if not conn.is_closed:
             conn.timeout = timeout
         answer = getattr(conn, "getresponse_streamed", None) if stream else None
-        response: urllib3.response.HTTPResponse | StreamedResponse = (
+        response: urllib3.response.HTTPResponse | PooledAnswer = (
             conn.getresponse() if answer is None else answer()
         )
     except _URLOPEN_FAILURES as error:

@@ -18,28 +18,131 @@ apply, looked up once per origin (:meth:`PiShipAdapter.route`)::
 
 Used through plain requests (``session.get(url)``) it is an ``HTTPAdapter`` whose
 pools have the cancellable connection classes.
+
+A request on its way out is an :class:`Outgoing` (its URL checked as a :class:`Target`,
+its headers merged); the settings, adapter and pool of its origin are a :class:`Route`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
+import attrs
 import requests
 import requests.adapters
+import requests.hooks
+import requests.structures
+import requests.utils
 import urllib3
 import urllib3.connection
 import urllib3.connectionpool
 import urllib3.response
 from urllib3.util.timeout import Timeout
 
-from piship_remote.transport._connection import HOSTS, POOL_CLASSES, CallScope
-from piship_remote.transport._prepared import Outgoing, Route
-from piship_remote.transport._scope import CURRENT
+from piship_remote.transport._connection import CURRENT, HOSTS, POOL_CLASSES, CallScope
+from piship_remote.transport._headers import HeaderSet
 from piship_remote.transport._streamed_response import Raw
-from piship_remote.transport._urllib3_internals import record_retired, send_direct
-from piship_remote.transport.endpoint import via_http_proxy
+from piship_remote.transport._urllib3_internals import RETIRED, record_retired, send_direct
+from piship_remote.transport.endpoint import request_path, via_http_proxy
 
-__all__ = ["PiShipAdapter"]
+__all__ = ["Outgoing", "PiShipAdapter", "Route", "Target"]
+
+
+@attrs.frozen
+class Target:
+    """One request URL as checked and normalised: what :class:`Transport` remembers."""
+
+    label: str  # host[:port], for messages
+    origin: str  # scheme://netloc, lower case
+    url: str  # requests' normal form
+    path: str  # what goes on the request line without a proxy
+
+
+@attrs.frozen
+class Route:
+    """How requests to one origin are sent: the session's settings for it, the
+    adapter that sends them and its pool.
+
+    ``adapter`` and ``pool`` are ``None`` when the session routes the origin to an
+    adapter that is not a ``PiShipAdapter`` (one a user mounted): ``Session.send``
+    sends then. ``absolute``: the request line carries the whole URL (a plain-HTTP proxy).
+    """
+
+    settings: dict[str, Any]
+    pool: urllib3.connectionpool.HTTPConnectionPool | None
+    absolute: bool
+    adapter: PiShipAdapter | None = None
+
+    @property
+    def direct(self) -> bool:
+        """Sent by the transport's own adapter straight to the origin (no proxy)."""
+        pool = self.pool
+        return pool is not None and pool.proxy is None and not self.absolute
+
+    def current(self) -> bool:
+        """Whether the pool is still open and its manager's (else: look the origin up again)."""
+        pool = self.pool
+        return pool is None or (pool.pool is not None and pool not in RETIRED)
+
+
+class Outgoing:
+    """A request ready to send: method, URL, merged and checked headers, body."""
+
+    __slots__ = ("_path", "_prepared", "body", "headers", "method", "url")
+
+    def __init__(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str | bytes],
+        body: bytes | Iterable[bytes] | None,
+        prepared: requests.PreparedRequest | None,
+        path: str | None = None,
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self._prepared = prepared
+        self._path = path
+
+    def url_for(self, *, absolute: bool) -> str:
+        """The request line's target: the whole URL for a plain-HTTP proxy, else the path."""
+        if absolute:
+            return str(requests.utils.urldefragauth(self.url))
+        if self._path is None:
+            self._path = request_path(self.prepared())
+        return self._path
+
+    def prepared(self) -> requests.PreparedRequest:
+        """A ``requests.PreparedRequest`` of this request (cookies, custom adapters)."""
+        if self._prepared is None:
+            prepared = requests.PreparedRequest()
+            prepared.method = self.method
+            prepared.url = self.url
+            headers: requests.structures.CaseInsensitiveDict[str | bytes]
+            headers = requests.structures.CaseInsensitiveDict(self.headers)
+            prepared.headers = headers  # type: ignore[assignment]
+            prepared.body = self.body  # type: ignore[assignment]  # requests streams iterables
+            prepared.hooks = requests.hooks.default_hooks()
+            self._prepared = prepared
+        return self._prepared
+
+    def chunked(self) -> bool:
+        """Whether the body goes out chunked: a streamed body whose length the caller
+        did not give.
+
+        A request never carries both framings: with ``Content-Length`` and
+        ``Transfer-Encoding: chunked`` together, servers and proxies may reject it as a
+        smuggling attempt or read the body by the wrong one.
+        """
+        if self.body is None or isinstance(self.body, bytes):
+            return False
+        headers = self.headers
+        if isinstance(headers, HeaderSet):
+            return not headers.has("content-length")
+        return not any(name.lower() == "content-length" for name in headers)
 
 
 class PiShipAdapter(requests.adapters.HTTPAdapter):
@@ -95,17 +198,20 @@ class PiShipAdapter(requests.adapters.HTTPAdapter):
         ``remaining`` is the socket timeout of the connect and of the wait for the head."""
         pool = route.pool
         assert pool is not None
-        return send_direct(
-            pool,
-            outgoing.method,
-            outgoing.url_for(absolute=False),
-            outgoing.body,
-            outgoing.headers,
-            timeout=remaining,
-            chunked=outgoing.chunked(),
-            retries=self.max_retries,
-            stream=stream,
-            conn=conn,
+        return cast(
+            Raw,
+            send_direct(
+                pool,
+                outgoing.method,
+                outgoing.url_for(absolute=False),
+                outgoing.body,
+                outgoing.headers,
+                timeout=remaining,
+                chunked=outgoing.chunked(),
+                retries=self.max_retries,
+                stream=stream,
+                conn=conn,
+            ),
         )
 
     def open(

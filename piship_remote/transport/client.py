@@ -47,23 +47,22 @@ import urllib3.connectionpool
 import urllib3.response
 
 from piship_remote.model.errors import (
-    CONFIG_INVALID,
-    TLS_POLICY_VIOLATION,
     CommandCancelled,
+    ConfigInvalid,
     PiShipError,
+    TlsPolicyViolation,
 )
 from piship_remote.model.redact import Redactor
 from piship_remote.transport._cancel import EventWatcher
 from piship_remote.transport._connection import Call, arm, disarm
 from piship_remote.transport._headers import HeaderSet, header_set
-from piship_remote.transport._prepared import Outgoing, Route, Target
 from piship_remote.transport._streamed_response import Raw, StreamedResponse
 from piship_remote.transport._urllib3_internals import (
     connect_taken,
     return_to_pool,
     taken_from_pool,
 )
-from piship_remote.transport.adapter import PiShipAdapter
+from piship_remote.transport.adapter import Outgoing, PiShipAdapter, Route, Target
 from piship_remote.transport.deadline import Deadline
 from piship_remote.transport.endpoint import (
     check_endpoint,
@@ -104,8 +103,7 @@ class Transport:
         self._session = session if session is not None else requests.Session()
         verify = self._session.verify
         if verify is False:
-            raise PiShipError(
-                TLS_POLICY_VIOLATION,
+            raise TlsPolicyViolation(
                 "Refusing a requests.Session with TLS verification disabled",
                 component=component,
             )
@@ -285,8 +283,7 @@ class Transport:
         given = _NO_HEADERS
         if outgoing is None:
             # requests' message would quote the value, which may be a credential.
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 "A request header value is not valid (line breaks or surrounding whitespace)",
                 component=self.component,
             )

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import attrs
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["Clock", "Deadline", "timeout_deadline"]
 
@@ -86,17 +86,19 @@ class Deadline:
 _NEVER = Deadline(None)
 
 
-def timeout_deadline(timeout: float | None, *, name: str = "timeout") -> Deadline:
-    """The deadline a caller's ``timeout`` (seconds; ``None``: none) means.
+def timeout_deadline(timeout: float | Deadline | None, *, name: str = "timeout") -> Deadline:
+    """The deadline a caller's ``timeout`` (seconds; ``None``: none; a :class:`Deadline`
+    as it is, as a pool hands its task's down) means.
 
     Raises ``PiShipError`` ``CONFIG_INVALID`` for zero, a negative number or NaN:
     "no time at all" is never silently read as "no limit".
     """
+    if isinstance(timeout, Deadline):
+        return timeout
     if timeout is None or timeout == math.inf:
         return Deadline.never()
     if math.isnan(timeout) or timeout <= 0:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"{name} must be a positive number of seconds or None (no limit), not {timeout}",
         )
     return Deadline.after(timeout)

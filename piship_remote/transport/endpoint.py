@@ -26,7 +26,11 @@ from typing import cast
 import requests
 import requests.utils
 
-from piship_remote.model.errors import CONFIG_INVALID, NETWORK_DENIED, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    NetworkDenied,
+    PiShipError,
+)
 
 __all__ = ["check_endpoint", "is_localhost_name", "is_loopback", "loopback_addresses"]
 
@@ -54,29 +58,28 @@ def check_endpoint(url: str) -> str:
 def check_url(url: str) -> tuple[str, str]:
     """Apply the endpoint rules to ``url``; returns ``host[:port]`` and the origin."""
     if not isinstance(url, str):
-        raise PiShipError(CONFIG_INVALID, f"Endpoint URL must be a str, not {type(url).__name__}")
+        raise ConfigInvalid(f"Endpoint URL must be a str, not {type(url).__name__}")
     if "://" not in url:
         raise _without_scheme(url)
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError:
-        raise PiShipError(CONFIG_INVALID, "Endpoint URL is not a valid URL") from None
+        raise ConfigInvalid("Endpoint URL is not a valid URL") from None
     if parts.username is not None or parts.password is not None:
-        raise PiShipError(CONFIG_INVALID, "Endpoint URLs must not embed credentials")
+        raise ConfigInvalid("Endpoint URLs must not embed credentials")
     scheme = parts.scheme.lower()
     host = parts.hostname or ""
     shown = f"[{host}]" if ":" in host else host
     if port is not None and port != _DEFAULT_PORTS.get(scheme):
         shown = f"{shown}:{port}"
     if scheme != "https" and not (scheme == "http" and is_loopback(host)):
-        raise PiShipError(
-            NETWORK_DENIED,
+        raise NetworkDenied(
             f"Refusing non-HTTPS endpoint {scheme}://{shown}; "
             "plain HTTP is only allowed for loopback test fixtures",
         )
     if not host:
-        raise PiShipError(CONFIG_INVALID, "Endpoint URL has no host")
+        raise ConfigInvalid("Endpoint URL has no host")
     return shown, f"{scheme}://{parts.netloc.lower()}"
 
 
@@ -84,11 +87,10 @@ def _without_scheme(url: str) -> PiShipError:
     """``localhost:3000`` typed for ``http://localhost:3000``: say what to write."""
     typed = url.strip()
     if not typed:
-        return PiShipError(CONFIG_INVALID, "Endpoint URL is empty")
+        return ConfigInvalid("Endpoint URL is empty")
     if "@" in typed or len(typed) > 200:
         # What precedes an "@" may be a password: never echo it.
-        return PiShipError(
-            CONFIG_INVALID,
+        return ConfigInvalid(
             "Endpoint URL has no scheme",
             user_action="Write the endpoint as https://HOST[:PORT] (or http:// for a service"
             " on this machine), without credentials",
@@ -102,8 +104,7 @@ def _without_scheme(url: str) -> PiShipError:
         if local
         else f"Write https://{typed} (plain http:// is only allowed to this machine)"
     )
-    return PiShipError(
-        CONFIG_INVALID,
+    return ConfigInvalid(
         f"Endpoint URL {typed!r} has no scheme: write http:// or https:// in front",
         user_action=action,
     )

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import requests
 import urllib3.exceptions
 
-from piship_remote.model.errors import GATEWAY_UNREACHABLE, PiShipError
+from piship_remote.model.errors import GatewayUnreachable
 
 __all__ = ["NETWORK_ERRORS", "TransportError", "failure_code", "timed_out"]
 
@@ -37,7 +37,7 @@ _GAI_NAMES = {
 }
 
 
-class TransportError(PiShipError):
+class TransportError(GatewayUnreachable):
     """A request that failed below HTTP: refused, reset, dropped, or past its deadline.
 
     Code ``GATEWAY_UNREACHABLE``, retryable. ``request_sent`` is ``False`` only when the
@@ -52,7 +52,7 @@ class TransportError(PiShipError):
     request_sent: bool
 
     def __init__(self, message: str, *, request_sent: bool, component: str) -> None:
-        super().__init__(GATEWAY_UNREACHABLE, message, retryable=True, component=component)
+        super().__init__(message, retryable=True, component=component)
         self.request_sent = request_sent
 
 

@@ -26,7 +26,6 @@ text) when the request fails below HTTP or passes ``timeout``.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from piship_remote.transport.deadline import Deadline
 
-__all__ = ["HttpClient", "HttpReply", "takes_keyword"]
+__all__ = ["HttpClient", "HttpReply"]
 
 
 class HttpReply(Protocol):
@@ -100,28 +99,13 @@ class HttpClient(Protocol):
 
         ``timeout`` bounds the whole exchange (connect, headers and, unless ``stream``,
         the body); ``None``: no deadline. ``deadline``, when given, is that bound
-        instead (the caller's own, handed down as it is); a client written before it
-        existed is never passed one (see :func:`takes_keyword`). ``data`` given as an
-        iterable of chunks is
-        streamed with chunked transfer encoding, never held whole. ``idle_timeout``
-        bounds the silence between a stream's body bytes. ``cancel`` set before or
-        during the call raises ``CommandCancelled``.
+        instead (the caller's own, handed down as it is). ``data`` given as an
+        iterable of chunks is streamed with chunked transfer encoding, never held
+        whole. ``idle_timeout`` bounds the silence between a stream's body bytes.
+        ``cancel`` set before or during the call raises ``CommandCancelled``.
         """
         ...
 
     def close(self) -> None:
         """Release the client's connections."""
         ...
-
-
-def takes_keyword(function: object, name: str) -> bool:
-    """Whether ``function`` accepts the keyword argument ``name`` (or any keyword).
-
-    A client or instance written before a keyword was added to its protocol is
-    called without it.
-    """
-    try:
-        parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -84,7 +84,12 @@ class EnvelopeReader:
         self._buffer = bytearray()
 
     def push(self, data: bytes | memoryview) -> list[Frame]:
-        """Add ``data``; the frames it completed, in order (none while one is partial)."""
+        """Add ``data``; the frames it completed, in order (none while one is partial).
+
+        Raises:
+            ValueError: a frame over ``max_frame_bytes`` (``oversized``), a compressed frame, or a
+                payload that is not JSON.
+        """
         return [Frame.parse(flags, payload) for flags, payload in self.payloads(data)]
 
     def payloads(self, data: bytes | memoryview) -> list[tuple[int, bytes | memoryview]]:

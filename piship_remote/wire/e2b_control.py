@@ -105,6 +105,9 @@ class SandboxDetail:
     state: str
     metadata: dict[str, str] = attrs.field(factory=dict)
     domain: str | None = None
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    """As set at create or by the last network update (``allowOut``, ``denyOut``…)."""
 
 
 @attrs.frozen
@@ -224,6 +227,7 @@ CONTROL_NAMES: Mapping[type, Mapping[str, str]] = {
         "cpu_count": "cpuCount",
         "memory_mb": "memoryMB",
         "disk_size_mb": "diskSizeMB",
+        "allow_internet_access": "allowInternetAccess",
     },
     ListedSandbox: {
         "sandbox_id": "sandboxID",

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from piship_remote.sandbox._worker import Worker
+from piship_remote.workspace._worker import Worker
 
 __all__ = ["PIPE_CHUNKS", "ChunkPipe", "ChunkSink", "PipeAborted", "ReaderGone"]
 

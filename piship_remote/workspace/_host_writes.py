@@ -17,7 +17,11 @@ import errno
 import os
 from collections.abc import Callable
 
-from piship_remote.model.errors import CONFIG_INVALID, FILE_WRITE_FAILED, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    FileWriteFailed,
+    PiShipError,
+)
 
 __all__ = [
     "SpaceReserve",
@@ -55,8 +59,7 @@ def host_write_error(
     this host; ``detail`` says what the transfer left."""
     code = error.errno or 0
     cause = _CAUSES.get(code) or error.strerror or str(error)
-    return PiShipError(
-        FILE_WRITE_FAILED,
+    return FileWriteFailed(
         f"{verb} {path} on this host failed: {cause}{detail}",
         user_action=_ACTIONS.get(code, "choose another place on this host"),
         component="files",
@@ -95,8 +98,7 @@ class SpaceReserve:
             except OSError as e:
                 raise host_write_error(target, e) from None
             if size > self._left:
-                raise PiShipError(
-                    FILE_WRITE_FAILED,
+                raise FileWriteFailed(
                     f"writing {target} on this host would leave less than {self._reserve} "
                     "bytes free on its filesystem (the min_free_bytes reserve); nothing was "
                     "written",
@@ -123,8 +125,7 @@ def bounded_writer(
         nonlocal written
         written += len(chunk)
         if written > limit:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{source} in the sandbox is larger than {limit} bytes (the max_bytes limit);"
                 " nothing was written",
                 user_action="raise the limit: files.limits = TransferLimits(max_bytes=…)",

@@ -7,7 +7,7 @@ and what workspace sync is made of; not part of the public ``Sandbox.files``::
     with archives.calls.begin(timeout, cancel) as call:
         archives.upload_walk(TreeWalk(source), "/home/user/src", call)
 
-Every method takes the :class:`~piship_remote.sandbox._file_calls.FileCall` of the
+Every method takes the :class:`~piship_remote.workspace._file_calls.FileCall` of the
 operation it is part of: its requests and helper commands carry the call's token and
 deadline, so a timeout, a cancel or dispose stops them all.
 """
@@ -21,21 +21,22 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from piship_remote.backends._file_protocol import ChunkSink, RemoteFiles
+from piship_remote.backends._sandbox_commands import STAGING_PREFIX, unpack_command
+from piship_remote.backends.base import ChunkSink, RemoteFiles
 from piship_remote.model.errors import (
     FILE_WRITE_FAILED,
     SANDBOX_UNAVAILABLE,
     CommandCancelled,
     PiShipError,
+    error_for,
 )
 from piship_remote.model.transfer import TransferLimits, TransferSummary
-from piship_remote.sandbox._file_calls import FileCall, FileCalls
-from piship_remote.sandbox._worker import Worker
 from piship_remote.transport.deadline import Deadline
 from piship_remote.workspace._archive import StreamedArchives
-from piship_remote.workspace._sandbox_commands import STAGING_PREFIX, unpack_command
+from piship_remote.workspace._file_calls import FileCall, FileCalls
 from piship_remote.workspace._tree import TreeEntry, inside
 from piship_remote.workspace._unpack import Exclude, unpack_streamed
+from piship_remote.workspace._worker import Worker
 
 __all__ = [
     "CLEANUP_TIMEOUT",
@@ -193,7 +194,7 @@ class RemoteArchives:
         status, output = self._run(command, call)
         if status != 0:
             detail = " ".join(output.split())[-300:]
-            raise PiShipError(
+            raise error_for(
                 code,
                 f"{what} in the sandbox failed (exit {status}): {detail}",
                 user_action="check that the sandbox image has tar, the place is writable and"

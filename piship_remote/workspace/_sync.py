@@ -22,7 +22,7 @@ listed as ``"secret file"``/``"secret folder"``) unless ``send_secrets`` names t
 exactly; one whose name it cannot (not UTF-8) is kept and listed as ``"name not exact"``.
 
 Both take ``timeout`` and ``cancel`` and are stopped by dispose, as every file operation
-is (:class:`~piship_remote.sandbox._file_calls.FileCalls`).
+is (:class:`~piship_remote.workspace._file_calls.FileCalls`).
 """
 
 from __future__ import annotations
@@ -35,18 +35,21 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
-from piship_remote.model.transfer import SkippedPath, TransferSummary
-from piship_remote.sandbox._file_calls import FileCall
-from piship_remote.workspace._host_writes import host_write_error
-from piship_remote.workspace._remote_archives import RemoteArchives
-from piship_remote.workspace._sandbox_commands import (
+from piship_remote.backends._sandbox_commands import (
     LISTING_END,
     STAGING_PREFIX,
     list_files_command,
     pack_changed_command,
     stamp_command,
 )
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    SandboxUnavailable,
+)
+from piship_remote.model.transfer import SkippedPath, TransferSummary
+from piship_remote.workspace._file_calls import FileCall
+from piship_remote.workspace._host_writes import host_write_error
+from piship_remote.workspace._remote_archives import RemoteArchives
 from piship_remote.workspace._tree import IgnoreRules, TreeEntry, TreeWalk, inside
 from piship_remote.workspace._unpack import Exclude
 
@@ -224,8 +227,7 @@ class WorkspaceSync:
         )
         names, _, end = listing.rpartition("\0")
         if end != LISTING_END:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 "listing the working directory in the sandbox gave a cut answer; nothing was"
                 " deleted on this host",
                 user_action="pull without delete=True",
@@ -241,8 +243,7 @@ class WorkspaceSync:
     def _host_path(self, path: str | os.PathLike[str]) -> str:
         absolute = os.path.realpath(os.path.join(self._root, path))
         if not inside(absolute, self._root):
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{os.fspath(path)} is outside the workspace {self._root}",
                 user_action="push paths inside the workspace only",
                 component="files",

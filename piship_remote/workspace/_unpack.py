@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Protocol, cast
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid, PiShipError
 from piship_remote.model.transfer import SkippedPath, TransferLimits, TransferSummary
 from piship_remote.workspace._chunk_pipe import ChunkPipe, ChunkSink, ReaderGone
 from piship_remote.workspace._host_writes import SpaceReserve, host_write_error
@@ -89,8 +89,8 @@ def unpack_tar(
         return unpacker.apply()
     except tarfile.TarError as e:
         unpacker.roll_back()
-        raise PiShipError(
-            CONFIG_INVALID, f"the archive from the sandbox is malformed: {e}", component="files"
+        raise ConfigInvalid(
+            f"the archive from the sandbox is malformed: {e}", component="files"
         ) from None
     except BaseException:
         unpacker.roll_back()
@@ -145,8 +145,7 @@ def limit_error(what: str, limit: str | None = None) -> PiShipError:
     else:
         named = f" (the {limit} limit)"
         action = f"pull fewer paths, or raise it: files.limits = TransferLimits({limit}=…)"
-    return PiShipError(
-        CONFIG_INVALID,
+    return ConfigInvalid(
         f"the archive from the sandbox has {what}{named}; nothing was unpacked",
         user_action=action,
         component="files",
@@ -318,8 +317,7 @@ class _Unpacker:
     def _target(self, member: tarfile.TarInfo) -> tuple[str | None, str | None]:
         name = member.name
         if "\0" in name:  # a pax name may hold one; no path can
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 "the archive from the sandbox is malformed: an entry's name holds a NUL byte",
                 component="files",
             )
@@ -385,4 +383,3 @@ def _remove_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-

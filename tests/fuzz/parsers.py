@@ -29,11 +29,11 @@ from piship_remote.backends._common import SandboxErrors
 from piship_remote.backends._credential import Credential
 from piship_remote.backends.e2b import _control as e2b_control
 from piship_remote.backends.e2b._stream import StreamOutcome
-from piship_remote.backends.kubernetes import _claim_reading as claim_reading
+from piship_remote.backends.kubernetes import _claims_api as claim_reading
 from piship_remote.backends.kubernetes import _http as kubernetes_http
 from piship_remote.backends.kubernetes._router import Router
 from piship_remote.backends.kubernetes.claims import ClaimGone
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import CONFIG_INVALID, PiShipError, SandboxUnavailable
 from piship_remote.model.redact import Redactor
 from piship_remote.transport import Transport
 from piship_remote.wire.connect import EnvelopeReader, Frame
@@ -115,7 +115,7 @@ def _step(action: Any) -> bool | PiShipError:
     except PiShipError as error:
         return _typed(error)
     except ValueError:  # Frame.parse on the plain path; handle_payload maps it
-        return PiShipError("SANDBOX_UNAVAILABLE", "not JSON")
+        return SandboxUnavailable("not JSON")  # what handle_payload raises for it
     assert isinstance(done, bool)
     return done
 

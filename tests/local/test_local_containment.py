@@ -57,3 +57,24 @@ def test_network_allow_is_refused_with_what_to_install(monkeypatch: pytest.Monke
 
     assert summary.network == (containment_module.NETWORK_DENY,)
     assert "network allow is refused: install slirp4netns" in summary.warnings
+
+
+def test_egress_rules_are_said_to_hold_where_nft_can_load_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(containment_module, "egress_problem", lambda: None)
+    monkeypatch.setattr(containment_module, "rules_problem", lambda: None)
+
+    summary = containment(Limits(), ENFORCED)
+
+    assert containment_module.NETWORK_RULES in summary.network
+
+
+def test_egress_rules_are_said_to_be_refused_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(containment_module, "egress_problem", lambda: None)
+    monkeypatch.setattr(containment_module, "rules_problem", lambda: "install nftables")
+
+    summary = containment(Limits(), ENFORCED)
+
+    assert containment_module.NETWORK_RULES not in summary.network
+    assert "egress rules (allowOut/denyOut) are refused: install nftables" in summary.warnings

@@ -13,6 +13,7 @@ from piship_remote import PiShipError
 from piship_remote.pool._supply import SandboxSupply
 from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.sandbox.activation import Sandbox
+from piship_remote.transport.deadline import Deadline
 from tests.support.pool import settled
 
 pytestmark = pytest.mark.timeout(30)
@@ -59,6 +60,6 @@ def test_close_deletes_the_sandbox_of_a_task_create_still_in_flight() -> None:
 
 def _outcome(supply: SandboxSupply) -> object:
     try:
-        return supply.take(None, None)
+        return supply.take(Deadline.never(), None)
     except PiShipError as error:
         return error

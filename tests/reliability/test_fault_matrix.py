@@ -56,21 +56,21 @@ from reliability_support import (
 )
 
 import piship_remote.backends.e2b._control as e2b_control
-import piship_remote.backends.e2b._envd as e2b_envd
 import piship_remote.backends.e2b._files as e2b_files
+import piship_remote.backends.e2b._instance as e2b_envd
 import piship_remote.backends.kubernetes._claims_api as k8s_claims
 import piship_remote.backends.kubernetes._files as k8s_files
 import piship_remote.backends.kubernetes._http as k8s_http
+from piship_remote.backends._sandbox_commands import working_directory_command
 from piship_remote.backends.base import Backend
 from piship_remote.backends.e2b.backend import E2bCompatibleBackend
-from piship_remote.backends.kubernetes._claim_timing import (
+from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
+from piship_remote.backends.kubernetes.claims import (
     DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW,
 )
-from piship_remote.backends.kubernetes.backend import KubernetesAgentSandboxBackend
 from piship_remote.model.errors import CommandTimeout, PiShipError
 from piship_remote.sandbox.activation import Sandbox, activate_sandbox
 from piship_remote.testing import Cluster, E2bServer, KubernetesServer, RecordingServer
-from piship_remote.workspace._sandbox_commands import working_directory_command
 
 pytestmark = pytest.mark.timeout(30)
 

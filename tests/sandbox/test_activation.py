@@ -17,6 +17,7 @@ from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.redact import Redactor
 from piship_remote.model.report import Capabilities, describe_containment
 from piship_remote.sandbox.activation import Sandbox, activate_sandbox
+from piship_remote.transport.deadline import Deadline
 
 ENV = {
     "PATH": "/opt/host/bin",
@@ -46,6 +47,9 @@ def answers_check(request: ExecRequest, out: Callable[[bytes], None]) -> Backend
 
 
 class FakeInstance:
+    cancels_promptly = False
+    controls_commands = False
+
     def __init__(self, backend: FakeBackend) -> None:
         self.backend = backend
         self.disposed = 0
@@ -57,6 +61,7 @@ class FakeInstance:
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        deadline: Deadline | None = None,
     ) -> BackendResult:
         assert on_stdout is not None and cancel is not None
         self.backend.log.append("exec")

@@ -22,6 +22,9 @@ pytestmark = pytest.mark.timeout(30)
 class _RefusingCommands:
     """An attached instance whose every command fails (the readiness check included)."""
 
+    cancels_promptly = False
+    controls_commands = False
+
     def __init__(self, inner: E2bInstance) -> None:
         self._inner = inner
 

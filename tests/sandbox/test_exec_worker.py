@@ -23,6 +23,7 @@ from piship_remote.model.redact import Redactor
 from piship_remote.model.report import Capabilities
 from piship_remote.sandbox._exec_workers import Aborted, Channel, Output, Raised, Returned
 from piship_remote.sandbox.activation import CHANNEL_BYTES, Sandbox, activate_sandbox
+from piship_remote.transport.deadline import Deadline
 
 POLICY = {"required": True, "network": {"mode": "deny"}, "environment": {"allow": ["LANG"]}}
 CHUNK = 64 * 1024
@@ -36,6 +37,9 @@ def succeed(emit: Emit, cancel: threading.Event) -> BackendResult:
 
 
 class ScriptedInstance:
+    cancels_promptly = False
+    controls_commands = False
+
     """Runs ``backend.script`` for every command but ``true`` and the readiness check."""
 
     def __init__(self, backend: ScriptedBackend) -> None:
@@ -49,6 +53,7 @@ class ScriptedInstance:
         on_stdout: Callable[[bytes], None] | None = None,
         on_stderr: Callable[[bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        deadline: Deadline | None = None,
     ) -> BackendResult:
         assert on_stdout is not None and on_stderr is not None and cancel is not None
         if "piship-sandbox-ready" in request.command:

@@ -151,7 +151,7 @@ def test_the_router_is_told_what_is_left_of_the_deadline(
     deadline = Deadline.after(10, clock=clock)
     clock.now += 7.5  # 2.5 s left when the command goes out
     mock = kubernetes_server()
-    backend_on(mock).exec(exec_request("true", timeout=600), deadline=deadline)
+    backend_on(mock).exec(exec_request("true"), deadline=deadline)
     assert mock.find("POST", "/execute")[-1].headers["x-sandbox-timeout"] == "8"
 
 

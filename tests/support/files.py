@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from piship_remote.backends._file_protocol import RemoteFiles
+from piship_remote.backends.base import RemoteFiles
 from piship_remote.model.errors import FILE_NOT_FOUND, CommandCancelled, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.sandbox.files import SandboxFiles

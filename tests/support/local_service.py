@@ -91,6 +91,7 @@ class Client:
     def create(self, **body: Any) -> dict[str, Any]:
         body.setdefault("templateID", "base")
         body.setdefault("timeout", 300)
+        body.setdefault("allow_internet_access", False)  # as our own client sends it
         response = self.control("POST", "/sandboxes", json=body)
         assert response.status_code == 201, response.text
         answer: dict[str, Any] = response.json()

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from piship_remote import activate_sandbox
+from piship_remote.backends import _sandbox_commands as commands
 from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 from piship_remote.testing import E2bServer, KubernetesServer
 from piship_remote.testing.e2b_files import MemoryTree
 from piship_remote.testing.sandbox_shell import Shell
-from piship_remote.workspace import _sandbox_commands as commands
 from tests.support.seed import kubernetes
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer
+from piship_remote.transport.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -481,10 +482,10 @@ def backend_on() -> Iterator[Callable[[KubernetesServer], Any]]:
         instance.dispose()
 
 
-def exec_request(command: str, timeout: float | None = None) -> Any:
+def exec_request(command: str) -> Any:
     from piship_remote.backends.base import ExecRequest
 
-    return ExecRequest(command, "/ws", ".", {}, timeout=timeout)
+    return ExecRequest(command, "/ws", ".", {})
 
 
 def test_our_backend_says_a_command_the_runtime_timed_out_ran(
@@ -513,7 +514,7 @@ def test_our_backend_sends_x_sandbox_timeout_when_a_timeout_is_set(
     kubernetes_server: Factory, backend_on: Callable[[KubernetesServer], Any]
 ) -> None:
     mock = kubernetes_server()
-    backend_on(mock).exec(exec_request("true", timeout=5.0))
+    backend_on(mock).exec(exec_request("true"), deadline=Deadline.after(5.0))
     assert "x-sandbox-timeout" in mock.find("POST", "/execute")[-1].headers
 
 
@@ -558,5 +559,5 @@ def test_our_backend_gives_the_router_a_timeout_a_little_past_the_commands(
     instance = backend_on(mock)
     instance.exec(exec_request("true"))
     assert "x-sandbox-timeout" not in mock.find("POST", "/execute")[-1].headers
-    instance.exec(exec_request("true", timeout=2.5))
+    instance.exec(exec_request("true"), deadline=Deadline.after(2.5, clock=lambda: 0.0))
     assert mock.find("POST", "/execute")[-1].headers["x-sandbox-timeout"] == "8"

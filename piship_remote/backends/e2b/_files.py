@@ -20,17 +20,12 @@ from typing import Any
 import attrs
 
 from piship_remote.backends._common import CountedChunks
-from piship_remote.backends._file_protocol import (
-    ChunkSink,
-    SizedChunks,
-    request_timeout,
-    write_failed,
-)
-from piship_remote.model.errors import FILE_NOT_FOUND, PiShipError
+from piship_remote.backends._file_protocol import SizedChunks, request_timeout, write_failed
+from piship_remote.backends.base import ChunkSink
+from piship_remote.model.errors import FileNotFound, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpClient, HttpReply
 from piship_remote.transport.deadline import Deadline
-from piship_remote.transport.protocol import takes_keyword
 
 __all__ = ["FILE_TIMEOUT", "EnvdFiles"]
 
@@ -62,7 +57,6 @@ class EnvdFiles:
         errors: ErrorFactory,
     ) -> None:
         self._transport = transport
-        self._deadlines = takes_keyword(transport.request, "deadline")
         self._base = base
         self._headers = dict(headers)
         self._user = user
@@ -176,9 +170,8 @@ class EnvdFiles:
         return total
 
     def _whole(self, deadline: Deadline | None) -> dict[str, Any]:
-        """A transfer's bound: the operation's own deadline, handed down as it is (a
-        client that takes none gets the seconds left of it)."""
-        if deadline is not None and deadline.bounded and self._deadlines:
+        """A transfer's bound: the operation's own deadline, handed down as it is."""
+        if deadline is not None and deadline.bounded:
             return {"deadline": deadline}
         return {"timeout": request_timeout(None, deadline)}
 
@@ -284,9 +277,7 @@ class _Exact(CountedChunks):
 
 
 def _not_found(path: str) -> PiShipError:
-    return PiShipError(
-        FILE_NOT_FOUND, f"no file or directory at {path} in the sandbox", component="files"
-    )
+    return FileNotFound(f"no file or directory at {path} in the sandbox", component="files")
 
 
 def _connect_error(response: HttpReply) -> tuple[str, str]:

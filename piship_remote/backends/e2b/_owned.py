@@ -23,7 +23,10 @@ from piship_remote.backends.e2b._control import (
     ControlPlane,
     Created,
 )
-from piship_remote.model.errors import CONFIG_INVALID, SANDBOX_UNAVAILABLE, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    SandboxUnavailable,
+)
 from piship_remote.transport import TransportError
 
 __all__ = ["OWNED_QUERY", "connect", "list_owned"]
@@ -50,38 +53,33 @@ def connect(control: ControlPlane, sandbox_id: str) -> Created:
             body=_Connect(control.lifetime),
         )
     except TransportError as error:
-        raise PiShipError(
-            SANDBOX_UNAVAILABLE,
+        raise SandboxUnavailable(
             f"attaching to sandbox {sandbox_id} failed: {error.message}",
             retryable=True,
             component="sandbox",
         ) from None
     with response:
         if response.status == 404:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"sandbox {sandbox_id} does not exist any more (deleted or expired); "
                 "activate a new one",
                 component="sandbox",
             )
         if not is_success(response.status):
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"attaching to sandbox {sandbox_id} failed: {response.failure()}",
                 component="sandbox",
             )
         try:
             answer = response.json_object(MAX_CONTROL_RESPONSE)
         except (ValueError, TransportError) as e:
-            raise PiShipError(
-                SANDBOX_UNAVAILABLE,
+            raise SandboxUnavailable(
                 f"attaching to sandbox {sandbox_id} failed: the answer was invalid: {e}",
                 component="sandbox",
             ) from None
     created = control.sandbox_of(answer, delete_on_failure=False)
     if created.sandbox_id != sandbox_id:
-        raise PiShipError(
-            SANDBOX_UNAVAILABLE,
+        raise SandboxUnavailable(
             f"attaching to sandbox {sandbox_id} failed: the service answered for another sandbox",
             component="sandbox",
         )
@@ -98,8 +96,7 @@ def list_owned(control: ControlPlane) -> list[OwnedSandbox]:
             query += "&nextToken=" + urllib.parse.quote(token, safe="")
         with control.request("GET", f"/v2/sandboxes?{query}", repeatable=True) as response:
             if not is_success(response.status):
-                raise PiShipError(
-                    SANDBOX_UNAVAILABLE,
+                raise SandboxUnavailable(
                     f"listing the sandboxes failed: {response.failure()}",
                     component="sandbox",
                 )
@@ -116,7 +113,7 @@ def list_owned(control: ControlPlane) -> list[OwnedSandbox]:
 def check_id(sandbox_id: str) -> None:
     """``sandbox_id`` is an E2B sandbox id (it becomes part of a URL)."""
     if not isinstance(sandbox_id, str) or not _ID.match(sandbox_id):
-        raise PiShipError(CONFIG_INVALID, f"not an E2B sandbox id: {sandbox_id!r}")
+        raise ConfigInvalid(f"not an E2B sandbox id: {sandbox_id!r}")
 
 
 def _ours(item: object) -> bool:

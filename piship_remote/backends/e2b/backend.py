@@ -4,7 +4,7 @@ A REST control plane (E2B, CubeSandbox, ...) creates the sandbox
 (``POST /sandboxes``), renews its lifetime before every command and deletes it
 at the end (:mod:`~piship_remote.backends.e2b._control`); each command is one
 Connect server stream (``POST /process.Process/Start``) from the sandbox's
-``envd`` daemon (:mod:`~piship_remote.backends.e2b._envd`), run by the instance
+``envd`` daemon (:mod:`~piship_remote.backends.e2b._instance`), run by the instance
 (:mod:`~piship_remote.backends.e2b._instance`) and decoded by
 :mod:`~piship_remote.backends.e2b._stream`::
 
@@ -48,13 +48,13 @@ from piship_remote.backends.e2b._control import (
     idempotency_key,
     wire_lifetime,
 )
-from piship_remote.backends.e2b._envd import (
+from piship_remote.backends.e2b._files import EnvdFiles
+from piship_remote.backends.e2b._instance import (
     ENVD_PORT,
     KEEPALIVE_INTERVAL,
+    E2bInstance,
     Envd,
 )
-from piship_remote.backends.e2b._files import EnvdFiles
-from piship_remote.backends.e2b._instance import E2bInstance
 from piship_remote.backends.e2b._lease import SandboxLease
 from piship_remote.backends.e2b._owned import check_id, connect, list_owned
 from piship_remote.backends.lifetime import Anchor, ClaimClock, keepalive_interval
@@ -103,6 +103,11 @@ class E2bCompatibleBackend:
     quarter lifetime, so a short ``lifetime_seconds`` is safe; a sandbox past the end
     last committed (by the wall clock or the monotonic clock, ``now`` and ``monotonic``,
     whichever advanced more) is never renewed again.
+
+    Raises (on construction):
+        NetworkDenied: plain HTTP to an endpoint that is not on loopback.
+        TlsPolicyViolation: a ``session`` with TLS verification turned off.
+        ConfigInvalid: an option or the endpoint is wrong; the message names it.
     """
 
     id = BACKEND_ID
@@ -196,6 +201,12 @@ class E2bCompatibleBackend:
         again with the same key only with ``idempotent_creates`` (the service answers
         the sandbox the key made), else the error says a sandbox may exist: a lost
         answer never leaves a second sandbox behind.
+
+        Raises:
+            SandboxUnavailable: the service refused or failed the create (retryable when nothing was
+                created).
+            CredentialRequired: the service needs a credential and none was given.
+            GatewayUnreachable: the service could not be reached.
         """
         if self._open.closed.is_set():
             raise self._control.closed_error()
@@ -225,7 +236,12 @@ class E2bCompatibleBackend:
         raise self._control.closed_error()
 
     def attach(self, sandbox_id: str) -> E2bInstance:
-        """An instance for the existing sandbox ``sandbox_id`` (``connect``: a fresh envd token)."""
+        """An instance for the existing sandbox ``sandbox_id`` (``connect``: a fresh envd token).
+
+        Raises:
+            SandboxUnavailable: the service no longer knows the sandbox, or refused the connect.
+            GatewayUnreachable: the service could not be reached.
+        """
         if self._open.closed.is_set():
             raise self._control.closed_error()
         read = self._clock.anchor()

@@ -14,50 +14,295 @@ A claim takes a sandbox from a warm pool, with a bounded
 
 A claim being deleted, or Ready=False for a reason after which it never becomes
 ready, is :class:`~piship_remote.backends.kubernetes.claims.ClaimGone`.
+
+What the answers say is read leniently (a cluster may lag the schema)::
+
+    ready = ready_condition(claim)            # the Ready condition, or {}
+    name = sandbox_name(claim, fallback)      # status.sandbox.name, else the claim's
+    facts = sandbox_facts(sandbox)            # pod IP, UID, serviceFQDN, nodeName, pod,
+                                              # the sandboxd addresses its template announces
+
+What a claim may ask of its sandbox beyond the warm pool (env through the environment
+filter, pod labels and annotations, volume claim templates, how long a finished claim
+is kept) is a :class:`ClaimOptions`, put into each claim's ``spec``::
+
+    spec = ClaimOptions(env={"MODE": "ci"}).screened(profile, redactor).spec_fields()
 """
 
 from __future__ import annotations
 
 import builtins
 import copy
+import ipaddress
+import re
 import secrets
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from piship_remote.backends._common import is_success
-from piship_remote.backends._owned import CREATOR, OwnedSandbox, parse_timestamp
-from piship_remote.backends.kubernetes._claim_options import ClaimOptions
-from piship_remote.backends.kubernetes._claim_reading import (
-    CREATED_BY_LABEL,
-    RESOURCE_NAME,
-    TERMINAL_REASONS,
-    SandboxFacts,
-    condition_text,
-    mapping,
-    ours,
-    owned,
-    pod_ip,
-    raise_if_finished,
-    ready_condition,
-    sandbox_facts,
-    sandbox_name,
-)
-from piship_remote.backends.kubernetes._claim_timing import Sighting
+import attrs
+
+from piship_remote.backends._common import DETAIL_LIMIT, is_success
+from piship_remote.backends._owned import CREATED_BY, CREATOR, OwnedSandbox, parse_timestamp
 from piship_remote.backends.kubernetes._http import ClusterHttp, transient
-from piship_remote.backends.kubernetes.claims import Claim, ClaimGone
+from piship_remote.backends.kubernetes.claims import Claim, ClaimGone, Sighting
 from piship_remote.backends.lifetime import MICROS, Anchor, rfc3339
+from piship_remote.model.environment import screen_environment
 from piship_remote.model.errors import (
     CONFIG_INVALID,
     GATEWAY_UNREACHABLE,
     CommandCancelled,
     PiShipError,
 )
+from piship_remote.model.policy import SandboxProfile
+from piship_remote.model.redact import Redactor
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.wire.agent_sandbox import CLAIMS, SANDBOXES
 
-__all__ = ["API_VERSION", "CREATED_BY_LABEL", "RESOURCE_NAME", "ClaimsApi"]
+__all__ = [
+    "API_VERSION",
+    "CREATED_BY_LABEL",
+    "RESOURCE_NAME",
+    "TERMINAL_REASONS",
+    "ClaimOptions",
+    "ClaimsApi",
+    "SandboxFacts",
+    "condition_text",
+    "mapping",
+    "ours",
+    "owned",
+    "pod_ip",
+    "raise_if_finished",
+    "ready_condition",
+    "sandbox_facts",
+    "sandbox_name",
+]
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+
+
+def _strings(value: Mapping[str, str] | None) -> dict[str, str]:
+    mapping = dict(value or {})
+    for key, item in mapping.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise ValueError("claim env, pod labels and pod annotations map text to text")
+    return mapping
+
+
+def _templates(value: Sequence[Mapping[str, Any]] | None) -> tuple[dict[str, Any], ...]:
+    templates = tuple(dict(item) for item in (value or ()))
+    for template in templates:
+        name = template.get("metadata", {}).get("name") if isinstance(template, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError("each volume claim template needs metadata.name")
+    return templates
+
+
+def _ttl(value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError("ttl_seconds_after_finished must be a whole number of seconds, >= 0")
+    return value
+
+
+@attrs.frozen
+class ClaimOptions:
+    """The claim's own options; empty ones add nothing to the manifest."""
+
+    env: dict[str, str] = attrs.field(factory=dict, converter=_strings)
+    pod_labels: dict[str, str] = attrs.field(factory=dict, converter=_strings)
+    pod_annotations: dict[str, str] = attrs.field(factory=dict, converter=_strings)
+    volume_claim_templates: tuple[dict[str, Any], ...] = attrs.field(
+        default=(), converter=_templates
+    )
+    ttl_seconds_after_finished: int | None = attrs.field(default=None, converter=_ttl)
+
+    def screened(self, profile: SandboxProfile | None, secrets: Redactor) -> ClaimOptions:
+        """These options with ``env`` through the policy's environment filter
+        (no profile: nothing passes)."""
+        allow = profile.environment_allow if profile is not None else ()
+        env = screen_environment(allow, self.env, secrets=secrets).env
+        return attrs.evolve(self, env={k: v for k, v in env.items() if _ENV_NAME.match(k)})
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The claim ``spec`` fields these options set (``lifecycle`` to merge in)."""
+        spec: dict[str, Any] = {}
+        if self.env:
+            spec["env"] = [{"name": name, "value": value} for name, value in self.env.items()]
+        metadata: dict[str, Any] = {}
+        if self.pod_labels:
+            metadata["labels"] = dict(self.pod_labels)
+        if self.pod_annotations:
+            metadata["annotations"] = dict(self.pod_annotations)
+        if metadata:
+            spec["additionalPodMetadata"] = metadata
+        if self.volume_claim_templates:
+            spec["volumeClaimTemplates"] = [dict(t) for t in self.volume_claim_templates]
+        if self.ttl_seconds_after_finished is not None:
+            spec["lifecycle"] = {"ttlSecondsAfterFinished": self.ttl_seconds_after_finished}
+        return spec
+
+    def apply(self, spec: dict[str, Any]) -> None:
+        """Add these options to a claim ``spec`` (its ``lifecycle`` merged, not replaced)."""
+        for key, value in self.spec_fields().items():
+            if key == "lifecycle":
+                spec.setdefault("lifecycle", {}).update(value)
+            else:
+                spec[key] = value
+
+
+RESOURCE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# Every claim this backend creates carries it; attach and sweep touch no other claim.
+CREATED_BY_LABEL = f"agents.x-k8s.io/{CREATED_BY}"
+# Ready=False reasons after which a claim never becomes ready (the official SDK's list).
+TERMINAL_REASONS = frozenset(
+    {
+        "InvalidMetadata",
+        "EnvVarsInjectionRejected",
+        "VolumeClaimTemplatesError",
+        "ClaimExpired",
+        "SandboxExpired",
+        "InvalidConfiguration",
+        "PodFailed",
+        "PodSucceeded",
+    }
+)
+
+
+@attrs.frozen
+class SandboxFacts:
+    """What a Sandbox's own object says about it (each ``None`` when not said)."""
+
+    pod_ip: str | None = None
+    uid: str | None = None
+    service_fqdn: str | None = None
+    node_name: str | None = None
+    pod_name: str | None = None
+    sandboxd_grpc: str | None = None
+    """``SANDBOXD_GRPC_ADDR`` on a container of its pod template: it runs sandboxd."""
+    sandboxd_rest: str | None = None
+    """``SANDBOXD_REST_ADDR`` beside it."""
+
+
+_POD_NAME = "agents.x-k8s.io/pod-name"
+
+
+def sandbox_facts(sandbox: Mapping[str, Any]) -> SandboxFacts:
+    """What the Sandbox object ``sandbox`` says (its pod IP: IPv4 preferred; its pod: the
+    ``agents.x-k8s.io/pod-name`` annotation, else the Sandbox's own name)."""
+    status = mapping(sandbox.get("status"))
+    metadata = mapping(sandbox.get("metadata"))
+    env = _template_env(sandbox)
+    return SandboxFacts(
+        _best_ip(status.get("podIPs")),
+        _text(metadata.get("uid")),
+        _text(status.get("serviceFQDN")),
+        _text(status.get("nodeName")),
+        _text(mapping(metadata.get("annotations")).get(_POD_NAME)) or _text(metadata.get("name")),
+        env.get("SANDBOXD_GRPC_ADDR"),
+        env.get("SANDBOXD_REST_ADDR"),
+    )
+
+
+def _template_env(sandbox: Mapping[str, Any]) -> dict[str, str]:
+    """The plain ``env`` values of every container of the Sandbox's pod template."""
+    spec = mapping(mapping(mapping(sandbox.get("spec")).get("podTemplate")).get("spec"))
+    containers = spec.get("containers")
+    found: dict[str, str] = {}
+    for container in containers if isinstance(containers, list) else []:
+        variables = mapping(container).get("env")
+        for variable in variables if isinstance(variables, list) else []:
+            name, value = mapping(variable).get("name"), mapping(variable).get("value")
+            if isinstance(name, str) and isinstance(value, str) and value:
+                found.setdefault(name, value)
+    return found
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def ours(claim: Mapping[str, Any]) -> bool:
+    labels = mapping(mapping(claim.get("metadata")).get("labels"))
+    return labels.get(CREATED_BY_LABEL) == CREATOR
+
+
+def owned(claim: Mapping[str, Any]) -> OwnedSandbox:
+    metadata = mapping(claim.get("metadata"))
+    lifecycle = mapping(mapping(claim.get("spec")).get("lifecycle"))
+    return OwnedSandbox(
+        id=str(metadata.get("name", "")),
+        created=parse_timestamp(metadata.get("creationTimestamp")) or 0.0,
+        backend="kubernetes-agent-sandbox",
+        expires=parse_timestamp(lifecycle.get("shutdownTime")),
+        labels={str(k): str(v) for k, v in mapping(metadata.get("labels")).items()},
+    )
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def ready_condition(claim: Mapping[str, Any]) -> dict[str, Any]:
+    conditions = mapping(claim.get("status")).get("conditions")
+    for condition in conditions if isinstance(conditions, list) else ():
+        if isinstance(condition, dict) and condition.get("type") == "Ready":
+            return condition
+    return {}
+
+
+def condition_text(condition: Mapping[str, Any]) -> str:
+    parts = [condition.get("reason"), condition.get("message")]
+    return ": ".join(p for p in parts if isinstance(p, str) and p)[:DETAIL_LIMIT]
+
+
+def raise_if_finished(claim: Mapping[str, Any]) -> None:
+    """A claim being deleted, or Ready=False for good (e.g. ``ClaimExpired``), is gone."""
+    if mapping(claim.get("metadata")).get("deletionTimestamp"):
+        raise ClaimGone("the SandboxClaim is being deleted")
+    ready = ready_condition(claim)
+    reason = ready.get("reason")
+    if ready.get("status") == "False" and isinstance(reason, str) and reason in TERMINAL_REASONS:
+        raise ClaimGone(f"the SandboxClaim failed: {reason}")
+
+
+def sandbox_name(claim: Mapping[str, Any], fallback: str) -> str:
+    """``status.sandbox.name`` (a warm-pool sandbox keeps the pool's name), else the claim's."""
+    sandbox = mapping(mapping(claim.get("status")).get("sandbox"))
+    annotations = mapping(mapping(claim.get("metadata")).get("annotations"))
+    for value in (
+        sandbox.get("name"),
+        sandbox.get("Name"),
+        annotations.get("agents.x-k8s.io/sandbox-name"),
+    ):
+        if isinstance(value, str) and RESOURCE_NAME.match(value):
+            return value
+    return fallback
+
+
+def pod_ip(claim: Mapping[str, Any]) -> str | None:
+    """The sandbox pod's address for ``X-Sandbox-Pod-IP`` (IPv4 preferred), if reported."""
+    return _best_ip(mapping(mapping(claim.get("status")).get("sandbox")).get("podIPs"))
+
+
+def _best_ip(ips: object) -> str | None:
+    """The first IPv4 address of a ``podIPs`` list (IPv4-mapped IPv6 unwrapped), else IPv6."""
+    addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for item in ips if isinstance(ips, list) else ():
+        given = item.get("ip") if isinstance(item, dict) else item
+        if not isinstance(given, str):
+            continue
+        try:
+            address = ipaddress.ip_address(given.strip())
+        except ValueError:
+            continue
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        addresses.append(address)
+    addresses.sort(key=lambda address: address.version)
+    return str(addresses[0]) if addresses else None
+
 
 API_VERSION = CLAIMS.api_version
 _AVAILABLE_TIMEOUT = 10.0

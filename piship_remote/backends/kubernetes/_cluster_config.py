@@ -28,7 +28,10 @@ from typing import Any
 import attrs
 import requests
 
-from piship_remote.model.errors import CONFIG_INVALID, TLS_POLICY_VIOLATION, PiShipError
+from piship_remote.model.errors import (
+    ConfigInvalid,
+    TlsPolicyViolation,
+)
 
 __all__ = [
     "SERVICE_ACCOUNT",
@@ -191,8 +194,7 @@ def from_kubeconfig(path: str | os.PathLike[str] | None, context: str | None) ->
         loader.load_and_set(configuration)
         chosen = loader.current_context
     except (config.ConfigException, OSError, ValueError, KeyError, TypeError) as error:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"the kubeconfig {where} cannot be used: {_reason(error)}",
             user_action="Check the file with 'kubectl config view', or pass another "
             "path or context",
@@ -221,8 +223,7 @@ def in_cluster(
     try:
         loader.load_and_set(configuration)
     except (incluster.ConfigException, OSError) as error:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"the pod's service account cannot be used: {_reason(error)}",
             user_action="Run inside a Kubernetes pod with a mounted service-account token, "
             "or use from_kubeconfig",
@@ -237,28 +238,25 @@ def _access(
     expiry: Callable[[], datetime.datetime | None] = lambda: None,
 ) -> ClusterAccess:
     if configuration.verify_ssl is False:
-        raise PiShipError(
-            TLS_POLICY_VIOLATION,
+        raise TlsPolicyViolation(
             "the kubeconfig turns TLS verification off (insecure-skip-tls-verify)",
             user_action="Give the cluster's CA (certificate-authority) instead",
         )
     if getattr(configuration, "tls_server_name", None):
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "the kubeconfig's tls-server-name is not supported",
             user_action="Point the server at a name its certificate carries",
         )
     token = configuration.api_key.get("BearerToken")
     if isinstance(token, str) and not token.lower().startswith(_BEARER):
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "the kubeconfig's user authenticates with a username and password, "
             "which Kubernetes no longer accepts",
             user_action="Use a client certificate, a token or an exec plugin",
         )
     host = str(configuration.host or "").rstrip("/")
     if not host:
-        raise PiShipError(CONFIG_INVALID, "the kubeconfig's cluster has no server")
+        raise ConfigInvalid("the kubeconfig's cluster has no server")
     return ClusterAccess(
         endpoint=host,
         namespace=namespace,
@@ -303,8 +301,7 @@ def _config_module() -> Any:
     try:
         import kubernetes.config  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except ImportError:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "reading a kubeconfig or the pod's service account needs the kubernetes package",
             user_action=_INSTALL,
         ) from None

@@ -26,21 +26,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from piship_remote.backends._common import CountedChunks, is_success
-from piship_remote.backends._file_protocol import ChunkSink, request_timeout, write_failed
-from piship_remote.backends.base import ExecRequest
-from piship_remote.backends.kubernetes._http import ClusterHttp
-from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer
-from piship_remote.backends.kubernetes.claims import ClaimUse
-from piship_remote.model.errors import (
-    CONFIG_INVALID,
-    FILE_NOT_FOUND,
-    CommandCancelled,
-    PiShipError,
-)
-from piship_remote.model.transfer import FileInfo
-from piship_remote.transport import HttpReply, TransportError
-from piship_remote.transport.deadline import Deadline
-from piship_remote.workspace._sandbox_commands import (
+from piship_remote.backends._file_protocol import request_timeout, write_failed
+from piship_remote.backends._sandbox_commands import (
     STAGING_PREFIX,
     copy_out_command,
     list_dir_command,
@@ -50,6 +37,19 @@ from piship_remote.workspace._sandbox_commands import (
     stat_command,
     working_directory_command,
 )
+from piship_remote.backends.base import ChunkSink, ExecRequest
+from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer, runtime_command
+from piship_remote.backends.kubernetes.claims import ClaimUse
+from piship_remote.model.errors import (
+    CommandCancelled,
+    ConfigInvalid,
+    FileNotFound,
+    PiShipError,
+)
+from piship_remote.model.transfer import FileInfo
+from piship_remote.transport import HttpReply, TransportError
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["FILE_TIMEOUT", "ClaimScope", "RuntimeFiles", "listed_by_command"]
 
@@ -322,8 +322,7 @@ class RuntimeFiles:
         if is_success(response.status):
             return
         if response.status == 403:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{what} failed: the sandbox runtime refused the path (it leaves its base"
                 " directory)",
                 component="files",
@@ -412,8 +411,6 @@ def _multipart(boundary: str, filename: str, chunks: Iterable[bytes]) -> Iterato
 
 def _helper_command(script: str) -> str:
     """The router command for a helper script (no environment, the runtime's directory)."""
-    from piship_remote.backends.kubernetes.backend import runtime_command
-
     return runtime_command(ExecRequest(script, ".", ".", {}), None)
 
 
@@ -448,4 +445,4 @@ _WRITE_REFUSED = frozenset({500, 507})
 
 
 def _not_found(path: str, what: str) -> PiShipError:
-    return PiShipError(FILE_NOT_FOUND, f"no {what} at {path} in the sandbox", component="files")
+    return FileNotFound(f"no {what} at {path} in the sandbox", component="files")

@@ -1,12 +1,7 @@
-"""A prepared Kubernetes sandbox: one claim manager, the router, its commands and files.
-
-The router runs commands without a shell, so :func:`runtime_command` wraps each one
-in ``env … /bin/sh -c``.
-"""
+"""A prepared Kubernetes sandbox: one claim manager, the router, its commands and files."""
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,18 +9,17 @@ from typing import TypeVar
 
 from piship_remote.backends._common import (
     SandboxErrors,
-    remote_directory,
 )
-from piship_remote.backends._file_protocol import RemoteFiles
 from piship_remote.backends.base import (
     BackendResult,
     ExecRequest,
     OutputCallback,
+    RemoteFiles,
 )
 from piship_remote.backends.kubernetes._attach import KeptClaims
 from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
-from piship_remote.backends.kubernetes._router import Retire, Router
+from piship_remote.backends.kubernetes._router import Retire, Router, runtime_command
 from piship_remote.backends.kubernetes.claims import (
     Claim,
     ClaimManager,
@@ -33,48 +27,22 @@ from piship_remote.backends.kubernetes.claims import (
     disposed_error,
 )
 from piship_remote.model.errors import (
-    CONFIG_INVALID,
     CommandCancelled,
-    PiShipError,
+    ConfigInvalid,
 )
 from piship_remote.transport._cancel import EventWatcher, bridge
 from piship_remote.transport.deadline import Deadline
 
-__all__ = ["KubernetesInstance", "runtime_command"]
+__all__ = ["KubernetesInstance"]
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _T = TypeVar("_T")
-
-
-def runtime_command(request: ExecRequest, workdir: str | None) -> str:
-    """The router command for ``request``: ``env 'K=V' … /bin/sh -c '<cd && command>'``.
-
-    The runtime splits the string like a POSIX shell but runs no shell, hence the
-    explicit ``/bin/sh -c``. Environment names that are not shell names are dropped.
-
-    >>> print(runtime_command(ExecRequest("ls", "/ws", "a/b", {"A": "x y"}), "/workspace"))
-    env 'A=x y' /bin/sh -c 'cd -- '"'"'/workspace/a/b'"'"' && ls'
-    """
-    directory = remote_directory(workdir, request.workspace_path)
-    script = (
-        request.command if directory is None else f"cd -- {_quote(directory)} && {request.command}"
-    )
-    assignments = [
-        _quote(f"{name}={value}")
-        for name, value in request.env.items()
-        if _ENV_NAME.fullmatch(name)
-    ]
-    return " ".join(["env", *assignments, "/bin/sh", "-c", _quote(script)])
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 class KubernetesInstance:
     """A prepared Kubernetes sandbox: commands share and renew one claim at a time."""
 
     cancels_promptly = True
+    controls_commands = False
 
     def __init__(
         self,
@@ -104,8 +72,7 @@ class KubernetesInstance:
         cancel: threading.Event | None = None,
         deadline: Deadline | None = None,
     ) -> BackendResult:
-        """Run one command through the router (told what is left of ``deadline``,
-        default: ``request.timeout``).
+        """Run one command through the router (told what is left of ``deadline``).
 
         Direct: stdout then stderr arrive once, at the end; ``CommandCancelled`` when
         ``cancel`` is set retires the claim (the runtime cannot stop the command).
@@ -113,15 +80,13 @@ class KubernetesInstance:
         group and keeps the claim. ``PiShipError`` otherwise.
         """
         if request.takes_input:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 "the agent-sandbox router cannot pass standard input to a command",
                 user_action="Copy the input into the sandbox and redirect it"
                 " ('cmd < file'), or use an E2B-compatible backend",
             )
         if request.pty is not None:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 "the agent-sandbox router cannot give a command a terminal",
                 user_action="Run it without a terminal, or use an E2B-compatible backend",
             )
@@ -140,7 +105,7 @@ class KubernetesInstance:
                 use.claim,
                 command,
                 use.cancel,
-                deadline if deadline is not None else request.timeout,
+                deadline,
             ),
             retire_on_cancel=True,
             direct=True,

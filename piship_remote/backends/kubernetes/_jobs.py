@@ -29,6 +29,7 @@ from piship_remote.backends.kubernetes._router import Retire, Router
 from piship_remote.backends.kubernetes.claims import Claim
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.transport._cancel import CancelToken
+from piship_remote.transport.deadline import Deadline
 
 __all__ = ["DetachedJobs", "job_script"]
 
@@ -225,7 +226,7 @@ class DetachedJobs:
 
     def _call(self, claim: Claim, script: str, cancel: CancelToken) -> str:
         answer = self._router.execute(
-            claim, script, cancel, _CALL_TIMEOUT, read_timeout=_READ_TIMEOUT
+            claim, script, cancel, Deadline.after(_CALL_TIMEOUT), read_timeout=_READ_TIMEOUT
         )
         if answer.exit_code != 0:
             raise self._errors(

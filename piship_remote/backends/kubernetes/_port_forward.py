@@ -41,7 +41,7 @@ import attrs
 import requests.utils
 
 from piship_remote.backends._credential import Credential
-from piship_remote.backends.kubernetes._claim_reading import RESOURCE_NAME
+from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._port_forward_stream import (
     Dial,

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 
 __all__ = ["PROTOCOL", "Dial", "DialRefused", "Relay", "dial", "require_websocket_client"]
 
@@ -181,8 +181,7 @@ def _websocket_module() -> Any:
     try:
         import websocket  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except ImportError:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             "reaching the sandbox router by port-forward needs the websocket-client package",
             user_action="pip install 'piship-remote[kubernetes]'",
         ) from None

@@ -12,6 +12,8 @@ connect to the sandbox, the runtime could not spawn the command), what ran but
 could not report (the runtime's own timeout, output that is not UTF-8), and what
 may have run (a dropped connection, any other 5xx). A command whose outcome is
 unknown is never re-sent: :class:`Retire` says its claim must not run another one.
+The router runs commands without a shell, so :func:`runtime_command` wraps each one
+in ``env … /bin/sh -c``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from typing import Any
 
 import attrs
 
-from piship_remote.backends._common import DETAIL_LIMIT, exit_code_of, is_success
+from piship_remote.backends._common import (
+    DETAIL_LIMIT,
+    exit_code_of,
+    is_success,
+    remote_directory,
+)
+from piship_remote.backends.base import ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._port_forward import TUNNEL_FAILED
 from piship_remote.backends.kubernetes.claims import Claim
@@ -31,10 +39,17 @@ from piship_remote.model.errors import PiShipError
 from piship_remote.transport import TransportError
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
-from piship_remote.transport.protocol import takes_keyword
 
-__all__ = ["TIMEOUT_SLACK", "Retire", "Router", "RouterAnswer", "runtime_failure"]
+__all__ = [
+    "TIMEOUT_SLACK",
+    "Retire",
+    "Router",
+    "RouterAnswer",
+    "runtime_command",
+    "runtime_failure",
+]
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ROUTER_LIMIT = 16 * 1024 * 1024
 # The runtime reports each of its own failures as HTTP 200, exit 1, no stdout and a
 # one-line stderr (an exception's text, never newline-terminated) with this prefix; a
@@ -52,6 +67,31 @@ _OUTCOME_UNKNOWN = (
     "once no other command runs in it, and runs the next command in a new one. Check the "
     "command's effects before running it again"
 )
+
+
+def runtime_command(request: ExecRequest, workdir: str | None) -> str:
+    """The router command for ``request``: ``env 'K=V' … /bin/sh -c '<cd && command>'``.
+
+    The runtime splits the string like a POSIX shell but runs no shell, hence the
+    explicit ``/bin/sh -c``. Environment names that are not shell names are dropped.
+
+    >>> print(runtime_command(ExecRequest("ls", "/ws", "a/b", {"A": "x y"}), "/workspace"))
+    env 'A=x y' /bin/sh -c 'cd -- '"'"'/workspace/a/b'"'"' && ls'
+    """
+    directory = remote_directory(workdir, request.workspace_path)
+    script = (
+        request.command if directory is None else f"cd -- {_quote(directory)} && {request.command}"
+    )
+    assignments = [
+        _quote(f"{name}={value}")
+        for name, value in request.env.items()
+        if _ENV_NAME.fullmatch(name)
+    ]
+    return " ".join(["env", *assignments, "/bin/sh", "-c", _quote(script)])
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 class Retire(Exception):
@@ -83,7 +123,6 @@ class Router:
         self, http: ClusterHttp, router: str, *, namespace: str, port: int, scoped: bool = False
     ) -> None:
         self._http = http
-        self._deadlines = takes_keyword(http.transport.request, "deadline")
         self._execute_url = f"{router}/execute"
         self._namespace = namespace
         self._port = port
@@ -114,25 +153,23 @@ class Router:
         claim: Claim,
         command: str,
         cancel: CancelToken,
-        timeout: Deadline | float | None = None,
+        deadline: Deadline | None = None,
         *,
         read_timeout: float | None = None,
     ) -> RouterAnswer:
         """Run ``command`` once. Raises :class:`Retire` when the claim must not be reused.
 
-        With a ``timeout`` (a deadline, or seconds from now) the router is told
-        (``X-Sandbox-Timeout``) to give up a few seconds after what is left of it, so a
-        lost client cannot hold the request open for ever.
-        ``read_timeout`` bounds this client's own wait (None: the command's end).
+        With a ``deadline`` the router is told (``X-Sandbox-Timeout``) to give up a few
+        seconds after what is left of it, so a lost client cannot hold the request open
+        for ever. ``read_timeout`` bounds this client's own wait (None: the command's end).
         """
         headers = self.headers(claim)
         bound: dict[str, Any] = {"timeout": read_timeout}
-        if isinstance(timeout, Deadline):
-            if read_timeout is None and timeout.bounded and self._deadlines:
-                bound = {"deadline": timeout.later(TIMEOUT_SLACK)}  # the router's, as told
-            timeout = timeout.remaining()
-        if timeout is not None:
-            headers["X-Sandbox-Timeout"] = str(math.ceil(max(timeout, 0.0) + TIMEOUT_SLACK))
+        if deadline is not None and deadline.bounded:
+            left = deadline.remaining() or 0.0
+            headers["X-Sandbox-Timeout"] = str(math.ceil(left + TIMEOUT_SLACK))
+            if read_timeout is None:
+                bound = {"deadline": deadline.later(TIMEOUT_SLACK)}  # the router's, as told
         try:
             response = self._http.call(
                 "POST",

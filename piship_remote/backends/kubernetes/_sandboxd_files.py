@@ -29,7 +29,18 @@ from typing import Any
 import attrs
 
 from piship_remote.backends._common import CountedChunks, SandboxErrors, is_success
-from piship_remote.backends._file_protocol import ChunkSink, request_timeout, write_failed
+from piship_remote.backends._file_protocol import request_timeout, write_failed
+from piship_remote.backends._sandbox_commands import (
+    STAGING_PREFIX,
+    copy_out_command,
+    list_dir_command,
+    make_dir_command,
+    move_in_command,
+    remove_command,
+    stat_command,
+    working_directory_command,
+)
+from piship_remote.backends.base import ChunkSink
 from piship_remote.backends.kubernetes._files import (
     FILE_TIMEOUT,
     TRANSFER_IDLE,
@@ -40,21 +51,11 @@ from piship_remote.backends.kubernetes._files import (
     listed_by_command,
 )
 from piship_remote.backends.kubernetes._sandboxd_link import SandboxdLink
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
-from piship_remote.workspace._sandbox_commands import (
-    STAGING_PREFIX,
-    copy_out_command,
-    list_dir_command,
-    make_dir_command,
-    move_in_command,
-    remove_command,
-    stat_command,
-    working_directory_command,
-)
 
 __all__ = ["SandboxdFiles", "SandboxdUse"]
 
@@ -120,8 +121,8 @@ class SandboxdFiles:
                         raise _not_found(path, "directory")
                     self._check(response, f"listing {path}")
                     if "json" not in response.headers.get("Content-Type", ""):
-                        raise PiShipError(
-                            CONFIG_INVALID, f"{path} in the sandbox is a file, not a directory"
+                        raise ConfigInvalid(
+                            f"{path} in the sandbox is a file, not a directory"
                         )
                     try:
                         listing = response.json_object(_LIST_LIMIT)
@@ -305,8 +306,8 @@ class SandboxdFiles:
                 raise _not_found(path, "file")
             self._check(response, f"reading {path}")
             if "json" in response.headers.get("Content-Type", ""):
-                raise PiShipError(
-                    CONFIG_INVALID, f"{path} in the sandbox is a directory, not a file"
+                raise ConfigInvalid(
+                    f"{path} in the sandbox is a directory, not a file"
                 )
             try:
                 for chunk in response.iter_raw():
@@ -320,8 +321,7 @@ class SandboxdFiles:
         if is_success(response.status):
             return
         if response.status == 403:
-            raise PiShipError(
-                CONFIG_INVALID,
+            raise ConfigInvalid(
                 f"{what} failed: sandboxd refused the path ({_detail(response)})",
                 component="files",
             )

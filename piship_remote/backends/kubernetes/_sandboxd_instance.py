@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from piship_remote.backends._common import SandboxErrors, remote_directory
-from piship_remote.backends._file_protocol import RemoteFiles
-from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
+from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback, RemoteFiles
 from piship_remote.backends.kubernetes._attach import KeptClaims
 from piship_remote.backends.kubernetes._instance import KubernetesInstance
 from piship_remote.backends.kubernetes._router import Router

@@ -33,7 +33,7 @@ from piship_remote.backends.kubernetes._http import ClusterHttp
 from piship_remote.backends.kubernetes._port_forward import RouterTunnel
 from piship_remote.backends.kubernetes._router import Router
 from piship_remote.backends.kubernetes.claims import Claim
-from piship_remote.model.errors import CONFIG_INVALID, PiShipError
+from piship_remote.model.errors import ConfigInvalid
 from piship_remote.transport import HttpClient, HttpReply
 
 if TYPE_CHECKING:
@@ -65,8 +65,7 @@ def require_sandboxd() -> None:
 
         from piship_remote._sandboxd import process_pb2  # noqa: F401
     except ImportError as error:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"this claim's sandbox runs sandboxd, which needs grpcio and protobuf ({error})",
             user_action="pip install 'piship-remote[sandboxd]', or choose"
             ' runtime="python-runtime" if its template still serves the router',

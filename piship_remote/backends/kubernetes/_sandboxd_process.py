@@ -33,9 +33,9 @@ from piship_remote.backends._common import SandboxErrors
 from piship_remote.backends.base import BackendResult, ExecRequest, OutputCallback
 from piship_remote.backends.control import TerminalSize
 from piship_remote.model.errors import (
-    COMMAND_FAILED,
-    CONFIG_INVALID,
     CommandCancelled,
+    CommandFailed,
+    ConfigInvalid,
     PiShipError,
 )
 from piship_remote.transport._cancel import CancelToken
@@ -256,9 +256,9 @@ def _describe(error: grpc.RpcError) -> str:
 def _control_error(error: grpc.RpcError, errors: SandboxErrors) -> PiShipError:
     code = _code(error)
     if code == grpc.StatusCode.NOT_FOUND:
-        return PiShipError(
-            COMMAND_FAILED, "the command has ended (sandboxd no longer knows its process)"
+        return CommandFailed(
+            "the command has ended (sandboxd no longer knows its process)"
         )
     if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return PiShipError(CONFIG_INVALID, f"sandboxd refused: {_describe(error)}")
+        return ConfigInvalid(f"sandboxd refused: {_describe(error)}")
     return errors(f"sandboxd refused the command's input: {_describe(error)}")

@@ -51,13 +51,7 @@ from piship_remote.backends.base import (
     Availability,
 )
 from piship_remote.backends.kubernetes._attach import KeptClaims
-from piship_remote.backends.kubernetes._claim_options import ClaimOptions
-from piship_remote.backends.kubernetes._claim_timing import (
-    DEFAULT_EXISTENCE_WINDOW,
-    ExistenceWindow,
-    existence_window_seconds,
-)
-from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME, ClaimsApi
+from piship_remote.backends.kubernetes._claims_api import RESOURCE_NAME, ClaimOptions, ClaimsApi
 from piship_remote.backends.kubernetes._cluster_config import (
     SERVICE_ACCOUNT,
     ClusterAccess,
@@ -67,11 +61,11 @@ from piship_remote.backends.kubernetes._cluster_config import (
 )
 from piship_remote.backends.kubernetes._files import RuntimeFiles
 from piship_remote.backends.kubernetes._http import ROUTER_TOKEN_ACTION, ClusterHttp
-from piship_remote.backends.kubernetes._instance import KubernetesInstance, runtime_command
+from piship_remote.backends.kubernetes._instance import KubernetesInstance
 from piship_remote.backends.kubernetes._jobs import DetachedJobs
 from piship_remote.backends.kubernetes._port_forward import PortForward, RouterTunnel, TlsSettings
 from piship_remote.backends.kubernetes._preflight import Check, Preflight
-from piship_remote.backends.kubernetes._router import Router
+from piship_remote.backends.kubernetes._router import Router, runtime_command
 from piship_remote.backends.kubernetes._sandboxd_link import (
     PodLink,
     ProxyLink,
@@ -80,7 +74,13 @@ from piship_remote.backends.kubernetes._sandboxd_link import (
     proxy_target,
     require_sandboxd,
 )
-from piship_remote.backends.kubernetes.claims import Claim, ClaimManager
+from piship_remote.backends.kubernetes.claims import (
+    DEFAULT_EXISTENCE_WINDOW,
+    Claim,
+    ClaimManager,
+    ExistenceWindow,
+    existence_window_seconds,
+)
 from piship_remote.backends.lifetime import ClaimClock, keepalive_interval
 from piship_remote.backends.lifetime import lifetime_seconds as lifetime_seconds_or_default
 from piship_remote.model.errors import (
@@ -139,6 +139,11 @@ class KubernetesAgentSandboxBackend:
     until its Sandbox and pod are gone. ``KubernetesInstance.claim()`` gives the current
     claim with its Sandbox's ``service_fqdn`` and ``node_name``.
     :meth:`from_kubeconfig` and :meth:`in_cluster` take the cluster's own credentials.
+
+    Raises (on construction):
+        NetworkDenied: plain HTTP to an endpoint that is not on loopback.
+        TlsPolicyViolation: a ``session`` with TLS verification turned off.
+        ConfigInvalid: an option or the endpoint is wrong; the message names it.
     """
 
     id = PROVIDER
@@ -277,6 +282,11 @@ class KubernetesAgentSandboxBackend:
         credential expires, or on a 401) authenticate to the API server only: the
         router gets ``router_credential`` (nothing without it) through ``session``, or
         a plain session. Needs ``pip install 'piship-remote[kubernetes]'``.
+
+        Raises:
+            ConfigUnavailable: no kubeconfig, or no such context.
+            ConfigInvalid: the kubeconfig or an option is wrong; the message names it.
+            TlsPolicyViolation: the API server's address breaks the transport rules.
         """
         return cls._for_cluster(from_kubeconfig(path, context), router, template, options)
 
@@ -293,7 +303,12 @@ class KubernetesAgentSandboxBackend:
         the API server from ``KUBERNETES_SERVICE_HOST``/``_PORT``, the mounted CA, the
         token (re-read as the kubelet rotates it) and the pod's namespace.
         ``service_account`` is the directory they are mounted in. Otherwise as
-        :meth:`from_kubeconfig`."""
+        :meth:`from_kubeconfig`.
+
+        Raises:
+            ConfigUnavailable: this process does not run in a pod with a service account.
+            ConfigInvalid: an option or the endpoint is wrong; the message names it.
+        """
         return cls._for_cluster(in_cluster(service_account), router, template, options)
 
     @classmethod
@@ -367,7 +382,12 @@ class KubernetesAgentSandboxBackend:
 
     def attach(self, claim_name: str) -> KubernetesInstance:
         """An instance for the existing claim ``claim_name``, which must carry this library's
-        label (``agents.x-k8s.io/created-by: piship``) and still be within its lifetime."""
+        label (``agents.x-k8s.io/created-by: piship``) and still be within its lifetime.
+
+        Raises:
+            ConfigInvalid: the claim was not created by this library, or its name is not a claim's.
+            SandboxUnavailable: the cluster no longer has the claim.
+        """
         return self._instance(claim_name)
 
     def list_owned(self) -> list[OwnedSandbox]:

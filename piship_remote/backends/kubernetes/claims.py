@@ -8,8 +8,8 @@ Commands share one live SandboxClaim (a *lease*). The manager
 - before a command, replaces a claim that expired locally or that the cluster
   lost, renews one with less than half its lifetime left, and checks that the
   cluster still has it, except before a direct command within the *existence
-  window* (:mod:`~piship_remote.backends.kubernetes._claim_timing`): then a
-  ``piship-claim-check`` thread refreshes the sighting once past half the window;
+  window* (below): then a ``piship-claim-check`` thread refreshes the sighting once
+  past half the window;
 - counts the commands running in each lease and ticks a ``piship-keepalive-…``
   timer every ``max(0.25, lifetime / 4)`` seconds from the first claim on: a tick
   renews a lease commands run in, and an idle one once less than half its lifetime
@@ -29,29 +29,262 @@ is a :class:`ClaimApi`, so the manager can be driven by a fake in tests::
     with manager.command(token, direct=True) as use:    # token: a CancelToken
         run_in(use.claim)                  # use.retire() if the sandbox is in doubt
     manager.dispose()
+
+The existence window (:class:`ExistenceWindow`): a claim the API saw alive (its
+readiness, an existence check or a renewal) less than the window ago runs a direct
+command without a check; past half the window a background check refreshes the
+sighting, past the whole window the command checks first. A sighting is timed from
+when its request was *sent*; its age is, like a claim's elapsed lifetime, the larger
+advance of the wall and the monotonic clock (a suspend counts, a backward jump does
+not). A window of 0 checks before every command::
+
+    window = ExistenceWindow(existence_window_seconds(1.0), clock)
+    sent = window.now()           # read just before the request is sent
+    window.verdict(sent)          # TRUST, REFRESH (trust, check in the background) or CHECK
+
+The module also holds the values the manager hands out (:class:`Claim`,
+:class:`ClaimUse`, :class:`ClaimGone`) and its threads' helpers (the re-arming
+:class:`Keepalive` timer, the cancellable :func:`wait_for`).
 """
 
 from __future__ import annotations
 
+import enum
+import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager, suppress
+from typing import Protocol
 
 import attrs
 
 from piship_remote.backends._common import SandboxErrors
-from piship_remote.backends.kubernetes._claim_threads import Keepalive, wait_for
-from piship_remote.backends.kubernetes._claim_timing import ExistenceWindow, Sighting, Trust
-from piship_remote.backends.kubernetes._claim_types import Claim, ClaimApi, ClaimGone, ClaimUse
-from piship_remote.backends.lifetime import ClaimClock, Freshness
-from piship_remote.model.errors import CommandCancelled, PiShipError
+from piship_remote.backends.lifetime import Anchor, ClaimClock, Freshness, micros
+from piship_remote.model.errors import CommandCancelled, ConfigInvalid, PiShipError
 from piship_remote.telemetry import Telemetry
 from piship_remote.telemetry.logs import info
 from piship_remote.telemetry.names import CLAIM_RENEW_SPAN
 from piship_remote.transport._cancel import CancelToken
 
-__all__ = ["Claim", "ClaimApi", "ClaimGone", "ClaimManager", "ClaimUse", "disposed_error"]
+__all__ = [
+    "DEFAULT_EXISTENCE_WINDOW",
+    "Claim",
+    "ClaimApi",
+    "ClaimGone",
+    "ClaimManager",
+    "ClaimUse",
+    "ExistenceWindow",
+    "Keepalive",
+    "Sighting",
+    "Trust",
+    "disposed_error",
+    "existence_window_seconds",
+    "wait_for",
+]
+
+
+DEFAULT_EXISTENCE_WINDOW = 1.0
+
+
+def existence_window_seconds(value: object) -> float:
+    """``value`` as a window in seconds; ``PiShipError`` (``CONFIG_INVALID``) unless >= 0.
+
+    >>> existence_window_seconds(0)
+    0.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _invalid(f"existence_window must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise _invalid(f"existence_window must be a finite number of seconds >= 0, not {value!r}")
+    return seconds
+
+
+def _invalid(message: str) -> PiShipError:
+    return ConfigInvalid(
+        message,
+        user_action="Pass existence_window=0 to check the claim before every command, "
+        "or a positive number of seconds",
+        component="sandbox",
+    )
+
+
+@attrs.frozen
+class Sighting:
+    """Both clocks (µs) read just before a request that found the claim alive was sent."""
+
+    wall: int
+    monotonic: int
+
+
+class Trust(enum.Enum):
+    """Whether a direct command may skip the existence check."""
+
+    TRUST = "trust"  # seen alive less than half the window ago
+    REFRESH = "refresh"  # within the window, past its half: trust, and check in the background
+    CHECK = "check"  # never seen, seen too long ago, or a window of 0: check first
+
+
+@attrs.frozen
+class ExistenceWindow:
+    """The existence window of one backend, in microseconds, on its claim clock."""
+
+    span: int
+    clock: ClaimClock
+
+    @classmethod
+    def of(cls, seconds: float, clock: ClaimClock) -> ExistenceWindow:
+        """A window of ``seconds`` (validated by :func:`existence_window_seconds`)."""
+        return cls(micros(existence_window_seconds(seconds)), clock)
+
+    def now(self) -> Sighting:
+        """Both clocks now: read it just before sending a request that may see the claim."""
+        return Sighting(micros(self.clock.now()), micros(self.clock.monotonic()))
+
+    def age(self, seen: Sighting) -> int:
+        """Microseconds since ``seen``: the larger advance of the two clocks, never negative."""
+        wall = micros(self.clock.now()) - seen.wall
+        monotonic = micros(self.clock.monotonic()) - seen.monotonic
+        return max(wall, monotonic, 0)
+
+    def verdict(self, seen: Sighting | None) -> Trust:
+        """What a direct command needs before it runs, given the latest sighting."""
+        if seen is None or self.span <= 0:
+            return Trust.CHECK
+        age = self.age(seen)
+        if age >= self.span:
+            return Trust.CHECK
+        return Trust.REFRESH if 2 * age >= self.span else Trust.TRUST
+
+    def newer(self, seen: Sighting | None, other: Sighting) -> Sighting:
+        """The more recent of two sightings (``other`` when ``seen`` is missing)."""
+        if seen is None:
+            return other
+        return other if self.age(other) < self.age(seen) else seen
+
+
+class ClaimGone(Exception):
+    """The claim cannot be used any more: expired locally, or the cluster lost it."""
+
+
+@attrs.frozen
+class Claim:
+    """A ready SandboxClaim: its name, the router's id for its sandbox, and its clock anchor.
+
+    ``seen``: when the request that found it ready was sent (``None``: unknown, the
+    manager then counts from the start of its creation).
+    """
+
+    name: str
+    sandbox: str
+    anchor: Anchor
+    pod_ip: str | None = None
+    seen: Sighting | None = attrs.field(default=None, eq=False)
+    uid: str | None = None
+    """The Sandbox's UID, when it was read (the router's ``X-Sandbox-UID``)."""
+    service_fqdn: str | None = None
+    """The Sandbox's Service name (``status.serviceFQDN``; only sandboxes with a Service)."""
+    node_name: str | None = None
+    """The node its pod runs on (``status.nodeName``)."""
+    pod_name: str | None = None
+    """Its pod (the ``agents.x-k8s.io/pod-name`` annotation, else the Sandbox's name)."""
+    sandboxd_grpc: str | None = None
+    """Where its pod's sandboxd serves gRPC (``SANDBOXD_GRPC_ADDR``), when it runs one."""
+    sandboxd_rest: str | None = None
+    """Where its pod's sandboxd serves REST (``SANDBOXD_REST_ADDR``)."""
+
+
+class ClaimApi(Protocol):
+    """The cluster calls the manager needs (:mod:`piship_remote.backends.kubernetes.backend`)."""
+
+    def create(self, anchor: Anchor, cancel: CancelToken) -> Claim:
+        """Create a claim whose shutdownTime is ``anchor.expires`` and wait until it is ready.
+
+        On any failure it deletes what it created before raising.
+        """
+        ...
+
+    def renew(self, claim: Claim, shutdown: int, cancel: CancelToken) -> None:
+        """Move the claim's shutdownTime to ``shutdown`` (µs); :class:`ClaimGone` on 404."""
+        ...
+
+    def check(self, claim: Claim, cancel: CancelToken) -> None:
+        """Confirm the claim still exists and has not failed; :class:`ClaimGone` otherwise."""
+        ...
+
+    def delete(self, claim: Claim) -> None:
+        """Delete the claim (errors are ignored by the manager)."""
+        ...
+
+
+@attrs.frozen
+class ClaimUse:
+    """The claim one command runs in; :meth:`retire` it when the sandbox is in doubt.
+
+    ``cancel`` fires when the command is cancelled or the manager disposed.
+    """
+
+    claim: Claim
+    cancel: CancelToken
+    _retire: Callable[[bool], None]
+    _exists: Callable[[], bool | None] = lambda: None
+
+    def retire(self, *, gone: bool = False) -> None:
+        """No later command uses this claim; it is deleted once no command runs in it.
+
+        ``gone=True``: the cluster or router no longer has it, so stop renewing it too.
+        """
+        self._retire(gone)
+
+    def exists(self) -> bool | None:
+        """Ask the API once: ``False`` when the claim is gone (it is then retired as gone),
+        ``True`` when the API still has it, ``None`` when the API could not say or the
+        command was cancelled meanwhile."""
+        return self._exists()
+
+
+class Keepalive(threading.Timer):
+    """A re-arming timer: calls ``tick(self)`` every ``interval`` seconds until stopped."""
+
+    def __init__(self, interval: float, tick: Callable[[Keepalive], None], name: str) -> None:
+        super().__init__(interval, tick, args=(self,))
+        self.name = name
+        self.daemon = True
+        self.abort = CancelToken()  # set on stop: ends a renewal in flight
+
+    def run(self) -> None:
+        while not self.finished.wait(self.interval):
+            self.function(*self.args, **self.kwargs)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop ticking; a tick in progress gets ``grace`` seconds, then its request is aborted.
+
+        The grace lets a renewal already answered (say, with "gone") take effect.
+        """
+        self.cancel()
+        if self is threading.current_thread():
+            return
+        self.join(grace)
+        self.abort.set()
+        self.join()
+
+
+def wait_for(future: Future[None], cancel: CancelToken, timeout: float | None = None) -> None:
+    """Wait until ``future`` is done; ``CommandCancelled`` when ``cancel`` fires (or
+    ``timeout`` seconds pass) first."""
+    if future.done():
+        return
+    woken = threading.Event()
+    future.add_done_callback(lambda _future: woken.set())
+    forget = cancel.on_cancel(woken.set)
+    try:
+        woken.wait(timeout)
+    finally:
+        forget()
+    if not future.done():
+        raise CommandCancelled()
+
 
 # How often one command may find its lease replaced under it before giving up.
 _ATTEMPTS = 3

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
+from piship_remote.local.isolation.egress import EgressRules, load_rules
 from piship_remote.local.isolation.limits import CgroupSet, Limits, limit_check, unmount
 from piship_remote.local.isolation.process import (
     REAP_TIMEOUT,
@@ -32,7 +33,8 @@ from piship_remote.local.isolation.process import (
     WindowSize,
 )
 from piship_remote.local.isolation.user_map import ROOT_HOME, Identity
-from piship_remote.local.sandbox.env import remove_tree
+from piship_remote.local.sandbox.env import BootFailed, remove_tree
+from piship_remote.local.sandbox.network_options import NetworkOptions
 from piship_remote.local.sandbox.pause import PauseState
 from piship_remote.local.sandbox.vm import SandboxVm
 from piship_remote.wire.envd import ProcessConfig
@@ -50,6 +52,7 @@ class Wanted:
     template: str
     image: str
     network: bool = False
+    """Whether it has a network stack (some address outside it is allowed)."""
     env_vars: Mapping[str, str] = attrs.field(factory=dict)
     metadata: Mapping[str, str] = attrs.field(factory=dict)
     auto_pause: bool = False
@@ -58,8 +61,13 @@ class Wanted:
     """Whether envd traffic resumes it while it is paused (``autoResume``)."""
     auto_pause_memory: bool = True
     """Whether that pause keeps what runs (``autoPauseMemory``); if not, resuming reboots it."""
-    private_traffic: bool = False
-    """Whether a request to one of its ports must carry its traffic token."""
+    options: NetworkOptions = attrs.field(factory=NetworkOptions)
+    """Its network as asked: egress rules, traffic token, the ``Host`` its ports see."""
+
+    @property
+    def private_traffic(self) -> bool:
+        """Whether a request to one of its ports must carry its traffic token."""
+        return self.options.private_traffic
 
 
 class SandboxGone(Exception):
@@ -113,6 +121,8 @@ class Sandbox:
         """Whether the sandbox is paused (its processes frozen), and pausing it."""
         self.reboots_on_resume = False
         """Whether its pause kept only its files (``memory: false``): resuming reboots it."""
+        self.options = wanted.options
+        """Its network now: as created, then as the last ``update_network`` set it."""
 
     @property
     def template(self) -> str:
@@ -170,6 +180,32 @@ class Sandbox:
         jail = self._jail
         places = {jail.workdir: jail.home, "/tmp": jail.tmp, "/dev/shm": jail.shm}
         return {**places, **jail.root_place()}
+
+    def hold_egress(self, rules: EgressRules | None = None) -> None:
+        """Load ``rules`` (default: its current ones) into its network namespace and make
+        them its current ones. ``OSError`` when they cannot be held: the sandbox keeps
+        its earlier rules (after a create or reboot the caller must end it)."""
+        rules = self.options.egress if rules is None else rules
+        if self.network:
+            load_rules(self._vm.init_pid, rules)
+        with self._lock:
+            self.options = self.options.with_egress(rules)
+
+    def held_egress(self) -> Callable[[SandboxVm], SandboxVm]:
+        """What makes a fresh environment hold its current egress rules (for a reboot):
+        :class:`BootFailed` (the environment closed) when they cannot be loaded."""
+        rules, network = self.options.egress, self.network
+
+        def holding(vm: SandboxVm) -> SandboxVm:
+            if network and rules.filtered:
+                try:
+                    load_rules(vm.init_pid, rules)
+                except OSError as e:
+                    vm.close()
+                    raise BootFailed(f"the sandbox's egress rules could not be held: {e}") from None
+            return vm
+
+        return holding
 
     def on_end(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once when the sandbox ends (at once if it has ended)."""

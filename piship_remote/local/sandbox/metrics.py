@@ -13,8 +13,8 @@ last :data:`MAX_SAMPLES`), newest last, so a time range gets those taken within 
 
 from __future__ import annotations
 
+import math
 import os
-import shutil
 import threading
 import time
 from collections import deque
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import attrs
 
-from piship_remote.local.isolation.limits import GroupUsage
+from piship_remote.local.isolation.limits import MIB, GroupUsage
 from piship_remote.local.sandbox.fs import FilesFailed, call
 from piship_remote.local.sandbox.listing import query_of, rfc3339
 from piship_remote.local.sandbox.registry import Sandbox
@@ -33,6 +33,7 @@ __all__ = [
     "MAX_SAMPLES",
     "MetricsHistory",
     "SandboxMetrics",
+    "Sizes",
     "snapshot",
     "time_range",
 ]
@@ -40,6 +41,22 @@ __all__ = [
 MAX_SAMPLES = 720
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@attrs.frozen
+class Sizes:
+    """A sandbox's size as E2B reports it (``get_info``, ``get_metrics``): its limits."""
+
+    cpus: int
+    memory_mib: int
+    disk_mib: int
+
+    @classmethod
+    def of(cls, sandbox: Sandbox) -> Sizes:
+        """The CPUs (its CPU bandwidth, rounded up), memory and disk it may use."""
+        limits = sandbox.limits
+        cpus = max(1, min(math.ceil(limits.cpus), os.cpu_count() or 1))
+        return cls(cpus, limits.memory // MIB, limits.disk // MIB)
 
 
 class MetricsHistory:
@@ -57,8 +74,10 @@ class MetricsHistory:
             now = self._clock()
             usage = _usage(sandbox)
             since, before = self._last or (sandbox.started_at, 0.0)
-            cpus = os.cpu_count() or 1
-            busy = max((usage.cpu_seconds or 0.0) - before, 0.0) / max(now - since, 1e-3) / cpus
+            size = Sizes.of(sandbox)
+            cpus = size.cpus
+            share = min(sandbox.limits.cpus, os.cpu_count() or 1)
+            busy = max((usage.cpu_seconds or 0.0) - before, 0.0) / max(now - since, 1e-3) / share
             self._samples.append(
                 SandboxMetric(
                     timestamp=rfc3339(now),
@@ -69,7 +88,7 @@ class MetricsHistory:
                     mem_total=sandbox.limits.memory,
                     mem_cache=usage.cache,
                     disk_used=_disk_used(sandbox),
-                    disk_total=shutil.disk_usage(sandbox.home).total,
+                    disk_total=size.disk_mib * MIB,
                 )
             )
             self._last = (now, usage.cpu_seconds or 0.0)

@@ -9,7 +9,7 @@ of the sandbox and removes its files::
 
     registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user",
                         limits=Limits(), enforcement=Enforcement.probe())
-    sandbox = registry.create(template="base", lifetime=300, network=False, env_vars={})
+    sandbox = registry.create(template="base", lifetime=300, network=NetworkOptions(), env_vars={})
     process = sandbox.start(ProcessConfig(cmd="/bin/bash", args=["-c", "id"]), tag="t1")
     registry.pause(sandbox.id); registry.resume(sandbox.id, 300)
     fork = registry.fork(sandbox.id, 300)           # a new sandbox with a copy of its files
@@ -36,6 +36,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+import attrs
+
+from piship_remote.local.isolation.egress import rules_problem
 from piship_remote.local.isolation.limits import Enforcement, Limits, detach
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
@@ -44,6 +47,7 @@ from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
+from piship_remote.local.sandbox.network_options import NetworkOptions
 from piship_remote.local.sandbox.snapshots import (
     DEFAULT_SNAPSHOT_BUDGET,
     CopyFailed,
@@ -141,13 +145,12 @@ class Registry:
         *,
         template: str,
         lifetime: int,
-        network: bool,
+        network: NetworkOptions,
         env_vars: Mapping[str, str],
         metadata: Mapping[str, str] | None = None,
         auto_pause: bool = False,
         auto_resume: bool = False,
         auto_pause_memory: bool = True,
-        private_traffic: bool = False,
     ) -> Sandbox:
         """A new sandbox living ``lifetime`` seconds, then paused (``auto_pause``) or deleted.
 
@@ -155,7 +158,7 @@ class Registry:
         starts with the snapshot's files). :class:`UnknownTemplate` if it is neither;
         :class:`TooManySandboxes` at the limit; :class:`SandboxUnavailable` when
         its environment cannot be made here (network asked for and no user-mode
-        stack installed, or the sandbox would not start).
+        stack installed, egress rules that cannot be held, or the sandbox would not start).
         """
         snapshot = None if template in self.templates else self.snapshots.get(template)
         if template not in self.templates and snapshot is None:
@@ -163,13 +166,13 @@ class Registry:
         wanted = Wanted(
             template=template,
             image=template if snapshot is None else snapshot.template,
-            network=network,
+            network=network.egress.reaches_out,
             env_vars=dict(env_vars),
             metadata=dict(metadata or {}),
             auto_pause=auto_pause,
             auto_resume=auto_resume,
             auto_pause_memory=auto_pause_memory,
-            private_traffic=private_traffic,
+            options=network,
         )
         if snapshot is None:
             return self._create(wanted, lifetime, None)
@@ -181,7 +184,8 @@ class Registry:
         source = self.lookup(sandbox_id)
         if source is None:
             return None
-        return self._create(source.wanted, lifetime, lambda sandbox: fork_files(source, sandbox))
+        wanted = attrs.evolve(source.wanted, options=source.options)
+        return self._create(wanted, lifetime, lambda sandbox: fork_files(source, sandbox))
 
     def snapshot(self, sandbox_id: str, name: str | None) -> Snapshot | None:
         """A snapshot of the sandbox's files now (``None`` if it is unknown).
@@ -205,6 +209,8 @@ class Registry:
     ) -> Sandbox:
         """Boot a sandbox as ``wanted``, its places filled by ``seed`` (a copy's import)."""
         problem = egress_problem() if wanted.network else None
+        if problem is None and wanted.network and wanted.options.egress.filtered:
+            problem = rules_problem()
         if problem is not None:
             raise SandboxUnavailable(problem)
         sandbox_id = secrets.token_hex(10)
@@ -242,6 +248,12 @@ class Registry:
             ends_at=time.time() + self._bounded(lifetime),
             lifetime=lifetime,
         )
+        try:
+            if wanted.network and wanted.options.egress.filtered:
+                sandbox.hold_egress()
+        except OSError as e:
+            sandbox.destroy("the sandbox's egress rules could not be held")
+            raise SandboxUnavailable(str(e)) from None
         try:
             if seed is not None:
                 seed(sandbox)
@@ -325,7 +337,8 @@ class Registry:
     def _reboot(self, sandbox: Sandbox) -> None:
         try:
             spawner, layout = self._spawner, self._layout
-            sandbox.reboot(lambda jail: reboot(sandbox.id, jail, layout, spawner=spawner))
+            holding = sandbox.held_egress()
+            sandbox.reboot(lambda jail: holding(reboot(sandbox.id, jail, layout, spawner=spawner)))
         except BootFailed as e:
             self.delete(sandbox.id, "the sandbox could not be rebooted")
             raise OSError(str(e)) from None

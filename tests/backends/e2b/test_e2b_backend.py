@@ -47,6 +47,7 @@ from piship_remote.testing import (
 from piship_remote.testing.recorder import DropConnection
 from piship_remote.transport import HttpReply, Transport, TransportError
 from piship_remote.transport._cancel import CancelToken
+from piship_remote.transport.deadline import Deadline
 from piship_remote.wire.connect import END_STREAM, EnvelopeReader, connect_envelope
 from tests.support.loopback_http import LoopbackHttp
 from tests.support.optional_peers import install_hint
@@ -718,7 +719,8 @@ def test_start_tells_envd_the_deadline_a_little_after_ours(
     prepared: Callable[..., tuple[E2bServer, E2bInstance]], timeout: float, header: str
 ) -> None:
     mock, instance = prepared()
-    instance.exec(ExecRequest("true", cwd="/unused", timeout=timeout))
+    still = Deadline.after(timeout, clock=lambda: 0.0)  # exactly ``timeout`` left
+    instance.exec(ExecRequest("true", cwd="/unused"), deadline=still)
     (start,) = mock.find("POST", "/process.Process/Start")
     assert start.headers["connect-timeout-ms"] == header
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pytest
 
 from piship_remote.backends._common import SandboxErrors
-from piship_remote.backends.e2b._envd import _WIRE, start_envelope, start_request
+from piship_remote.backends.e2b._instance import _WIRE, start_envelope, start_request
 from piship_remote.backends.e2b._stream import StreamOutcome
 from piship_remote.model.errors import PiShipError
 from piship_remote.wire.connect import END_STREAM, Frame, connect_envelope

@@ -20,14 +20,14 @@ import pytest
 from werkzeug import Request, Response
 
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.kubernetes._claim_reading import pod_ip
-from piship_remote.backends.kubernetes._claim_timing import (
-    DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW,
-)
+from piship_remote.backends.kubernetes._claims_api import pod_ip
 from piship_remote.backends.kubernetes.backend import (
     KubernetesAgentSandboxBackend,
     KubernetesInstance,
     runtime_command,
+)
+from piship_remote.backends.kubernetes.claims import (
+    DEFAULT_EXISTENCE_WINDOW as EXISTENCE_WINDOW,
 )
 from piship_remote.model.errors import CommandCancelled, PiShipError
 from piship_remote.model.policy import SandboxProfile

@@ -14,8 +14,8 @@ import attrs
 import pytest
 
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.backends.kubernetes._claim_timing import DEFAULT_EXISTENCE_WINDOW as WINDOW
 from piship_remote.backends.kubernetes.backend import KubernetesInstance
+from piship_remote.backends.kubernetes.claims import DEFAULT_EXISTENCE_WINDOW as WINDOW
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.testing import CLAIMS, Cluster, KubernetesServer

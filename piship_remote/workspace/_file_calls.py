@@ -32,13 +32,18 @@ from piship_remote.model.errors import (
     CONFIG_INVALID,
     FILE_NOT_FOUND,
     FILE_WRITE_FAILED,
-    SANDBOX_UNAVAILABLE,
     CommandCancelled,
     CommandTimeout,
+    ConfigInvalid,
     PiShipError,
+    SandboxUnavailable,
 )
-from piship_remote.sandbox._exec_workers import DeadlineTimer
-from piship_remote.transport._cancel import CancelToken, EventWatcher, when_cancelled
+from piship_remote.transport._cancel import (
+    CancelToken,
+    DeadlineTimer,
+    EventWatcher,
+    when_cancelled,
+)
 from piship_remote.transport.deadline import timeout_deadline
 
 __all__ = ["FileCall", "FileCalls", "check_timeout"]
@@ -49,8 +54,7 @@ Reason = Literal["timeout", "cancel", "disposed"]
 def check_timeout(timeout: float | None) -> None:
     """A file operation's ``timeout``: ``None`` (none) or a positive number of seconds."""
     if timeout is not None and not timeout > 0:
-        raise PiShipError(
-            CONFIG_INVALID,
+        raise ConfigInvalid(
             f"timeout must be a positive number of seconds (or None for none), not {timeout!r}",
             component="files",
         )
@@ -171,7 +175,7 @@ class FileCalls:
             )
         else:
             text = f"The {self._adapter} sandbox was disposed; activate a new sandbox"
-        return PiShipError(SANDBOX_UNAVAILABLE, text, component="files")
+        return SandboxUnavailable(text, component="files")
 
 
 def _close(watcher: EventWatcher, timer: DeadlineTimer) -> None:

@@ -1,0 +1,51 @@
+"""What ``Sandbox.run`` returns: :class:`CommandResult`, the exit code and decoded output.
+
+A value of its own, below the sandbox layer that makes it and the errors that carry it
+(:class:`~piship_remote.model.errors.CommandFailed`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from piship_remote.model.display import html_pre, html_table, tail
+
+__all__ = ["CommandResult"]
+
+
+_SHOWN = 2000
+"""The characters of each stream a result's display shows (its end, where errors are)."""
+
+
+@attrs.frozen(repr=False)
+class CommandResult:
+    """What ``Sandbox.run`` returns: the exit code and the decoded output.
+
+    ``stdout_truncated``/``stderr_truncated``: the stream was longer than the
+    limit, and only its last ``limit`` bytes are in ``stdout``/``stderr``.
+    Shown (``repr``, a notebook's table) with the end of each stream only.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"CommandResult(exit_code={self.exit_code!r}, stdout={tail(self.stdout, _SHOWN)!r}, "
+            f"stderr={tail(self.stderr, _SHOWN)!r}"
+            + ", stdout_truncated=True" * self.stdout_truncated
+            + ", stderr_truncated=True" * self.stderr_truncated
+            + ")"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ["exit code", str(self.exit_code)],
+            ["stdout" + " (truncated)" * self.stdout_truncated, tail(self.stdout, _SHOWN)],
+            ["stderr" + " (truncated)" * self.stderr_truncated, tail(self.stderr, _SHOWN)],
+        ]
+        cells = [[f"<b>{name}</b>", html_pre(value)] for name, value in rows]
+        return html_table(None, cells, caption="CommandResult", raw_cells=True)
