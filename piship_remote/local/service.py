@@ -51,17 +51,18 @@ from piship_remote.local.isolation.limits import (
     DEFAULT_PROCESSES,
     MIB,
     Limits,
-    detach,
     fair_share_cpus,
 )
+from piship_remote.local.isolation.mounts import unmount_under
 from piship_remote.local.isolation.oci_archive import DEFAULT_IMAGE_LIMITS, ImageLimits
 from piship_remote.local.isolation.python_env import PythonEnv
-from piship_remote.local.isolation.trees import mounts_below
-from piship_remote.local.isolation.user_map import host_uid, root_mappable, unsearchable
+from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
+from piship_remote.local.isolation.user_map import root_mappable, unsearchable
 from piship_remote.local.ports import SandboxPorts, port_target
 from piship_remote.local.sandbox.registry import Registry, remove_tree
 from piship_remote.local.sandbox.snapshots import DEFAULT_SNAPSHOT_BUDGET
 from piship_remote.local.sandbox.templates import prepare_templates, template_names
+from piship_remote.local.sandbox.vm import Spawner
 from piship_remote.model.errors import (
     SANDBOX_UNAVAILABLE,
     ConfigInvalid,
@@ -141,7 +142,10 @@ class LocalE2bService:
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
-    interpreter exit for a service never closed.
+    interpreter exit for a service never closed. Run as host root, it mounts only in a
+    mount namespace of its own (see :mod:`piship_remote.local.isolation.mounts`), so a
+    killed service leaves no mount on the host, and each sandbox runs as host uids of its
+    own (see :mod:`piship_remote.local.isolation.uid_block`).
     """
 
     def __init__(
@@ -199,24 +203,40 @@ class LocalE2bService:
             os.chmod(directory, 0o711)  # its sandboxes' host uids look their places up
         try:
             cache = os.path.join(directory, TEMPLATE_CACHE)
-            owner = host_uid(0) if root_mappable() else None
+            owner = TEMPLATE_OWNER if root_mappable() else None
             offered = prepare_templates(
                 templates or {}, cache, owner=owner, image_limits=image_limits
             )
         except ValueError as e:
             remove_tree(directory)
             raise ConfigInvalid(str(e), component=COMPONENT) from None
-        lent = _staged(lent, directory)  # last: the registry's close detaches what it binds
-        self._registry = Registry(
-            directory,
-            bwrap=binary,
-            workdir=self.workdir,
-            user=user,
-            max_sandboxes=max_sandboxes,
-            limits=limits,
-            templates=offered,
-            snapshot_budget=max_snapshot_disk_mib * MIB,
-            python_env=lent,
+        try:
+            self._spawner = Spawner(private_mounts=root_mappable())
+        except OSError as e:
+            remove_tree(directory)
+            problem = f"the service cannot make a mount namespace of its own: {e}"
+            raise _unavailable(problem) from None
+        # Made on the spawner's thread: the registry's threads, and the server's, share its
+        # mount namespace, where every sandbox's mounts are (a lent Python's bind too).
+        asked = lent
+        try:
+            staged = self._spawner.call(lambda: _staged(asked, directory))
+        except BaseException:
+            self._spawner.close()
+            raise
+        self._registry = self._spawner.call(
+            lambda: Registry(
+                directory,
+                bwrap=binary,
+                workdir=self.workdir,
+                user=user,
+                max_sandboxes=max_sandboxes,
+                limits=limits,
+                templates=offered,
+                snapshot_budget=max_snapshot_disk_mib * MIB,
+                python_env=staged,
+                spawner=self._spawner,
+            )
         )
         self._ports = SandboxPorts(self._registry, host)
         self._control = ControlPlane(
@@ -237,14 +257,14 @@ class LocalE2bService:
                 thread_prefix="piship-local-",
             )
         except OSError as e:
-            self._registry.close()
+            self._spawner.call(self._registry.close)
             remove_tree(directory)
             raise SandboxUnavailable(
                 f"the local sandbox service cannot listen on {host}:{port}: {e.strerror}",
                 component=COMPONENT,
             ) from None
         self._control.domain = f"localhost:{self._server.port}"
-        self._server.start()
+        self._spawner.call(self._server.start)
         atexit.register(self.close)
         self.url = self._server.url
 
@@ -278,12 +298,14 @@ class LocalE2bService:
         return self._registry.ids()
 
     def sandbox_home(self, sandbox_id: str) -> str:
-        """The host directory mounted as ``sandbox_id``'s home (for tests and demos); for a
-        sandbox that is not there, a path that does not exist."""
+        """The host directory mounted as ``sandbox_id``'s home (for tests and demos), as
+        this process sees it from any thread (through the service's mount namespace); for
+        a sandbox that is not there, a path that does not exist."""
         sandbox = self._registry.lookup(sandbox_id)
         if sandbox is None:
-            return os.path.join(self._registry.root, "deleted", sandbox_id, "home")
-        return sandbox.home
+            missing = os.path.join(self._registry.root, "deleted", sandbox_id, "home")
+            return self._spawner.view(missing)
+        return self._spawner.view(sandbox.home)
 
     def backend(self, **options: Any) -> E2bCompatibleBackend:
         """An :class:`E2bCompatibleBackend` for this service; ``options`` are passed on.
@@ -307,7 +329,7 @@ class LocalE2bService:
             if self._closed:
                 return
             self._closed = True
-        self._registry.close()
+        self._spawner.call(self._registry.close)  # in the namespace holding its mounts
         self._server.close()
 
     def __enter__(self) -> LocalE2bService:
@@ -539,8 +561,7 @@ def remove_stale_directories(parent: str) -> list[str]:
 def remove_service_directory(directory: str) -> None:
     """Remove a stale service's directory, its mounts (sandbox disks, a lent Python)
     detached first: no process of it is left to use them."""
-    for point in mounts_below(directory):
-        detach(point)
+    unmount_under(directory)
     remove_tree(directory)
 
 

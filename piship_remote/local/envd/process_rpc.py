@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from piship_remote._http_server.messages import Reply, Request
+from piship_remote._http_server.messages import DropConnection, Reply, Request
 from piship_remote.local.envd.process_feed import Follower, ProcessFeed
 from piship_remote.local.isolation.process import Exited, InputFailed, LocalProcess, WindowSize
 from piship_remote.local.isolation.user_map import Identity
@@ -74,11 +74,10 @@ _SIGNAL_STATUS: dict[int, str] = {
     signal.SIGTERM: "signal: terminated",
 }
 _GONE = {
-    "deleted": "the sandbox was deleted",
-    "expired": "the sandbox's lifetime ended",
     "stopped": "the local sandbox service stopped",
     "lost": "the sandbox failed: its environment ended (the local service is still running)",
 }
+_KILLED_WITH_SANDBOX = ("deleted", "expired")
 _STREAM_HEADERS = (("Connect-Content-Encoding", "identity"),)
 _DEADLINE_FRAME = end_stream_frame(ConnectError("deadline_exceeded", "context deadline exceeded"))
 
@@ -326,6 +325,10 @@ def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
     if exited.killed == "deadline" and own_deadline:
         yield _DEADLINE_FRAME
         return
+    if exited.killed in _KILLED_WITH_SANDBOX:
+        # E2B's sandbox vanishes with its VM and the stream breaks off with no end; the
+        # SDKs tell a killed sandbox from any other failure by that (and a health probe).
+        raise DropConnection
     if exited.killed in _GONE:
         yield end_stream_frame(ConnectError("unavailable", _GONE[exited.killed]))
         return

@@ -238,9 +238,11 @@ class Agent:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _keep_only(reply, *([] if data is None else [data]))
-            if self.capable:
-                _become(uid)
             assert self.files is not None
+            if self.capable:
+                if uid != ROOT_UID and message.get("call") == "write":
+                    self.files.hand_parents(str((message.get("args") or {}).get("path", "")), uid)
+                _become(uid)
             self.files.serve(str(message.get("call")), dict(message.get("args") or {}), reply, data)
         except BaseException:
             code = 1

@@ -370,6 +370,27 @@ def _write(args: dict[str, Any], _: int, data: int | None) -> object:
     return {}
 
 
+def hand_parents(path: str, uid: int) -> None:
+    """As the sandbox's root, before a helper becomes ``uid``: make the missing parents of
+    ``path`` and give them to ``uid``, as envd does, so the user's ``/app/x`` can be written.
+
+    Whatever fails here is left to the user's own write, which reports it.
+    """
+    if not os.path.isabs(path):
+        return
+    missing: list[str] = []
+    parent = os.path.dirname(os.path.normpath(path))
+    while parent != "/" and not os.path.lexists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o755)
+            os.chown(directory, uid, uid, follow_symlinks=False)
+        except OSError:
+            return
+
+
 def _first_non_directory(path: str) -> str | None:
     """The first component of ``path`` that exists and is not a directory, if any."""
     walked = "/"

@@ -6,14 +6,16 @@ options give it:
 - new user, pid, mount, ipc, uts, cgroup and network namespaces (loopback only;
   with network allowed a user-mode stack adds ``tap0``, see
   :mod:`piship_remote.local.isolation.network`);
-- the host's ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links or binds)
+- a writable root filesystem of its own (a directory on its capped tmpfs, or an
+  overlay of an image template whose upper layer is there), over which the host's
+  ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links or binds) is bound
   read-only, a synthesised ``/etc`` (``passwd``, ``group``, ``hosts``, …) plus a
   few harmless host pieces (dynamic-linker cache, ``alternatives``, CA
   certificates), a fresh read-only ``/proc`` and a read-only ``/dev`` (the host's
   ``null``, ``zero``, … nodes, which the sandbox's uids do not own);
 - the sandbox's private home directory at ``workdir``, its private ``/tmp`` and
   ``/dev/shm`` (and, with a root beside the user, root's home at ``/root``), all
-  writable (size-capped tmpfs); everything else read-only;
+  writable (size-capped tmpfs); the host's pieces read-only;
 - no host path of the service: the ``/etc`` files and the agent are copied in
   from descriptors, and bubblewrap runs as ``/proc/self/fd/N`` (see
   :mod:`piship_remote.local.isolation.mount_sources`);
@@ -51,12 +53,12 @@ from piship_remote.local.isolation.host_python import (
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
 from piship_remote.local.isolation.network import DNS_SERVER
 from piship_remote.local.isolation.python_env import PythonEnv
+from piship_remote.local.isolation.uid_block import TRIAL_IDS, SandboxIds
 from piship_remote.local.isolation.user_map import (
     ROOT_HOME,
     SANDBOX_UID,
     capability_options,
     give_to,
-    host_uid,
     root_mappable,
 )
 
@@ -153,7 +155,7 @@ def isolation_problem(binary: str | os.PathLike[str] | None = None) -> str | Non
 
 def _trial(bwrap: str) -> str | None:
     # As sandboxes run: a root service's bubblewrap runs as the sandbox user's host uid.
-    run_as = host_uid(SANDBOX_UID) if root_mappable() else None
+    run_as = TRIAL_IDS.host(SANDBOX_UID) if root_mappable() else None
     with tempfile.TemporaryDirectory(prefix="piship-local-check-") as root:
         if run_as is not None:
             os.chmod(root, 0o711)
@@ -161,7 +163,7 @@ def _trial(bwrap: str) -> str | None:
         for path in dirs:
             os.mkdir(path, 0o700)
             if run_as is not None:
-                give_to(path, SANDBOX_UID)
+                give_to(path, SANDBOX_UID, TRIAL_IDS)
         write_etc(dirs[3], user="user", workdir="/home/user")
         jail = Jail(
             bwrap, home=dirs[0], tmp=dirs[1], shm=dirs[2], etc=dirs[3], workdir="/home/user"
@@ -319,14 +321,26 @@ class Jail:
     own_map: bool = False
     rootfs: str | None = None
     """An image template's root filesystem (shared, read-only), instead of the host's
-    ``/usr``: the sandbox sees it through an overlay whose writes stay in memory,
-    and the host's ``/usr`` only at a private path, for the agent's Python."""
+    ``/usr``: the sandbox sees it through an overlay whose writes are its own (see
+    ``root_layer`` and ``overlay``), and the host's ``/usr`` only at a private path, for
+    the agent's Python."""
     boot_id: str | None = None
     """A host file holding the sandbox's own boot id (each boot writes a new one), shown
     at :data:`BOOT_ID_PATH` in place of the host kernel's."""
     python_env: PythonEnv | None = None
     """A host Python environment lent read-only at its own paths (its ``bin`` first on
     ``PATH``, see :mod:`piship_remote.local.isolation.python_env`)."""
+    ids: SandboxIds | None = None
+    """The sandbox's own range of host uids, where the service maps them (``own_map``)."""
+    root_layer: str | None = None
+    """The host directory bound at ``/``: the sandbox's writable root (a directory of its
+    own, or the overlay of ``rootfs`` the service mounted). Without it, ``/`` is a tmpfs
+    of bubblewrap's (of ``scratch_size``, where given)."""
+    overlay: tuple[str, str] | None = None
+    """The upper and work directories of the overlay bubblewrap itself mounts at ``/``
+    over ``rootfs`` (a service that cannot mount)."""
+    etc_in_root: bool = False
+    """Whether the ``etc`` files are in ``root_layer`` already (its root's), not copied in."""
 
     @property
     def maps_users(self) -> bool:
@@ -345,10 +359,7 @@ class Jail:
             options += capability_options()
         options += ["--die-with-parent", "--new-session", "--clearenv"]
         options += ["--hostname", HOSTNAME]
-        if self.rootfs is None:
-            options += ["--ro-bind", "/usr", "/usr", *_system_dirs(), *_base_extras(sources)]
-        else:
-            options += ["--overlay-src", self.rootfs, "--tmp-overlay", "/", *host_view_options()]
+        options += self._root(sources)
         # Read-only /proc: the sandbox changes no kernel setting, not even one its
         # namespaces would scope (bubblewrap covers /proc/sys; this covers the rest).
         options += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
@@ -372,16 +383,36 @@ class Jail:
                 options += ["--ro-bind-fd", str(fd), lent.get(host, host)]
         if self.root_place() and any(_nested(inside, ROOT_HOME) for inside in lent.values()):
             options += ["--chmod", "0711", ROOT_HOME]  # the user reaches a lent Python there
-        options += ["--remount-ro", "/", "--chdir", cwd]
+        options += ["--chdir", cwd]
         for name, value in env.items():
             options += ["--setenv", name, value]
         return options
+
+    def _root(self, sources: Sources) -> list[str]:
+        """The root filesystem, writable: the sandbox's own layer (or a tmpfs of its own), then
+        the host's system directories, read-only (at their places, or at a private one in an
+        image)."""
+        own: list[str] = []
+        if self.root_layer is not None:
+            own = ["--bind-fd", str(sources.dir(self.root_layer)), "/"]
+        elif self.scratch_size is not None:
+            own = ["--size", str(self.scratch_size), "--tmpfs", "/"]
+        if self.rootfs is None:
+            return [*own, "--ro-bind", "/usr", "/usr", *_system_dirs(), *_base_extras(sources)]
+        if self.overlay is not None:
+            upper, work = self.overlay
+            own = ["--overlay-src", self.rootfs, "--overlay", upper, work, "/"]
+        elif self.root_layer is None:
+            own = ["--overlay-src", self.rootfs, "--tmp-overlay", "/"]
+        return [*own, *host_view_options()]
 
     def sources(self, python: str | None = None) -> Sources:
         """Open what the sandbox is made from: its places, ``/etc`` files and, given the
         ``python`` that runs it, the agent (and that Python's prefix outside ``/usr``)."""
         dirs = list(self._places())
-        files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
+        files: dict[str, str] = {}
+        if not self.etc_in_root:
+            files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
         if self.boot_id is not None:
             files[BOOT_ID_PATH] = self.boot_id
         if self.python_env is not None:
@@ -411,7 +442,8 @@ class Jail:
     def _places(self) -> list[str]:
         """The host directories mounted writable in the sandbox."""
         scratch = [self.tmp, self.shm] if self.scratch_size is None else []
-        return [self.home, *scratch, *self.root_place().values()]
+        layer = [] if self.root_layer is None else [self.root_layer]
+        return [*layer, self.home, *scratch, *self.root_place().values()]
 
     def root_place(self) -> dict[str, str]:
         """``{"/root": host directory}`` when root's home is mounted there, else ``{}``."""

@@ -54,7 +54,6 @@ __all__ = [
     "group_name",
     "limit_check",
     "mount_tmpfs",
-    "unmount",
 ]
 
 MIB = 1024 * 1024
@@ -409,13 +408,6 @@ def mount_tmpfs(path: str, size: int, *, mode: int = 0o700) -> None:
         raise OSError(err, f"mounting a tmpfs at {path}: {os.strerror(err)}")
 
 
-def unmount(path: str) -> None:
-    """Detach the mount at ``path``; nothing when there is none."""
-    libc = _libc()
-    if libc is not None and os.path.ismount(path):
-        libc.umount2(os.fsencode(path), MNT_DETACH)
-
-
 def bind_readonly(source: str, target: str) -> None:
     """Bind the folder ``source`` at ``target``, read-only (checked: a bind the kernel left
     writable is detached again); ``OSError`` if refused."""
@@ -434,9 +426,8 @@ def bind_readonly(source: str, target: str) -> None:
 
 
 def detach(point: str) -> None:
-    """Detach the mount at ``point``, a mount point read from the mount table (unlike
-    :func:`unmount`, it does not ask ``os.path.ismount``, which misses a folder bound from
-    the same filesystem)."""
+    """Detach the mount at ``point``, a mount point read from the mount table (without
+    asking ``os.path.ismount``, which misses a folder bound from the same filesystem)."""
     libc = _libc()
     if libc is not None:
         libc.umount2(os.fsencode(point), MNT_DETACH)

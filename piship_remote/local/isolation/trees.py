@@ -51,11 +51,13 @@ def remove_tree(path: str) -> None:
 
 
 def mounts_below(path: str) -> list[str]:
-    """The mount points at or below ``path`` in this mount namespace, deepest first (what a
-    crashed service left mounted, to detach before its directory is removed)."""
+    """The mount points at or below ``path`` in the calling thread's mount namespace (a root
+    service's is its spawner thread's), deepest first (what a crashed service left
+    mounted, to detach before its directory is removed)."""
     prefix = os.path.realpath(path).rstrip("/") + "/"
     found: list[str] = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as table:
+    mountinfo = "/proc/thread-self/mountinfo"
+    with contextlib.suppress(OSError), open(mountinfo, encoding="utf-8") as table:
         for line in table:
             fields = line.split(" ")
             if len(fields) > 4:

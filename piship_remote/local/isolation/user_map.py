@@ -1,11 +1,12 @@
 """Who a sandbox command runs as: its user (uid 1000) and, where it can be mapped, ``root``.
 
 Where the service runs as host root, a sandbox is nobody on the host: its user
-(uid 1000) maps onto :data:`USER_HOST_UID` and its ``root`` (uid 0) onto
-:data:`ROOT_HOST_UID`, two unprivileged host uids that own nothing outside the
-sandbox's own directory (which the service gives them), so neither can
-change a host file, device node or process. Writing that map needs the service's
-own ``CAP_SETUID`` in the host namespace (``/proc/<pid>/uid_map`` written from
+(uid 1000) and its ``root`` (uid 0) map onto two unprivileged host uids of a range
+of its own (see :mod:`piship_remote.local.isolation.uid_block`; the first sandbox's
+are :data:`USER_HOST_UID` and :data:`ROOT_HOST_UID`) that own nothing outside the
+sandbox's own directory (which the service gives them), so neither can change a
+host file, device node or process, nor another sandbox's. Writing that map needs the
+service's own ``CAP_SETUID`` in the host namespace (``/proc/<pid>/uid_map`` written from
 outside, while bubblewrap waits on ``--userns-block-fd``). Elsewhere the kernel
 lets a namespace map only the service's own uid: the sandbox's user is that uid
 (which can change nothing the service could not), and ``root`` is refused with
@@ -14,7 +15,7 @@ lets a namespace map only the service's own uid: the sandbox's user is that uid
     users = SandboxUsers.of(user="user", workdir="/home/user", root=root_mappable())
     identity = users.named("root")      # Identity("root", 0, "/root"), or None
     options = capability_options() + bwrap_options(block_fd, info_fd)
-    write_maps(child_pid, user_uid=1000, with_root=True)
+    write_maps(child_pid, ids, user_uid=1000, with_root=True)
 
 The agent keeps :data:`CAPABILITIES` (ambient), to switch to root and to signal
 root's processes; a user command starts with none, a root command with exactly
@@ -28,6 +29,8 @@ import stat
 
 import attrs
 
+from piship_remote.local.isolation.uid_block import BLOCK_START, SandboxIds
+
 __all__ = [
     "CAPABILITIES",
     "ROOT_HOME",
@@ -39,7 +42,6 @@ __all__ = [
     "bwrap_options",
     "capability_options",
     "give_to",
-    "host_uid",
     "make_root_home",
     "root_mappable",
     "unsearchable",
@@ -48,11 +50,9 @@ __all__ = [
 
 SANDBOX_UID = 1000
 ROOT_HOME = "/root"
-# The host uid (and gid) a sandbox's root maps onto: unused by any account, below the
-# 2**31 - 1 limit of 32-bit ids and far above where distributions allocate users and
-# containers' subordinate ranges (100000 + 65536 * n), so sandbox root owns nothing here.
-ROOT_HOST_UID = 2_147_000_000
-# The host uid (and gid) a sandbox's user (uid 1000) maps onto, in the same unused range.
+# The host uids (and gids) the first sandbox's root and user map onto; each other sandbox
+# has a range of its own above them.
+ROOT_HOST_UID = BLOCK_START
 USER_HOST_UID = ROOT_HOST_UID + SANDBOX_UID
 # What root needs to act as root on the sandbox's own files, and what the agent needs to
 # become it (SETUID, SETGID) and to signal its processes (KILL). Nothing more: no
@@ -113,11 +113,11 @@ class SandboxUsers:
         return f"{shown}: {ROOT_REFUSAL}" if name == "root" else shown
 
 
-def make_root_home(directory: str) -> str:
+def make_root_home(directory: str, ids: SandboxIds) -> str:
     """Make the host directory of a sandbox root's home in ``directory``: 0700, root's."""
     home = os.path.join(directory, "root")
     os.mkdir(home, 0o700)
-    os.chown(home, ROOT_HOST_UID, ROOT_HOST_UID)  # uid 0 inside the sandbox, nobody here
+    give_to(home, 0, ids)  # uid 0 inside the sandbox, nobody here
     return home
 
 
@@ -137,9 +137,9 @@ def unsearchable(directory: str) -> str | None:
         path = os.path.dirname(path)
 
 
-def give_to(path: str, uid: int) -> None:
-    """Make host directory ``path`` belong to sandbox uid ``uid`` (a root service's map)."""
-    owner = host_uid(uid)
+def give_to(path: str, uid: int, ids: SandboxIds) -> None:
+    """Make host directory ``path`` belong to sandbox uid ``uid`` (of the range ``ids``)."""
+    owner = ids.host(uid)
     os.chown(path, owner, owner)
 
 
@@ -153,16 +153,11 @@ def bwrap_options(block_fd: int, info_fd: int) -> list[str]:
     return ["--userns-block-fd", str(block_fd), "--info-fd", str(info_fd)]
 
 
-def host_uid(uid: int) -> int:
-    """The host uid (and gid) sandbox uid ``uid`` (0 or 1000) maps onto in a root service."""
-    return ROOT_HOST_UID if uid == 0 else USER_HOST_UID
-
-
-def write_maps(pid: int, *, user_uid: int, with_root: bool) -> None:
-    """Map the sandbox's user ``user_uid`` (and 0, ``with_root``) onto their unused host
-    uids, for process ``pid``."""
+def write_maps(pid: int, ids: SandboxIds, *, user_uid: int, with_root: bool) -> None:
+    """Map the sandbox's user ``user_uid`` (and 0, ``with_root``) onto their host uids of
+    the range ``ids``, for process ``pid``."""
     uids = sorted({user_uid, 0} if with_root else {user_uid})
-    lines = "".join(f"{uid} {host_uid(uid)} 1\n" for uid in uids)
+    lines = "".join(f"{uid} {ids.host(uid)} 1\n" for uid in uids)
     for name in ("uid_map", "gid_map"):
         with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as handle:
             handle.write(lines)

@@ -25,7 +25,8 @@ import attrs
 
 from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
 from piship_remote.local.isolation.egress import EgressRules, load_rules
-from piship_remote.local.isolation.limits import CgroupSet, Limits, limit_check, unmount
+from piship_remote.local.isolation.limits import CgroupSet, Limits, limit_check
+from piship_remote.local.isolation.mounts import unmount_under
 from piship_remote.local.isolation.process import (
     REAP_TIMEOUT,
     LocalProcess,
@@ -358,6 +359,11 @@ class Sandbox:
             self.pause_state = PauseState(vm.cgroups, lambda: vm.init_pid)
             self.reboots_on_resume = False
 
+    @property
+    def jail(self) -> Jail:
+        """The sandbox's confinement (its host directories and uids)."""
+        return self._jail
+
     def destroy(self, reason: str) -> None:
         """End every process (reporting ``reason``) and the environment; remove the files."""
         with self._lock:
@@ -375,5 +381,5 @@ class Sandbox:
             for process in processes:
                 process.wait(REAP_TIMEOUT)
         finally:  # whatever failed above, nothing of it stays mounted or on disk
-            unmount(self._root)
+            unmount_under(self._root)  # its tmpfs, and its root layer's mounts on it
             remove_tree(self._root)

@@ -1,11 +1,12 @@
 """The local service's sandboxes: their environments, files, processes and lifetimes.
 
 A :class:`Registry` creates sandboxes (a :class:`SandboxVm` each, with a private
-home, ``/tmp`` and ``/dev/shm`` on a size-capped tmpfs under one service
-directory, and cgroups holding its limits), finds them, renews and deletes
-them. A ``piship-local-reaper`` thread deletes each sandbox when its lifetime
-ends (or pauses one created with ``auto_pause``). Deleting ends every process
-of the sandbox and removes its files::
+home, ``/tmp``, ``/dev/shm`` and writable root layer on a size-capped tmpfs under one
+service directory, cgroups holding its limits, and, where the service maps them, a
+range of host uids of its own), finds them, renews and deletes them. A
+``piship-local-reaper`` thread deletes each sandbox when its lifetime ends (or pauses
+one created with ``auto_pause``). Deleting ends every process of the sandbox, removes
+its files, then frees its host uids::
 
     registry = Registry(root, bwrap=find_bwrap(), workdir="/home/user", user="user",
                         limits=Limits(), enforcement=Enforcement.probe())
@@ -38,12 +39,14 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
+from piship_remote.local.isolation.bubblewrap import Jail
 from piship_remote.local.isolation.egress import rules_problem
-from piship_remote.local.isolation.limits import Enforcement, Limits, detach
+from piship_remote.local.isolation.limits import Enforcement, Limits
+from piship_remote.local.isolation.mounts import unmount_under
 from piship_remote.local.isolation.network import egress_problem
 from piship_remote.local.isolation.process import REAP_TIMEOUT
 from piship_remote.local.isolation.python_env import PythonEnv
-from piship_remote.local.isolation.trees import mounts_below
+from piship_remote.local.isolation.uid_block import SandboxIds, UidBlock
 from piship_remote.local.isolation.user_map import SandboxUsers, root_mappable
 from piship_remote.local.sandbox.env import BootFailed, SandboxLayout, boot, reboot, remove_tree
 from piship_remote.local.sandbox.instance import Sandbox, SandboxGone, StartRefused, Wanted
@@ -60,7 +63,7 @@ from piship_remote.local.sandbox.snapshots import (
     unpack,
 )
 from piship_remote.local.sandbox.templates import DEFAULT_TEMPLATE
-from piship_remote.local.sandbox.vm import Spawner
+from piship_remote.local.sandbox.vm import SandboxVm, Spawner
 
 __all__ = [
     "CopyFailed",
@@ -109,6 +112,7 @@ class Registry:
         templates: Mapping[str, str | None] | None = None,
         snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
         python_env: PythonEnv | None = None,
+        spawner: Spawner | None = None,
     ) -> None:
         self.templates = dict(templates or {DEFAULT_TEMPLATE: None})
         """Each template's root filesystem (``None``: the host's ``/usr``)."""
@@ -136,7 +140,9 @@ class Registry:
         self._changed = threading.Condition()
         self._resuming = threading.Lock()  # one resume at a time: a reboot is not repeated
         self._closed = False
-        self._spawner = Spawner()
+        self._spawner = spawner or Spawner()
+        self._uids = UidBlock()  # a range of host uids per sandbox, where the service maps them
+        self._ids: dict[str, SandboxIds] = {}
         self._reaper = threading.Thread(target=self._reap, name="piship-local-reaper", daemon=True)
         self._reaper.start()
 
@@ -224,16 +230,7 @@ class Registry:
                 raise TooManySandboxes(f"the local service runs at most {self._max} sandboxes")
             self._booting += 1
         try:
-            jail, vm = boot(
-                sandbox_id,
-                directory,
-                self._layout,
-                network=wanted.network,
-                spawner=self._spawner,
-                rootfs=self.templates[wanted.image],
-            )
-        except BootFailed as e:
-            raise SandboxUnavailable(self._without_host_paths(str(e))) from None
+            jail, vm = self._boot(sandbox_id, directory, wanted)
         finally:
             with self._changed:
                 self._booting -= 1
@@ -258,7 +255,7 @@ class Registry:
             if seed is not None:
                 seed(sandbox)
         except BaseException as e:  # a copy that broke in any way leaves no sandbox running
-            sandbox.destroy("the sandbox's files could not be copied")
+            self._end(sandbox, "the sandbox's files could not be copied")
             if not isinstance(e, (CopyFailed, OSError)):
                 raise
             unreached = "the sandbox's files could not be copied: its agent could not be reached"
@@ -272,9 +269,46 @@ class Registry:
                 self._sandboxes[sandbox_id] = sandbox
                 self._changed.notify_all()
         if closed:
-            sandbox.destroy("stopped")
+            self._end(sandbox, "stopped")
             raise SandboxGone("the local sandbox service stopped")
         return sandbox
+
+    def _boot(self, sandbox_id: str, directory: str, wanted: Wanted) -> tuple[Jail, SandboxVm]:
+        """Boot the sandbox as its own range of host uids (where the service maps them)."""
+        try:
+            ids = self._uids.take() if self._layout.maps_users else None
+        except OSError as e:
+            raise SandboxUnavailable(str(e)) from None
+        try:
+            jail, vm = boot(
+                sandbox_id,
+                directory,
+                self._layout,
+                network=wanted.network,
+                spawner=self._spawner,
+                rootfs=self.templates[wanted.image],
+                ids=ids,
+            )
+        except BaseException as e:
+            if ids is not None:
+                self._uids.give_back(ids)
+            if isinstance(e, BootFailed):
+                raise SandboxUnavailable(self._without_host_paths(str(e))) from None
+            raise
+        if ids is not None:
+            with self._changed:
+                self._ids[sandbox_id] = ids
+        return jail, vm
+
+    def _end(self, sandbox: Sandbox, reason: str) -> None:
+        """Destroy ``sandbox``, then free its host uids once nothing of it can use them."""
+        try:
+            sandbox.destroy(reason)
+        finally:
+            with self._changed:
+                ids = self._ids.pop(sandbox.id, None)
+            if ids is not None:
+                self._uids.give_back(ids)
 
     def _without_host_paths(self, message: str) -> str:
         """``message`` with the service's directory (and so any sandbox's) left out: the
@@ -368,7 +402,7 @@ class Registry:
             sandbox = self._sandboxes.pop(sandbox_id, None)
         if sandbox is None:
             return False
-        sandbox.destroy(reason)
+        self._end(sandbox, reason)
         return True
 
     def close(self) -> None:
@@ -380,13 +414,14 @@ class Registry:
             self._changed.notify_all()
         for sandbox in sandboxes:
             with contextlib.suppress(Exception):  # one sandbox's failure spares the rest
-                sandbox.destroy("stopped")
+                self._end(sandbox, "stopped")
         if self._reaper is not threading.current_thread():
             self._reaper.join(REAP_TIMEOUT)
         self._spawner.close()
-        for point in mounts_below(self.root):  # a destroy that failed midway; a lent Python
-            detach(point)
+        unmount_under(self.root)  # a destroy that failed midway; a lent Python
         remove_tree(self.root)
+        self._uids.close()
+        self._layout.owner_maps.close()
 
     def _expiry(self, seconds: int) -> float:
         return self.clock() + self._bounded(seconds)

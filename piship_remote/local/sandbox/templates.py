@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
 
 from piship_remote.local.isolation.oci_archive import (
@@ -46,8 +47,9 @@ def prepare_templates(
     ``cache`` within ``image_limits``; ``ValueError`` naming the template that cannot be
     made (nothing of it is left in ``cache``).
 
-    ``owner`` is the host uid (and gid) the sandboxes' root maps to, where the service
-    maps one: the files then belong to root inside, as in the image.
+    ``owner`` is the host uid (and gid) the files are given where the service maps its
+    sandboxes' uids: one no sandbox maps, which each sandbox's mount of the template shows
+    as its own root; nobody else may write them (group and other write bits are cleared).
     """
     templates: dict[str, str | None] = {DEFAULT_TEMPLATE: None}
     for name, source in sources.items():
@@ -61,7 +63,7 @@ def prepare_templates(
                 f"template {name}: {path} is neither a directory (a root filesystem) nor a"
                 " tar (docker save, podman save, an OCI layout, or docker export)"
             )
-        os.makedirs(cache, 0o755, exist_ok=True)
+        os.makedirs(cache, 0o700, exist_ok=True)  # sandboxes reach templates only by mounts
         target = os.path.join(cache, name)
         try:
             if os.path.isdir(path):
@@ -78,10 +80,17 @@ def prepare_templates(
 
 
 def _give_tree(root: str, owner: int) -> None:
-    os.lchown(root, owner, owner)
+    _give(root, owner)
     for directory, dirnames, filenames in walk(root):
         for name in dirnames + filenames:
-            os.lchown(os.path.join(directory, name), owner, owner)
+            _give(os.path.join(directory, name), owner)
+
+
+def _give(path: str, owner: int) -> None:
+    os.lchown(path, owner, owner)
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISLNK(mode):
+        os.chmod(path, stat.S_IMODE(mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
 
 
 def template_names(templates: Mapping[str, str | None]) -> list[str]:

@@ -44,9 +44,10 @@ from piship_remote.local.isolation.bubblewrap import (
 )
 from piship_remote.local.isolation.limits import CgroupSet
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
+from piship_remote.local.isolation.mounts import enter_private_namespace
 from piship_remote.local.isolation.network import UserModeNetwork
 from piship_remote.local.isolation.process import LocalProcess, WindowSize
-from piship_remote.local.isolation.user_map import bwrap_options, host_uid, write_maps
+from piship_remote.local.isolation.user_map import bwrap_options, write_maps
 
 __all__ = ["BOOT_TIMEOUT", "SandboxVm", "Spawner"]
 
@@ -66,28 +67,56 @@ class Spawner:
 
     bubblewrap's ``--die-with-parent`` fires when the *thread* that forked it
     ends, so sandboxes are forked on this thread, which lives as long as the
-    service.
+    service. With ``private_mounts`` (a root service) the thread first enters a mount
+    namespace of its own (see :mod:`piship_remote.local.isolation.mounts`), which what it
+    runs and every thread it starts share; ``OSError`` if it cannot.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, private_mounts: bool = False) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]] | None]
         self._jobs = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="piship-local-spawner", daemon=True)
+        entered: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(private_mounts, entered),
+            name="piship-local-spawner",
+            daemon=True,
+        )
         self._thread.start()
+        entered.result()
+        self._private = private_mounts
+        self._closed = False
 
     def call(self, function: Callable[[], T]) -> T:
-        """Run ``function`` on the spawner thread and return what it returns (or raise)."""
+        """Run ``function`` on the spawner thread and return what it returns (or raise);
+        once the spawner is closed, on the caller's."""
+        if self._closed or self._thread is threading.current_thread():
+            return function()
         future: Future[object] = Future()
         self._jobs.put((function, future))
         return future.result()  # type: ignore[return-value]
 
+    def view(self, path: str) -> str:
+        """``path`` as any thread of this process sees it in the spawner's mount namespace."""
+        if not self._private or self._thread.native_id is None:
+            return path
+        return f"/proc/{os.getpid()}/task/{self._thread.native_id}/root{path}"
+
     def close(self) -> None:
         """Stop the thread (after the jobs already queued)."""
+        self._closed = True
         self._jobs.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(STOP_TIMEOUT)
 
-    def _run(self) -> None:
+    def _run(self, private_mounts: bool, entered: Future[None]) -> None:
+        try:
+            if private_mounts:
+                enter_private_namespace()
+        except OSError as e:
+            entered.set_exception(e)
+            return
+        entered.set_result(None)
         while (job := self._jobs.get()) is not None:
             function, future = job
             try:
@@ -160,7 +189,10 @@ class SandboxVm:
             programs.append(program)
             agent = jail.agent_command(python, str(agent_end.fileno()))
             argv = ["bwrap", "--args", str(args), "--", *agent]
-            run_as = host_uid(uid_for(jail.user)) if jail.maps_users else None
+            run_as = None
+            if jail.maps_users:
+                assert jail.ids is not None
+                run_as = jail.ids.host(uid_for(jail.user))
             executable: str | None = program.executable
             procs = cgroups.procs_files()
             if procs and run_as is None:
@@ -257,7 +289,9 @@ class SandboxVm:
             raise OSError("the sandbox did not start: bubblewrap reported no child pid")
         jail = self._jail
         assert jail is not None
-        write_maps(info_pid, user_uid=uid_for(jail.user), with_root=jail.root_home is not None)
+        assert jail.ids is not None
+        with_root = jail.root_home is not None
+        write_maps(info_pid, jail.ids, user_uid=uid_for(jail.user), with_root=with_root)
         # bubblewrap runs unprivileged here, so the service puts it in the sandbox's cgroups
         # (both its processes) before letting it go on; what it starts is born in them.
         for pid in (self._popen.pid, info_pid):
