@@ -203,7 +203,7 @@ def test_a_library_error_shows_its_code_and_fix_without_library_frames(kernel: K
     )
     (error,) = errors(outputs)
     traceback = "\n".join(error.traceback)
-    assert error.ename == "PiShipError" and "GATEWAY_UNREACHABLE" in traceback
+    assert error.ename == "GatewayUnreachable" and "GATEWAY_UNREACHABLE" in traceback
     assert "Action: " in traceback
     assert "piship_remote" not in traceback.replace("from piship_remote import", "")
     assert "interactiveshell.py" not in traceback  # IPython hides its own frame too

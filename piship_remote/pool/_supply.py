@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger("piship_remote")
-CLOSE_DEADLINE = 10.0  # seconds close() waits for deletions and warm activations in flight
+CLOSE_DEADLINE = 10.0  # seconds close() waits for deletions and activations in flight
 _WAKE = 0.05  # how often a waiting take() looks at its cancel event
 _WARM_BACKOFF = (0.5, 5.0)  # a failed warm activation's first and longest pause
 _BUSY_BACKOFF = (0.5, 10.0)  # a full service's first and longest wait without Retry-After
@@ -222,8 +222,8 @@ class SandboxSupply:
         """Dispose every sandbox, ready or leased (their commands end at once); idempotent.
         ``reason`` (the first call's) completes "the sandbox pool was ..." in later errors.
 
-        Waits (up to :data:`CLOSE_DEADLINE`) for the deletions and for the warm
-        activations in flight, never for a task.
+        Waits (up to :data:`CLOSE_DEADLINE`) for the deletions and for the activations
+        in flight, a task's too (the sandbox one makes is deleted), never for a task.
         """
         with self._cond:
             if self._closed.is_set():
@@ -246,6 +246,10 @@ class SandboxSupply:
         for thread in deleters + self._warmers:
             if thread is not threading.current_thread():
                 thread.join(end.remaining())
+        with self._cond:  # a task's create that lands now is deleted by _lease
+            self._cond.wait_for(
+                lambda: self._activating == 0 and self._deleting == 0, end.remaining()
+            )
 
     # -- the warm threads ----------------------------------------------------------------
 

@@ -16,28 +16,15 @@ from piship_remote.model.errors import CREDENTIAL_REQUIRED, PiShipError
 from piship_remote.model.redact import Redactor
 from piship_remote.testing import E2bServer
 from piship_remote.transport import HttpResponse, Transport
+from tests.support.quick_http import quick_http_server, route
 
 pytestmark = pytest.mark.timeout(10)
 
 
-class _Server(HTTPServer):
-    """A threaded werkzeug server that stops in milliseconds."""
-
-    def thread_target(self) -> None:
-        assert self.server is not None
-        self.server.serve_forever(poll_interval=0.01)
-
-
 @pytest.fixture
 def server() -> Iterator[HTTPServer]:
-    srv = _Server(host="127.0.0.1", threaded=True)
-    srv.start()
-    try:
+    with quick_http_server() as srv:
         yield srv
-    finally:
-        srv.clear()
-        if srv.is_running():
-            srv.stop()
 
 
 @pytest.fixture
@@ -52,11 +39,6 @@ def transport(redactor: Redactor) -> Iterator[Transport]:
         yield instance
     finally:
         instance.close()
-
-
-def route(server: HTTPServer, path: str, handler: Callable[[Request], Response]) -> str:
-    server.expect_request(path).respond_with_handler(handler)
-    return server.url_for(path)
 
 
 class Keys:

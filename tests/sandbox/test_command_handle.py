@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from piship_remote import (
 )
 from piship_remote.testing import E2bServer, Recorded
 from piship_remote.testing.e2b_commands import PID
+from tests.support.interrupts import interrupt_main_inside
 from tests.support.seed import assert_no_library_thread_left
 
 POLICY = {"required": True, "network": {"mode": "deny"}, "environment": {"allow": ["LANG"]}}
@@ -295,21 +294,6 @@ def test_ctrl_c_while_waiting_kills_the_command_and_reraises(
 
     signal_request = mock.wait_for("POST", "/process.Process/SendSignal", timeout=WITHIN)
     assert signal_request.json()["process"]["tag"] == bodies(mock, "Start")[-1]["tag"]
-
-
-def interrupt_main_inside(method: str) -> None:
-    """SIGINT once the main thread runs ``CommandHandle.<method>`` (looked at every ms)."""
-    main = threading.main_thread().ident
-    looked = threading.Event()
-    for _ in range(int(WITHIN * 1000)):
-        frame = sys._current_frames().get(main or 0)
-        while frame is not None:
-            code = frame.f_code
-            if code.co_name == method and code.co_filename.endswith("command_handle.py"):
-                signal.raise_signal(signal.SIGINT)
-                return
-            frame = frame.f_back
-        looked.wait(0.001)
 
 
 def test_dispose_ends_a_started_command_and_leaves_no_library_thread(

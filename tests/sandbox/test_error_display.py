@@ -16,6 +16,7 @@ import pytest
 
 from piship_remote import E2bCompatibleBackend, PiShipError, activate_sandbox
 from piship_remote.testing import E2bServer
+from tests.support.interrupts import interrupt_main_inside
 from tests.support.pool import POLICY
 
 pytestmark = pytest.mark.timeout(30)
@@ -130,8 +131,9 @@ def test_an_interrupted_wait_on_a_handle_says_the_remote_command_was_killed(
         return {"hang": True}
 
     server = e2b_server(command=hang)
+    # The start has arrived before start() returns: the SIGINT waits for wait() itself.
     interrupter = threading.Thread(
-        target=lambda: arrived.wait(10) and signal.raise_signal(signal.SIGINT), daemon=True
+        target=lambda: arrived.wait(10) and interrupt_main_inside("wait"), daemon=True
     )
     with E2bCompatibleBackend(endpoint=server.url, envd_url=server.url) as backend:
         with activate_sandbox(POLICY, backend=backend, workspace=workspace, env={}) as sandbox:

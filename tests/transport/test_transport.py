@@ -31,6 +31,7 @@ from piship_remote.transport import (
 )
 from piship_remote.transport._cancel import CancelToken
 from tests.support.loopback_http import LoopbackHttp
+from tests.support.quick_http import quick_http_server, route
 
 FAST = 0.1  # how soon a cancelled call must return (seconds)
 
@@ -38,24 +39,10 @@ FAST = 0.1  # how soon a cancelled call must return (seconds)
 # --------------------------------------------------------------------------- fixtures
 
 
-class _Server(HTTPServer):
-    """A threaded werkzeug server that stops in milliseconds."""
-
-    def thread_target(self) -> None:
-        assert self.server is not None
-        self.server.serve_forever(poll_interval=0.01)
-
-
 @pytest.fixture
 def server() -> Iterator[HTTPServer]:
-    srv = _Server(host="127.0.0.1", threaded=True)
-    srv.start()
-    try:
+    with quick_http_server() as srv:
         yield srv
-    finally:
-        srv.clear()
-        if srv.is_running():
-            srv.stop()
 
 
 @pytest.fixture
@@ -88,11 +75,6 @@ def drop(request: Request) -> None:
         request.environ["werkzeug.socket"].shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
-
-
-def route(server: HTTPServer, path: str, handler: Callable[[Request], Response]) -> str:
-    server.expect_request(path).respond_with_handler(handler)
-    return server.url_for(path)
 
 
 def hang_before_headers(server: HTTPServer, gate: threading.Event) -> tuple[str, threading.Event]:
@@ -219,14 +201,8 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def tls_server(tls_files: dict[str, Path]) -> Iterator[HTTPServer]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tls_files["cert"], tls_files["key"])
-    srv = _Server(host="127.0.0.1", threaded=True, ssl_context=context)
-    srv.start()
-    try:
+    with quick_http_server(context) as srv:
         yield srv
-    finally:
-        srv.clear()
-        if srv.is_running():
-            srv.stop()
 
 
 class KeepAliveServer:
