@@ -61,7 +61,6 @@ __all__ = [
     "SandboxUnavailable",
     "TlsPolicyViolation",
     "error_for",
-    "format_seconds",
 ]
 
 # Error codes: every PiShipError carries one of these.
