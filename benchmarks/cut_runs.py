@@ -54,6 +54,8 @@ IDLE_TIMEOUT = 1.0
 SDK_STALL_TIMEOUT = 5.0
 """The SDK has no idle timeout: its command timeout ends a stalled run."""
 RUN_TIMEOUT = 300.0
+COMMAND_STREAMS = "/process.Process/"
+"""Only the command's answers (Start, Connect) are cut, not a spool's read-back."""
 _FIRST_POINT = 1000  # past an answer's head and first event
 
 
@@ -110,9 +112,8 @@ def run_share(share: Share) -> Iterator[Outcome]:
             marker = f"{HOME}/.started-{index}"
             command = f"echo . >> {marker}; seq 1 {share.lines}; exit {EXIT_CODE}"
             target.arm()
-            target.proxy.plan(
-                fault_points(rng, share.fault, len(expected)), stall=share.fault == "stall"
-            )
+            points = fault_points(rng, share.fault, len(expected))
+            target.proxy.plan(points, stall=share.fault == "stall", path=COMMAND_STREAMS)
             cuts, starts, began = target.proxy.cuts, target.starts(), time.perf_counter()
             complete, exit_known, silent = runner.measured(command, expected)
             seconds = time.perf_counter() - began
