@@ -15,8 +15,9 @@ Clients: ``ours-sandbox`` and the official SDK (``e2b-sdk``, the reference). A r
 samples are the runs' seconds; its notes carry the measure (``complete`` and ``exit
 known`` in %, ``not once``: runs whose command did not start exactly once, ``silent``:
 ours' incomplete runs that reported nothing missing). Runs are spread over worker
-processes (``--size``'s ``cut_workers``), each with its own sandbox and proxy, and
-progress is printed as they finish, so an interrupted measure still tells its counts.
+processes (``--size``'s ``cut_workers``; with one, made in this process), each with its
+own sandbox and proxy, and progress is printed as they finish, so an interrupted measure
+still tells its counts.
 The group ``exec true, nothing cut`` is :mod:`benchmarks.cut_exec_cost`.
 
 Through the harness (``--size`` sets runs, lines and workers)::
@@ -197,6 +198,8 @@ def _shares(share: Share, workers: int) -> list[Share]:
 
 def _spread(share: Share, workers: int) -> tuple[list[Outcome], str | None]:
     """The outcomes of ``share``'s runs made by worker processes, and what broke a worker."""
+    if workers <= 1:
+        return _in_process(share)
     context = multiprocessing.get_context("spawn")
     results: Queue[Outcome] = context.Queue()
     outcomes: list[Outcome] = []
@@ -217,6 +220,21 @@ def _spread(share: Share, workers: int) -> tuple[list[Outcome], str | None]:
     progress.show(outcomes, last=True)
     failures = [str(f.exception()) for f in futures if f.exception() is not None]
     return outcomes, (failures[0] if failures else None)
+
+
+def _in_process(share: Share) -> tuple[list[Outcome], str | None]:
+    """One worker's runs made here (no process to start)."""
+    outcomes: list[Outcome] = []
+    progress = _Progress(_label(share), share.count)
+    try:
+        for outcome in run_share(share):
+            outcomes.append(outcome)
+            progress.show(outcomes)
+    except Exception as error:  # the rows keep what was measured before it broke
+        return outcomes, str(error)
+    finally:
+        progress.show(outcomes, last=True)
+    return outcomes, None
 
 
 def _start(results: Queue[Outcome]) -> None:
