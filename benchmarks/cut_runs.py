@@ -16,6 +16,7 @@ so a run is the same whichever worker makes it::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 import shlex
 import tempfile
@@ -49,13 +50,16 @@ Fault = Literal["cuts", "stall"]
 Client = Literal["ours-sandbox", "e2b-sdk"]
 Server = Literal["local", "doubles"]
 EXIT_CODE = 3
-IDLE_TIMEOUT = 1.0
-"""Our ``stream_idle_timeout`` in these runs: how long a stalled stream is waited for."""
+IDLE_TIMEOUT: dict[Server, float] = {"local": 2.0, "doubles": 10.0}
+"""Our ``stream_idle_timeout`` in the stalled runs (the cut ones keep the default). The
+double writes a command's spool before it answers, so a Start of many MB takes seconds
+to answer its head there."""
 SDK_STALL_TIMEOUT = 5.0
 """The SDK has no idle timeout: its command timeout ends a stalled run."""
 RUN_TIMEOUT = 300.0
 COMMAND_STREAMS = "/process.Process/"
 """Only the command's answers (Start, Connect) are cut, not a spool's read-back."""
+_FRAME_BYTES = 32 * 1024
 _FIRST_POINT = 1000  # past an answer's head and first event
 
 
@@ -160,9 +164,10 @@ def _local(share: Share, stack: contextlib.ExitStack) -> _Target:
 
 
 def _double(expected: str, stack: contextlib.ExitStack) -> _Target:
-    double = stack.enter_context(
-        E2bServer(command=lambda start: {"stdout": expected, "exit_code": EXIT_CODE})
-    )
+    output = expected.encode()
+    chunks = [output[at : at + _FRAME_BYTES] for at in range(0, len(output), _FRAME_BYTES)]
+    answer = {"chunks": chunks, "exit_code": EXIT_CODE}  # in envd's 32 KiB data events
+    double = stack.enter_context(E2bServer(command=lambda start: answer))
     proxy = stack.enter_context(CuttingProxy(double.url))
     past_the_end = [len(expected.encode()) + 1] * (MAX_REATTACHES + 1)
 
@@ -178,11 +183,17 @@ def _double(expected: str, stack: contextlib.ExitStack) -> _Target:
     return _Target(double.url, API_KEY, proxy, arm, starts, counts_starts=True)
 
 
+def _idle_timeout(share: Share) -> float:
+    if share.fault == "stall":
+        return IDLE_TIMEOUT[share.server]
+    return float(inspect.signature(E2bCompatibleBackend).parameters["stream_idle_timeout"].default)
+
+
 def _ours_sandbox(share: Share, target: _Target, stack: contextlib.ExitStack) -> _Runner:
     key = target.api_key
     backend = E2bCompatibleBackend(
         endpoint=target.endpoint, envd_url=target.proxy.url, credential=lambda: key,
-        workdir=HOME, user=USER, stream_idle_timeout=IDLE_TIMEOUT,
+        workdir=HOME, user=USER, stream_idle_timeout=_idle_timeout(share),
     )  # fmt: skip
     stack.callback(backend.close)
     workspace = stack.enter_context(tempfile.TemporaryDirectory(prefix="piship-bench-cuts-"))

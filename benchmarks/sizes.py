@@ -102,7 +102,7 @@ SIZES: dict[str, Size] = {
         activation_runs=5,
         cut_runs=1_000,
         cut_lines=2_500_000,
-        stall_runs=50,
+        stall_runs=20,
         cut_workers=2,
     ),
 }

@@ -6,8 +6,9 @@ Each run is ``seq 1 LINES; exit 3`` whose envd connection goes through
 
 - group ``cuts 1-3``: reset at 1-3 random points of the answer;
 - group ``stall``: not relayed past one random point until the client gives up (ours
-  after a 1 s ``stream_idle_timeout``; the SDK, which has no idle timeout, at its 5 s
-  command timeout).
+  after a ``stream_idle_timeout`` of 2 s on the local service, 10 s on the double, which
+  takes seconds to answer a Start of many MB; the SDK, which has no idle timeout, at
+  its 5 s command timeout).
 
 Servers: the local service in a child process (``local``; ours with default settings)
 and the E2B double (``doubles``, which keeps nothing: ours with ``resumable=True``).
@@ -85,6 +86,7 @@ class Measure:
     exec_rounds: int
     exec_batch: int
     seed: int = 46
+    servers: tuple[Server, ...] = (LOCAL, DOUBLES)
 
     @classmethod
     def of(cls, size: Size) -> Measure:
@@ -112,14 +114,15 @@ def measure(plan: Measure) -> ScenarioResult:
     rows: list[Row] = []
     skipped: list[str] = []
     with LocalServiceProcess(disk_mib=_DISK_MIB) as service:
-        cost, missing = exec_rows(
-            NAME, LOCAL, service.url, service.api_key, plan.exec_rounds, plan.exec_batch
-        )
-        rows += cost
-        skipped += missing
+        if plan.exec_rounds > 0:
+            cost, missing = exec_rows(
+                NAME, LOCAL, service.url, service.api_key, plan.exec_rounds, plan.exec_batch
+            )
+            rows += cost
+            skipped += missing
         for fault, client, server in _PHASES:
             runs = plan.runs if fault == "cuts" else plan.stall_runs
-            if runs <= 0:
+            if runs <= 0 or server not in plan.servers:
                 continue
             share = Share(
                 client=client,
@@ -148,7 +151,8 @@ def measure(plan: Measure) -> ScenarioResult:
             "process(es); the median is seconds per run; complete = stdout whole and in "
             "order, exit known = exit code 3 returned, not once = runs whose command did not "
             "start exactly once, silent = incomplete with nothing reported missing",
-            "local: ours with default settings (the service replays from its ring); doubles: "
+            "local: ours with default settings (stalls: stream_idle_timeout 2 s, on the double "
+            "10 s; the service replays from its ring); doubles: "
             "ours with resumable=True (the double keeps nothing); the SDK has no idle timeout, "
             "so its command timeout (5 s) ends a stalled run",
             "exec true, nothing cut: this library against the one before the reattach "
@@ -317,6 +321,14 @@ def _goal(name: str, value: float | None, target: str, passes: Callable[[float],
     return Goal(name, "ours-sandbox", value, target, passes(value))
 
 
+def _servers(parser: argparse.ArgumentParser, text: str) -> tuple[Server, ...]:
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    known: dict[str, Server] = {LOCAL: LOCAL, DOUBLES: DOUBLES}
+    if not chosen or set(chosen) - set(known):
+        parser.error(f"--servers takes local and/or doubles, not {text!r}")
+    return tuple(known[name] for name in chosen)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m benchmarks.stream_cuts``: the scenario with chosen counts."""
     parser = argparse.ArgumentParser(
@@ -329,13 +341,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=base.lines, help="lines per run")
     parser.add_argument("--stall-runs", type=int, default=base.stall_runs)
     parser.add_argument("--workers", type=int, default=base.workers)
-    parser.add_argument("--exec-rounds", type=int, default=base.exec_rounds)
+    parser.add_argument("--servers", default=",".join(base.servers), help="local,doubles")
+    parser.add_argument("--exec-rounds", type=int, default=base.exec_rounds, help="0: none")
     parser.add_argument("--exec-batch", type=int, default=base.exec_batch)
     parser.add_argument("--seed", type=int, default=base.seed)
     args = parser.parse_args(argv)
     plan = Measure(
         runs=args.runs, lines=args.lines, stall_runs=args.stall_runs, workers=args.workers,
         exec_rounds=args.exec_rounds, exec_batch=args.exec_batch, seed=args.seed,
+        servers=_servers(parser, args.servers),
     )  # fmt: skip
     result = measure(plan)
     goals = cut_goals(result.rows)
