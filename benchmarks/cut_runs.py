@@ -3,10 +3,11 @@
 A run is ``echo >> <marker>; seq 1 LINES; exit 3``: complete when its stdout is every
 line in order, its exit code known when it is 3, and run once when the marker holds one
 line (on the E2B double: one ``Start`` request). Every connection to envd goes through a
-:class:`~piship_remote.testing.cutting_proxy.CuttingProxy`, which resets it at 1-3 random
-points of the answer (``cuts``) or, separately, stops relaying it at one point until the
-client gives up (``stall``). Each run's points come from ``random.Random((seed, index))``,
-so a run is the same whichever worker makes it::
+:class:`~piship_remote.testing.cutting_proxy.CuttingProxy`, which resets the command's
+answers (``Start``, then each ``Connect``) at 1-3 random points (``cuts``) or, separately,
+stops relaying one at a random point until the client gives up (``stall``). Each run's
+points are drawn from its seed, fault and index alone, so a run is the same whichever
+worker makes it::
 
     plan = Share(client="ours-sandbox", server="local", fault="cuts", lines=10_000, ...)
     for outcome in run_share(plan):
