@@ -35,6 +35,7 @@ from piship_remote.testing import E2bServer
 from piship_remote.testing.cutting_proxy import CuttingProxy
 
 __all__ = [
+    "DOUBLE_IDLE_PER_MB",
     "EXIT_CODE",
     "IDLE_TIMEOUT",
     "SDK_STALL_TIMEOUT",
@@ -51,10 +52,11 @@ Fault = Literal["cuts", "stall"]
 Client = Literal["ours-sandbox", "e2b-sdk"]
 Server = Literal["local", "doubles"]
 EXIT_CODE = 3
-IDLE_TIMEOUT: dict[Server, float] = {"local": 2.0, "doubles": 10.0}
-"""Our ``stream_idle_timeout`` in the stalled runs (the cut ones keep the default). The
-double writes a command's spool before it answers, so a Start of many MB takes seconds
-to answer its head there."""
+IDLE_TIMEOUT = 2.0
+"""Our ``stream_idle_timeout`` in the stalled runs (the cut ones keep the default)."""
+DOUBLE_IDLE_PER_MB = 0.5
+"""Added per MB of output on the double, which writes the spool before it answers a
+Start's head (seconds for a Start of many MB)."""
 SDK_STALL_TIMEOUT = 5.0
 """The SDK has no idle timeout: its command timeout ends a stalled run."""
 RUN_TIMEOUT = 300.0
@@ -185,8 +187,10 @@ def _double(expected: str, stack: contextlib.ExitStack) -> _Target:
 
 
 def _idle_timeout(share: Share) -> float:
+    if share.fault == "stall" and share.server == "doubles":
+        return IDLE_TIMEOUT + DOUBLE_IDLE_PER_MB * len(expected_output(share.lines)) / 1e6
     if share.fault == "stall":
-        return IDLE_TIMEOUT[share.server]
+        return IDLE_TIMEOUT
     return float(inspect.signature(E2bCompatibleBackend).parameters["stream_idle_timeout"].default)
 
 

@@ -6,9 +6,9 @@ Each run is ``seq 1 LINES; exit 3`` whose envd connection goes through
 
 - group ``cuts 1-3``: reset at 1-3 random points of the answer;
 - group ``stall``: not relayed past one random point until the client gives up (ours
-  after a ``stream_idle_timeout`` of 2 s on the local service, 10 s on the double, which
-  takes seconds to answer a Start of many MB; the SDK, which has no idle timeout, at
-  its 5 s command timeout).
+  after a ``stream_idle_timeout`` of 2 s, on the double 0.5 s more per MB of output,
+  since it writes the spool before it answers a Start; the SDK, which has no idle
+  timeout, at its 5 s command timeout).
 
 Servers: the local service in a child process (``local``; ours with default settings)
 and the E2B double (``doubles``, which keeps nothing: ours with ``resumable=True``).
@@ -152,7 +152,7 @@ def measure(plan: Measure) -> ScenarioResult:
             "order, exit known = exit code 3 returned, not once = runs whose command did not "
             "start exactly once, silent = incomplete with nothing reported missing",
             "local: ours with default settings (stalls: stream_idle_timeout 2 s, on the double "
-            "10 s; the service replays from its ring); doubles: "
+            "+0.5 s per MB; the service replays from its ring); doubles: "
             "ours with resumable=True (the double keeps nothing); the SDK has no idle timeout, "
             "so its command timeout (5 s) ends a stalled run",
             "exec true, nothing cut: this library against the one before the reattach "
