@@ -67,8 +67,6 @@ class RuntimeFiles(RootedFiles[CallCancel]):
         router: Router,
         router_url: str,
         *,
-        namespace: str,
-        port: int,
         workdir: str | None,
         claimed: ClaimScope,
     ) -> None:
@@ -76,8 +74,6 @@ class RuntimeFiles(RootedFiles[CallCancel]):
         self._http = http
         self._router = router
         self._url = router_url.rstrip("/")
-        self._namespace = namespace
-        self._port = port
         self._claimed = claimed
 
     # -- the runtime's surface ----------------------------------------------------------
