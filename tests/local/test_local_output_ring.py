@@ -53,6 +53,7 @@ def test_a_ring_that_moved_past_the_offset_replays_from_its_oldest_byte_and_says
     client: Client, sandbox: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(process_feed, "RING_BYTES", 1000)
+    monkeypatch.setattr(process_feed, "GRACE", 0.0)  # nothing dropped within the grace
     ended_command(client, sandbox, "ring-b")
     stream = connect(client, sandbox, "ring-b", **{"Piship-Output-Offset": "stdout=0,stderr=0"})
     stream.finish()
@@ -70,3 +71,24 @@ def test_connect_without_the_header_is_envds_from_now_on(
     assert "Piship-Output-Offset" not in stream.response.headers
     assert stream.stdout == ""
     assert stream.end is not None and stream.end["exitCode"] == 7
+
+
+BIG_LINES = 3_700_000  # ~30 MB of numbered lines: far more than the ring and its held part
+BIG = "".join(f"{n}\n" for n in range(1, BIG_LINES + 1))
+
+
+def test_a_writer_much_faster_than_the_reconnect_loses_nothing(
+    client: Client, sandbox: dict[str, Any]
+) -> None:
+    stream = start(client, sandbox, f"seq 1 {BIG_LINES}; echo done >&2", tag="ring-big")
+    stream.until(lambda s: len(s.events("data")) >= 10)
+    stream.response.close()
+    received = stream.stdout
+    time.sleep(3.0)  # the command could write all of it ten times over meanwhile
+    offsets = f"stdout={len(received)},stderr=0"
+    rest = connect(client, sandbox, "ring-big", **{"Piship-Output-Offset": offsets})
+    rest.finish()
+    assert rest.response.headers["Piship-Output-Offset"] == offsets
+    assert received + rest.stdout == BIG
+    assert rest.stderr == "done\n"
+    assert rest.end is not None and rest.end["status"] == "exit status 0"
