@@ -338,6 +338,8 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(reply.body)
             return
+        if reply.send_buffer is not None:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, reply.send_buffer)
         chunked = not any(name.lower() == "content-length" for name, _ in reply.headers)
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")

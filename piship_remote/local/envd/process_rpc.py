@@ -79,6 +79,9 @@ DEFAULT_KEEPALIVE = 90.0
 MAX_TIMEOUT_DIGITS = 10
 KILL_SETTLE = 5.0  # seconds a SIGKILL waits for the command to be reaped
 STREAMING = frozenset({"Start", "Connect", "StreamInput"})
+STREAM_SEND_BUFFER = 1024 * 1024
+"""A command stream's socket send buffer: what a cut loses in this host's kernel stays
+well within the sent bytes each output ring keeps."""
 ENDED_GRACE = 60.0
 """Seconds an ended command stays reachable by ``Connect`` (its end and output ring)."""
 ENDED_KEPT = 8
@@ -433,7 +436,11 @@ def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
 
 def _stream(frames: _Followed, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
     return Reply(
-        200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS + headers, stream=frames
+        200,
+        content_type=CONNECT_JSON,
+        headers=_STREAM_HEADERS + headers,
+        stream=frames,
+        send_buffer=STREAM_SEND_BUFFER,
     )
 
 
