@@ -223,7 +223,6 @@ class ProcessFeed:
         on_end()
 
 
-
 def _ring_name(output: Output) -> str:
     """The ring of ``output``'s stream: a terminal's output is stdout."""
     return "stderr" if output.stream == "stderr" else "stdout"
