@@ -6,6 +6,7 @@ grace a command nobody follows runs on, its ring dropping the oldest."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -126,6 +127,20 @@ def test_after_the_grace_a_command_nobody_follows_runs_to_its_end_keeping_its_la
     assert sum(len(o.data) for o in resumed.replay) == RING
     event: Any = resumed.follower.next(1.0)
     assert isinstance(event, Exited) and event.exit_code == 0
+
+
+def test_after_the_grace_a_command_is_not_killed_before_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(process_feed, "GRACE", 0.2)
+    writer = Writer(total=100 * HELD)
+    ended = threading.Event()
+    deadline = time.monotonic() + 600
+    feed = ProcessFeed(cast(LocalProcess, writer), on_end=ended.set, deadline=deadline)
+    feed.subscribe().close()
+    feed.start()
+    assert ended.wait(10.0)
+    assert writer.killed is None
 
 
 def test_a_held_command_is_killed_at_its_deadline() -> None:

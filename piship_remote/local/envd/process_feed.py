@@ -199,17 +199,18 @@ class ProcessFeed:
         """Wait (hold the lock) while ``ring`` holds all it may unsent, until a connection
         takes some, the hold ends, or the command's deadline, which kills it."""
         while ring.unsent >= HELD_BYTES:
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                self.process.kill("deadline")
+                self._deadline, self._left_at = None, -math.inf
+                self._followers_hold = False
+                return
             wait = self._hold_left()
-            if self._deadline is not None:
-                wait = min(wait, self._deadline - time.monotonic())
-                if wait <= 0:
-                    self.process.kill("deadline")
-                    self._deadline, self._left_at = None, -math.inf
-                    self._followers_hold = False
-                    return
             if wait <= 0:
                 return
-            self._room.wait(min(wait, _RECHECK))
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+            self._room.wait(max(min(wait, _RECHECK), 0.0))
 
     def _hold_left(self) -> float:
         """Seconds the feed still holds back the command's output (hold the lock)."""
