@@ -33,6 +33,7 @@ from piship_remote.local.isolation.process import (
     StartFailed,
     WindowSize,
 )
+from piship_remote.local.isolation.uid_block import SandboxIds
 from piship_remote.local.isolation.user_map import ROOT_HOME, Identity
 from piship_remote.local.sandbox.env import BootFailed, remove_tree
 from piship_remote.local.sandbox.network_options import NetworkOptions
@@ -154,6 +155,11 @@ class Sandbox:
     def root_user(self) -> Identity | None:
         """The sandbox's root beside its user (uid 0, home ``/root``), where it has one."""
         return None if self._jail.root_home is None else Identity("root", 0, ROOT_HOME)
+
+    @property
+    def ids(self) -> SandboxIds | None:
+        """Its own range of host uids, where the service maps them (a root service)."""
+        return self._jail.ids
 
     @property
     def network(self) -> bool:
