@@ -38,6 +38,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -59,6 +60,12 @@ _KINDS = (
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _BLOCK = tarfile.BLOCKSIZE
 _XATTR_HEADER = "SCHILY.xattr."
+# A directory of the root filesystem's copy: the names it holds (an entry missing from them
+# was deleted), as a vendor pax record.
+_NAMES_HEADER = "PISHIP.names"
+AGENT_DIRECTORY = "run/piship"
+_OCTAL = re.compile(r"\\([0-7]{3})")
+_MOVED = "the files were moved while they were copied; try again"
 
 
 class Refused(Exception):
@@ -436,11 +443,12 @@ class _Tree:
     :meth:`walk` yields each entry's relative path (``""`` for the top) and ``lstat``,
     with the working directory at the entry's parent (at the top itself for ``""``),
     directories before what they hold; symlinks are not followed, other filesystems
-    are not entered.
+    are not entered, and the relative paths in ``skip`` are neither yielded nor entered.
     """
 
-    def __init__(self, top: str) -> None:
+    def __init__(self, top: str, skip: frozenset[str] = frozenset()) -> None:
         self.top = top
+        self.skip = skip
 
     def walk(self) -> Iterator[tuple[str, os.stat_result]]:
         os.chdir(self.top)
@@ -455,9 +463,12 @@ class _Tree:
                 frames.pop()
                 if frames:
                     _climb(frames[-1][1])
+                    self._left()
                     prefix = prefix[: prefix.rstrip("/").rfind("/") + 1]
                 continue
             name = names.pop()
+            if prefix + name in self.skip:
+                continue
             try:
                 info = os.lstat(name)
             except FileNotFoundError:
@@ -473,8 +484,98 @@ class _Tree:
                 except OSError:
                     _climb(at)
                     continue
+                self._entered(name)
                 frames.append((listed, os.lstat(".")))
                 prefix += name + "/"
+
+    def _entered(self, name: str) -> None:
+        """The walk went down into directory ``name``."""
+
+    def _left(self) -> None:
+        """The walk went back up one level."""
+
+
+class _RootLayer(_Tree):
+    """A walk of the sandbox's own layer of its root filesystem: the overlay's upper layer
+    of its image, bound read-only at ``top``, or ``/`` itself (``top`` ``"/"``).
+
+    :meth:`listing` says what ``/`` lists at the directory the walk is at: in an overlay,
+    a template's entry the sandbox deleted is missing there and only there. The walk of
+    ``/`` follows the layer's along, one open directory at a time.
+    """
+
+    def __init__(self, top: str, skip: frozenset[str]) -> None:
+        super().__init__(top, skip)
+        self._view = None if top == "/" else os.open("/", _DIRECTORY)
+        self._above: list[os.stat_result] = []  # the view's directories, to climb back to
+        self._lost = 0  # levels below the last directory the view could follow
+
+    def listing(self, name: str) -> list[str] | None:
+        """What ``/`` lists at directory ``name`` (relative to the walk's), if it has it."""
+        if self._view is None:
+            return os.listdir(name)
+        if self._lost:
+            return None
+        try:
+            fd = os.open(name, _DIRECTORY, dir_fd=self._view)
+        except OSError:
+            return None
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def _entered(self, name: str) -> None:
+        if self._view is None:
+            return
+        if self._lost:
+            self._lost += 1
+            return
+        try:
+            fd = os.open(name, _DIRECTORY, dir_fd=self._view)
+        except OSError:
+            self._lost = 1
+            return
+        self._above.append(os.fstat(self._view))
+        os.close(self._view)
+        self._view = fd
+
+    def _left(self) -> None:
+        if self._view is None:
+            return
+        if self._lost:
+            self._lost -= 1
+            return
+        fd = os.open("..", _DIRECTORY, dir_fd=self._view)
+        expected, found = self._above.pop(), os.fstat(fd)
+        os.close(self._view)
+        self._view = fd
+        if (found.st_dev, found.st_ino) != (expected.st_dev, expected.st_ino):
+            raise Refused("EAGAIN", message=_MOVED)
+
+    def close(self) -> None:
+        if self._view is not None:
+            os.close(self._view)
+            self._view = None
+
+
+def mount_points() -> frozenset[str]:
+    """The sandbox's mount points but ``/``, relative to it, from its own mount table."""
+    found = set()
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
+        for line in table:
+            fields = line.split(" ")
+            if len(fields) > 4:
+                point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4]).strip("/")
+                if point:
+                    found.add(point)
+    return frozenset(found)
+
+
+def _kept_out() -> frozenset[str]:
+    """What a copy of the root filesystem leaves alone: every mount (host folders bound
+    read-only, the places copied on their own, ``/proc``, ``/dev``) and the agent's folder."""
+    return mount_points() | {AGENT_DIRECTORY}
 
 
 def _enter(name: str, expected: os.stat_result) -> None:
@@ -494,7 +595,7 @@ def _climb(expected: os.stat_result) -> None:
     os.chdir("..")
     info = os.lstat(".")
     if (info.st_dev, info.st_ino) != (expected.st_dev, expected.st_ino):
-        raise Refused("EAGAIN", message="the files were moved while they were copied; try again")
+        raise Refused("EAGAIN", message=_MOVED)
 
 
 def remove_tree(path: str) -> None:
@@ -508,6 +609,21 @@ def remove_tree(path: str) -> None:
         return
     parent, name = os.path.split(os.path.normpath(path))
     os.chdir(parent or "/")
+    _remove_directory(name, info)
+
+
+def _remove_entry(name: str) -> None:
+    """Remove ``name`` of the working directory, a directory with all it holds."""
+    info = os.lstat(name)
+    if stat.S_ISDIR(info.st_mode):
+        _remove_directory(name, info)
+    else:
+        os.unlink(name)
+
+
+def _remove_directory(name: str, info: os.stat_result) -> None:
+    """Remove directory ``name`` of the working directory (``info``: its ``lstat``) and all
+    it holds, level by level; the working directory is where it was after."""
     frames: list[tuple[str, list[str], os.stat_result]] = []
     above = os.lstat(".")
     _enter(name, info)
@@ -543,30 +659,62 @@ def _clear_files(directory: str = ".") -> list[str]:
 def _export(args: dict[str, Any], _: int, data: int | None) -> object:
     assert data is not None
     places = [str(p) for p in args["places"]]
+    kept_out = _kept_out()
     with open(data, "wb", buffering=PIECE, closefd=False) as out:
         for place in places:
-            if os.path.isdir(place):
-                _export_place(place, out)
+            if place == "/":
+                _export_root(str(args.get("layer") or "/"), kept_out, out)
+            elif os.path.isdir(place):
+                _export_place(place, _below(kept_out, place.strip("/")), out)
         out.write(b"\0" * (2 * _BLOCK))
     return {}
 
 
-def _export_place(place: str, out: BinaryIO) -> None:
+def _below(paths: frozenset[str], root: str) -> frozenset[str]:
+    """``paths`` (relative to ``/``) below ``root``, relative to it."""
+    return frozenset(path[len(root) + 1 :] for path in paths if path.startswith(root + "/"))
+
+
+def _export_place(place: str, skip: frozenset[str], out: BinaryIO) -> None:
     root = place.strip("/")
-    for relative, info in _Tree(place).walk():
+    for relative, info in _Tree(place, skip).walk():
         name = root + "/" + relative if relative else root
-        here = os.path.basename(relative) if relative else "."
-        if stat.S_ISDIR(info.st_mode):
-            _put(out, _header(name, info, tarfile.DIRTYPE, here), None)
-        elif stat.S_ISLNK(info.st_mode):
-            member = _header(name, info, tarfile.SYMTYPE, None)
-            try:
-                member.linkname = os.readlink(here)
-            except OSError:
-                continue  # no longer a symlink: what the sandbox changes meanwhile is left out
-            _put(out, member, None)
-        elif stat.S_ISREG(info.st_mode):
-            _export_file(out, name, here, info)
+        _export_entry(out, name, os.path.basename(relative) if relative else ".", info)
+
+
+def _export_root(layer: str, kept_out: frozenset[str], out: BinaryIO) -> None:
+    """The sandbox's own changes to its root filesystem: what its layer (``layer``: an
+    overlay's upper layer, or ``/`` itself) holds, but what :func:`_kept_out` names; each
+    directory with the names ``/`` lists there, so what it deleted stays deleted."""
+    tree = _RootLayer(layer, kept_out)
+    try:
+        for relative, info in tree.walk():
+            here = os.path.basename(relative) if relative else "."
+            names = tree.listing(here) if stat.S_ISDIR(info.st_mode) else None
+            _export_entry(out, relative or ".", here, info, names)
+    finally:
+        tree.close()
+
+
+def _export_entry(
+    out: BinaryIO, name: str, here: str, info: os.stat_result, names: list[str] | None = None
+) -> None:
+    """One entry of a copy: a directory (with the ``names`` it holds, where given), a symlink
+    or a regular file; anything else (a device, an overlay's whiteout) is left out."""
+    if stat.S_ISDIR(info.st_mode):
+        member = _header(name, info, tarfile.DIRTYPE, here)
+        if names is not None:
+            member.pax_headers = {**member.pax_headers, _NAMES_HEADER: json.dumps(sorted(names))}
+        _put(out, member, None)
+    elif stat.S_ISLNK(info.st_mode):
+        member = _header(name, info, tarfile.SYMTYPE, None)
+        try:
+            member.linkname = os.readlink(here)
+        except OSError:
+            return  # no longer a symlink: what the sandbox changes meanwhile is left out
+        _put(out, member, None)
+    elif stat.S_ISREG(info.st_mode):
+        _export_file(out, name, here, info)
 
 
 def _header(name: str, info: os.stat_result, kind: bytes, here: str | None) -> tarfile.TarInfo:
@@ -680,7 +828,11 @@ def _put(out: BinaryIO, member: tarfile.TarInfo, body: object) -> None:
 
 class _Unpacker:
     """Applies a copy's members in order to the places of this sandbox, moving the working
-    directory along (members come parents first, as :func:`_export` writes them)."""
+    directory along (members come parents first, as :func:`_export` writes them).
+
+    The root filesystem (place ``/``) takes what the copy holds but where this sandbox has
+    a mount or its agent's folder (:func:`_kept_out`), and a directory that comes with the
+    names it holds keeps only those (and what holds a mount)."""
 
     def __init__(self, places: list[str], owners: bool) -> None:
         self._places = {p.strip("/"): p for p in places}
@@ -690,24 +842,31 @@ class _Unpacker:
         self._here = ""  # self._path joined
         self._dirs: list[tuple[tarfile.TarInfo, os.stat_result]] = []
         self._top: tarfile.TarInfo | None = None
+        self._kept_out = _kept_out() if "" in self._places else frozenset()
+        self._holding = _with_parents(self._kept_out)  # never removed
 
     def apply(self, member: tarfile.TarInfo, source: tarfile.TarFile) -> None:
         place, relative = self._split(member.name)
+        if place == "" and self._is_kept_out(relative):
+            return
         if not relative:  # the place itself: settled once its entries are in
             self._go(place, "")
             self._top = member
+            self._prune(member)
             return
         parent, _, name = relative.rpartition("/")
         self._go(place, parent)
         if name in ("", ".", "..") or "\0" in name:
             raise ValueError("the copy names an entry outside its place")
+        existing = _lstat(name)
+        if existing is not None and (not member.isdir() or not stat.S_ISDIR(existing.st_mode)):
+            _remove_entry(name)
         if member.isdir():
-            if not os.path.isdir(name) or os.path.islink(name):
+            if existing is None or not stat.S_ISDIR(existing.st_mode):
                 os.mkdir(name, 0o700)
-            return self._descend(name, member)
-        if os.path.lexists(name) and not os.path.isdir(name):
-            os.unlink(name)
-        if member.issym():
+            self._descend(name, member)
+            self._prune(member)
+        elif member.issym():
             os.symlink(member.linkname, name)
             self._settle(member, name)
         elif member.isreg():
@@ -719,11 +878,27 @@ class _Unpacker:
     def _split(self, name: str) -> tuple[str, str]:
         """The place ``name`` is in, and its path below it."""
         for root in sorted(self._places, key=len, reverse=True):
+            if not root:
+                return root, "" if name == "." else name  # the root filesystem holds the rest
             if name == root:
                 return root, ""
             if name.startswith(root + "/"):
                 return root, name[len(root) + 1 :]
         raise ValueError("the copy names a place this sandbox does not have")
+
+    def _is_kept_out(self, relative: str) -> bool:
+        return any(relative == kept or relative.startswith(kept + "/") for kept in self._kept_out)
+
+    def _prune(self, member: tarfile.TarInfo) -> None:
+        """Remove what the working directory holds beyond the names ``member`` came with."""
+        listed = member.pax_headers.get(_NAMES_HEADER)
+        if listed is None or self._place != "":
+            return
+        names = set(json.loads(listed))
+        for name in os.listdir("."):
+            path = f"{self._here}/{name}" if self._here else name
+            if name not in names and path not in self._holding:
+                _remove_entry(name)
 
     def _go(self, place: str | None, parent: str) -> None:
         """Make ``parent`` in ``place`` the working directory (climbing out of what is done)."""
@@ -803,6 +978,22 @@ class _Unpacker:
         finally:
             os.close(fd)
         self._settle(member, name)
+
+
+def _with_parents(paths: frozenset[str]) -> frozenset[str]:
+    """``paths`` (relative) and every directory above each."""
+    found: set[str] = set()
+    for path in paths:
+        parts = path.split("/")
+        found.update("/".join(parts[:n]) for n in range(1, len(parts) + 1))
+    return frozenset(found)
+
+
+def _lstat(name: str) -> os.stat_result | None:
+    try:
+        return os.lstat(name)
+    except FileNotFoundError:
+        return None
 
 
 def _import(args: dict[str, Any], _: int, data: int | None) -> object:

@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 
 from piship_remote.local.isolation.limits import detach
 from piship_remote.local.isolation.trees import mounts_below
@@ -35,6 +36,7 @@ from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 
 __all__ = [
     "OwnerMaps",
+    "capped_layer_command",
     "enter_private_namespace",
     "mount_image_root",
     "unmount_under",
@@ -65,6 +67,24 @@ _HOLD_USERNS = (
     "import ctypes,sys\n"
     "if ctypes.CDLL(None,use_errno=True).unshare(0x10000000)!=0: sys.exit(1)\n"
     "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()\n"
+)
+
+
+# Becomes the user's own root in a user and mount namespace of its own, mounts a tmpfs of
+# argv[2] bytes at argv[1] holding "upper" and "work", then runs argv[3:].
+_CAPPED_LAYER = (
+    "import ctypes,os,sys\n"
+    "libc=ctypes.CDLL(None,use_errno=True)\n"
+    "def fail(what): sys.exit(f'{what}: {os.strerror(ctypes.get_errno())}')\n"
+    "uid,gid=os.geteuid(),os.getegid()\n"
+    "if libc.unshare(0x10000000|0x20000)!=0: fail('no namespace for the sandbox layer')\n"
+    "for n,t in (('setgroups','deny'),('uid_map',f'{uid} {uid} 1'),('gid_map',f'{gid} {gid} 1')):\n"
+    "  with open('/proc/self/'+n,'w') as f: f.write(t)\n"
+    "d,size=sys.argv[1],sys.argv[2]\n"
+    "if libc.mount(b'tmpfs',os.fsencode(d),b'tmpfs',6,f'size={size},mode=0700'.encode())!=0:\n"
+    "  fail('the sandbox layer could not be mounted')\n"
+    "os.mkdir(d+'/upper',0o755); os.mkdir(d+'/work',0o700)\n"
+    "os.execv(sys.argv[3],sys.argv[3:])\n"
 )
 
 
@@ -136,6 +156,17 @@ def mount_image_root(template: str, directory: str, owner: int, maps: OwnerMaps)
     )
     _checked(result, f"mounting the sandbox's root filesystem over {os.path.basename(template)}")
     return paths["root"]
+
+
+def capped_layer_command(directory: str, size: int, command: Sequence[str]) -> list[str]:
+    """The argv running ``command`` (bubblewrap, run by a service that cannot mount) where
+    ``directory`` is a tmpfs of ``size`` bytes holding ``upper`` and ``work``: the overlay
+    layer of an image sandbox, capped as the service's own mounts cap it elsewhere.
+
+    The tmpfs lives in a user and mount namespace of its own (the service user is its own
+    there, nothing more), so only bubblewrap and what it starts see it, and it goes with
+    them; the host's directory stays empty."""
+    return [sys.executable, "-I", "-S", "-c", _CAPPED_LAYER, directory, str(size), *command]
 
 
 def _idmapped_clone(source: str, target: str, userns: int) -> None:

@@ -149,7 +149,7 @@ def _jail(
     write_etc(paths[3], user=layout.user, workdir=layout.workdir, network=network)
     owner = None if ids is None else ids.host(layout.root_uid)
     layer = os.path.join(directory, "layer")
-    root_layer, overlay = _root_layer(layer, rootfs, owner, paths[3], layout)
+    root_layer, overlay, upper = _root_layer(layer, rootfs, owner, paths[3], layout)
     return Jail(
         bwrap=layout.bwrap,
         home=paths[0],
@@ -169,26 +169,27 @@ def _jail(
         root_layer=root_layer,
         overlay=overlay,
         etc_in_root=root_layer is not None,
+        layer=upper,
     )
 
 
 def _root_layer(
     directory: str, rootfs: str | None, owner: int | None, etc: str, layout: SandboxLayout
-) -> tuple[str | None, tuple[str, str] | None]:
+) -> tuple[str | None, tuple[str, str] | None, str | None]:
     """The sandbox's writable root in ``directory`` (on its disk): a directory of its own
     (the base template) or an overlay of ``rootfs`` the service mounts, both the host uid
     ``owner``'s (its root, a root service's sandbox) with the ``/etc`` files of ``etc`` in
     place; or the upper and work directories of the overlay bubblewrap mounts (a normal
-    user's); nothing where the root is a capped tmpfs of bubblewrap's (``base``, a normal
-    user's)."""
+    user's, made on a capped tmpfs at ``directory`` as the sandbox starts, see
+    :func:`~piship_remote.local.isolation.mounts.capped_layer_command`); nothing where the
+    root is a capped tmpfs of bubblewrap's (``base``, a normal user's). Then the overlay's
+    upper layer, where there is one."""
     if rootfs is None and owner is None:
-        return None, None
+        return None, None, None
     os.mkdir(directory, 0o711)
     if owner is None:
         upper, work = os.path.join(directory, "upper"), os.path.join(directory, "work")
-        os.mkdir(upper, 0o755)
-        os.mkdir(work, 0o700)
-        return None, (upper, work)
+        return None, (upper, work), upper
     top = os.path.join(directory, "root" if rootfs is None else "upper")
     os.mkdir(top, 0o755)
     _place_etc(top, etc, owner)
@@ -196,9 +197,8 @@ def _root_layer(
         for place in ("run", "run/piship", "etc/ssl", *_parents(layout.workdir)):
             os.mkdir(os.path.join(top, place), 0o755)
             os.chown(os.path.join(top, place), owner, owner)
-    if rootfs is not None:
-        return mount_image_root(rootfs, directory, owner, layout.owner_maps), None
-    return top, None
+        return top, None, None
+    return mount_image_root(rootfs, directory, owner, layout.owner_maps), None, top
 
 
 def _parents(path: str) -> list[str]:

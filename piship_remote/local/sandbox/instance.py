@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
+from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, LAYER_PATH, Jail, uid_for
 from piship_remote.local.isolation.egress import EgressRules, load_rules
 from piship_remote.local.isolation.limits import CgroupSet, Limits, limit_check
 from piship_remote.local.isolation.mounts import unmount_under
@@ -155,6 +155,12 @@ class Sandbox:
     def root_user(self) -> Identity | None:
         """The sandbox's root beside its user (uid 0, home ``/root``), where it has one."""
         return None if self._jail.root_home is None else Identity("root", 0, ROOT_HOME)
+
+    @property
+    def layer(self) -> str | None:
+        """Where its agent reads what it changed of its image's root filesystem (the overlay's
+        upper layer, read-only), where it has one; else those changes are its ``/`` itself."""
+        return None if self._jail.layer is None else LAYER_PATH
 
     @property
     def ids(self) -> SandboxIds | None:

@@ -46,6 +46,7 @@ __all__ = [
     "SnapshotStore",
     "SnapshotWriter",
     "TooManySnapshots",
+    "copied_places",
     "exporter",
     "fork_files",
     "unpack",
@@ -56,6 +57,7 @@ DEFAULT_SNAPSHOT_BUDGET = 4 * 1024**3
 COPY_TIMEOUT = 600.0
 PIECE = 1024 * 1024
 ARCHIVE = "files.tar"
+ROOT = "/"
 
 
 class TooManySnapshots(Exception):
@@ -270,11 +272,17 @@ def fork_files(source: Sandbox, target: Sandbox) -> None:
         raise failures[-1]  # the import's reason, where both failed (the export's is a pipe)
 
 
+def copied_places(sandbox: Sandbox) -> list[str]:
+    """What a copy of ``sandbox`` holds, by sandbox path: its root filesystem (what it
+    changed of its template) and its places."""
+    return [ROOT, *sorted(sandbox.host_dirs)]
+
+
 def _request(sandbox: Sandbox, call: str, data: int) -> int:
     """Ask ``sandbox``'s agent (as its root, where it has one) for ``call`` on its places."""
-    places = sorted(sandbox.host_dirs)
+    args = {"places": copied_places(sandbox), "layer": sandbox.layer}
     try:
-        return sandbox.files(call, {"places": places}, user=sandbox.root_user, data=data)
+        return sandbox.files(call, args, user=sandbox.root_user, data=data)
     except Paused:
         raise CopyFailed("the sandbox is paused: resume it to copy its files") from None
 
