@@ -109,6 +109,7 @@ _NETWORK_ETC = ("gai.conf",)
 AGENT_PATH = "/run/piship/agent.py"
 AGENT_FILES_PATH = "/run/piship/agent_files.py"
 AGENT_WATCH_PATH = "/run/piship/agent_watch.py"
+AGENT_COPIES_PATH = "/run/piship/agent_copies.py"
 LAYER_PATH = "/run/piship/layer"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCAL_BIN = "/usr/local/bin"
@@ -439,6 +440,7 @@ class Jail:
             files[AGENT_PATH] = agent_source()
             files[AGENT_FILES_PATH] = agent_source("agent_files.py")
             files[AGENT_WATCH_PATH] = agent_source("agent_watch.py")
+            files[AGENT_COPIES_PATH] = agent_source("agent_copies.py")
             if self.rootfs is None:
                 files[SUDO_PATH] = sudo_source()
             prefix = python_prefix(python)
