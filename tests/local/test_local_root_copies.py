@@ -161,3 +161,16 @@ def test_writing_the_root_filesystem_past_the_disk_cap_fails_with_no_space(
     finally:
         client.control("DELETE", f"/sandboxes/{sandbox['sandboxID']}")
     assert code != 0 and "No space left on device" in error
+
+
+def test_a_filesystem_only_pause_keeps_what_an_image_sandbox_wrote_to_its_root(
+    client: Client, made: list[dict[str, Any]]
+) -> None:
+    sandbox = client.create(templateID="folder")
+    made.append(sandbox)
+    assert run(client, sandbox, "mkdir -p /app && echo app > /app/x")[0] == 0
+    where = f"/sandboxes/{sandbox['sandboxID']}"
+    assert client.control("POST", where + "/pause", json={"memory": False}).status_code == 204
+    assert client.control("POST", where + "/connect", json={"timeout": 60}).status_code == 201
+    code, seen, error = run(client, sandbox, "cat /app/x")
+    assert (code, seen) == (0, "app\n"), error

@@ -51,6 +51,7 @@ from piship_remote.local.isolation.host_python import (
     python_prefix,
 )
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
+from piship_remote.local.isolation.mounts import LayerSpace
 from piship_remote.local.isolation.network import DNS_SERVER
 from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.uid_block import TRIAL_IDS, SandboxIds
@@ -347,6 +348,9 @@ class Jail:
     layer: str | None = None
     """The host directory holding what the sandbox changed of its image (its overlay's upper
     layer), bound read-only at :data:`LAYER_PATH`, where its agent reads it for a copy."""
+    layer_space: LayerSpace | None = attrs.field(default=None, eq=False)
+    """Where bubblewrap runs to find ``overlay`` on a capped tmpfs (a service that cannot
+    mount; see :class:`~piship_remote.local.isolation.mounts.LayerSpace`)."""
 
     @property
     def maps_users(self) -> bool:

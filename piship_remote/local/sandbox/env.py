@@ -32,7 +32,12 @@ from piship_remote.local.isolation.limits import (
     group_name,
     mount_tmpfs,
 )
-from piship_remote.local.isolation.mounts import OwnerMaps, mount_image_root, unmount_under
+from piship_remote.local.isolation.mounts import (
+    LayerSpace,
+    OwnerMaps,
+    mount_image_root,
+    unmount_under,
+)
 from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.trees import remove_tree
 from piship_remote.local.isolation.uid_block import SandboxIds
@@ -86,10 +91,13 @@ def boot(
     ``rootfs``, else the host's ``/usr``), as the host uids ``ids`` where the service maps
     them; :class:`BootFailed` if not. Its mounts are made where its processes run (the
     spawner's mount namespace)."""
+    jail: Jail | None = None
     try:
         jail = spawner.call(lambda: _jail(directory, layout, network, rootfs, ids))
         vm = _start(sandbox_id, jail, layout, spawner)
     except BaseException as e:  # whatever broke, nothing of the sandbox stays mounted
+        if jail is not None and jail.layer_space is not None:
+            jail.layer_space.close()
         spawner.call(lambda: _remove(directory))
         if isinstance(e, OSError):
             raise BootFailed(f"the sandbox could not be started: {e}") from None
@@ -150,6 +158,9 @@ def _jail(
     owner = None if ids is None else ids.host(layout.root_uid)
     layer = os.path.join(directory, "layer")
     root_layer, overlay, upper = _root_layer(layer, rootfs, owner, paths[3], layout)
+    space = None
+    if overlay is not None:
+        space = LayerSpace.open(os.path.dirname(overlay[0]), size=layout.limits.disk)
     return Jail(
         bwrap=layout.bwrap,
         home=paths[0],
@@ -170,6 +181,7 @@ def _jail(
         overlay=overlay,
         etc_in_root=root_layer is not None,
         layer=upper,
+        layer_space=space,
     )
 
 
@@ -181,7 +193,7 @@ def _root_layer(
     ``owner``'s (its root, a root service's sandbox) with the ``/etc`` files of ``etc`` in
     place; or the upper and work directories of the overlay bubblewrap mounts (a normal
     user's, made on a capped tmpfs at ``directory`` as the sandbox starts, see
-    :func:`~piship_remote.local.isolation.mounts.capped_layer_command`); nothing where the
+    :class:`~piship_remote.local.isolation.mounts.LayerSpace`); nothing where the
     root is a capped tmpfs of bubblewrap's (``base``, a normal user's). Then the overlay's
     upper layer, where there is one."""
     if rootfs is None and owner is None:

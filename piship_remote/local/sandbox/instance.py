@@ -393,5 +393,7 @@ class Sandbox:
             for process in processes:
                 process.wait(REAP_TIMEOUT)
         finally:  # whatever failed above, nothing of it stays mounted or on disk
+            if self._jail.layer_space is not None:
+                self._jail.layer_space.close()
             unmount_under(self._root)  # its tmpfs, and its root layer's mounts on it
             remove_tree(self._root)

@@ -44,7 +44,7 @@ from piship_remote.local.isolation.bubblewrap import (
 )
 from piship_remote.local.isolation.limits import CgroupSet
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
-from piship_remote.local.isolation.mounts import capped_layer_command, enter_private_namespace
+from piship_remote.local.isolation.mounts import enter_private_namespace
 from piship_remote.local.isolation.network import UserModeNetwork
 from piship_remote.local.isolation.process import LocalProcess, WindowSize
 from piship_remote.local.isolation.user_map import bwrap_options, write_maps
@@ -194,10 +194,8 @@ class SandboxVm:
                 assert jail.ids is not None
                 run_as = jail.ids.host(uid_for(jail.user))
             executable: str | None = program.executable
-            if jail.overlay is not None and jail.scratch_size is not None:
-                layer = os.path.dirname(jail.overlay[0])
-                bwrap = [program.executable, *argv[1:]]
-                argv = capped_layer_command(layer, jail.scratch_size, bwrap)
+            if jail.layer_space is not None:
+                argv = jail.layer_space.command([program.executable, *argv[1:]])
                 executable = None
             procs = cgroups.procs_files()
             if procs and run_as is None:
