@@ -1,9 +1,11 @@
 """Snapshots and forks of local sandboxes: copies of their files, made by their agents.
 
 A copy holds a sandbox's writable places (its home, ``/tmp``, ``/dev/shm`` and root's
-home) as its agent exports them while it runs: a tar stream written inside the sandbox, as
-the sandbox's root where it has one (else its user), sparse files kept sparse (see
-:mod:`piship_remote.local.isolation.agent_files`). The host never opens a path of a
+home) and what it changed of its root filesystem (the upper layer of its image's overlay,
+which its agent reads at :data:`~piship_remote.local.isolation.bubblewrap.LAYER_PATH`, or its
+``/`` itself; deletions kept), as its agent exports them while it runs: a tar stream
+written inside the sandbox, as the sandbox's root where it has one (else its user), sparse
+files kept sparse (see :mod:`piship_remote.local.isolation.agent_copies`). The host never opens a path of a
 sandbox: it moves bytes. A snapshot's stream goes into one file of the service's own
 (counted against the service-wide snapshot disk budget), with the template it was made
 from; a sandbox created from it gets the stream unpacked by its own agent. A fork pipes the
@@ -12,7 +14,7 @@ not kept: what ran in the source does not run in the copy. Snapshots live under 
 service directory and go with it::
 
     store = SnapshotStore(os.path.join(root, "snapshots"), budget=4 * 2**30)
-    snapshot = store.take(exporter(sandbox), places=places, template="base",
+    snapshot = store.take(exporter(sandbox), places=copied_places(sandbox), template="base",
                           source=sandbox.id, name="app")
     unpack(snapshot, new_sandbox)                 # the new sandbox's agent unpacks it
     fork_files(sandbox, new_sandbox)              # export piped into import
