@@ -31,6 +31,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from piship_remote.local.isolation.host_python import find_python
 from piship_remote.local.isolation.limits import detach
 from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
@@ -191,7 +192,7 @@ class LayerSpace:
     @classmethod
     def open(cls, directory: str, *, size: int) -> LayerSpace:
         """Make the space; ``OSError`` saying why when it cannot be made."""
-        argv = [sys.executable, "-I", "-S", "-c", _HOLD_LAYER, directory, str(size)]
+        argv = [find_python(), "-I", "-S", "-c", _HOLD_LAYER, directory, str(size)]
         holder = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -212,7 +213,7 @@ class LayerSpace:
     def command(self, command: Sequence[str]) -> list[str]:
         """The argv running ``command`` in the space's namespaces."""
         pid = str(self._holder.pid)
-        return [sys.executable, "-I", "-S", "-c", _ENTER_LAYER, pid, *command]
+        return [find_python(), "-I", "-S", "-c", _ENTER_LAYER, pid, *command]
 
     def close(self) -> None:
         """End the helper, and with it the space and what it holds; idempotent."""

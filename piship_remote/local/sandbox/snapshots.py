@@ -2,16 +2,16 @@
 
 A copy holds a sandbox's writable places (its home, ``/tmp``, ``/dev/shm`` and root's
 home) and what it changed of its root filesystem (the upper layer of its image's overlay,
-which its agent reads at :data:`~piship_remote.local.isolation.bubblewrap.LAYER_PATH`, or its
-``/`` itself; deletions kept), as its agent exports them while it runs: a tar stream
+which its agent reads at :data:`~piship_remote.local.isolation.bubblewrap.LAYER_PATH`, or
+its ``/`` itself; deletions kept), as its agent exports them while it runs: a tar stream
 written inside the sandbox, as the sandbox's root where it has one (else its user), sparse
-files kept sparse (see :mod:`piship_remote.local.isolation.agent_copies`). The host never opens a path of a
-sandbox: it moves bytes. A snapshot's stream goes into one file of the service's own
-(counted against the service-wide snapshot disk budget), with the template it was made
-from; a sandbox created from it gets the stream unpacked by its own agent. A fork pipes the
-source's export straight into the new sandbox's import; its disk cap bounds it. Memory is
-not kept: what ran in the source does not run in the copy. Snapshots live under the
-service directory and go with it::
+files kept sparse (see :mod:`piship_remote.local.isolation.agent_copies`). The host never
+opens a path of a sandbox: it moves bytes. A snapshot's stream goes into one file of the
+service's own (counted against the service-wide snapshot disk budget), with the template
+it was made from; a sandbox created from it gets the stream unpacked by its own agent. A
+fork pipes the source's export straight into the new sandbox's import; its disk cap bounds
+it. Memory is not kept: what ran in the source does not run in the copy. Snapshots live
+under the service directory and go with it::
 
     store = SnapshotStore(os.path.join(root, "snapshots"), budget=4 * 2**30)
     snapshot = store.take(exporter(sandbox), places=copied_places(sandbox), template="base",
