@@ -39,6 +39,9 @@ READ_BACK = "cat /app/x /etc/extra; tail -n 1 /etc/hosts; ls {deleted}"
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalE2bService]:
     rootfs = minimal_rootfs(tmp_path_factory.mktemp("image") / "rootfs")
+    (rootfs / "opt" / "tool").mkdir(parents=True)
+    for name in ("a", "b"):
+        (rootfs / "opt" / "tool" / name).write_text(name)
     with LocalE2bService(templates={"folder": rootfs}, max_disk_mib=DISK_MIB) as running:
         yield running
 
@@ -174,3 +177,15 @@ def test_a_filesystem_only_pause_keeps_what_an_image_sandbox_wrote_to_its_root(
     assert client.control("POST", where + "/connect", json={"timeout": 60}).status_code == 201
     code, seen, error = run(client, sandbox, "cat /app/x")
     assert (code, seen) == (0, "app\n"), error
+
+
+def test_a_template_folder_the_source_replaced_holds_only_its_new_files_in_a_fork(
+    client: Client, made: list[dict[str, Any]]
+) -> None:
+    sandbox = client.create(templateID="folder")
+    made.append(sandbox)
+    replaced = "rm -rf /opt/tool && mkdir /opt/tool && echo c > /opt/tool/c"
+    assert run(client, sandbox, replaced)[0] == 0
+    copy = fork(client, sandbox)
+    made.append(copy)
+    assert run(client, copy, "ls /opt/tool")[1] == "c\n"
