@@ -3,7 +3,8 @@
 A router turns each :class:`Request` into a :class:`Reply`; a reply with a
 ``stream`` is sent chunk by chunk as the iterator yields (or, when the reply names
 a ``Content-Length``, as raw bytes), so Connect frames reach the client as they
-are produced::
+are produced; once a write fails (the client is gone) the server stops and closes the
+stream (its ``close()``), so its producer learns so::
 
     def route(request: Request) -> Reply:
         if request.path == "/hang":
