@@ -88,6 +88,7 @@ class Outcome:
     complete: bool
     exit_known: bool
     starts: int
+    """How often the command started; ``-1`` when that could not be checked."""
     faults: int
     seconds: float
     silent: bool = False
@@ -128,7 +129,7 @@ def run_share(share: Share) -> Iterator[Outcome]:
             if target.counts_starts:
                 starts = target.starts() - starts
             else:
-                starts = len(runner.read(f"cat {shlex.quote(marker)} 2>/dev/null").splitlines())
+                starts = _marker_lines(runner, marker)
             yield Outcome(
                 complete=complete,
                 exit_known=exit_known,
@@ -137,6 +138,14 @@ def run_share(share: Share) -> Iterator[Outcome]:
                 seconds=seconds,
                 silent=silent,
             )
+
+
+def _marker_lines(runner: _Runner, marker: str) -> int:
+    """How often the command started (``-1``: the check itself failed)."""
+    try:
+        return len(runner.read(f"cat {shlex.quote(marker)} 2>/dev/null").splitlines())
+    except Exception:  # a client that broke on the check must not end the share
+        return -1
 
 
 @attrs.define

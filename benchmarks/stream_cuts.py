@@ -150,7 +150,8 @@ def measure(plan: Measure) -> ScenarioResult:
             f"row: cuts {plan.runs}, stall {plan.stall_runs}; over {plan.workers} worker "
             "process(es); the median is seconds per run; complete = stdout whole and in "
             "order, exit known = exit code 3 returned, not once = runs whose command did not "
-            "start exactly once, silent = incomplete with nothing reported missing",
+            "start exactly once, unchecked = runs whose start count could not be read, silent = "
+            "incomplete with nothing reported missing",
             "local: ours with default settings (stalls: stream_idle_timeout 2 s, on the double "
             "+0.5 s per MB; the service replays from its ring); doubles: "
             "ours with resumable=True (the double keeps nothing); the SDK has no idle timeout, "
@@ -172,7 +173,8 @@ def _row(share: Share, outcomes: Sequence[Outcome]) -> Row:
         "runs": runs,
         "complete": round(100 * sum(o.complete for o in outcomes) / runs, 2),
         "exit_known": round(100 * sum(o.exit_known for o in outcomes) / runs, 2),
-        "not_once": sum(o.starts != 1 for o in outcomes),
+        "not_once": sum(o.starts not in (1, -1) for o in outcomes),
+        "unchecked": sum(o.starts == -1 for o in outcomes),
         share.fault: sum(o.faults for o in outcomes),
         "MB": round(len(expected_output(share.lines)) / 1e6, 3),
     }
@@ -277,7 +279,8 @@ def _counts(outcomes: Iterable[Outcome]) -> str:
     return (
         f"{len(done)} runs, {sum(o.complete for o in done)} complete+ordered, "
         f"{sum(o.exit_known for o in done)} exit code known, "
-        f"{sum(o.starts != 1 for o in done)} not started once, {sum(o.faults for o in done)} "
+        f"{sum(o.starts not in (1, -1) for o in done)} not started once, "
+        f"{sum(o.starts == -1 for o in done)} unchecked, {sum(o.faults for o in done)} "
         "faults"
     )
 
