@@ -60,6 +60,7 @@ Start's head (seconds for a Start of many MB)."""
 SDK_STALL_TIMEOUT = 5.0
 """The SDK has no idle timeout: its command timeout ends a stalled run."""
 RUN_TIMEOUT = 300.0
+SDK_SANDBOX_LIFETIME = 6 * 3600
 COMMAND_STREAMS = "/process.Process/"
 """Only the command's answers (Start, Connect) are cut, not a spool's read-back."""
 _FRAME_BYTES = 32 * 1024
@@ -236,9 +237,10 @@ def _sdk(share: Share, target: _Target, stack: contextlib.ExitStack) -> _Runner:
     sdk = load_sdk()
     if sdk is None:
         raise RuntimeError(SDK_MISSING)
+    # The SDK does not renew a sandbox: its lifetime must outlast the share's runs.
     sandbox = sdk.Sandbox.create(
         api_key=target.api_key, api_url=target.endpoint, sandbox_url=target.proxy.url,
-        validate_api_key=False,
+        validate_api_key=False, timeout=SDK_SANDBOX_LIFETIME,
     )  # fmt: skip
     stack.callback(quietly, sandbox.kill)
     timeout = SDK_STALL_TIMEOUT if share.fault == "stall" else RUN_TIMEOUT
