@@ -480,6 +480,8 @@ def tls_lines(service: LocalE2bService) -> list[str]:
         f"  export SSL_CERT_FILE={service.ca_bundle_path}",
         f"  export REQUESTS_CA_BUNDLE={service.ca_bundle_path}",
         f"  export NODE_EXTRA_CA_CERTS={service.ca_path}",
+        f"  export E2B_DOMAIN=localhost:{service.url.rsplit(':', 1)[1]}"
+        "   # the SDKs then reach envd at https:// + get_host too",
     ]
 
 

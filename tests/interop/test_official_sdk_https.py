@@ -110,3 +110,21 @@ def test_the_sdks_host_names_the_service_port_under_localhost(
 def test_the_bundle_also_holds_the_default_authorities(service: LocalE2bService) -> None:
     assert service.ca_bundle_path is not None
     assert Path(service.ca_bundle_path).read_text().count("BEGIN CERTIFICATE") > 1
+
+
+@pytest.mark.usefixtures("localhost_resolves", "trusted")
+def test_with_only_the_domain_the_sdk_reaches_envd_at_its_https_host(
+    service: LocalE2bService,
+) -> None:
+    port = service.url.rsplit(":", 1)[1]
+    sandbox = Sandbox.create(  # type: ignore[call-overload]
+        api_key=service.api_key,
+        api_url=service.url,
+        domain=f"localhost:{port}",
+        request_timeout=10,
+    )
+    try:
+        result = sandbox.commands.run("echo over https")
+    finally:
+        sandbox.kill()
+    assert result.stdout == "over https\n"

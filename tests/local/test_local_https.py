@@ -11,6 +11,7 @@ fails verification. ``*.localhost`` need not resolve here, so each test connects
 from __future__ import annotations
 
 import http.client
+import io
 import os
 import socket
 import ssl
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from piship_remote.local import LocalE2bService
+from piship_remote.local import LocalE2bService, serve
 from piship_remote.local.certificates import CA_KEY_FILE
 from tests.local.test_local_ports import (
     EXITED_ZERO,
@@ -216,3 +217,21 @@ def test_no_tls_thread_is_left_once_the_service_closed(state_dir: Path) -> None:
     left = [t.name for t in threading.enumerate() if t.name.startswith("piship-local-tls")]
     connection.close()
     assert left == []
+
+
+def test_serve_prints_the_variables_that_trust_its_ca(state_dir: Path) -> None:
+    out, stop = io.StringIO(), threading.Event()
+    serving = threading.Thread(
+        target=serve, kwargs={"out": out, "stop": stop, "state_dir": state_dir}, daemon=True
+    )
+    serving.start()
+    deadline = time.monotonic() + READY_TIMEOUT
+    while "Press Ctrl-C" not in out.getvalue():
+        assert time.monotonic() < deadline, out.getvalue()
+        time.sleep(0.05)
+    stop.set()
+    serving.join(READY_TIMEOUT)
+    printed = out.getvalue()
+    assert f"export SSL_CERT_FILE={state_dir / 'ca-bundle.pem'}" in printed
+    assert f"export REQUESTS_CA_BUNDLE={state_dir / 'ca-bundle.pem'}" in printed
+    assert f"export NODE_EXTRA_CA_CERTS={state_dir / 'ca.pem'}" in printed
