@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from piship_remote.local import LocalE2bService, serve
-from piship_remote.local.certificates import CA_KEY_FILE
+from piship_remote.local.certificates import CA_KEY_FILE, default_state_dir
 from tests.local.test_local_ports import (
     EXITED_ZERO,
     PAGE,
@@ -192,7 +192,8 @@ def test_the_ca_key_is_not_reachable_from_a_sandbox(
     service: LocalE2bService, client: Client, sandbox: dict[str, Any], state_dir: Path
 ) -> None:
     key_path = state_dir / CA_KEY_FILE
-    seen = client.run(sandbox, f"cat {key_path}; ls {state_dir}")
+    default = default_state_dir()
+    seen = client.run(sandbox, f"cat {key_path} {default}/{CA_KEY_FILE}; ls {state_dir} {default}")
     assert "PRIVATE KEY" not in seen.stdout
     assert seen.stdout == ""
 
