@@ -51,6 +51,7 @@ from piship_remote.model.report import (
     NetworkDenial,
     snapshot_workspace_report,
 )
+from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox._exec_engine import ExecEngine
 from piship_remote.sandbox._exec_errors import reason_text
 from piship_remote.sandbox._exec_workers import Stream
@@ -120,25 +121,27 @@ class Activation:
     def _steps(self) -> tuple[Sandbox, SandboxTelemetry]:
         instance: Instance | None = None
         engine: ExecEngine | None = None
+        activating: int | None = None
         step = self.telemetry.span
         try:
             with step(STEP_SPANS["health"]):
                 capabilities = self._capabilities()
             with step(STEP_SPANS["create"]) as created:
                 instance = self._prepare()
+                activating = self._track_activating(instance)
                 created.set(SANDBOX_ID, _quietly_id(instance.epoch))
             engine = self._engine(instance)
             with step(STEP_SPANS["readiness"]):
                 report = self._checked(engine, self._report(capabilities), capabilities)
             transfers = self._transfers(instance, engine)
         except _Failure as failure:
-            self._discard(instance, engine)
+            self._discard(instance, engine, activating)
             return self._unavailable(failure)
         except KeyboardInterrupt:
-            self._discard(instance, engine)
+            self._discard(instance, engine, activating)
             raise KeyboardInterrupt(self._interrupted()) from None  # no internal frames
         except BaseException:
-            self._discard(instance, engine)
+            self._discard(instance, engine, activating)
             raise
         sandbox_telemetry = SandboxTelemetry(self.telemetry, engine)
         sandbox = Sandbox(
@@ -150,6 +153,7 @@ class Activation:
             telemetry=sandbox_telemetry,
             transfers=transfers,
         )
+        lifecycle.untrack(activating)  # the sandbox is tracked on its own now
         if transfers is not None and self.sync != "none":
             try:
                 with self.telemetry.span(STEP_SPANS["push"]):
@@ -185,11 +189,24 @@ class Activation:
             telemetry=self.telemetry,
         )
 
-    def _discard(self, instance: Instance | None, engine: ExecEngine | None) -> None:
+    def _track_activating(self, instance: Instance) -> int | None:
+        """Track a sandbox still being checked, so that the exit hooks and
+        :func:`~piship_remote.sandbox.lifecycle.cleanup_on_signals` delete it too.
+
+        One attached to is not tracked: it was there before and must outlive this process.
+        """
+        if self.attach is not None:
+            return None
+        return lifecycle.track(self, f"activating {self.backend.id} sandbox", instance.dispose)
+
+    def _discard(
+        self, instance: Instance | None, engine: ExecEngine | None, activating: int | None
+    ) -> None:
         """Dispose what a failed activation built: its engine (and threads) or instance.
 
         A sandbox it attached to is let go of, never deleted: it was there before.
         """
+        lifecycle.untrack(activating)
         if self.attach is not None:
             if engine is not None:
                 _quietly(engine.detach)

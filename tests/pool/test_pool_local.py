@@ -15,6 +15,9 @@ from tests.support.local_service import Client, needs_bwrap
 from tests.support.pool import POLICY, pool_threads, settled
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(60)]
+ONE_COMMAND_FOR_EVERY_ITEM = pytest.mark.filterwarnings(
+    "ignore::piship_remote.pool._command.NoItemWarning"
+)
 
 
 def test_map_runs_real_commands_and_a_reset_cleans_between_tasks(
@@ -37,6 +40,7 @@ def started_in(service: LocalE2bService, sandbox_id: str) -> bool:
     return os.path.exists(os.path.join(service.sandbox_home(sandbox_id), "started"))
 
 
+@ONE_COMMAND_FOR_EVERY_ITEM
 def test_a_sandbox_deleted_after_its_command_started_is_unknown_and_never_rerun(
     service: LocalE2bService, client: Client, tmp_path: Path
 ) -> None:
@@ -57,6 +61,7 @@ def test_a_sandbox_deleted_after_its_command_started_is_unknown_and_never_rerun(
     backend.close()
 
 
+@ONE_COMMAND_FOR_EVERY_ITEM
 def test_close_with_tasks_running_ends_them_as_closed_and_leaves_no_sandbox(
     service: LocalE2bService, tmp_path: Path
 ) -> None:
