@@ -335,8 +335,14 @@ class HttpServer:
         if self._sniff_tls is None:
             return PlainConnection(connection)
         name = f"{self._prefix}tls-{next(self._counter)}"
-        idle = self.limits.idle_timeout or self.limits.read_timeout
-        served = sniffed(connection, self._sniff_tls, timeout=idle, name=name)
+        limits = self.limits
+        served = sniffed(
+            connection,
+            self._sniff_tls,
+            timeout=limits.idle_timeout or limits.read_timeout,
+            handshake_timeout=limits.head_seconds or limits.read_timeout,
+            name=name,
+        )
         if not isinstance(served, TlsRelay):
             return served
         with self._changed:

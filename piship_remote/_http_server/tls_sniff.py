@@ -7,8 +7,8 @@ then carried by a :class:`TlsRelay`: the server handles the plain end of a socke
 pair, and two ``<name>-in``/``<name>-out`` threads decrypt what the client sends onto it
 and encrypt what the server writes there::
 
-    served = sniffed(connection, context, timeout=10.0, name="piship-local-tls-3")
-    if served is None:                      # handshake refused, timed out, or peer gone
+    served = sniffed(connection, context, timeout=120, handshake_timeout=10, name="p-tls-3")
+    if served is None:                      # the handshake failed or timed out
         ...
     plain = served.plain                    # serve HTTP on this socket
     ...
@@ -49,11 +49,17 @@ class PlainConnection:
 
 
 def sniffed(
-    connection: socket.socket, context: ssl.SSLContext, *, timeout: float | None, name: str
+    connection: socket.socket,
+    context: ssl.SSLContext,
+    *,
+    timeout: float | None,
+    handshake_timeout: float | None,
+    name: str,
 ) -> PlainConnection | TlsRelay | None:
     """``connection`` as plain HTTP, or its TLS relay once handshaken; ``None`` when the
-    handshake failed or the peer sent nothing within ``timeout`` seconds (the connection
-    is then closed)."""
+    handshake failed or took more than ``handshake_timeout`` seconds (the connection is
+    then closed). One that sends nothing within ``timeout`` is handed on as plain HTTP,
+    for the server to end as idle."""
     connection.settimeout(timeout)
     try:
         first = connection.recv(1, socket.MSG_PEEK)
@@ -62,7 +68,7 @@ def sniffed(
     if not first or first[0] != HANDSHAKE_RECORD:
         return PlainConnection(connection)
     relay = TlsRelay(connection, context, name)
-    if not relay.handshake(timeout):
+    if not relay.handshake(handshake_timeout):
         relay.close()
         return None
     relay.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from piship_remote._http_server.messages import Upstream
-from piship_remote._http_server.server import Head, HttpServer, Reply, Request
+from piship_remote._http_server.server import Head, HttpServer, Limits, Reply, Request
 
 pytest.importorskip("cryptography", reason="the test CA")
 
@@ -98,6 +98,16 @@ def test_a_failed_handshake_closes_only_that_connection(server: HttpServer, pki:
     with tls_connection(server, pki) as tls:
         tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         assert tls.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_a_handshake_that_stalls_is_closed_at_the_head_deadline(pki: Pki) -> None:
+    limits = Limits(head_seconds=0.3, idle_timeout=TIMEOUT)
+    with (
+        HttpServer(ok, sniff_tls=pki.server_context(), limits=limits) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as stalled,
+    ):
+        stalled.sendall(b"\x16")  # a TLS record begins, and nothing more comes
+        assert stalled.recv(4096) == b""  # closed by the server, long before TIMEOUT
 
 
 def test_a_tunnelled_tls_connection_carries_bytes_both_ways_at_once(
