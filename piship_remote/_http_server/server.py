@@ -33,7 +33,8 @@ The values live in :mod:`piship_remote._http_server.messages` and each connectio
 handling in :mod:`piship_remote._http_server.connection`; both are re-exported here.
 
 Threads: ``<prefix>http`` accepts, ``<prefix>conn-N`` serves one connection (and
-``<prefix>tunnel-N`` carries a tunnel's answers); all
+``<prefix>tunnel-N`` carries a tunnel's answers, ``<prefix>tls-N-in``/``-out`` a sniffed
+TLS connection's two directions); all
 daemons, all joined by :meth:`HttpServer.close`, which also releases every
 :meth:`HttpServer.wait` and cuts every open connection.
 """
