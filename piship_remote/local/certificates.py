@@ -82,9 +82,7 @@ class ServiceCertificates:
         self.bundle_path = os.path.join(state_dir, BUNDLE_FILE)
         """The CA followed by the default CAs (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``)."""
         self._work_dir = work_dir
-        self._leaf_key = ec.generate_private_key(ec.SECP256R1())
-        self._leaf_key_path = os.path.join(work_dir, "leaf-key.pem")
-        _write_private(self._leaf_key_path, _private_pem(self._leaf_key))
+        self._leaf_key = ec.generate_private_key(ec.SECP256R1())  # in memory only
         self._lock = threading.Lock()
         self._contexts: dict[str, ssl.SSLContext] = {}
         self._default = self._context_for(list(_DEFAULT_NAMES))
@@ -92,7 +90,8 @@ class ServiceCertificates:
     @classmethod
     def load(cls, state_dir: str, work_dir: str) -> ServiceCertificates:
         """The CA kept in ``state_dir`` (made there on first use), its public files
-        written there; leaves' files go to ``work_dir`` (the service's own)."""
+        written there; ``work_dir`` (the service's own) holds a leaf's file only while it
+        is loaded."""
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         os.makedirs(work_dir, mode=0o700, exist_ok=True)
         ca_key, ca = _kept_ca(os.path.join(state_dir, CA_KEY_FILE))
@@ -130,10 +129,11 @@ class ServiceCertificates:
         context.num_tickets = 0  # no resumption: nothing a client could replay is kept
         context.set_alpn_protocols(["http/1.1"])
         leaf = self._leaf(names).public_bytes(serialization.Encoding.PEM)
+        # ssl loads a chain from a file only: a private one (0600), gone once loaded
         with tempfile.NamedTemporaryFile("wb", dir=self._work_dir, suffix=".pem") as file:
-            file.write(leaf)
+            file.write(leaf + _private_pem(self._leaf_key))
             file.flush()
-            context.load_cert_chain(file.name, self._leaf_key_path)
+            context.load_cert_chain(file.name)
         return context
 
     def _leaf(self, names: list[str]) -> x509.Certificate:
