@@ -9,7 +9,10 @@ other name on.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +39,13 @@ SERVE = (
     " && cd /tmp/site && exec python3 -m http.server 8000"
 )
 READY_TIMEOUT = 15.0
+SUBPROCESS_TIMEOUT = 45.0
+ENVD_OVER_HTTPS = """
+from e2b import Sandbox
+with Sandbox.create(request_timeout=10) as sandbox:
+    print(sandbox.envd_api_url[: len("https://49983-")])
+    print(sandbox.commands.run("echo over https").stdout, end="")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -112,19 +122,24 @@ def test_the_bundle_also_holds_the_default_authorities(service: LocalE2bService)
     assert Path(service.ca_bundle_path).read_text().count("BEGIN CERTIFICATE") > 1
 
 
-@pytest.mark.usefixtures("localhost_resolves", "trusted")
 def test_with_only_the_domain_the_sdk_reaches_envd_at_its_https_host(
     service: LocalE2bService,
 ) -> None:
-    port = service.url.rsplit(":", 1)[1]
-    sandbox = Sandbox.create(  # type: ignore[call-overload]
-        api_key=service.api_key,
-        api_url=service.url,
-        domain=f"localhost:{port}",
-        request_timeout=10,
+    """A program started with ``SSL_CERT_FILE`` and ``E2B_DOMAIN`` set (the SDK's envd client
+    reads the trust store once per process, so in a fresh interpreter)."""
+    assert service.ca_bundle_path is not None
+    environment = {
+        **os.environ,
+        "SSL_CERT_FILE": service.ca_bundle_path,
+        "E2B_DOMAIN": f"localhost:{service.url.rsplit(':', 1)[1]}",
+        "E2B_API_URL": service.url,
+        "E2B_API_KEY": service.api_key,
+    }
+    ran = subprocess.run(
+        [sys.executable, "-c", ENVD_OVER_HTTPS],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
     )
-    try:
-        result = sandbox.commands.run("echo over https")
-    finally:
-        sandbox.kill()
-    assert result.stdout == "over https\n"
+    assert (ran.returncode, ran.stdout) == (0, "https://49983-\nover https\n"), ran.stderr
