@@ -28,10 +28,15 @@ import ssl
 import tempfile
 import threading
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+except ImportError as missing:  # the local extra
+    raise ImportError(
+        f"HTTPS needs cryptography ({missing}): pip install 'piship-remote[local]'"
+    ) from missing
 
 __all__ = [
     "CA_FILE",
@@ -255,14 +260,11 @@ def _permitted() -> list[x509.GeneralName]:
 
 
 def _default_authorities() -> bytes:
-    """The CAs a client trusts by default: certifi's when installed, else the system's."""
-    paths: list[str] = []
-    with contextlib.suppress(ImportError):
-        import certifi
+    """The CAs a client trusts by default: those requests uses (certifi's), else the
+    system's."""
+    from requests.utils import DEFAULT_CA_BUNDLE_PATH
 
-        paths.append(certifi.where())
-    paths.append(ssl.get_default_verify_paths().cafile or "")
-    for path in paths:
+    for path in (DEFAULT_CA_BUNDLE_PATH, ssl.get_default_verify_paths().cafile or ""):
         with contextlib.suppress(OSError), open(path, "rb") as file:
             return b"\n" + file.read()
     return b""

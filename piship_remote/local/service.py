@@ -295,10 +295,8 @@ class LocalE2bService:
         kept = os.fspath(state_dir) if state_dir is not None else None
         try:
             from piship_remote.local.certificates import ServiceCertificates, default_state_dir
-        except ImportError:
-            self.tls_problem = (
-                "HTTPS needs the cryptography package: pip install 'piship-remote[local]'"
-            )
+        except ImportError as e:
+            self.tls_problem = str(e)
             return None
         kept = kept or default_state_dir()
         try:

@@ -161,4 +161,3 @@ class ProcessFeed:
         """Call ``on_end`` (once)."""
         on_end, self._on_end = self._on_end, lambda: None
         on_end()
-

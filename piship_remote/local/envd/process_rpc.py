@@ -112,8 +112,8 @@ class ProcessRpc:
         self._lock = threading.Lock()
         self._feeds: dict[tuple[str, int], ProcessFeed] = {}
         # (sandbox id, the ended command's feed, when it ended), oldest first
-        self._ended_feeds: collections.deque[tuple[str, ProcessFeed, float]] = (
-            collections.deque(maxlen=ENDED_KEPT)
+        self._ended_feeds: collections.deque[tuple[str, ProcessFeed, float]] = collections.deque(
+            maxlen=ENDED_KEPT
         )
 
     def handle(
@@ -263,8 +263,7 @@ class ProcessRpc:
 
     def _list(self, sandbox: Sandbox) -> Reply:
         infos = [
-            ProcessInfo(config, process.pid, process.tag)
-            for process, config in sandbox.listing()
+            ProcessInfo(config, process.pid, process.tag) for process, config in sandbox.listing()
         ]
         return Reply(200, to_json(ProcessList(infos)), "application/json")
 
@@ -407,9 +406,7 @@ def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
 
 
 def _stream(frames: Iterator[bytes], headers: tuple[tuple[str, str], ...] = ()) -> Reply:
-    return Reply(
-        200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS + headers, stream=frames
-    )
+    return Reply(200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS + headers, stream=frames)
 
 
 def _stream_refusal(request: Request) -> Reply | None:
