@@ -292,17 +292,16 @@ class LocalE2bService:
     ) -> ssl.SSLContext | None:
         """The server context signed by the service CA (its paths set on ``self``), or
         ``None`` with :attr:`tls_problem` said."""
-        kept = os.fspath(state_dir) if state_dir is not None else None
         try:
             from piship_remote.local.certificates import ServiceCertificates, default_state_dir
         except ImportError as e:
             self.tls_problem = str(e)
             return None
-        kept = kept or default_state_dir()
+        kept = os.fspath(state_dir) if state_dir is not None else default_state_dir()
         try:
             certificates = ServiceCertificates.load(kept, os.path.join(directory, TLS_DIRECTORY))
         except (OSError, ValueError) as e:
-            self.tls_problem = f"HTTPS is off: the service CA cannot be kept in {kept}: {e}"
+            self.tls_problem = f"the service CA cannot be kept in {kept}: {e}"
             return None
         self.ca_path = certificates.ca_path
         self.ca_bundle_path = certificates.bundle_path

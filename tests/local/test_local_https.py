@@ -236,3 +236,18 @@ def test_serve_prints_the_variables_that_trust_its_ca(state_dir: Path) -> None:
     assert f"export SSL_CERT_FILE={state_dir / 'ca-bundle.pem'}" in printed
     assert f"export REQUESTS_CA_BUNDLE={state_dir / 'ca-bundle.pem'}" in printed
     assert f"export NODE_EXTRA_CA_CERTS={state_dir / 'ca.pem'}" in printed
+
+
+def test_where_the_ca_cannot_be_kept_the_port_answers_plain_http_and_says_why(
+    tmp_path: Path,
+) -> None:
+    not_a_directory = tmp_path / "state"
+    not_a_directory.write_text("")
+    with LocalE2bService(state_dir=not_a_directory) as plain_only:
+        assert (plain_only.ca_path, plain_only.ca_bundle_path) == (None, None)
+        assert plain_only.tls_problem is not None
+        assert str(not_a_directory) in plain_only.tls_problem
+        health = http.client.HTTPConnection("127.0.0.1", service_port(plain_only), timeout=10)
+        health.request("GET", "/health")
+        assert health.getresponse().status == 204
+        health.close()
