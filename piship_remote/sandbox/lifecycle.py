@@ -64,7 +64,9 @@ class _Registry:
     """Live sandboxes by token: each with the callable that deletes it (never the façade)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a signal handler (cleanup_on_signals) runs on the main thread and may
+        # interrupt it inside any block that holds this lock.
+        self._lock = threading.RLock()
         self._live: dict[int, tuple[str, Disposer]] = {}
         self._tokens = itertools.count(1)
         self._finalizers: dict[int, weakref.finalize[..., object]] = {}
@@ -117,9 +119,7 @@ class _Registry:
         with self._lock:
             deleting = list(self._deleting.items())
         end = time.monotonic() + deadline
-        for thread, _ in deleting:
-            thread.join(max(0.0, end - time.monotonic()))
-        return [name for thread, name in deleting if thread.is_alive()]
+        return [name for thread, name in deleting if not _join_by(thread, end)]
 
     def _dispose_on_interrupt(self) -> None:
         # On the watch thread: start the deletions and return, so that the workers'
@@ -156,7 +156,7 @@ class _Registry:
         thread = threading.Thread(target=delete, name=thread_name, daemon=True)
         with self._lock:  # listed before it can end and unlist itself
             self._deleting[thread] = name
-            thread.start()
+        thread.start()  # not under the lock: a signal handler may wait for this thread
 
     def install(self, signals: Iterable[int]) -> None:
         for number in signals:
@@ -178,6 +178,19 @@ class _Registry:
             return
         signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
+
+
+def _join_by(thread: threading.Thread, end: float) -> bool:
+    """Wait until ``thread`` ends or the monotonic instant ``end``; whether it ended. A listed
+    thread may not have started yet (a signal handler interrupted the one starting it)."""
+    while True:
+        try:
+            thread.join(max(0.0, end - time.monotonic()))
+            return not thread.is_alive()
+        except RuntimeError:  # not started yet
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
 
 
 def _quietly(disposer: Disposer) -> None:

@@ -10,7 +10,6 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -35,10 +34,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def never_answer(_start: dict[str, Any]) -> dict[str, Any]:
-    return {"hang": True}
-
-
 def commands_sent(server: E2bServer) -> int:
     return sum(1 for r in server.requests if r.path.endswith("/process.Process/Start"))
 
@@ -46,7 +41,8 @@ def commands_sent(server: E2bServer) -> int:
 def test_sigterm_during_the_readiness_check_deletes_the_sandbox(
     e2b_server: E2bFactory, tmp_path: Path
 ) -> None:
-    server = e2b_server(command=never_answer)
+    server = e2b_server()
+    server.faults.stall("/process.Process/Start")  # the readiness check waits, unanswered
     environ = {**os.environ, "E2B_API_KEY": "e2b_activating_signal_key"}
     child = subprocess.Popen([sys.executable, "-c", CHILD, server.url], cwd=tmp_path, env=environ)
     try:

@@ -123,6 +123,11 @@ CHILD = textwrap.dedent(
     if sys.argv[2] in ("signals", "signals-twice", "plain-signal"):
         print("ready", flush=True)
         time.sleep(30)
+    if sys.argv[2] == "signals-inside-the-registry":
+        lifecycle.cleanup_on_signals()
+        with lifecycle._REGISTRY._lock:  # as while the main thread collects a sandbox
+            print("ready", flush=True)
+            time.sleep(30)
     """
 )
 
@@ -165,6 +170,16 @@ def test_cleanup_on_signals_asked_twice_still_disposes_then_dies_by_the_signal(
     tmp_path: Path,
 ) -> None:
     assert run_child(tmp_path, "signals-twice", signal.SIGTERM) == (-signal.SIGTERM, True)
+
+
+@pytest.mark.timeout(30)
+def test_sigterm_while_the_main_thread_is_inside_the_registry_still_disposes(
+    tmp_path: Path,
+) -> None:
+    assert run_child(tmp_path, "signals-inside-the-registry", signal.SIGTERM) == (
+        -signal.SIGTERM,
+        True,
+    )
 
 
 @pytest.mark.timeout(30)

@@ -5,7 +5,8 @@ The runtime behind the router serves files under its base directory only:
 created), ``GET /download/<path>``, ``GET /list/<path>`` and ``GET /exists/<path>``.
 It has no stat, remove or mkdir, so those are idempotent commands through
 ``/execute``; a path outside the base directory (or with a name the endpoints
-cannot carry) moves through a staging file in the base and one ``mv``/``cp``::
+cannot carry) moves through a staging file in the base and one ``mv``/``cp``
+(the flow of :class:`._rooted_files.RootedFiles`; here, its requests)::
 
     files = instance.files()                       # a RuntimeFiles
     files.write("/app/data/in.csv", iter([b"a,b\\n"]))
@@ -22,49 +23,42 @@ import secrets
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
 
 from piship_remote.backends._common import CountedChunks, is_success
 from piship_remote.backends._file_protocol import request_timeout, write_failed
-from piship_remote.backends._sandbox_commands import (
-    STAGING_PREFIX,
-    copy_out_command,
-    list_dir_command,
-    make_dir_command,
-    move_in_command,
-    remove_command,
-    stat_command,
-    working_directory_command,
-)
+from piship_remote.backends._sandbox_commands import working_directory_command
 from piship_remote.backends.base import ChunkSink, ExecRequest
 from piship_remote.backends.kubernetes._http import ClusterHttp
+from piship_remote.backends.kubernetes._rooted_files import (
+    FILE_TIMEOUT,
+    LIST_LIMIT,
+    TRANSFER_IDLE,
+    RootedFiles,
+    is_entry,
+    listed_entry,
+    not_found,
+    sink_body,
+)
 from piship_remote.backends.kubernetes._router import Retire, Router, RouterAnswer, runtime_command
 from piship_remote.backends.kubernetes.claims import ClaimUse
-from piship_remote.model.errors import (
-    CommandCancelled,
-    ConfigInvalid,
-    FileNotFound,
-    PiShipError,
-)
+from piship_remote.model.errors import CommandCancelled, ConfigInvalid, PiShipError
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport.deadline import Deadline
 
-__all__ = ["FILE_TIMEOUT", "ClaimScope", "RuntimeFiles", "listed_by_command"]
+__all__ = ["FILE_TIMEOUT", "TRANSFER_IDLE", "ClaimScope", "RuntimeFiles"]
 
-FILE_TIMEOUT = 60.0
-TRANSFER_IDLE = 60.0
-_LIST_LIMIT = 16 * 1024 * 1024
 # Names the endpoints carry unchanged: the runtime decodes URL paths twice, an upload's
 # filename never, so a name with '%' (or a quote or a line break) goes through staging.
 _AWKWARD = frozenset('%"\r\n\\')
-_TYPES = {"file": "file", "directory": "dir", "f": "file", "d": "dir", "l": "symlink"}
 
 ClaimScope = Callable[[threading.Event | None], AbstractContextManager[ClaimUse]]
+CallCancel = threading.Event | None
+"""What a file call's requests go through here: its cancel (each takes the claim itself)."""
 
 
-class RuntimeFiles:
+class RuntimeFiles(RootedFiles[CallCancel]):
     """The ``RemoteFiles`` of one Kubernetes sandbox (whichever claim is current)."""
 
     def __init__(
@@ -73,124 +67,82 @@ class RuntimeFiles:
         router: Router,
         router_url: str,
         *,
-        namespace: str,
-        port: int,
         workdir: str | None,
         claimed: ClaimScope,
     ) -> None:
+        super().__init__(http.errors, workdir)
         self._http = http
         self._router = router
         self._url = router_url.rstrip("/")
-        self._namespace = namespace
-        self._port = port
-        self._workdir = workdir
         self._claimed = claimed
-        self._lock = threading.Lock()
-        self._base: str | None = None
 
-    # -- RemoteFiles ------------------------------------------------------------------
+    # -- the runtime's surface ----------------------------------------------------------
 
-    def working_directory(
-        self, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> str:
-        if self._workdir is not None:
-            return self._workdir
-        return self._base_directory(cancel, deadline)
+    def _call(self, cancel: threading.Event | None) -> AbstractContextManager[CallCancel]:
+        return nullcontext(cancel)
 
-    def stat(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> FileInfo | None:
-        relative = self._relative(path, cancel, deadline)
-        if relative is not None and not self._exists(relative, path, cancel, deadline):
-            return None
-        output = self._command(stat_command(path), f"checking {path}", cancel, deadline)
-        kind, _, size = output.strip().partition(" ")
-        if kind == "missing":
-            return None
-        if kind not in ("file", "dir", "symlink", "other"):
-            raise self._http.errors(f"checking {path} failed: the sandbox answered {kind!r}")
-        return FileInfo(path, _name(path), kind, int(size) if size.isdigit() else 0)
+    def _root_key(self, call: threading.Event | None) -> str:
+        return ""  # one base directory for every claim
 
-    def list_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> list[FileInfo]:
-        relative = self._relative(path, cancel, deadline)
-        if relative is None:
-            return self._listed_by_command(path, cancel, deadline)
+    def _ask_root(self, call: threading.Event | None, deadline: Deadline | None) -> str:
+        answer = self._command(
+            working_directory_command(),
+            "finding the sandbox's working directory",
+            call,
+            deadline,
+        )
+        base = answer.strip()
+        if not posixpath.isabs(base):
+            raise self._errors(f"the sandbox runtime reported no working directory: {base!r}")
+        return base
+
+    def _carries(self, relative: str) -> bool:
+        return not _AWKWARD.intersection(relative)
+
+    def _known_missing(
+        self, path: str, cancel: threading.Event | None, deadline: Deadline | None
+    ) -> bool:
+        relative = self._relative(cancel, path, deadline)
+        return relative is not None and not self._exists(relative, path, cancel, deadline)
+
+    def _execute(
+        self, script: str, what: str, cancel: threading.Event | None, deadline: Deadline | None
+    ) -> tuple[int | None, str, str]:
+        command = _helper_command(script)
         with self._claimed(cancel) as use:
+            try:
+                answer: RouterAnswer = self._router.execute(
+                    use.claim,
+                    command,
+                    use.cancel,
+                    read_timeout=request_timeout(None, deadline),
+                )
+            except CommandCancelled:
+                use.retire()
+                raise
+            except Retire as outcome:
+                use.retire(gone=outcome.gone)
+                raise self._errors(f"{what} failed: {outcome.error}") from None
+        return answer.exit_code, answer.stdout, answer.stderr
+
+    def _list(
+        self, call: threading.Event | None, relative: str, path: str, deadline: Deadline | None
+    ) -> list[FileInfo]:
+        with self._claimed(call) as use:
             response = self._get(use, f"/list/{_url_path(relative)}", deadline, stream=False)
             with response:
                 if response.status == 404:
-                    raise _not_found(path, "directory")
+                    raise not_found(path, "directory")
                 self._check(response, f"listing {path}")
                 try:
-                    entries = response.json_value(_LIST_LIMIT)
+                    entries = response.json_value(LIST_LIMIT)
                 except ValueError as error:
-                    raise self._http.errors(f"listing {path} failed: {error}") from None
+                    raise self._errors(f"listing {path} failed: {error}") from None
         return (
-            [_listed(path, entry) for entry in entries if _valid(entry)]
+            [listed_entry(path, entry) for entry in entries if is_entry(entry)]
             if isinstance(entries, list)
             else []
         )
-
-    def make_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> bool:
-        output = self._command(
-            make_dir_command(path), f"making {path}", cancel, deadline, writing=path
-        )
-        return output.strip() == "made"
-
-    def remove(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> None:
-        self._command(remove_command(path), f"removing {path}", cancel, deadline, writing=path)
-
-    def write(
-        self,
-        path: str,
-        chunks: Iterable[bytes],
-        *,
-        cancel: threading.Event | None = None,
-        deadline: Deadline | None = None,
-    ) -> FileInfo:
-        relative = self._relative(path, cancel, deadline)
-        if relative is not None and not _AWKWARD.intersection(relative):
-            size = self._upload(relative, path, chunks, cancel, deadline)
-            return FileInfo(path, _name(path), "file", size)
-        staging = self._staging()
-        size = self._upload(staging, path, chunks, cancel, deadline)
-        source = posixpath.join(self._base_directory(cancel, deadline), staging)
-        parent = posixpath.dirname(path) or "/"
-        self._command(
-            move_in_command(source, path, parent),
-            f"writing {path}",
-            cancel,
-            deadline,
-            writing=path,
-        )
-        return FileInfo(path, _name(path), "file", size)
-
-    def read(
-        self,
-        path: str,
-        sink: ChunkSink,
-        *,
-        cancel: threading.Event | None = None,
-        deadline: Deadline | None = None,
-    ) -> int:
-        relative = self._relative(path, cancel, deadline)
-        if relative is not None and not _AWKWARD.intersection(relative):
-            return self._download(relative, path, sink, cancel, deadline)
-        staging = self._staging()
-        copy = posixpath.join(self._base_directory(cancel, deadline), staging)
-        output = self._command(copy_out_command(path, copy), f"reading {path}", cancel, deadline)
-        if output.strip() != "copied":
-            raise _not_found(path, "file")
-        try:
-            return self._download(staging, path, sink, cancel, deadline)
-        finally:
-            self._command(remove_command(copy), f"cleaning up after reading {path}", None, None)
 
     def _exists(
         self, relative: str, path: str, cancel: threading.Event | None, deadline: Deadline | None
@@ -202,55 +154,20 @@ class RuntimeFiles:
                 try:
                     answer = response.json_object(64 * 1024)
                 except ValueError as error:
-                    raise self._http.errors(f"checking {path} failed: {error}") from None
+                    raise self._errors(f"checking {path} failed: {error}") from None
         return answer.get("exists") is True
-
-    # -- the pieces -------------------------------------------------------------------
-
-    def _base_directory(self, cancel: threading.Event | None, deadline: Deadline | None) -> str:
-        """The runtime's base directory (where commands start), asked once."""
-        with self._lock:
-            if self._base is not None:
-                return self._base
-        answer = self._command(
-            working_directory_command(),
-            "finding the sandbox's working directory",
-            cancel,
-            deadline,
-        )
-        base = answer.strip()
-        if not posixpath.isabs(base):
-            raise self._http.errors(f"the sandbox runtime reported no working directory: {base!r}")
-        with self._lock:
-            self._base = base
-        return base
-
-    def _relative(
-        self, path: str, cancel: threading.Event | None, deadline: Deadline | None
-    ) -> str | None:
-        """``path`` relative to the runtime's base, or ``None`` when it lies outside it."""
-        base = self._base_directory(cancel, deadline)
-        relative = posixpath.relpath(posixpath.normpath(path), base)
-        if relative == ".":
-            return ""
-        if relative == ".." or relative.startswith("../"):
-            return None
-        return relative
-
-    def _staging(self) -> str:
-        return f"{STAGING_PREFIX}{secrets.token_hex(8)}.part"
 
     def _upload(
         self,
+        call: threading.Event | None,
         relative: str,
         path: str,
         chunks: Iterable[bytes],
-        cancel: threading.Event | None,
         deadline: Deadline | None,
     ) -> int:
         counted = CountedChunks(chunks)
         boundary = f"piship-{secrets.token_hex(16)}"
-        with self._claimed(cancel) as use:
+        with self._claimed(call) as use:
             try:
                 response = self._http.call(
                     "POST",
@@ -274,30 +191,28 @@ class RuntimeFiles:
 
     def _download(
         self,
+        call: threading.Event | None,
         relative: str,
         path: str,
         sink: ChunkSink,
-        cancel: threading.Event | None,
         deadline: Deadline | None,
     ) -> int:
-        total = 0
-        with self._claimed(cancel) as use:
+        with self._claimed(call) as use:
             response = self._get(use, f"/download/{_url_path(relative)}", deadline, stream=True)
             with response:
                 if response.status == 404:
-                    raise _not_found(path, "file")
+                    raise not_found(path, "file")
                 self._check(response, f"reading {path}")
                 if "html" in response.headers.get("Content-Type", "").lower():
-                    raise self._http.errors(
+                    raise self._errors(
                         f"reading {path} failed: an HTML page came back instead of the file"
                     )
                 try:
-                    for chunk in response.iter_raw():
-                        sink(bytes(chunk))
-                        total += len(chunk)
+                    return sink_body(response, sink)
                 except TransportError as error:
                     raise self._transfer_failed(f"reading {path}", error) from None
-        return total
+
+    # -- the pieces -------------------------------------------------------------------
 
     def _get(
         self, use: ClaimUse, route: str, deadline: Deadline | None, *, stream: bool
@@ -327,74 +242,13 @@ class RuntimeFiles:
                 " directory)",
                 component="files",
             )
-        raise self._http.errors(
+        raise self._errors(
             f"{what} failed: {self._http.failure(response)}",
             user_action=self._http.advice(response),
         )
 
     def _transfer_failed(self, what: str, error: TransportError) -> PiShipError:
-        return self._http.errors(f"{what} failed: {error}", retryable=not error.request_sent)
-
-    def _command(
-        self,
-        script: str,
-        what: str,
-        cancel: threading.Event | None,
-        deadline: Deadline | None,
-        *,
-        writing: str | None = None,
-    ) -> str:
-        """Run an idempotent helper ``script``; its stdout, or an error naming ``what``
-        (``FILE_WRITE_FAILED`` for the path ``writing`` when the script exits non-zero)."""
-        command = _helper_command(script)
-        with self._claimed(cancel) as use:
-            try:
-                answer: RouterAnswer = self._router.execute(
-                    use.claim,
-                    command,
-                    use.cancel,
-                    read_timeout=request_timeout(None, deadline),
-                )
-            except CommandCancelled:
-                use.retire()
-                raise
-            except Retire as outcome:
-                use.retire(gone=outcome.gone)
-                raise self._http.errors(f"{what} failed: {outcome.error}") from None
-        if answer.exit_code != 0:
-            detail = " ".join((answer.stderr or answer.stdout).split())[-300:]
-            if writing is not None:
-                raise write_failed(writing, detail)
-            raise self._http.errors(
-                f"{what} in the sandbox failed (exit {answer.exit_code}): {detail}"
-            )
-        return answer.stdout
-
-    def _listed_by_command(
-        self, path: str, cancel: threading.Event | None, deadline: Deadline | None
-    ) -> list[FileInfo]:
-        output = self._command(list_dir_command(path), f"listing {path}", cancel, deadline)
-        return listed_by_command(path, output)
-
-
-def listed_by_command(path: str, output: str) -> list[FileInfo]:
-    """The entries of the directory ``path`` from the output of its ``list_dir_command``."""
-    if output.strip() == "missing":
-        raise _not_found(path, "directory")
-    entries = []
-    for record in output.split("\0"):
-        kind, _, rest = record.partition(" ")
-        size, _, name = rest.partition(" ")
-        if name:
-            entries.append(
-                FileInfo(
-                    posixpath.join(path, name),
-                    name,
-                    _TYPES.get(kind, "other"),
-                    int(size) if size.isdigit() else 0,
-                )
-            )
-    return entries
+        return self._errors(f"{what} failed: {error}", retryable=not error.request_sent)
 
 
 def _multipart(boundary: str, filename: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -419,30 +273,6 @@ def _url_path(relative: str) -> str:
     return urllib.parse.quote(urllib.parse.quote(relative, safe=""), safe="")
 
 
-def _name(path: str) -> str:
-    return posixpath.basename(path.rstrip("/")) or "/"
-
-
-def _valid(entry: object) -> bool:
-    return isinstance(entry, dict) and isinstance(entry.get("name"), str)
-
-
-def _listed(directory: str, entry: dict[str, Any]) -> FileInfo:
-    name = str(entry["name"])
-    size = entry.get("size")
-    kind = _TYPES.get(str(entry.get("type")), "other")
-    return FileInfo(
-        posixpath.join(directory, name),
-        name,
-        kind,
-        size if isinstance(size, int) and not isinstance(size, bool) and kind == "file" else 0,
-    )
-
-
 # The runtime's answers to an upload it could not write (a full disk, a file where a
 # folder must be); the router's 502/503 is the sandbox gone.
 _WRITE_REFUSED = frozenset({500, 507})
-
-
-def _not_found(path: str, what: str) -> PiShipError:
-    return FileNotFound(f"no {what} at {path} in the sandbox", component="files")

@@ -6,7 +6,7 @@ commands start in, asked once per claim with ``pwd``): ``GET`` streams a file or
 directory, ``PUT`` writes a file atomically with its parents, ``DELETE ?recursive=true``
 removes. It has no stat and no mkdir, so those are idempotent commands; a path outside the
 root moves through a staging file under the root and one ``mv``/``cp``, as on the router's
-runtime (:mod:`._files`)::
+runtime (the flow of :class:`._rooted_files.RootedFiles`; here, its requests)::
 
     files = SandboxdFiles(errors, workdir=None, claimed=instance.sandboxd_use)
     files.write("/workspace/data/in.csv", iter([b"a,b\\n"]))
@@ -19,7 +19,6 @@ router's own, as with its other requests.
 from __future__ import annotations
 
 import posixpath
-import secrets
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -30,25 +29,17 @@ import attrs
 
 from piship_remote.backends._common import CountedChunks, SandboxErrors, is_success
 from piship_remote.backends._file_protocol import request_timeout, write_failed
-from piship_remote.backends._sandbox_commands import (
-    STAGING_PREFIX,
-    copy_out_command,
-    list_dir_command,
-    make_dir_command,
-    move_in_command,
-    remove_command,
-    stat_command,
-    working_directory_command,
-)
+from piship_remote.backends._sandbox_commands import working_directory_command
 from piship_remote.backends.base import ChunkSink
-from piship_remote.backends.kubernetes._files import (
+from piship_remote.backends.kubernetes._rooted_files import (
     FILE_TIMEOUT,
+    LIST_LIMIT,
     TRANSFER_IDLE,
-    _listed,
-    _name,
-    _not_found,
-    _valid,
-    listed_by_command,
+    RootedFiles,
+    is_entry,
+    listed_entry,
+    not_found,
+    sink_body,
 )
 from piship_remote.backends.kubernetes._sandboxd_link import SandboxdLink
 from piship_remote.model.errors import ConfigInvalid
@@ -58,8 +49,6 @@ from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
 
 __all__ = ["SandboxdFiles", "SandboxdUse"]
-
-_LIST_LIMIT = 16 * 1024 * 1024
 
 
 @attrs.frozen
@@ -73,7 +62,7 @@ class SandboxdUse:
 SandboxdScope = Callable[[threading.Event | None], AbstractContextManager[SandboxdUse]]
 
 
-class SandboxdFiles:
+class SandboxdFiles(RootedFiles[SandboxdUse]):
     """The ``RemoteFiles`` of a Kubernetes sandbox on sandboxd (whichever claim is current)."""
 
     def __init__(
@@ -83,158 +72,117 @@ class SandboxdFiles:
         workdir: str | None,
         claimed: SandboxdScope,
     ) -> None:
-        self._errors = errors
-        self._workdir = workdir
+        super().__init__(errors, workdir)
         self._claimed = claimed
-        self._lock = threading.Lock()
-        self._roots: dict[str, str] = {}
 
-    # -- RemoteFiles ------------------------------------------------------------------
+    # -- sandboxd's surface -------------------------------------------------------------
 
-    def working_directory(
-        self, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> str:
-        if self._workdir is not None:
-            return self._workdir
-        with self._claimed(cancel) as use:
-            return self._root(use)
+    def _call(self, cancel: threading.Event | None) -> AbstractContextManager[SandboxdUse]:
+        return self._claimed(cancel)
 
-    def stat(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> FileInfo | None:
-        output = self._command(stat_command(path), f"checking {path}", cancel, deadline)
-        kind, _, size = output.strip().partition(" ")
-        if kind == "missing":
-            return None
-        if kind not in ("file", "dir", "symlink", "other"):
-            raise self._errors(f"checking {path} failed: the sandbox answered {kind!r}")
-        return FileInfo(path, _name(path), kind, int(size) if size.isdigit() else 0)
+    def _root_key(self, call: SandboxdUse) -> str:
+        return call.link.claim  # asked once per claim
 
-    def list_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> list[FileInfo]:
-        with self._claimed(cancel) as use:
-            relative = self._relative(use, path)
-            if relative is not None:
-                with self._request(use, "GET", relative, deadline, f"listing {path}") as response:
-                    if response.status == 404:
-                        raise _not_found(path, "directory")
-                    self._check(response, f"listing {path}")
-                    if "json" not in response.headers.get("Content-Type", ""):
-                        raise ConfigInvalid(
-                            f"{path} in the sandbox is a file, not a directory"
-                        )
-                    try:
-                        listing = response.json_object(_LIST_LIMIT)
-                    except ValueError as error:
-                        raise self._errors(f"listing {path} failed: {error}") from None
-                entries = listing.get("entries")
-                return [
-                    _listed(path, entry)
-                    for entry in (entries if isinstance(entries, list) else [])
-                    if _valid(entry)
-                ]
-        output = self._command(list_dir_command(path), f"listing {path}", cancel, deadline)
-        return listed_by_command(path, output)
-
-    def make_dir(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> bool:
-        output = self._command(
-            make_dir_command(path), f"making {path}", cancel, deadline, writing=path
-        )
-        return output.strip() == "made"
-
-    def remove(
-        self, path: str, *, cancel: threading.Event | None = None, deadline: Deadline | None = None
-    ) -> None:
-        with self._claimed(cancel) as use:
-            relative = self._relative(use, path)
-            if relative:
-                query = {"recursive": "true"}
-                with self._request(
-                    use, "DELETE", relative, deadline, f"removing {path}", query=query
-                ) as response:
-                    if response.status != 404:
-                        self._check(response, f"removing {path}")
-                return
-        self._command(remove_command(path), f"removing {path}", cancel, deadline, writing=path)
-
-    def write(
-        self,
-        path: str,
-        chunks: Iterable[bytes],
-        *,
-        cancel: threading.Event | None = None,
-        deadline: Deadline | None = None,
-    ) -> FileInfo:
-        with self._claimed(cancel) as use:
-            relative = self._relative(use, path)
-            target = relative if relative else self._staging()
-            size = self._put(use, target, path, chunks, deadline)
-            if relative:
-                return FileInfo(path, _name(path), "file", size)
-            source = posixpath.join(self._root(use), target)
-        self._command(
-            move_in_command(source, path, posixpath.dirname(path) or "/"),
-            f"writing {path}",
-            cancel,
-            deadline,
-            writing=path,
-        )
-        return FileInfo(path, _name(path), "file", size)
-
-    def read(
-        self,
-        path: str,
-        sink: ChunkSink,
-        *,
-        cancel: threading.Event | None = None,
-        deadline: Deadline | None = None,
-    ) -> int:
-        with self._claimed(cancel) as use:
-            relative = self._relative(use, path)
-            if relative:
-                return self._get(use, relative, path, sink, deadline)
-            staging = self._staging()
-            copy = posixpath.join(self._root(use), staging)
-        output = self._command(copy_out_command(path, copy), f"reading {path}", cancel, deadline)
-        if output.strip() != "copied":
-            raise _not_found(path, "file")
-        try:
-            with self._claimed(cancel) as use:
-                return self._get(use, staging, path, sink, deadline)
-        finally:
-            self._command(remove_command(copy), f"cleaning up after reading {path}", None, None)
-
-    # -- the pieces -------------------------------------------------------------------
-
-    def _root(self, use: SandboxdUse) -> str:
-        """The claim's sandbox root (where its commands start), asked once per claim."""
-        claim = use.link.claim
-        with self._lock:
-            known = self._roots.get(claim)
-        if known is not None:
-            return known
-        code, out, err = use.link.processes.execute(working_directory_command(), None, use.cancel)
+    def _ask_root(self, call: SandboxdUse, deadline: Deadline | None) -> str:
+        code, out, err = call.link.processes.execute(working_directory_command(), None, call.cancel)
         root = out.decode("utf-8", "replace").strip()
         if code != 0 or not posixpath.isabs(root):
             raise self._errors(f"sandboxd reported no root directory: {(err or out)[-200:]!r}")
-        with self._lock:
-            self._roots[claim] = root
         return root
 
-    def _relative(self, use: SandboxdUse, path: str) -> str | None:
-        """``path`` relative to the root (``""``: the root), or ``None`` outside it."""
-        relative = posixpath.relpath(posixpath.normpath(path), self._root(use))
-        if relative == ".":
-            return ""
-        if relative == ".." or relative.startswith("../"):
-            return None
-        return relative
+    def _carries(self, relative: str) -> bool:
+        return relative != ""  # the root itself is no file to PUT or GET
 
-    def _staging(self) -> str:
-        return f"{STAGING_PREFIX}{secrets.token_hex(8)}.part"
+    def _execute(
+        self, script: str, what: str, cancel: threading.Event | None, deadline: Deadline | None
+    ) -> tuple[int | None, str, str]:
+        with self._claimed(cancel) as use:
+            code, out, err = use.link.processes.execute(
+                script, None, use.cancel, request_timeout(None, deadline)
+            )
+        return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def _list(
+        self, call: SandboxdUse, relative: str, path: str, deadline: Deadline | None
+    ) -> list[FileInfo]:
+        with self._request(call, "GET", relative, deadline, f"listing {path}") as response:
+            if response.status == 404:
+                raise not_found(path, "directory")
+            self._check(response, f"listing {path}")
+            if "json" not in response.headers.get("Content-Type", ""):
+                raise ConfigInvalid(f"{path} in the sandbox is a file, not a directory")
+            try:
+                listing = response.json_object(LIST_LIMIT)
+            except ValueError as error:
+                raise self._errors(f"listing {path} failed: {error}") from None
+        entries = listing.get("entries")
+        return [
+            listed_entry(path, entry)
+            for entry in (entries if isinstance(entries, list) else [])
+            if is_entry(entry)
+        ]
+
+    def _removed_over_rest(
+        self, path: str, cancel: threading.Event | None, deadline: Deadline | None
+    ) -> bool:
+        with self._claimed(cancel) as use:
+            relative = self._relative(use, path, deadline)
+            if not relative:  # outside the root, or the root itself
+                return False
+            query = {"recursive": "true"}
+            with self._request(
+                use, "DELETE", relative, deadline, f"removing {path}", query=query
+            ) as response:
+                if response.status != 404:
+                    self._check(response, f"removing {path}")
+        return True
+
+    def _upload(
+        self,
+        call: SandboxdUse,
+        relative: str,
+        path: str,
+        chunks: Iterable[bytes],
+        deadline: Deadline | None,
+    ) -> int:
+        counted = CountedChunks(chunks)
+        with self._request(
+            call,
+            "PUT",
+            relative,
+            deadline,
+            f"writing {path}",
+            headers={"Content-Type": "application/octet-stream"},
+            data=counted,
+            timeout=request_timeout(None, deadline),
+        ) as response:
+            if response.status in (400, 500, 507):
+                raise write_failed(path, _detail(response))
+            self._check(response, f"writing {path}")
+        return counted.total
+
+    def _download(
+        self,
+        call: SandboxdUse,
+        relative: str,
+        path: str,
+        sink: ChunkSink,
+        deadline: Deadline | None,
+    ) -> int:
+        with self._request(
+            call, "GET", relative, deadline, f"reading {path}", stream=True
+        ) as response:
+            if response.status == 404:
+                raise not_found(path, "file")
+            self._check(response, f"reading {path}")
+            if "json" in response.headers.get("Content-Type", ""):
+                raise ConfigInvalid(f"{path} in the sandbox is a directory, not a file")
+            try:
+                return sink_body(response, sink)
+            except TransportError as error:
+                raise self._errors(f"reading {path} failed: {error}") from None
+
+    # -- the pieces -------------------------------------------------------------------
 
     def _request(
         self,
@@ -266,57 +214,6 @@ class SandboxdFiles:
                 f"{what} failed: {error}", retryable=not error.request_sent
             ) from None
 
-    def _put(
-        self,
-        use: SandboxdUse,
-        relative: str,
-        path: str,
-        chunks: Iterable[bytes],
-        deadline: Deadline | None,
-    ) -> int:
-        counted = CountedChunks(chunks)
-        with self._request(
-            use,
-            "PUT",
-            relative,
-            deadline,
-            f"writing {path}",
-            headers={"Content-Type": "application/octet-stream"},
-            data=counted,
-            timeout=request_timeout(None, deadline),
-        ) as response:
-            if response.status in (400, 500, 507):
-                raise write_failed(path, _detail(response))
-            self._check(response, f"writing {path}")
-        return counted.total
-
-    def _get(
-        self,
-        use: SandboxdUse,
-        relative: str,
-        path: str,
-        sink: ChunkSink,
-        deadline: Deadline | None,
-    ) -> int:
-        total = 0
-        with self._request(
-            use, "GET", relative, deadline, f"reading {path}", stream=True
-        ) as response:
-            if response.status == 404:
-                raise _not_found(path, "file")
-            self._check(response, f"reading {path}")
-            if "json" in response.headers.get("Content-Type", ""):
-                raise ConfigInvalid(
-                    f"{path} in the sandbox is a directory, not a file"
-                )
-            try:
-                for chunk in response.iter_raw():
-                    sink(bytes(chunk))
-                    total += len(chunk)
-            except TransportError as error:
-                raise self._errors(f"reading {path} failed: {error}") from None
-        return total
-
     def _check(self, response: HttpReply, what: str) -> None:
         if is_success(response.status):
             return
@@ -326,28 +223,6 @@ class SandboxdFiles:
                 component="files",
             )
         raise self._errors(f"{what} failed: HTTP {response.status}: {_detail(response)}")
-
-    def _command(
-        self,
-        script: str,
-        what: str,
-        cancel: threading.Event | None,
-        deadline: Deadline | None,
-        *,
-        writing: str | None = None,
-    ) -> str:
-        """Run an idempotent helper ``script``; its stdout, or an error naming ``what``
-        (``FILE_WRITE_FAILED`` for the path ``writing`` when the script exits non-zero)."""
-        with self._claimed(cancel) as use:
-            code, out, err = use.link.processes.execute(
-                script, None, use.cancel, request_timeout(None, deadline)
-            )
-        if code != 0:
-            detail = " ".join((err or out).decode("utf-8", "replace").split())[-300:]
-            if writing is not None:
-                raise write_failed(writing, detail)
-            raise self._errors(f"{what} in the sandbox failed (exit {code}): {detail}")
-        return out.decode("utf-8", "replace")
 
 
 def _detail(response: HttpReply) -> str:

@@ -259,7 +259,7 @@ class KubernetesAgentSandboxBackend:
             tunnel=self._tunnel,
         )
         self._http, self._router_url = router_http, router
-        self._namespace, self._port = namespace, port
+        self._namespace = namespace
         self.execution = execution
         self._jobs = DetachedJobs(self._router, http.errors) if execution == "detached" else None
         self._open = OpenInstances()
@@ -525,8 +525,6 @@ class KubernetesAgentSandboxBackend:
             self._http,
             self._router,
             self._router_url,
-            namespace=self._namespace,
-            port=self._port,
             workdir=self._workdir,
             claimed=instance.claimed,
         )
