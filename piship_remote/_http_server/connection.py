@@ -355,6 +355,8 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(reply.body)
             return
+        if reply.send_buffer is not None:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, reply.send_buffer)
         chunked = not any(name.lower() == "content-length" for name, _ in reply.headers)
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
@@ -366,13 +368,16 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             self._stream(reply.stream, alive=True, chunked=chunked)
 
     def _stream(self, chunks: Iterator[bytes], *, alive: bool, chunked: bool) -> None:
-        """Send ``chunks``; once the client is gone, keep consuming them unsent."""
+        """Send ``chunks``; once the client is gone, stop and close them: their producer
+        learns so (a command's output feed stops counting them as received)."""
         # A client that stops reading must not stall the stream's producer forever.
         self.connection.settimeout(WRITE_TIMEOUT)
         try:
-            for chunk in chunks:
-                if alive and chunk:
+            for chunk in chunks if alive else ():
+                if chunk:
                     alive = self._write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if not alive:
+                    break
             if alive and chunked:
                 alive = self._write(b"0\r\n\r\n")
         except DropConnection as e:

@@ -93,6 +93,9 @@ class Reply:
     content_type: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     stream: Iterator[bytes] | None = None
+    send_buffer: int | None = None
+    """For a stream: the bytes the kernel may hold unsent (``SO_SNDBUF``), so that
+    little is in flight, and lost, when the connection drops."""
 
 
 @attrs.frozen

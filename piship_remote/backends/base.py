@@ -33,6 +33,7 @@ import attrs
 
 from piship_remote.backends._owned import OwnedSandbox
 from piship_remote.backends.control import CommandControl, CommandInput, TerminalSize
+from piship_remote.model.output_gap import nothing_missing
 from piship_remote.model.transfer import FileInfo
 from piship_remote.transport.deadline import Deadline
 
@@ -117,6 +118,8 @@ class BackendResult:
 
     exit_code: int | None
     signal: str | None = None
+    missing: dict[str, int] = attrs.field(factory=nothing_missing)
+    """Per stream, the bytes that may be missing after a dropped stream (``-1``: unknown)."""
 
 
 @attrs.frozen

@@ -7,11 +7,12 @@
 ``DELETE /templates/<snapshot id>``        204; 404 when there is no such snapshot
 =========================================  ======================================
 
-Both copy the sandbox's files (home, ``/tmp``, ``/dev/shm``, root's home) while it
-runs, exported by its own agent (a snapshot's copy counts against the service's snapshot
-disk budget: 507 past it), which is all a local sandbox has to keep: a fork or a sandbox
-created from a snapshot (``templateID`` = the snapshot's ID) starts with those files and its
-source's template, variables and metadata, but not its running processes.
+Both copy the sandbox's files (home, ``/tmp``, ``/dev/shm``, root's home, and what it
+wrote and deleted of its root filesystem) while it runs, exported by its own agent (a
+snapshot's copy counts against the service's snapshot disk budget: 507 past it), which is
+all a local sandbox has to keep: a fork or a sandbox created from a snapshot
+(``templateID`` = the snapshot's ID) starts with those files and its source's template,
+variables and metadata, but not its running processes.
 A fork lives ``timeout`` seconds (300 when absent)::
 
     copies = SandboxCopies(registry, info=control_plane_info)

@@ -17,7 +17,7 @@ caller that needs the figure checks ``isinstance(chunk, OutputGap)``::
 
 from __future__ import annotations
 
-__all__ = ["UNKNOWN_SIZE", "OutputGap", "add_missing"]
+__all__ = ["UNKNOWN_SIZE", "GapTally", "OutputGap", "add_missing", "nothing_missing"]
 
 UNKNOWN_SIZE = -1
 """``OutputGap.size`` (and ``CommandResult.missing``'s value) when the service cannot say
@@ -51,3 +51,29 @@ def add_missing(total: int, size: int) -> int:
     if UNKNOWN_SIZE in (total, size):
         return UNKNOWN_SIZE
     return total + size
+
+
+def nothing_missing() -> dict[str, int]:
+    """Each output stream with no byte missing: a result's ``missing`` when nothing was cut."""
+    return {"stdout": 0, "stderr": 0}
+
+
+class GapTally:
+    """Per stream, the bytes that may be missing: the sizes of the gaps seen so far::
+
+        >>> tally = GapTally()
+        >>> tally.see("stdout", OutputGap("stdout", 10)), tally.see("stdout", b"12\\n")
+        (True, False)
+        >>> tally.missing
+        {'stdout': 10, 'stderr': 0}
+    """
+
+    def __init__(self) -> None:
+        self.missing = nothing_missing()
+
+    def see(self, stream: str, chunk: bytes) -> bool:
+        """Count ``chunk`` if it is an :class:`OutputGap`; whether it was one."""
+        if not isinstance(chunk, OutputGap):
+            return False
+        self.missing[stream] = add_missing(self.missing[stream], chunk.size)
+        return True

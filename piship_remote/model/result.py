@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 
 from piship_remote.model.display import html_pre, html_table, tail
+from piship_remote.model.output_gap import nothing_missing
 
 __all__ = ["CommandResult"]
 
@@ -34,7 +35,7 @@ class CommandResult:
     stderr: str
     stdout_truncated: bool = False
     stderr_truncated: bool = False
-    missing: dict[str, int] = attrs.field(factory=lambda: {"stdout": 0, "stderr": 0})
+    missing: dict[str, int] = attrs.field(factory=nothing_missing)
 
     def __repr__(self) -> str:
         return (

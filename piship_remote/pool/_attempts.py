@@ -8,13 +8,12 @@ started (no sandbox could be had, or its command was refused before it was sent)
 followed by another, on another sandbox. A sandbox whose attempt ended ``"infra"``,
 ``"unknown"``, ``"timeout"`` or ``"cancelled"`` is disposed; one that ended ``"ok"`` or
 ``"failed"`` goes back to the pool when ``reuse`` (after ``reset`` exits 0). A callable
-task runs on a thread of its own (:mod:`~piship_remote.pool._call`), so its timeout
+task runs on a worker thread (:mod:`~piship_remote.pool._call`), so its timeout
 ends the task even when the callable does not return.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from piship_remote.pool.result import (
 )
 from piship_remote.sandbox.sandbox import Sandbox
 from piship_remote.transport.deadline import Deadline
+from piship_remote.workspace._worker import WorkerPool
 
 __all__ = ["RESET_TIMEOUT", "Task", "TaskAttempts"]
 
@@ -72,6 +72,7 @@ class TaskAttempts:
         reset: str | None,
         reuse: bool,
         max_attempts: int,
+        call_workers: WorkerPool,
         on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         self._supply = supply
@@ -79,7 +80,7 @@ class TaskAttempts:
         self._reuse = reuse
         self._max_attempts = max_attempts
         self._on_failure = on_failure
-        self._calls = itertools.count(1)
+        self._call_workers = call_workers
 
     def run(
         self, task: Task, item: Any, timeout: float | None, cancel: threading.Event
@@ -173,7 +174,7 @@ class TaskAttempts:
         if isinstance(task, str):
             command = command_for(task, item)
             return self._run_command(sandbox, command, deadline, cancel, sandbox_id)
-        call = BoundedCall(task, sandbox, item, name=f"piship-pool-call-{next(self._calls)}")
+        call = BoundedCall(task, sandbox, item, workers=self._call_workers)
         try:
             value = call.result(deadline, cancel, lambda: self._supply.closed)
         except CommandTimeout as error:

@@ -1,14 +1,15 @@
-"""A callable task on a thread of its own, so that the task's timeout and cancel bound it.
+"""A callable task on a worker thread, so that the task's timeout and cancel bound it.
 
-    call = BoundedCall(task, sandbox, item, name="piship-pool-call-3")
+    call = BoundedCall(task, sandbox, item, workers=call_workers)
     value = call.result(deadline, cancel, closed)   # or raises
 
-Python cannot stop a thread. When the deadline passes, ``cancel`` is set or the pool
-closes first, :meth:`BoundedCall.result` raises at once (``CommandTimeout``,
-``CommandCancelled``) and the ``piship-pool-call-N`` thread (a daemon) lingers until
-the callable returns; what it returns or raises then is dropped. The pool disposes
-that sandbox (it never hands it to another task), so the callable's next call on it
-fails at once.
+The callable runs on one of the pool's reusable ``piship-pool-call-N`` threads. Python
+cannot stop a thread: when the deadline passes, ``cancel`` is set or the pool closes
+first, :meth:`BoundedCall.result` raises at once (``CommandTimeout``,
+``CommandCancelled``) and the thread (a daemon) lingers in the callable until it
+returns; what it returns or raises then is dropped, and the thread is free again (or
+ends, once the pool is closed). The pool disposes that sandbox (it never hands it to
+another task), so the callable's next call on it fails at once.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from typing import Any
 from piship_remote.model.errors import CommandCancelled, CommandTimeout
 from piship_remote.sandbox import lifecycle
 from piship_remote.sandbox.sandbox import Sandbox
-from piship_remote.telemetry import carried
 from piship_remote.transport.deadline import Deadline
-from piship_remote.workspace._worker import Worker
+from piship_remote.workspace._worker import WorkerPool
 
 __all__ = ["BoundedCall"]
 
@@ -31,20 +31,36 @@ _WAKE = 0.05  # how often a waiting task looks at its cancel event and the pool'
 
 
 class BoundedCall:
-    """``task(sandbox, item)`` started on a ``piship-pool-call-N`` daemon thread."""
+    """``task(sandbox, item)`` handed to a worker of ``workers``."""
 
     def __init__(
-        self, task: Callable[[Sandbox, Any], Any], sandbox: Sandbox, item: Any, *, name: str
+        self,
+        task: Callable[[Sandbox, Any], Any],
+        sandbox: Sandbox,
+        item: Any,
+        *,
+        workers: WorkerPool,
     ) -> None:
-        # The task's span is the parent of the spans the callable makes; a task thread that
-        # works for the main thread hands that on.
-        for_main = lifecycle.works_for_the_main_thread()
+        self._task = task
+        self._sandbox = sandbox
+        self._item = item
+        # The callable's commands are the main thread's when the task's thread works for it.
+        self._for_main = lifecycle.works_for_the_main_thread()
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._refused = workers.submit(self) is None  # the pool closed meanwhile
 
-        def call() -> Any:
-            with lifecycle.working_for_the_main_thread() if for_main else nullcontext():
-                return task(sandbox, item)
+    def execute(self) -> None:
+        """Run the callable (on the worker); what it gives is kept for :meth:`result`."""
+        with lifecycle.working_for_the_main_thread() if self._for_main else nullcontext():
+            try:
+                self._value = self._task(self._sandbox, self._item)
+            except BaseException as error:  # handed to the caller by result()
+                self._error = error
 
-        self._worker: Worker[Any] = Worker(carried(call), name)
+    def finish(self, outcome: None) -> None:
+        self._done.set()
 
     def result(
         self,
@@ -55,8 +71,10 @@ class BoundedCall:
         """The callable's value, or its exception raised here; ``CommandTimeout`` at
         ``deadline``, ``CommandCancelled`` when ``cancel`` is set or ``closed()`` becomes
         true first."""
+        if self._refused:
+            raise CommandCancelled()
         wait = 0.0
-        while not self._worker.done(wait):
+        while not self._done.wait(wait):
             if cancel.is_set() or closed():
                 raise CommandCancelled()
             wait = _WAKE
@@ -65,4 +83,7 @@ class BoundedCall:
                 if left <= 0:
                     raise CommandTimeout(deadline.seconds or 0.0)
                 wait = min(wait, left)
-        return self._worker.result()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._value

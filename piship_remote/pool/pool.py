@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -31,7 +32,12 @@ from piship_remote.pool._health import HealthOnce
 from piship_remote.pool._labels import labelled
 from piship_remote.pool._progress import progress_for
 from piship_remote.pool._run import MapRun
-from piship_remote.pool._supply import INTERRUPTED, NoSandboxInTime, SandboxSupply
+from piship_remote.pool._supply import (
+    CLOSED_BY_CALLER,
+    INTERRUPTED,
+    NoSandboxInTime,
+    SandboxSupply,
+)
 from piship_remote.pool._throttle import CreateThrottle
 from piship_remote.pool.result import TaskResult, TaskResults, is_infrastructure
 from piship_remote.sandbox import lifecycle
@@ -39,8 +45,12 @@ from piship_remote.sandbox.activation import activate_sandbox
 from piship_remote.sandbox.sandbox import PathLike, Sandbox
 from piship_remote.telemetry import Telemetry
 from piship_remote.transport.deadline import Deadline
+from piship_remote.workspace._worker import WorkerPool
 
 __all__ = ["SandboxPool"]
+
+_TASK_NUMBERS = itertools.count(1)  # piship-pool-task-N, numbered across pools
+_CALL_NUMBERS = itertools.count(1)  # piship-pool-call-N
 
 
 class SandboxPool:
@@ -94,17 +104,22 @@ class SandboxPool:
             warm=warm,
             throttle=CreateThrottle(max_create_rate),
         )
+        # Kept across map calls, so that a call's first task starts on a running thread.
+        self._task_workers = WorkerPool("piship-pool-task", _TASK_NUMBERS)
+        self._call_workers = WorkerPool("piship-pool-call", _CALL_NUMBERS)
         self._attempts = TaskAttempts(
             self._supply,
             reset=reset,
             reuse=reuse,
             max_attempts=max_attempts,
+            call_workers=self._call_workers,
             on_failure=health.forget,
         )
         self._telemetry = Telemetry.load(backend.id, backend.redactor)
-        supply = self._supply  # the registry's closer must not hold the pool
+        # The registry's closer must not hold the pool.
+        closer = functools.partial(_close, self._supply, (self._task_workers, self._call_workers))
         self._token = lifecycle.track(
-            self, "sandbox pool", lambda: supply.close(lifecycle.disposal_cause())
+            self, "sandbox pool", lambda: closer(lifecycle.disposal_cause())
         )
 
     def __enter__(self) -> SandboxPool:
@@ -123,7 +138,10 @@ class SandboxPool:
     def close(self) -> None:
         """Dispose every sandbox the pool holds; idempotent; waits for no running task
         (each ends with an error mentioning "closed")."""
-        self._supply.close()
+        self._shut(CLOSED_BY_CALLER)
+
+    def _shut(self, reason: str) -> None:
+        _close(self._supply, (self._task_workers, self._call_workers), reason)
         lifecycle.untrack(self._token)
 
     @contextlib.contextmanager
@@ -219,6 +237,7 @@ class SandboxPool:
             items,
             timeout=timeout,
             threads=self._size,
+            workers=self._task_workers,
             progress=progress,
             telemetry=self._telemetry,
         )
@@ -228,8 +247,7 @@ class SandboxPool:
             finished = True
         except KeyboardInterrupt:
             run.stop()
-            self._supply.close(INTERRUPTED)  # disposing the sandboxes kills every command
-            lifecycle.untrack(self._token)
+            self._shut(INTERRUPTED)  # disposing the sandboxes kills every command
             raise KeyboardInterrupt(
                 "interrupted: the pool's running commands were killed, its sandboxes deleted"
             ) from None
@@ -237,6 +255,12 @@ class SandboxPool:
             if not finished:
                 run.stop()
             progress.close()
+
+
+def _close(supply: SandboxSupply, workers: tuple[WorkerPool, ...], cause: str) -> None:
+    supply.close(cause)
+    for pool in workers:
+        pool.close()  # the idle threads end; the busy ones as their task returns
 
 
 def _check_counts(size: int, warm: int, max_attempts: int) -> None:

@@ -59,6 +59,7 @@ the call to return is a retire check scheduled on the timer thread.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import threading
@@ -93,7 +94,6 @@ from piship_remote.sandbox._exec_workers import (
     Raised,
     Sink,
     WorkerCall,
-    WorkerPool,
 )
 from piship_remote.sandbox._interrupts import Disarm, InterruptGuard
 from piship_remote.transport._cancel import (
@@ -104,6 +104,7 @@ from piship_remote.transport._cancel import (
     when_cancelled,
 )
 from piship_remote.transport.deadline import Deadline
+from piship_remote.workspace._worker import WorkerPool
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -121,6 +122,7 @@ INTERRUPT_POLL = 0.05
 COMMAND_KILLED = "interrupted: the remote command was killed"
 CHANNEL_BYTES = 1024 * 1024  # output a main-thread command may buffer ahead of its sink
 KILLED_RESULT = BackendResult(None, "SIGKILL")  # exit status 137, as a shell reports it
+_EXEC_NUMBERS = itertools.count(1)  # piship-exec-N, numbered across sandboxes
 
 
 def command_line(command: object) -> str:
@@ -178,7 +180,7 @@ class ExecEngine:
         self._lock = threading.Lock()
         self._calls: set[WorkerCall | DirectCall] = set()
         self._watcher = EventWatcher()
-        self._workers = WorkerPool()
+        self._workers = WorkerPool("piship-exec", _EXEC_NUMBERS)
         self._timer = DeadlineTimer()
         self._interrupts = InterruptGuard()
         self._prompt = instance.cancels_promptly

@@ -1,9 +1,9 @@
 """How a backend call runs relative to the thread that asked for it.
 
-The main thread hands each call to a reusable ``piship-exec-N`` worker from a
-:class:`WorkerPool` (so it stays free to raise ``KeyboardInterrupt``) and reads
-the output through a :class:`Channel` bounded to a byte budget: a slow reader
-holds the backend call back instead of buffering without limit. Any other
+The main thread hands each call (a :class:`WorkerCall`) to a reusable ``piship-exec-N``
+worker (:class:`~piship_remote.workspace._worker.WorkerPool`), so that it stays free to
+raise ``KeyboardInterrupt``, and reads the output through a :class:`Channel` bounded to a
+byte budget: a slow reader holds the backend call back instead of buffering without limit. Any other
 thread makes a :class:`DirectCall` itself, and a :class:`DeadlineTimer` thread
 (``piship-exec-timer``) fires its timeouts.
 
@@ -20,16 +20,13 @@ or :class:`Raised` (together an :data:`Outcome`), output travels as
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
-from itertools import count
-from typing import Literal, Protocol, TypeAlias
+from typing import Literal, TypeAlias
 
 import attrs
 
 from piship_remote.backends.base import BackendResult, ExecRequest
-from piship_remote.telemetry.context import carried_job
 
 __all__ = [
     "KILLED",
@@ -40,14 +37,12 @@ __all__ = [
     "BackgroundCall",
     "Channel",
     "DirectCall",
-    "Job",
     "Outcome",
     "Output",
     "Raised",
     "Returned",
     "Stream",
     "WorkerCall",
-    "WorkerPool",
 ]
 
 Stream = Literal["stdout", "stderr"]
@@ -216,85 +211,6 @@ class WorkerCall:
     def finish(self, outcome: Outcome) -> None:
         self.finished.set()
         self.channel.finish(outcome)
-
-
-class Job(Protocol):
-    """What a worker runs: ``execute`` makes the backend call, ``finish`` hands its outcome on."""
-
-    def execute(self) -> Outcome: ...
-
-    def finish(self, outcome: Outcome) -> None: ...
-
-
-class _Worker:
-    _ids = count(1)
-
-    def __init__(self, pool: WorkerPool) -> None:
-        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._pool = pool
-        self.thread = threading.Thread(
-            target=self._run, name=f"piship-exec-{next(self._ids)}", daemon=True
-        )
-
-    def _run(self) -> None:
-        while True:
-            call = self.jobs.get()
-            if call is None:
-                return
-            outcome = call.execute()
-            # Idle again before the reader hears of the outcome, so that its next
-            # command takes this worker instead of starting another.
-            keep = self._pool._release(self)
-            call.finish(outcome)
-            if not keep:
-                return
-
-
-class WorkerPool:
-    """Reusable ``piship-exec-N`` threads: an idle one, or a new one when all are busy."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: list[_Worker] = []
-        self._closed = False
-
-    def submit(self, call: Job) -> _Worker | None:
-        """Run ``call`` on a worker; ``None`` once the pool is closed."""
-        call = carried_job(call)  # the caller's span is the parent of the call's
-        with self._lock:
-            if self._closed:
-                return None
-            worker = self._idle.pop() if self._idle else None
-        if worker is None:
-            worker = _Worker(self)
-            worker.jobs.put(call)
-            worker.thread.start()
-        else:
-            worker.jobs.put(call)
-        return worker
-
-    def reap(self, worker: _Worker, timeout: float) -> None:
-        """Once the pool is closed, wait for ``worker`` (whose call returned) to exit."""
-        if self._closed and worker.thread is not threading.current_thread():
-            worker.thread.join(timeout)
-
-    def close(self) -> None:
-        """Stop and join the idle workers; busy ones exit when their call returns."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.jobs.put(None)
-        for worker in idle:
-            if worker.thread is not threading.current_thread():
-                worker.thread.join()
-
-    def _release(self, worker: _Worker) -> bool:
-        with self._lock:
-            if self._closed:
-                return False
-            self._idle.append(worker)
-            return True
 
 
 # -- every other thread's path ------------------------------------------------------

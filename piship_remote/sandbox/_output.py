@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
-from piship_remote.model.output_gap import OutputGap, add_missing
+from piship_remote.model.output_gap import GapTally
 from piship_remote.model.result import CommandResult
 
 __all__ = ["NO_EXIT", "OUTPUT_LIMIT", "DataSink", "OnData", "OutputCapture"]
@@ -83,13 +83,16 @@ class OutputCapture:
         self._echo = echo
         self._kept = {"stdout": _Tail(limit), "stderr": _Tail(limit)}
         self._decoders = text_decoders()
-        self.missing = dict.fromkeys(self._kept, 0)
+        self._gaps = GapTally()
+
+    @property
+    def missing(self) -> dict[str, int]:
+        """Per stream, the bytes that may be missing so far."""
+        return self._gaps.missing
 
     def write(self, stream: str, chunk: bytes) -> None:
-        if isinstance(chunk, OutputGap):
-            # Counted, not kept: the result's text is the command's own output.
-            self.missing[stream] = add_missing(self.missing[stream], chunk.size)
-        else:
+        # A gap is counted, not kept: the result's text is the command's own output.
+        if not self._gaps.see(stream, chunk):
             self._kept[stream].write(chunk)
         if self._echo:
             target = sys.stderr if stream == "stderr" else sys.stdout

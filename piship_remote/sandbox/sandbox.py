@@ -35,6 +35,7 @@ from piship_remote.model.errors import (
     PiShipError,
     SandboxUnavailable,
 )
+from piship_remote.model.output_gap import nothing_missing
 from piship_remote.model.policy import SandboxProfile
 from piship_remote.model.redact import Redactor
 from piship_remote.model.report import (
@@ -65,9 +66,15 @@ _T = TypeVar("_T")
 class ExecResult:
     """What ``Sandbox.exec`` returns: how the command ended, its exit code (``128 + n`` for
     signal ``n``); its output went to ``on_data``. (``Sandbox.run`` and a handle's ``wait``
-    give a :class:`CommandResult`, with the output; a backend instance a ``BackendResult``.)"""
+    give a :class:`CommandResult`, with the output; a backend instance a ``BackendResult``.)
+
+    ``missing``: per stream, the bytes that may be missing because the command's stream
+    dropped and the output written meanwhile could not be replayed (0: nothing lost;
+    ``-1``: an unknown number), as ``CommandResult.missing``; ``on_data`` got an
+    :class:`OutputGap` where they are."""
 
     exit_code: int
+    missing: dict[str, int] = attrs.field(factory=nothing_missing)
 
 
 class Sandbox:
@@ -324,7 +331,7 @@ class Sandbox:
         # The caller's cancel becomes the command's one token, here, once.
         with self._telemetry.command() as span, engine.cancel_token(cancel) as token:
             result = engine.run(request, sink, deadline, token, retire=True)
-            return ExecResult(exit_code=span.exit_code(exit_status(result)))
+            return ExecResult(span.exit_code(exit_status(result)), dict(result.missing))
 
     def _request(
         self,

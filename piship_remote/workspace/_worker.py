@@ -1,17 +1,25 @@
-"""One action run beside the caller on a named daemon thread, its outcome handed back.
+"""Work run beside the caller on named daemon threads: one action on a thread of its own
+(:class:`Worker`), or jobs on reusable threads (:class:`WorkerPool`).
 
 stat = Worker(lambda: remote.stat(path), "piship-files-stat")
 ...                                  # the caller does something else meanwhile
 info = stat.result()                 # what the action returned, or raises what it raised
+
+workers = WorkerPool("piship-exec", itertools.count(1))
+workers.submit(job)                  # job.execute() on an idle piship-exec-N, then job.finish()
+workers.close()                      # idle threads end now, busy ones after their job
 """
 
 from __future__ import annotations
 
+import queue
 import threading
-from collections.abc import Callable
-from typing import Generic, TypeVar, cast
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar, cast
 
-__all__ = ["Worker"]
+from piship_remote.telemetry.context import Job, carried_job
+
+__all__ = ["Worker", "WorkerPool"]
 
 T = TypeVar("T")
 
@@ -59,3 +67,77 @@ class Worker(Generic[T]):
         """Wait for the action to end and drop what it gave (the caller is failing already)."""
         self._thread.join()
         self._error = None
+
+
+class _PooledThread:
+    def __init__(self, pool: WorkerPool, name: str) -> None:
+        self.jobs: queue.SimpleQueue[Job[Any] | None] = queue.SimpleQueue()
+        self._pool = pool
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            outcome = job.execute()
+            # Idle again before the job's outcome is handed on, so that the work that
+            # outcome lets the caller submit next takes this thread instead of a new one.
+            keep = self._pool._release(self)
+            job.finish(outcome)
+            if not keep:
+                return
+
+
+class WorkerPool:
+    """Reusable daemon threads named ``<name>-N`` (N from ``numbers``): an idle one takes
+    the next job, a new one starts when all are busy.
+
+    A job's ``execute`` must not raise (it returns what went wrong); ``finish`` runs on
+    the same thread once it is idle again.
+    """
+
+    def __init__(self, name: str, numbers: Iterator[int]) -> None:
+        self._name = name
+        self._numbers = numbers
+        self._lock = threading.Lock()
+        self._idle: list[_PooledThread] = []
+        self._closed = False
+
+    def submit(self, job: Job[Any]) -> _PooledThread | None:
+        """Run ``job`` on a worker; ``None`` once the pool is closed."""
+        job = carried_job(job)  # the caller's span is the parent of the job's
+        with self._lock:
+            if self._closed:
+                return None
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _PooledThread(self, f"{self._name}-{next(self._numbers)}")
+            worker.jobs.put(job)
+            worker.thread.start()
+        else:
+            worker.jobs.put(job)
+        return worker
+
+    def reap(self, worker: _PooledThread, timeout: float) -> None:
+        """Once the pool is closed, wait for ``worker`` (whose job returned) to exit."""
+        if self._closed and worker.thread is not threading.current_thread():
+            worker.thread.join(timeout)
+
+    def close(self) -> None:
+        """Stop and join the idle workers; busy ones exit when their job returns."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.jobs.put(None)
+        for worker in idle:
+            if worker.thread is not threading.current_thread():
+                worker.thread.join()
+
+    def _release(self, worker: _PooledThread) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._idle.append(worker)
+            return True

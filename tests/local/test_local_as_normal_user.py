@@ -25,6 +25,7 @@ MODULES = (
     "tests/local/test_local_host_safety.py",
     "tests/local/test_local_memory_limit.py",
     "tests/local/test_local_http_framing.py",
+    "tests/local/test_local_root_copies.py",
     "tests/attacks/test_attack_http_flood.py",
     "tests/attacks/test_attack_token_before_state.py",
     "tests/attacks/test_attack_image_unpack.py",

@@ -20,9 +20,10 @@ import pytest
 
 import piship_remote
 from piship_remote.local import LocalE2bService
-from piship_remote.local.isolation.user_map import USER_HOST_UID, root_mappable
+from piship_remote.local.isolation.user_map import SANDBOX_UID, root_mappable
 from piship_remote.model.errors import CONFIG_INVALID, PiShipError
 from tests.support.local_service import Client, gone, marked, marker, needs_bwrap, run_as, start_as
+from tests.support.sandbox_uid import host_ids_of
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(60)]
 
@@ -90,7 +91,7 @@ def test_dev_is_read_only_in_a_sandbox(client: Client, sandbox: dict[str, Any], 
 
 @needs_root_service
 def test_a_root_services_sandbox_runs_as_an_unused_host_uid(
-    client: Client, sandbox: dict[str, Any]
+    client: Client, sandbox: dict[str, Any], service: LocalE2bService
 ) -> None:
     mark = marker()
     start_as(client, sandbox, "user", f"sleep {mark}")
@@ -98,7 +99,7 @@ def test_a_root_services_sandbox_runs_as_an_unused_host_uid(
     for pid in marked(mark):
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             uids = next(line for line in status if line.startswith("Uid:")).split()[1:]
-        assert set(map(int, uids)) == {USER_HOST_UID}
+        assert set(map(int, uids)) == {host_ids_of(service, sandbox).host(SANDBOX_UID)}
 
 
 @needs_root_service

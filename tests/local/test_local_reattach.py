@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from piship_remote import OutputGap, Sandbox, activate_sandbox
+from piship_remote import ExecResult, OutputGap, Sandbox, activate_sandbox
 from piship_remote.local import LocalE2bService
 from piship_remote.testing.cutting_proxy import CuttingProxy
 from tests.support.local_service import needs_bwrap
@@ -90,3 +90,12 @@ def test_a_handle_whose_stream_was_cut_reports_nothing_missing(
     result = handle.wait(timeout=60)
     assert (result.exit_code, result.stdout) == (0, EXPECTED)
     assert handle.missing == {"stdout": 0, "stderr": 0}
+
+
+def test_exec_whose_stream_was_cut_reports_nothing_missing(
+    sandbox: Sandbox, proxy: CuttingProxy
+) -> None:
+    proxy.plan([60_000])
+    result = sandbox.exec(f"seq 1 {LINES}; exit 3")
+    assert proxy.cuts == 1
+    assert result == ExecResult(3, {"stdout": 0, "stderr": 0})

@@ -17,10 +17,11 @@ import pytest
 import requests
 
 from piship_remote.local import LocalE2bService
-from piship_remote.local.isolation.user_map import CAPABILITIES, ROOT_HOST_UID, USER_HOST_UID
+from piship_remote.local.isolation.user_map import CAPABILITIES, SANDBOX_UID
 from piship_remote.local.sandbox import registry as sandboxes
 from tests.support.local_service import HTTP_TIMEOUT, Client, basic, needs_bwrap, run_as, start_as
 from tests.support.process_rpc import pid_of, pty_shows, pty_text
+from tests.support.sandbox_uid import host_ids_of
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(30)]
 
@@ -117,9 +118,10 @@ def test_the_host_sees_roots_and_users_files_as_owned_by_the_unused_host_uids(
 ) -> None:
     run_as(client, sandbox, "root", "echo x > /home/user/r && echo y > ~/own")
     home = service.sandbox_home(sandbox["sandboxID"])
-    assert os.stat(os.path.join(home, "r")).st_uid == ROOT_HOST_UID
+    ids = host_ids_of(service, sandbox)
+    assert os.stat(os.path.join(home, "r")).st_uid == ids.host(0)
     run_as(client, sandbox, "user", "echo z > ~/u")
-    assert os.stat(os.path.join(home, "u")).st_uid == USER_HOST_UID
+    assert os.stat(os.path.join(home, "u")).st_uid == ids.host(SANDBOX_UID)
 
 
 def test_a_users_command_has_no_capabilities(client: Client, sandbox: dict[str, Any]) -> None:

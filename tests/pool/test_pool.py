@@ -224,6 +224,17 @@ def test_map_may_be_called_from_several_threads_at_once(make_pool) -> None:
     assert outcomes == [["ok"] * 4] * 3
 
 
+def test_map_calls_run_on_the_same_task_thread(make_pool) -> None:
+    def task_threads() -> list[str]:
+        return [name for name in pool_threads() if name.startswith("piship-pool-task-")]
+
+    with make_pool(size=1) as pool:
+        pool.map("echo {item}", [1])
+        first = task_threads()
+        pool.map("echo {item}", [2])
+        assert len(first) == 1 and task_threads() == first
+
+
 def test_pool_threads_are_named_and_daemon(make_pool) -> None:
     pool = make_pool(size=2, warm=1)
     names = {t.name: t.daemon for t in threading.enumerate() if t.name.startswith("piship-pool")}

@@ -95,6 +95,16 @@ def test_a_callable_within_its_timeout_gives_its_value(make_pool) -> None:
     assert [(r.outcome, r.value) for r in results] == [("ok", 2), ("ok", 4)]
 
 
+def test_callable_tasks_one_after_another_run_on_one_thread(make_pool) -> None:
+    def thread_name(sandbox: Any, item: int) -> str:
+        return threading.current_thread().name
+
+    with make_pool(size=1, progress=False) as pool:
+        names = [result.value for result in pool.map(thread_name, [1, 2, 3])]
+    assert len(set(names)) == 1 and names[0].startswith("piship-pool-call-")
+    assert settled(lambda: call_threads() == []), call_threads()
+
+
 def test_close_ends_a_callable_task_that_does_not_return(make_pool, stuck, server) -> None:
     pool = make_pool(size=1, progress=False)
     results: list[TaskResult] = []

@@ -40,7 +40,7 @@ E2bFactory = Callable[..., E2bServer]
 
 class Commands:
     """The E2B double's answers (to live sandboxes only): ``hang`` in a script hangs (and
-    is announced); ``ran`` lists every script run."""
+    is announced), ``fail`` exits 2; ``ran`` lists every script run."""
 
     def __init__(self) -> None:
         self.hanging = threading.Event()
@@ -52,6 +52,8 @@ class Commands:
         if "hang" in text:
             self.hanging.set()
             return {"hang": True}
+        if "fail" in text:
+            return {"stdout": text + "\n", "exit_code": 2}
         return {"stdout": text + "\n"}
 
 
@@ -144,6 +146,17 @@ def test_a_command_stream_cut_and_followed_again_ends_ok_not_unknown(make_pool, 
         [result] = pool.map("echo {item}", ["a"])
         assert (result.outcome, result.attempts) == ("ok", 1)
     assert starts_of(server, "echo a") == 1
+
+
+def test_a_failing_command_stream_cut_and_followed_again_ends_failed_not_unknown(
+    make_pool, server
+) -> None:
+    with make_pool(size=1) as pool:
+        with pool.sandbox():  # activated (its readiness check passed), then back
+            server.faults.cut_streams_after(3)
+        [result] = pool.map("fail {item}", ["a"])
+        assert (result.outcome, result.attempts) == ("failed", 1)
+    assert starts_of(server, "fail a") == 1
 
 
 def test_close_with_tasks_running_ends_them_as_closed_and_leaves_nothing(

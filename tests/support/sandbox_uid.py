@@ -4,6 +4,7 @@
 are mounted) and ``setpriv`` takes the uid, with no groups::
 
     uid = host_uid_of(client, sandbox, "root")
+    ids = host_ids_of(service, sandbox)         # the range of host uids its slot holds
     ran = as_host_uid(service, uid, f"cat {sandbox_directory(service, other)}/home/x")
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from piship_remote.local import LocalE2bService
+from piship_remote.local.isolation.uid_block import SandboxIds
 from tests.support.local_service import Client, gone, marked, marker, start_as
 
 needs_util_linux = pytest.mark.skipif(
@@ -33,6 +35,13 @@ def host_uid_of(client: Client, sandbox: dict[str, Any], user: str) -> int:
     with open(f"/proc/{marked(mark)[0]}/status", encoding="ascii") as status:
         line = next(line for line in status if line.startswith("Uid:"))
     return int(line.split()[1])
+
+
+def host_ids_of(service: LocalE2bService, sandbox: dict[str, Any]) -> SandboxIds:
+    """The range of host uids ``sandbox`` really got (its slot, whichever was free)."""
+    found = service._registry.lookup(sandbox["sandboxID"])
+    assert found is not None and found.ids is not None, "a root service maps its sandboxes' uids"
+    return found.ids
 
 
 def as_host_uid(

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import attrs
+
 from piship_remote.backends.base import BackendResult, OutputCallback
 from piship_remote.backends.e2b._stream import StreamDropped
 from piship_remote.model.errors import PiShipError
-from piship_remote.model.output_gap import UNKNOWN_SIZE, OutputGap
+from piship_remote.model.output_gap import UNKNOWN_SIZE, GapTally, OutputGap
 from piship_remote.transport import HttpReply, TransportError
 from piship_remote.transport._cancel import CancelToken
 from piship_remote.transport.deadline import Deadline
@@ -58,6 +60,7 @@ class OutputCursor:
         self.spooling = False  # the rest comes from the spool, once the command ended
         # Gaps are told once the new stream delivers: a Connect refused tells nothing.
         self._pending: list[tuple[str, int]] = []
+        self.gaps = GapTally()  # the gaps told
 
     def stdout(self, chunk: bytes) -> None:
         self._receive("stdout", chunk)
@@ -129,9 +132,11 @@ class OutputCursor:
             self._gap(stream, size)
 
     def _gap(self, stream: str, size: int) -> None:
+        gap = OutputGap(stream, size)
+        self.gaps.see(stream, gap)
         callback = self._outputs[stream]
         if callback is not None:
-            callback(OutputGap(stream, size))
+            callback(gap)
 
 
 def follow(
@@ -154,7 +159,7 @@ def follow(
             try:
                 result = read(response)
                 cursor.finish()
-                return result
+                return attrs.evolve(result, missing=dict(cursor.gaps.missing))
             except StreamDropped as dropped:
                 first = first or dropped.error
             except PiShipError:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import signal
 import threading
 import time
@@ -78,6 +79,9 @@ DEFAULT_KEEPALIVE = 90.0
 MAX_TIMEOUT_DIGITS = 10
 KILL_SETTLE = 5.0  # seconds a SIGKILL waits for the command to be reaped
 STREAMING = frozenset({"Start", "Connect", "StreamInput"})
+STREAM_SEND_BUFFER = 1024 * 1024
+"""A command stream's socket send buffer: what a cut loses in this host's kernel stays
+well within the sent bytes each output ring keeps."""
 ENDED_GRACE = 60.0
 """Seconds an ended command stays reachable by ``Connect`` (its end and output ring)."""
 ENDED_KEPT = 8
@@ -166,13 +170,14 @@ class ProcessRpc:
         except OSError as e:
             return stream_error("internal", f"starting the process failed: {e.strerror or e}")
         key = (sandbox.id, process.pid)
-        feed = ProcessFeed(process, on_end=lambda: self._ended(sandbox, process, key))
+        on_end = functools.partial(self._ended, sandbox, process, key)
+        feed = ProcessFeed(process, on_end=on_end, deadline=_deadline(request.headers))
         with self._lock:
             self._feeds[key] = feed
         follower = feed.subscribe()
         feed.start()
-        stream = _frames(follower, process, _deadline(request.headers), _keepalive(request.headers))
-        return _stream(stream)
+        frames = _frames(follower, None, _keepalive(request.headers), own_deadline=True)
+        return _stream(_Followed(frames, follower))
 
     def _connect(self, sandbox: Sandbox, request: Request) -> Reply:
         try:
@@ -191,8 +196,8 @@ class ProcessRpc:
             resumed = feed.resume(offsets)
             follower, replay = resumed.follower, resumed.replay
             answer = ((OFFSET_HEADER, format_offsets(resumed.starts)),)
-        stream = _frames(follower, None, _deadline(headers), _keepalive(headers), replay)
-        return _stream(stream, answer)
+        frames = _frames(follower, _deadline(headers), _keepalive(headers), replay)
+        return _stream(_Followed(frames, follower), answer)
 
     def _stream_input(self, sandbox: Sandbox, request: Request) -> Reply:
         """The client stream, read whole: its start names the command, then input in order."""
@@ -337,31 +342,53 @@ def _write_input(process: LocalProcess, given: ProcessInput) -> None:
         raise InputFailed(f"error writing to {which}: {e}") from None
 
 
+class _Followed:
+    """A stream's frames; closing it (the server does once the client is gone, perhaps
+    before the first frame) stops following."""
+
+    def __init__(self, frames: Iterator[bytes], follower: Follower) -> None:
+        self._frames = frames
+        self._follower = follower
+
+    def __iter__(self) -> _Followed:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._frames)
+
+    def close(self) -> None:
+        close = getattr(self._frames, "close", None)
+        if close is not None:
+            close()
+        self._follower.close()
+
+
 def _frames(
     follower: Follower,
-    owned: LocalProcess | None,
     deadline: float | None,
     keepalive: float,
     replay: Sequence[Output] = (),
+    *,
+    own_deadline: bool = False,
 ) -> Iterator[bytes]:
-    """A Start (``owned`` is its process) or Connect stream: start, the ``replay`` (a
-    resumed Connect's), events, end, end-of-stream.
+    """A Start or Connect stream: start, the ``replay`` (a resumed Connect's), events,
+    end, end-of-stream. Each data event counts as taken once the server asks for the
+    next frame (it has written that one).
 
-    At ``deadline`` a Start stream kills its command; a Connect stream just ends.
+    At ``deadline`` a Connect stream ends (a Start's command is killed by its feed:
+    ``own_deadline`` tells its end as the deadline's).
     """
     try:
         yield event_frame("start", StartEvent(follower.pid))
         for output in replay:
             yield _data_frame(output)
+            follower.delivered(output)
         quiet_since = time.monotonic()
         while True:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                if owned is None:
-                    yield _DEADLINE_FRAME
-                    return
-                owned.kill("deadline")
-                deadline = None
+                yield _DEADLINE_FRAME
+                return
             wait = quiet_since + keepalive - now
             if deadline is not None:
                 wait = min(wait, deadline - now)
@@ -372,10 +399,11 @@ def _frames(
                     yield event_frame("keepalive", {})
                 continue
             if isinstance(event, Exited):
-                yield from _ending(event, own_deadline=owned is not None)
+                yield from _ending(event, own_deadline=own_deadline)
                 return
             quiet_since = time.monotonic()
             yield _data_frame(event)
+            follower.delivered(event)
     finally:
         follower.close()
 
@@ -407,9 +435,13 @@ def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
     yield end_stream_frame()
 
 
-def _stream(frames: Iterator[bytes], headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+def _stream(frames: _Followed, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
     return Reply(
-        200, content_type=CONNECT_JSON, headers=_STREAM_HEADERS + headers, stream=frames
+        200,
+        content_type=CONNECT_JSON,
+        headers=_STREAM_HEADERS + headers,
+        stream=frames,
+        send_buffer=STREAM_SEND_BUFFER,
     )
 
 

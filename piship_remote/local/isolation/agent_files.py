@@ -1,5 +1,5 @@
 """The sandbox agent's work on the sandbox's content: file operations, metadata, and the copies
-of a sandbox's files that snapshots and forks are made of.
+of a sandbox's files that snapshots and forks are made of (see ``agent_copies.py``).
 
 Standard library only: it runs inside the sandbox, shipped beside ``agent.py``, in a helper
 process the agent forks for one request, already switched to the requesting user (see
@@ -11,8 +11,8 @@ pipe), never held whole::
     serve("stat", {"path": "/home/user/a"}, reply, None)    # {"ok": {"fields": [...], ...}}
     serve("read", {"path": "/home/user/a"}, reply, out)      # {"ok": {"size": n}}, then bytes
     serve("write", {"path": p, "metadata": None}, reply, in_)
-    serve("export", {"places": ["/home/user", "/tmp"]}, reply, out)   # a tar stream
-    serve("import", {"places": ["/home/user", "/tmp"]}, reply, in_)
+    serve("export", {"places": ["/", "/home/user"], "layer": None}, reply, out)  # a tar
+    serve("import", {"places": ["/", "/home/user"]}, reply, in_)
     serve("watch", {"path": "/home/user", "recursive": True}, reply, out)  # events, until
                                                                            # out is closed
 
@@ -21,15 +21,8 @@ Entries are answered as a listing: for each, the fields ``find -printf`` would p
 NUL, then a JSON object of their metadata by path (the extended attributes
 ``user.e2b.<key>``), all in one string (bytes that are not UTF-8 kept as surrogates).
 
-Every tree walk here is iterative and moves with the helper's working directory (a
-directory is entered only through ``O_NOFOLLOW``, and the way back up is checked), so
-a tree 10,000 levels deep is walked with short paths and without recursion.
-
-A copy is a pax tar stream: each place's entries under its sandbox path (``home/user/…``),
-regular files, directories and symlinks with their modes, owners, times and ``user.``
-extended attributes; a sparse file is written as GNU sparse 1.0 (its data segments only,
-found with ``SEEK_DATA``/``SEEK_HOLE``), so holes cost nothing in the copy and stay holes
-when it is unpacked.
+The copies (export, import) and the tree walks, iterative at any depth, are in
+``agent_copies.py``, shipped beside this file.
 """
 
 from __future__ import annotations
@@ -39,14 +32,30 @@ import importlib.util
 import json
 import os
 import stat
-import tarfile
-from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
-PIECE = 1024 * 1024
+
+def _sibling(name: str) -> ModuleType:
+    """The shipped module ``name``, beside this file (the sandbox has no package)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"piship_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from piship_remote.local.isolation import agent_copies as copies
+else:
+    copies = _sibling("agent_copies")
+Refused = copies.Refused
+PIECE = copies.PIECE
+remove_tree = copies.remove_tree
+
 METADATA_PREFIX = "user.e2b."
-COPIED_XATTRS = "user."
 _KINDS = (
     (stat.S_ISREG, "f"),
     (stat.S_ISDIR, "d"),
@@ -56,17 +65,6 @@ _KINDS = (
     (stat.S_ISBLK, "b"),
     (stat.S_ISCHR, "c"),
 )
-_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_BLOCK = tarfile.BLOCKSIZE
-_XATTR_HEADER = "SCHILY.xattr."
-
-
-class Refused(Exception):
-    """A request answered with an error of its own (beyond an ``OSError``)."""
-
-    def __init__(self, code: str, **details: object) -> None:
-        super().__init__(code)
-        self.details = {"errno": code, **details}
 
 
 def serve(call: str, args: dict[str, Any], reply: int, data: int | None) -> None:
@@ -325,17 +323,11 @@ def _send(source: int, target: int, size: int) -> None:
             if e.errno not in (errno.EINVAL, errno.ENOSYS):
                 raise
             piece = os.read(source, min(left, PIECE))
-            _write_all(target, piece)
+            copies.write_all(target, piece)
             sent = len(piece)
         if sent == 0:
             return
         left -= sent
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _write(args: dict[str, Any], _: int, data: int | None) -> object:
@@ -359,7 +351,7 @@ def _write(args: dict[str, Any], _: int, data: int | None) -> object:
     try:
         os.utime(target)
         while piece := os.read(data, PIECE):
-            _write_all(target, piece)
+            copies.write_all(target, piece)
     finally:
         os.close(target)
     if existed or metadata:
@@ -422,7 +414,7 @@ def _canonical(args: dict[str, Any], _: int, __: int | None) -> object:
 def _usage(args: dict[str, Any], _: int, __: int | None) -> object:
     total = 0
     for place in args["places"]:
-        for _entry, info in _Tree(str(place)).walk():
+        for _entry, info in copies.Tree(str(place)).walk():
             total += info.st_size
     return total
 
@@ -430,392 +422,15 @@ def _usage(args: dict[str, Any], _: int, __: int | None) -> object:
 # ---- trees ---------------------------------------------------------------------------
 
 
-class _Tree:
-    """An iterative walk of the tree at ``top`` that moves the working directory along.
-
-    :meth:`walk` yields each entry's relative path (``""`` for the top) and ``lstat``,
-    with the working directory at the entry's parent (at the top itself for ``""``),
-    directories before what they hold; symlinks are not followed, other filesystems
-    are not entered.
-    """
-
-    def __init__(self, top: str) -> None:
-        self.top = top
-
-    def walk(self) -> Iterator[tuple[str, os.stat_result]]:
-        os.chdir(self.top)
-        here = os.lstat(".")
-        device = here.st_dev
-        yield "", here
-        frames = [(sorted(os.listdir("."), reverse=True), here)]
-        prefix = ""
-        while frames:
-            names, at = frames[-1]
-            if not names:
-                frames.pop()
-                if frames:
-                    _climb(frames[-1][1])
-                    prefix = prefix[: prefix.rstrip("/").rfind("/") + 1]
-                continue
-            name = names.pop()
-            try:
-                info = os.lstat(name)
-            except FileNotFoundError:
-                continue  # gone meanwhile
-            yield prefix + name, info
-            if stat.S_ISDIR(info.st_mode) and info.st_dev == device:
-                try:
-                    _enter(name, info)
-                except OSError:
-                    continue  # unreadable (its entry is kept), or replaced meanwhile
-                try:
-                    listed = sorted(os.listdir("."), reverse=True)
-                except OSError:
-                    _climb(at)
-                    continue
-                frames.append((listed, os.lstat(".")))
-                prefix += name + "/"
-
-
-def _enter(name: str, expected: os.stat_result) -> None:
-    """Make directory ``name`` (never a symlink) the working directory; ``OSError`` if not."""
-    fd = os.open(name, _DIRECTORY)
-    try:
-        info = os.fstat(fd)
-        if (info.st_dev, info.st_ino) != (expected.st_dev, expected.st_ino):
-            raise OSError(errno.ENOENT, "the directory was replaced while it was walked", name)
-        os.fchdir(fd)
-    finally:
-        os.close(fd)
-
-
-def _climb(expected: os.stat_result) -> None:
-    """Go up one level, to the directory ``expected`` describes; ``OSError`` if it moved."""
-    os.chdir("..")
-    info = os.lstat(".")
-    if (info.st_dev, info.st_ino) != (expected.st_dev, expected.st_ino):
-        raise Refused("EAGAIN", message="the files were moved while they were copied; try again")
-
-
-def remove_tree(path: str) -> None:
-    """``rm -rf path``: iterative, never following a symlink; nothing there is fine."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(path)
-        return
-    parent, name = os.path.split(os.path.normpath(path))
-    os.chdir(parent or "/")
-    frames: list[tuple[str, list[str], os.stat_result]] = []
-    above = os.lstat(".")
-    _enter(name, info)
-    frames.append((name, _clear_files(), above))
-    while frames:
-        name, subdirectories, above = frames[-1]
-        if subdirectories:
-            child = subdirectories.pop()
-            here = os.lstat(".")
-            _enter(child, os.lstat(child))
-            frames.append((child, _clear_files(), here))
-            continue
-        frames.pop()
-        _climb(above)
-        os.rmdir(name)
-
-
-def _clear_files(directory: str = ".") -> list[str]:
-    """Unlink everything in ``directory`` but its subdirectories, which it returns."""
-    subdirectories = []
-    with os.scandir(directory) as listing:
-        for entry in listing:
-            if entry.is_dir(follow_symlinks=False):
-                subdirectories.append(entry.name)
-            else:
-                os.unlink(entry.name)
-    return subdirectories
-
-
-# ---- copies (export and import) --------------------------------------------------------
-
-
 def _export(args: dict[str, Any], _: int, data: int | None) -> object:
     assert data is not None
-    places = [str(p) for p in args["places"]]
-    with open(data, "wb", buffering=PIECE, closefd=False) as out:
-        for place in places:
-            if os.path.isdir(place):
-                _export_place(place, out)
-        out.write(b"\0" * (2 * _BLOCK))
+    copies.export(args, data)
     return {}
-
-
-def _export_place(place: str, out: BinaryIO) -> None:
-    root = place.strip("/")
-    for relative, info in _Tree(place).walk():
-        name = root + "/" + relative if relative else root
-        here = os.path.basename(relative) if relative else "."
-        if stat.S_ISDIR(info.st_mode):
-            _put(out, _header(name, info, tarfile.DIRTYPE, here), None)
-        elif stat.S_ISLNK(info.st_mode):
-            member = _header(name, info, tarfile.SYMTYPE, None)
-            try:
-                member.linkname = os.readlink(here)
-            except OSError:
-                continue  # no longer a symlink: what the sandbox changes meanwhile is left out
-            _put(out, member, None)
-        elif stat.S_ISREG(info.st_mode):
-            _export_file(out, name, here, info)
-
-
-def _header(name: str, info: os.stat_result, kind: bytes, here: str | None) -> tarfile.TarInfo:
-    member = tarfile.TarInfo(name)
-    member.type = kind
-    member.mode = stat.S_IMODE(info.st_mode)
-    member.uid, member.gid = info.st_uid, info.st_gid
-    member.mtime = info.st_mtime
-    if here is not None:
-        member.pax_headers = _xattrs(here)
-    return member
-
-
-def _xattrs(path: str) -> dict[str, str]:
-    found = {}
-    try:
-        names = os.listxattr(path, follow_symlinks=False)
-    except OSError:
-        return {}
-    for name in names:
-        if name.startswith(COPIED_XATTRS):
-            try:
-                value = os.getxattr(path, name, follow_symlinks=False)
-            except OSError:
-                continue
-            found[_XATTR_HEADER + name] = value.decode("utf-8", "surrogateescape")
-    return found
-
-
-def _export_file(out: BinaryIO, name: str, here: str, info: os.stat_result) -> None:
-    try:
-        fd = os.open(here, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return  # unreadable, or replaced meanwhile: left out, as the user cannot read it
-    try:
-        now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode):
-            return
-        member = _header(name, now, tarfile.REGTYPE, here)
-        segments = _segments(fd, now.st_size)
-        if segments is None:
-            member.size = now.st_size
-            _put(out, member, lambda: _copy_range(fd, out, 0, now.st_size))
-            return
-        sparse_map = _sparse_map(segments)
-        member.name = f"{os.path.dirname(name)}/GNUSparseFile.0/{os.path.basename(name)}"
-        member.size = len(sparse_map) + sum(length for _, length in segments)
-        member.pax_headers = {
-            **member.pax_headers,
-            "GNU.sparse.major": "1",
-            "GNU.sparse.minor": "0",
-            "GNU.sparse.name": name,
-            "GNU.sparse.realsize": str(now.st_size),
-        }
-
-        def body() -> int:
-            out.write(sparse_map)
-            written = len(sparse_map)
-            for offset, length in segments:
-                written += _copy_range(fd, out, offset, length)
-            return written
-
-        _put(out, member, body)
-    finally:
-        os.close(fd)
-
-
-def _segments(fd: int, size: int) -> list[tuple[int, int]] | None:
-    """The data segments of a file with holes (``None`` for a file without)."""
-    if size == 0 or os.fstat(fd).st_blocks * 512 >= size:
-        return None
-    segments, offset = [], 0
-    try:
-        while offset < size:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-            segments.append((start, end - start))
-            offset = end
-    except OSError as e:
-        if e.errno != errno.ENXIO:  # ENXIO: no data after offset
-            return None
-    return segments
-
-
-def _sparse_map(segments: list[tuple[int, int]]) -> bytes:
-    numbers = [len(segments)] + [n for segment in segments for n in segment]
-    text = "".join(f"{n}\n" for n in numbers).encode()
-    return text + b"\0" * (-len(text) % _BLOCK)
-
-
-def _copy_range(fd: int, out: BinaryIO, offset: int, length: int) -> int:
-    """Write ``length`` bytes of ``fd`` from ``offset`` (zeros where the file shrank)."""
-    left = length
-    while left > 0:
-        piece = os.pread(fd, min(left, PIECE), offset + length - left)
-        if not piece:
-            out.write(b"\0" * left)
-            break
-        out.write(piece)
-        left -= len(piece)
-    return length
-
-
-def _put(out: BinaryIO, member: tarfile.TarInfo, body: object) -> None:
-    out.write(member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
-    if body is not None and member.size:
-        assert callable(body)
-        body()
-        out.write(b"\0" * (-member.size % _BLOCK))
-
-
-class _Unpacker:
-    """Applies a copy's members in order to the places of this sandbox, moving the working
-    directory along (members come parents first, as :func:`_export` writes them)."""
-
-    def __init__(self, places: list[str], owners: bool) -> None:
-        self._places = {p.strip("/"): p for p in places}
-        self._owners = owners
-        self._place: str | None = None
-        self._path: list[str] = []
-        self._here = ""  # self._path joined
-        self._dirs: list[tuple[tarfile.TarInfo, os.stat_result]] = []
-        self._top: tarfile.TarInfo | None = None
-
-    def apply(self, member: tarfile.TarInfo, source: tarfile.TarFile) -> None:
-        place, relative = self._split(member.name)
-        if not relative:  # the place itself: settled once its entries are in
-            self._go(place, "")
-            self._top = member
-            return
-        parent, _, name = relative.rpartition("/")
-        self._go(place, parent)
-        if name in ("", ".", "..") or "\0" in name:
-            raise ValueError("the copy names an entry outside its place")
-        if member.isdir():
-            if not os.path.isdir(name) or os.path.islink(name):
-                os.mkdir(name, 0o700)
-            return self._descend(name, member)
-        if os.path.lexists(name) and not os.path.isdir(name):
-            os.unlink(name)
-        if member.issym():
-            os.symlink(member.linkname, name)
-            self._settle(member, name)
-        elif member.isreg():
-            self._file(member, name, source)
-
-    def finish(self) -> None:
-        self._go(None, "")
-
-    def _split(self, name: str) -> tuple[str, str]:
-        """The place ``name`` is in, and its path below it."""
-        for root in sorted(self._places, key=len, reverse=True):
-            if name == root:
-                return root, ""
-            if name.startswith(root + "/"):
-                return root, name[len(root) + 1 :]
-        raise ValueError("the copy names a place this sandbox does not have")
-
-    def _go(self, place: str | None, parent: str) -> None:
-        """Make ``parent`` in ``place`` the working directory (climbing out of what is done)."""
-        if place == self._place and parent == self._here:
-            return  # the common case: the next entry of the same directory
-        if place != self._place:
-            while self._path:
-                self._leave()
-            if self._top is not None:
-                self._settle(self._top, ".")
-                self._top = None
-            self._place = place
-            if place is None:
-                return
-            os.chdir(self._places[place])
-        parts = parent.split("/") if parent else []
-        keep = 0
-        while keep < min(len(parts), len(self._path)) and parts[keep] == self._path[keep]:
-            keep += 1
-        while len(self._path) > keep:
-            self._leave()
-        if len(parts) > len(self._path):
-            raise ValueError("the copy names an entry before its directory")
-
-    def _descend(self, name: str, member: tarfile.TarInfo) -> None:
-        above = os.lstat(".")
-        _enter(name, os.lstat(name))
-        self._path.append(name)
-        self._here = f"{self._here}/{name}" if self._here else name
-        self._dirs.append((member, above))
-
-    def _leave(self) -> None:
-        member, above = self._dirs.pop()
-        name = self._path.pop()
-        self._here = self._here.rpartition("/")[0]
-        _climb(above)
-        self._settle(member, name)
-
-    def _settle(self, member: tarfile.TarInfo, name: str) -> None:
-        """Owner, extended attributes, mode and time, as the copy has them."""
-        symlink = member.issym()
-        if self._owners:
-            try:
-                os.chown(name, member.uid, member.gid, follow_symlinks=False)
-            except OSError:
-                pass
-        if not symlink:
-            for key, value in member.pax_headers.items():
-                if key.startswith(_XATTR_HEADER + COPIED_XATTRS):
-                    try:
-                        raw = value.encode(errors="surrogateescape")
-                        os.setxattr(name, key[len(_XATTR_HEADER) :], raw)
-                    except OSError:
-                        pass
-            os.chmod(name, member.mode)
-        os.utime(name, (member.mtime, member.mtime), follow_symlinks=False)
-
-    def _file(self, member: tarfile.TarInfo, name: str, source: tarfile.TarFile) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o600)
-        try:
-            stream = source.fileobj
-            assert stream is not None
-            stream.seek(member.offset_data)
-            sparse: list[tuple[int, int]] | None = getattr(member, "sparse", None)
-            segments = [(0, member.size)] if sparse is None else sparse
-            for offset, length in segments:
-                os.lseek(fd, offset, os.SEEK_SET)
-                left = length
-                while left > 0:
-                    piece = stream.read(min(left, PIECE))
-                    if not piece:
-                        raise ValueError("the copy ended inside a file")
-                    _write_all(fd, piece)
-                    left -= len(piece)
-            os.ftruncate(fd, member.size)
-        finally:
-            os.close(fd)
-        self._settle(member, name)
 
 
 def _import(args: dict[str, Any], _: int, data: int | None) -> object:
     assert data is not None
-    unpacker = _Unpacker([str(p) for p in args["places"]], os.geteuid() == 0)
-    with (
-        open(data, "rb", closefd=False) as stream,
-        tarfile.open(fileobj=stream, mode="r|") as archive,
-    ):
-        while (member := archive.next()) is not None:
-            archive.members.clear()  # type: ignore[attr-defined]  # a stream: nothing is looked up again
-            unpacker.apply(member, archive)
-    unpacker.finish()
+    copies.import_copy(args, data)
     return {}
 
 
@@ -826,17 +441,6 @@ def _watch(args: dict[str, Any], reply: int, data: int | None) -> object:
     watching = _sibling("agent_watch")
     watching.watch(real, bool(args.get("recursive")), lambda: _answer(reply, {"ok": real}), data)
     return _ANSWERED
-
-
-def _sibling(name: str) -> ModuleType:
-    """The shipped module ``name``, beside this file (the sandbox has no package)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"piship_{name}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {name}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 _CALLS = {

@@ -51,6 +51,7 @@ from piship_remote.local.isolation.host_python import (
     python_prefix,
 )
 from piship_remote.local.isolation.mount_sources import OpenProgram, Sources
+from piship_remote.local.isolation.mounts import LayerSpace
 from piship_remote.local.isolation.network import DNS_SERVER
 from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.uid_block import TRIAL_IDS, SandboxIds
@@ -67,6 +68,7 @@ __all__ = [
     "BOOT_ID_PATH",
     "DEFAULT_PATH",
     "INSTALL_HINT",
+    "LAYER_PATH",
     "Jail",
     "find_bwrap",
     "find_python",
@@ -108,6 +110,8 @@ _NETWORK_ETC = ("gai.conf",)
 AGENT_PATH = "/run/piship/agent.py"
 AGENT_FILES_PATH = "/run/piship/agent_files.py"
 AGENT_WATCH_PATH = "/run/piship/agent_watch.py"
+AGENT_COPIES_PATH = "/run/piship/agent_copies.py"
+LAYER_PATH = "/run/piship/layer"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 LOCAL_BIN = "/usr/local/bin"
 SUDO_PATH = LOCAL_BIN + "/sudo"
@@ -341,6 +345,12 @@ class Jail:
     over ``rootfs`` (a service that cannot mount)."""
     etc_in_root: bool = False
     """Whether the ``etc`` files are in ``root_layer`` already (its root's), not copied in."""
+    layer: str | None = None
+    """The host directory holding what the sandbox changed of its image (its overlay's upper
+    layer), bound read-only at :data:`LAYER_PATH`, where its agent reads it for a copy."""
+    layer_space: LayerSpace | None = attrs.field(default=None, eq=False)
+    """Where bubblewrap runs to find ``overlay`` on a capped tmpfs (a service that cannot
+    mount; see :class:`~piship_remote.local.isolation.mounts.LayerSpace`)."""
 
     @property
     def maps_users(self) -> bool:
@@ -367,6 +377,7 @@ class Jail:
             options += ["--ro-bind-data", str(sources.files[BOOT_ID_PATH]), BOOT_ID_PATH]
         options += self._etc(sources)
         options += self._scratch(sources)
+        options += self._layer_view(sources)
         # /dev's own tmpfs is outside the disk cap and holds the host's device nodes
         # (null, zero, …; the sandbox cannot change them, it does not own them): read-only.
         options += ["--remount-ro", "/dev"]
@@ -379,7 +390,7 @@ class Jail:
                 options += ["--file", str(fd), inside]
         lent = {} if self.python_env is None else self.python_env.sources()
         for host, fd in sources.dirs.items():
-            if host not in self._places():
+            if host not in self._places() and host != self.layer:
                 options += ["--ro-bind-fd", str(fd), lent.get(host, host)]
         if self.root_place() and any(_nested(inside, ROOT_HOME) for inside in lent.values()):
             options += ["--chmod", "0711", ROOT_HOME]  # the user reaches a lent Python there
@@ -406,10 +417,22 @@ class Jail:
             own = ["--overlay-src", self.rootfs, "--tmp-overlay", "/"]
         return [*own, *host_view_options()]
 
+    def _layer_view(self, sources: Sources) -> list[str]:
+        """The overlay's upper layer, read-only, for the agent: through a descriptor where the
+        service mounted the overlay, else by path (on the capped tmpfs bubblewrap's user
+        namespace holds, which only its processes see)."""
+        if self.layer is None:
+            return []
+        if self.layer in sources.dirs:
+            return ["--ro-bind-fd", str(sources.dir(self.layer)), LAYER_PATH]
+        return ["--ro-bind", self.layer, LAYER_PATH]
+
     def sources(self, python: str | None = None) -> Sources:
         """Open what the sandbox is made from: its places, ``/etc`` files and, given the
         ``python`` that runs it, the agent (and that Python's prefix outside ``/usr``)."""
         dirs = list(self._places())
+        if self.layer is not None and self.overlay is None:
+            dirs.append(self.layer)
         files: dict[str, str] = {}
         if not self.etc_in_root:
             files = {f"/etc/{name}": os.path.join(self.etc, name) for name in os.listdir(self.etc)}
@@ -421,6 +444,7 @@ class Jail:
             files[AGENT_PATH] = agent_source()
             files[AGENT_FILES_PATH] = agent_source("agent_files.py")
             files[AGENT_WATCH_PATH] = agent_source("agent_watch.py")
+            files[AGENT_COPIES_PATH] = agent_source("agent_copies.py")
             if self.rootfs is None:
                 files[SUDO_PATH] = sudo_source()
             prefix = python_prefix(python)

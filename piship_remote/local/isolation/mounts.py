@@ -25,15 +25,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 
+from piship_remote.local.isolation.host_python import find_python
 from piship_remote.local.isolation.limits import detach
 from piship_remote.local.isolation.trees import mounts_below
 from piship_remote.local.isolation.uid_block import TEMPLATE_OWNER
 
 __all__ = [
+    "LayerSpace",
     "OwnerMaps",
     "enter_private_namespace",
     "mount_image_root",
@@ -65,6 +69,36 @@ _HOLD_USERNS = (
     "import ctypes,sys\n"
     "if ctypes.CDLL(None,use_errno=True).unshare(0x10000000)!=0: sys.exit(1)\n"
     "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()\n"
+)
+
+
+# Becomes the user's own root in a user and mount namespace of its own, mounts a tmpfs of
+# argv[2] bytes at argv[1] holding "upper" and "work", says so, then holds them until its
+# input ends (the service closed it, or died).
+_HOLD_LAYER = (
+    "import ctypes,os,sys\n"
+    "libc=ctypes.CDLL(None,use_errno=True)\n"
+    "def fail(what): sys.exit(f'{what}: {os.strerror(ctypes.get_errno())}')\n"
+    "uid,gid=os.geteuid(),os.getegid()\n"
+    "if libc.unshare(0x10000000|0x20000)!=0: fail('no namespace for the sandbox layer')\n"
+    "for n,t in (('setgroups','deny'),('uid_map',f'{uid} {uid} 1'),('gid_map',f'{gid} {gid} 1')):\n"
+    "  with open('/proc/self/'+n,'w') as f: f.write(t)\n"
+    "d,size=sys.argv[1],sys.argv[2]\n"
+    "if libc.mount(b'tmpfs',os.fsencode(d),b'tmpfs',6,f'size={size},mode=0700'.encode())!=0:\n"
+    "  fail('the sandbox layer could not be mounted')\n"
+    "os.mkdir(d+'/upper',0o755); os.mkdir(d+'/work',0o700)\n"
+    "sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()\n"
+)
+# Joins the namespaces process argv[1] holds, then runs argv[2:].
+_ENTER_LAYER = (
+    "import ctypes,os,sys\n"
+    "libc=ctypes.CDLL(None,use_errno=True)\n"
+    "for ns,flag in (('user',0x10000000),('mnt',0x20000)):\n"
+    "  fd=os.open(f'/proc/{sys.argv[1]}/ns/{ns}',os.O_RDONLY)\n"
+    "  if libc.setns(fd,flag)!=0:\n"
+    "    sys.exit(f'the sandbox layer could not be reached: {os.strerror(ctypes.get_errno())}')\n"
+    "  os.close(fd)\n"
+    "os.execv(sys.argv[2],sys.argv[2:])\n"
 )
 
 
@@ -136,6 +170,65 @@ def mount_image_root(template: str, directory: str, owner: int, maps: OwnerMaps)
     )
     _checked(result, f"mounting the sandbox's root filesystem over {os.path.basename(template)}")
     return paths["root"]
+
+
+class LayerSpace:
+    """A tmpfs of ``size`` bytes at ``directory`` holding ``upper`` and ``work``: the overlay
+    layer of an image sandbox whose service cannot mount, capped as the service's own mounts
+    cap it elsewhere, and kept across the sandbox's reboots.
+
+    It lives in a user and mount namespace of its own (the service user is its own there,
+    nothing more), held by a helper process until :meth:`close` (or the service's end): only
+    the bubblewraps :meth:`command` runs there see it; the host's directory stays empty::
+
+        space = LayerSpace.open(directory, size=16 * 2**20)
+        argv = space.command(["/proc/self/fd/5", "--args", "6", "--", ...])
+        space.close()
+    """
+
+    def __init__(self, holder: subprocess.Popen[bytes]) -> None:
+        self._holder = holder
+
+    @classmethod
+    def open(cls, directory: str, *, size: int) -> LayerSpace:
+        """Make the space; ``OSError`` saying why when it cannot be made."""
+        argv = [find_python(), "-I", "-S", "-c", _HOLD_LAYER, directory, str(size)]
+        holder = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={},
+            start_new_session=True,
+        )
+        space = cls(holder)
+        assert holder.stdout is not None
+        ready, _, _ = select.select([holder.stdout], [], [], USERNS_TIMEOUT)
+        if not ready or holder.stdout.readline() != b"ready\n":
+            reason = space._failure()
+            space.close()
+            raise OSError(f"the sandbox's layer could not be made: {reason}")
+        return space
+
+    def command(self, command: Sequence[str]) -> list[str]:
+        """The argv running ``command`` in the space's namespaces."""
+        pid = str(self._holder.pid)
+        return [find_python(), "-I", "-S", "-c", _ENTER_LAYER, pid, *command]
+
+    def close(self) -> None:
+        """End the helper, and with it the space and what it holds; idempotent."""
+        self._holder.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._holder.communicate(timeout=USERNS_TIMEOUT)
+
+    def _failure(self) -> str:
+        self._holder.kill()
+        try:
+            _, error = self._holder.communicate(timeout=USERNS_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return "no answer in time"
+        lines = error.decode(errors="replace").strip().splitlines()
+        return lines[-1][:300] if lines else "no reason given"
 
 
 def _idmapped_clone(source: str, target: str, userns: int) -> None:

@@ -32,7 +32,12 @@ from piship_remote.local.isolation.limits import (
     group_name,
     mount_tmpfs,
 )
-from piship_remote.local.isolation.mounts import OwnerMaps, mount_image_root, unmount_under
+from piship_remote.local.isolation.mounts import (
+    LayerSpace,
+    OwnerMaps,
+    mount_image_root,
+    unmount_under,
+)
 from piship_remote.local.isolation.python_env import PythonEnv
 from piship_remote.local.isolation.trees import remove_tree
 from piship_remote.local.isolation.uid_block import SandboxIds
@@ -86,10 +91,13 @@ def boot(
     ``rootfs``, else the host's ``/usr``), as the host uids ``ids`` where the service maps
     them; :class:`BootFailed` if not. Its mounts are made where its processes run (the
     spawner's mount namespace)."""
+    jail: Jail | None = None
     try:
         jail = spawner.call(lambda: _jail(directory, layout, network, rootfs, ids))
         vm = _start(sandbox_id, jail, layout, spawner)
     except BaseException as e:  # whatever broke, nothing of the sandbox stays mounted
+        if jail is not None and jail.layer_space is not None:
+            jail.layer_space.close()
         spawner.call(lambda: _remove(directory))
         if isinstance(e, OSError):
             raise BootFailed(f"the sandbox could not be started: {e}") from None
@@ -149,7 +157,10 @@ def _jail(
     write_etc(paths[3], user=layout.user, workdir=layout.workdir, network=network)
     owner = None if ids is None else ids.host(layout.root_uid)
     layer = os.path.join(directory, "layer")
-    root_layer, overlay = _root_layer(layer, rootfs, owner, paths[3], layout)
+    root_layer, overlay, upper = _root_layer(layer, rootfs, owner, paths[3], layout)
+    space = None
+    if overlay is not None:
+        space = LayerSpace.open(os.path.dirname(overlay[0]), size=layout.limits.disk)
     return Jail(
         bwrap=layout.bwrap,
         home=paths[0],
@@ -169,26 +180,28 @@ def _jail(
         root_layer=root_layer,
         overlay=overlay,
         etc_in_root=root_layer is not None,
+        layer=upper,
+        layer_space=space,
     )
 
 
 def _root_layer(
     directory: str, rootfs: str | None, owner: int | None, etc: str, layout: SandboxLayout
-) -> tuple[str | None, tuple[str, str] | None]:
+) -> tuple[str | None, tuple[str, str] | None, str | None]:
     """The sandbox's writable root in ``directory`` (on its disk): a directory of its own
     (the base template) or an overlay of ``rootfs`` the service mounts, both the host uid
     ``owner``'s (its root, a root service's sandbox) with the ``/etc`` files of ``etc`` in
     place; or the upper and work directories of the overlay bubblewrap mounts (a normal
-    user's); nothing where the root is a capped tmpfs of bubblewrap's (``base``, a normal
-    user's)."""
+    user's, made on a capped tmpfs at ``directory`` as the sandbox starts, see
+    :class:`~piship_remote.local.isolation.mounts.LayerSpace`); nothing where the
+    root is a capped tmpfs of bubblewrap's (``base``, a normal user's). Then the overlay's
+    upper layer, where there is one."""
     if rootfs is None and owner is None:
-        return None, None
+        return None, None, None
     os.mkdir(directory, 0o711)
     if owner is None:
         upper, work = os.path.join(directory, "upper"), os.path.join(directory, "work")
-        os.mkdir(upper, 0o755)
-        os.mkdir(work, 0o700)
-        return None, (upper, work)
+        return None, (upper, work), upper
     top = os.path.join(directory, "root" if rootfs is None else "upper")
     os.mkdir(top, 0o755)
     _place_etc(top, etc, owner)
@@ -196,9 +209,8 @@ def _root_layer(
         for place in ("run", "run/piship", "etc/ssl", *_parents(layout.workdir)):
             os.mkdir(os.path.join(top, place), 0o755)
             os.chown(os.path.join(top, place), owner, owner)
-    if rootfs is not None:
-        return mount_image_root(rootfs, directory, owner, layout.owner_maps), None
-    return top, None
+        return top, None, None
+    return mount_image_root(rootfs, directory, owner, layout.owner_maps), None, top
 
 
 def _parents(path: str) -> list[str]:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, Jail, uid_for
+from piship_remote.local.isolation.bubblewrap import DEFAULT_PATH, LAYER_PATH, Jail, uid_for
 from piship_remote.local.isolation.egress import EgressRules, load_rules
 from piship_remote.local.isolation.limits import CgroupSet, Limits, limit_check
 from piship_remote.local.isolation.mounts import unmount_under
@@ -33,6 +33,7 @@ from piship_remote.local.isolation.process import (
     StartFailed,
     WindowSize,
 )
+from piship_remote.local.isolation.uid_block import SandboxIds
 from piship_remote.local.isolation.user_map import ROOT_HOME, Identity
 from piship_remote.local.sandbox.env import BootFailed, remove_tree
 from piship_remote.local.sandbox.network_options import NetworkOptions
@@ -154,6 +155,17 @@ class Sandbox:
     def root_user(self) -> Identity | None:
         """The sandbox's root beside its user (uid 0, home ``/root``), where it has one."""
         return None if self._jail.root_home is None else Identity("root", 0, ROOT_HOME)
+
+    @property
+    def layer(self) -> str | None:
+        """Where its agent reads what it changed of its image's root filesystem (the overlay's
+        upper layer, read-only), where it has one; else those changes are its ``/`` itself."""
+        return None if self._jail.layer is None else LAYER_PATH
+
+    @property
+    def ids(self) -> SandboxIds | None:
+        """Its own range of host uids, where the service maps them (a root service)."""
+        return self._jail.ids
 
     @property
     def network(self) -> bool:
@@ -381,5 +393,7 @@ class Sandbox:
             for process in processes:
                 process.wait(REAP_TIMEOUT)
         finally:  # whatever failed above, nothing of it stays mounted or on disk
+            if self._jail.layer_space is not None:
+                self._jail.layer_space.close()
             unmount_under(self._root)  # its tmpfs, and its root layer's mounts on it
             remove_tree(self._root)

@@ -58,6 +58,7 @@ from piship_remote.local.sandbox.snapshots import (
     SnapshotBudgetExceeded,
     SnapshotStore,
     TooManySnapshots,
+    copied_places,
     exporter,
     fork_files,
     unpack,
@@ -204,7 +205,7 @@ class Registry:
             return None
         return self.snapshots.take(
             exporter(source),
-            places=sorted(source.host_dirs),
+            places=copied_places(source),
             template=source.wanted.image,
             source=source.id,
             name=name,

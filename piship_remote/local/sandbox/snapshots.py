@@ -1,18 +1,20 @@
 """Snapshots and forks of local sandboxes: copies of their files, made by their agents.
 
 A copy holds a sandbox's writable places (its home, ``/tmp``, ``/dev/shm`` and root's
-home) as its agent exports them while it runs: a tar stream written inside the sandbox, as
-the sandbox's root where it has one (else its user), sparse files kept sparse (see
-:mod:`piship_remote.local.isolation.agent_files`). The host never opens a path of a
-sandbox: it moves bytes. A snapshot's stream goes into one file of the service's own
-(counted against the service-wide snapshot disk budget), with the template it was made
-from; a sandbox created from it gets the stream unpacked by its own agent. A fork pipes the
-source's export straight into the new sandbox's import; its disk cap bounds it. Memory is
-not kept: what ran in the source does not run in the copy. Snapshots live under the
-service directory and go with it::
+home) and what it changed of its root filesystem (the upper layer of its image's overlay,
+which its agent reads at :data:`~piship_remote.local.isolation.bubblewrap.LAYER_PATH`, or
+its ``/`` itself; deletions kept), as its agent exports them while it runs: a tar stream
+written inside the sandbox, as the sandbox's root where it has one (else its user), sparse
+files kept sparse (see :mod:`piship_remote.local.isolation.agent_copies`). The host never
+opens a path of a sandbox: it moves bytes. A snapshot's stream goes into one file of the
+service's own (counted against the service-wide snapshot disk budget), with the template
+it was made from; a sandbox created from it gets the stream unpacked by its own agent. A
+fork pipes the source's export straight into the new sandbox's import; its disk cap bounds
+it. Memory is not kept: what ran in the source does not run in the copy. Snapshots live
+under the service directory and go with it::
 
     store = SnapshotStore(os.path.join(root, "snapshots"), budget=4 * 2**30)
-    snapshot = store.take(exporter(sandbox), places=places, template="base",
+    snapshot = store.take(exporter(sandbox), places=copied_places(sandbox), template="base",
                           source=sandbox.id, name="app")
     unpack(snapshot, new_sandbox)                 # the new sandbox's agent unpacks it
     fork_files(sandbox, new_sandbox)              # export piped into import
@@ -46,6 +48,7 @@ __all__ = [
     "SnapshotStore",
     "SnapshotWriter",
     "TooManySnapshots",
+    "copied_places",
     "exporter",
     "fork_files",
     "unpack",
@@ -56,6 +59,7 @@ DEFAULT_SNAPSHOT_BUDGET = 4 * 1024**3
 COPY_TIMEOUT = 600.0
 PIECE = 1024 * 1024
 ARCHIVE = "files.tar"
+ROOT = "/"
 
 
 class TooManySnapshots(Exception):
@@ -270,11 +274,17 @@ def fork_files(source: Sandbox, target: Sandbox) -> None:
         raise failures[-1]  # the import's reason, where both failed (the export's is a pipe)
 
 
+def copied_places(sandbox: Sandbox) -> list[str]:
+    """What a copy of ``sandbox`` holds, by sandbox path: its root filesystem (what it
+    changed of its template) and its places."""
+    return [ROOT, *sorted(sandbox.host_dirs)]
+
+
 def _request(sandbox: Sandbox, call: str, data: int) -> int:
     """Ask ``sandbox``'s agent (as its root, where it has one) for ``call`` on its places."""
-    places = sorted(sandbox.host_dirs)
+    args = {"places": copied_places(sandbox), "layer": sandbox.layer}
     try:
-        return sandbox.files(call, {"places": places}, user=sandbox.root_user, data=data)
+        return sandbox.files(call, args, user=sandbox.root_user, data=data)
     except Paused:
         raise CopyFailed("the sandbox is paused: resume it to copy its files") from None
 

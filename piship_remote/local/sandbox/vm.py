@@ -194,9 +194,12 @@ class SandboxVm:
                 assert jail.ids is not None
                 run_as = jail.ids.host(uid_for(jail.user))
             executable: str | None = program.executable
+            if jail.layer_space is not None:
+                argv = jail.layer_space.command([program.executable, *argv[1:]])
+                executable = None
             procs = cgroups.procs_files()
             if procs and run_as is None:
-                joined = [program.executable, *argv[1:]]
+                joined = [program.executable, *argv[1:]] if executable is not None else argv
                 argv = ["/bin/sh", "-c", _JOIN_CGROUPS, "sh", *procs, "--", *joined]
                 executable = None
             popen = subprocess.Popen(

@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from piship_remote import E2bCompatibleBackend, OutputGap, Sandbox, activate_sandbox
+from piship_remote import (
+    E2bCompatibleBackend,
+    ExecResult,
+    OutputGap,
+    Sandbox,
+    activate_sandbox,
+)
 from piship_remote.model.output_gap import UNKNOWN_SIZE
 from piship_remote.testing import E2bServer
 
@@ -81,6 +87,25 @@ def test_on_data_gets_a_marked_gap_notice_never_silently_joined_text(
         ("stderr", UNKNOWN_SIZE),
     ]
     assert b"may be missing" in gaps[0]
+
+
+def test_without_a_replay_exec_says_output_may_be_missing(
+    sandbox_on: Callable[..., tuple[E2bServer, Sandbox]],
+) -> None:
+    server, sandbox = sandbox_on()
+    server.faults.cut_streams_after(3000, unheard=500)
+    result = sandbox.exec("numbers")
+    assert result.exit_code == 5
+    assert result.missing == {"stdout": UNKNOWN_SIZE, "stderr": UNKNOWN_SIZE}
+
+
+def test_exec_whose_stream_was_replayed_says_nothing_is_missing(
+    sandbox_on: Callable[..., tuple[E2bServer, Sandbox]],
+) -> None:
+    server, sandbox = sandbox_on(keep_output=True)
+    server.faults.cut_streams_after(3000, 9000, unheard=500)
+    result = sandbox.exec("numbers", on_data=lambda chunk: None)
+    assert result == ExecResult(5, {"stdout": 0, "stderr": 0})
 
 
 def test_resumable_reads_the_spool_back_by_offset_on_a_double_that_keeps_nothing(
