@@ -38,7 +38,7 @@ from piship_remote._http_server.tunnel import splice
 if TYPE_CHECKING:
     from piship_remote._http_server.server import HttpServer, _Listener
 
-__all__ = ["ConnectionHandler", "StreamedBody", "cut"]
+__all__ = ["ConnectionHandler", "StreamedBody", "cut", "reset"]
 
 WRITE_TIMEOUT = 30.0
 _READ_PIECE = 64 * 1024
@@ -52,7 +52,7 @@ def cut(connection: socket.socket) -> None:
         connection.shutdown(socket.SHUT_RDWR)
 
 
-def _reset(connection: socket.socket) -> None:
+def reset(connection: socket.socket) -> None:
     """Close ``connection`` with a TCP reset: no linger, so the unsent rest is dropped and the
     peer reads "connection reset" instead of an end (its file objects must be closed first,
     or the close waits for them)."""
@@ -408,7 +408,7 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         if isinstance(how, ResetConnection):
             self.rfile.close()  # the connection's last file object: the close is not deferred
-            _reset(self.connection)
+            self.owner.reset(self.connection)
         else:
             cut(self.connection)
 
