@@ -55,7 +55,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from piship_remote._http_server.connection import ConnectionHandler, cut
+from piship_remote._http_server.connection import ConnectionHandler, cut, reset
 from piship_remote._http_server.messages import (
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
@@ -66,6 +66,7 @@ from piship_remote._http_server.messages import (
     Recorded,
     Reply,
     Request,
+    ResetConnection,
     Router,
     Screen,
     Tunnel,
@@ -83,6 +84,7 @@ __all__ = [
     "Recorded",
     "Reply",
     "Request",
+    "ResetConnection",
     "Router",
     "Screen",
     "Tunnel",
@@ -140,6 +142,8 @@ class HttpServer:
         self._waiting: set[threading.Event] = set()
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._peers: dict[socket.socket, str] = {}
+        self._relays: dict[socket.socket, TlsRelay] = {}
+        """The TLS relays of the connections served through one, by the plain end served."""
         self._waiting_since: dict[socket.socket, float] = {}
         """Connections waiting on their client (idle, or owing their head or body): the ones
         a full server may close."""
@@ -348,6 +352,7 @@ class HttpServer:
         if not isinstance(served, TlsRelay):
             return served
         with self._changed:
+            self._relays[served.plain] = served
             if connection in self._connections:
                 self._connections[served.plain] = self._connections.pop(connection)
                 self._peers[served.plain] = self._peers.pop(connection)
@@ -358,8 +363,18 @@ class HttpServer:
                 cut(served.plain)
         return served
 
+    def reset(self, connection: socket.socket) -> None:
+        """Close the served ``connection`` with a TCP reset (see :class:`ResetConnection`):
+        the client's own connection, when a TLS relay carries it."""
+        with self._lock:
+            relay = self._relays.get(connection)
+        if relay is not None:
+            relay.reset()
+        reset(connection)
+
     def _forget(self, connection: socket.socket) -> None:
         with self._changed:
+            self._relays.pop(connection, None)
             self._connections.pop(connection, None)
             self._peers.pop(connection, None)
             self._waiting_since.pop(connection, None)

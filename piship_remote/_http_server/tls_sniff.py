@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import struct
 import threading
 import time
 
@@ -86,6 +87,7 @@ class TlsRelay:
         self._tls_lock = threading.Lock()
         self._send_lock = threading.Lock()  # taken before _tls_lock, never after
         self.plain, self._inner = socket.socketpair()
+        self._reset = False
         self._threads = [
             threading.Thread(target=self._decrypting, name=f"{name}-in", daemon=True),
             threading.Thread(target=self._encrypting, name=f"{name}-out", daemon=True),
@@ -125,6 +127,20 @@ class TlsRelay:
         for thread in self._threads:
             thread.start()
 
+    def reset(self) -> None:
+        """End the client's connection with a TCP reset, not TLS's close_notify, once what
+        the server wrote before is sent: how a connection whose upstream vanished ends
+        (call before the server closes its end)."""
+        self._reset = True
+        with contextlib.suppress(OSError):
+            self._raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    def _stop_raw(self) -> None:
+        """Shut the client's connection down: both ways, or, for a reset, only its reading
+        (a FIN would come before the reset that its close sends)."""
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RD if self._reset else socket.SHUT_RDWR)
+
     def close(self, *, drain: float | None = DRAIN_SECONDS) -> None:
         """End the relay once the server has closed its end: what the server wrote is sent
         on for at most ``drain`` seconds (0: cut at once), then the relay's threads are
@@ -134,8 +150,7 @@ class TlsRelay:
         outward = self._threads[1]
         if outward.ident is not None and drain:
             outward.join(drain)
-        with contextlib.suppress(OSError):
-            self._raw.shutdown(socket.SHUT_RDWR)
+        self._stop_raw()
         for thread in self._threads:
             if thread.ident is not None:
                 thread.join()
@@ -191,14 +206,14 @@ class TlsRelay:
                         self._tls.write(data)
                         out = self._outgoing.read()
                     self._raw.sendall(out)
-            with self._tls_lock, contextlib.suppress(ssl.SSLError):
-                self._tls.unwrap()  # close_notify
-            self._flush()
+            if not self._reset:
+                with self._tls_lock, contextlib.suppress(ssl.SSLError):
+                    self._tls.unwrap()  # close_notify
+                self._flush()
         except (OSError, ssl.SSLError):
             pass
         finally:
-            with contextlib.suppress(OSError):
-                self._raw.shutdown(socket.SHUT_RDWR)  # ends the decrypting side's wait
+            self._stop_raw()  # ends the decrypting side's wait
 
     def _flush(self) -> None:
         """Send what the TLS state has produced for the client, in order."""

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from piship_remote._http_server.messages import Upstream
-from piship_remote._http_server.server import Head, HttpServer, Limits, Reply, Request
+from piship_remote._http_server.server import (
+    Head,
+    HttpServer,
+    Limits,
+    Reply,
+    Request,
+    ResetConnection,
+)
 
 pytest.importorskip("cryptography", reason="the test CA")
 
@@ -152,3 +159,32 @@ def test_relay_threads_are_named_daemons_gone_after_close(pki: Pki) -> None:
     assert sorted(t.name.rsplit("-", 1)[1] for t in relays) == ["in", "out"]
     assert all(t.daemon for t in relays)
     assert [t.name for t in relays if t.is_alive()] == []
+
+
+def test_a_stream_reset_reaches_a_tls_client_as_a_tcp_reset(pki: Pki) -> None:
+    first_chunk_read = threading.Event()
+
+    def chunks() -> Iterator[bytes]:
+        yield b"one"
+        first_chunk_read.wait(TIMEOUT)
+        raise ResetConnection
+
+    with (
+        HttpServer(
+            lambda _: Reply(200, stream=chunks()),
+            sniff_tls=pki.server_context(),
+            thread_prefix=PREFIX,
+        ) as server,
+        tls_connection(server, pki) as sock,
+    ):
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        received = b""
+        while not received.endswith(b"3\r\none\r\n"):
+            piece = sock.recv(65536)
+            assert piece, "the connection ended before the first chunk"
+            received += piece
+        first_chunk_read.set()
+        # Read the TCP socket beneath TLS: Python's ssl reports a reset as a ragged EOF.
+        with pytest.raises(ConnectionResetError):
+            while socket.socket.recv(sock, 65536):
+                pass
