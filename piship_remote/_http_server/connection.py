@@ -18,19 +18,27 @@ import logging
 import socket
 import socketserver
 import ssl
+import struct
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from piship_remote._http_server.messages import DropConnection, Head, Reply, Request, Upstream
+from piship_remote._http_server.messages import (
+    DropConnection,
+    Head,
+    Reply,
+    Request,
+    ResetConnection,
+    Upstream,
+)
 from piship_remote._http_server.tunnel import splice
 
 if TYPE_CHECKING:
     from piship_remote._http_server.server import HttpServer, _Listener
 
-__all__ = ["ConnectionHandler", "StreamedBody", "cut"]
+__all__ = ["ConnectionHandler", "StreamedBody", "cut", "reset"]
 
 WRITE_TIMEOUT = 30.0
 _READ_PIECE = 64 * 1024
@@ -42,6 +50,15 @@ def cut(connection: socket.socket) -> None:
     """Shut both directions of ``connection`` down (the peer sees the connection end)."""
     with contextlib.suppress(OSError):
         connection.shutdown(socket.SHUT_RDWR)
+
+
+def reset(connection: socket.socket) -> None:
+    """Close ``connection`` with a TCP reset: no linger, so the unsent rest is dropped and the
+    peer reads "connection reset" instead of an end (its file objects must be closed first,
+    or the close waits for them)."""
+    with contextlib.suppress(OSError):
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    connection.close()
 
 
 def _no_delay(connection: socket.socket) -> None:
@@ -210,8 +227,8 @@ class ConnectionHandler(BaseHTTPRequestHandler):
         self.owner._arrived(request)
         try:
             reply = self.owner.router(request)
-        except DropConnection:
-            self._drop()
+        except DropConnection as e:
+            self._drop(e)
             return
         except _Refused as e:  # a streamed body that broke while the router read it
             self._refuse(e)
@@ -363,13 +380,13 @@ class ConnectionHandler(BaseHTTPRequestHandler):
                     break
             if alive and chunked:
                 alive = self._write(b"0\r\n\r\n")
-        except DropConnection:
+        except DropConnection as e:
             alive = False
-            self._drop()
+            self._drop(e)
         except Exception:
             alive = False
             _log.exception("the server's stream failed on %s %s", self.command, self.path)
-            self._drop()
+            self._drop(DropConnection())
         finally:
             close = getattr(chunks, "close", None)
             if close is not None:
@@ -387,9 +404,13 @@ class ConnectionHandler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def _drop(self) -> None:
+    def _drop(self, how: DropConnection) -> None:
         self.close_connection = True
-        cut(self.connection)
+        if isinstance(how, ResetConnection):
+            self.rfile.close()  # the connection's last file object: the close is not deferred
+            self.owner.reset(self.connection)
+        else:
+            cut(self.connection)
 
 
 class StreamedBody:

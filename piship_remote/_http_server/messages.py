@@ -31,6 +31,7 @@ __all__ = [
     "Recorded",
     "Reply",
     "Request",
+    "ResetConnection",
     "Router",
     "Screen",
     "Tunnel",
@@ -146,6 +147,12 @@ class Limits:
 
 class DropConnection(Exception):
     """Raise in a router (or a reply's stream) to cut the connection without answering."""
+
+
+class ResetConnection(DropConnection):
+    """Raise to cut the connection with a TCP reset rather than an orderly close: what the
+    client of a proxy sees when the upstream behind it vanishes mid-answer (the client
+    reads "connection reset", never an end of the body)."""
 
 
 Router = Callable[[Request], Reply]

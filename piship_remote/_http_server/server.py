@@ -34,7 +34,8 @@ The values live in :mod:`piship_remote._http_server.messages` and each connectio
 handling in :mod:`piship_remote._http_server.connection`; both are re-exported here.
 
 Threads: ``<prefix>http`` accepts, ``<prefix>conn-N`` serves one connection (and
-``<prefix>tunnel-N`` carries a tunnel's answers); all
+``<prefix>tunnel-N`` carries a tunnel's answers, ``<prefix>tls-N-in``/``-out`` a sniffed
+TLS connection's two directions); all
 daemons, all joined by :meth:`HttpServer.close`, which also releases every
 :meth:`HttpServer.wait` and cuts every open connection.
 """
@@ -54,7 +55,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from piship_remote._http_server.connection import ConnectionHandler, cut
+from piship_remote._http_server.connection import ConnectionHandler, cut, reset
 from piship_remote._http_server.messages import (
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,
@@ -65,10 +66,12 @@ from piship_remote._http_server.messages import (
     Recorded,
     Reply,
     Request,
+    ResetConnection,
     Router,
     Screen,
     Tunnel,
 )
+from piship_remote._http_server.tls_sniff import DRAIN_SECONDS, PlainConnection, TlsRelay, sniffed
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -81,6 +84,7 @@ __all__ = [
     "Recorded",
     "Reply",
     "Request",
+    "ResetConnection",
     "Router",
     "Screen",
     "Tunnel",
@@ -100,7 +104,9 @@ class HttpServer:
 
     ``record`` keeps every request (as :class:`Recorded`, before the router runs);
     ``keep_alive`` False closes each connection after one answer; ``tls`` serves HTTPS
-    with that server context (which may require client certificates).
+    with that server context (which may require client certificates); ``sniff_tls`` serves
+    HTTPS with that context to connections that open with a TLS handshake and plain HTTP
+    to the others, on the same port (see :mod:`piship_remote._http_server.tls_sniff`).
     """
 
     def __init__(
@@ -118,6 +124,7 @@ class HttpServer:
         thread_prefix: str = "piship-http-",
         join_timeout: float = 5.0,
         tls: ssl.SSLContext | None = None,
+        sniff_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.router = router
         self.screen = screen
@@ -126,6 +133,7 @@ class HttpServer:
         self.tunnel = tunnel
         self.keep_alive = keep_alive
         self._record = record
+        self._sniff_tls = sniff_tls
         self._prefix = thread_prefix
         self._join_timeout = join_timeout
         self._lock = threading.Lock()
@@ -134,6 +142,8 @@ class HttpServer:
         self._waiting: set[threading.Event] = set()
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._peers: dict[socket.socket, str] = {}
+        self._relays: dict[socket.socket, TlsRelay] = {}
+        """The TLS relays of the connections served through one, by the plain end served."""
         self._waiting_since: dict[socket.socket, float] = {}
         """Connections waiting on their client (idle, or owing their head or body): the ones
         a full server may close."""
@@ -310,17 +320,65 @@ class HttpServer:
         return min(candidates, key=lambda c: (-held[self._peers[c]], self._waiting_since[c]))
 
     def _serve(self, connection: socket.socket, address: Any) -> None:
+        served = self._sniffed(connection)
+        if served is None:
+            self._forget(connection)
+            return
+        plain = served.plain
         try:
-            self._listener.finish_request(connection, address)
+            self._listener.finish_request(plain, address)
         except Exception:  # one broken connection must not stop the server
             _log.debug("connection from %s failed", address, exc_info=True)
         finally:
-            with self._changed:
-                self._connections.pop(connection, None)
-                self._peers.pop(connection, None)
-                self._waiting_since.pop(connection, None)
-                self._changed.notify_all()
-            self._listener.shutdown_request(connection)
+            self._forget(plain)
+            self._listener.shutdown_request(plain)
+            served.close(drain=0 if self.closing else DRAIN_SECONDS)
+
+    def _sniffed(self, connection: socket.socket) -> PlainConnection | TlsRelay | None:
+        """What serves ``connection``: itself, or the plain end of its TLS relay (then
+        tracked in its place, so a full or closing server cuts that end); ``None`` when its
+        handshake failed."""
+        if self._sniff_tls is None:
+            return PlainConnection(connection)
+        name = f"{self._prefix}tls-{next(self._counter)}"
+        limits = self.limits
+        served = sniffed(
+            connection,
+            self._sniff_tls,
+            timeout=limits.idle_timeout or limits.read_timeout,
+            handshake_timeout=limits.head_seconds or limits.read_timeout,
+            name=name,
+        )
+        if not isinstance(served, TlsRelay):
+            return served
+        with self._changed:
+            self._relays[served.plain] = served
+            if connection in self._connections:
+                self._connections[served.plain] = self._connections.pop(connection)
+                self._peers[served.plain] = self._peers.pop(connection)
+                since = self._waiting_since.pop(connection, None)
+                if since is not None:
+                    self._waiting_since[served.plain] = since
+            else:  # displaced, or the server closes
+                cut(served.plain)
+        return served
+
+    def reset(self, connection: socket.socket) -> None:
+        """Close the served ``connection`` with a TCP reset (see :class:`ResetConnection`):
+        the client's own connection, when a TLS relay carries it."""
+        with self._lock:
+            relay = self._relays.get(connection)
+        if relay is not None:
+            relay.reset()
+        reset(connection)
+
+    def _forget(self, connection: socket.socket) -> None:
+        with self._changed:
+            self._relays.pop(connection, None)
+            self._connections.pop(connection, None)
+            self._peers.pop(connection, None)
+            self._waiting_since.pop(connection, None)
+            self._changed.notify_all()
 
     def serve_connection(self, connection: socket.socket) -> None:
         """Serve ``connection``, already connected, as if it had been accepted (plain

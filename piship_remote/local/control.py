@@ -6,6 +6,7 @@
 ``GET /sandboxes``                         200: the running sandboxes (``metadata`` filter)
 ``GET /v2/sandboxes``                      200: one page (``metadata``, ``state``, ``template``…)
 ``GET /templates``                         200 (no key needed): the names offered (``templateID``)
+``GET /templates/aliases/<alias>``         200 ``{templateID, public}``; 404 if none has it
 ``GET /sandboxes/<id>``                    200 with the sandbox's details (``state``)
 ``POST /sandboxes/<id>/connect`` (+ v2)    200 with its ``envdAccessToken``; 201 if it resumed
 ``POST /sandboxes/<id>/pause``             204: its processes frozen; 409 if already paused
@@ -56,6 +57,7 @@ import hmac
 import json
 import re
 from collections.abc import Callable, Mapping
+from urllib.parse import unquote
 
 from piship_remote._http_server.messages import Head, Reply, Request
 from piship_remote.local.control_copies import SandboxCopies, api_error
@@ -120,6 +122,7 @@ _ACTION_METHOD = {
     "/ports": ("POST",),
 }
 _TEMPLATES_PATH = "/templates"
+_ALIAS_PATH = re.compile(r"/templates/aliases/([^/]{1,256})\Z")
 _SNAPSHOT_PATH = re.compile(r"/templates/([A-Za-z0-9_.:/-]{1,256})\Z")
 _RUNNING_ONLY = ("/timeout", "/refreshes", "/network")
 PortAddress = Callable[[Sandbox, int], str]
@@ -177,6 +180,11 @@ class ControlPlane:
             if key:
                 return self._create_once(key, request.body, default)
             return self._create(request.body, default)[0]
+        alias = _ALIAS_PATH.match(request.path)
+        if alias is not None:
+            if request.method != "GET":
+                return api_error(405, f"{request.method} is not allowed on {request.path}")
+            return self._template_alias(unquote(alias.group(1)))
         copies = self._copy_route(request)
         if copies is not None:
             return copies
@@ -231,6 +239,19 @@ class ControlPlane:
             for name in sorted(self._registry.templates)
         ]
         return Reply(200, json.dumps(offered).encode(), "application/json")
+
+    def _template_alias(self, alias: str) -> Reply:
+        """``GET /templates/aliases/<alias>``: the template (an offered one, or a snapshot by
+        its ID or name) that ``alias`` names, as E2B's answer for the team's own."""
+        if alias in self._registry.templates:
+            template_id = alias
+        else:
+            named = self._registry.snapshots.select(name=alias)
+            if not named:
+                return api_error(404, f"template '{alias}' not found")
+            template_id = named[-1].id  # a name moves to the newest snapshot given it
+        answer = {"templateID": template_id, "public": False}
+        return Reply(200, json.dumps(answer).encode(), "application/json")
 
     def _port(self, sandbox: Sandbox, port: int) -> Reply:
         """``{"url": ...}``: the loopback address of the sandbox's ``port``."""

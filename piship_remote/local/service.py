@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import signal
+import ssl
 import sys
 import tempfile
 import threading
@@ -86,11 +87,13 @@ __all__ = [
     "remove_stale_directories",
     "serve",
     "stale_services",
+    "tls_lines",
 ]
 
 COMPONENT = "local"
 DIRECTORY_PREFIX = "piship-local-"
 TEMPLATE_CACHE = "templates"
+TLS_DIRECTORY = "tls"
 HTTP_CONNECTIONS = 64
 """Connections open at once (one thread each)."""
 HTTP_HEAD_SECONDS = 10.0
@@ -141,6 +144,13 @@ class LocalE2bService:
     sandbox's ``python3`` is that environment, with the packages installed in it.
     ``http_limits`` bounds what one client may hold (:data:`DEFAULT_HTTP_LIMITS`); a
     request without the API key is refused on its headers, before any body is read.
+    The port answers HTTPS as well as HTTP (each connection's first byte tells), with
+    certificates signed by a CA the service makes once and keeps in ``state_dir``
+    (default :func:`~piship_remote.local.certificates.default_state_dir`): trusting
+    :attr:`ca_bundle_path` (``SSL_CERT_FILE``) or :attr:`ca_path`
+    (``NODE_EXTRA_CA_CERTS``), a client reaches ``https://`` + an SDK's
+    ``get_host(port)``. Where the CA cannot be kept, :attr:`tls_problem` says why and the
+    port answers HTTP only.
     The service's files are removed by :meth:`close`, at ``with`` exit, and at
     interpreter exit for a service never closed. Run as host root, it mounts only in a
     mount namespace of its own (see :mod:`piship_remote.local.isolation.mounts`), so a
@@ -169,6 +179,7 @@ class LocalE2bService:
         templates: Mapping[str, str | os.PathLike[str]] | None = None,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
         python_env: str | os.PathLike[str] | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_loopback(host)
         try:
@@ -245,6 +256,13 @@ class LocalE2bService:
         self._envd = Envd(self._registry)
         self._lock = threading.Lock()
         self._closed = False
+        self.ca_path: str | None = None
+        """The service CA's certificate (``NODE_EXTRA_CA_CERTS``); ``None`` without TLS."""
+        self.ca_bundle_path: str | None = None
+        """The service CA and the default CAs (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``)."""
+        self.tls_problem: str | None = None
+        """Why the port answers plain HTTP only, or ``None`` when it answers HTTPS too."""
+        tls = self._certificates(state_dir, directory)
         try:
             self._server = HttpServer(
                 self._route,
@@ -255,6 +273,7 @@ class LocalE2bService:
                 streamed=self._envd.streams_body,
                 tunnel=self._ports.tunnel,
                 thread_prefix="piship-local-",
+                sniff_tls=tls,
             )
         except OSError as e:
             self._spawner.call(self._registry.close)
@@ -267,6 +286,26 @@ class LocalE2bService:
         self._spawner.call(self._server.start)
         atexit.register(self.close)
         self.url = self._server.url
+
+    def _certificates(
+        self, state_dir: str | os.PathLike[str] | None, directory: str
+    ) -> ssl.SSLContext | None:
+        """The server context signed by the service CA (its paths set on ``self``), or
+        ``None`` with :attr:`tls_problem` said."""
+        try:
+            from piship_remote.local.certificates import ServiceCertificates, default_state_dir
+        except ImportError as e:
+            self.tls_problem = str(e)
+            return None
+        kept = os.fspath(state_dir) if state_dir is not None else default_state_dir()
+        try:
+            certificates = ServiceCertificates.load(kept, os.path.join(directory, TLS_DIRECTORY))
+        except (OSError, ValueError) as e:
+            self.tls_problem = f"the service CA cannot be kept in {kept}: {e}"
+            return None
+        self.ca_path = certificates.ca_path
+        self.ca_bundle_path = certificates.bundle_path
+        return certificates.server_context()
 
     @staticmethod
     def check(bwrap: str | os.PathLike[str] | None = None) -> str | None:
@@ -408,6 +447,7 @@ def serve(
         print("\nTo use it from another shell (piship-remote, or your own code):", file=out)
         for line in export_lines(service):
             print(f"  {line}", file=out)
+        print(*tls_lines(service), sep="\n", file=out)
         print("Press Ctrl-C to stop.", file=out, flush=True)
         try:
             while not stop.wait(0.5):
@@ -424,6 +464,21 @@ def export_lines(service: LocalE2bService) -> list[str]:
         f"export PISHIP_E2B_ENVD_URL={service.envd_url}",
         f"export PISHIP_E2B_USER={service.user}",
         f"export E2B_API_KEY={service.api_key}",
+    ]
+
+
+def tls_lines(service: LocalE2bService) -> list[str]:
+    """What ``serve`` prints about HTTPS: the CA and the variables that trust it, or why not."""
+    if service.ca_path is None or service.ca_bundle_path is None:
+        return [f"https:    off ({service.tls_problem})"]
+    return [
+        f"https:    on the same port, certificates from the CA {service.ca_path}",
+        "For https:// + an E2B SDK's get_host(port) (on a host that resolves *.localhost):",
+        f"  export SSL_CERT_FILE={service.ca_bundle_path}",
+        f"  export REQUESTS_CA_BUNDLE={service.ca_bundle_path}",
+        f"  export NODE_EXTRA_CA_CERTS={service.ca_path}",
+        f"  export E2B_DOMAIN=localhost:{service.url.rsplit(':', 1)[1]}"
+        "   # the SDKs then reach envd at https:// + get_host too",
     ]
 
 

@@ -19,6 +19,7 @@ from piship_remote._http_server.server import (
     Limits,
     Reply,
     Request,
+    ResetConnection,
 )
 
 TIMEOUT = 5.0
@@ -223,6 +224,29 @@ def test_a_stream_is_sent_in_chunks_and_a_drop_cuts_it(serve: Callable[..., Http
         reply = answer(sock)
     assert b"Transfer-Encoding: chunked" in reply
     assert reply.endswith(b"3\r\none\r\n")  # no terminating 0-chunk: the stream was cut
+
+
+def test_a_stream_reset_ends_the_connection_with_a_tcp_reset(
+    serve: Callable[..., HttpServer],
+) -> None:
+    first_chunk_read = threading.Event()
+
+    def chunks() -> Iterator[bytes]:
+        yield b"one"
+        first_chunk_read.wait(TIMEOUT)
+        raise ResetConnection
+
+    server = serve(lambda _: Reply(200, stream=chunks()))
+    with connect(server) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        received = b""
+        while not received.endswith(b"3\r\none\r\n"):
+            piece = sock.recv(65536)
+            assert piece, "the connection ended before the first chunk"
+            received += piece
+        first_chunk_read.set()
+        with pytest.raises(ConnectionResetError):
+            answer(sock)
 
 
 def test_threads_are_named_daemons_and_gone_after_close(serve: Callable[..., HttpServer]) -> None:

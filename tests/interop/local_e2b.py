@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def local_e2b_service(**options: int) -> Iterator[LocalE2bService]:
+def local_e2b_service(**options: object) -> Iterator[LocalE2bService]:
     """A running :class:`LocalE2bService` made with ``options``; the test is skipped where
     the service (or its module) is not there."""
     local = pytest.importorskip(

@@ -154,6 +154,7 @@ SANDBOX_CALLS = [
     "setTimeout",
     "getInfo",
     "kill",
+    'kill under a running command is TimeoutError "sandbox was killed"',
     "create allowInternetAccess false is loopback only",
     "create allowInternetAccess true has an interface out",
 ]

@@ -26,6 +26,7 @@ from e2b import (
     SandboxNotFoundException,
     SandboxQuery,
     SandboxState,
+    Template,
 )
 from sdk_target import Target
 
@@ -153,6 +154,19 @@ def test_snapshots_are_listed_by_sandbox_and_by_name(target: Target, sandbox: Sa
     assert ids(sandbox_id=sandbox.sandbox_id) == [snapshot.snapshot_id]
     assert ids(name="snap-app") == [snapshot.snapshot_id]
     assert ids(name="snap-app-does-not-exist") == []
+
+
+def test_template_exists_is_true_for_an_offered_template_and_false_for_no_such_name(
+    target: Target,
+) -> None:
+    options = target.options()
+    assert Template.exists("base", **options) is True  # type: ignore[arg-type]
+    assert Template.exists("nonexistent-name", **options) is False  # type: ignore[arg-type]
+
+
+def test_template_exists_is_true_for_a_snapshots_name(target: Target, sandbox: Sandbox) -> None:
+    sandbox.create_snapshot(name="snap-named")
+    assert Template.exists("snap-named", **target.options()) is True  # type: ignore[arg-type]
 
 
 def test_a_snapshot_is_deleted_once(target: Target, sandbox: Sandbox) -> None:

@@ -17,7 +17,15 @@ from tests.support.optional_peers import install_hint
 
 pytest.importorskip("e2b", reason=install_hint("interop"))
 
-from e2b import FilesystemEventType, Sandbox, SandboxException, SandboxQuery, SandboxState
+from e2b import (
+    FilesystemEventType,
+    Sandbox,
+    SandboxException,
+    SandboxNotRunningException,
+    SandboxQuery,
+    SandboxState,
+)
+from e2b.envd.rpc import is_transport_failure
 from sdk_target import Target
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
@@ -94,6 +102,43 @@ def test_on_timeout_pause_pauses_at_the_timeout_and_connect_resumes_it(target: T
         assert resumed.get_info().state == SandboxState.RUNNING
         assert resumed.files.read("kept.txt") == "kept"
         assert resumed.commands.run(f"kill -0 {pid} && echo alive").stdout == "alive\n"
+    finally:
+        sandbox.kill()
+
+
+KILLED = "The sandbox was killed or reached its end of life while the request was in flight"
+
+
+def test_a_command_running_when_its_sandbox_is_killed_says_the_sandbox_was_killed(
+    target: Target,
+) -> None:
+    sandbox = target.create()
+    handle = sandbox.commands.run("sleep 60", background=True)
+    sandbox.kill()
+    with pytest.raises(SandboxNotRunningException, match=KILLED):
+        handle.wait()
+
+
+def test_a_killed_sandboxs_command_stream_ends_as_a_dropped_connection(target: Target) -> None:
+    # A dropped connection (not an error frame, not an orderly close) is the one end every
+    # SDK version reads as "probe the sandbox", the older ones included.
+    sandbox = target.create()
+    handle = sandbox.commands.run("sleep 60", background=True)
+    sandbox.kill()
+    with pytest.raises(SandboxNotRunningException) as raised:
+        handle.wait()
+    assert is_transport_failure(raised.value.__cause__)  # type: ignore[arg-type]
+
+
+def test_a_command_running_when_its_sandbox_times_out_says_the_sandbox_ended(
+    target: Target,
+) -> None:
+    sandbox = target.create()
+    try:
+        handle = sandbox.commands.run("sleep 60", background=True)
+        sandbox.set_timeout(0)  # the timeout is reached now
+        with pytest.raises(SandboxNotRunningException, match=KILLED):
+            handle.wait()
     finally:
         sandbox.kill()
 

@@ -104,3 +104,22 @@ def test_the_service_lists_its_templates_without_a_key(tmp_path: Path) -> None:
         answer = requests.get(service.url + "/templates", timeout=10)
     assert answer.status_code == 200
     assert [entry["templateID"] for entry in answer.json()] == ["base", "tools"]
+
+
+@needs_bwrap
+def test_an_offered_templates_alias_answers_its_template_id(client: Client) -> None:
+    answer = client.control("GET", "/templates/aliases/base")
+    assert answer.status_code == 200
+    assert answer.json() == {"templateID": "base", "public": False}
+
+
+@needs_bwrap
+def test_an_alias_nothing_has_is_not_found(client: Client) -> None:
+    answer = client.control("GET", "/templates/aliases/nothing-has-this-name")
+    assert answer.status_code == 404
+
+
+@needs_bwrap
+def test_a_template_alias_needs_the_key(service: LocalE2bService) -> None:
+    answer = requests.get(service.url + "/templates/aliases/base", timeout=10)
+    assert answer.status_code == 401

@@ -51,6 +51,8 @@ __all__ = ["FILES_PATH", "FileEndpoints", "sandbox_missing"]
 FILES_PATH = "/files"
 _JSON = "application/json; charset=utf-8"
 EXPIRED = "signature is already expired"
+
+
 class FileEndpoints:
     """``/files`` for the sandboxes of one service, read and written as one of ``users``."""
 

@@ -60,6 +60,8 @@ STATUS = {
     "unimplemented": 501,
     "unavailable": 503,
 }
+
+
 class FilesystemRpc:
     """Answers the Filesystem RPCs for sandboxes whose user's home is ``home``."""
 

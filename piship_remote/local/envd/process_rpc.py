@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from piship_remote._http_server.messages import DropConnection, Reply, Request
+from piship_remote._http_server.messages import Reply, Request, ResetConnection
 from piship_remote.local.envd.process_feed import Follower, ProcessFeed
 from piship_remote.local.isolation.process import (
     Exited,
@@ -418,9 +418,10 @@ def _ending(exited: Exited, *, own_deadline: bool) -> Iterator[bytes]:
         yield _DEADLINE_FRAME
         return
     if exited.killed in _KILLED_WITH_SANDBOX:
-        # E2B's sandbox vanishes with its VM and the stream breaks off with no end; the
-        # SDKs tell a killed sandbox from any other failure by that (and a health probe).
-        raise DropConnection
+        # E2B's sandbox vanishes with its VM and its edge resets the stream; the SDKs tell a
+        # killed sandbox from any other failure by that reset (and a health probe): an
+        # orderly close without the last chunk reads as a protocol error instead.
+        raise ResetConnection
     if exited.killed in _GONE:
         yield end_stream_frame(ConnectError("unavailable", _GONE[exited.killed]))
         return

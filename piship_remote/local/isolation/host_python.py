@@ -71,7 +71,7 @@ def _interpreter(binary: str) -> str:
         header = elf.read(_ELF_HEADER)
         if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
             raise OSError(f"{binary} is not a 64-bit little-endian ELF program")
-        phoff, = struct.unpack_from("<Q", header, 32)
+        (phoff,) = struct.unpack_from("<Q", header, 32)
         phentsize, phnum = struct.unpack_from("<HH", header, 54)
         for index in range(phnum):
             elf.seek(phoff + index * phentsize)

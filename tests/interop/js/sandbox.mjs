@@ -1,6 +1,6 @@
 // The official E2B JavaScript SDK's sandbox and command basics against a loopback service.
 // Usage: node sandbox.mjs <service url> <api key>; prints one JSON line of results.
-import { Sandbox, CommandExitError } from 'e2b'
+import { Sandbox, CommandExitError, TimeoutError } from 'e2b'
 
 const [url, apiKey] = process.argv.slice(2)
 const opts = { apiKey, apiUrl: url, sandboxUrl: url, requestTimeoutMs: 10000 }
@@ -34,6 +34,14 @@ try {
   await sandbox.kill()
 }
 check('kill', !(await sandbox.isRunning()))
+
+// The stream of a command whose sandbox is killed drops: the SDK probes and says so.
+const doomed = await Sandbox.create(opts)
+const sleeper = await doomed.commands.run('sleep 60', { background: true })
+await doomed.kill()
+const killed = await errorOf(() => sleeper.wait())
+check('kill under a running command is TimeoutError "sandbox was killed"',
+  killed instanceof TimeoutError && killed.message.includes('sandbox was killed or reached its end of life'))
 
 // Interfaces only, never a connection: without internet a sandbox has loopback alone.
 const interfaces = async (box) => (await box.commands.run('ip -o link')).stdout.split('\n').filter(Boolean).map((line) => line.split(': ')[1]).sort().join(',')
