@@ -184,6 +184,13 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
         ),
         "pool tasks/s vs the SDK's reuse loop at 20 ms RTT",
         "python3 start in a local template sandbox vs the host",
+        *(
+            f"{group}: complete, ordered, exit code known, {server} (%)"
+            for server in ("local service", "E2B double, resumable=True")
+            for group in ("cuts 1-3", "stall")
+        ),
+        "cut or stalled commands not started exactly once",
+        "exec p50 with nothing cut vs before the reattach machinery",
     } == names
 
 
