@@ -10,7 +10,8 @@ resident memory growth at most 32 MiB however much is streamed (1 GiB at ``--siz
 With the ``otel`` extra, a traced command's p50 at most 1.05x an untraced one's, both
 straight to the loopback server and at 20 ms. A Python's start in a local template
 sandbox at most 1.2x the same Python's on the host (the image's ``.pyc`` files valid).
-The file targets are in :mod:`benchmarks.file_goals`, the pool's in :mod:`benchmarks.pool_goals`.
+The file targets are in :mod:`benchmarks.file_goals`, the pool's in :mod:`benchmarks.pool_goals`,
+the cut streams' in :func:`benchmarks.stream_cuts.cut_goals`.
 
 >>> [goal.name for goal in evaluate(())][:1]
 ['exec p50 vs SDK at 20 ms RTT']
@@ -25,6 +26,7 @@ from benchmarks.activation import NEW_CONNECTION
 from benchmarks.file_goals import file_goals
 from benchmarks.pool_goals import pool_goals
 from benchmarks.report import Goal, Row, ScenarioResult
+from benchmarks.stream_cuts import cut_goals
 from benchmarks.template_python import NAME as TEMPLATE_PYTHON
 from benchmarks.template_python import SERVER as TEMPLATE_SERVER
 
@@ -175,4 +177,5 @@ def evaluate(scenarios: Iterable[ScenarioResult]) -> tuple[Goal, ...]:
     )
     goals.extend(file_goals(flat))
     goals.extend(pool_goals(flat))
+    goals.extend(cut_goals(flat))
     return tuple(goals)

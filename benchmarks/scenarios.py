@@ -28,6 +28,7 @@ from benchmarks import (
     pool_scale,
     push,
     sandboxd,
+    stream_cuts,
     stream_throughput,
     template_python,
     tracing_cost,
@@ -64,6 +65,7 @@ _REGISTERED = (
     Scenario(tracing_cost.NAME, tracing_cost.run, round_trips=True),
     Scenario(template_python.NAME, template_python.run),
     Scenario(sandboxd.NAME, sandboxd.run),
+    Scenario(stream_cuts.NAME, stream_cuts.run),
 )
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in _REGISTERED}

@@ -32,6 +32,13 @@ class Size:
     cancel_timeout: float
     memory_bytes: int
     activation_runs: int
+    cut_runs: int
+    """Commands per client and server whose stream is cut (``stream_cuts``)."""
+    cut_lines: int
+    """Numbered lines each of them prints (2,500,000: 18.9 MB)."""
+    stall_runs: int
+    cut_workers: int
+    """Worker processes the cut runs are spread over."""
 
 
 SIZES: dict[str, Size] = {
@@ -51,6 +58,10 @@ SIZES: dict[str, Size] = {
         cancel_timeout=0.02,
         memory_bytes=4 * MIB,
         activation_runs=1,
+        cut_runs=2,
+        cut_lines=20_000,
+        stall_runs=1,
+        cut_workers=1,
     ),
     "small": Size(
         name="small",
@@ -68,6 +79,10 @@ SIZES: dict[str, Size] = {
         cancel_timeout=0.05,
         memory_bytes=128 * MIB,
         activation_runs=3,
+        cut_runs=20,
+        cut_lines=100_000,
+        stall_runs=5,
+        cut_workers=1,
     ),
     "full": Size(
         name="full",
@@ -85,5 +100,9 @@ SIZES: dict[str, Size] = {
         cancel_timeout=0.05,
         memory_bytes=1024 * MIB,
         activation_runs=5,
+        cut_runs=1_000,
+        cut_lines=2_500_000,
+        stall_runs=20,
+        cut_workers=2,
     ),
 }

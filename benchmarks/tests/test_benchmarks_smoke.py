@@ -33,6 +33,7 @@ SCENARIOS = {
     "tracing_cost",
     "template_python_start",
     "sandboxd",
+    "stream_cuts",
 }
 ROW_KEYS = {
     "scenario",
@@ -104,7 +105,7 @@ def test_every_scenario_ran_and_has_rows(tiny_report: dict[str, Any]) -> None:
     assert set(scenarios) == SCENARIOS
     for scenario in scenarios.values():
         assert not [s for s in scenario["skipped"] if s.startswith("the scenario failed")]
-        local = FILE_SCENARIOS | {"pool_scale", "template_python_start"}
+        local = FILE_SCENARIOS | {"pool_scale", "template_python_start", "stream_cuts"}
         if scenario["name"] in local and _without_local_service(scenario):
             continue
         if scenario["name"] in TRACING_SCENARIOS and _without_otel_sdk(scenario):
@@ -183,6 +184,13 @@ def test_goals_are_listed(tiny_report: dict[str, Any]) -> None:
         ),
         "pool tasks/s vs the SDK's reuse loop at 20 ms RTT",
         "python3 start in a local template sandbox vs the host",
+        *(
+            f"{group}: complete, ordered, exit code known, {server} (%)"
+            for server in ("local service", "E2B double, resumable=True")
+            for group in ("cuts 1-3", "stall")
+        ),
+        "cut or stalled commands not started exactly once",
+        "exec p50 with nothing cut vs before the reattach machinery",
     } == names
 
 

@@ -3,12 +3,14 @@
 Put in front of a service's envd (``envd_url=proxy.url``), it relays every connection
 both ways and, following its plan, resets the one whose answer is running, or stops
 relaying it (a stall: the client's idle timeout then gives up on it). A plan's point is
-a byte count of one connection's answer; the first connection whose answer reaches it
-uses it up, so unary answers (a few hundred bytes) pass untouched when the points are
-larger::
+a byte count of one answer (counted from the request it answers, so earlier answers on a
+kept-alive connection do not count); the first answer that reaches it uses it up, so
+unary answers (a few hundred bytes) pass untouched when the points are larger, and
+``path`` limits the plan to answers to requests whose path starts with it::
 
     with CuttingProxy(service.envd_url) as proxy:
         proxy.plan([200_000, 900_000])          # two resets, in two streams
+        proxy.plan([50_000], path="/process.Process/")   # command streams only
         backend = service.backend(envd_url=proxy.url)
         ...
         proxy.cuts                              # how many were made
@@ -45,18 +47,21 @@ class CuttingProxy:
         self._lock = threading.Lock()
         self._points: collections.deque[int] = collections.deque()
         self._stall = False
+        self._path: bytes | None = None
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self.cuts = 0
         self._spawn(self._accept, "accept")
 
-    def plan(self, points: Iterable[int], *, stall: bool = False) -> None:
+    def plan(self, points: Iterable[int], *, stall: bool = False, path: str | None = None) -> None:
         """Cut at each of ``points`` (bytes of one answer), in order; ``stall``: stop
-        relaying there instead of resetting."""
+        relaying there instead of resetting; ``path``: only answers to requests whose
+        path starts with it."""
         with self._lock:
             self._points = collections.deque(sorted(points))
             self._stall = stall
+            self._path = None if path is None else path.encode()
 
     def close(self) -> None:
         """Stop relaying and close every connection; joins its threads."""
@@ -110,7 +115,9 @@ class CuttingProxy:
 
     def _relay(self, client: socket.socket, server: socket.socket) -> None:
         """Both directions on one thread, so a cut is one close, seen by nobody else."""
-        relayed = 0
+        relayed = 0  # bytes of the answer to the latest request
+        answering = True  # the server spoke since the client last did: a new request next
+        planned = False
         stalled = False
         try:
             with selectors.DefaultSelector() as selector:
@@ -123,10 +130,14 @@ class CuttingProxy:
                         if not data:
                             return
                         if source is client:
+                            if answering:
+                                relayed, answering = 0, False
+                                planned = self._applies_to(data)
                             if not stalled:
                                 server.sendall(data)
                             continue
-                        point = self._take(relayed, len(data))
+                        answering = True
+                        point = self._take(relayed, len(data)) if planned else None
                         if point is None:
                             relayed += len(data)
                             client.sendall(data)
@@ -144,6 +155,15 @@ class CuttingProxy:
             _shut(server)
             with self._lock:
                 self._sockets -= {client, server}
+
+    def _applies_to(self, request: bytes) -> bool:
+        """Whether the plan covers the request starting with ``request``."""
+        with self._lock:
+            path = self._path
+        if path is None:
+            return True
+        line = request.split(b"\r\n", 1)[0].split(b" ")
+        return len(line) > 1 and line[1].startswith(path)
 
     def _take(self, relayed: int, size: int) -> int | None:
         """The plan's next point if this chunk reaches it (used up)."""

@@ -27,6 +27,7 @@ from piship_remote.wire.output_offsets import OUTPUT_STREAMS
 
 __all__ = ["FollowedCommands", "is_followable", "spooled_output"]
 
+_CHUNK_BYTES = 32 * 1024  # envd's stdChunkSize
 _PLAIN_KEYS = frozenset({"stdout", "stderr", "chunks", "exit_code", "omit_zero_exit"})
 
 
@@ -108,8 +109,9 @@ class FollowedCommands:
 
 
 def _data(stream: str, data: bytes) -> Iterator[bytes]:
-    if data:
-        encoded = base64.b64encode(data).decode()
+    """``data`` in data events of at most envd's 32 KiB each."""
+    for at in range(0, len(data), _CHUNK_BYTES):
+        encoded = base64.b64encode(data[at : at + _CHUNK_BYTES]).decode()
         event = DataEvent(stdout=encoded) if stream == "stdout" else DataEvent(stderr=encoded)
         yield event_frame("data", event)
 
