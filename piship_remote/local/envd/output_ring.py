@@ -1,7 +1,7 @@
 """A command's recent output, kept by byte offset so a stream that dropped can be replayed.
 
 Each stream of a command the local service runs keeps the last :data:`RING_BYTES`
-(8 MiB) it handed to a connection in an :class:`OutputRing`, and what it read but
+(16 MiB) it handed to a connection in an :class:`OutputRing`, and what it read but
 handed to nobody yet; a ``Connect`` carrying the ``Piship-Output-Offset`` extension
 header is answered from the offset it asks for, or from the oldest byte still kept
 when the ring has moved past it::
@@ -22,8 +22,10 @@ from __future__ import annotations
 
 __all__ = ["HELD_BYTES", "REPLAY_CHUNK", "RING_BYTES", "OutputRing"]
 
-RING_BYTES = 8 * 1024 * 1024
-"""The sent bytes of each stream (stdout, stderr) a command keeps for a replay."""
+RING_BYTES = 16 * 1024 * 1024
+"""The sent bytes of each stream (stdout, stderr) a command keeps for a replay: what a
+stalled proxy's kernel buffers may hold past what its client got (8 MiB was short of that
+on loopback, where a receive buffer grows to 32 MiB)."""
 HELD_BYTES = 4 * 1024 * 1024
 """The unsent bytes of a stream at most, while holding: then the command waits."""
 REPLAY_CHUNK = 64 * 1024
