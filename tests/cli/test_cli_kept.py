@@ -204,6 +204,7 @@ def _interrupted_run(
     return process.returncode
 
 
+@pytest.mark.usefixtures("ctrl_c")  # the child must not inherit SIGINT ignored
 def test_ctrl_c_leaves_the_attached_sandbox_alive(
     e2b_server: E2bFactory,
     workspace: Path,
@@ -219,6 +220,7 @@ def test_ctrl_c_leaves_the_attached_sandbox_alive(
     assert deletes(mock) == 0
 
 
+@pytest.mark.usefixtures("ctrl_c")  # the child must not inherit SIGINT ignored
 def test_ctrl_c_with_keep_keeps_the_sandbox(e2b_server: E2bFactory, workspace: Path) -> None:
     mock = e2b_server(api_key=API_KEY, command=lambda start: {"stdout": "started\n", "hang": True})
     assert _interrupted_run(mock, workspace, "--keep") == cli.EXIT_INTERRUPTED
@@ -227,6 +229,7 @@ def test_ctrl_c_with_keep_keeps_the_sandbox(e2b_server: E2bFactory, workspace: P
 
 
 @pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.usefixtures("ctrl_c")  # the child must not inherit SIGINT ignored
 def test_sigterm_and_sighup_leave_the_attached_sandbox_alive(
     ending: int,
     e2b_server: E2bFactory,
@@ -243,6 +246,7 @@ def test_sigterm_and_sighup_leave_the_attached_sandbox_alive(
     assert deletes(mock) == 0
 
 
+@pytest.mark.usefixtures("ctrl_c")  # the child must not inherit SIGINT ignored
 def test_sigterm_still_deletes_a_sandbox_that_was_not_kept(
     e2b_server: E2bFactory, workspace: Path
 ) -> None:
