@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 
@@ -29,8 +29,10 @@ class Writer:
 
     pid = 4242
     tag = "writer"
+    made: ClassVar[list[Writer]] = []
 
     def __init__(self, total: int) -> None:
+        Writer.made.append(self)
         self.total = total
         self.read = 0
         self.reached = threading.Event()  # more than HELD read
@@ -45,13 +47,32 @@ class Writer:
         yield Exited(0)
 
     def kill(self, reason: str, sig: int = 9) -> None:
-        self.killed = reason
+        if self.killed is None:
+            self.killed = reason
 
 
 @pytest.fixture(autouse=True)
 def small_rings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(process_feed, "HELD_BYTES", HELD)
     monkeypatch.setattr(process_feed, "RING_BYTES", RING)
+
+
+@pytest.fixture(autouse=True)
+def no_feed_left() -> Iterator[None]:
+    """Each test's stand-in commands are killed at its end, and their feeds end with them."""
+    yield
+    for writer in Writer.made:
+        writer.kill("test over")
+        writer.total = writer.read
+    Writer.made.clear()
+    end = time.monotonic() + 10
+    while feed_threads() and time.monotonic() < end:
+        threading.Event().wait(0.05)
+    assert feed_threads() == []
+
+
+def feed_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("piship-local-process-")]
 
 
 def feed_of(writer: Writer) -> tuple[ProcessFeed, Follower, threading.Event]:
@@ -151,3 +172,14 @@ def test_a_held_command_is_killed_at_its_deadline() -> None:
     settled(writer)
     assert writer.killed == "deadline"
     follower.close()
+
+
+def test_a_held_command_that_is_killed_is_held_no_longer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process_feed, "GRACE", 30.0)
+    writer = Writer(total=100 * HELD)
+    _, follower, ended = feed_of(writer)
+    follower.close()
+    settled(writer)
+    writer.kill("sandbox deleted")  # as when its sandbox is deleted or the service closes
+    assert ended.wait(10.0)
+    assert writer.read == writer.total

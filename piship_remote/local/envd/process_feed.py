@@ -197,7 +197,7 @@ class ProcessFeed:
 
     def _wait_for_room(self, ring: OutputRing) -> None:
         """Wait (hold the lock) while ``ring`` holds all it may unsent, until a connection
-        takes some, the hold ends, or the command's deadline, which kills it."""
+        takes some, the hold ends, the command is killed, or its deadline, which kills it."""
         while ring.unsent >= HELD_BYTES:
             deadline = self._deadline
             if deadline is not None and time.monotonic() >= deadline:
@@ -206,8 +206,8 @@ class ProcessFeed:
                 self._followers_hold = False
                 return
             wait = self._hold_left()
-            if wait <= 0:
-                return
+            if wait <= 0 or self.process.killed is not None:
+                return  # a killed command (its sandbox deleted, the service closing) is not held
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
             self._room.wait(max(min(wait, _RECHECK), 0.0))

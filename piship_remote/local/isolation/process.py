@@ -250,6 +250,11 @@ class LocalProcess:
                 raise InputFailed(e.strerror or str(e)) from None
 
     @property
+    def killed(self) -> str | None:
+        """Why the command was killed (the first reason asked), or ``None``."""
+        return self._killed
+
+    @property
     def finished(self) -> bool:
         """Whether :meth:`events` has seen the end (and reaped the process)."""
         return self._done.is_set()
