@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from types import TracebackType
 
-from benchmarks.loopback import ROOT, readline_within
+from benchmarks.loopback import ROOT, readline_within, stop_child
 from benchmarks.report import Row, summarize, with_ratios
 from benchmarks.rounds import alternate
 
@@ -112,17 +112,7 @@ class ExecTimer:
         return [float(value) for value in readline_within(process.stdout, 600.0).split()]
 
     def close(self) -> None:
-        process = self._process
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        stop_child(self._process, 30)
 
     def __enter__(self) -> ExecTimer:
         return self

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from types import TracebackType
 
-from benchmarks.loopback import READY, ROOT, readline_within
+from benchmarks.loopback import READY, ROOT, readline_within, stop_child
 from piship_remote.backends.e2b.backend import E2bCompatibleBackend
 
 __all__ = ["HOME", "USER", "LocalServiceProcess", "service_backend", "unavailable"]
@@ -69,17 +69,7 @@ class LocalServiceProcess:
 
     def close(self) -> None:
         """Close the child's stdin (it then deletes its sandboxes and stops)."""
-        process = self._process
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        try:
-            process.wait(_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        stop_child(self._process, _STOP_TIMEOUT)
 
     def __enter__(self) -> LocalServiceProcess:
         return self

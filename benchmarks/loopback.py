@@ -488,6 +488,21 @@ class LoopbackServer:
         self.close()
 
 
+def stop_child(process: subprocess.Popen[str], timeout: float) -> None:
+    """End a child that stops when its stdin closes: close it, wait ``timeout`` seconds,
+    then kill; its stdout is closed too."""
+    if process.stdin is not None:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
 def readline_within(stream: IO[str], timeout: float) -> str:
     """One line from ``stream`` within ``timeout`` (``""`` if none came)."""
     lines: list[str] = []

@@ -37,7 +37,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from types import TracebackType
 
-from benchmarks.loopback import READY, ROOT, readline_within
+from benchmarks.loopback import READY, ROOT, readline_within, stop_child
 
 __all__ = ["DelayProxy", "ProxyProcess", "at_rtt"]
 
@@ -246,17 +246,7 @@ class ProxyProcess:
 
     def close(self) -> None:
         """Close the child's stdin (it then stops), killing it if it lingers."""
-        process = self._process
-        if process.stdin is not None:
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-        try:
-            process.wait(_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        stop_child(self._process, _STOP_TIMEOUT)
 
     def __enter__(self) -> ProxyProcess:
         return self
